@@ -1,0 +1,72 @@
+//! The main job: one task delivered eleven times (three in a row, eight at once) runs once.
+//!
+//! Runs on the embedded `MemoryStore`; with `REDIS_URL` set it uses Redis instead.
+//!
+//! ```text
+//! cargo run --example quickstart
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example quickstart
+//! ```
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use idempotask::{Error, MemoryStore, RedisStore, Task};
+
+/// Counts how often the side effect really happened.
+static EXECUTIONS: AtomicU32 = AtomicU32::new(0);
+
+static CHARGE_CUSTOMER: Task = Task::new("charge_customer").lock_ttl(Duration::from_secs(30));
+
+/// The side effect: charge a customer once per order, whatever the queue does.
+async fn charge_customer(order_id: u64, amount_cents: u64) -> Result<String, Error> {
+    CHARGE_CUSTOMER
+        .call(format!("order-charge-{order_id}"))
+        .run(async move {
+            EXECUTIONS.fetch_add(1, Ordering::SeqCst);
+            // The payment gateway call would go here.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            Ok(format!("ch_{order_id}_{amount_cents}"))
+        })
+        .await
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let backend = if let Ok(url) = std::env::var("REDIS_URL") {
+        idempotask::install(RedisStore::connect(&url).await?);
+        format!("Redis at {url}")
+    } else {
+        idempotask::install(MemoryStore::new());
+        "the in-memory store".to_owned()
+    };
+    // A unique order per run, so that a shared Redis does not replay an earlier run's result.
+    let order_id = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis()
+        .try_into()?;
+
+    let mut deliveries = 0;
+    let mut results = Vec::new();
+    for _ in 0..3 {
+        results.push(charge_customer(order_id, 1_200).await?);
+        deliveries += 1;
+    }
+    let concurrent: Vec<_> = (0..8)
+        .map(|_| tokio::spawn(charge_customer(order_id, 1_200)))
+        .collect();
+    for delivery in concurrent {
+        results.push(delivery.await??);
+        deliveries += 1;
+    }
+
+    let executions = EXECUTIONS.load(Ordering::SeqCst);
+    println!("store:      {backend}");
+    println!("deliveries: {deliveries} (3 in a row, 8 at once)");
+    println!("executions: {executions}");
+    println!("result:     {} (every delivery got the same)", results[0]);
+    assert!(results.iter().all(|r| *r == results[0]));
+    if executions != 1 {
+        return Err(format!("the charge ran {executions} times").into());
+    }
+    Ok(())
+}

@@ -1,0 +1,1 @@
+//! The `#[idempotent_task]` attribute; use it through the `idempotask` crate.

@@ -1,0 +1,140 @@
+//! The task-local context a running body can read: its key, fencing token and lock state.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::unit::UnitOfWork;
+
+tokio::task_local! {
+    static CONTEXT: TaskContext;
+}
+
+/// What a running idempotent task knows about its own execution.
+///
+/// Available through [`context()`] inside the body of a task run by idempotask (and nowhere
+/// else). Pass [`fencing_token`](Self::fencing_token) to downstream writes so that a store can
+/// reject a writer whose lock was taken over; check [`lock_held`](Self::lock_held) before a
+/// long step to stop early when the lock is gone.
+///
+/// ```
+/// use idempotask::{MemoryStore, Task};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let token = Task::new("report")
+///     .call("2026-11")
+///     .store(MemoryStore::new())
+///     .run(async {
+///         let ctx = idempotask::context().expect("inside a task");
+///         assert_eq!(ctx.key(), "2026-11");
+///         assert!(ctx.lock_held());
+///         Ok::<_, idempotask::Error>(ctx.fencing_token())
+///     })
+///     .await
+///     .unwrap();
+/// assert!(token > 0);
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct TaskContext {
+    unit: UnitOfWork,
+    fencing_token: u64,
+    attempt: u32,
+    lease: Arc<Lease>,
+}
+
+/// The locally known validity of the lock: acquired at `start`, valid until `start +
+/// valid_for_ms` unless `lost`.
+#[derive(Debug)]
+pub(crate) struct Lease {
+    start: Instant,
+    valid_for_ms: AtomicU64,
+    lost: AtomicBool,
+}
+
+impl Lease {
+    /// A lease taken at `start` (just before the lock request was sent) for `ttl`.
+    pub(crate) fn new(start: Instant, ttl: Duration) -> Self {
+        Self {
+            start,
+            valid_for_ms: AtomicU64::new(millis(ttl)),
+            lost: AtomicBool::new(false),
+        }
+    }
+
+    /// Extends the lease after a renewal that was sent at `sent` for `ttl`.
+    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
+        let until = millis(sent.saturating_duration_since(self.start) + ttl);
+        self.valid_for_ms.fetch_max(until, Ordering::AcqRel);
+    }
+
+    /// Marks the lock as lost for good.
+    pub(crate) fn lose(&self) {
+        self.lost.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn expires_at(&self) -> Instant {
+        self.start + Duration::from_millis(self.valid_for_ms.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn held(&self) -> bool {
+        !self.lost.load(Ordering::Acquire) && Instant::now() < self.expires_at()
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl TaskContext {
+    pub(crate) fn new(
+        unit: UnitOfWork,
+        fencing_token: u64,
+        attempt: u32,
+        lease: Arc<Lease>,
+    ) -> Self {
+        Self {
+            unit,
+            fencing_token,
+            attempt,
+            lease,
+        }
+    }
+
+    /// The task's stable name.
+    pub fn task(&self) -> &str {
+        self.unit.task()
+    }
+
+    /// The caller's idempotency key.
+    pub fn key(&self) -> &str {
+        self.unit.key()
+    }
+
+    /// This execution's fencing token: greater than that of every earlier execution of the
+    /// same unit of work.
+    pub fn fencing_token(&self) -> u64 {
+        self.fencing_token
+    }
+
+    /// Which request for the lock succeeded (1 when it was free at once).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// Whether this execution still holds its lock, as far as this process knows: false once
+    /// the lock TTL has run out without a successful renewal, or a renewal found it taken.
+    pub fn lock_held(&self) -> bool {
+        self.lease.held()
+    }
+
+    pub(crate) async fn scope<F: Future>(self, body: F) -> F::Output {
+        CONTEXT.scope(self, body).await
+    }
+}
+
+/// The context of the idempotent task running on this tokio task, if any.
+pub fn context() -> Option<TaskContext> {
+    CONTEXT.try_with(Clone::clone).ok()
+}

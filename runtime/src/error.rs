@@ -1,0 +1,202 @@
+//! The errors a task call can return, each saying what the caller can do about it.
+
+use std::time::Duration;
+
+use crate::unit::InvalidKey;
+
+/// Everything that can keep an idempotent task from returning its body's value.
+///
+/// A task's own error type must implement `From<idempotask::Error>` so that these can travel
+/// through the task's declared return type (one `#[from]` variant with thiserror; `anyhow::Error`
+/// works as it is).
+///
+/// ```
+/// #[derive(Debug, thiserror::Error)]
+/// enum PaymentError {
+///     #[error("card declined")]
+///     Declined,
+///     #[error(transparent)]
+///     Idempotency(#[from] idempotask::Error),
+/// }
+/// let err: PaymentError = idempotask::Error::NotConfigured.into();
+/// assert!(matches!(err, PaymentError::Idempotency(idempotask::Error::NotConfigured)));
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Another delivery holds the lock for this key and did not finish while this one waited.
+    ///
+    /// Nothing ran. Hand the message back to the queue (nack, or let its visibility timeout
+    /// lapse) so it is delivered again later: by then the holder has stored its result, which
+    /// the redelivery gets back, or its lock has expired and the redelivery runs the task.
+    #[error(
+        "task `{task}` with key `{key}` is being run by another worker{}; nothing ran, redeliver it later",
+        remaining_suffix(*.lock_ttl_remaining)
+    )]
+    Contended {
+        /// The task's stable name.
+        task: String,
+        /// The caller's key.
+        key: String,
+        /// How long the holder's lock had left at the last look, when the store said.
+        lock_ttl_remaining: Option<Duration>,
+        /// How many times this call asked for the lock.
+        attempts: u32,
+    },
+
+    /// The key was used before with different arguments (the `fingerprint` parameters differ).
+    ///
+    /// This is almost always a bug at the caller: two different business operations were given
+    /// the same idempotency key. Nothing ran; the stored result of the first operation stays.
+    #[error(
+        "key `{key}` of task `{task}` was already used with different arguments; an idempotency key must name one operation"
+    )]
+    KeyReuse {
+        /// The task's stable name.
+        task: String,
+        /// The caller's key.
+        key: String,
+    },
+
+    /// The store could not be reached or did not answer in time.
+    ///
+    /// The call failed closed: the body did not run unless [`StoreError::is_ambiguous`] says the
+    /// outcome is unknown. Retrying the delivery is safe either way.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+
+    /// A stored result could not be decoded into the task's return type, or the first execution's
+    /// result could not be stored at all.
+    ///
+    /// The work was done once; it is not run again. Usually the task's return type changed
+    /// between deployments: keep it compatible, rename the task, or `forget` the key on purpose.
+    #[error("the stored result of task `{task}` with key `{key}` cannot be used: {reason}")]
+    Codec {
+        /// The task's stable name.
+        task: String,
+        /// The caller's key.
+        key: String,
+        /// What went wrong, in words.
+        reason: String,
+    },
+
+    /// The caller key (or task name) is not usable; fix it at the caller.
+    #[error(transparent)]
+    InvalidKey(#[from] InvalidKey),
+
+    /// No store was installed and the task names none.
+    ///
+    /// Call [`install`](crate::install) at start-up, or give the task a store. idempotask never
+    /// falls back to an in-process store on its own: that would silently drop the guarantee
+    /// across processes.
+    #[error(
+        "no idempotency store is installed; call `idempotask::install(store)` at start-up or give the task a `store`"
+    )]
+    NotConfigured,
+}
+
+fn remaining_suffix(remaining: Option<Duration>) -> String {
+    remaining.map_or_else(String::new, |left| {
+        format!(" (its lock expires in {} ms)", left.as_millis())
+    })
+}
+
+/// A store operation that failed.
+///
+/// # Behaviour
+/// [`is_ambiguous`](Self::is_ambiguous) tells whether the store may have applied the operation
+/// even though no answer arrived (a timeout or a connection lost after the request was sent).
+/// Every store operation of idempotask is safe to repeat with the same lock token, which is how
+/// the task runner resolves the ambiguity itself before it gives up.
+#[derive(Debug, thiserror::Error)]
+#[error("store operation `{operation}` failed ({kind}){}: {message}", if *.ambiguous { ", outcome unknown" } else { "" })]
+pub struct StoreError {
+    operation: &'static str,
+    kind: StoreErrorKind,
+    ambiguous: bool,
+    message: String,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl StoreError {
+    /// A new error for `operation` (`"begin"`, `"finish"`, …), for store implementations.
+    ///
+    /// ```
+    /// use idempotask::{StoreError, StoreErrorKind};
+    /// let err = StoreError::new("begin", StoreErrorKind::Timeout, true, "no reply within 2 s");
+    /// assert!(err.is_ambiguous());
+    /// assert_eq!(err.kind(), StoreErrorKind::Timeout);
+    /// ```
+    pub fn new(
+        operation: &'static str,
+        kind: StoreErrorKind,
+        ambiguous: bool,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            operation,
+            kind,
+            ambiguous,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// The same error with its underlying cause attached.
+    #[must_use]
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Box::new(source));
+        self
+    }
+
+    /// Which store operation failed.
+    pub fn operation(&self) -> &'static str {
+        self.operation
+    }
+
+    /// What kind of failure it was.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+
+    /// Whether the store may have applied the operation although it did not confirm it.
+    pub fn is_ambiguous(&self) -> bool {
+        self.ambiguous
+    }
+
+    /// Whether trying again later can succeed (everything but a rejected configuration).
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self.kind, StoreErrorKind::Configuration)
+    }
+}
+
+/// The kinds of [`StoreError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The store could not be reached (refused, reset, DNS, TLS).
+    Unreachable,
+    /// The store did not answer within the response timeout.
+    Timeout,
+    /// The store refused the command (out of memory under `noeviction`, read-only replica,
+    /// missing ACL permission, still loading its data set).
+    Rejected,
+    /// The store answered something idempotask does not understand (a different protocol
+    /// version, a foreign value under one of its keys).
+    Protocol,
+    /// The store's configuration is wrong (a bad URL, bad credentials, a bad namespace).
+    Configuration,
+}
+
+impl std::fmt::Display for StoreErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Unreachable => "unreachable",
+            Self::Timeout => "timed out",
+            Self::Rejected => "rejected",
+            Self::Protocol => "unexpected reply",
+            Self::Configuration => "misconfigured",
+        })
+    }
+}

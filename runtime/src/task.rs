@@ -1,0 +1,588 @@
+//! Running a unit of work: take the lock or the stored result, run the body, record the outcome.
+
+use std::borrow::Cow;
+use std::convert::Infallible;
+use std::future::{Future, poll_fn};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::time::{Instant, sleep};
+
+use crate::context::{Lease, TaskContext};
+use crate::error::{Error, StoreError};
+use crate::fingerprint::Fingerprint;
+use crate::install::installed;
+use crate::marker::{Marker, StoredResult};
+use crate::retry::RetryPolicy;
+use crate::store::{Begin, Finish, Store};
+use crate::unit::{LockToken, UnitOfWork};
+
+/// How long a lock lasts unless renewed, by default.
+pub const DEFAULT_LOCK_TTL: Duration = Duration::from_secs(30);
+/// How long a completion marker (and the result in it) is kept, by default.
+pub const DEFAULT_RESULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// How many times a failing store call is tried before the task call gives up.
+const STORE_ATTEMPTS: u32 = 3;
+/// The first pause between tries of a failing store call; it doubles each time.
+const STORE_RETRY_PAUSE: Duration = Duration::from_millis(25);
+
+/// An idempotent task: a stable name and the settings every call of it uses.
+///
+/// This is what `#[idempotent_task]` expands to, and a public API of its own for code that
+/// cannot use the attribute (closures, dynamic task names). A task is cheap to build and can
+/// live in a `static`.
+///
+/// ```
+/// use std::time::Duration;
+/// use idempotask::{MemoryStore, Task};
+///
+/// static CHARGE: Task = Task::new("charge_customer")
+///     .lock_ttl(Duration::from_secs(10))
+///     .result_ttl(Duration::from_secs(7 * 24 * 3600));
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotask::Error> {
+/// idempotask::install(MemoryStore::new());
+/// let charge = |id: &str| Ok::<_, idempotask::Error>(id.to_owned());
+/// let charge_id: String = CHARGE.call("order-42").run(async { charge("ch_1") }).await?;
+/// let replayed: String = CHARGE.call("order-42").run(async { charge("ch_2") }).await?;
+/// assert_eq!(replayed, charge_id);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct Task {
+    name: Cow<'static, str>,
+    lock_ttl: Duration,
+    result_ttl: Duration,
+    retry: RetryPolicy,
+    renew: bool,
+}
+
+impl Task {
+    /// A task with the default settings: lock TTL [`DEFAULT_LOCK_TTL`], result TTL
+    /// [`DEFAULT_RESULT_TTL`], [`RetryPolicy::new`], no lock renewal.
+    ///
+    /// The name goes into store keys: keep it stable across releases, or old results are no
+    /// longer found and the work runs again.
+    pub const fn new(name: &'static str) -> Self {
+        Self {
+            name: Cow::Borrowed(name),
+            lock_ttl: DEFAULT_LOCK_TTL,
+            result_ttl: DEFAULT_RESULT_TTL,
+            retry: RetryPolicy::new(),
+            renew: false,
+        }
+    }
+
+    /// Like [`new`](Self::new) for a name known only at run time.
+    pub fn named(name: impl Into<String>) -> Self {
+        Self {
+            name: Cow::Owned(name.into()),
+            ..Self::new("")
+        }
+    }
+
+    /// How long the lock lasts (unless renewed). A holder that runs longer loses it and a
+    /// duplicate may start.
+    pub const fn lock_ttl(mut self, ttl: Duration) -> Self {
+        self.lock_ttl = ttl;
+        self
+    }
+
+    /// How long the completion marker and the stored result are kept.
+    pub const fn result_ttl(mut self, ttl: Duration) -> Self {
+        self.result_ttl = ttl;
+        self
+    }
+
+    /// How a delivery waits while another holds the lock.
+    pub const fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// Whether a watchdog renews the lock every third of its TTL while the body runs.
+    pub const fn renew(mut self, renew: bool) -> Self {
+        self.renew = renew;
+        self
+    }
+
+    /// The stable name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The lock TTL.
+    pub const fn get_lock_ttl(&self) -> Duration {
+        self.lock_ttl
+    }
+
+    /// The result TTL.
+    pub const fn get_result_ttl(&self) -> Duration {
+        self.result_ttl
+    }
+
+    /// One call of this task for the caller's `key`.
+    pub fn call(&self, key: impl Into<String>) -> Call<'_> {
+        Call {
+            task: self,
+            key: key.into(),
+            fingerprint: None,
+            store: None,
+        }
+    }
+}
+
+/// One delivery of a [`Task`] for one caller key; [`run`](Self::run) it with the body.
+#[derive(Debug)]
+#[must_use = "a call does nothing until it is run"]
+pub struct Call<'t> {
+    task: &'t Task,
+    key: String,
+    fingerprint: Option<Fingerprint>,
+    store: Option<Arc<dyn Store>>,
+}
+
+/// What happened in one call, next to the value it returned; see [`Call::run_reported`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Report<T> {
+    /// The body's value, or the stored one.
+    pub value: T,
+    /// How the value came about.
+    pub outcome: Outcome,
+    /// The fencing token of the execution that produced the value.
+    pub fencing_token: u64,
+    /// How many times the call asked for the lock.
+    pub attempts: u32,
+}
+
+/// How a call's value came about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The body ran and its result was stored.
+    Executed,
+    /// The unit was already done; the stored result was returned and the body did not run.
+    Replayed,
+    /// The body ran but its lock had expired by the time it finished: another delivery may have
+    /// run it too. Logged as a warning.
+    LockLost {
+        /// Whether this execution's result was stored (no other result existed).
+        marker_written: bool,
+    },
+    /// The body ran but the store could not be reached to record it within the lock TTL. The
+    /// value is returned (the side effect did happen, and failing the delivery would only make
+    /// the queue run it again); a later delivery may run the body again once the lock expires.
+    /// Logged as a warning.
+    MarkerNotWritten,
+}
+
+impl Call<'_> {
+    /// Checks that a reused key comes with the same arguments: a later call whose fingerprint
+    /// differs gets [`Error::KeyReuse`].
+    pub fn fingerprint(mut self, fingerprint: Fingerprint) -> Self {
+        self.fingerprint = Some(fingerprint);
+        self
+    }
+
+    /// Uses `store` for this call instead of the installed one.
+    pub fn store(self, store: impl Store + 'static) -> Self {
+        self.store_shared(Arc::new(store))
+    }
+
+    /// Uses an already shared `store` for this call instead of the installed one.
+    pub fn store_shared(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Runs `body` at most once for this key and returns its value, or the stored value of the
+    /// execution that already happened.
+    ///
+    /// `body` is only polled once the lock is held, so creating it costs nothing.
+    ///
+    /// # Behaviour
+    /// - Done already: the stored value, decoded; the body does not run.
+    /// - Locked by another delivery: waits as the task's [`RetryPolicy`] says, asking again
+    ///   after each wait, then [`Error::Contended`].
+    /// - Lock taken: runs the body with [`context()`](crate::context) set. `Ok` stores the
+    ///   result and releases the lock; `Err` releases the lock and stores nothing (errors are
+    ///   never cached); a panic releases the lock and resumes. If this future is dropped while
+    ///   the body runs, the lock is released in the background (or expires with its TTL).
+    /// - Store failures are retried a few times with the same lock token; if the store still
+    ///   cannot confirm the lock, the body does not run ([`Error::Store`]).
+    ///
+    /// # Errors
+    /// The body's own error, or an [`Error`] converted into `E`.
+    pub async fn run<T, E, F>(self, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        self.run_reported(body).await.map(|report| report.value)
+    }
+
+    /// Like [`run`](Self::run), and also says how the value came about.
+    ///
+    /// # Errors
+    /// As [`run`](Self::run).
+    pub async fn run_reported<T, E, F>(self, body: F) -> Result<Report<T>, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        let store = self
+            .store
+            .clone()
+            .or_else(installed)
+            .ok_or(Error::NotConfigured)?;
+        let unit = UnitOfWork::with_limit(self.task.name(), self.key.as_str(), store.max_key_len())
+            .map_err(Error::from)?;
+        let token = LockToken::generate();
+        match self.start(&store, &unit, &token).await? {
+            Start::Replay { marker, attempts } => Ok(Report {
+                value: self.replay(&unit, &marker)?,
+                outcome: Outcome::Replayed,
+                fencing_token: marker.fencing_token(),
+                attempts,
+            }),
+            Start::Run {
+                fencing_token,
+                attempts,
+                lease,
+            } => {
+                let mut guard = ReleaseOnDrop {
+                    store: Some((Arc::clone(&store), unit.clone(), token.clone())),
+                };
+                let context =
+                    TaskContext::new(unit.clone(), fencing_token, attempts, Arc::clone(&lease));
+                let guarded = context.scope(catching_panics(body));
+                let result = if self.task.renew {
+                    renewing(guarded, &*store, &unit, &token, &lease, self.task.lock_ttl).await
+                } else {
+                    guarded.await
+                };
+                guard.disarm();
+                match result {
+                    Err(panic) => {
+                        release(&*store, &unit, &token).await;
+                        resume_unwind(panic)
+                    }
+                    Ok(Err(err)) => {
+                        release(&*store, &unit, &token).await;
+                        Err(err)
+                    }
+                    Ok(Ok(value)) => {
+                        let outcome = self
+                            .record(&*store, &unit, &token, fencing_token, &lease, &value)
+                            .await;
+                        Ok(Report {
+                            value,
+                            outcome,
+                            fencing_token,
+                            attempts,
+                        })
+                    }
+                }
+            }
+        }
+    }
+
+    /// Asks for the lock until it is granted, the unit turns out done, or waiting is over.
+    async fn start(
+        &self,
+        store: &Arc<dyn Store>,
+        unit: &UnitOfWork,
+        token: &LockToken,
+    ) -> Result<Start, Error> {
+        let policy = self.task.retry;
+        let total_wait = policy.total_wait(self.task.lock_ttl);
+        let started = Instant::now();
+        let mut attempts = 0;
+        let mut failures = 0;
+        // A begin whose reply was lost may have taken the lock already: the lease then started
+        // when that request was sent, not when a later one was.
+        let mut first_unconfirmed: Option<Instant> = None;
+        loop {
+            let sent = Instant::now();
+            match store
+                .begin(unit, token, self.task.lock_ttl, self.task.result_ttl)
+                .await
+            {
+                Ok(Begin::Done(bytes)) => {
+                    attempts += 1;
+                    let marker =
+                        Marker::decode(&bytes).map_err(|err| codec(unit, err.to_string()))?;
+                    return Ok(Start::Replay { marker, attempts });
+                }
+                Ok(Begin::Acquired { fencing_token }) => {
+                    attempts += 1;
+                    let lease_start = first_unconfirmed.unwrap_or(sent).min(sent);
+                    return Ok(Start::Run {
+                        fencing_token,
+                        attempts,
+                        lease: Arc::new(Lease::new(lease_start, self.task.lock_ttl)),
+                    });
+                }
+                Ok(Begin::Busy { lock_ttl_remaining }) => {
+                    attempts += 1;
+                    let waited = started.elapsed();
+                    if attempts >= policy.get_max_attempts() || waited >= total_wait {
+                        return Err(Error::Contended {
+                            task: unit.task().to_owned(),
+                            key: unit.key().to_owned(),
+                            lock_ttl_remaining,
+                            attempts,
+                        });
+                    }
+                    let mut pause = policy
+                        .delay(attempts)
+                        .min(total_wait.saturating_sub(waited));
+                    if let Some(left) = lock_ttl_remaining {
+                        // Ask again right after the holder's lock expires, not a backoff later.
+                        pause = pause.min(left + Duration::from_millis(1));
+                    }
+                    sleep(pause).await;
+                }
+                Err(err) => {
+                    failures += 1;
+                    if err.is_ambiguous() {
+                        first_unconfirmed.get_or_insert(sent);
+                    }
+                    if !err.is_retryable() || failures >= STORE_ATTEMPTS {
+                        if first_unconfirmed.is_some() {
+                            // The lock may be ours with nobody running the body: free it.
+                            release_in_background(Some(Arc::clone(store)), unit, token);
+                        }
+                        return Err(err.into());
+                    }
+                    sleep(STORE_RETRY_PAUSE * (1 << failures)).await;
+                }
+            }
+        }
+    }
+
+    /// Decodes a stored result for a duplicate delivery.
+    fn replay<T: DeserializeOwned>(&self, unit: &UnitOfWork, marker: &Marker) -> Result<T, Error> {
+        if let Some(expected) = &self.fingerprint
+            && marker.fingerprint() != Some(expected.as_str())
+        {
+            return Err(Error::KeyReuse {
+                task: unit.task().to_owned(),
+                key: unit.key().to_owned(),
+            });
+        }
+        match marker.result() {
+            StoredResult::Json(json) => serde_json::from_str(json.get()).map_err(|err| {
+                codec(
+                    unit,
+                    format!("it does not decode into the task's return type: {err}"),
+                )
+            }),
+            StoredResult::Unstorable(reason) => Err(codec(
+                unit,
+                format!(
+                    "the first execution succeeded but its result could not be stored: {reason}"
+                ),
+            )),
+        }
+    }
+
+    /// Stores the marker for a successful execution, retrying while the lock is still ours.
+    async fn record<T: Serialize>(
+        &self,
+        store: &dyn Store,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        fencing_token: u64,
+        lease: &Lease,
+        value: &T,
+    ) -> Outcome {
+        let encoded = serde_json::value::to_raw_value(value);
+        if let Err(err) = &encoded {
+            tracing::warn!(
+                task = unit.task(),
+                key = unit.key(),
+                error = %err,
+                "the task succeeded but its result cannot be encoded; duplicates will get an error instead of running it again"
+            );
+        }
+        let reason = encoded.as_ref().err().map(ToString::to_string);
+        let result = match (&encoded, &reason) {
+            (Ok(json), _) => Ok(&**json),
+            (Err(_), Some(reason)) => Err(reason.as_str()),
+            (Err(_), None) => Err("unknown encoding error"),
+        };
+        let marker = Marker::encode(unit.key(), fencing_token, self.fingerprint.as_ref(), result);
+        let mut failures = 0;
+        loop {
+            match store
+                .finish(unit, token, &marker, self.task.result_ttl)
+                .await
+            {
+                Ok(Finish::Completed) => return Outcome::Executed,
+                Ok(Finish::LockLost { marker_written }) => {
+                    tracing::warn!(
+                        task = unit.task(),
+                        key = unit.key(),
+                        fencing_token,
+                        marker_written,
+                        "the lock expired before the task finished; another delivery may have run it too"
+                    );
+                    return Outcome::LockLost { marker_written };
+                }
+                Err(err) => {
+                    failures += 1;
+                    let pause = STORE_RETRY_PAUSE * (1 << failures.min(5));
+                    if !err.is_retryable() || Instant::now() + pause >= lease.expires_at() {
+                        tracing::warn!(
+                            task = unit.task(),
+                            key = unit.key(),
+                            fencing_token,
+                            error = %err,
+                            "the task succeeded but its completion could not be recorded; a redelivery after the lock expires will run it again"
+                        );
+                        return Outcome::MarkerNotWritten;
+                    }
+                    sleep(pause).await;
+                }
+            }
+        }
+    }
+}
+
+fn codec(unit: &UnitOfWork, reason: String) -> Error {
+    Error::Codec {
+        task: unit.task().to_owned(),
+        key: unit.key().to_owned(),
+        reason,
+    }
+}
+
+enum Start {
+    Replay {
+        marker: Marker,
+        attempts: u32,
+    },
+    Run {
+        fencing_token: u64,
+        attempts: u32,
+        lease: Arc<Lease>,
+    },
+}
+
+type Panic = Box<dyn std::any::Any + Send>;
+
+/// Input: the body's future. Output: a future that yields the body's output, or the payload of
+/// a panic raised while polling it, so the lock can be released before the panic resumes.
+async fn catching_panics<F: Future>(body: F) -> Result<F::Output, Panic> {
+    let mut body = pin!(body);
+    poll_fn(
+        |cx| match catch_unwind(AssertUnwindSafe(|| body.as_mut().poll(cx))) {
+            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(panic) => Poll::Ready(Err(panic)),
+        },
+    )
+    .await
+}
+
+/// Input: the guarded body. Output: the same, while a watchdog renews the lock every third of
+/// its TTL and marks the lease lost when a renewal finds the lock gone.
+async fn renewing<F: Future>(
+    body: F,
+    store: &dyn Store,
+    unit: &UnitOfWork,
+    token: &LockToken,
+    lease: &Lease,
+    lock_ttl: Duration,
+) -> F::Output {
+    let renewals = async {
+        let interval = (lock_ttl / 3).max(Duration::from_millis(1));
+        loop {
+            sleep(interval).await;
+            let sent = Instant::now();
+            match store.renew(unit, token, lock_ttl).await {
+                Ok(true) => lease.renewed(sent, lock_ttl),
+                Ok(false) => {
+                    lease.lose();
+                    tracing::warn!(
+                        task = unit.task(),
+                        key = unit.key(),
+                        "the lock was lost while the task ran; another delivery may run it too"
+                    );
+                    break;
+                }
+                Err(err) => {
+                    tracing::warn!(task = unit.task(), key = unit.key(), error = %err, "could not renew the lock; trying again");
+                    if !lease.held() {
+                        lease.lose();
+                        break;
+                    }
+                }
+            }
+        }
+        std::future::pending::<Infallible>().await
+    };
+    tokio::select! {
+        biased;
+        output = body => output,
+        never = renewals => match never {},
+    }
+}
+
+/// Releases the lock after a failed or panicked body; a failure only means it expires later.
+async fn release(store: &dyn Store, unit: &UnitOfWork, token: &LockToken) {
+    if let Err(err) = store.release(unit, token).await {
+        log_release_failure(unit, &err);
+    }
+}
+
+fn log_release_failure(unit: &UnitOfWork, err: &StoreError) {
+    tracing::warn!(
+        task = unit.task(),
+        key = unit.key(),
+        error = %err,
+        "could not release the lock; the next delivery waits until it expires"
+    );
+}
+
+fn release_in_background(store: Option<Arc<dyn Store>>, unit: &UnitOfWork, token: &LockToken) {
+    let (Some(store), Ok(runtime)) = (store, tokio::runtime::Handle::try_current()) else {
+        return;
+    };
+    let (unit, token) = (unit.clone(), token.clone());
+    runtime.spawn(async move {
+        if let Err(err) = store.release(&unit, &token).await {
+            log_release_failure(&unit, &err);
+        }
+    });
+}
+
+/// Releases the lock in the background if the call is dropped while its body runs.
+struct ReleaseOnDrop {
+    store: Option<(Arc<dyn Store>, UnitOfWork, LockToken)>,
+}
+
+impl ReleaseOnDrop {
+    fn disarm(&mut self) {
+        self.store = None;
+    }
+}
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        if let Some((store, unit, token)) = self.store.take() {
+            release_in_background(Some(store), &unit, &token);
+        }
+    }
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, unit, integration, doc and UI tests, and the docs.
+# Installs redis-server when it is missing; the tests start their own servers on free ports.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_package() { # command package
+  command -v "$1" >/dev/null 2>&1 && return 0
+  echo "==> installing $2"
+  if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$2" >/dev/null
+}
+need_package redis-server redis-server
+# The package starts a system-wide server on 6379; the tests never use it, so stop it.
+if command -v systemctl >/dev/null 2>&1; then systemctl stop redis-server >/dev/null 2>&1 || true; fi
+redis-server --version
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+echo "==> cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "==> cargo test"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace --locked 2>&1 | tee "$log"
+echo "==> cargo doc"
+RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
+echo "==> quickstart"
+cargo run --quiet --locked --example quickstart
+
+# One closing line for the whole run: cargo prints one `test result` per test binary.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"

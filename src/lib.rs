@@ -1,0 +1,1 @@
+//! Examples and integration tests of idempotask; the library lives in `runtime/`.
