@@ -10,24 +10,18 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idempotask::{Error, MemoryStore, RedisStore, Task};
+use idempotask::{Error, MemoryStore, RedisStore, idempotent_task};
 
 /// Counts how often the side effect really happened.
 static EXECUTIONS: AtomicU32 = AtomicU32::new(0);
 
-static CHARGE_CUSTOMER: Task = Task::new("charge_customer").lock_ttl(Duration::from_secs(30));
-
 /// The side effect: charge a customer once per order, whatever the queue does.
+#[idempotent_task(key = "order-charge-{order_id}", lock_ttl = 30)]
 async fn charge_customer(order_id: u64, amount_cents: u64) -> Result<String, Error> {
-    CHARGE_CUSTOMER
-        .call(format!("order-charge-{order_id}"))
-        .run(async move {
-            EXECUTIONS.fetch_add(1, Ordering::SeqCst);
-            // The payment gateway call would go here.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            Ok(format!("ch_{order_id}_{amount_cents}"))
-        })
-        .await
+    EXECUTIONS.fetch_add(1, Ordering::SeqCst);
+    // The payment gateway call would go here.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    Ok(format!("ch_{order_id}_{amount_cents}"))
 }
 
 #[tokio::main]

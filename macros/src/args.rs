@@ -1,0 +1,371 @@
+//! Parsing the attribute's `name = value` options into typed settings.
+//!
+//! Input: the tokens inside `#[idempotent_task(...)]`. Output: [`Args`], or every independent
+//! mistake at once (unknown or repeated options, bad values), each spanned at its token.
+
+use std::collections::HashMap;
+
+use proc_macro2::Span;
+use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
+use syn::{Expr, ExprLit, Ident, Lit, LitStr, Token, UnOp};
+
+use crate::suggest::did_you_mean;
+
+/// Every option, in the order the error message lists them.
+const OPTIONS: &[&str] = &[
+    "key",
+    "lock_ttl",
+    "result_ttl",
+    "name",
+    "fingerprint",
+    "store",
+    "renew",
+    "max_attempts",
+    "max_wait",
+    "initial_backoff",
+    "max_backoff",
+];
+
+/// The default lock TTL in milliseconds; the runtime's `DEFAULT_LOCK_TTL`.
+const DEFAULT_LOCK_TTL_MS: u64 = 30_000;
+
+/// One `name = value` pair as written.
+struct Opt {
+    name: Ident,
+    value: Expr,
+}
+
+impl Parse for Opt {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let name: Ident = input.call(syn::ext::IdentExt::parse_any)?;
+        input.parse::<Token![=]>().map_err(|err| {
+            syn::Error::new(
+                err.span(),
+                format!("expected `=` after `{name}`: options are written `{name} = value`"),
+            )
+        })?;
+        Ok(Self {
+            name,
+            value: input.parse()?,
+        })
+    }
+}
+
+/// A duration given in the attribute, with the span of its value.
+#[derive(Clone, Copy)]
+pub(crate) struct Millis {
+    pub(crate) ms: u64,
+    pub(crate) span: Span,
+}
+
+/// The parsed options. `key` is kept as written; `key.rs` checks it against the function.
+pub(crate) struct Args {
+    pub(crate) key: Option<Expr>,
+    pub(crate) lock_ttl: Option<Millis>,
+    pub(crate) result_ttl: Option<Millis>,
+    pub(crate) name: Option<LitStr>,
+    pub(crate) fingerprint: Option<Vec<Ident>>,
+    pub(crate) store: Option<Expr>,
+    pub(crate) renew: bool,
+    pub(crate) max_attempts: Option<u32>,
+    pub(crate) max_wait: Option<Millis>,
+    pub(crate) initial_backoff: Option<Millis>,
+    pub(crate) max_backoff: Option<Millis>,
+}
+
+/// Collects independent errors so that all of them are reported together.
+#[derive(Default)]
+pub(crate) struct Errors(Option<syn::Error>);
+
+impl Errors {
+    pub(crate) fn push(&mut self, err: syn::Error) {
+        match &mut self.0 {
+            Some(all) => all.combine(err),
+            None => self.0 = Some(err),
+        }
+    }
+
+    pub(crate) fn at(&mut self, span: Span, message: impl std::fmt::Display) {
+        self.push(syn::Error::new(span, message));
+    }
+
+    /// An error spanning all of `tokens` (on stable, `Span::join` is not available to macros).
+    pub(crate) fn spanned(
+        &mut self,
+        tokens: &dyn quote::ToTokens,
+        message: impl std::fmt::Display,
+    ) {
+        self.push(syn::Error::new_spanned(tokens, message));
+    }
+
+    pub(crate) fn into_result(self) -> syn::Result<()> {
+        self.0.map_or(Ok(()), Err)
+    }
+}
+
+impl Args {
+    /// Input: the attribute's tokens. Output: the options that could be read, with every
+    /// mistake found pushed to `errors` (so the key is still checked next to a bad TTL); `None`
+    /// only when the tokens are not `name = value` pairs at all.
+    pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Option<Self> {
+        let opts = match syn::parse::Parser::parse2(
+            Punctuated::<Opt, Token![,]>::parse_terminated,
+            tokens,
+        ) {
+            Ok(opts) => opts,
+            Err(err) => {
+                errors.push(err);
+                return None;
+            }
+        };
+        let mut seen: HashMap<String, Span> = HashMap::new();
+        let mut args = Self {
+            key: None,
+            lock_ttl: None,
+            result_ttl: None,
+            name: None,
+            fingerprint: None,
+            store: None,
+            renew: false,
+            max_attempts: None,
+            max_wait: None,
+            initial_backoff: None,
+            max_backoff: None,
+        };
+        for Opt { name, value } in opts {
+            let option = name.to_string();
+            if !OPTIONS.contains(&option.as_str()) {
+                let hint = did_you_mean(&option, OPTIONS.iter().copied())
+                    .map_or_else(String::new, |close| format!("; did you mean `{close}`?"));
+                let expected = OPTIONS
+                    .iter()
+                    .map(|o| format!("`{o}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                errors.at(
+                    name.span(),
+                    format!("unknown option `{option}`{hint}\nexpected one of: {expected}"),
+                );
+                continue;
+            }
+            if seen.insert(option.clone(), name.span()).is_some() {
+                errors.at(
+                    name.span(),
+                    format!("duplicate option `{option}`; give each option once"),
+                );
+                continue;
+            }
+            let parsed = match option.as_str() {
+                "key" => {
+                    args.key = Some(value);
+                    Ok(())
+                }
+                "store" => {
+                    args.store = Some(value);
+                    Ok(())
+                }
+                "lock_ttl" => duration(&option, &value).map(|d| args.lock_ttl = Some(d)),
+                "result_ttl" => duration(&option, &value).map(|d| args.result_ttl = Some(d)),
+                "max_wait" => duration(&option, &value).map(|d| args.max_wait = Some(d)),
+                "initial_backoff" => {
+                    duration(&option, &value).map(|d| args.initial_backoff = Some(d))
+                }
+                "max_backoff" => duration(&option, &value).map(|d| args.max_backoff = Some(d)),
+                "name" => task_name(&value).map(|n| args.name = Some(n)),
+                "fingerprint" => idents(&value).map(|f| args.fingerprint = Some(f)),
+                "renew" => boolean(&option, &value).map(|b| args.renew = b),
+                "max_attempts" => count(&option, &value).map(|n| args.max_attempts = Some(n)),
+                _ => unreachable!("every listed option has a parser"),
+            };
+            if let Err(err) = parsed {
+                errors.push(err);
+            }
+        }
+        let lock_ms = args.lock_ttl.map_or(DEFAULT_LOCK_TTL_MS, |l| l.ms);
+        if let Some(result) = args.result_ttl
+            && result.ms < lock_ms
+        {
+            errors.at(
+                result.span,
+                format!(
+                    "`result_ttl` ({}) is shorter than `lock_ttl` ({}); the result must be kept at least as long as the lock, or a duplicate can run after the marker expired",
+                    show(result.ms),
+                    show(lock_ms)
+                ),
+            );
+        }
+        Some(args)
+    }
+}
+
+/// A duration in words, for messages.
+fn show(ms: u64) -> String {
+    if ms.is_multiple_of(1000) {
+        format!("{} s", ms / 1000)
+    } else {
+        format!("{ms} ms")
+    }
+}
+
+fn literal(value: &Expr) -> Option<&Lit> {
+    match value {
+        Expr::Lit(ExprLit { lit, .. }) => Some(lit),
+        Expr::Group(group) => literal(&group.expr),
+        _ => None,
+    }
+}
+
+/// `30` (seconds) or `"750ms"`, `"30s"`, `"2m"`, `"1h"`, `"7d"`: a positive duration.
+fn duration(option: &str, value: &Expr) -> syn::Result<Millis> {
+    let span = value.span();
+    let expected = || {
+        syn::Error::new(
+            span,
+            format!(
+                "expected a duration for `{option}`: whole seconds like `30`, or a string like `\"750ms\"`, `\"30s\"`, `\"2m\"`, `\"1h\"`, `\"7d\"`"
+            ),
+        )
+    };
+    if let Expr::Unary(unary) = value
+        && matches!(unary.op, UnOp::Neg(_))
+    {
+        return Err(syn::Error::new_spanned(
+            value,
+            format!("`{option}` must be positive; a negative duration means nothing here"),
+        ));
+    }
+    let ms = match literal(value) {
+        Some(Lit::Int(int)) => int
+            .base10_parse::<u64>()
+            .ok()
+            .and_then(|secs| secs.checked_mul(1000))
+            .ok_or_else(expected)?,
+        Some(Lit::Str(text)) => parse_duration(&text.value()).ok_or_else(expected)?,
+        _ => return Err(expected()),
+    };
+    if ms == 0 {
+        return Err(syn::Error::new(
+            span,
+            format!("`{option}` must be greater than zero"),
+        ));
+    }
+    Ok(Millis { ms, span })
+}
+
+/// `"750ms"` → 750, `"2m"` → 120 000; `None` for anything else.
+fn parse_duration(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let digits = text.find(|c: char| !c.is_ascii_digit())?;
+    let (number, unit) = text.split_at(digits);
+    let number: u64 = number.parse().ok()?;
+    let factor = match unit.trim() {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" | "min" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return None,
+    };
+    number.checked_mul(factor)
+}
+
+fn task_name(value: &Expr) -> syn::Result<LitStr> {
+    let Some(Lit::Str(name)) = literal(value) else {
+        return Err(syn::Error::new(
+            value.span(),
+            "expected a string for `name`, like `name = \"charge_customer\"`",
+        ));
+    };
+    let text = name.value();
+    let valid = !text.is_empty()
+        && text.len() <= 128
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if valid {
+        Ok(name.clone())
+    } else {
+        Err(syn::Error::new(
+            name.span(),
+            "a task name is 1 to 128 characters of `A-Z a-z 0-9 _ - .`; it becomes part of the store's keys",
+        ))
+    }
+}
+
+fn idents(value: &Expr) -> syn::Result<Vec<Ident>> {
+    let expected = || {
+        syn::Error::new(
+            value.span(),
+            "expected a list of parameter names for `fingerprint`, like `fingerprint = [amount_cents, currency]`",
+        )
+    };
+    let Expr::Array(array) = value else {
+        return Err(expected());
+    };
+    array
+        .elems
+        .iter()
+        .map(|elem| match elem {
+            Expr::Path(path) if path.qself.is_none() => {
+                path.path.get_ident().cloned().ok_or_else(expected)
+            }
+            _ => Err(syn::Error::new(
+                elem.span(),
+                "expected a parameter name; the fingerprint is made of whole parameters",
+            )),
+        })
+        .collect()
+}
+
+fn boolean(option: &str, value: &Expr) -> syn::Result<bool> {
+    match literal(value) {
+        Some(Lit::Bool(flag)) => Ok(flag.value),
+        _ => Err(syn::Error::new(
+            value.span(),
+            format!("expected `true` or `false` for `{option}`"),
+        )),
+    }
+}
+
+fn count(option: &str, value: &Expr) -> syn::Result<u32> {
+    match literal(value) {
+        Some(Lit::Int(int)) => match int.base10_parse::<u32>() {
+            Ok(0) | Err(_) => Err(syn::Error::new(
+                int.span(),
+                format!("`{option}` must be a whole number from 1 to {}", u32::MAX),
+            )),
+            Ok(n) => Ok(n),
+        },
+        _ => Err(syn::Error::new(
+            value.span(),
+            format!("expected a whole number for `{option}`, like `{option} = 10`"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+
+    #[test]
+    fn durations_in_every_unit() {
+        assert_eq!(parse_duration("750ms"), Some(750));
+        assert_eq!(parse_duration("30s"), Some(30_000));
+        assert_eq!(parse_duration("2m"), Some(120_000));
+        assert_eq!(parse_duration("1h"), Some(3_600_000));
+        assert_eq!(parse_duration("7d"), Some(604_800_000));
+        for bad in [
+            "",
+            "30",
+            "ms",
+            "1.5s",
+            "-1s",
+            "2 weeks",
+            "99999999999999999999ms",
+        ] {
+            assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+    }
+}
