@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit, integration, doc and UI tests, and the docs.
-# Installs redis-server when it is missing; the tests start their own servers on free ports.
+# Installs redis-server and PostgreSQL when missing; the tests start their own servers on free
+# loopback ports and stop them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,8 +13,12 @@ need_package() { # command package
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$2" >/dev/null
 }
 need_package redis-server redis-server
+# PostgreSQL's binaries live off PATH on Debian; the examples' tests start their own cluster.
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
+  need_package initdb postgresql
+fi
 # The package starts a system-wide server on 6379; the tests never use it, so stop it.
-if command -v systemctl >/dev/null 2>&1; then systemctl stop redis-server >/dev/null 2>&1 || true; fi
+if command -v systemctl >/dev/null 2>&1; then systemctl stop redis-server postgresql >/dev/null 2>&1 || true; fi
 redis-server --version
 
 echo "==> cargo fmt --check"

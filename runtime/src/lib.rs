@@ -37,8 +37,38 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The stores: [`RedisStore`] for production, [`MemoryStore`] for one process. Both implement
-//! [`Store`], which other backends can implement too.
+//! Most code uses the [`idempotent_task`] attribute, which turns an `async fn` into such a task;
+//! [`Task`] is the same without the attribute. The stores: [`RedisStore`] for production,
+//! [`MemoryStore`] for one process; both implement [`Store`], which other backends can implement
+//! too. [`testing::deliver_concurrently`] fires duplicate deliveries at your own tasks in tests.
+//!
+//! # The life of one delivery
+//!
+//! ```text
+//!                       begin (1 round trip)
+//!   delivery ──────────────────────────────────────┐
+//!      ▲                                           │
+//!      │ wait (full-jitter backoff)     ┌──────────┼───────────────┐
+//!      └───────────────── Busy ◄────────┤          │               │
+//!                (after max_attempts:   │        Done           Acquired(fencing token)
+//!                 Error::Contended)     │          │               │
+//!                                       │          ▼               ▼
+//!                                       │   stored value      body runs (context() set,
+//!                                       │   returned; body     lock renewed if `renew`)
+//!                                       │   never runs           │
+//!                                       │               ┌────────┼─────────────┐
+//!                                       │              Ok       Err / panic   dropped
+//!                                       │               │        │             │
+//!                                       │   finish (1 round trip) release      release in
+//!                                       │   marker stored,  (compare-and-      the background
+//!                                       │   lock deleted    delete), nothing   (or TTL expiry)
+//!                                       │   if still ours   cached
+//!                                       └───────────────────────────────────────────────────
+//! ```
+//!
+//! A fresh execution is `begin` + `finish`: two Redis commands. A duplicate is one `begin`.
+//! See the README's "Guarantees and limits" for exactly what holds when workers crash, pause or
+//! lose Redis.
 
 mod context;
 mod error;
@@ -48,6 +78,7 @@ mod marker;
 mod retry;
 pub mod store;
 mod task;
+pub mod testing;
 mod unit;
 
 pub use context::{TaskContext, context};

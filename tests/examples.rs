@@ -1,0 +1,142 @@
+//! Every example, run as its own process against servers this test starts, with its output
+//! checked. `cargo test` builds the examples before it runs this binary.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use support::RedisServer;
+use support::postgres::PostgresServer;
+
+fn example(name: &str) -> Command {
+    // target/<profile>/deps/examples-<hash> → target/<profile>/examples/<name>
+    let exe = std::env::current_exe().unwrap();
+    let path: PathBuf = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} is not built; run through `cargo test`",
+        path.display()
+    );
+    let mut command = Command::new(path);
+    command.env_remove("REDIS_URL").env_remove("DATABASE_URL");
+    command
+}
+
+fn run(command: &mut Command) -> String {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = command.output().unwrap();
+    let stdout = String::from_utf8(stdout).unwrap();
+    let stderr = String::from_utf8_lossy(&stderr);
+    assert!(
+        status.success(),
+        "{status}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    // Shown with `--nocapture`, and in a failing test's output.
+    println!("{stdout}{stderr}");
+    stdout
+}
+
+/// The value printed after `label` on its line, e.g. `executions: 1`.
+fn field<'a>(output: &'a str, label: &str) -> &'a str {
+    output
+        .lines()
+        .find_map(|line| line.strip_prefix(label))
+        .unwrap_or_else(|| panic!("no `{label}` in\n{output}"))
+        .trim()
+}
+
+#[test]
+fn quickstart_runs_without_redis_and_with_it() {
+    let embedded = run(&mut example("quickstart"));
+    assert_eq!(field(&embedded, "store:"), "the in-memory store");
+    assert_eq!(field(&embedded, "executions:"), "1");
+    assert!(field(&embedded, "deliveries:").starts_with("11"));
+
+    let server = RedisServer::start();
+    let with_redis = run(example("quickstart").env("REDIS_URL", server.url()));
+    assert!(field(&with_redis, "store:").starts_with("Redis at"));
+    assert_eq!(field(&with_redis, "executions:"), "1");
+}
+
+#[test]
+fn charge_customer_shows_what_the_lock_adds_to_the_constraint() {
+    let redis = RedisServer::start();
+    let postgres = PostgresServer::start();
+    let output = run(example("charge_customer")
+        .env("REDIS_URL", redis.url())
+        .env("DATABASE_URL", postgres.url()));
+    // run, deliveries, gateway charges, table rows, same result
+    let row = |run: &str| -> Vec<u64> {
+        let line = output
+            .lines()
+            .find(|l| l.starts_with(run))
+            .unwrap_or_else(|| panic!("{output}"));
+        line[run.len()..]
+            .split_whitespace()
+            .map(|n| n.parse().unwrap())
+            .collect()
+    };
+    assert_eq!(row("with idempotask"), [11, 1, 1, 11]);
+    let constraint_only = row("constraint only");
+    assert_eq!((constraint_only[0], constraint_only[2]), (11, 1));
+    assert!(constraint_only[1] > 1, "{output}");
+    assert_eq!(row("lock expired mid-task")[1..3], [2, 1]);
+
+    // A second run against the same servers uses fresh orders and holds again.
+    let again = run(example("charge_customer")
+        .env("REDIS_URL", redis.url())
+        .env("DATABASE_URL", postgres.url()));
+    assert!(
+        again
+            .lines()
+            .any(|l| l.starts_with("with idempotask") && l.split_whitespace().nth(3) == Some("1"))
+    );
+}
+
+#[test]
+fn send_order_confirmation_sends_one_mail_whatever_the_redeliveries() {
+    let server = RedisServer::start();
+    for command in [example("send_order_confirmation"), {
+        let mut with_redis = example("send_order_confirmation");
+        with_redis.env("REDIS_URL", server.url());
+        with_redis
+    }] {
+        let mut command = command;
+        let output = run(&mut command);
+        assert!(
+            field(&output, "delivery 1:").starts_with("sent "),
+            "{output}"
+        );
+        for delivery in 2..=4 {
+            let line = field(&output, &format!("delivery {delivery}:"));
+            assert!(
+                line.starts_with("already sent") && line.ends_with("(1 mail in the outbox)"),
+                "{output}"
+            );
+        }
+        assert!(field(&output, "outbox:").starts_with("1 mail"), "{output}");
+    }
+}
+
+#[test]
+fn stream_worker_side_effects_equal_messages_despite_crashes() {
+    let server = RedisServer::start();
+    let output = run(example("stream_worker").env("REDIS_URL", server.url()));
+    let number = |label: &str| -> u64 { field(&output, label).parse().unwrap() };
+    let messages = number("messages:");
+    assert_eq!(number("side effects:"), messages);
+    assert_eq!(number("shipped twice:"), 0);
+    assert!(number("crashes:") > 0, "{output}");
+    assert!(number("redeliveries:") >= number("crashes:"), "{output}");
+    assert!(number("deliveries:") > messages, "{output}");
+}

@@ -1,0 +1,157 @@
+//! A PostgreSQL server of the test's own, on a free loopback port, stopped when dropped.
+//!
+//! PostgreSQL refuses to run as root: when the tests run as root (as CI does), the data
+//! directory is given to the `postgres` system user and the server runs as that user.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::free_port;
+
+/// A throwaway PostgreSQL cluster with trust authentication for `postgres` on 127.0.0.1.
+pub struct PostgresServer {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+/// The newest `/usr/lib/postgresql/<version>/bin` (Debian's layout), or `pg_config --bindir`.
+fn bin_dir() -> PathBuf {
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let version = entry.file_name().to_str()?.parse().ok()?;
+            let bin = entry.path().join("bin");
+            bin.join("initdb").exists().then_some((version, bin))
+        })
+        .collect();
+    versions.sort();
+    if let Some((_, bin)) = versions.pop() {
+        return bin;
+    }
+    let output = Command::new("pg_config").arg("--bindir").output().unwrap_or_else(|_| {
+        panic!("PostgreSQL is not installed; the README's test command installs it (apt-get install -y postgresql)")
+    });
+    PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+}
+
+fn running_as_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| out.stdout.trim_ascii() == b"0")
+}
+
+/// `program args…`, as the `postgres` user when we are root (`setpriv` execs, so the child is
+/// the server itself and can be signalled directly).
+fn command(program: &Path, root: bool) -> Command {
+    if root {
+        let mut command = Command::new("setpriv");
+        command
+            .args([
+                "--reuid=postgres",
+                "--regid=postgres",
+                "--init-groups",
+                "--",
+            ])
+            .arg(program);
+        command
+    } else {
+        Command::new(program)
+    }
+}
+
+impl PostgresServer {
+    /// Initialises a cluster in a temporary directory and starts it; panics with a clear message
+    /// when PostgreSQL is missing (the suite never skips).
+    pub fn start() -> Self {
+        let bin = bin_dir();
+        let root = running_as_root();
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("idempotask-pg-{}-{port}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create the server's directory");
+        if root {
+            let status = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&dir)
+                .status()
+                .expect("chown the data directory");
+            assert!(
+                status.success(),
+                "cannot give {} to the postgres user",
+                dir.display()
+            );
+        }
+        let data = dir.join("data");
+        let output = command(&bin.join("initdb"), root)
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"])
+            .output()
+            .expect("run initdb");
+        assert!(
+            output.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let child = command(&bin.join("postgres"), root)
+            .arg("-D")
+            .arg(&data)
+            .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1"])
+            .arg("-c")
+            .arg(format!("unix_socket_directories={}", dir.display()))
+            .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start postgres");
+        let mut server = Self { child, port, dir };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ready = Command::new(bin.join("pg_isready"))
+                .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres"])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|status| status.success());
+            if ready {
+                return server;
+            }
+            if let Ok(Some(status)) = server.child.try_wait() {
+                panic!("postgres exited with {status} before it accepted connections");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "postgres did not come up in 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `postgres://postgres@127.0.0.1:<port>/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        // SIGINT is PostgreSQL's fast shutdown: backends end, shared memory is released.
+        let _ = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
