@@ -15,6 +15,7 @@
 //!     cargo run --example charge_customer
 //! ```
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -56,35 +57,39 @@ struct Payments {
 }
 
 impl Payments {
-    /// Charges the gateway, then records the charge; a conflict on the idempotency key means an
-    /// earlier delivery recorded it already, which counts as success.
-    async fn charge_and_record(
+    /// Charges the gateway (which takes `takes`), then records the charge; a conflict on the
+    /// idempotency key means an earlier delivery recorded it already, which counts as success.
+    ///
+    /// Boxed: tokio-postgres futures are large, and this one lives inside the task's future.
+    fn charge_and_record(
         &self,
-        key: &str,
         order_id: i64,
         amount_cents: i64,
         takes: Duration,
-    ) -> Result<ChargeId, PaymentError> {
-        let gateway_id = self.gateway.charge(amount_cents, takes).await;
-        let inserted = self
-            .db
-            .query_opt(
-                "INSERT INTO charges (idempotency_key, order_id, amount_cents, gateway_charge_id)
-                 VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (idempotency_key) DO NOTHING
-                 RETURNING id",
-                &[&key, &order_id, &amount_cents, &gateway_id],
-            )
-            .await?;
-        let id = match inserted {
-            Some(row) => row.get(0),
-            None => self
+    ) -> Pin<Box<dyn Future<Output = Result<ChargeId, PaymentError>> + Send + '_>> {
+        Box::pin(async move {
+            let key = format!("order-charge-{order_id}");
+            let gateway_id = self.gateway.charge(amount_cents, takes).await;
+            let inserted = self
                 .db
-                .query_one("SELECT id FROM charges WHERE idempotency_key = $1", &[&key])
-                .await?
-                .get(0),
-        };
-        Ok(ChargeId(id))
+                .query_opt(
+                    "INSERT INTO charges (idempotency_key, order_id, amount_cents, gateway_charge_id)
+                     VALUES ($1, $2, $3, $4)
+                     ON CONFLICT (idempotency_key) DO NOTHING
+                     RETURNING id",
+                    &[&key, &order_id, &amount_cents, &gateway_id],
+                )
+                .await?;
+            let id = match inserted {
+                Some(row) => row.get(0),
+                None => self
+                    .db
+                    .query_one("SELECT id FROM charges WHERE idempotency_key = $1", &[&key])
+                    .await?
+                    .get(0),
+            };
+            Ok(ChargeId(id))
+        })
     }
 
     #[idempotent_task(key = "order-charge-{order_id}", store = self.store, lock_ttl = 30)]
@@ -93,9 +98,7 @@ impl Payments {
         order_id: i64,
         amount_cents: i64,
     ) -> Result<ChargeId, PaymentError> {
-        let key = format!("order-charge-{order_id}");
-        // Boxed: tokio-postgres futures are large, and this one would live inside the task's.
-        Box::pin(self.charge_and_record(&key, order_id, amount_cents, Duration::from_millis(100)))
+        self.charge_and_record(order_id, amount_cents, Duration::from_millis(100))
             .await
     }
 
@@ -105,9 +108,7 @@ impl Payments {
         order_id: i64,
         amount_cents: i64,
     ) -> Result<ChargeId, PaymentError> {
-        let key = format!("order-charge-{order_id}");
-        // Boxed: tokio-postgres futures are large, and this one would live inside the task's.
-        Box::pin(self.charge_and_record(&key, order_id, amount_cents, Duration::from_millis(100)))
+        self.charge_and_record(order_id, amount_cents, Duration::from_millis(100))
             .await
     }
 
@@ -118,8 +119,7 @@ impl Payments {
         order_id: i64,
         amount_cents: i64,
     ) -> Result<ChargeId, PaymentError> {
-        let key = format!("order-charge-{order_id}");
-        Box::pin(self.charge_and_record(&key, order_id, amount_cents, Duration::from_millis(600)))
+        self.charge_and_record(order_id, amount_cents, Duration::from_millis(600))
             .await
     }
 
