@@ -4,6 +4,8 @@
 
 pub mod conformance;
 pub mod postgres;
+pub mod proxy;
+pub mod report;
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -15,6 +17,7 @@ pub struct RedisServer {
     child: Child,
     port: u16,
     dir: PathBuf,
+    extra: Vec<String>,
 }
 
 impl RedisServer {
@@ -26,6 +29,7 @@ impl RedisServer {
 
     /// Starts a server with extra `--option value` arguments.
     pub fn start_with(extra: &[&str]) -> Self {
+        let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
         let mut last_error = String::new();
         // A free port can be taken by someone else between probing and binding: try a few.
         for _ in 0..5 {
@@ -33,37 +37,49 @@ impl RedisServer {
             let dir = std::env::temp_dir()
                 .join(format!("idempotask-redis-{}-{port}", std::process::id()));
             std::fs::create_dir_all(&dir).expect("create the server's directory");
-            let spawned = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-                .arg("--dir")
-                .arg(&dir)
-                .args(extra)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn();
-            let mut child = match spawned {
-                Ok(child) => child,
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound => panic!(
-                    "redis-server is not installed; the README's test command installs it (apt-get install -y redis-server)"
-                ),
-                Err(err) => panic!("cannot start redis-server: {err}"),
-            };
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if let Ok(Some(status)) = child.try_wait() {
-                    last_error = format!("redis-server exited with {status}");
-                    break;
+            match spawn(port, &dir, &extra) {
+                Ok(child) => {
+                    return Self {
+                        child,
+                        port,
+                        dir,
+                        extra,
+                    };
                 }
-                if ping(port) {
-                    return Self { child, port, dir };
-                }
-                std::thread::sleep(Duration::from_millis(10));
+                Err(err) => last_error = err,
             }
-            let _ = child.kill();
-            let _ = child.wait();
         }
         panic!("redis-server did not come up: {last_error}");
+    }
+
+    /// Stops the server gracefully (SIGTERM: it finishes the command at hand and flushes its
+    /// append-only file) and starts it again on the same port with the same data directory.
+    pub fn restart(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+        let mut last_error = String::new();
+        for _ in 0..50 {
+            match spawn(self.port, &self.dir, &self.extra) {
+                Ok(child) => {
+                    self.child = child;
+                    return;
+                }
+                // The old socket may linger for a moment.
+                Err(err) => last_error = err,
+            }
+        }
+        panic!("redis-server did not come back: {last_error}");
+    }
+
+    /// The server's process id, for signals.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        (Ipv4Addr::LOCALHOST, self.port).into()
     }
 
     pub fn port(&self) -> u16 {
@@ -104,16 +120,50 @@ pub(crate) fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
+/// Starts `redis-server` on `port` and waits until it answers `PING`.
+fn spawn(port: u16, dir: &std::path::Path, extra: &[String]) -> Result<Child, String> {
+    let spawned = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => panic!(
+            "redis-server is not installed; the README's test command installs it (apt-get install -y redis-server)"
+        ),
+        Err(err) => panic!("cannot start redis-server: {err}"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("redis-server exited with {status}"));
+        }
+        if ping(port) {
+            return Ok(child);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    Err("redis-server did not answer PING within 10 s".to_owned())
+}
+
 fn ping(port: u16) -> bool {
     use std::io::{Read, Write};
     let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) else {
         return false;
     };
     let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    // `+PONG`, or `-NOAUTH` from a server with a password: either way it is serving.
     let mut reply = [0_u8; 7];
     stream.write_all(b"PING\r\n").is_ok()
         && stream.read_exact(&mut reply).is_ok()
-        && &reply == b"+PONG\r\n"
+        && (&reply == b"+PONG\r\n" || reply.starts_with(b"-NOAUTH"))
 }
 
 /// Redis keys matching `pattern`, via SCAN.

@@ -108,17 +108,7 @@ impl RedisStore {
 
     /// The Redis keys of `unit`: lock, done marker, fencing counter.
     pub fn keys(&self, unit: &UnitOfWork) -> [String; 3] {
-        let tag = format!(
-            "idempotask:v1:{{{}:{}:{}}}",
-            self.namespace,
-            unit.task(),
-            unit.digest()
-        );
-        [
-            format!("{tag}:lock"),
-            format!("{tag}:done"),
-            format!("{tag}:fence"),
-        ]
+        key_names(&self.namespace, unit)
     }
 
     /// The underlying connection, for tooling that needs plain commands next to the store.
@@ -337,6 +327,32 @@ impl Store for RedisStore {
     }
 }
 
+/// The Redis keys of `unit` under `namespace`: lock, done marker, fencing counter.
+///
+/// All three share the hash tag `{<namespace>:<task>:<sha256 of the caller key>}`, so they live
+/// in one Redis Cluster slot; no caller text appears in them.
+///
+/// ```
+/// use idempotask::UnitOfWork;
+/// use idempotask::store::redis::key_names;
+/// let [lock, done, fence] = key_names("billing", &UnitOfWork::new("charge", "order-42")?);
+/// assert!(lock.starts_with("idempotask:v1:{billing:charge:") && lock.ends_with("}:lock"));
+/// assert!(done.ends_with("}:done") && fence.ends_with("}:fence"));
+/// # Ok::<(), idempotask::InvalidKey>(())
+/// ```
+pub fn key_names(namespace: &str, unit: &UnitOfWork) -> [String; 3] {
+    let tag = format!(
+        "idempotask:v1:{{{namespace}:{}:{}}}",
+        unit.task(),
+        unit.digest()
+    );
+    [
+        format!("{tag}:lock"),
+        format!("{tag}:done"),
+        format!("{tag}:fence"),
+    ]
+}
+
 fn parse_begin(reply: &Value) -> Result<Begin, StoreError> {
     if let Value::Array(items) = reply {
         match items.as_slice() {
@@ -403,6 +419,9 @@ fn store_error(operation: &'static str, err: &RedisError) -> StoreError {
         (StoreErrorKind::Unreachable, false)
     } else if err.is_io_error() || err.is_connection_dropped() {
         (StoreErrorKind::Unreachable, true)
+    } else if matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM")) {
+        // Missing or wrong credentials, or an ACL user without the rights: fix the settings.
+        (StoreErrorKind::Configuration, false)
     } else {
         match err.kind() {
             ErrorKind::AuthenticationFailed | ErrorKind::InvalidClientConfig => {
