@@ -379,18 +379,16 @@ async fn s07_a_slow_redis_never_hangs_a_call_or_runs_an_unlocked_body() {
 async fn s09_script_flush_and_client_kill_under_load_cost_only_typed_retries() {
     let server = RedisServer::start();
     let store = store_with_timeout(&server.url(), Duration::from_millis(500)).await;
-    let keys = 400_u64;
-    let executions: Arc<Vec<AtomicU32>> = Arc::new((0..keys).map(|_| AtomicU32::new(0)).collect());
+    let injected = Arc::new(AtomicU32::new(0));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let chaos = {
-        let (url, stop) = (server.url(), stop.clone());
+        let (url, stop, injected) = (server.url(), stop.clone(), injected.clone());
         tokio::spawn(async move {
             let client = redis::Client::open(url).unwrap();
-            let mut injected = 0_u32;
             while !stop.load(Ordering::SeqCst) {
                 // A fresh connection each time: CLIENT KILL may take ours too.
                 if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
-                    let what = if injected.is_multiple_of(2) {
+                    let what = if injected.load(Ordering::SeqCst).is_multiple_of(2) {
                         redis::cmd("SCRIPT").arg("FLUSH").clone()
                     } else {
                         redis::cmd("CLIENT")
@@ -398,51 +396,60 @@ async fn s09_script_flush_and_client_kill_under_load_cost_only_typed_retries() {
                             .clone()
                     };
                     let _: Result<redis::Value, _> = what.query_async(&mut conn).await;
-                    injected += 1;
+                    injected.fetch_add(1, Ordering::SeqCst);
                 }
                 // A kill every 300 ms: frequent enough to hit every kind of in-flight call, rare
                 // enough that a reconnected client gets work done in between.
                 tokio::time::sleep(Duration::from_millis(150)).await;
             }
-            injected
         })
     };
     let task = Arc::new(Task::new("s09").lock_ttl(Duration::from_secs(5)));
-    let mut deliveries = Vec::new();
-    for _round in 0..4 {
-        for key in 0..keys {
-            let (task, store, executions) = (task.clone(), store.clone(), executions.clone());
-            deliveries.push(tokio::spawn(async move {
-                let (report, errors) = deliver_until_done(|| {
-                    let executions = executions.clone();
-                    task.call(format!("k{key}"))
-                        .store(store.clone())
-                        .run_reported(async move {
-                            executions[usize::try_from(key).unwrap()]
-                                .fetch_add(1, Ordering::SeqCst);
-                            tokio::time::sleep(Duration::from_millis(5)).await;
-                            Ok::<_, Error>(key)
-                        })
-                })
-                .await;
-                (errors, report.outcome)
-            }));
-        }
-    }
+    let keys = 400_u64;
+    let executions: Arc<Vec<AtomicU32>> =
+        Arc::new((0..keys * 64).map(|_| AtomicU32::new(0)).collect());
     let mut typed_errors = 0;
     let mut outcomes: std::collections::BTreeMap<String, u32> = std::collections::BTreeMap::new();
-    for delivery in deliveries {
-        let (errors, outcome) = delivery.await.unwrap();
-        typed_errors += errors;
-        *outcomes.entry(format!("{outcome:?}")).or_insert(0) += 1;
+    // Waves of fresh keys, four deliveries each, until enough faults have hit them.
+    let mut waves = 0;
+    while waves < 2 || (injected.load(Ordering::SeqCst) < 10 && waves < 64) {
+        let mut deliveries = Vec::new();
+        for _ in 0..4 {
+            for key in waves * keys..(waves + 1) * keys {
+                let (task, store, executions) = (task.clone(), store.clone(), executions.clone());
+                deliveries.push(tokio::spawn(async move {
+                    let (report, errors) = deliver_until_done(|| {
+                        let executions = executions.clone();
+                        task.call(format!("k{key}"))
+                            .store(store.clone())
+                            .run_reported(async move {
+                                executions[usize::try_from(key).unwrap()]
+                                    .fetch_add(1, Ordering::SeqCst);
+                                tokio::time::sleep(Duration::from_millis(5)).await;
+                                Ok::<_, Error>(key)
+                            })
+                    })
+                    .await;
+                    (errors, report.outcome)
+                }));
+            }
+        }
+        for delivery in deliveries {
+            let (errors, outcome) = delivery.await.unwrap();
+            typed_errors += errors;
+            *outcomes.entry(format!("{outcome:?}")).or_insert(0) += 1;
+        }
+        waves += 1;
     }
     stop.store(true, Ordering::SeqCst);
-    let injected = chaos.await.unwrap();
-    let duplicates: u32 = executions
+    chaos.await.unwrap();
+    let injected = injected.load(Ordering::SeqCst);
+    let used = usize::try_from(waves * keys).unwrap();
+    let duplicates: u32 = executions[..used]
         .iter()
         .map(|n| n.load(Ordering::SeqCst).saturating_sub(1))
         .sum();
-    let missing = executions
+    let missing = executions[..used]
         .iter()
         .filter(|n| n.load(Ordering::SeqCst) == 0)
         .count();
@@ -460,12 +467,16 @@ async fn s09_script_flush_and_client_kill_under_load_cost_only_typed_retries() {
         duplicates <= reported,
         "{duplicates} silent duplicates: {outcomes:?}"
     );
-    assert!(injected > 4, "the faults were not injected");
+    assert!(
+        injected >= 10 || waves == 64,
+        "the faults were not injected"
+    );
     record(
         "9. SCRIPT FLUSH and CLIENT KILL under load",
         &format!(
-            "{} deliveries of {keys} keys, {injected} faults injected (one every 150 ms): {typed_errors} typed retryable errors, 0 other failures, {duplicates} duplicates, each one reported by its runner; outcomes {outcomes:?}",
-            keys * 4
+            "{} deliveries of {} keys, {injected} faults injected (one every 150 ms): {typed_errors} typed retryable errors, 0 other failures, {duplicates} duplicates, each one reported by its runner; outcomes {outcomes:?}",
+            used * 4,
+            used
         ),
     );
 }
@@ -1257,11 +1268,16 @@ async fn s01_concurrent_deliveries_across_processes_run_each_key_once() {
     record(
         "1. 64 concurrent deliveries × 1,000 keys, 2 processes",
         &format!(
-            "{} deliveries in {} ms: side effect exactly once per key (0 duplicates), identical results in both processes; waiters got the result in p50 {} ms, p99 {} ms (body 20 ms, debug build); {retries} typed retries",
+            "{} deliveries in {} ms: side effect exactly once per key (0 duplicates), identical results in both processes; waiters got the result in p50 {} ms, p99 {} ms (body 20 ms, default backoff, {} build); {retries} typed retries",
             FLOOD_KEYS as usize * FLOOD_DELIVERIES_PER_KEY,
             took.as_millis(),
             p50 / 1000,
-            p99 / 1000
+            p99 / 1000,
+            if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            }
         ),
     );
 }
