@@ -13,6 +13,7 @@ need_package() { # command package
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$2" >/dev/null
 }
 need_package redis-server redis-server
+need_package openssl openssl # the TLS test makes its own CA
 # PostgreSQL's binaries live off PATH on Debian; the examples' tests start their own cluster.
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
   need_package initdb postgresql
@@ -25,6 +26,8 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The workspace turns the runtime's `tls` feature on; check the crate as users get it by default.
+cargo clippy -p idempotask --all-targets --locked -- -D warnings
 echo "==> cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -73,6 +73,8 @@ impl std::fmt::Debug for RedisStore {
 #[must_use]
 pub struct RedisStoreBuilder {
     url: String,
+    #[cfg(feature = "tls")]
+    root_certificate: Option<Vec<u8>>,
     namespace: String,
     connection_timeout: Duration,
     response_timeout: Duration,
@@ -94,6 +96,8 @@ impl RedisStore {
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
             url: url.into(),
+            #[cfg(feature = "tls")]
+            root_certificate: None,
             namespace: DEFAULT_NAMESPACE.to_owned(),
             connection_timeout: DEFAULT_CONNECTION_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
@@ -156,6 +160,14 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Trusts this CA (PEM) for `rediss://` instead of the system's roots: for a Redis behind a
+    /// private certificate authority.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_certificate = Some(pem.into());
+        self
+    }
+
     /// The longest caller key accepted, in bytes (default [`MAX_KEY_LEN`]).
     pub fn max_key_len(mut self, max: usize) -> Self {
         self.max_key_len = max;
@@ -176,8 +188,7 @@ impl RedisStoreBuilder {
                 err.to_string(),
             )
         })?;
-        let client =
-            redis::Client::open(self.url.as_str()).map_err(|err| store_error("connect", &err))?;
+        let client = self.client().map_err(|err| store_error("connect", &err))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.connection_timeout))
             .set_response_timeout(Some(self.response_timeout))
@@ -209,6 +220,29 @@ impl RedisStoreBuilder {
             namespace: self.namespace.into(),
             max_key_len: self.max_key_len,
         })
+    }
+}
+
+impl RedisStoreBuilder {
+    #[cfg(not(feature = "tls"))]
+    fn client(&self) -> redis::RedisResult<redis::Client> {
+        redis::Client::open(self.url.as_str())
+    }
+
+    #[cfg(feature = "tls")]
+    fn client(&self) -> redis::RedisResult<redis::Client> {
+        // rustls needs a process-wide crypto provider; another library may have installed one.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        match &self.root_certificate {
+            Some(pem) => redis::Client::build_with_tls(
+                self.url.as_str(),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem.clone()),
+                },
+            ),
+            None => redis::Client::open(self.url.as_str()),
+        }
     }
 }
 
