@@ -18,6 +18,8 @@ need_package openssl openssl # the TLS test makes its own CA
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
   need_package initdb postgresql
 fi
+# The cluster tests join their nodes with `redis-cli --cluster create`.
+need_package redis-cli redis-tools
 # The package starts a system-wide server on 6379; the tests never use it, so stop it.
 if command -v systemctl >/dev/null 2>&1; then systemctl stop redis-server postgresql >/dev/null 2>&1 || true; fi
 redis-server --version

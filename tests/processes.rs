@@ -1,4 +1,5 @@
-//! Concurrent deliveries of the same keys from several OS processes, on one real Redis.
+//! Concurrent deliveries of the same keys from several OS processes, on one real Redis and on
+//! a Redis Cluster.
 //!
 //! The parent test starts Redis and re-runs this test binary as worker processes (the
 //! `worker_process` test, which does nothing unless the parent set its environment).
@@ -9,19 +10,36 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotask::{Error, RedisStore, Task};
+use idempotask::{Error, RedisClusterStore, RedisStore, Store, Task};
+use redis::aio::ConnectionLike;
 use support::RedisServer;
+use support::cluster::RedisCluster;
 
 const PROCESSES: usize = 2;
 const KEYS: usize = 25;
 const DELIVERIES_PER_KEY: usize = 64;
+/// The URL of the server the workers use.
 const WORKER_ENV: &str = "IDEMPOTASK_TEST_WORKER_REDIS";
+/// The URLs of the cluster nodes the workers use, comma-separated.
+const WORKER_CLUSTER_ENV: &str = "IDEMPOTASK_TEST_WORKER_CLUSTER";
 
 static SHIP: Task = Task::new("ship_order");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deliveries_from_several_processes_run_each_key_once() {
     let server = RedisServer::start();
+    deliver_from_processes((WORKER_ENV, server.url()), server.connection().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_from_several_processes_run_each_key_once_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let env = (WORKER_CLUSTER_ENV, cluster.urls().join(","));
+    deliver_from_processes(env, cluster.connection().await).await;
+}
+
+/// Starts the workers with `env` naming the Redis to use; `conn` is a plain connection to it.
+async fn deliver_from_processes<C: ConnectionLike>(env: (&str, String), mut conn: C) {
     let exe = std::env::current_exe().unwrap();
     let workers: Vec<_> = (0..PROCESSES)
         .map(|_| {
@@ -32,7 +50,7 @@ async fn deliveries_from_several_processes_run_each_key_once() {
                     "--nocapture",
                     "--test-threads=1",
                 ])
-                .env(WORKER_ENV, server.url())
+                .env(env.0, &env.1)
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::inherit())
                 .kill_on_drop(true)
@@ -42,7 +60,6 @@ async fn deliveries_from_several_processes_run_each_key_once() {
         .collect();
 
     // Start every worker at once: each reports ready, then waits for the go signal.
-    let mut conn = server.connection().await;
     for _ in 0..PROCESSES {
         let ready: Option<(String, String)> = redis::cmd("BLPOP")
             .arg("test:ready")
@@ -109,12 +126,24 @@ async fn deliveries_from_several_processes_run_each_key_once() {
 /// A worker process: delivers every key `DELIVERIES_PER_KEY / PROCESSES` times concurrently.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_process() {
-    let Ok(url) = std::env::var(WORKER_ENV) else {
-        return; // Run as an ordinary test: only the parent above starts workers.
-    };
-    let store = Arc::new(RedisStore::connect(&url).await.unwrap());
-    let client = redis::Client::open(url).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    if let Ok(url) = std::env::var(WORKER_ENV) {
+        let store = Arc::new(RedisStore::connect(&url).await.unwrap());
+        let client = redis::Client::open(url).unwrap();
+        work(
+            store,
+            client.get_multiplexed_async_connection().await.unwrap(),
+        )
+        .await;
+    } else if let Ok(urls) = std::env::var(WORKER_CLUSTER_ENV) {
+        let urls: Vec<&str> = urls.split(',').collect();
+        let store = Arc::new(RedisClusterStore::connect(urls.clone()).await.unwrap());
+        let client = redis::cluster::ClusterClient::new(urls).unwrap();
+        work(store, client.get_async_connection().await.unwrap()).await;
+    }
+    // Otherwise this runs as an ordinary test: only the parents above start workers.
+}
+
+async fn work<C: ConnectionLike + Clone + Send + 'static>(store: Arc<dyn Store>, mut conn: C) {
     let _: i64 = redis::cmd("RPUSH")
         .arg("test:ready")
         .arg(std::process::id())

@@ -39,8 +39,9 @@
 //!
 //! Most code uses the [`idempotent_task`] attribute, which turns an `async fn` into such a task;
 //! [`Task`] is the same without the attribute. The stores: [`RedisStore`] for production,
-//! [`MemoryStore`] for one process; both implement [`Store`], which other backends can implement
-//! too. [`testing::deliver_concurrently`] fires duplicate deliveries at your own tasks in tests.
+//! [`RedisClusterStore`] for a Redis Cluster, [`MemoryStore`] for one process; all implement
+//! [`Store`], which other backends can implement too. [`testing::deliver_concurrently`] fires
+//! duplicate deliveries at your own tasks in tests.
 //!
 //! # The life of one delivery
 //!
@@ -88,6 +89,8 @@ pub use install::{install, install_shared, installed};
 pub use marker::{Marker, MarkerError, StoredResult};
 pub use retry::{DEFAULT_INITIAL_BACKOFF, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BACKOFF, RetryPolicy};
 pub use store::memory::MemoryStore;
+#[cfg(feature = "redis")]
+pub use store::redis::cluster::{RedisClusterStore, RedisClusterStoreBuilder};
 #[cfg(feature = "redis")]
 pub use store::redis::{RedisStore, RedisStoreBuilder};
 pub use store::{Begin, Finish, Inspection, Store};

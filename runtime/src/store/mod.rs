@@ -18,8 +18,9 @@ pub mod redis;
 /// safe to repeat with the same arguments (a retry after a lost reply cannot take a second lock
 /// or delete someone else's), which is what lets the task runner retry store calls at all.
 ///
-/// The two stores shipped are [`RedisStore`](crate::RedisStore) (the production one) and
-/// [`MemoryStore`](crate::MemoryStore) (one process only). Both pass the same conformance suite.
+/// The stores shipped are [`RedisStore`](crate::RedisStore) (the production one),
+/// [`RedisClusterStore`](crate::RedisClusterStore) (the same on a Redis Cluster) and
+/// [`MemoryStore`](crate::MemoryStore) (one process only). All pass the same conformance suite.
 #[async_trait]
 pub trait Store: Send + Sync + std::fmt::Debug {
     /// The longest caller key this store accepts, in bytes.

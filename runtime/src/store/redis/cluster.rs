@@ -1,0 +1,212 @@
+//! [`RedisClusterStore`]: the same locks and markers, spread over a Redis Cluster.
+
+use std::time::Duration;
+
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+
+use super::protocol::{Protocol, check_namespace, connect_within, store_error};
+use super::{
+    DEFAULT_CONNECTION_TIMEOUT, DEFAULT_NAMESPACE, DEFAULT_RESPONSE_TIMEOUT, delegate_store,
+};
+use crate::error::{StoreError, StoreErrorKind};
+use crate::unit::{MAX_KEY_LEN, UnitOfWork};
+
+/// How many times the cluster client re-sends one command, by default, after a redirect it
+/// could not follow at once, a `TRYAGAIN` during a slot migration, or a lost node.
+pub const DEFAULT_CLUSTER_RETRIES: u32 = 4;
+
+/// A store in a Redis Cluster (7.0 or later; Valkey works too), through redis-rs's async
+/// cluster client.
+///
+/// Keys, scripts and replies are exactly those of [`RedisStore`](crate::RedisStore): each unit
+/// of work has three keys with one `{…}` hash tag,
+/// `idempotask:v1:{<namespace>:<task>:<sha256 of the caller key>}:lock`, `…:done` and `…:fence`,
+/// so every script touches a single hash slot (no `CROSSSLOT` is possible) and the units spread
+/// over all masters. A fresh execution still costs two commands and a duplicate one.
+///
+/// # Behaviour
+/// - One multiplexed cluster connection per store (clones share it). It learns the slot map
+///   from any reachable seed node and follows `MOVED` and `ASK` redirects by itself, so a slot
+///   migration costs extra round trips, not errors.
+/// - While a slot is half migrated, a script whose keys sit partly on each side is answered
+///   with `TRYAGAIN`; the client re-sends it up to [`DEFAULT_CLUSTER_RETRIES`] times, then the
+///   call fails with a [`StoreError`] of kind `Rejected` that is safe to retry.
+/// - The client re-sends a command after a timeout or a lost connection too, so a script may
+///   run twice: every script recognises its own lock token (a repeated `begin` is `Acquired`
+///   with the same fencing token, a repeated `finish` finds its own marker). For the same
+///   reason every failure except a configuration error is reported as ambiguous.
+/// - One call of the store waits at most the response timeout
+///   ([`DEFAULT_RESPONSE_TIMEOUT`]), redirects and re-sends included; a cluster that lost a
+///   master fails calls for that master's slots with kind `Timeout`, `Unreachable` or
+///   `Rejected` (`CLUSTERDOWN`) until a replica takes over. Nothing hangs and the body never
+///   runs without a confirmed lock.
+/// - The lock is as strong as one master: replication is asynchronous, so a lock or marker
+///   written just before its master died may be missing on the promoted replica. The fencing
+///   token, checked by the database the task writes to, is what stops the second holder.
+/// - `redis://user:password@host:port` authenticates with an ACL user on every node;
+///   `rediss://` needs the `tls` feature.
+///
+/// ```no_run
+/// # async fn start() -> Result<(), idempotask::StoreError> {
+/// use idempotask::RedisClusterStore;
+///
+/// let store = RedisClusterStore::builder([
+///     "redis://10.0.0.1:6379",
+///     "redis://10.0.0.2:6379",
+///     "redis://10.0.0.3:6379",
+/// ])
+/// .namespace("billing")
+/// .response_timeout(std::time::Duration::from_millis(500))
+/// .connect()
+/// .await?;
+/// idempotask::install(store);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisClusterStore {
+    protocol: Protocol<ClusterConnection>,
+}
+
+impl std::fmt::Debug for RedisClusterStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisClusterStore")
+            .field("namespace", &self.protocol.namespace)
+            .field("max_key_len", &self.protocol.max_key_len)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures and connects a [`RedisClusterStore`]; see [`RedisClusterStore::builder`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct RedisClusterStoreBuilder {
+    nodes: Vec<String>,
+    namespace: String,
+    connection_timeout: Duration,
+    response_timeout: Duration,
+    retries: u32,
+    max_key_len: usize,
+}
+
+impl RedisClusterStore {
+    /// Connects with the default settings, learning the cluster from any of the seed `nodes`.
+    ///
+    /// # Errors
+    /// As [`RedisClusterStoreBuilder::connect`].
+    pub async fn connect<I>(nodes: I) -> Result<Self, StoreError>
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        Self::builder(nodes).connect().await
+    }
+
+    /// A builder with the defaults: namespace [`DEFAULT_NAMESPACE`], timeouts
+    /// [`DEFAULT_CONNECTION_TIMEOUT`] and [`DEFAULT_RESPONSE_TIMEOUT`],
+    /// [`DEFAULT_CLUSTER_RETRIES`] re-sends, keys up to [`MAX_KEY_LEN`] bytes.
+    ///
+    /// `nodes` are seed URLs (`redis://host:port`); one reachable node is enough, the client
+    /// finds the others through it. Give a few so that start-up survives one being down.
+    pub fn builder<I>(nodes: I) -> RedisClusterStoreBuilder
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        RedisClusterStoreBuilder {
+            nodes: nodes.into_iter().map(Into::into).collect(),
+            namespace: DEFAULT_NAMESPACE.to_owned(),
+            connection_timeout: DEFAULT_CONNECTION_TIMEOUT,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            retries: DEFAULT_CLUSTER_RETRIES,
+            max_key_len: MAX_KEY_LEN,
+        }
+    }
+
+    /// The namespace this store's keys live under.
+    pub fn namespace(&self) -> &str {
+        &self.protocol.namespace
+    }
+
+    /// The Redis keys of `unit`: lock, done marker, fencing counter (one hash slot).
+    pub fn keys(&self, unit: &UnitOfWork) -> [String; 3] {
+        self.protocol.keys(unit)
+    }
+
+    /// The underlying cluster connection, for tooling that needs plain commands next to the
+    /// store.
+    pub fn connection(&self) -> ClusterConnection {
+        self.protocol.connection.clone()
+    }
+}
+
+delegate_store!(RedisClusterStore);
+
+impl RedisClusterStoreBuilder {
+    /// The namespace that separates applications sharing one cluster (default `"default"`).
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// How long connecting to one node may take (default [`DEFAULT_CONNECTION_TIMEOUT`]).
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// How long one store call may take, redirects and re-sends included (default
+    /// [`DEFAULT_RESPONSE_TIMEOUT`]).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// How many times the cluster client re-sends one command (default
+    /// [`DEFAULT_CLUSTER_RETRIES`]); the response timeout bounds them all.
+    pub fn retries(mut self, retries: u32) -> Self {
+        self.retries = retries;
+        self
+    }
+
+    /// The longest caller key accepted, in bytes (default [`MAX_KEY_LEN`]).
+    pub fn max_key_len(mut self, max: usize) -> Self {
+        self.max_key_len = max;
+        self
+    }
+
+    /// Connects to the cluster, reads its slot map, and loads the scripts on every node.
+    ///
+    /// # Errors
+    /// A [`StoreError`] of kind `Configuration` for no seed node, a bad URL, namespace or
+    /// credentials, and `Unreachable` or `Timeout` when no seed node answers in time.
+    pub async fn connect(self) -> Result<RedisClusterStore, StoreError> {
+        check_namespace(&self.namespace)?;
+        if self.nodes.is_empty() {
+            return Err(StoreError::new(
+                "connect",
+                StoreErrorKind::Configuration,
+                false,
+                "no seed node given; pass at least one `redis://host:port` of the cluster",
+            ));
+        }
+        let client = ClusterClient::builder(self.nodes.iter().map(String::as_str))
+            .connection_timeout(self.connection_timeout)
+            .response_timeout(self.response_timeout)
+            .overall_response_timeout(Some(self.response_timeout))
+            .retries(self.retries)
+            // Re-sends after TRYAGAIN or a redirect come quickly: the defaults start at 1.28 s,
+            // longer than the whole call may take.
+            .min_retry_wait(10)
+            .max_retry_wait(500)
+            .retry_wait_formula(10, 2)
+            .build()
+            .map_err(|err| store_error("connect", &err, false))?;
+        // The client tries every seed node; the whole attempt still gets one deadline.
+        let deadline = self.connection_timeout.saturating_mul(3);
+        let connection = connect_within(deadline, client.get_async_connection(), false).await?;
+        Ok(RedisClusterStore {
+            protocol: Protocol::new(connection, self.namespace, self.max_key_len, true).await?,
+        })
+    }
+}

@@ -1,0 +1,363 @@
+//! A local Redis Cluster of the test's own: 3 masters and 3 replicas on free loopback ports.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use super::{free_port, ping};
+
+/// How long the cluster waits before it declares a silent node failed, unless told otherwise.
+/// Generous, so that a starved machine does not fail over on its own in the middle of a test.
+pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_secs(5);
+
+const NODES: usize = 6;
+/// Cluster start-up, a failover and a slot move each finish well within this.
+const SETTLE: Duration = Duration::from_secs(60);
+
+/// Six `redis-server --cluster-enabled yes` processes joined by `redis-cli --cluster create
+/// --cluster-replicas 1`, each with its own temporary directory and persistence off; killed
+/// and cleaned up when dropped.
+pub struct RedisCluster {
+    nodes: Vec<Node>,
+}
+
+struct Node {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+/// One master as `CLUSTER NODES` shows it.
+#[derive(Debug, Clone)]
+pub struct Master {
+    pub id: String,
+    pub port: u16,
+    /// Slot ranges, both ends included.
+    pub slots: Vec<(u16, u16)>,
+    /// The ids of its replicas.
+    pub replicas: Vec<String>,
+}
+
+impl Master {
+    pub fn owns(&self, slot: u16) -> bool {
+        self.slots.iter().any(|&(lo, hi)| (lo..=hi).contains(&slot))
+    }
+}
+
+impl RedisCluster {
+    /// A cluster with [`DEFAULT_NODE_TIMEOUT`], ready: every node says `cluster_state:ok` and
+    /// every replica is in sync with its master.
+    pub fn start() -> Self {
+        Self::start_with_node_timeout(DEFAULT_NODE_TIMEOUT)
+    }
+
+    /// A cluster whose nodes declare a silent peer failed after `node_timeout`.
+    pub fn start_with_node_timeout(node_timeout: Duration) -> Self {
+        let nodes: Vec<Node> = (0..NODES).map(|_| Node::spawn(node_timeout)).collect();
+        let cluster = Self { nodes };
+        let addresses: Vec<String> = cluster
+            .nodes
+            .iter()
+            .map(|node| format!("127.0.0.1:{}", node.port))
+            .collect();
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output();
+        let created = match created {
+            Ok(output) => output,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => panic!(
+                "redis-cli is not installed; the README's test command installs it (apt-get install -y redis-tools)"
+            ),
+            Err(err) => panic!("cannot run redis-cli: {err}"),
+        };
+        assert!(
+            created.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&created.stdout),
+            String::from_utf8_lossy(&created.stderr)
+        );
+        cluster.wait_until("the cluster forms", |cluster| cluster.is_ready(&[]));
+        cluster
+    }
+
+    /// One cluster shared by the tests of a binary that are running at the same time; the
+    /// last one to drop its handle stops it. Tests that share it keep apart by namespace.
+    pub fn shared() -> Arc<Self> {
+        static SHARED: Mutex<Weak<RedisCluster>> = Mutex::new(Weak::new());
+        let mut shared = SHARED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(cluster) = shared.upgrade() {
+            return cluster;
+        }
+        let cluster = Arc::new(Self::start());
+        *shared = Arc::downgrade(&cluster);
+        cluster
+    }
+
+    /// The ports of the nodes still running.
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(|node| node.port).collect()
+    }
+
+    /// Seed URLs of every running node.
+    pub fn urls(&self) -> Vec<String> {
+        self.ports()
+            .into_iter()
+            .map(|port| format!("redis://127.0.0.1:{port}"))
+            .collect()
+    }
+
+    /// A store on this cluster under `namespace`.
+    pub async fn store_in(&self, namespace: &str) -> idempotask::RedisClusterStore {
+        idempotask::RedisClusterStore::builder(self.urls())
+            .namespace(namespace)
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    /// A store under a namespace of its own, so that tests sharing the cluster never meet.
+    pub async fn fresh_store(&self) -> idempotask::RedisClusterStore {
+        self.store_in(&format!("t{:016x}", rand::random::<u64>()))
+            .await
+    }
+
+    /// A plain cluster connection for assertions next to the store (no response timeout, so
+    /// blocking commands work).
+    pub async fn connection(&self) -> redis::cluster_async::ClusterConnection {
+        redis::cluster::ClusterClient::new(self.urls())
+            .unwrap()
+            .get_async_connection()
+            .await
+            .unwrap()
+    }
+
+    /// The masters, as the first running node sees them.
+    pub fn masters(&self) -> Vec<Master> {
+        masters_seen_by(self.nodes[0].port)
+    }
+
+    /// The hash slot of `key`, from `CLUSTER KEYSLOT`.
+    pub fn slot_of(&self, key: &str) -> u16 {
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut node(self.nodes[0].port))
+            .unwrap()
+    }
+
+    /// `kill -9` of the node on `port`; it stays down. Answers the node's id.
+    pub fn kill(&mut self, port: u16) -> String {
+        let id: String = redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut node(port))
+            .unwrap();
+        let index = self
+            .nodes
+            .iter()
+            .position(|node| node.port == port)
+            .expect("a node of this cluster");
+        drop(self.nodes.remove(index));
+        id
+    }
+
+    /// Waits until a replica took over from the killed master `id` and every running node says
+    /// `cluster_state:ok` again.
+    pub fn wait_for_failover(&self, id: &str) {
+        self.wait_until("a replica takes over", |cluster| cluster.is_ready(&[id]));
+    }
+
+    /// Polls `ready` until it holds, panicking with `what` after [`SETTLE`].
+    pub fn wait_until(&self, what: &str, ready: impl Fn(&Self) -> bool) {
+        let deadline = Instant::now() + SETTLE;
+        while !ready(self) {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Every running node sees every slot served by a master that is up, says
+    /// `cluster_state:ok`, and every running replica is in sync. `failed` are node ids that
+    /// must be flagged as failed (and own no slots) everywhere.
+    fn is_ready(&self, failed: &[&str]) -> bool {
+        self.nodes.iter().all(|node| {
+            let Ok(mut conn) = redis::Client::open(format!("redis://127.0.0.1:{}", node.port))
+                .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(1)))
+            else {
+                return false;
+            };
+            let info: String = match redis::cmd("CLUSTER").arg("INFO").query(&mut conn) {
+                Ok(info) => info,
+                Err(_) => return false,
+            };
+            let nodes: String = match redis::cmd("CLUSTER").arg("NODES").query(&mut conn) {
+                Ok(nodes) => nodes,
+                Err(_) => return false,
+            };
+            let replication: String = match redis::cmd("INFO").arg("replication").query(&mut conn) {
+                Ok(replication) => replication,
+                Err(_) => return false,
+            };
+            let masters = parse_masters(&nodes);
+            let slots: u32 = masters
+                .iter()
+                .flat_map(|m| &m.slots)
+                .map(|&(lo, hi)| u32::from(hi - lo) + 1)
+                .sum();
+            let failed_flagged = failed.iter().all(|id| {
+                nodes.lines().any(|line| {
+                    let mut fields = line.split(' ');
+                    fields.next() == Some(id)
+                        && fields.nth(1).is_some_and(|flags| flags.contains("fail"))
+                })
+            });
+            info.contains("cluster_state:ok")
+                && slots == 16384
+                && failed_flagged
+                && !masters.iter().any(|m| failed.contains(&m.id.as_str()))
+                && (replication.contains("role:master")
+                    || replication.contains("master_link_status:up"))
+        })
+    }
+}
+
+impl Node {
+    fn spawn(node_timeout: Duration) -> Self {
+        let mut last_error = String::new();
+        // A free port can be taken by someone else between probing and binding: try a few.
+        for _ in 0..5 {
+            let (port, bus_port) = (free_port(), free_port());
+            let dir = std::env::temp_dir()
+                .join(format!("idempotask-cluster-{}-{port}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("create the node's directory");
+            let spawned = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                // Given explicitly: the default, port + 10000, may be above 65535 or taken.
+                .args(["--cluster-port", &bus_port.to_string()])
+                .args(["--cluster-enabled", "yes"])
+                .args(["--cluster-config-file", "nodes.conf"])
+                .args([
+                    "--cluster-node-timeout",
+                    &node_timeout.as_millis().to_string(),
+                ])
+                // Replicas sync at once instead of after the default 5 s of waiting for company.
+                .args(["--repl-diskless-sync-delay", "0"])
+                .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+                .arg("--dir")
+                .arg(&dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn();
+            let mut child = match spawned {
+                Ok(child) => child,
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => panic!(
+                    "redis-server is not installed; the README's test command installs it (apt-get install -y redis-server)"
+                ),
+                Err(err) => panic!("cannot start redis-server: {err}"),
+            };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(status)) = child.try_wait() {
+                    last_error = format!("redis-server exited with {status}");
+                    break;
+                }
+                if ping(port) {
+                    return Self { child, port, dir };
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        panic!("a cluster node did not come up: {last_error}");
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // SIGKILL: the same as `kill -9`, which is also what the failover test wants.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The masters as the node on `port` sees them (failed ones left out).
+pub fn masters_seen_by(port: u16) -> Vec<Master> {
+    let nodes: String = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query(&mut node(port))
+        .unwrap();
+    parse_masters(&nodes)
+}
+
+/// A plain connection to the node on `port`, for cluster administration.
+pub fn node(port: u16) -> redis::Connection {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+    let connection = client
+        .get_connection_with_timeout(Duration::from_secs(5))
+        .unwrap();
+    connection
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    connection
+}
+
+/// The masters in a `CLUSTER NODES` reply that are not flagged as failed.
+fn parse_masters(nodes: &str) -> Vec<Master> {
+    let mut masters = Vec::new();
+    let mut replicas: HashMap<String, Vec<String>> = HashMap::new();
+    for line in nodes.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let [id, address, flags, master, _, _, _, _, slots @ ..] = fields.as_slice() else {
+            continue;
+        };
+        if flags.contains("fail") && !flags.contains("fail?") {
+            continue;
+        }
+        if flags.contains("slave") {
+            replicas
+                .entry((*master).to_owned())
+                .or_default()
+                .push((*id).to_owned());
+            continue;
+        }
+        if !flags.contains("master") {
+            continue;
+        }
+        let port = address
+            .split(['@', ','])
+            .next()
+            .and_then(|host_port| host_port.rsplit_once(':'))
+            .and_then(|(_, port)| port.parse().ok())
+            .unwrap_or(0);
+        let slots = slots
+            .iter()
+            // `[slot->-id]` and `[slot-<-id]` are slots being migrated or imported.
+            .filter(|range| !range.starts_with('['))
+            .filter_map(|range| match range.split_once('-') {
+                Some((lo, hi)) => Some((lo.parse().ok()?, hi.parse().ok()?)),
+                None => range.parse().ok().map(|slot| (slot, slot)),
+            })
+            .collect();
+        masters.push(Master {
+            id: (*id).to_owned(),
+            port,
+            slots,
+            replicas: Vec::new(),
+        });
+    }
+    for master in &mut masters {
+        master.replicas = replicas.remove(&master.id).unwrap_or_default();
+    }
+    masters.retain(|master| !master.slots.is_empty());
+    masters.sort_by_key(|master| master.port);
+    masters
+}
