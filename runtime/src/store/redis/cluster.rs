@@ -5,6 +5,7 @@ use std::time::Duration;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 
+use super::healing::HealingConnection;
 use super::protocol::{Protocol, check_namespace, connect_within, store_error};
 use super::{
     DEFAULT_CONNECTION_TIMEOUT, DEFAULT_NAMESPACE, DEFAULT_RESPONSE_TIMEOUT, delegate_store,
@@ -36,6 +37,9 @@ pub const DEFAULT_CLUSTER_RETRIES: u32 = 4;
 ///   run twice: every script recognises its own lock token (a repeated `begin` is `Acquired`
 ///   with the same fencing token, a repeated `finish` finds its own marker). For the same
 ///   reason every failure except a configuration error is reported as ambiguous.
+/// - After a call timed out, the store builds a fresh cluster connection in the background
+///   and uses it from then on: redis-rs 1.8's cluster client can get stuck refreshing its slot
+///   map while many commands are redirected at once, and would otherwise time out every call.
 /// - One call of the store waits at most the response timeout
 ///   ([`DEFAULT_RESPONSE_TIMEOUT`]), redirects and re-sends included; a cluster that lost a
 ///   master fails calls for that master's slots with kind `Timeout`, `Unreachable` or
@@ -65,7 +69,7 @@ pub const DEFAULT_CLUSTER_RETRIES: u32 = 4;
 /// ```
 #[derive(Clone)]
 pub struct RedisClusterStore {
-    protocol: Protocol<ClusterConnection>,
+    protocol: Protocol<HealingConnection>,
 }
 
 impl std::fmt::Debug for RedisClusterStore {
@@ -136,7 +140,7 @@ impl RedisClusterStore {
     /// The underlying cluster connection, for tooling that needs plain commands next to the
     /// store.
     pub fn connection(&self) -> ClusterConnection {
-        self.protocol.connection.clone()
+        self.protocol.connection.current()
     }
 }
 
@@ -205,6 +209,7 @@ impl RedisClusterStoreBuilder {
         // The client tries every seed node; the whole attempt still gets one deadline.
         let deadline = self.connection_timeout.saturating_mul(3);
         let connection = connect_within(deadline, client.get_async_connection(), false).await?;
+        let connection = HealingConnection::new(client, connection, deadline);
         Ok(RedisClusterStore {
             protocol: Protocol::new(connection, self.namespace, self.max_key_len, true).await?,
         })

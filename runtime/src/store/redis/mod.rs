@@ -10,6 +10,7 @@ pub use protocol::key_names;
 use protocol::{Protocol, check_namespace, connect_within, store_error};
 
 pub mod cluster;
+mod healing;
 mod protocol;
 
 /// The namespace used when none is configured.
