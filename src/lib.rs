@@ -1,1 +1,4 @@
-//! Examples and integration tests of idempotask; the library lives in `runtime/`.
+//! Examples and integration tests of idempotask, and its benchmark harness; the library lives in
+//! `runtime/`.
+
+pub mod bench;

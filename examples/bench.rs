@@ -1,0 +1,54 @@
+//! The benchmark of issue 6: prints one JSON object per measurement.
+//!
+//! ```text
+//! cargo run --release --example bench -- --redis-url redis://127.0.0.1:6379 \
+//!     --mode fresh --tasks 20000 --concurrency 64 [--rounds 3] [--markdown results.md]
+//! ```
+//!
+//! Modes: `fresh`, `duplicate`, `contended`, `handwritten-fresh`, `handwritten-duplicate`,
+//! `latency`, `scaling`, `all`. `--markdown` also writes the tables of `docs/performance.md`;
+//! `scripts/bench.sh` runs the whole set against a Redis of its own.
+
+use idempotask_suite::bench::{self, Config, Mode, report};
+
+const USAGE: &str = "usage: bench --redis-url URL --mode MODE --tasks N --concurrency C [--rounds R] [--markdown PATH]";
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut config = Config {
+        redis_url: "redis://127.0.0.1:6379".to_owned(),
+        mode: Mode::All,
+        tasks: 10_000,
+        concurrency: 64,
+        rounds: 3,
+    };
+    let mut markdown = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut value = || {
+            args.next()
+                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
+        };
+        match flag.as_str() {
+            "--redis-url" => config.redis_url = value()?,
+            "--mode" => config.mode = value()?.parse()?,
+            "--tasks" => config.tasks = value()?.parse()?,
+            "--concurrency" => config.concurrency = value()?.parse()?,
+            "--rounds" => config.rounds = value()?.parse()?,
+            "--markdown" => markdown = Some(value()?),
+            "-h" | "--help" => {
+                println!("{USAGE}\nmodes: {}", Mode::NAMES.join(", "));
+                return Ok(());
+            }
+            other => return Err(format!("unknown argument `{other}`\n{USAGE}").into()),
+        }
+    }
+    let measurements = bench::run(&config, |m| {
+        println!("{}", serde_json::to_string(m).unwrap_or_default());
+    })
+    .await?;
+    if let Some(path) = markdown {
+        std::fs::write(path, report::markdown(&measurements))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,437 @@
+//! The benchmark harness of issue 6: throughput, Redis commands and latency of idempotask
+//! against the hand-written pattern, on one `RedisStore` (one multiplexed connection).
+//!
+//! `examples/bench.rs` is the command line over [`run`]; `tests/bench_smoke.rs` runs every mode
+//! once with a tiny N. Each [`Measurement`] is one JSON line; [`report::markdown`] turns a whole
+//! set into the tables of `docs/performance.md`.
+//!
+//! [`run`] installs its store process-wide (`idempotask::install`), because the measured task is
+//! annotated the way users write it, without a `store` option.
+
+mod driver;
+pub mod report;
+mod server;
+mod workloads;
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use idempotask::{RedisStore, UnitOfWork};
+use redis::aio::ConnectionManager;
+use serde::Serialize;
+
+use driver::{drive, percentile_us};
+use server::{Counting, client_cost, command_stats, lock_keys, memory_usage};
+use workloads::{BENCH_TASK, bench_task, executions, handwritten};
+
+/// The concurrencies of [`Mode::Scaling`].
+pub const SCALING_CONCURRENCY: [usize; 5] = [1, 8, 64, 256, 1024];
+
+/// What to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// N distinct keys, each run once through the annotated task.
+    Fresh,
+    /// The same N keys again, all already done (set up untimed first).
+    Duplicate,
+    /// C concurrent deliveries of each of N keys; the body runs once per key.
+    Contended,
+    /// N distinct keys through the hand-written four-command pattern.
+    HandwrittenFresh,
+    /// The same N keys again through the hand-written pattern, all already done.
+    HandwrittenDuplicate,
+    /// `fresh` at concurrency 1, next to the `PING` round trip on the same connection.
+    Latency,
+    /// `fresh` at each of [`SCALING_CONCURRENCY`].
+    Scaling,
+    /// Every mode above; the comparisons run back to back in each round.
+    All,
+}
+
+impl Mode {
+    /// Every mode's name, as the command line spells it.
+    pub const NAMES: [&'static str; 8] = [
+        "fresh",
+        "duplicate",
+        "contended",
+        "handwritten-fresh",
+        "handwritten-duplicate",
+        "latency",
+        "scaling",
+        "all",
+    ];
+
+    const ALL: [Self; 8] = [
+        Self::Fresh,
+        Self::Duplicate,
+        Self::Contended,
+        Self::HandwrittenFresh,
+        Self::HandwrittenDuplicate,
+        Self::Latency,
+        Self::Scaling,
+        Self::All,
+    ];
+
+    /// The mode's name, as the command line and the JSON lines spell it.
+    pub fn name(self) -> &'static str {
+        let index = Self::ALL.iter().position(|mode| *mode == self).unwrap_or(0);
+        Self::NAMES[index]
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Mode {
+    type Err = BenchError;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Self::NAMES
+            .iter()
+            .position(|known| *known == name)
+            .map(|index| Self::ALL[index])
+            .ok_or_else(|| {
+                BenchError(format!(
+                    "unknown mode `{name}`; expected one of: {}",
+                    Self::NAMES.join(", ")
+                ))
+            })
+    }
+}
+
+/// One benchmark run's settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The Redis server, e.g. `redis://127.0.0.1:6379`.
+    pub redis_url: String,
+    /// What to measure.
+    pub mode: Mode,
+    /// N: keys per measurement (`all` uses N / C keys for `contended`, so that it runs about N
+    /// deliveries too).
+    pub tasks: usize,
+    /// C: tasks in flight at once (ignored by `latency` and `scaling`).
+    pub concurrency: usize,
+    /// How many times `all` repeats the comparisons, so that a busy machine shows as spread.
+    pub rounds: usize,
+}
+
+/// One measurement: one JSON line of the bench's output.
+#[derive(Debug, Clone, Serialize)]
+pub struct Measurement {
+    /// The mode measured (`scaling` lines differ by `concurrency`).
+    pub mode: &'static str,
+    /// Which round of `all` this is, from 1.
+    pub round: usize,
+    /// Distinct keys.
+    pub tasks: usize,
+    /// Task calls in flight at once.
+    pub concurrency: usize,
+    /// Task calls made: `tasks` times the deliveries per key (C for `contended`, else 1).
+    pub deliveries: usize,
+    /// Task calls completed per second of wall time.
+    pub tasks_per_sec: f64,
+    /// Commands the client sent per task call, from `INFO commandstats` deltas (the commands
+    /// that scripts run inside are not round trips and are left out).
+    pub redis_commands_per_task: f64,
+    /// Redis CPU time per task call, from `INFO commandstats` (a script's time includes the
+    /// commands it runs).
+    pub redis_us_per_task: f64,
+    /// Median time of one task call, in microseconds.
+    pub p50_us: u64,
+    /// 99th percentile time of one task call, in microseconds.
+    pub p99_us: u64,
+    /// How many times a body ran.
+    pub executions: u64,
+    /// `latency` only: the median `PING` round trip on the same connection, in microseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ping_p50_us: Option<u64>,
+    /// Keys matching `*:lock` in Redis after the measurement.
+    pub lock_keys_left: u64,
+    /// `fresh` only: `MEMORY USAGE` of one done marker of a `()` result, in bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub marker_bytes: Option<u64>,
+}
+
+/// A benchmark that could not run: Redis unreachable, a task failed, bad arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BenchError(pub String);
+
+impl fmt::Display for BenchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BenchError {}
+
+impl From<redis::RedisError> for BenchError {
+    fn from(err: redis::RedisError) -> Self {
+        Self(format!("redis: {err}"))
+    }
+}
+
+impl From<idempotask::Error> for BenchError {
+    fn from(err: idempotask::Error) -> Self {
+        Self(format!("task: {err}"))
+    }
+}
+
+impl From<idempotask::InvalidKey> for BenchError {
+    fn from(err: idempotask::InvalidKey) -> Self {
+        Self(format!("key: {err}"))
+    }
+}
+
+impl From<idempotask::StoreError> for BenchError {
+    fn from(err: idempotask::StoreError) -> Self {
+        Self(format!("store: {err}"))
+    }
+}
+
+impl From<serde_json::Error> for BenchError {
+    fn from(err: serde_json::Error) -> Self {
+        Self(format!("json: {err}"))
+    }
+}
+
+/// Runs `config` and hands each measurement to `emit` as soon as it is done.
+///
+/// # Errors
+/// [`BenchError`] when Redis cannot be reached or a task call fails.
+pub async fn run(
+    config: &Config,
+    mut emit: impl FnMut(&Measurement),
+) -> Result<Vec<Measurement>, BenchError> {
+    let store = RedisStore::connect(&config.redis_url).await?;
+    let mut bench = Bench {
+        conn: store.connection(),
+        stats: redis::Client::open(config.redis_url.as_str())?
+            .get_connection_manager()
+            .await?,
+        store: store.clone(),
+        run: rand::random::<u64>() >> 1,
+        round: 1,
+        out: Vec::new(),
+    };
+    idempotask::install(store);
+    let (n, c) = (config.tasks, config.concurrency.max(1));
+    let mut pending = match config.mode {
+        Mode::All => Vec::new(),
+        mode => vec![(mode, n, c)],
+    };
+    if config.mode == Mode::All {
+        for round in 1..=config.rounds.max(1) {
+            bench.round = round;
+            for mode in [
+                Mode::HandwrittenFresh,
+                Mode::Fresh,
+                Mode::HandwrittenDuplicate,
+                Mode::Duplicate,
+            ] {
+                bench.measure(mode, n, c, &mut emit).await?;
+            }
+        }
+        bench.round = 1;
+        pending = vec![
+            (Mode::Contended, (n / c).max(1), c),
+            (Mode::Latency, n.min(5_000), 1),
+            (Mode::Scaling, n, c),
+        ];
+    }
+    for (mode, n, c) in pending {
+        bench.measure(mode, n, c, &mut emit).await?;
+    }
+    Ok(bench.out)
+}
+
+/// The connections and bookkeeping one [`run`] shares between its measurements.
+struct Bench {
+    /// The store's own connection manager, shared by the hand-written pattern and `PING`.
+    conn: ConnectionManager,
+    /// A second connection for `INFO`, `SCAN` and `MEMORY`, so they do not queue behind tasks.
+    stats: ConnectionManager,
+    store: RedisStore,
+    /// Keeps keys of this process apart from earlier runs on the same server.
+    run: u64,
+    round: usize,
+    out: Vec<Measurement>,
+}
+
+/// A measurement before the server has been asked what it cost.
+struct Sample {
+    deliveries: usize,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+    ping_p50_us: Option<u64>,
+}
+
+impl Bench {
+    async fn measure(
+        &mut self,
+        mode: Mode,
+        n: usize,
+        c: usize,
+        emit: &mut impl FnMut(&Measurement),
+    ) -> Result<(), BenchError> {
+        match mode {
+            Mode::Scaling => {
+                for c in SCALING_CONCURRENCY {
+                    self.once(mode, n, c, emit).await?;
+                }
+            }
+            Mode::Latency => self.once(mode, n, 1, emit).await?,
+            _ => self.once(mode, n, c, emit).await?,
+        }
+        Ok(())
+    }
+
+    async fn once(
+        &mut self,
+        mode: Mode,
+        n: usize,
+        c: usize,
+        emit: &mut impl FnMut(&Measurement),
+    ) -> Result<(), BenchError> {
+        // Every measurement gets keys of its own; duplicates first run them untimed.
+        self.run += 1;
+        let run = self.run;
+        let counting = match mode {
+            Mode::HandwrittenFresh | Mode::HandwrittenDuplicate => Counting::Handwritten,
+            _ => Counting::ScriptsOnly,
+        };
+        match mode {
+            Mode::Duplicate => {
+                drive(n, c, move |id| fresh(run, id)).await?;
+            }
+            Mode::HandwrittenDuplicate => {
+                let conn = self.conn.clone();
+                drive(n, c, move |id| handwritten(conn.clone(), run, id as u64)).await?;
+            }
+            _ => {}
+        }
+        let executed = executions();
+        let before = command_stats(&mut self.stats).await?;
+        let mut sample = self.sample(mode, run, n, c).await?;
+        let after = command_stats(&mut self.stats).await?;
+        let cost = client_cost(&before, &after, counting);
+        let marker_bytes = if mode == Mode::Fresh {
+            let unit = UnitOfWork::new(BENCH_TASK, format!("{run}-0"))?;
+            memory_usage(&mut self.stats, &self.store.keys(&unit)[1]).await?
+        } else {
+            None
+        };
+        let measurement = Measurement {
+            mode: mode.name(),
+            round: self.round,
+            tasks: n,
+            concurrency: c,
+            deliveries: sample.deliveries,
+            tasks_per_sec: per(sample.deliveries, sample.elapsed.as_secs_f64()),
+            redis_commands_per_task: per_task(cost.client_calls, sample.deliveries),
+            redis_us_per_task: per_task(cost.usec, sample.deliveries),
+            p50_us: percentile_us(&mut sample.latencies, 50),
+            p99_us: percentile_us(&mut sample.latencies, 99),
+            executions: executions() - executed,
+            ping_p50_us: sample.ping_p50_us,
+            lock_keys_left: lock_keys(&mut self.stats).await?,
+            marker_bytes,
+        };
+        emit(&measurement);
+        self.out.push(measurement);
+        Ok(())
+    }
+
+    /// Runs the timed part of `mode`.
+    async fn sample(
+        &mut self,
+        mode: Mode,
+        run: u64,
+        n: usize,
+        c: usize,
+    ) -> Result<Sample, BenchError> {
+        let mut deliveries = n;
+        let mut ping_p50_us = None;
+        let timings = match mode {
+            Mode::Fresh | Mode::Duplicate | Mode::Scaling => {
+                drive(n, c, move |id| fresh(run, id)).await?
+            }
+            Mode::Contended => {
+                // Workers take job numbers in order, so the C deliveries of a key run together.
+                deliveries = n * c;
+                drive(deliveries, c, move |job| fresh(run, job / c)).await?
+            }
+            Mode::HandwrittenFresh | Mode::HandwrittenDuplicate => {
+                let conn = self.conn.clone();
+                drive(n, c, move |id| handwritten(conn.clone(), run, id as u64)).await?
+            }
+            Mode::Latency => {
+                let (timings, mut pings) = self.latency(run, n).await?;
+                ping_p50_us = Some(percentile_us(&mut pings, 50));
+                timings
+            }
+            Mode::All => unreachable!("`all` is split into its modes"),
+        };
+        Ok(Sample {
+            deliveries,
+            elapsed: timings.elapsed,
+            latencies: timings.latencies,
+            ping_p50_us,
+        })
+    }
+
+    /// Input: N keys. Output: the timings of N fresh tasks one after another, and of a `PING`
+    /// on the same connection right before each, so both see the same machine.
+    async fn latency(
+        &mut self,
+        run: u64,
+        n: usize,
+    ) -> Result<(driver::Timings, Vec<Duration>), BenchError> {
+        let mut pings = Vec::with_capacity(n);
+        let mut latencies = Vec::with_capacity(n);
+        let mut elapsed = Duration::ZERO;
+        for id in 0..n {
+            let sent = Instant::now();
+            let _: String = redis::cmd("PING").query_async(&mut self.conn).await?;
+            pings.push(sent.elapsed());
+            let sent = Instant::now();
+            fresh(run, id).await?;
+            let took = sent.elapsed();
+            // The PINGs are not part of the tasks' throughput.
+            elapsed += took;
+            latencies.push(took);
+        }
+        Ok((driver::Timings { elapsed, latencies }, pings))
+    }
+}
+
+async fn fresh(run: u64, id: usize) -> Result<(), BenchError> {
+    Ok(bench_task(run, id as u64).await?)
+}
+
+#[allow(
+    clippy::cast_precision_loss,
+    reason = "counts far below 2^52 are exact as f64"
+)]
+fn per(count: usize, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        count as f64 / seconds
+    } else {
+        0.0
+    }
+}
+
+#[allow(
+    clippy::cast_precision_loss,
+    reason = "counts far below 2^52 are exact as f64"
+)]
+fn per_task(total: u64, deliveries: usize) -> f64 {
+    if deliveries == 0 {
+        0.0
+    } else {
+        total as f64 / deliveries as f64
+    }
+}

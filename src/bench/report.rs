@@ -1,0 +1,199 @@
+//! The tables of `docs/performance.md`: every measurement, and each target of issue 6 next to
+//! what was measured.
+
+use std::fmt::Write as _;
+
+use super::Measurement;
+
+/// The most bytes a done marker of a `()` result may take (`MEMORY USAGE`).
+pub const MARKER_BYTES_TARGET: u64 = 150;
+
+/// Input: every measurement of one `all` run. Output: Markdown with the measurements table and
+/// the targets table (medians over rounds where a mode ran more than once).
+pub fn markdown(measurements: &[Measurement]) -> String {
+    let mut out = String::new();
+    out.push_str(
+        "| mode | round | C | keys | calls | tasks/s | cmds/task | Redis µs/task | p50 µs | p99 µs | executions | lock keys left |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for m in measurements {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {:.0} | {:.2} | {:.1} | {} | {} | {} | {} |",
+            m.mode,
+            m.round,
+            m.concurrency,
+            m.tasks,
+            m.deliveries,
+            m.tasks_per_sec,
+            m.redis_commands_per_task,
+            m.redis_us_per_task,
+            m.p50_us,
+            m.p99_us,
+            m.executions,
+            m.lock_keys_left
+        );
+    }
+    out.push_str("\n| target | wanted | measured | |\n|---|---|---|---|\n");
+    for target in targets(measurements) {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} |",
+            target.name,
+            target.wanted,
+            target.measured,
+            if target.met { "met" } else { "**missed**" }
+        );
+    }
+    out
+}
+
+/// One target of issue 6 and how the measurements compare with it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    /// What is measured.
+    pub name: &'static str,
+    /// The target, in words.
+    pub wanted: &'static str,
+    /// What was measured, in words.
+    pub measured: String,
+    /// Whether the target holds.
+    pub met: bool,
+}
+
+/// Input: the measurements of an `all` run. Output: each target it can judge.
+pub fn targets(measurements: &[Measurement]) -> Vec<Target> {
+    let of = |mode: &'static str| measurements.iter().filter(move |m| m.mode == mode);
+    let median_rate = |mode: &'static str| median(of(mode).map(|m| m.tasks_per_sec).collect());
+    let mut targets = Vec::new();
+    for (mode, wanted, exact) in [("fresh", "exactly 2", 2.0), ("duplicate", "exactly 1", 1.0)] {
+        let costs: Vec<f64> = of(mode).map(|m| m.redis_commands_per_task).collect();
+        if costs.is_empty() {
+            continue;
+        }
+        targets.push(Target {
+            name: if exact > 1.5 {
+                "commands per `fresh` task"
+            } else {
+                "commands per `duplicate` task"
+            },
+            wanted,
+            measured: join(&costs, 2),
+            #[allow(clippy::float_cmp, reason = "counts divided by counts are exact here")]
+            met: costs.iter().all(|cost| *cost == exact),
+        });
+    }
+    for (name, ours, theirs, wanted, at_least) in [
+        (
+            "`fresh` ÷ `handwritten-fresh` (tasks/s)",
+            "fresh",
+            "handwritten-fresh",
+            "≥ 1.3",
+            1.3,
+        ),
+        (
+            "`duplicate` ÷ `handwritten-duplicate` (tasks/s)",
+            "duplicate",
+            "handwritten-duplicate",
+            "≥ 2.0",
+            2.0,
+        ),
+    ] {
+        // Ratios within each round: both sides saw the same machine.
+        let ratios: Vec<f64> = of(ours)
+            .filter_map(|m| {
+                let base = of(theirs).find(|b| b.round == m.round)?;
+                Some(m.tasks_per_sec / base.tasks_per_sec)
+            })
+            .collect();
+        if let (Some(ratio), Some(a), Some(b)) = (
+            median(ratios.clone()),
+            median_rate(ours),
+            median_rate(theirs),
+        ) {
+            targets.push(Target {
+                name,
+                wanted,
+                measured: format!(
+                    "{ratio:.2} (median of rounds: {}; {a:.0} vs {b:.0} tasks/s)",
+                    join(&ratios, 2)
+                ),
+                met: ratio >= at_least,
+            });
+        }
+    }
+    if let Some(m) = of("latency").next()
+        && let Some(ping) = m.ping_p50_us
+    {
+        let bound = 2 * ping + 50;
+        targets.push(Target {
+            name: "`latency` p50 (C = 1)",
+            wanted: "≤ 2 × PING p50 + 50 µs",
+            measured: format!(
+                "{} µs; PING {ping} µs, so the bound is {bound} µs",
+                m.p50_us
+            ),
+            met: m.p50_us <= bound,
+        });
+    }
+    let scaling = |c: usize| {
+        of("scaling")
+            .find(|m| m.concurrency == c)
+            .map(|m| m.tasks_per_sec)
+    };
+    if let (Some(at_64), Some(at_1024)) = (scaling(64), scaling(1024)) {
+        let ratio = at_1024 / at_64;
+        targets.push(Target {
+            name: "`scaling` C = 1024 ÷ C = 64 (tasks/s)",
+            wanted: "≥ 0.90",
+            measured: format!("{ratio:.2} ({at_1024:.0} vs {at_64:.0} tasks/s)"),
+            met: ratio >= 0.9,
+        });
+    }
+    let left: u64 = measurements.iter().map(|m| m.lock_keys_left).sum();
+    targets.push(Target {
+        name: "lock keys left after each measurement",
+        wanted: "0",
+        measured: left.to_string(),
+        met: left == 0,
+    });
+    if let Some(bytes) = measurements.iter().find_map(|m| m.marker_bytes) {
+        targets.push(Target {
+            name: "`MEMORY USAGE` of a done marker, `()` result",
+            wanted: "≤ 150 bytes",
+            measured: format!("{bytes} bytes"),
+            met: bytes <= MARKER_BYTES_TARGET,
+        });
+    }
+    targets
+}
+
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    match values.len() {
+        0 => None,
+        len if len % 2 == 1 => Some(values[mid]),
+        _ => Some(f64::midpoint(values[mid - 1], values[mid])),
+    }
+}
+
+fn join(values: &[f64], decimals: usize) -> String {
+    values
+        .iter()
+        .map(|v| format!("{v:.decimals$}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_median_of_an_even_count_is_the_midpoint() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(Vec::new()), None);
+    }
+}

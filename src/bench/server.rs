@@ -1,0 +1,179 @@
+//! What the Redis server says about a run: commands it executed, lock keys left, marker size.
+
+use std::collections::HashMap;
+
+use redis::aio::ConnectionManager;
+
+use super::BenchError;
+
+/// Calls and CPU time of one command since the server started, from `INFO commandstats`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct CommandStat {
+    pub(crate) calls: u64,
+    pub(crate) usec: u64,
+}
+
+/// `INFO commandstats` as command name → totals.
+pub(crate) async fn command_stats(
+    conn: &mut ConnectionManager,
+) -> Result<HashMap<String, CommandStat>, BenchError> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await?;
+    Ok(parse_command_stats(&info))
+}
+
+fn parse_command_stats(info: &str) -> HashMap<String, CommandStat> {
+    info.lines()
+        .filter_map(|line| {
+            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let field = |key: &str| {
+                stats
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+            };
+            let stat = CommandStat {
+                calls: field("calls")?,
+                usec: field("usec")?,
+            };
+            Some((name.to_owned(), stat))
+        })
+        .collect()
+}
+
+/// Which commands a workload's client sends itself, as opposed to those its scripts run.
+///
+/// `INFO commandstats` also counts every `redis.call` made inside `EVAL`/`EVALSHA`, and Redis 7
+/// keeps no per-client count, so each workload says what its scripts run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Counting {
+    /// idempotask: the client sends only `EVALSHA` (and `SCRIPT LOAD`/`EVAL` after a flushed
+    /// script cache); every plain data command ran inside a script.
+    ScriptsOnly,
+    /// The hand-written pattern: the client sends `SET`, `GET` and `EVAL`; each `EVAL` (the
+    /// release) runs one `GET` and at most one `DEL` inside.
+    Handwritten,
+}
+
+/// Commands the server ran as `client_calls` of the client and the CPU time they took,
+/// between two `INFO commandstats` snapshots.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ClientCost {
+    pub(crate) client_calls: u64,
+    pub(crate) usec: u64,
+}
+
+/// Input: two `INFO commandstats` snapshots and how the workload sends commands. Output: the
+/// commands its client sent, and the server time they took (a script's time includes the
+/// commands it ran). The bench's own `INFO` and `PING` are left out.
+pub(crate) fn client_cost(
+    before: &HashMap<String, CommandStat>,
+    after: &HashMap<String, CommandStat>,
+    counting: Counting,
+) -> ClientCost {
+    const SCRIPTS: [&str; 4] = ["evalsha", "eval", "script|load", "script"];
+    const DATA: [&str; 7] = ["get", "set", "incr", "del", "pttl", "pexpire", "time"];
+    let delta = |name: &str| {
+        let now = after.get(name).copied().unwrap_or_default();
+        let then = before.get(name).copied().unwrap_or_default();
+        CommandStat {
+            calls: now.calls.saturating_sub(then.calls),
+            usec: now.usec.saturating_sub(then.usec),
+        }
+    };
+    let mut cost = ClientCost::default();
+    for name in after.keys() {
+        let stat = delta(name);
+        let counted = match counting {
+            Counting::ScriptsOnly => !DATA.contains(&name.as_str()),
+            Counting::Handwritten => name != "del",
+        };
+        if counted && name != "info" && name != "ping" {
+            cost.client_calls += stat.calls;
+            cost.usec += stat.usec;
+        }
+    }
+    if counting == Counting::Handwritten {
+        // Each release script's own GET is in `get` too; take it back out, calls and time.
+        let evals = SCRIPTS.iter().map(|name| delta(name).calls).sum::<u64>();
+        let get = delta("get");
+        cost.client_calls = cost.client_calls.saturating_sub(evals);
+        let inner = get.usec.saturating_mul(evals).checked_div(get.calls);
+        cost.usec = cost.usec.saturating_sub(inner.unwrap_or(0));
+    }
+    cost
+}
+
+/// How many keys matching `*:lock` exist, via `SCAN`.
+pub(crate) async fn lock_keys(conn: &mut ConnectionManager) -> Result<u64, BenchError> {
+    let mut count = 0;
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg("*:lock")
+            .arg("COUNT")
+            .arg(10_000)
+            .query_async(conn)
+            .await?;
+        count += u64::try_from(batch.len()).unwrap_or(u64::MAX);
+        if next == 0 {
+            return Ok(count);
+        }
+        cursor = next;
+    }
+}
+
+/// `MEMORY USAGE` of `key` in bytes: the key, its value and the server's bookkeeping for it.
+pub(crate) async fn memory_usage(
+    conn: &mut ConnectionManager,
+    key: &str,
+) -> Result<Option<u64>, BenchError> {
+    Ok(redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .arg("SAMPLES")
+        .arg(0)
+        .query_async(conn)
+        .await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BEFORE: &str = "# Commandstats\r\ncmdstat_get:calls=10,usec=10,usec_per_call=1.00,rejected_calls=0,failed_calls=0\r\ncmdstat_info:calls=1,usec=5,usec_per_call=5.00,rejected_calls=0,failed_calls=0\r\n";
+
+    #[test]
+    fn scripts_only_counts_the_script_calls() {
+        let before = parse_command_stats(BEFORE);
+        let after = parse_command_stats(
+            "cmdstat_get:calls=13,usec=13,usec_per_call=1.00\r\ncmdstat_set:calls=3,usec=6,usec_per_call=2.00\r\ncmdstat_evalsha:calls=2,usec=40,usec_per_call=20.00\r\ncmdstat_info:calls=2,usec=10,usec_per_call=5.00\r\n",
+        );
+        assert_eq!(
+            client_cost(&before, &after, Counting::ScriptsOnly),
+            ClientCost {
+                client_calls: 2,
+                usec: 40
+            }
+        );
+    }
+
+    #[test]
+    fn handwritten_takes_the_release_scripts_own_get_back_out() {
+        let before = parse_command_stats(BEFORE);
+        // One fresh task: SET NX, GET, SET, EVAL (which runs GET and DEL).
+        let after = parse_command_stats(
+            "cmdstat_get:calls=12,usec=12\r\ncmdstat_set:calls=2,usec=4\r\ncmdstat_eval:calls=1,usec=9\r\ncmdstat_del:calls=1,usec=1\r\n",
+        );
+        assert_eq!(
+            client_cost(&before, &after, Counting::Handwritten),
+            ClientCost {
+                client_calls: 4,
+                usec: 4 + 1 + 9
+            }
+        );
+    }
+}

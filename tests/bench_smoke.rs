@@ -1,0 +1,76 @@
+//! The benchmark of issue 6, run once with a tiny N: it works end to end and its counts hold.
+//! No timing is asserted; `scripts/bench.sh` measures.
+
+mod support;
+
+use idempotask_suite::bench::{self, Config, Mode, SCALING_CONCURRENCY, report};
+use support::RedisServer;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mode_runs_and_costs_what_the_protocol_says() {
+    let server = RedisServer::start();
+    let config = Config {
+        redis_url: server.url(),
+        mode: Mode::All,
+        tasks: 16,
+        concurrency: 4,
+        rounds: 1,
+    };
+    let mut lines = 0;
+    let measurements = bench::run(&config, |m| {
+        lines += 1;
+        assert!(serde_json::to_string(m).unwrap().starts_with(r#"{"mode":"#));
+    })
+    .await
+    .unwrap();
+    assert_eq!(lines, measurements.len());
+
+    let of = |mode: &str| {
+        measurements
+            .iter()
+            .filter(|m| m.mode == mode)
+            .collect::<Vec<_>>()
+    };
+    // Commands per task call, as `INFO commandstats` counts the client's commands.
+    for (mode, commands, executions) in [
+        ("fresh", 2.0, 16),
+        ("duplicate", 1.0, 0),
+        ("handwritten-fresh", 4.0, 16),
+        ("handwritten-duplicate", 3.0, 0),
+        ("latency", 2.0, 16),
+    ] {
+        let [m] = of(mode)[..] else {
+            panic!("one `{mode}` line expected: {measurements:?}")
+        };
+        #[allow(
+            clippy::float_cmp,
+            reason = "whole command counts over 16 calls are exact"
+        )]
+        let exact = m.redis_commands_per_task == commands;
+        assert!(exact, "{m:?}");
+        assert_eq!(m.executions, executions, "{m:?}");
+        assert_eq!(m.deliveries, 16, "{m:?}");
+        assert!(m.tasks_per_sec > 0.0 && m.p50_us <= m.p99_us, "{m:?}");
+    }
+    let [contended] = of("contended")[..] else {
+        panic!("{measurements:?}")
+    };
+    // N / C keys, C deliveries each, one execution per key.
+    assert_eq!(
+        (contended.tasks, contended.deliveries, contended.executions),
+        (4, 16, 4),
+        "{contended:?}"
+    );
+    let scaling: Vec<usize> = of("scaling").iter().map(|m| m.concurrency).collect();
+    assert_eq!(scaling, SCALING_CONCURRENCY);
+    assert!(of("scaling").iter().all(|m| m.executions == 16));
+    assert!(of("latency")[0].ping_p50_us.is_some());
+    assert!(measurements.iter().all(|m| m.lock_keys_left == 0));
+    assert!(of("fresh")[0].marker_bytes.is_some_and(|bytes| bytes > 0));
+
+    let markdown = report::markdown(&measurements);
+    for target in report::targets(&measurements) {
+        assert!(markdown.contains(target.name), "{markdown}");
+    }
+    assert_eq!(report::targets(&measurements).len(), 8, "{markdown}");
+}
