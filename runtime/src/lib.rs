@@ -103,3 +103,6 @@ pub use idempotask_macros::idempotent_task;
 
 #[doc(hidden)]
 pub mod __private;
+
+#[doc(hidden)]
+pub mod __bench;

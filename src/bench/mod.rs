@@ -22,7 +22,9 @@ use redis::aio::ConnectionManager;
 use serde::Serialize;
 
 use driver::{drive, percentile_us};
-use server::{Counting, client_cost, command_stats, lock_keys, memory_usage};
+use server::{
+    Counting, client_cost, client_cpu, command_stats, lock_keys, memory_usage, server_cpu,
+};
 use workloads::{BENCH_TASK, bench_task, executions, handwritten};
 
 /// The concurrencies of [`Mode::Scaling`].
@@ -140,6 +142,11 @@ pub struct Measurement {
     /// Redis CPU time per task call, from `INFO commandstats` (a script's time includes the
     /// commands it runs).
     pub redis_us_per_task: f64,
+    /// CPU time of the Redis server per task call, from `INFO cpu` (commands, network, event
+    /// loop).
+    pub redis_cpu_us_per_task: f64,
+    /// CPU time of this process per task call (Linux; 10 ms resolution over the whole run).
+    pub client_cpu_us_per_task: f64,
     /// Median time of one task call, in microseconds.
     pub p50_us: u64,
     /// 99th percentile time of one task call, in microseconds.
@@ -315,7 +322,10 @@ impl Bench {
         }
         let executed = executions();
         let before = command_stats(&mut self.stats).await?;
+        let (redis_cpu, own_cpu) = (server_cpu(&mut self.stats).await?, client_cpu());
         let mut sample = self.sample(mode, run, n, c).await?;
+        let own_cpu = client_cpu().saturating_sub(own_cpu);
+        let redis_cpu = server_cpu(&mut self.stats).await?.saturating_sub(redis_cpu);
         let after = command_stats(&mut self.stats).await?;
         let cost = client_cost(&before, &after, counting);
         let marker_bytes = if mode == Mode::Fresh {
@@ -333,6 +343,8 @@ impl Bench {
             tasks_per_sec: per(sample.deliveries, sample.elapsed.as_secs_f64()),
             redis_commands_per_task: per_task(cost.client_calls, sample.deliveries),
             redis_us_per_task: per_task(cost.usec, sample.deliveries),
+            redis_cpu_us_per_task: per_task(micros(redis_cpu), sample.deliveries),
+            client_cpu_us_per_task: per_task(micros(own_cpu), sample.deliveries),
             p50_us: percentile_us(&mut sample.latencies, 50),
             p99_us: percentile_us(&mut sample.latencies, 99),
             executions: executions() - executed,
@@ -410,6 +422,10 @@ impl Bench {
 
 async fn fresh(run: u64, id: usize) -> Result<(), BenchError> {
     Ok(bench_task(run, id as u64).await?)
+}
+
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
 #[allow(

@@ -1,6 +1,7 @@
 //! What the Redis server says about a run: commands it executed, lock keys left, marker size.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 
@@ -105,15 +106,52 @@ pub(crate) fn client_cost(
     cost
 }
 
-/// How many keys matching `*:lock` exist, via `SCAN`.
+/// CPU time the Redis server has used since it started (user and system), from `INFO cpu`.
+pub(crate) async fn server_cpu(conn: &mut ConnectionManager) -> Result<Duration, BenchError> {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await?;
+    let seconds: f64 = info
+        .lines()
+        .filter_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            matches!(name, "used_cpu_user" | "used_cpu_sys")
+                .then(|| value.trim().parse::<f64>().ok())?
+        })
+        .sum();
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+/// CPU time this process has used (user and system, all threads), from `/proc/self/stat`;
+/// zero where there is no such file. Its resolution is the kernel's clock tick (10 ms), fine
+/// for runs of a second or more.
+pub(crate) fn client_cpu() -> Duration {
+    // Fields 14 and 15 (utime, stime) in ticks of USER_HZ, which Linux fixes at 100.
+    let ticks = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| {
+            let after_name = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = after_name.split_whitespace().collect();
+            Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+        });
+    Duration::from_millis(ticks.unwrap_or(0) * 10)
+}
+
+/// How many lock keys of idempotask and of the hand-written pattern exist, via `SCAN`.
 pub(crate) async fn lock_keys(conn: &mut ConnectionManager) -> Result<u64, BenchError> {
+    let mut count = 0;
+    for pattern in ["idempotask:*:lock", "handwritten:*:lock"] {
+        count += scan_count(conn, pattern).await?;
+    }
+    Ok(count)
+}
+
+async fn scan_count(conn: &mut ConnectionManager, pattern: &str) -> Result<u64, BenchError> {
     let mut count = 0;
     let mut cursor: u64 = 0;
     loop {
         let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
             .arg(cursor)
             .arg("MATCH")
-            .arg("*:lock")
+            .arg(pattern)
             .arg("COUNT")
             .arg(10_000)
             .query_async(conn)

@@ -1,0 +1,110 @@
+//! The client-side work of one task call, without I/O (issue 6: under 2 µs per task).
+//!
+//! Each step on its own, then the whole client-side path of a fresh and of a duplicate call
+//! against Redis without the round trips, then a whole call on `MemoryStore` (which adds the
+//! runner's own bookkeeping and the in-memory store's work).
+//!
+//! ```text
+//! cargo bench -p idempotask --bench client_side
+//! ```
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use idempotask::store::redis::key_names;
+use idempotask::{Error, LockToken, Marker, MemoryStore, StoredResult, Task, UnitOfWork};
+
+const TASK: &str = "charge_customer";
+const KEY: &str = "order-charge-1764460000123";
+const NAMESPACE: &str = "default";
+
+fn steps(c: &mut Criterion) {
+    let unit = UnitOfWork::new(TASK, KEY).unwrap();
+    let null = serde_json::value::to_raw_value(&()).unwrap();
+    let marker = idempotask::__bench::encode_marker(KEY, 1_764_460_000_123, &null);
+
+    let mut group = c.benchmark_group("step");
+    group.bench_function("key derivation and SHA-256", |b| {
+        b.iter(|| UnitOfWork::new(black_box(TASK), black_box(KEY)).unwrap());
+    });
+    group.bench_function("redis keys", |b| {
+        b.iter(|| key_names(NAMESPACE, black_box(&unit)));
+    });
+    group.bench_function("lock token", |b| b.iter(LockToken::generate));
+    group.bench_function("result encoding", |b| {
+        b.iter(|| serde_json::value::to_raw_value(black_box(&())).unwrap());
+    });
+    group.bench_function("marker encoding", |b| {
+        b.iter(|| {
+            idempotask::__bench::encode_marker(black_box(KEY), 1_764_460_000_123, black_box(&null))
+        });
+    });
+    group.bench_function("marker and result decoding", |b| {
+        b.iter(|| decode_unit(black_box(&marker)));
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group("per task");
+    // A fresh call: the key, a token, the keys of `begin` and `finish`, the result and marker.
+    group.bench_function("fresh, client side", |b| {
+        b.iter(|| {
+            let unit = UnitOfWork::new(TASK, black_box(KEY)).unwrap();
+            let token = LockToken::generate();
+            let begin = key_names(NAMESPACE, &unit);
+            let json = serde_json::value::to_raw_value(&()).unwrap();
+            let marker = idempotask::__bench::encode_marker(unit.key(), 1_764_460_000_123, &json);
+            let finish = key_names(NAMESPACE, &unit);
+            black_box((token, begin, marker, finish))
+        });
+    });
+    // A duplicate: the key, a token, the keys of `begin`, and decoding the stored result.
+    group.bench_function("duplicate, client side", |b| {
+        b.iter(|| {
+            let unit = UnitOfWork::new(TASK, black_box(KEY)).unwrap();
+            let token = LockToken::generate();
+            let begin = key_names(NAMESPACE, &unit);
+            decode_unit(black_box(&marker));
+            black_box((token, begin))
+        });
+    });
+    group.finish();
+}
+
+fn decode_unit(bytes: &[u8]) {
+    let marker = Marker::decode(bytes).unwrap();
+    let StoredResult::Json(json) = marker.result() else {
+        panic!("a stored `()`")
+    };
+    serde_json::from_str::<()>(json.get()).unwrap();
+}
+
+fn memory_store(c: &mut Criterion) {
+    static CHARGE: Task = Task::new(TASK);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let store = MemoryStore::new();
+    let next = AtomicU64::new(0);
+    let run = |key: String| {
+        CHARGE
+            .call(key)
+            .store(store.clone())
+            .run(async { Ok::<_, Error>(()) })
+    };
+    let mut group = c.benchmark_group("whole call on MemoryStore");
+    group.bench_function("fresh", |b| {
+        b.iter(|| {
+            let key = format!("order-{}", next.fetch_add(1, Ordering::Relaxed));
+            runtime.block_on(run(key)).unwrap();
+        });
+    });
+    runtime.block_on(run(KEY.to_owned())).unwrap();
+    group.bench_function("duplicate", |b| {
+        b.iter(|| runtime.block_on(run(KEY.to_owned())).unwrap());
+    });
+    group.finish();
+}
+
+criterion_group!(benches, steps, memory_store);
+criterion_main!(benches);
