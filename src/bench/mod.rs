@@ -243,7 +243,10 @@ pub async fn run(
             }
         }
         bench.round = 1;
+        // The same comparison where round trips, not CPU, bound the throughput.
         pending = vec![
+            (Mode::HandwrittenFresh, n.min(5_000), 1),
+            (Mode::Fresh, n.min(5_000), 1),
             (Mode::Contended, (n / c).max(1), c),
             (Mode::Latency, n.min(5_000), 1),
             (Mode::Scaling, n, c),

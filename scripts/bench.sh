@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# The benchmark of issue 6 end to end: starts a redis-server of its own (persistence off, a free
+# loopback port), runs every bench mode in release mode, the criterion micro-benchmarks and a
+# profile, and writes docs/performance.md.
+#
+#   ./scripts/bench.sh [TASKS] [ROUNDS]      # defaults: 20000 tasks, 3 rounds
+#
+# Needs redis-server and valgrind (apt-get install redis-server valgrind); uses perf from
+# linux-perf where the kernel lets it sample.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tasks=${1:-20000}
+rounds=${2:-3}
+out=docs/performance.md
+work=$(mktemp -d)
+redis_pid=
+cleanup() {
+  if [ -n "$redis_pid" ]; then kill "$redis_pid" 2>/dev/null || true; wait "$redis_pid" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+for tool in redis-server redis-cli valgrind callgrind_annotate; do
+  command -v "$tool" >/dev/null || { echo "bench.sh needs $tool (apt-get install redis-server valgrind)" >&2; exit 1; }
+done
+
+# A free port: a taken one makes redis-server exit, so try another.
+for _ in $(seq 20); do
+  port=$((20000 + RANDOM % 40000))
+  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --protected-mode no \
+    --dir "$work" >"$work/redis.log" 2>&1 &
+  redis_pid=$!
+  until redis-cli -p "$port" ping >/dev/null 2>&1 || ! kill -0 "$redis_pid" 2>/dev/null; do sleep 0.05; done
+  if kill -0 "$redis_pid" 2>/dev/null; then break; fi
+  redis_pid=
+done
+[ -n "$redis_pid" ] || { echo "redis-server did not start" >&2; exit 1; }
+url="redis://127.0.0.1:$port"
+
+echo "==> building (release)"
+cargo build --release --locked --example bench
+bench=target/release/examples/bench
+
+echo "==> bench: all modes, $tasks tasks, C = 64, $rounds rounds"
+"$bench" --redis-url "$url" --mode all --tasks "$tasks" --concurrency 64 --rounds "$rounds" \
+  --markdown "$work/tables.md" | tee "$work/bench.jsonl"
+
+echo "==> criterion"
+cargo bench --locked -p idempotask --bench client_side -- --warm-up-time 1 --measurement-time 3 \
+  | tee "$work/criterion.txt"
+# `name  time: [low median high]`, the name alone on the line before when it is long.
+criterion_table=$(awk '
+  /time:/ { name = $0; sub(/time:.*/, "", name); gsub(/^ +| +$/, "", name); if (name == "") name = prev
+            split($0, t, /[][]/); split(t[2], v, " "); printf "| %s | %s %s |\n", name, v[3], v[4] }
+  NF && !/^ / { prev = $0; gsub(/^ +| +$/, "", prev) }' "$work/criterion.txt")
+
+echo "==> profile (callgrind: instructions of the client per task)"
+profile_tasks=2000
+for mode in fresh handwritten-fresh duplicate; do
+  valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.$mode" \
+    "$bench" --redis-url "$url" --mode "$mode" --tasks "$profile_tasks" --concurrency 64 \
+    >/dev/null 2>"$work/valgrind.$mode.log"
+done
+instructions() { # mode -> instructions per task
+  callgrind_annotate "$work/callgrind.$1" 2>/dev/null | awk -v n="$profile_tasks" \
+    '/PROGRAM TOTALS/ { gsub(/,/, "", $1); printf "%.0f", $1 / n; exit }'
+}
+top_functions() { # mode -> the 25 functions with the most instructions of their own
+  callgrind_annotate --threshold=100 "$work/callgrind.$1" 2>/dev/null \
+    | awk '/file:function/ { on = 1; next } on && NF { print } ' | head -25 \
+    | sed -E 's/ +\([^)]*\)//; s/^ +//' | cut -c1-160
+}
+
+server_profile="(perf cannot sample on this kernel)"
+if perf record -e cpu-clock -o "$work/perf.probe" -- true >/dev/null 2>&1; then
+  echo "==> profile (perf: where redis-server spends its CPU in fresh)"
+  perf record -e cpu-clock -F 4000 -o "$work/perf.redis" -p "$redis_pid" >/dev/null 2>&1 &
+  perf_pid=$!
+  "$bench" --redis-url "$url" --mode fresh --tasks "$tasks" --concurrency 64 >/dev/null
+  kill -INT "$perf_pid"; wait "$perf_pid" || true
+  server_profile=$(perf report -i "$work/perf.redis" --stdio --sort dso,sym 2>/dev/null \
+    | grep -v '^#' | grep -v '^$' | head -30)
+fi
+
+echo "==> writing $out"
+mkdir -p docs
+{
+  echo "# Performance"
+  echo
+  echo "Written by \`scripts/bench.sh $tasks $rounds\` on $(date -u '+%Y-%m-%d %H:%M UTC'); do not edit by hand."
+  echo
+  echo "- Machine: $(nproc) cores ($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), $(uname -sr)"
+  echo "- Load while measuring: $(cut -d' ' -f1-3 /proc/loadavg) (the cores are shared with other work)"
+  echo "- Redis: $(redis-server --version | awk '{ print $3 }' | sed 's/v=//'), on loopback, persistence off"
+  echo "- $(rustc --version), release profile; one \`RedisStore\` (one multiplexed connection)"
+  echo
+  echo "## Bench (\`cargo run --release --example bench -- --mode all --tasks $tasks --concurrency 64 --rounds $rounds\`)"
+  echo
+  echo "Calls are task calls (C per key in \`contended\`). cmds/task counts the commands the client"
+  echo "sent (\`INFO commandstats\` deltas, leaving out what scripts run inside). Redis cmd µs is the"
+  echo "commands' own time from commandstats; Redis CPU and client CPU are process CPU time per call"
+  echo "(\`INFO cpu\`, \`/proc/self/stat\`)."
+  echo
+  cat "$work/tables.md"
+  echo
+  echo "## Client-side work per task (criterion, median)"
+  echo
+  echo "| benchmark | time |"
+  echo "|---|---:|"
+  echo "$criterion_table"
+  echo
+  echo "The \`per task\` lines are what one call does on the client besides I/O (target: under 2 µs)."
+  echo "A whole call on \`MemoryStore\` adds the runner (task-local context, drop guard, boxed store"
+  echo "futures) and the in-memory store itself."
+  echo
+  echo "## Where the time goes"
+  echo
+  echo "Client instructions per task call (callgrind, $profile_tasks calls at C = 64, start-up included):"
+  echo "fresh $(instructions fresh), handwritten-fresh $(instructions handwritten-fresh), duplicate $(instructions duplicate)."
+  echo
+  echo "Functions with the most instructions of their own, \`fresh\`:"
+  echo
+  echo '```text'
+  top_functions fresh
+  echo '```'
+  echo
+  echo "redis-server during \`fresh\` (perf, cpu-clock samples; the binary is stripped, so Lua's"
+  echo "interpreter shows as bare addresses):"
+  echo
+  echo '```text'
+  echo "$server_profile"
+  echo '```'
+  if [ -f docs/performance-notes.md ]; then
+    echo
+    cat docs/performance-notes.md
+  fi
+} >"$out"
+echo "wrote $out"
