@@ -67,7 +67,7 @@ instructions() { # mode -> instructions per task
 }
 top_functions() { # mode -> the 25 functions with the most instructions of their own
   callgrind_annotate --threshold=100 "$work/callgrind.$1" 2>/dev/null \
-    | awk '/file:function/ { on = 1; next } on && NF { print } ' | head -25 \
+    | awk '/file:function/ { on = 1; next } on && NF { print } ' | sed -n 1,25p \
     | sed -E 's/ +\([^)]*\)//; s/^ +//' | cut -c1-160
 }
 
@@ -79,7 +79,7 @@ if perf record -e cpu-clock -o "$work/perf.probe" -- true >/dev/null 2>&1; then
   "$bench" --redis-url "$url" --mode fresh --tasks "$tasks" --concurrency 64 >/dev/null
   kill -INT "$perf_pid"; wait "$perf_pid" || true
   server_profile=$(perf report -i "$work/perf.redis" --stdio --sort dso,sym 2>/dev/null \
-    | grep -v '^#' | grep -v '^$' | head -30)
+    | grep -v '^#' | grep -v '^$' | sed -n 1,30p)
 fi
 
 echo "==> writing $out"
