@@ -233,13 +233,18 @@ pub async fn run(
     if config.mode == Mode::All {
         for round in 1..=config.rounds.max(1) {
             bench.round = round;
-            for mode in [
-                Mode::HandwrittenFresh,
-                Mode::Fresh,
-                Mode::HandwrittenDuplicate,
-                Mode::Duplicate,
-                Mode::Scaling,
-            ] {
+            let mut pairs = [
+                [Mode::HandwrittenFresh, Mode::Fresh],
+                [Mode::HandwrittenDuplicate, Mode::Duplicate],
+            ];
+            // Who goes first alternates, so that a machine getting busier or quieter during a
+            // round favours neither side.
+            if round % 2 == 0 {
+                for pair in &mut pairs {
+                    pair.reverse();
+                }
+            }
+            for mode in pairs.into_iter().flatten().chain([Mode::Scaling]) {
                 bench.measure(mode, n, c, &mut emit).await?;
             }
         }
