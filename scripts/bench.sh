@@ -89,10 +89,12 @@ if perf record -e cpu-clock -o "$work/perf.probe" -- true >/dev/null 2>&1; then
   redis-cli -p "$port" flushall >/dev/null
   perf record -e cpu-clock -F 4000 -o "$work/perf.redis" -p "$redis_pid" >/dev/null 2>&1 &
   perf_pid=$!
+  # perf needs a moment to attach; a run that ends before it has would leave no samples.
+  sleep 1
   "$bench" --redis-url "$url" --mode fresh --tasks "$tasks" --concurrency 64 >/dev/null
   kill -INT "$perf_pid"; wait "$perf_pid" || true
-  server_profile=$(perf report -i "$work/perf.redis" --stdio --sort dso,sym 2>/dev/null \
-    | grep -v '^#' | grep -v '^$' | sed -n 1,30p)
+  server_profile=$(perf report -i "$work/perf.redis" --stdio --sort dso,sym 2>&1 \
+    | grep -v '^#' | grep -v '^$' | sed -n 1,30p || true)
 fi
 
 echo "==> writing $out"
