@@ -119,7 +119,7 @@ pub fn targets(measurements: &[Measurement]) -> Vec<Target> {
             name: "`scaling` C = 1024 ÷ C = 64 (tasks/s)",
             wanted: "≥ 0.90",
             measured: format!(
-                "{ratio:.2} (rounds: {}; {at_1024:.0} vs {at_64:.0} tasks/s)",
+                "{ratio:.3} (rounds: {}; {at_1024:.0} vs {at_64:.0} tasks/s)",
                 join(&ratios, 2)
             ),
             met: Some(ratio >= 0.9),
