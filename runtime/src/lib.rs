@@ -76,7 +76,9 @@ mod error;
 mod fingerprint;
 mod install;
 mod marker;
+pub mod observe;
 mod retry;
+mod status;
 pub mod store;
 mod task;
 pub mod testing;
@@ -87,12 +89,14 @@ pub use error::{Error, StoreError, StoreErrorKind};
 pub use fingerprint::Fingerprint;
 pub use install::{install, install_shared, installed};
 pub use marker::{Marker, MarkerError, StoredResult};
+pub use observe::KeyLogging;
 pub use retry::{DEFAULT_INITIAL_BACKOFF, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BACKOFF, RetryPolicy};
+pub use status::{Done, Status};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use store::redis::cluster::{RedisClusterStore, RedisClusterStoreBuilder};
 #[cfg(feature = "redis")]
-pub use store::redis::{RedisStore, RedisStoreBuilder};
+pub use store::redis::{RedisKeys, RedisStore, RedisStoreBuilder};
 pub use store::{Begin, Finish, Inspection, Store};
 pub use task::{Call, DEFAULT_LOCK_TTL, DEFAULT_RESULT_TTL, Outcome, Report, Task};
 pub use unit::{InvalidKey, LockToken, MAX_KEY_LEN, MAX_NAME_LEN, UnitOfWork};

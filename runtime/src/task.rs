@@ -12,12 +12,14 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::time::{Instant, sleep};
+use tracing::Instrument;
 
 use crate::context::{Lease, TaskContext};
 use crate::error::{Error, StoreError};
 use crate::fingerprint::Fingerprint;
 use crate::install::installed;
 use crate::marker::{Marker, StoredResult};
+use crate::observe::{Ending, KeyLogging, Observation, renewal};
 use crate::retry::RetryPolicy;
 use crate::store::{Begin, Finish, Store};
 use crate::unit::{LockToken, UnitOfWork};
@@ -62,6 +64,7 @@ pub struct Task {
     result_ttl: Duration,
     retry: RetryPolicy,
     renew: bool,
+    log_key: KeyLogging,
 }
 
 impl Task {
@@ -77,6 +80,7 @@ impl Task {
             result_ttl: DEFAULT_RESULT_TTL,
             retry: RetryPolicy::new(),
             renew: false,
+            log_key: KeyLogging::Plain,
         }
     }
 
@@ -111,6 +115,18 @@ impl Task {
     pub const fn renew(mut self, renew: bool) -> Self {
         self.renew = renew;
         self
+    }
+
+    /// How the caller key appears in this task's span and warnings (default
+    /// [`KeyLogging::Plain`]); see [`observe`](crate::observe).
+    pub const fn log_key(mut self, logging: KeyLogging) -> Self {
+        self.log_key = logging;
+        self
+    }
+
+    /// How the caller key appears in logs.
+    pub const fn get_log_key(&self) -> KeyLogging {
+        self.log_key
     }
 
     /// The stable name.
@@ -232,9 +248,32 @@ impl Call<'_> {
 
     /// Like [`run`](Self::run), and also says how the value came about.
     ///
+    /// The call runs in an `idempotask.call` span whose fields say what happened; see
+    /// [`observe`](crate::observe).
+    ///
     /// # Errors
     /// As [`run`](Self::run).
     pub async fn run_reported<T, E, F>(self, body: F) -> Result<Report<T>, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        let observation = Observation::start(&self.task.name);
+        let span = observation.span().clone();
+        let result = self.run_observed(body, &observation).instrument(span).await;
+        if result.is_err() {
+            // Contended calls were recorded where the error was known; this is every other one.
+            observation.failed_unless_ended();
+        }
+        result
+    }
+
+    async fn run_observed<T, E, F>(
+        self,
+        body: F,
+        observation: &Observation<'_>,
+    ) -> Result<Report<T>, E>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
@@ -247,44 +286,81 @@ impl Call<'_> {
             .ok_or(Error::NotConfigured)?;
         let unit = UnitOfWork::with_limit(self.task.name(), self.key.as_str(), store.max_key_len())
             .map_err(Error::from)?;
+        let logging = self.task.log_key;
+        observation.key(&unit, logging);
         let token = LockToken::generate();
-        match self.start(&store, &unit, &token).await? {
-            Start::Replay { marker, attempts } => Ok(Report {
-                value: self.replay(&unit, &marker)?,
-                outcome: Outcome::Replayed,
-                fencing_token: marker.fencing_token(),
-                attempts,
-            }),
+        let waiting = Instant::now();
+        let start = self.start(&store, &unit, &token).await;
+        match &start {
+            Ok(Start::Replay { attempts, .. } | Start::Run { attempts, .. })
+            | Err(Error::Contended { attempts, .. }) => {
+                observation.waited(*attempts, waiting.elapsed());
+            }
+            Err(_) => {}
+        }
+        if let Err(Error::Contended { .. }) = &start {
+            observation.ended(Ending::Contended);
+        }
+        match start? {
+            Start::Replay { marker, attempts } => {
+                observation.fencing_token(marker.fencing_token());
+                let value = self.replay(&unit, &marker)?;
+                observation.ended(Ending::Replayed);
+                Ok(Report {
+                    value,
+                    outcome: Outcome::Replayed,
+                    fencing_token: marker.fencing_token(),
+                    attempts,
+                })
+            }
             Start::Run {
                 fencing_token,
                 attempts,
                 lease,
             } => {
+                observation.fencing_token(fencing_token);
                 let mut guard = ReleaseOnDrop {
-                    store: Some((Arc::clone(&store), unit.clone(), token.clone())),
+                    store: Some((Arc::clone(&store), unit.clone(), token.clone(), logging)),
                 };
                 let context =
                     TaskContext::new(unit.clone(), fencing_token, attempts, Arc::clone(&lease));
                 let guarded = context.scope(catching_panics(body));
+                let running = Instant::now();
                 let result = if self.task.renew {
-                    renewing(guarded, &*store, &unit, &token, &lease, self.task.lock_ttl).await
+                    let renewal = Renewal {
+                        store: &*store,
+                        unit: &unit,
+                        token: &token,
+                        lease: &lease,
+                        lock_ttl: self.task.lock_ttl,
+                        logging,
+                    };
+                    renewing(guarded, renewal).await
                 } else {
                     guarded.await
                 };
+                observation.body_ran(running.elapsed());
                 guard.disarm();
                 match result {
                     Err(panic) => {
-                        release(&*store, &unit, &token).await;
+                        observation.ended(Ending::Failed);
+                        release(&*store, &unit, &token, logging).await;
                         resume_unwind(panic)
                     }
                     Ok(Err(err)) => {
-                        release(&*store, &unit, &token).await;
+                        observation.ended(Ending::Failed);
+                        release(&*store, &unit, &token, logging).await;
                         Err(err)
                     }
                     Ok(Ok(value)) => {
                         let outcome = self
                             .record(&*store, &unit, &token, fencing_token, &lease, &value)
                             .await;
+                        observation.ended(match outcome {
+                            Outcome::Executed | Outcome::Replayed => Ending::Executed,
+                            Outcome::LockLost { .. } => Ending::LockLost,
+                            Outcome::MarkerNotWritten => Ending::MarkerNotWritten,
+                        });
                         Ok(Report {
                             value,
                             outcome,
@@ -361,7 +437,12 @@ impl Call<'_> {
                     if !err.is_retryable() || failures >= STORE_ATTEMPTS {
                         if first_unconfirmed.is_some() {
                             // The lock may be ours with nobody running the body: free it.
-                            release_in_background(Some(Arc::clone(store)), unit, token);
+                            release_in_background(
+                                Some(Arc::clone(store)),
+                                unit,
+                                token,
+                                self.task.log_key,
+                            );
                         }
                         return Err(err.into());
                     }
@@ -411,7 +492,7 @@ impl Call<'_> {
         if let Err(err) = &encoded {
             tracing::warn!(
                 task = unit.task(),
-                key = unit.key(),
+                key = self.task.log_key.show(unit),
                 error = %err,
                 "the task succeeded but its result cannot be encoded; duplicates will get an error instead of running it again"
             );
@@ -433,7 +514,7 @@ impl Call<'_> {
                 Ok(Finish::LockLost { marker_written }) => {
                     tracing::warn!(
                         task = unit.task(),
-                        key = unit.key(),
+                        key = self.task.log_key.show(unit),
                         fencing_token,
                         marker_written,
                         "the lock expired before the task finished; another delivery may have run it too"
@@ -446,7 +527,7 @@ impl Call<'_> {
                     if !err.is_retryable() || Instant::now() + pause >= lease.expires_at() {
                         tracing::warn!(
                             task = unit.task(),
-                            key = unit.key(),
+                            key = self.task.log_key.show(unit),
                             fencing_token,
                             error = %err,
                             "the task succeeded but its completion could not be recorded; a redelivery after the lock expires will run it again"
@@ -496,34 +577,50 @@ async fn catching_panics<F: Future>(body: F) -> Result<F::Output, Panic> {
     .await
 }
 
+/// What the watchdog needs to renew one lock.
+struct Renewal<'a> {
+    store: &'a dyn Store,
+    unit: &'a UnitOfWork,
+    token: &'a LockToken,
+    lease: &'a Lease,
+    lock_ttl: Duration,
+    logging: KeyLogging,
+}
+
 /// Input: the guarded body. Output: the same, while a watchdog renews the lock every third of
 /// its TTL and marks the lease lost when a renewal finds the lock gone.
-async fn renewing<F: Future>(
-    body: F,
-    store: &dyn Store,
-    unit: &UnitOfWork,
-    token: &LockToken,
-    lease: &Lease,
-    lock_ttl: Duration,
-) -> F::Output {
+async fn renewing<F: Future>(body: F, renewal_of: Renewal<'_>) -> F::Output {
+    let Renewal {
+        store,
+        unit,
+        token,
+        lease,
+        lock_ttl,
+        logging,
+    } = renewal_of;
     let renewals = async {
         let interval = (lock_ttl / 3).max(Duration::from_millis(1));
         loop {
             sleep(interval).await;
             let sent = Instant::now();
             match store.renew(unit, token, lock_ttl).await {
-                Ok(true) => lease.renewed(sent, lock_ttl),
+                Ok(true) => {
+                    lease.renewed(sent, lock_ttl);
+                    renewal(unit.task(), "renewed");
+                }
                 Ok(false) => {
                     lease.lose();
+                    renewal(unit.task(), "lost");
                     tracing::warn!(
                         task = unit.task(),
-                        key = unit.key(),
+                        key = logging.show(unit),
                         "the lock was lost while the task ran; another delivery may run it too"
                     );
                     break;
                 }
                 Err(err) => {
-                    tracing::warn!(task = unit.task(), key = unit.key(), error = %err, "could not renew the lock; trying again");
+                    renewal(unit.task(), "failed");
+                    tracing::warn!(task = unit.task(), key = logging.show(unit), error = %err, "could not renew the lock; trying again");
                     if !lease.held() {
                         lease.lose();
                         break;
@@ -541,36 +638,44 @@ async fn renewing<F: Future>(
 }
 
 /// Releases the lock after a failed or panicked body; a failure only means it expires later.
-async fn release(store: &dyn Store, unit: &UnitOfWork, token: &LockToken) {
+async fn release(store: &dyn Store, unit: &UnitOfWork, token: &LockToken, logging: KeyLogging) {
     if let Err(err) = store.release(unit, token).await {
-        log_release_failure(unit, &err);
+        log_release_failure(unit, &err, logging);
     }
 }
 
-fn log_release_failure(unit: &UnitOfWork, err: &StoreError) {
+fn log_release_failure(unit: &UnitOfWork, err: &StoreError, logging: KeyLogging) {
     tracing::warn!(
         task = unit.task(),
-        key = unit.key(),
+        key = logging.show(unit),
         error = %err,
         "could not release the lock; the next delivery waits until it expires"
     );
 }
 
-fn release_in_background(store: Option<Arc<dyn Store>>, unit: &UnitOfWork, token: &LockToken) {
+fn release_in_background(
+    store: Option<Arc<dyn Store>>,
+    unit: &UnitOfWork,
+    token: &LockToken,
+    logging: KeyLogging,
+) {
     let (Some(store), Ok(runtime)) = (store, tokio::runtime::Handle::try_current()) else {
         return;
     };
     let (unit, token) = (unit.clone(), token.clone());
-    runtime.spawn(async move {
-        if let Err(err) = store.release(&unit, &token).await {
-            log_release_failure(&unit, &err);
+    runtime.spawn(
+        async move {
+            if let Err(err) = store.release(&unit, &token).await {
+                log_release_failure(&unit, &err, logging);
+            }
         }
-    });
+        .in_current_span(),
+    );
 }
 
 /// Releases the lock in the background if the call is dropped while its body runs.
 struct ReleaseOnDrop {
-    store: Option<(Arc<dyn Store>, UnitOfWork, LockToken)>,
+    store: Option<(Arc<dyn Store>, UnitOfWork, LockToken, KeyLogging)>,
 }
 
 impl ReleaseOnDrop {
@@ -581,8 +686,8 @@ impl ReleaseOnDrop {
 
 impl Drop for ReleaseOnDrop {
     fn drop(&mut self) {
-        if let Some((store, unit, token)) = self.store.take() {
-            release_in_background(Some(store), &unit, &token);
+        if let Some((store, unit, token, logging)) = self.store.take() {
+            release_in_background(Some(store), &unit, &token, logging);
         }
     }
 }

@@ -13,6 +13,9 @@ pub mod cluster;
 mod healing;
 mod protocol;
 
+mod keys;
+pub use keys::{KeyKind, ParsedKey, RedisKeys};
+
 /// The namespace used when none is configured.
 pub const DEFAULT_NAMESPACE: &str = "default";
 /// How long connecting to Redis may take before it fails, by default.
@@ -162,7 +165,8 @@ impl RedisStore {
         &self.protocol.namespace
     }
 
-    /// The Redis keys of `unit`: lock, done marker, fencing counter.
+    /// The Redis keys of `unit`: lock, done marker, fencing counter (the layout of
+    /// [`RedisKeys`]).
     pub fn keys(&self, unit: &UnitOfWork) -> [String; 3] {
         self.protocol.keys(unit)
     }

@@ -1,0 +1,163 @@
+//! `list`: one task's keys, found with SCAN (never KEYS) on one server.
+//!
+//! Everything here works on one connection to one server. On Redis Cluster a task's keys spread
+//! over every slot, so a cluster listing runs [`list_node`] on each master and merges the
+//! listings with [`Listing::merge`].
+
+use std::collections::BTreeMap;
+
+use idempotask::store::redis::KeyKind;
+use idempotask::{Marker, RedisKeys};
+use redis::aio::ConnectionLike;
+use redis::{RedisError, Value};
+use serde::Serialize;
+
+use crate::render::result_json;
+use crate::time::rfc3339;
+
+/// How many keys one SCAN call looks at, and how many units one pipeline describes.
+const BATCH: usize = 1000;
+
+/// One unit of a task that is done or locked.
+#[derive(Debug, Serialize)]
+pub(crate) struct Entry {
+    /// The plain caller key, read from the marker; locks alone do not know it.
+    pub(crate) key: Option<String>,
+    /// The SHA-256 of the caller key, as in the Redis keys.
+    pub(crate) digest: String,
+    pub(crate) done: bool,
+    pub(crate) locked: bool,
+    pub(crate) completed_at: Option<String>,
+    pub(crate) fencing_token: Option<u64>,
+    pub(crate) result: Option<serde_json::Value>,
+    pub(crate) marker_ttl_ms: Option<u64>,
+    pub(crate) lock_ttl_ms: Option<u64>,
+    /// Why the marker could not be read, if it could not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) error: Option<String>,
+}
+
+/// What SCAN found for one task.
+#[derive(Debug, Default)]
+pub(crate) struct Listing {
+    /// Done or locked units, by digest.
+    pub(crate) entries: BTreeMap<String, Entry>,
+    /// Every key of the task, fencing counters of idle units included.
+    pub(crate) keys_seen: usize,
+}
+
+impl Listing {
+    /// Adds another server's listing (a cluster has one per master; slots never overlap).
+    #[allow(
+        dead_code,
+        reason = "the cluster listing merges one listing per master"
+    )]
+    pub(crate) fn merge(&mut self, other: Self) {
+        self.entries.extend(other.entries);
+        self.keys_seen += other.keys_seen;
+    }
+}
+
+/// Input: a connection to one server, the namespace's layout and a task. Output: that server's
+/// done and locked units of the task, each described by a pipelined `GET`/`PTTL`.
+pub(crate) async fn list_node<C: ConnectionLike + Send>(
+    connection: &mut C,
+    keys: &RedisKeys,
+    pattern: &str,
+) -> Result<Listing, RedisError> {
+    // digest → (the unit's hash tag part of its keys, done seen, lock seen)
+    let mut kinds: BTreeMap<String, (String, bool, bool)> = BTreeMap::new();
+    let mut listing = Listing::default();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(BATCH)
+            .query_async(connection)
+            .await?;
+        for key in &batch {
+            let Some(parsed) = keys.parse(key) else {
+                continue;
+            };
+            listing.keys_seen += 1;
+            let slot = kinds.entry(parsed.digest.to_owned()).or_insert_with(|| {
+                // A parsed key ends in `:lock`, `:done` or `:fence`; the rest names the unit.
+                let stem = key.rsplit_once(':').map_or("", |(stem, _)| stem);
+                (stem.to_owned(), false, false)
+            });
+            match parsed.kind {
+                KeyKind::Done => slot.1 = true,
+                KeyKind::Lock => slot.2 = true,
+                _ => {}
+            }
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    let wanted: Vec<(&String, &String)> = kinds
+        .iter()
+        .filter(|(_, (_, done, locked))| *done || *locked)
+        .map(|(digest, (stem, _, _))| (digest, stem))
+        .collect();
+    for chunk in wanted.chunks(BATCH) {
+        let mut pipe = redis::pipe();
+        for (_, stem) in chunk {
+            let (lock, done) = (format!("{stem}:lock"), format!("{stem}:done"));
+            pipe.cmd("GET")
+                .arg(&done)
+                .cmd("PTTL")
+                .arg(&done)
+                .cmd("PTTL")
+                .arg(&lock);
+        }
+        let replies: Vec<Value> = pipe.query_async(connection).await?;
+        for ((digest, _), reply) in chunk.iter().zip(replies.chunks(3)) {
+            // A key seen by SCAN may have expired or been finished since.
+            let entry = describe(digest, reply);
+            if entry.done || entry.locked {
+                listing.entries.insert((*digest).clone(), entry);
+            }
+        }
+    }
+    Ok(listing)
+}
+
+/// Input: a digest and its `GET done`, `PTTL done`, `PTTL lock` replies. Output: its entry.
+fn describe(digest: &str, reply: &[Value]) -> Entry {
+    let ttl = |value: Option<&Value>| match value {
+        Some(Value::Int(ms)) if *ms >= 0 => u64::try_from(*ms).ok(),
+        _ => None,
+    };
+    let lock_ttl_ms = ttl(reply.get(2));
+    let mut entry = Entry {
+        key: None,
+        digest: digest.to_owned(),
+        done: false,
+        locked: matches!(reply.get(2), Some(Value::Int(ms)) if *ms != -2),
+        completed_at: None,
+        fencing_token: None,
+        result: None,
+        marker_ttl_ms: ttl(reply.get(1)),
+        lock_ttl_ms,
+        error: None,
+    };
+    if let Some(Value::BulkString(bytes)) = reply.first() {
+        entry.done = true;
+        match Marker::decode(bytes) {
+            Ok(marker) => {
+                entry.key = Some(marker.key().to_owned());
+                entry.completed_at =
+                    Some(rfc3339(crate::time::epoch_millis(marker.completed_at())));
+                entry.fencing_token = Some(marker.fencing_token());
+                entry.result = Some(result_json(&marker));
+            }
+            Err(err) => entry.error = Some(err.to_string()),
+        }
+    }
+    entry
+}

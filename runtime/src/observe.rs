@@ -1,0 +1,191 @@
+//! What a task call tells operators: one `tracing` span per call and, with the `metrics`
+//! feature, counters and histograms through the [`metrics`](https://docs.rs/metrics) facade.
+//!
+//! # The span
+//! Every call of a [`Task`](crate::Task) runs inside an `INFO` span named `idempotask.call`
+//! (target `idempotask`) with these fields, filled in as the call goes:
+//!
+//! | field | value |
+//! |---|---|
+//! | `task` | the task's stable name |
+//! | `key` | the caller key, or its SHA-256 with [`KeyLogging::Hash`] |
+//! | `outcome` | `executed`, `replayed`, `contended`, `failed`, `lock_lost` or `marker_not_written` |
+//! | `attempts` | how many times the call asked for the lock |
+//! | `fencing_token` | the token of the execution that produced the value |
+//! | `waited_ms` | how long the call spent getting the lock or the stored result |
+//!
+//! The span is created once per call; with no subscriber interested in it, creating it and
+//! recording into it costs a cached callsite check and allocates nothing. Warnings (a lost lock,
+//! a result that could not be recorded, a lock that could not be released) are logged inside it
+//! and carry `task` and `key` themselves too, so they stay readable when spans are filtered out.
+//!
+//! # Metrics (feature `metrics`)
+//!
+//! | name | kind | labels |
+//! |---|---|---|
+//! | `idempotask_calls_total` | counter | `task`, `outcome` (as the span's) |
+//! | `idempotask_lock_wait_seconds` | histogram | `task` |
+//! | `idempotask_body_duration_seconds` | histogram | `task` |
+//! | `idempotask_lock_renewals_total` | counter | `task`, `result` (`renewed`, `lost`, `failed`) |
+//!
+//! Nothing is recorded until the application installs a recorder (an exporter such as
+//! `metrics-exporter-prometheus`).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tracing::Span;
+use tracing::field::Empty;
+
+use crate::unit::UnitOfWork;
+
+/// How the caller key appears in logs and spans; see [`Task::log_key`](crate::Task::log_key).
+///
+/// Keys are chosen by the caller and sometimes carry what logs must not (an e-mail address, an
+/// account number). With [`Hash`](Self::Hash) the logs show the key's SHA-256 instead, the same
+/// digest that is part of the Redis keys, so an operator can still find the unit with
+/// `idempotask list` or `redis-cli`.
+///
+/// ```
+/// use idempotask::{KeyLogging, Task};
+/// static SEND: Task = Task::new("send_statement").log_key(KeyLogging::Hash);
+/// assert_eq!(SEND.get_log_key(), KeyLogging::Hash);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyLogging {
+    /// The caller key as given (the default).
+    #[default]
+    Plain,
+    /// The lowercase hex SHA-256 of the caller key.
+    Hash,
+}
+
+impl KeyLogging {
+    /// The text that stands for `unit`'s key in logs.
+    pub(crate) fn show(self, unit: &UnitOfWork) -> &str {
+        match self {
+            Self::Plain => unit.key(),
+            Self::Hash => unit.digest(),
+        }
+    }
+}
+
+/// How one call ended, as the span's `outcome` field and the `outcome` metric label say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending {
+    Executed,
+    Replayed,
+    Contended,
+    Failed,
+    LockLost,
+    MarkerNotWritten,
+}
+
+impl Ending {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Executed => "executed",
+            Self::Replayed => "replayed",
+            Self::Contended => "contended",
+            Self::Failed => "failed",
+            Self::LockLost => "lock_lost",
+            Self::MarkerNotWritten => "marker_not_written",
+        }
+    }
+}
+
+/// The span of one call and what it needs to name its metrics.
+pub(crate) struct Observation<'t> {
+    span: Span,
+    ended: AtomicBool,
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    task: &'t std::borrow::Cow<'static, str>,
+}
+
+impl<'t> Observation<'t> {
+    /// Input: the task's name. Output: the call's span with only `task` set yet.
+    #[allow(
+        clippy::ptr_arg,
+        reason = "a clone of the `Cow` labels metrics without copying a static name"
+    )]
+    pub(crate) fn start(task: &'t std::borrow::Cow<'static, str>) -> Self {
+        let span = tracing::info_span!(
+            target: "idempotask",
+            "idempotask.call",
+            task = &**task,
+            key = Empty,
+            outcome = Empty,
+            attempts = Empty,
+            fencing_token = Empty,
+            waited_ms = Empty,
+        );
+        Self {
+            span,
+            ended: AtomicBool::new(false),
+            task,
+        }
+    }
+
+    pub(crate) fn span(&self) -> &Span {
+        &self.span
+    }
+
+    pub(crate) fn key(&self, unit: &UnitOfWork, logging: KeyLogging) {
+        self.span.record("key", logging.show(unit));
+    }
+
+    /// The lock (or the stored result) was obtained, or waiting was given up, after `waited`.
+    pub(crate) fn waited(&self, attempts: u32, waited: Duration) {
+        self.span.record("attempts", attempts);
+        self.span.record(
+            "waited_ms",
+            u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+        );
+        #[cfg(feature = "metrics")]
+        metrics::histogram!("idempotask_lock_wait_seconds", "task" => self.task.clone())
+            .record(waited.as_secs_f64());
+    }
+
+    pub(crate) fn fencing_token(&self, token: u64) {
+        self.span.record("fencing_token", token);
+    }
+
+    #[cfg_attr(not(feature = "metrics"), allow(clippy::unused_self, unused_variables))]
+    pub(crate) fn body_ran(&self, duration: Duration) {
+        #[cfg(feature = "metrics")]
+        metrics::histogram!("idempotask_body_duration_seconds", "task" => self.task.clone())
+            .record(duration.as_secs_f64());
+    }
+
+    /// Records `Failed` unless an ending was recorded already.
+    pub(crate) fn failed_unless_ended(&self) {
+        if !self.ended.load(Ordering::Relaxed) {
+            self.ended(Ending::Failed);
+        }
+    }
+
+    pub(crate) fn ended(&self, ending: Ending) {
+        self.ended.store(true, Ordering::Relaxed);
+        self.span.record("outcome", ending.as_str());
+        #[cfg(feature = "metrics")]
+        metrics::counter!(
+            "idempotask_calls_total",
+            "task" => self.task.clone(),
+            "outcome" => ending.as_str(),
+        )
+        .increment(1);
+    }
+}
+
+/// One renewal of a lock by the watchdog: `renewed`, `lost` or `failed`.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn renewal(task: &str, result: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "idempotask_lock_renewals_total",
+        "task" => task.to_owned(),
+        "result" => result,
+    )
+    .increment(1);
+}

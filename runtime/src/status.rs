@@ -1,0 +1,94 @@
+//! [`Status`]: what an operator needs to know about one unit before replaying it.
+
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::marker::{Marker, MarkerError};
+use crate::store::{Inspection, Store};
+use crate::task::Task;
+use crate::unit::UnitOfWork;
+
+/// Whether a unit of work is done, running, or unknown to the store.
+///
+/// This is the question to ask before replaying a dead-lettered message: replay only what is
+/// [`Unknown`](Self::Unknown). A `Done` unit would only hand back its stored result, and a
+/// `Locked` one is being run right now. The `idempotask status` command prints the same.
+///
+/// ```
+/// use idempotask::{MemoryStore, Status, Task};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotask::Error> {
+/// let store = MemoryStore::new();
+/// let task = Task::new("refund");
+/// assert!(matches!(task.status("order-7", &store).await?, Status::Unknown));
+/// task.call("order-7").store(store.clone()).run(async { Ok::<_, idempotask::Error>(5) }).await?;
+/// let Status::Done(done) = task.status("order-7", &store).await? else { panic!() };
+/// assert_eq!(done.marker.key(), "order-7");
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Status {
+    /// The work succeeded and its result is stored; a delivery gets that result back.
+    Done(Done),
+    /// A delivery holds the lock and is running the work now.
+    Locked {
+        /// How long the lock has left (unless its holder renews it).
+        lock_ttl: Duration,
+    },
+    /// The store knows nothing of this unit: it never ran, failed, or its marker expired or
+    /// was forgotten. A delivery runs the work.
+    Unknown,
+}
+
+/// A [`Status::Done`] unit: the stored marker and how long it is kept.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Done {
+    /// The stored marker: result, plain key, fencing token, completion time.
+    pub marker: Marker,
+    /// How long the marker has left, when it has an expiry.
+    pub ttl: Option<Duration>,
+    /// A lock held next to the marker: a holder whose lock had expired stored this marker
+    /// while a successor runs. Usually `None`.
+    pub lock_ttl: Option<Duration>,
+}
+
+impl Inspection {
+    /// Reads this inspection as a [`Status`], decoding the marker.
+    ///
+    /// # Errors
+    /// [`MarkerError`] when the stored marker cannot be read by this build.
+    pub fn status(&self) -> Result<Status, MarkerError> {
+        Ok(match (&self.marker, self.lock_ttl) {
+            (Some(bytes), lock_ttl) => Status::Done(Done {
+                marker: Marker::decode(bytes)?,
+                ttl: self.marker_ttl,
+                lock_ttl,
+            }),
+            (None, Some(lock_ttl)) => Status::Locked { lock_ttl },
+            (None, None) => Status::Unknown,
+        })
+    }
+}
+
+impl Task {
+    /// What `store` holds for this task and the caller's `key` (one round trip; changes
+    /// nothing).
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] for a key no call could have used, [`Error::Store`] when the store
+    /// cannot be reached, and [`Error::Codec`] when the stored marker cannot be read.
+    pub async fn status(
+        &self,
+        key: impl Into<String>,
+        store: &(impl Store + ?Sized),
+    ) -> Result<Status, Error> {
+        let unit = UnitOfWork::with_limit(self.name(), key, store.max_key_len())?;
+        let inspection = store.inspect(&unit).await?;
+        inspection.status().map_err(|err| Error::Codec {
+            task: unit.task().to_owned(),
+            key: unit.key().to_owned(),
+            reason: err.to_string(),
+        })
+    }
+}
