@@ -1,0 +1,392 @@
+//! What a task call tells operators: the fields of its `idempotask.call` span, its warnings, and
+//! its metrics, for each way a call can end. Everything runs on the in-memory store on the test's
+//! own thread, where a thread-local subscriber and recorder see it; a lost lock is scripted with
+//! tokio's paused clock (the store's TTLs follow it), so nothing waits for real time.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idempotask::{Error, KeyLogging, MemoryStore, Outcome, RetryPolicy, Task, UnitOfWork};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use tokio::sync::oneshot;
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::{Layer, Registry};
+
+/// Field name → value as text.
+#[derive(Debug, Default, Clone)]
+struct Fields(BTreeMap<String, String>);
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+/// Keeps the fields of every closed `idempotask.call` span and of every warning.
+#[derive(Clone, Default)]
+struct Capture {
+    spans: Arc<Mutex<Vec<Fields>>>,
+    warnings: Arc<Mutex<Vec<Fields>>>,
+}
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        if attrs.metadata().name() == "idempotask.call" {
+            let mut fields = Fields::default();
+            attrs.record(&mut fields);
+            ctx.span(id).unwrap().extensions_mut().insert(fields);
+        }
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        if let Some(fields) = ctx.span(id).unwrap().extensions_mut().get_mut::<Fields>() {
+            values.record(fields);
+        }
+    }
+
+    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+        if *event.metadata().level() == Level::WARN {
+            let mut fields = Fields::default();
+            event.record(&mut fields);
+            self.warnings.lock().unwrap().push(fields);
+        }
+    }
+
+    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+        if let Some(fields) = ctx.span(&id).unwrap().extensions_mut().remove::<Fields>() {
+            self.spans.lock().unwrap().push(fields);
+        }
+    }
+}
+
+impl Capture {
+    /// A subscriber for this thread only, so that tests running in parallel do not mix.
+    fn install(&self) -> tracing::subscriber::DefaultGuard {
+        tracing::subscriber::set_default(Registry::default().with(self.clone()))
+    }
+
+    fn only_span(&self) -> BTreeMap<String, String> {
+        let spans = self.spans.lock().unwrap();
+        assert_eq!(spans.len(), 1, "{spans:?}");
+        spans[0].0.clone()
+    }
+
+    fn spans(&self) -> Vec<BTreeMap<String, String>> {
+        self.spans
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|f| f.0.clone())
+            .collect()
+    }
+}
+
+fn field<'a>(fields: &'a BTreeMap<String, String>, name: &str) -> &'a str {
+    fields
+        .get(name)
+        .unwrap_or_else(|| panic!("no `{name}` in {fields:?}"))
+}
+
+#[tokio::test]
+async fn an_executed_call_records_every_field() {
+    let capture = Capture::default();
+    let _guard = capture.install();
+    let report = Task::new("charge")
+        .call("order-1")
+        .store(MemoryStore::new())
+        .run_reported(async { Ok::<_, Error>(7) })
+        .await
+        .unwrap();
+    let span = capture.only_span();
+    assert_eq!(field(&span, "task"), "charge");
+    assert_eq!(field(&span, "key"), "order-1");
+    assert_eq!(field(&span, "outcome"), "executed");
+    assert_eq!(field(&span, "attempts"), "1");
+    assert_eq!(
+        field(&span, "fencing_token"),
+        report.fencing_token.to_string()
+    );
+    assert!(field(&span, "waited_ms").parse::<u64>().is_ok(), "{span:?}");
+}
+
+#[tokio::test]
+async fn a_replayed_call_records_the_first_execution_s_token() {
+    let capture = Capture::default();
+    let store = MemoryStore::new();
+    let task = Task::new("charge");
+    let first = task
+        .call("order-1")
+        .store(store.clone())
+        .run_reported(async { Ok::<_, Error>(7) })
+        .await
+        .unwrap();
+    let _guard = capture.install();
+    let second = task
+        .call("order-1")
+        .store(store)
+        .run_reported(async { Ok::<_, Error>(8) })
+        .await
+        .unwrap();
+    assert_eq!(second.outcome, Outcome::Replayed);
+    let span = capture.only_span();
+    assert_eq!(field(&span, "outcome"), "replayed");
+    assert_eq!(field(&span, "attempts"), "1");
+    assert_eq!(
+        field(&span, "fencing_token"),
+        first.fencing_token.to_string()
+    );
+}
+
+#[tokio::test]
+async fn a_contended_call_records_its_attempts_and_no_token() {
+    let capture = Capture::default();
+    let _guard = capture.install();
+    let store = MemoryStore::new();
+    let (started_tx, started_rx) = oneshot::channel();
+    let (finish_tx, finish_rx) = oneshot::channel::<()>();
+    let holder = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            Task::new("charge")
+                .call("order-1")
+                .store(store)
+                .run(async move {
+                    started_tx.send(()).unwrap();
+                    finish_rx.await.unwrap();
+                    Ok::<_, Error>(1)
+                })
+                .await
+        })
+    };
+    started_rx.await.unwrap();
+    let intruder = Task::new("charge")
+        .retry(RetryPolicy::no_wait())
+        .call("order-1")
+        .store(store)
+        .run(async { Ok::<_, Error>(2) })
+        .await;
+    assert!(
+        matches!(intruder, Err(Error::Contended { .. })),
+        "{intruder:?}"
+    );
+    finish_tx.send(()).unwrap();
+    holder.await.unwrap().unwrap();
+
+    let spans = capture.spans();
+    let contended = spans
+        .iter()
+        .find(|s| s.get("outcome").map(String::as_str) == Some("contended"))
+        .unwrap_or_else(|| panic!("{spans:?}"));
+    assert_eq!(field(contended, "attempts"), "1");
+    assert!(!contended.contains_key("fencing_token"), "{contended:?}");
+    assert!(contended.contains_key("waited_ms"), "{contended:?}");
+    assert!(
+        spans
+            .iter()
+            .any(|s| s.get("outcome").map(String::as_str) == Some("executed"))
+    );
+}
+
+#[tokio::test]
+async fn a_failed_call_records_failed_and_caches_nothing() {
+    let capture = Capture::default();
+    let _guard = capture.install();
+    let store = MemoryStore::new();
+    let failed: Result<u8, Error> = Task::new("charge")
+        .call("order-1")
+        .store(store.clone())
+        .run(async { Err(Error::NotConfigured) })
+        .await;
+    assert!(failed.is_err());
+    let span = capture.only_span();
+    assert_eq!(field(&span, "outcome"), "failed");
+    assert_eq!(field(&span, "attempts"), "1");
+    assert!(span.contains_key("fencing_token"), "{span:?}");
+}
+
+#[tokio::test]
+async fn a_call_that_fails_before_the_store_records_failed() {
+    let capture = Capture::default();
+    let _guard = capture.install();
+    let empty_key: Result<u8, Error> = Task::new("charge")
+        .call("")
+        .store(MemoryStore::new())
+        .run(async { Ok(1) })
+        .await;
+    assert!(matches!(empty_key, Err(Error::InvalidKey(_))));
+    let span = capture.only_span();
+    assert_eq!(field(&span, "outcome"), "failed");
+    assert!(!span.contains_key("key"), "{span:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_lock_records_lock_lost_and_warns_with_the_hashed_key() {
+    let capture = Capture::default();
+    let _guard = capture.install();
+    let ttl = Duration::from_millis(100);
+    let report = Task::new("charge")
+        .lock_ttl(ttl)
+        .log_key(KeyLogging::Hash)
+        .call("alice@example.com")
+        .store(MemoryStore::new())
+        // The paused clock jumps past the TTL: the body outlives its lock.
+        .run_reported(async move {
+            tokio::time::sleep(ttl * 2).await;
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap();
+    assert!(matches!(report.outcome, Outcome::LockLost { .. }));
+    let digest = UnitOfWork::new("charge", "alice@example.com")
+        .unwrap()
+        .digest()
+        .to_owned();
+    let span = capture.only_span();
+    assert_eq!(field(&span, "outcome"), "lock_lost");
+    assert_eq!(field(&span, "key"), digest);
+    let warnings = capture.warnings.lock().unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(field(&warnings[0].0, "message").contains("lock expired"));
+    assert_eq!(field(&warnings[0].0, "key"), digest);
+    let everything = format!("{span:?}{warnings:?}");
+    assert!(!everything.contains("alice"), "{everything}");
+}
+
+/// A recorded metric: name, labels, value.
+type Metric = (String, Vec<(String, String)>, DebugValue);
+
+fn counter(snapshot: &[Metric], name: &str, labels: &[(&str, &str)]) -> u64 {
+    snapshot
+        .iter()
+        .filter(|(n, l, _)| {
+            n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.iter().any(|(lk, lv)| lk == k && lv == v))
+        })
+        .map(|(_, _, value)| match value {
+            DebugValue::Counter(count) => *count,
+            other => panic!("{name} is not a counter: {other:?}"),
+        })
+        .sum()
+}
+
+fn histogram_len(snapshot: &[Metric], name: &str) -> usize {
+    snapshot
+        .iter()
+        .filter(|(n, _, _)| n == name)
+        .map(|(_, _, value)| match value {
+            DebugValue::Histogram(samples) => samples.len(),
+            other => panic!("{name} is not a histogram: {other:?}"),
+        })
+        .sum()
+}
+
+#[tokio::test(start_paused = true)]
+async fn metrics_count_calls_per_task_and_outcome() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let store = MemoryStore::new();
+    let charge = Task::new("charge");
+    // One execution, two replays, one failure, one contended call.
+    for _ in 0..3 {
+        charge
+            .call("order-1")
+            .store(store.clone())
+            .run(async { Ok::<_, Error>(1) })
+            .await
+            .unwrap();
+    }
+    let failed: Result<u8, Error> = charge
+        .call("order-2")
+        .store(store.clone())
+        .run(async { Err(Error::NotConfigured) })
+        .await;
+    assert!(failed.is_err());
+    let (started_tx, started_rx) = oneshot::channel();
+    let (finish_tx, finish_rx) = oneshot::channel::<()>();
+    let holder = charge.call("order-3").store(store.clone()).run(async move {
+        started_tx.send(()).unwrap();
+        finish_rx.await.unwrap();
+        Ok::<_, Error>(3)
+    });
+    let intruder = async {
+        started_rx.await.unwrap();
+        let result: Result<u8, Error> = Task::new("charge")
+            .retry(RetryPolicy::no_wait())
+            .call("order-3")
+            .store(store.clone())
+            .run(async { Ok(4) })
+            .await;
+        finish_tx.send(()).unwrap();
+        result
+    };
+    let (held, contended) = tokio::join!(holder, intruder);
+    assert_eq!(held.unwrap(), 3);
+    assert!(matches!(contended, Err(Error::Contended { .. })));
+    // A renewing task whose body runs for 35 ms of paused time: renewals at 10, 20 and 30 ms.
+    Task::new("report")
+        .lock_ttl(Duration::from_millis(30))
+        .renew(true)
+        .call("2026-11")
+        .store(store.clone())
+        .run(async {
+            tokio::time::sleep(Duration::from_millis(35)).await;
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap();
+
+    let snapshot: Vec<Metric> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| {
+            let key = key.key();
+            let labels = key
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            (key.name().to_owned(), labels, value)
+        })
+        .collect();
+    let calls = |outcome: &str| {
+        counter(
+            &snapshot,
+            "idempotask_calls_total",
+            &[("task", "charge"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(calls("executed"), 2, "{snapshot:?}"); // order-1 and the holder of order-3
+    assert_eq!(calls("replayed"), 2);
+    assert_eq!(calls("failed"), 1);
+    assert_eq!(calls("contended"), 1);
+    assert_eq!(calls("lock_lost"), 0);
+    assert_eq!(
+        counter(&snapshot, "idempotask_calls_total", &[("task", "report")]),
+        1
+    );
+    assert_eq!(
+        counter(
+            &snapshot,
+            "idempotask_lock_renewals_total",
+            &[("task", "report"), ("result", "renewed")]
+        ),
+        3
+    );
+    // Every call waited for the lock once; every body that ran was timed.
+    assert_eq!(histogram_len(&snapshot, "idempotask_lock_wait_seconds"), 7);
+    assert_eq!(
+        histogram_len(&snapshot, "idempotask_body_duration_seconds"),
+        4
+    );
+}
