@@ -1,0 +1,329 @@
+//! The `idempotask` binary against a redis-server this test starts: every command, its JSON,
+//! its exit codes, and the errors an operator meets (unreachable server, wrong password,
+//! unknown task, a locked key).
+
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use idempotask::{LockToken, RedisStore, Store, Task, UnitOfWork};
+use serde_json::Value;
+use support::RedisServer;
+
+const LONG: Duration = Duration::from_secs(600);
+
+/// Runs the binary with `args` against `url`; stdin is empty, as in a script.
+fn idempotask(url: &str, args: &[&str]) -> (i32, String, String) {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = Command::new(env!("CARGO_BIN_EXE_idempotask"))
+        .env_remove("REDIS_URL")
+        .arg("--redis-url")
+        .arg(url)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8(stdout).unwrap(),
+        String::from_utf8(stderr).unwrap(),
+    );
+    println!("$ idempotask {}\n{stdout}{stderr}", args.join(" "));
+    (status.code().expect("exited"), stdout, stderr)
+}
+
+fn json(stdout: &str) -> Value {
+    serde_json::from_str(stdout).unwrap_or_else(|err| panic!("{err}: {stdout}"))
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Runs `task` for each key (the body returns `{"charge": "ch_<key>"}`), on `namespace`.
+fn complete(server: &RedisServer, namespace: &str, task: &str, keys: &[&str]) {
+    runtime().block_on(async {
+        let store = RedisStore::builder(server.url())
+            .namespace(namespace)
+            .connect()
+            .await
+            .unwrap();
+        for key in keys {
+            Task::named(task)
+                .call(*key)
+                .store(store.clone())
+                .run(async {
+                    Ok::<_, idempotask::Error>(serde_json::json!({ "charge": format!("ch_{key}") }))
+                })
+                .await
+                .unwrap();
+        }
+    });
+}
+
+/// Takes the lock of `task`/`key` as a running delivery would, and keeps it for `LONG`.
+fn lock(server: &RedisServer, task: &str, key: &str) {
+    runtime().block_on(async {
+        let store = server.store().await;
+        let unit = UnitOfWork::new(task, key).unwrap();
+        store
+            .begin(&unit, &LockToken::generate(), LONG, LONG)
+            .await
+            .unwrap();
+    });
+}
+
+#[test]
+fn status_says_done_locked_or_unknown_in_text_json_and_exit_code() {
+    let server = RedisServer::start();
+    let url = server.url();
+    complete(&server, "default", "charge", &["order-1"]);
+    lock(&server, "charge", "order-2");
+
+    let (code, out, _) = idempotask(&url, &["status", "--task", "charge", "--key", "order-1"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("charge \"order-1\": done"), "{out}");
+    assert!(
+        out.contains(r#"result         {"charge":"ch_order-1"}"#),
+        "{out}"
+    );
+    let done = json(
+        &idempotask(
+            &url,
+            &["status", "--json", "--task", "charge", "--key", "order-1"],
+        )
+        .1,
+    );
+    assert_eq!(done["state"], "done");
+    assert_eq!(done["result"]["charge"], "ch_order-1");
+    assert!(done["fencing_token"].as_u64().unwrap() > 0);
+    assert!(done["ttl_ms"].as_u64().unwrap() > 0);
+    assert!(done["completed_at"].as_str().unwrap().ends_with('Z'));
+
+    let (code, out, _) = idempotask(&url, &["status", "--task", "charge", "--key", "order-2"]);
+    assert_eq!(code, 3);
+    assert!(out.contains("locked"), "{out}");
+    let (code, out, _) = idempotask(
+        &url,
+        &["status", "--task", "charge", "--key", "order-2", "--json"],
+    );
+    assert_eq!(code, 3);
+    let locked = json(&out);
+    assert_eq!(locked["state"], "locked");
+    assert!(locked["lock_ttl_ms"].as_u64().unwrap() > 0);
+    assert!(locked["token_age_ms"].is_u64(), "{locked}");
+
+    let (code, out, _) = idempotask(&url, &["status", "--task", "charge", "--key", "order-3"]);
+    assert_eq!(code, 4);
+    assert!(out.contains("unknown") && !out.contains("note:"), "{out}");
+    let unknown = json(
+        &idempotask(
+            &url,
+            &["--json", "status", "--task", "charge", "--key", "order-3"],
+        )
+        .1,
+    );
+    assert_eq!(unknown["state"], "unknown");
+    assert_eq!(unknown["task_has_keys"], true);
+}
+
+#[test]
+fn status_of_an_unknown_task_says_so() {
+    let server = RedisServer::start();
+    complete(&server, "default", "charge", &["order-1"]);
+    let (code, out, _) = idempotask(
+        &server.url(),
+        &["status", "--task", "chrage", "--key", "order-1"],
+    );
+    assert_eq!(code, 4);
+    assert!(out.contains("task `chrage` has no keys at all"), "{out}");
+    // The same task in another namespace is another task.
+    let (code, out, _) = idempotask(
+        &server.url(),
+        &[
+            "status",
+            "--namespace",
+            "billing",
+            "--task",
+            "charge",
+            "--key",
+            "order-1",
+            "--json",
+        ],
+    );
+    assert_eq!(code, 4);
+    assert_eq!(json(&out)["task_has_keys"], false);
+}
+
+#[test]
+fn list_counts_and_filters_with_plain_keys_and_digests() {
+    let server = RedisServer::start();
+    let url = server.url();
+    complete(&server, "default", "charge", &["order-1", "order:{2}"]);
+    complete(&server, "default", "refund", &["order-1"]);
+    lock(&server, "charge", "order-3");
+
+    let (code, out, _) = idempotask(&url, &["list", "--task", "charge"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with("charge in namespace default: 2 done, 1 locked"),
+        "{out}"
+    );
+    assert!(out.contains("\"order:{2}\""), "{out}");
+    let digest = UnitOfWork::new("charge", "order-3")
+        .unwrap()
+        .digest()
+        .to_owned();
+    assert!(out.contains(&format!("sha256:{digest}")), "{out}");
+
+    let all = json(&idempotask(&url, &["list", "--task", "charge", "--json"]).1);
+    assert_eq!(
+        (all["done"].as_u64(), all["locked"].as_u64()),
+        (Some(2), Some(1))
+    );
+    let entries = all["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 3);
+    let mut keys: Vec<&str> = entries.iter().filter_map(|e| e["key"].as_str()).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["order-1", "order:{2}"]);
+
+    let locked = json(&idempotask(&url, &["list", "--task", "charge", "--locked", "--json"]).1);
+    let locked = locked["entries"].as_array().unwrap();
+    assert_eq!(locked.len(), 1);
+    assert_eq!(locked[0]["digest"], digest.as_str());
+    assert_eq!(locked[0]["key"], Value::Null);
+
+    let done = json(&idempotask(&url, &["list", "--task", "charge", "--done", "--json"]).1);
+    assert_eq!(done["entries"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        done["done"], 2,
+        "the counts are the task's, whatever the filter"
+    );
+
+    let (code, _, err) = idempotask(&url, &["list", "--task", "charge", "--done", "--locked"]);
+    assert_eq!(code, 2, "{err}");
+}
+
+#[test]
+fn list_of_an_unknown_task_fails_with_exit_4() {
+    let server = RedisServer::start();
+    complete(&server, "default", "charge", &["order-1"]);
+    let (code, out, err) = idempotask(&server.url(), &["list", "--task", "nope", "--json"]);
+    assert_eq!(code, 4);
+    assert_eq!(json(&out)["error"]["kind"], "unknown_task");
+    assert!(
+        err.contains("unknown task: `nope` has no keys in namespace `default`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn forget_deletes_a_marker_only_when_confirmed_and_not_locked() {
+    let server = RedisServer::start();
+    let url = server.url();
+    complete(&server, "default", "charge", &["order-1"]);
+    lock(&server, "charge", "order-2");
+
+    let (code, _, err) = idempotask(
+        &url,
+        &["forget", "--task", "charge", "--key", "order-2", "--yes"],
+    );
+    assert_eq!(code, 3);
+    assert!(
+        err.contains("refusing to forget charge \"order-2\": it is locked"),
+        "{err}"
+    );
+
+    let (code, _, err) = idempotask(&url, &["forget", "--task", "charge", "--key", "order-1"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("pass --yes"), "{err}");
+    assert_eq!(
+        idempotask(&url, &["status", "--task", "charge", "--key", "order-1"]).0,
+        0
+    );
+
+    let (code, out, _) = idempotask(
+        &url,
+        &[
+            "forget", "--task", "charge", "--key", "order-1", "--yes", "--json",
+        ],
+    );
+    assert_eq!(code, 0);
+    assert_eq!(json(&out)["forgotten"], true);
+    assert_eq!(
+        idempotask(&url, &["status", "--task", "charge", "--key", "order-1"]).0,
+        4
+    );
+
+    let (code, out, _) = idempotask(
+        &url,
+        &[
+            "forget", "--task", "charge", "--key", "order-1", "--yes", "--json",
+        ],
+    );
+    assert_eq!(code, 4);
+    assert_eq!(json(&out)["error"]["kind"], "unknown");
+}
+
+#[test]
+fn an_unreachable_server_is_an_error_that_names_the_url() {
+    let url = format!("redis://127.0.0.1:{}", support::free_port());
+    let (code, out, err) = idempotask(
+        &url,
+        &["status", "--task", "charge", "--key", "k", "--json"],
+    );
+    assert_eq!(code, 1);
+    assert_eq!(json(&out)["error"]["kind"], "unreachable");
+    assert!(
+        err.contains(&format!("cannot reach Redis at {url}")),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_wrong_or_missing_password_is_an_auth_error_that_hides_the_password() {
+    let server = RedisServer::start_with(&["--requirepass", "s3cret"]);
+    let port = server.port();
+    for url in [
+        format!("redis://127.0.0.1:{port}"),
+        format!("redis://:wrong-one@127.0.0.1:{port}"),
+    ] {
+        let (code, out, err) = idempotask(&url, &["list", "--task", "charge", "--json"]);
+        assert_eq!(code, 1, "{err}");
+        assert_eq!(json(&out)["error"]["kind"], "auth", "{out}");
+        assert!(err.contains("refused the credentials"), "{err}");
+        assert!(
+            !err.contains("wrong-one") && !out.contains("wrong-one"),
+            "{err}"
+        );
+    }
+    let right = format!("redis://:s3cret@127.0.0.1:{port}");
+    assert_eq!(
+        idempotask(&right, &["status", "--task", "charge", "--key", "k"]).0,
+        4
+    );
+}
+
+#[test]
+fn bad_arguments_are_usage_errors() {
+    let url = "redis://127.0.0.1:1";
+    assert_eq!(idempotask(url, &["status", "--task", "charge"]).0, 2);
+    assert_eq!(idempotask(url, &["frobnicate"]).0, 2);
+    let server = RedisServer::start();
+    let (code, _, err) = idempotask(&server.url(), &["status", "--task", "a:b", "--key", "k"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("task name `a:b`"), "{err}");
+    let (code, _, err) = idempotask(
+        &server.url(),
+        &["list", "--task", "t", "--namespace", "a b"],
+    );
+    assert_eq!(code, 2);
+    assert!(err.contains("namespace `a b`"), "{err}");
+}
