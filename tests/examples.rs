@@ -140,3 +140,23 @@ fn stream_worker_side_effects_equal_messages_despite_crashes() {
     assert!(number("redeliveries:") >= number("crashes:"), "{output}");
     assert!(number("deliveries:") > messages, "{output}");
 }
+
+#[test]
+fn dlq_replay_replays_only_the_unknown_dead_letters() {
+    let server = RedisServer::start();
+    for command in [example("dlq_replay"), {
+        let mut with_redis = example("dlq_replay");
+        with_redis.env("REDIS_URL", server.url());
+        with_redis
+    }] {
+        let mut command = command;
+        let output = run(&mut command);
+        let number = |label: &str| -> u64 { field(&output, label).parse().unwrap() };
+        assert_eq!(number("dead letters:"), 6, "{output}");
+        assert_eq!(number("done, skipped:"), 3, "{output}");
+        assert_eq!(number("locked, kept:"), 1, "{output}");
+        assert_eq!(number("unknown, replayed:"), 2, "{output}");
+        assert_eq!(field(&output, "orders charged:"), "9 of 9", "{output}");
+        assert_eq!(number("charged twice:"), 0, "{output}");
+    }
+}
