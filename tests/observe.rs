@@ -390,3 +390,21 @@ async fn metrics_count_calls_per_task_and_outcome() {
         4
     );
 }
+
+#[idempotask::idempotent_task(key = "statement-{email}", log_key = "hash", store = *store)]
+async fn send_statement(store: &MemoryStore, email: &str) -> Result<usize, Error> {
+    Ok(email.len())
+}
+
+#[tokio::test]
+async fn the_attribute_s_log_key_option_hashes_the_key_in_the_span() {
+    let capture = Capture::default();
+    let _guard = capture.install();
+    send_statement(&MemoryStore::new(), "ada@example.com")
+        .await
+        .unwrap();
+    let span = capture.only_span();
+    let digest = UnitOfWork::new("send_statement", "statement-ada@example.com").unwrap();
+    assert_eq!(field(&span, "key"), digest.digest());
+    assert_eq!(field(&span, "task"), "send_statement");
+}

@@ -26,6 +26,7 @@ const OPTIONS: &[&str] = &[
     "max_wait",
     "initial_backoff",
     "max_backoff",
+    "log_key",
 ];
 
 /// The default lock TTL in milliseconds; the runtime's `DEFAULT_LOCK_TTL`.
@@ -73,6 +74,8 @@ pub(crate) struct Args {
     pub(crate) max_wait: Option<Millis>,
     pub(crate) initial_backoff: Option<Millis>,
     pub(crate) max_backoff: Option<Millis>,
+    /// `log_key = "hash"`: logs show the key's SHA-256 instead of the key.
+    pub(crate) log_key_hash: bool,
 }
 
 /// Collects independent errors so that all of them are reported together.
@@ -133,6 +136,7 @@ impl Args {
             max_wait: None,
             initial_backoff: None,
             max_backoff: None,
+            log_key_hash: false,
         };
         for Opt { name, value } in opts {
             let option = name.to_string();
@@ -177,6 +181,7 @@ impl Args {
                 "fingerprint" => idents(&value).map(|f| args.fingerprint = Some(f)),
                 "renew" => boolean(&option, &value).map(|b| args.renew = b),
                 "max_attempts" => count(&option, &value).map(|n| args.max_attempts = Some(n)),
+                "log_key" => log_key(&value).map(|hash| args.log_key_hash = hash),
                 _ => unreachable!("every listed option has a parser"),
             };
             if let Err(err) = parsed {
@@ -317,6 +322,18 @@ fn idents(value: &Expr) -> syn::Result<Vec<Ident>> {
             )),
         })
         .collect()
+}
+
+/// `"plain"` (false) or `"hash"` (true).
+fn log_key(value: &Expr) -> syn::Result<bool> {
+    match literal(value) {
+        Some(Lit::Str(text)) if text.value() == "plain" => Ok(false),
+        Some(Lit::Str(text)) if text.value() == "hash" => Ok(true),
+        _ => Err(syn::Error::new(
+            value.span(),
+            "expected `\"plain\"` or `\"hash\"` for `log_key`; `\"hash\"` logs the key's SHA-256 instead of the key",
+        )),
+    }
 }
 
 fn boolean(option: &str, value: &Expr) -> syn::Result<bool> {

@@ -58,6 +58,9 @@ pub(crate) fn function(function: &ItemFn, checked: &Checked<'_>) -> TokenStream 
     if args.renew {
         settings.extend(quote! { .renew(true) });
     }
+    if args.log_key_hash {
+        settings.extend(quote! { .log_key(::idempotask::__private::KeyLogging::Hash) });
+    }
     let mut retry = TokenStream::new();
     if let Some(attempts) = args.max_attempts {
         retry.extend(quote! { .max_attempts(#attempts) });

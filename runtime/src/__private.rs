@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-pub use crate::{Call, Error, Fingerprint, RetryPolicy, Task};
+pub use crate::{Call, Error, Fingerprint, KeyLogging, RetryPolicy, Task};
 pub use std::format;
 pub use std::string::String;
 
