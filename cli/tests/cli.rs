@@ -327,3 +327,26 @@ fn bad_arguments_are_usage_errors() {
     assert_eq!(code, 2);
     assert!(err.contains("namespace `a b`"), "{err}");
 }
+
+#[test]
+fn list_follows_the_scan_cursor_past_one_page() {
+    let server = RedisServer::start();
+    let keys: Vec<String> = (0..1_500).map(|i| format!("order-{i}")).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    complete(&server, "default", "charge", &keys);
+    complete(&server, "default", "refund", &keys[..10]);
+    let (code, out, _) = idempotask(&server.url(), &["list", "--task", "charge", "--json"]);
+    assert_eq!(code, 0);
+    let listing = json(&out);
+    assert_eq!(listing["done"], 1_500);
+    let mut listed: Vec<&str> = listing["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["key"].as_str().unwrap())
+        .collect();
+    listed.sort_unstable();
+    let mut expected = keys.clone();
+    expected.sort_unstable();
+    assert_eq!(listed, expected);
+}

@@ -92,3 +92,48 @@ impl Task {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn marker() -> Vec<u8> {
+        br#"{"v":1,"key":"k","fence":3,"at":1,"ok":true}"#.to_vec()
+    }
+
+    #[test]
+    fn a_lock_alone_is_locked_and_a_marker_wins_over_a_lock() {
+        let locked = Inspection {
+            lock_ttl: Some(Duration::from_secs(5)),
+            ..Inspection::default()
+        };
+        assert!(
+            matches!(locked.status(), Ok(Status::Locked { lock_ttl }) if lock_ttl.as_secs() == 5)
+        );
+        let both = Inspection {
+            marker: Some(marker()),
+            marker_ttl: Some(Duration::from_secs(60)),
+            lock_ttl: Some(Duration::from_secs(5)),
+        };
+        let Ok(Status::Done(done)) = both.status() else {
+            panic!("{both:?}")
+        };
+        assert_eq!(done.marker.fencing_token(), 3);
+        assert_eq!(done.lock_ttl, Some(Duration::from_secs(5)));
+        assert!(matches!(
+            Inspection::default().status(),
+            Ok(Status::Unknown)
+        ));
+    }
+
+    #[test]
+    fn an_unreadable_marker_is_an_error_not_unknown() {
+        let foreign = Inspection {
+            marker: Some(b"OK".to_vec()),
+            ..Inspection::default()
+        };
+        assert!(foreign.status().is_err());
+    }
+}
