@@ -34,6 +34,8 @@ echo "==> cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace --locked 2>&1 | tee "$log"
+# The metrics feature is off in the workspace build; its tests run on their own.
+cargo test -p idempotask --features metrics --locked --test observe 2>&1 | tee -a "$log"
 echo "==> cargo doc"
 RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
 echo "==> quickstart"

@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idempotask::{Error, KeyLogging, MemoryStore, Outcome, RetryPolicy, Task, UnitOfWork};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tokio::sync::oneshot;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -260,137 +259,6 @@ async fn a_lost_lock_records_lock_lost_and_warns_with_the_hashed_key() {
     assert!(!everything.contains("alice"), "{everything}");
 }
 
-/// A recorded metric: name, labels, value.
-type Metric = (String, Vec<(String, String)>, DebugValue);
-
-fn counter(snapshot: &[Metric], name: &str, labels: &[(&str, &str)]) -> u64 {
-    snapshot
-        .iter()
-        .filter(|(n, l, _)| {
-            n == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| l.iter().any(|(lk, lv)| lk == k && lv == v))
-        })
-        .map(|(_, _, value)| match value {
-            DebugValue::Counter(count) => *count,
-            other => panic!("{name} is not a counter: {other:?}"),
-        })
-        .sum()
-}
-
-fn histogram_len(snapshot: &[Metric], name: &str) -> usize {
-    snapshot
-        .iter()
-        .filter(|(n, _, _)| n == name)
-        .map(|(_, _, value)| match value {
-            DebugValue::Histogram(samples) => samples.len(),
-            other => panic!("{name} is not a histogram: {other:?}"),
-        })
-        .sum()
-}
-
-#[tokio::test(start_paused = true)]
-async fn metrics_count_calls_per_task_and_outcome() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let _guard = metrics::set_default_local_recorder(&recorder);
-    let store = MemoryStore::new();
-    let charge = Task::new("charge");
-    // One execution, two replays, one failure, one contended call.
-    for _ in 0..3 {
-        charge
-            .call("order-1")
-            .store(store.clone())
-            .run(async { Ok::<_, Error>(1) })
-            .await
-            .unwrap();
-    }
-    let failed: Result<u8, Error> = charge
-        .call("order-2")
-        .store(store.clone())
-        .run(async { Err(Error::NotConfigured) })
-        .await;
-    assert!(failed.is_err());
-    let (started_tx, started_rx) = oneshot::channel();
-    let (finish_tx, finish_rx) = oneshot::channel::<()>();
-    let holder = charge.call("order-3").store(store.clone()).run(async move {
-        started_tx.send(()).unwrap();
-        finish_rx.await.unwrap();
-        Ok::<_, Error>(3)
-    });
-    let intruder = async {
-        started_rx.await.unwrap();
-        let result: Result<u8, Error> = Task::new("charge")
-            .retry(RetryPolicy::no_wait())
-            .call("order-3")
-            .store(store.clone())
-            .run(async { Ok(4) })
-            .await;
-        finish_tx.send(()).unwrap();
-        result
-    };
-    let (held, contended) = tokio::join!(holder, intruder);
-    assert_eq!(held.unwrap(), 3);
-    assert!(matches!(contended, Err(Error::Contended { .. })));
-    // A renewing task whose body runs for 35 ms of paused time: renewals at 10, 20 and 30 ms.
-    Task::new("report")
-        .lock_ttl(Duration::from_millis(30))
-        .renew(true)
-        .call("2026-11")
-        .store(store.clone())
-        .run(async {
-            tokio::time::sleep(Duration::from_millis(35)).await;
-            Ok::<_, Error>(())
-        })
-        .await
-        .unwrap();
-
-    let snapshot: Vec<Metric> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .map(|(key, _, _, value)| {
-            let key = key.key();
-            let labels = key
-                .labels()
-                .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                .collect();
-            (key.name().to_owned(), labels, value)
-        })
-        .collect();
-    let calls = |outcome: &str| {
-        counter(
-            &snapshot,
-            "idempotask_calls_total",
-            &[("task", "charge"), ("outcome", outcome)],
-        )
-    };
-    assert_eq!(calls("executed"), 2, "{snapshot:?}"); // order-1 and the holder of order-3
-    assert_eq!(calls("replayed"), 2);
-    assert_eq!(calls("failed"), 1);
-    assert_eq!(calls("contended"), 1);
-    assert_eq!(calls("lock_lost"), 0);
-    assert_eq!(
-        counter(&snapshot, "idempotask_calls_total", &[("task", "report")]),
-        1
-    );
-    assert_eq!(
-        counter(
-            &snapshot,
-            "idempotask_lock_renewals_total",
-            &[("task", "report"), ("result", "renewed")]
-        ),
-        3
-    );
-    // Every call waited for the lock once; every body that ran was timed.
-    assert_eq!(histogram_len(&snapshot, "idempotask_lock_wait_seconds"), 7);
-    assert_eq!(
-        histogram_len(&snapshot, "idempotask_body_duration_seconds"),
-        4
-    );
-}
-
 #[idempotask::idempotent_task(key = "statement-{email}", log_key = "hash", store = *store)]
 async fn send_statement(store: &MemoryStore, email: &str) -> Result<usize, Error> {
     Ok(email.len())
@@ -407,4 +275,144 @@ async fn the_attribute_s_log_key_option_hashes_the_key_in_the_span() {
     let digest = UnitOfWork::new("send_statement", "statement-ada@example.com").unwrap();
     assert_eq!(field(&span, "key"), digest.digest());
     assert_eq!(field(&span, "task"), "send_statement");
+}
+
+/// Run with `cargo test -p idempotask --features metrics --test observe` (scripts/test.sh does):
+/// the feature is off in the workspace build so that the other suites run as users build them.
+#[cfg(feature = "metrics")]
+mod metrics_counts {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    use super::*;
+
+    /// A recorded metric: name, labels, value.
+    type Metric = (String, Vec<(String, String)>, DebugValue);
+
+    fn counter(snapshot: &[Metric], name: &str, labels: &[(&str, &str)]) -> u64 {
+        snapshot
+            .iter()
+            .filter(|(n, l, _)| {
+                n == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| l.iter().any(|(lk, lv)| lk == k && lv == v))
+            })
+            .map(|(_, _, value)| match value {
+                DebugValue::Counter(count) => *count,
+                other => panic!("{name} is not a counter: {other:?}"),
+            })
+            .sum()
+    }
+
+    fn histogram_len(snapshot: &[Metric], name: &str) -> usize {
+        snapshot
+            .iter()
+            .filter(|(n, _, _)| n == name)
+            .map(|(_, _, value)| match value {
+                DebugValue::Histogram(samples) => samples.len(),
+                other => panic!("{name} is not a histogram: {other:?}"),
+            })
+            .sum()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn metrics_count_calls_per_task_and_outcome() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let _guard = metrics::set_default_local_recorder(&recorder);
+        let store = MemoryStore::new();
+        let charge = Task::new("charge");
+        // One execution, two replays, one failure, one contended call.
+        for _ in 0..3 {
+            charge
+                .call("order-1")
+                .store(store.clone())
+                .run(async { Ok::<_, Error>(1) })
+                .await
+                .unwrap();
+        }
+        let failed: Result<u8, Error> = charge
+            .call("order-2")
+            .store(store.clone())
+            .run(async { Err(Error::NotConfigured) })
+            .await;
+        assert!(failed.is_err());
+        let (started_tx, started_rx) = oneshot::channel();
+        let (finish_tx, finish_rx) = oneshot::channel::<()>();
+        let holder = charge.call("order-3").store(store.clone()).run(async move {
+            started_tx.send(()).unwrap();
+            finish_rx.await.unwrap();
+            Ok::<_, Error>(3)
+        });
+        let intruder = async {
+            started_rx.await.unwrap();
+            let result: Result<u8, Error> = Task::new("charge")
+                .retry(RetryPolicy::no_wait())
+                .call("order-3")
+                .store(store.clone())
+                .run(async { Ok(4) })
+                .await;
+            finish_tx.send(()).unwrap();
+            result
+        };
+        let (held, contended) = tokio::join!(holder, intruder);
+        assert_eq!(held.unwrap(), 3);
+        assert!(matches!(contended, Err(Error::Contended { .. })));
+        // A renewing task whose body runs for 35 ms of paused time: renewals at 10, 20 and 30 ms.
+        Task::new("report")
+            .lock_ttl(Duration::from_millis(30))
+            .renew(true)
+            .call("2026-11")
+            .store(store.clone())
+            .run(async {
+                tokio::time::sleep(Duration::from_millis(35)).await;
+                Ok::<_, Error>(())
+            })
+            .await
+            .unwrap();
+
+        let snapshot: Vec<Metric> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| {
+                let key = key.key();
+                let labels = key
+                    .labels()
+                    .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                    .collect();
+                (key.name().to_owned(), labels, value)
+            })
+            .collect();
+        let calls = |outcome: &str| {
+            counter(
+                &snapshot,
+                "idempotask_calls_total",
+                &[("task", "charge"), ("outcome", outcome)],
+            )
+        };
+        assert_eq!(calls("executed"), 2, "{snapshot:?}"); // order-1 and the holder of order-3
+        assert_eq!(calls("replayed"), 2);
+        assert_eq!(calls("failed"), 1);
+        assert_eq!(calls("contended"), 1);
+        assert_eq!(calls("lock_lost"), 0);
+        assert_eq!(
+            counter(&snapshot, "idempotask_calls_total", &[("task", "report")]),
+            1
+        );
+        assert_eq!(
+            counter(
+                &snapshot,
+                "idempotask_lock_renewals_total",
+                &[("task", "report"), ("result", "renewed")]
+            ),
+            3
+        );
+        // Every call waited for the lock once; every body that ran was timed.
+        assert_eq!(histogram_len(&snapshot, "idempotask_lock_wait_seconds"), 7);
+        assert_eq!(
+            histogram_len(&snapshot, "idempotask_body_duration_seconds"),
+            4
+        );
+    }
 }
