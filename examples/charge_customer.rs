@@ -159,20 +159,18 @@ async fn scenario(
     payments: &Arc<Payments>,
 ) -> Result<(usize, usize), PaymentError> {
     match run {
-        "with idempotask" => {
+        "with idempotask" | "constraint only" => {
+            let with_lock = run == "with idempotask";
             let p = payments.clone();
             let same = Box::pin(deliver(move || {
                 let p = p.clone();
-                async move { Box::pin(p.charge_customer(order_id, 1_200)).await }
-            }))
-            .await?;
-            Ok((11, same))
-        }
-        "constraint only" => {
-            let p = payments.clone();
-            let same = Box::pin(deliver(move || {
-                let p = p.clone();
-                async move { Box::pin(p.charge_with_constraint_only(order_id, 1_200)).await }
+                async move {
+                    if with_lock {
+                        Box::pin(p.charge_customer(order_id, 1_200)).await
+                    } else {
+                        Box::pin(p.charge_with_constraint_only(order_id, 1_200)).await
+                    }
+                }
             }))
             .await?;
             Ok((11, same))
