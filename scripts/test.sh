@@ -33,7 +33,8 @@ cargo clippy -p idempotask --all-targets --locked -- -D warnings
 echo "==> cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --workspace --locked 2>&1 | tee "$log"
+# --no-fail-fast: one failing test binary must not hide how the others fare.
+cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
 # The metrics feature is off in the workspace build; its tests run on their own.
 cargo test -p idempotask --features metrics --locked --test observe 2>&1 | tee -a "$log"
 echo "==> cargo doc"

@@ -126,6 +126,10 @@ const PER_BATCH: usize = 20;
 /// reshard` does: `IMPORTING` on the target, `MIGRATING` on the source, `MIGRATE` every key,
 /// then `NODE` everywhere. Answers how many keys moved.
 fn move_slot(cluster: &RedisCluster, slot: u16) -> usize {
+    cluster.wait_until(
+        "every node knows every master's config epoch",
+        RedisCluster::epochs_agree,
+    );
     let masters = cluster.masters();
     let from = masters
         .iter()

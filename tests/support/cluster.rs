@@ -177,9 +177,77 @@ impl RedisCluster {
     pub fn wait_until(&self, what: &str, ready: impl Fn(&Self) -> bool) {
         let deadline = Instant::now() + SETTLE;
         while !ready(self) {
-            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting until {what}; the nodes' views:\n{}",
+                self.describe()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Every running node knows every master's current config epoch, the one the master
+    /// reports for itself.
+    ///
+    /// A manual slot move bumps the importing master's epoch "without consensus", to one above
+    /// the highest it knows of. If it has not heard of the last bump yet, the new epoch collides
+    /// with another master's, the collision is resolved by bumping one of the two, and that can
+    /// hand the slot back to its old owner half-way through the move: a slot no node serves. So
+    /// a move starts only once the epochs have spread everywhere.
+    pub fn epochs_agree(&self) -> bool {
+        let views: Option<Vec<String>> = self
+            .ports()
+            .into_iter()
+            .map(|port| {
+                let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+                    .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(1)))
+                    .ok()?;
+                redis::cmd("CLUSTER").arg("NODES").query(&mut conn).ok()
+            })
+            .collect();
+        let Some(views) = views else {
+            return false;
+        };
+        // (node id, flags, config epoch) of every line of every view.
+        let lines = |view: &String| -> Vec<(String, String, String)> {
+            view.lines()
+                .filter_map(|line| {
+                    let fields: Vec<&str> = line.split(' ').collect();
+                    let [id, _, flags, _, _, _, epoch, ..] = fields.as_slice() else {
+                        return None;
+                    };
+                    Some(((*id).to_owned(), (*flags).to_owned(), (*epoch).to_owned()))
+                })
+                .collect()
+        };
+        let own: HashMap<String, String> = views
+            .iter()
+            .flat_map(lines)
+            .filter(|(_, flags, _)| flags.contains("myself") && flags.contains("master"))
+            .map(|(id, _, epoch)| (id, epoch))
+            .collect();
+        views
+            .iter()
+            .flat_map(lines)
+            .all(|(id, _, epoch)| own.get(&id).is_none_or(|truth| *truth == epoch))
+    }
+
+    /// `CLUSTER NODES` as every running node answers it, for a failure message.
+    fn describe(&self) -> String {
+        self.ports()
+            .into_iter()
+            .map(|port| {
+                let nodes = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+                    .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(1)))
+                    .and_then(|mut conn| {
+                        redis::cmd("CLUSTER")
+                            .arg("NODES")
+                            .query::<String>(&mut conn)
+                    })
+                    .unwrap_or_else(|err| format!("unreachable: {err}\n"));
+                format!("-- node {port}:\n{nodes}")
+            })
+            .collect()
     }
 
     /// Every running node sees every slot served by a master that is up, says
