@@ -1,6 +1,7 @@
 //! A local Redis Cluster of the test's own: 3 masters and 3 replicas on free loopback ports.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, Weak};
@@ -234,20 +235,19 @@ impl RedisCluster {
 
     /// `CLUSTER NODES` as every running node answers it, for a failure message.
     fn describe(&self) -> String {
-        self.ports()
-            .into_iter()
-            .map(|port| {
-                let nodes = redis::Client::open(format!("redis://127.0.0.1:{port}"))
-                    .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(1)))
-                    .and_then(|mut conn| {
-                        redis::cmd("CLUSTER")
-                            .arg("NODES")
-                            .query::<String>(&mut conn)
-                    })
-                    .unwrap_or_else(|err| format!("unreachable: {err}\n"));
-                format!("-- node {port}:\n{nodes}")
-            })
-            .collect()
+        let mut views = String::new();
+        for port in self.ports() {
+            let nodes = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+                .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(1)))
+                .and_then(|mut conn| {
+                    redis::cmd("CLUSTER")
+                        .arg("NODES")
+                        .query::<String>(&mut conn)
+                })
+                .unwrap_or_else(|err| format!("unreachable: {err}\n"));
+            let _ = writeln!(views, "-- node {port}:\n{}", nodes.trim_end());
+        }
+        views
     }
 
     /// Every running node sees every slot served by a master that is up, says
