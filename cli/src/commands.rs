@@ -2,12 +2,13 @@
 
 use std::io::{BufRead, IsTerminal, Write};
 
-use idempotask::{RedisKeys, RedisStore, Status, Store, Task, UnitOfWork};
+use idempotask::{Status, UnitOfWork};
 use serde_json::{Value, json};
 
 use crate::exit::{Exit, Failure};
 use crate::render::{self, result_json};
 use crate::scan::{Listing, list_node};
+use crate::target::Target;
 use crate::time::{epoch_millis, millis, rfc3339};
 
 /// What a command found: the JSON document, the text for people, and the exit code.
@@ -17,103 +18,19 @@ pub(crate) struct Found {
     pub(crate) exit: Exit,
 }
 
-/// The store and the namespace's layout, with the URL for error messages.
-pub(crate) struct Target {
-    pub(crate) store: RedisStore,
-    pub(crate) keys: RedisKeys,
-    pub(crate) url: String,
-}
-
-impl Target {
-    pub(crate) async fn connect(url: &str, namespace: &str) -> Result<Self, Failure> {
-        let keys = RedisKeys::new(namespace).map_err(|err| Failure::usage(err.to_string()))?;
-        let store = RedisStore::builder(url)
-            .namespace(namespace)
-            .connect()
+/// Whether `task` has any key at all, on any server.
+async fn task_exists(target: &Target, task: &str) -> Result<bool, Failure> {
+    let pattern = target.task_pattern(task)?;
+    for mut node in target.nodes().await? {
+        if node
+            .has_any(&pattern)
             .await
-            .map_err(|err| Failure::store(&err, url))?;
-        Ok(Self {
-            store,
-            keys,
-            url: url.to_owned(),
-        })
-    }
-
-    fn redis_failure(&self, operation: &'static str, err: &redis::RedisError) -> Failure {
-        let kind = if err.is_timeout() {
-            idempotask::StoreErrorKind::Timeout
-        } else if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
-            idempotask::StoreErrorKind::Unreachable
-        } else {
-            idempotask::StoreErrorKind::Rejected
-        };
-        let store_err = idempotask::StoreError::new(operation, kind, false, err.to_string())
-            .with_source(err.clone());
-        Failure::store(&store_err, &self.url)
-    }
-
-    /// Whether the task has any key at all (SCAN stops at the first).
-    async fn task_exists(&self, task: &str) -> Result<bool, Failure> {
-        let pattern = self.task_pattern(task)?;
-        let mut connection = self.store.connection();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut connection)
-                .await
-                .map_err(|err| self.redis_failure("scan", &err))?;
-            if !batch.is_empty() {
-                return Ok(true);
-            }
-            if next == 0 {
-                return Ok(false);
-            }
-            cursor = next;
+            .map_err(|err| target.redis_failure("scan", &err))?
+        {
+            return Ok(true);
         }
     }
-
-    fn task_pattern(&self, task: &str) -> Result<String, Failure> {
-        self.keys
-            .task_pattern(task)
-            .map_err(|err| Failure::usage(err.to_string()))
-    }
-
-    fn unit(&self, task: &str, key: &str) -> Result<UnitOfWork, Failure> {
-        UnitOfWork::with_limit(task, key, self.store.max_key_len())
-            .map_err(|err| Failure::usage(err.to_string()))
-    }
-
-    async fn status(&self, unit: &UnitOfWork) -> Result<Status, Failure> {
-        Task::named(unit.task())
-            .status(unit.key(), &self.store)
-            .await
-            .map_err(|err| match err {
-                idempotask::Error::Store(err) => Failure::store(&err, &self.url),
-                other => Failure::new(Exit::Error, "unreadable", other.to_string()),
-            })
-    }
-
-    /// How long ago the current lock was granted, from the fencing counter: a token is never
-    /// below the server's clock in milliseconds when it is granted, so `now - token` is the age
-    /// (or a little less when several grants shared one millisecond).
-    async fn token_age_ms(&self, unit: &UnitOfWork) -> Result<Option<u64>, Failure> {
-        let [_, _, fence] = self.store.keys(unit);
-        let mut connection = self.store.connection();
-        let (token, (secs, micros)): (Option<u64>, (u64, u64)) = redis::pipe()
-            .cmd("GET")
-            .arg(&fence)
-            .cmd("TIME")
-            .query_async(&mut connection)
-            .await
-            .map_err(|err| self.redis_failure("token age", &err))?;
-        let now_ms = secs * 1000 + micros / 1000;
-        Ok(token.map(|token| now_ms.saturating_sub(token)))
-    }
+    Ok(false)
 }
 
 /// `status`: done (exit 0), locked (3) or unknown (4).
@@ -145,7 +62,7 @@ pub(crate) async fn status(target: &Target, task: &str, key: &str) -> Result<Fou
             (render::locked(&unit, lock_ttl, age), Exit::Locked)
         }
         _ => {
-            let known = target.task_exists(task).await?;
+            let known = task_exists(target, task).await?;
             json["state"] = json!("unknown");
             json["task_has_keys"] = json!(known);
             (
@@ -183,11 +100,7 @@ pub(crate) async fn forget(
     if !yes {
         confirm(&render::done(&unit, &done))?;
     }
-    let deleted = target
-        .store
-        .forget(&unit)
-        .await
-        .map_err(|err| Failure::store(&err, &target.url))?;
+    let deleted = target.forget(&unit).await?;
     let json = json!({
         "namespace": target.keys.namespace(),
         "task": task,
@@ -262,11 +175,15 @@ pub(crate) async fn list(
     only_done: bool,
 ) -> Result<Found, Failure> {
     let pattern = target.task_pattern(task)?;
-    // One server today; a cluster target would run `list_node` on every master and merge.
-    let mut connection = target.store.connection();
-    let listing: Listing = list_node(&mut connection, &target.keys, &pattern)
-        .await
-        .map_err(|err| target.redis_failure("scan", &err))?;
+    let nodes = target.nodes().await?;
+    let scanned = nodes.len();
+    let mut listing = Listing::default();
+    for mut node in nodes {
+        let found = list_node(&mut node, &target.keys, &pattern)
+            .await
+            .map_err(|err| target.redis_failure("scan", &err))?;
+        listing.merge(found);
+    }
     let done = listing.entries.values().filter(|e| e.done).count();
     let locked = listing.entries.values().filter(|e| e.locked).count();
     let shown: Vec<_> = listing
@@ -287,11 +204,21 @@ pub(crate) async fn list(
     let json = json!({
         "namespace": target.keys.namespace(),
         "task": task,
+        "cluster": target.is_cluster(),
+        "servers_scanned": scanned,
         "done": done,
         "locked": locked,
         "entries": shown,
     });
-    let text = render::listing(task, target.keys.namespace(), done, locked, &shown);
+    let cluster_masters = target.is_cluster().then_some(scanned);
+    let text = render::listing(
+        task,
+        target.keys.namespace(),
+        cluster_masters,
+        done,
+        locked,
+        &shown,
+    );
     let exit = Exit::Ok;
     Ok(Found { json, text, exit })
 }

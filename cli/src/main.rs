@@ -13,6 +13,7 @@ mod commands;
 mod exit;
 mod render;
 mod scan;
+mod target;
 mod time;
 
 use std::process::ExitCode;
@@ -21,8 +22,9 @@ use clap::Parser;
 use serde_json::json;
 
 use crate::args::{Cli, Command};
-use crate::commands::{Found, Target};
+use crate::commands::Found;
 use crate::exit::{Exit, Failure};
+use crate::target::Target;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {

@@ -76,11 +76,15 @@ pub(crate) fn unknown(unit: &UnitOfWork, namespace: &str, task_has_keys: bool) -
 pub(crate) fn listing(
     task: &str,
     namespace: &str,
+    cluster_masters: Option<usize>,
     done: usize,
     locked: usize,
     entries: &[&Entry],
 ) -> String {
     let mut text = format!("{task} in namespace {namespace}: {done} done, {locked} locked");
+    if let Some(masters) = cluster_masters {
+        let _ = write!(text, " (on {masters} cluster masters)");
+    }
     for entry in entries {
         let state = match (entry.done, entry.locked) {
             (true, true) => "done+locked",

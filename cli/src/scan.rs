@@ -1,15 +1,17 @@
-//! `list`: one task's keys, found with SCAN (never KEYS) on one server.
+//! `list`: one task's keys, found with SCAN (never KEYS) on every server that holds keys.
 //!
-//! Everything here works on one connection to one server. On Redis Cluster a task's keys spread
-//! over every slot, so a cluster listing runs [`list_node`] on each master and merges the
-//! listings with [`Listing::merge`].
+//! A standalone server holds them all. On Redis Cluster a task's keys spread over every slot, so
+//! the listing runs [`list_node`] on each master and merges the listings with
+//! [`Listing::merge`].
 
 use std::collections::BTreeMap;
 
 use idempotask::store::redis::KeyKind;
 use idempotask::{Marker, RedisKeys};
-use redis::aio::ConnectionLike;
-use redis::{RedisError, Value};
+use redis::aio::ConnectionManager;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{Pipeline, RedisError, Value};
 use serde::Serialize;
 
 use crate::render::result_json;
@@ -17,6 +19,109 @@ use crate::time::rfc3339;
 
 /// How many keys one SCAN call looks at, and how many units one pipeline describes.
 const BATCH: usize = 1000;
+
+/// One server whose keys SCAN walks.
+pub(crate) enum Node {
+    /// A standalone server.
+    Server(ConnectionManager),
+    /// One master of a cluster: SCAN goes to its address; the pipelines that describe what it
+    /// found are routed by key, which lands on the same master unless a slot moves meanwhile
+    /// (then the cluster client follows the redirection).
+    Master {
+        connection: ClusterConnection,
+        host: String,
+        port: u16,
+    },
+}
+
+impl Node {
+    /// One SCAN step from `cursor`: the next cursor and a page of matching keys.
+    async fn scan(&mut self, cursor: u64, pattern: &str) -> Result<(u64, Vec<String>), RedisError> {
+        let mut scan = redis::cmd("SCAN");
+        scan.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(BATCH);
+        match self {
+            Self::Server(connection) => scan.query_async(connection).await,
+            Self::Master {
+                connection,
+                host,
+                port,
+            } => {
+                let address = SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                };
+                let page = connection
+                    .route_command(scan, RoutingInfo::SingleNode(address))
+                    .await?;
+                Ok(redis::from_redis_value(page)?)
+            }
+        }
+    }
+
+    /// Input: the key stems of some units (their keys without `:lock` or `:done`). Output:
+    /// `GET done`, `PTTL done`, `PTTL lock` of each unit, in order.
+    async fn describe(&mut self, stems: &[&str]) -> Result<Vec<Value>, RedisError> {
+        fn ask(pipe: &mut Pipeline, stem: &str) {
+            let (lock, done) = (format!("{stem}:lock"), format!("{stem}:done"));
+            pipe.cmd("GET")
+                .arg(&done)
+                .cmd("PTTL")
+                .arg(&done)
+                .cmd("PTTL")
+                .arg(&lock);
+        }
+        match self {
+            Self::Server(connection) => {
+                let mut pipe = redis::pipe();
+                for stem in stems {
+                    ask(&mut pipe, stem);
+                }
+                pipe.query_async(connection).await
+            }
+            Self::Master { connection, .. } => {
+                // The cluster client refuses a pipeline that spans slots: one pipeline per
+                // unit, all of them in flight at once on the multiplexed connection.
+                let mut in_flight = tokio::task::JoinSet::new();
+                for (index, stem) in stems.iter().enumerate() {
+                    let mut pipe = redis::pipe();
+                    ask(&mut pipe, stem);
+                    let mut connection = connection.clone();
+                    in_flight.spawn(async move {
+                        let reply: Result<Vec<Value>, RedisError> =
+                            pipe.query_async(&mut connection).await;
+                        (index, reply)
+                    });
+                }
+                let mut replies = vec![Vec::new(); stems.len()];
+                while let Some(joined) = in_flight.join_next().await {
+                    let (index, reply) =
+                        joined.map_err(|err| RedisError::from(std::io::Error::other(err)))?;
+                    replies[index] = reply?;
+                }
+                Ok(replies.concat())
+            }
+        }
+    }
+
+    /// Whether any key on this server matches `pattern` (SCAN stops at the first).
+    pub(crate) async fn has_any(&mut self, pattern: &str) -> Result<bool, RedisError> {
+        let mut cursor = 0;
+        loop {
+            let (next, page) = self.scan(cursor, pattern).await?;
+            if !page.is_empty() {
+                return Ok(true);
+            }
+            if next == 0 {
+                return Ok(false);
+            }
+            cursor = next;
+        }
+    }
+}
 
 /// One unit of a task that is done or locked.
 #[derive(Debug, Serialize)]
@@ -47,21 +152,18 @@ pub(crate) struct Listing {
 }
 
 impl Listing {
-    /// Adds another server's listing (a cluster has one per master; slots never overlap).
-    #[allow(
-        dead_code,
-        reason = "the cluster listing merges one listing per master"
-    )]
+    /// Adds another server's listing (a cluster has one per master; slots never overlap, and
+    /// should a unit show up twice while its slot moves, it is counted once).
     pub(crate) fn merge(&mut self, other: Self) {
         self.entries.extend(other.entries);
         self.keys_seen += other.keys_seen;
     }
 }
 
-/// Input: a connection to one server, the namespace's layout and a task. Output: that server's
+/// Input: one server, the namespace's layout and a task's key pattern. Output: that server's
 /// done and locked units of the task, each described by a pipelined `GET`/`PTTL`.
-pub(crate) async fn list_node<C: ConnectionLike + Send>(
-    connection: &mut C,
+pub(crate) async fn list_node(
+    node: &mut Node,
     keys: &RedisKeys,
     pattern: &str,
 ) -> Result<Listing, RedisError> {
@@ -70,14 +172,7 @@ pub(crate) async fn list_node<C: ConnectionLike + Send>(
     let mut listing = Listing::default();
     let mut cursor: u64 = 0;
     loop {
-        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(BATCH)
-            .query_async(connection)
-            .await?;
+        let (next, batch) = node.scan(cursor, pattern).await?;
         for key in &batch {
             let Some(parsed) = keys.parse(key) else {
                 continue;
@@ -105,17 +200,8 @@ pub(crate) async fn list_node<C: ConnectionLike + Send>(
         .map(|(digest, (stem, _, _))| (digest, stem))
         .collect();
     for chunk in wanted.chunks(BATCH) {
-        let mut pipe = redis::pipe();
-        for (_, stem) in chunk {
-            let (lock, done) = (format!("{stem}:lock"), format!("{stem}:done"));
-            pipe.cmd("GET")
-                .arg(&done)
-                .cmd("PTTL")
-                .arg(&done)
-                .cmd("PTTL")
-                .arg(&lock);
-        }
-        let replies: Vec<Value> = pipe.query_async(connection).await?;
+        let stems: Vec<&str> = chunk.iter().map(|(_, stem)| stem.as_str()).collect();
+        let replies = node.describe(&stems).await?;
         for ((digest, _), reply) in chunk.iter().zip(replies.chunks(3)) {
             // A key seen by SCAN may have expired or been finished since.
             let entry = describe(digest, reply);

@@ -1,6 +1,6 @@
 //! The `idempotask` binary against a redis-server this test starts: every command, its JSON,
 //! its exit codes, and the errors an operator meets (unreachable server, wrong password,
-//! unknown task, a locked key).
+//! unknown task, a locked key), and the same commands against a Redis Cluster of its own.
 
 #[path = "../../tests/support/mod.rs"]
 mod support;
@@ -11,6 +11,7 @@ use std::time::Duration;
 use idempotask::{LockToken, RedisStore, Store, Task, UnitOfWork};
 use serde_json::Value;
 use support::RedisServer;
+use support::cluster::RedisCluster;
 
 const LONG: Duration = Duration::from_secs(600);
 
@@ -349,4 +350,154 @@ fn list_follows_the_scan_cursor_past_one_page() {
     let mut expected = keys.clone();
     expected.sort_unstable();
     assert_eq!(listed, expected);
+}
+
+/// Runs `charge` for each key on the cluster and locks `order-locked`; answers the keys of the
+/// markers in Redis.
+fn fill_cluster(cluster: &RedisCluster, keys: &[String]) -> Vec<String> {
+    runtime().block_on(async {
+        let store = cluster.store_in("default").await;
+        for key in keys {
+            Task::named("charge")
+                .call(key.clone())
+                .store(store.clone())
+                .run(async {
+                    Ok::<_, idempotask::Error>(serde_json::json!({ "charge": format!("ch_{key}") }))
+                })
+                .await
+                .unwrap();
+        }
+        let locked = UnitOfWork::new("charge", "order-locked").unwrap();
+        store
+            .begin(&locked, &LockToken::generate(), LONG, LONG)
+            .await
+            .unwrap();
+        keys.iter()
+            .map(|key| store.keys(&UnitOfWork::new("charge", key.clone()).unwrap())[1].clone())
+            .collect()
+    })
+}
+
+#[test]
+fn every_command_works_against_a_redis_cluster_and_list_scans_every_master() {
+    let cluster = RedisCluster::start();
+    let masters = cluster.masters();
+    let master_url = format!("redis://127.0.0.1:{}", masters[0].port);
+    let replica_port = cluster
+        .ports()
+        .into_iter()
+        .find(|port| masters.iter().all(|m| m.port != *port))
+        .expect("a replica");
+    let replica_url = format!("redis://127.0.0.1:{replica_port}");
+    let keys: Vec<String> = (0..60).map(|i| format!("order-{i}")).collect();
+    let unit_keys = fill_cluster(&cluster, &keys);
+    // The markers really are spread: a listing of one master alone would miss some.
+    for master in &masters {
+        assert!(
+            unit_keys
+                .iter()
+                .any(|key| master.owns(cluster.slot_of(key))),
+            "no marker on master {}",
+            master.port
+        );
+    }
+
+    // Any node is a seed, a replica too.
+    for url in [&master_url, &replica_url] {
+        let (code, out, _) = idempotask(url, &["list", "--task", "charge"]);
+        assert_eq!(code, 0);
+        assert!(
+            out.starts_with(
+                "charge in namespace default: 60 done, 1 locked (on 3 cluster masters)"
+            ),
+            "{out}"
+        );
+    }
+    let listing = json(&idempotask(&master_url, &["list", "--task", "charge", "--json"]).1);
+    assert_eq!(listing["cluster"], true);
+    assert_eq!(listing["servers_scanned"], 3);
+    assert_eq!(
+        (listing["done"].as_u64(), listing["locked"].as_u64()),
+        (Some(60), Some(1))
+    );
+    let mut listed: Vec<&str> = listing["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["key"].as_str())
+        .collect();
+    listed.sort_unstable();
+    let mut expected: Vec<&str> = keys.iter().map(String::as_str).collect();
+    expected.sort_unstable();
+    assert_eq!(listed, expected);
+    let (code, _, _) = idempotask(&master_url, &["list", "--task", "nope"]);
+    assert_eq!(code, 4);
+
+    status_and_forget_on_a_cluster(&master_url, &replica_url);
+}
+
+fn status_and_forget_on_a_cluster(master_url: &str, replica_url: &str) {
+    let done = json(
+        &idempotask(
+            replica_url,
+            &["status", "--json", "--task", "charge", "--key", "order-7"],
+        )
+        .1,
+    );
+    assert_eq!(done["state"], "done");
+    assert_eq!(done["result"]["charge"], "ch_order-7");
+    let (code, out, _) = idempotask(
+        master_url,
+        &[
+            "status",
+            "--json",
+            "--task",
+            "charge",
+            "--key",
+            "order-locked",
+        ],
+    );
+    assert_eq!(code, 3);
+    assert!(json(&out)["token_age_ms"].is_u64(), "{out}");
+    let (code, out, _) = idempotask(
+        master_url,
+        &["status", "--json", "--task", "charge", "--key", "order-x"],
+    );
+    assert_eq!(code, 4);
+    assert_eq!(json(&out)["task_has_keys"], true);
+    let (code, out, _) = idempotask(
+        master_url,
+        &["status", "--json", "--task", "nope", "--key", "order-x"],
+    );
+    assert_eq!(code, 4);
+    assert_eq!(json(&out)["task_has_keys"], false);
+
+    let (code, _, err) = idempotask(
+        master_url,
+        &[
+            "forget",
+            "--task",
+            "charge",
+            "--key",
+            "order-locked",
+            "--yes",
+        ],
+    );
+    assert_eq!(code, 3, "{err}");
+    let (code, out, _) = idempotask(
+        master_url,
+        &[
+            "forget", "--json", "--task", "charge", "--key", "order-7", "--yes",
+        ],
+    );
+    assert_eq!(code, 0);
+    assert_eq!(json(&out)["forgotten"], true);
+    assert_eq!(
+        idempotask(
+            master_url,
+            &["status", "--task", "charge", "--key", "order-7"]
+        )
+        .0,
+        4
+    );
 }

@@ -1,0 +1,258 @@
+//! Where the commands look: one Redis server, or every master of a Redis Cluster.
+//!
+//! The URL names one server. If that server says `cluster_enabled:1`, it is a seed of a cluster:
+//! the commands then use a [`RedisClusterStore`], which routes each unit to the master of its
+//! slot, and `list` scans every master. Nothing has to be told which kind it is.
+
+use idempotask::{RedisClusterStore, RedisKeys, RedisStore, Status, Store, Task, UnitOfWork};
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{RedisError, Value};
+
+use crate::exit::{Exit, Failure};
+use crate::scan::Node;
+
+/// The store and the namespace's layout, with the URL for error messages.
+pub(crate) struct Target {
+    backend: Backend,
+    pub(crate) keys: RedisKeys,
+    pub(crate) url: String,
+}
+
+enum Backend {
+    Server(RedisStore),
+    // Boxed: the cluster store is several times the size of the server one.
+    Cluster(Box<RedisClusterStore>),
+}
+
+/// `{GET fencing counter, TIME}` on the server that owns the unit (its clock, its counter).
+const TOKEN_AND_CLOCK: &str = "return {redis.call('GET', KEYS[1]), redis.call('TIME')}";
+
+impl Target {
+    /// Input: a URL and a namespace. Output: a target on that server, or on its cluster.
+    pub(crate) async fn connect(url: &str, namespace: &str) -> Result<Self, Failure> {
+        let keys = RedisKeys::new(namespace).map_err(|err| Failure::usage(err.to_string()))?;
+        let store = RedisStore::builder(url)
+            .namespace(namespace)
+            .connect()
+            .await
+            .map_err(|err| Failure::store(&err, url))?;
+        // A cluster node answers a plain client too, but only for its own slots: ask first.
+        let info: String = redis::cmd("INFO")
+            .arg("cluster")
+            .query_async(&mut store.connection())
+            .await
+            .map_err(|err| redis_failure(url, "info", &err))?;
+        let backend = if info.lines().any(|line| line.trim() == "cluster_enabled:1") {
+            let cluster = RedisClusterStore::builder([url])
+                .namespace(namespace)
+                .connect()
+                .await
+                .map_err(|err| Failure::store(&err, url))?;
+            Backend::Cluster(Box::new(cluster))
+        } else {
+            Backend::Server(store)
+        };
+        Ok(Self {
+            backend,
+            keys,
+            url: url.to_owned(),
+        })
+    }
+
+    /// Whether the URL's server is part of a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.backend, Backend::Cluster(_))
+    }
+
+    fn store(&self) -> &dyn Store {
+        match &self.backend {
+            Backend::Server(store) => store,
+            Backend::Cluster(store) => &**store,
+        }
+    }
+
+    pub(crate) fn redis_failure(&self, operation: &'static str, err: &RedisError) -> Failure {
+        redis_failure(&self.url, operation, err)
+    }
+
+    pub(crate) fn task_pattern(&self, task: &str) -> Result<String, Failure> {
+        self.keys
+            .task_pattern(task)
+            .map_err(|err| Failure::usage(err.to_string()))
+    }
+
+    pub(crate) fn unit(&self, task: &str, key: &str) -> Result<UnitOfWork, Failure> {
+        UnitOfWork::with_limit(task, key, self.store().max_key_len())
+            .map_err(|err| Failure::usage(err.to_string()))
+    }
+
+    pub(crate) async fn status(&self, unit: &UnitOfWork) -> Result<Status, Failure> {
+        Task::named(unit.task())
+            .status(unit.key(), self.store())
+            .await
+            .map_err(|err| match err {
+                idempotask::Error::Store(err) => Failure::store(&err, &self.url),
+                other => Failure::new(Exit::Error, "unreadable", other.to_string()),
+            })
+    }
+
+    /// Deletes the unit's marker; `false` when there was none left to delete.
+    pub(crate) async fn forget(&self, unit: &UnitOfWork) -> Result<bool, Failure> {
+        self.store()
+            .forget(unit)
+            .await
+            .map_err(|err| Failure::store(&err, &self.url))
+    }
+
+    /// How long ago the current lock was granted, from the fencing counter: a token is never
+    /// below the server's clock in milliseconds when it is granted, so `now - token` is the age
+    /// (or a little less when several grants shared one millisecond).
+    pub(crate) async fn token_age_ms(&self, unit: &UnitOfWork) -> Result<Option<u64>, Failure> {
+        let script = redis::Script::new(TOKEN_AND_CLOCK);
+        let mut invocation = script.prepare_invoke();
+        let reply = match &self.backend {
+            Backend::Server(store) => {
+                let [_, _, fence] = store.keys(unit);
+                invocation
+                    .key(fence)
+                    .invoke_async(&mut store.connection())
+                    .await
+            }
+            Backend::Cluster(store) => {
+                let [_, _, fence] = store.keys(unit);
+                invocation
+                    .key(fence)
+                    .invoke_async(&mut store.connection())
+                    .await
+            }
+        };
+        let (token, (secs, micros)): (Option<u64>, (u64, u64)) =
+            reply.map_err(|err| self.redis_failure("token age", &err))?;
+        let now_ms = secs * 1000 + micros / 1000;
+        Ok(token.map(|token| now_ms.saturating_sub(token)))
+    }
+
+    /// The servers that hold keys: the one server, or every master of the cluster.
+    pub(crate) async fn nodes(&self) -> Result<Vec<Node>, Failure> {
+        match &self.backend {
+            Backend::Server(store) => Ok(vec![Node::Server(store.connection())]),
+            Backend::Cluster(store) => {
+                let mut connection = store.connection();
+                let slots = connection
+                    .route_command(
+                        redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
+                    )
+                    .await
+                    .map_err(|err| self.redis_failure("cluster slots", &err))?;
+                let masters = masters(&slots).ok_or_else(|| {
+                    Failure::new(
+                        Exit::Error,
+                        "unreadable",
+                        format!("unexpected CLUSTER SLOTS reply: {slots:?}"),
+                    )
+                })?;
+                Ok(masters
+                    .into_iter()
+                    .map(|(host, port)| Node::Master {
+                        connection: connection.clone(),
+                        host,
+                        port,
+                    })
+                    .collect())
+            }
+        }
+    }
+}
+
+/// A failed Redis command as the CLI reports it, kind and all.
+fn redis_failure(url: &str, operation: &'static str, err: &RedisError) -> Failure {
+    let kind = if err.is_timeout() {
+        idempotask::StoreErrorKind::Timeout
+    } else if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
+        idempotask::StoreErrorKind::Unreachable
+    } else {
+        idempotask::StoreErrorKind::Rejected
+    };
+    let store_err = idempotask::StoreError::new(operation, kind, false, err.to_string())
+        .with_source(err.clone());
+    Failure::store(&store_err, url)
+}
+
+/// Input: a `CLUSTER SLOTS` reply. Output: the address of every master that serves slots, once
+/// each and sorted; `None` if the reply is not shaped like one.
+fn masters(reply: &Value) -> Option<Vec<(String, u16)>> {
+    let Value::Array(ranges) = reply else {
+        return None;
+    };
+    let mut masters = std::collections::BTreeSet::new();
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            return None;
+        };
+        let Some(Value::Array(master)) = fields.get(2) else {
+            return None;
+        };
+        let host = match master.first()? {
+            Value::BulkString(host) => String::from_utf8(host.clone()).ok()?,
+            Value::SimpleString(host) => host.clone(),
+            _ => return None,
+        };
+        let port = match master.get(1)? {
+            Value::Int(port) => u16::try_from(*port).ok()?,
+            _ => return None,
+        };
+        masters.insert((host, port));
+    }
+    Some(masters.into_iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(text: &str) -> Value {
+        Value::BulkString(text.as_bytes().to_vec())
+    }
+
+    fn range(lo: i64, hi: i64, port: i64) -> Value {
+        Value::Array(vec![
+            Value::Int(lo),
+            Value::Int(hi),
+            Value::Array(vec![bulk("127.0.0.1"), Value::Int(port), bulk("id")]),
+            Value::Array(vec![
+                bulk("127.0.0.1"),
+                Value::Int(port + 1),
+                bulk("replica"),
+            ]),
+        ])
+    }
+
+    #[test]
+    fn masters_are_read_once_each_from_cluster_slots() {
+        let reply = Value::Array(vec![
+            range(0, 10, 7000),
+            range(11, 20, 7002),
+            range(21, 30, 7000),
+        ]);
+        assert_eq!(
+            masters(&reply),
+            Some(vec![
+                ("127.0.0.1".to_owned(), 7000),
+                ("127.0.0.1".to_owned(), 7002)
+            ])
+        );
+    }
+
+    #[test]
+    fn a_reply_of_another_shape_is_refused() {
+        assert_eq!(masters(&Value::Int(3)), None);
+        assert_eq!(masters(&Value::Array(vec![Value::Int(3)])), None);
+        let no_port = Value::Array(vec![Value::Array(vec![
+            Value::Int(0),
+            Value::Int(1),
+            Value::Array(vec![bulk("h")]),
+        ])]);
+        assert_eq!(masters(&no_port), None);
+    }
+}
