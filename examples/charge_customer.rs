@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idempotask::{RedisStore, idempotent_task};
+use idempotask::{Store, idempotent_task};
 use serde::{Deserialize, Serialize};
 use tokio_postgres::NoTls;
 
@@ -53,7 +53,7 @@ impl Gateway {
 struct Payments {
     db: tokio_postgres::Client,
     gateway: Gateway,
-    store: RedisStore,
+    store: Arc<dyn Store>,
 }
 
 impl Payments {
@@ -198,7 +198,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .without_time()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let redis_url = std::env::var("REDIS_URL").map_err(|_| "set REDIS_URL (redis://…)")?;
     let database_url =
         std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL (postgres://…)")?;
 
@@ -240,7 +239,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let payments = Arc::new(Payments {
             db: client,
             gateway: Gateway::default(),
-            store: RedisStore::connect(&redis_url).await?,
+            // REDIS_URL, or REDIS_CLUSTER_URLS for a cluster (see `idempotask_suite::env`).
+            store: idempotask_suite::env::redis_store()
+                .await?
+                .ok_or("set REDIS_URL (redis://…)")?
+                .0,
         });
         let (deliveries, same) = scenario(run, order_id, &payments).await?;
         let charges = payments.gateway.charges.load(Ordering::SeqCst);

@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use idempotask::{Error, MemoryStore, RedisStore, Status, Task, idempotent_task};
+use idempotask::{Error, MemoryStore, Status, Task, idempotent_task};
 use tokio::sync::oneshot;
 
 /// Charges per order at the payment gateway: what the customers' statements show.
@@ -93,9 +93,10 @@ async fn first_deliveries(messages: &[Message]) -> Result<Vec<Message>, ChargeEr
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let backend = if let Ok(url) = std::env::var("REDIS_URL") {
-        idempotask::install(RedisStore::connect(&url).await?);
-        format!("Redis at {url}")
+    // REDIS_CLUSTER_URLS or REDIS_URL when set (see `idempotask_suite::env`), else in memory.
+    let backend = if let Some((store, backend)) = idempotask_suite::env::redis_store().await? {
+        idempotask::install_shared(store);
+        backend
     } else {
         idempotask::install(MemoryStore::new());
         "the in-memory store".to_owned()

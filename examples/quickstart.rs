@@ -1,16 +1,18 @@
 //! The main job: one task delivered eleven times (three in a row, eight at once) runs once.
 //!
-//! Runs on the embedded `MemoryStore`; with `REDIS_URL` set it uses Redis instead.
+//! Runs on the embedded `MemoryStore`; with `REDIS_URL` set it uses Redis instead, and with
+//! `REDIS_CLUSTER_URLS` a Redis Cluster.
 //!
 //! ```text
 //! cargo run --example quickstart
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run --example quickstart
+//! REDIS_CLUSTER_URLS=redis://10.0.0.1:6379,redis://10.0.0.2:6379 cargo run --example quickstart
 //! ```
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idempotask::{Error, MemoryStore, RedisStore, idempotent_task};
+use idempotask::{Error, MemoryStore, idempotent_task};
 
 /// Counts how often the side effect really happened.
 static EXECUTIONS: AtomicU32 = AtomicU32::new(0);
@@ -26,9 +28,10 @@ async fn charge_customer(order_id: u64, amount_cents: u64) -> Result<String, Err
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let backend = if let Ok(url) = std::env::var("REDIS_URL") {
-        idempotask::install(RedisStore::connect(&url).await?);
-        format!("Redis at {url}")
+    // REDIS_CLUSTER_URLS or REDIS_URL when set (see `idempotask_suite::env`), else in memory.
+    let backend = if let Some((store, backend)) = idempotask_suite::env::redis_store().await? {
+        idempotask::install_shared(store);
+        backend
     } else {
         idempotask::install(MemoryStore::new());
         "the in-memory store".to_owned()

@@ -12,7 +12,7 @@
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use idempotask::{Error, MemoryStore, RedisStore, idempotent_task};
+use idempotask::{Error, MemoryStore, idempotent_task};
 use serde::{Deserialize, Serialize};
 
 /// An e-mail as handed to the mail server.
@@ -62,8 +62,9 @@ fn outbox_len() -> usize {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    if let Ok(url) = std::env::var("REDIS_URL") {
-        idempotask::install(RedisStore::connect(&url).await?);
+    // REDIS_CLUSTER_URLS or REDIS_URL when set (see `idempotask_suite::env`), else in memory.
+    if let Some((store, _)) = idempotask_suite::env::redis_store().await? {
+        idempotask::install_shared(store);
     } else {
         idempotask::install(MemoryStore::new());
     }

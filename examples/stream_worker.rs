@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use idempotask::{Error, RedisStore, idempotent_task};
+use idempotask::{Error, idempotent_task};
 use redis::Value;
 use redis::aio::MultiplexedConnection;
 
@@ -169,7 +169,11 @@ async fn worker(
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let url = std::env::var("REDIS_URL")
         .map_err(|_| "set REDIS_URL (redis://…): this example needs a real queue")?;
-    idempotask::install(RedisStore::connect(&url).await?);
+    // The store is the queue's Redis, or a Redis Cluster when REDIS_CLUSTER_URLS is set.
+    let (store, _) = idempotask_suite::env::redis_store()
+        .await?
+        .ok_or("set REDIS_URL")?;
+    idempotask::install_shared(store);
     let client = redis::Client::open(url.as_str())?;
     let mut conn = client.get_multiplexed_async_connection().await?;
     let run = u64::try_from(

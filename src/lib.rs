@@ -2,3 +2,4 @@
 //! `runtime/`.
 
 pub mod bench;
+pub mod env;

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use support::RedisServer;
+use support::cluster::RedisCluster;
 use support::postgres::PostgresServer;
 
 fn example(name: &str) -> Command {
@@ -25,7 +26,10 @@ fn example(name: &str) -> Command {
         path.display()
     );
     let mut command = Command::new(path);
-    command.env_remove("REDIS_URL").env_remove("DATABASE_URL");
+    command
+        .env_remove("REDIS_URL")
+        .env_remove("REDIS_CLUSTER_URLS")
+        .env_remove("DATABASE_URL");
     command
 }
 
@@ -68,13 +72,9 @@ fn quickstart_runs_without_redis_and_with_it() {
     assert_eq!(field(&with_redis, "executions:"), "1");
 }
 
-#[test]
-fn charge_customer_shows_what_the_lock_adds_to_the_constraint() {
-    let redis = RedisServer::start();
-    let postgres = PostgresServer::start();
-    let output = run(example("charge_customer")
-        .env("REDIS_URL", redis.url())
-        .env("DATABASE_URL", postgres.url()));
+/// The figures the README quotes for `charge_customer`: one charge with idempotask, several
+/// with the constraint only, two when the lock expires mid-task; one table row each time.
+fn check_charge_customer(output: &str) {
     // run, deliveries, gateway charges, table rows, same result
     let row = |run: &str| -> Vec<u64> {
         let line = output
@@ -91,6 +91,51 @@ fn charge_customer_shows_what_the_lock_adds_to_the_constraint() {
     assert_eq!((constraint_only[0], constraint_only[2]), (11, 1));
     assert!(constraint_only[1] > 1, "{output}");
     assert_eq!(row("lock expired mid-task")[1..3], [2, 1]);
+}
+
+fn check_send_order_confirmation(output: &str) {
+    assert!(
+        field(output, "delivery 1:").starts_with("sent "),
+        "{output}"
+    );
+    for delivery in 2..=4 {
+        let line = field(output, &format!("delivery {delivery}:"));
+        assert!(
+            line.starts_with("already sent") && line.ends_with("(1 mail in the outbox)"),
+            "{output}"
+        );
+    }
+    assert!(field(output, "outbox:").starts_with("1 mail"), "{output}");
+}
+
+fn check_stream_worker(output: &str) {
+    let number = |label: &str| -> u64 { field(output, label).parse().unwrap() };
+    let messages = number("messages:");
+    assert_eq!(number("side effects:"), messages);
+    assert_eq!(number("shipped twice:"), 0);
+    assert!(number("crashes:") > 0, "{output}");
+    assert!(number("redeliveries:") >= number("crashes:"), "{output}");
+    assert!(number("deliveries:") > messages, "{output}");
+}
+
+fn check_dlq_replay(output: &str) {
+    let number = |label: &str| -> u64 { field(output, label).parse().unwrap() };
+    assert_eq!(number("dead letters:"), 6, "{output}");
+    assert_eq!(number("done, skipped:"), 3, "{output}");
+    assert_eq!(number("locked, kept:"), 1, "{output}");
+    assert_eq!(number("unknown, replayed:"), 2, "{output}");
+    assert_eq!(field(output, "orders charged:"), "9 of 9", "{output}");
+    assert_eq!(number("charged twice:"), 0, "{output}");
+}
+
+#[test]
+fn charge_customer_shows_what_the_lock_adds_to_the_constraint() {
+    let redis = RedisServer::start();
+    let postgres = PostgresServer::start();
+    let output = run(example("charge_customer")
+        .env("REDIS_URL", redis.url())
+        .env("DATABASE_URL", postgres.url()));
+    check_charge_customer(&output);
 
     // A second run against the same servers uses fresh orders and holds again.
     let again = run(example("charge_customer")
@@ -112,33 +157,14 @@ fn send_order_confirmation_sends_one_mail_whatever_the_redeliveries() {
         with_redis
     }] {
         let mut command = command;
-        let output = run(&mut command);
-        assert!(
-            field(&output, "delivery 1:").starts_with("sent "),
-            "{output}"
-        );
-        for delivery in 2..=4 {
-            let line = field(&output, &format!("delivery {delivery}:"));
-            assert!(
-                line.starts_with("already sent") && line.ends_with("(1 mail in the outbox)"),
-                "{output}"
-            );
-        }
-        assert!(field(&output, "outbox:").starts_with("1 mail"), "{output}");
+        check_send_order_confirmation(&run(&mut command));
     }
 }
 
 #[test]
 fn stream_worker_side_effects_equal_messages_despite_crashes() {
     let server = RedisServer::start();
-    let output = run(example("stream_worker").env("REDIS_URL", server.url()));
-    let number = |label: &str| -> u64 { field(&output, label).parse().unwrap() };
-    let messages = number("messages:");
-    assert_eq!(number("side effects:"), messages);
-    assert_eq!(number("shipped twice:"), 0);
-    assert!(number("crashes:") > 0, "{output}");
-    assert!(number("redeliveries:") >= number("crashes:"), "{output}");
-    assert!(number("deliveries:") > messages, "{output}");
+    check_stream_worker(&run(example("stream_worker").env("REDIS_URL", server.url())));
 }
 
 #[test]
@@ -150,13 +176,31 @@ fn dlq_replay_replays_only_the_unknown_dead_letters() {
         with_redis
     }] {
         let mut command = command;
-        let output = run(&mut command);
-        let number = |label: &str| -> u64 { field(&output, label).parse().unwrap() };
-        assert_eq!(number("dead letters:"), 6, "{output}");
-        assert_eq!(number("done, skipped:"), 3, "{output}");
-        assert_eq!(number("locked, kept:"), 1, "{output}");
-        assert_eq!(number("unknown, replayed:"), 2, "{output}");
-        assert_eq!(field(&output, "orders charged:"), "9 of 9", "{output}");
-        assert_eq!(number("charged twice:"), 0, "{output}");
+        check_dlq_replay(&run(&mut command));
     }
+}
+
+#[test]
+fn every_example_runs_against_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let seeds = cluster.urls().join(",");
+    let on_cluster = |name: &str| {
+        let mut command = example(name);
+        command.env("REDIS_CLUSTER_URLS", &seeds);
+        command
+    };
+    let quickstart = run(&mut on_cluster("quickstart"));
+    assert!(field(&quickstart, "store:").starts_with("Redis Cluster at"));
+    assert_eq!(field(&quickstart, "executions:"), "1");
+    check_send_order_confirmation(&run(&mut on_cluster("send_order_confirmation")));
+    check_dlq_replay(&run(&mut on_cluster("dlq_replay")));
+    // The stream is the queue on a plain server; the store is the cluster.
+    let queue = RedisServer::start();
+    check_stream_worker(&run(
+        on_cluster("stream_worker").env("REDIS_URL", queue.url())
+    ));
+    let postgres = PostgresServer::start();
+    check_charge_customer(&run(
+        on_cluster("charge_customer").env("DATABASE_URL", postgres.url())
+    ));
 }

@@ -1,0 +1,35 @@
+//! The store the examples use, chosen by the environment as a deployment would choose it.
+
+use std::sync::Arc;
+
+use idempotask::{RedisClusterStore, RedisStore, Store, StoreError};
+
+/// The Redis store the environment names, and a line that says which it is.
+///
+/// `REDIS_CLUSTER_URLS` (comma-separated seed nodes; one reachable node is enough) gives a
+/// [`RedisClusterStore`]; otherwise `REDIS_URL` gives a [`RedisStore`]; with neither set the
+/// answer is `None`, and an example falls back to the in-memory store or says what it needs.
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotask::StoreError> {
+/// if let Some((store, backend)) = idempotask_suite::env::redis_store().await? {
+///     idempotask::install_shared(store);
+///     println!("store: {backend}");
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// The [`StoreError`] of a store that cannot connect.
+pub async fn redis_store() -> Result<Option<(Arc<dyn Store>, String)>, StoreError> {
+    if let Ok(urls) = std::env::var("REDIS_CLUSTER_URLS") {
+        let seeds: Vec<&str> = urls.split(',').map(str::trim).collect();
+        let store = RedisClusterStore::connect(seeds).await?;
+        return Ok(Some((Arc::new(store), format!("Redis Cluster at {urls}"))));
+    }
+    if let Ok(url) = std::env::var("REDIS_URL") {
+        let store = RedisStore::connect(&url).await?;
+        return Ok(Some((Arc::new(store), format!("Redis at {url}"))));
+    }
+    Ok(None)
+}
