@@ -5,18 +5,23 @@
 //!     --mode fresh --tasks 20000 --concurrency 64 [--rounds 3] [--markdown results.md]
 //! ```
 //!
+//! With `--cluster`, `--redis-url` is a comma-separated list of seed nodes of a Redis Cluster:
+//! the tasks run through `RedisClusterStore`, the hand-written pattern through the same cluster
+//! connection, and the server figures are summed over the masters.
+//!
 //! Modes: `fresh`, `duplicate`, `contended`, `handwritten-fresh`, `handwritten-duplicate`,
 //! `latency`, `scaling`, `all`. `--markdown` also writes the tables of `docs/performance.md`;
 //! `scripts/bench.sh` runs the whole set against a Redis of its own.
 
 use idempotask_suite::bench::{self, Config, Mode, report};
 
-const USAGE: &str = "usage: bench --redis-url URL --mode MODE --tasks N --concurrency C [--rounds R] [--markdown PATH]";
+const USAGE: &str = "usage: bench --redis-url URL[,URL…] [--cluster] --mode MODE --tasks N --concurrency C [--rounds R] [--markdown PATH]";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = Config {
         redis_url: "redis://127.0.0.1:6379".to_owned(),
+        cluster: false,
         mode: Mode::All,
         tasks: 10_000,
         concurrency: 64,
@@ -31,6 +36,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         match flag.as_str() {
             "--redis-url" => config.redis_url = value()?,
+            "--cluster" => config.cluster = true,
             "--mode" => config.mode = value()?.parse()?,
             "--tasks" => config.tasks = value()?.parse()?,
             "--concurrency" => config.concurrency = value()?.parse()?,

@@ -5,12 +5,26 @@ mod support;
 
 use idempotask_suite::bench::{self, Config, Mode, SCALING_CONCURRENCY, report};
 use support::RedisServer;
+use support::cluster::RedisCluster;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_mode_runs_and_costs_what_the_protocol_says() {
     let server = RedisServer::start();
+    run_every_mode(server.url(), false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mode_runs_on_a_cluster_with_the_same_costs() {
+    let cluster = RedisCluster::start();
+    run_every_mode(cluster.urls().join(","), true).await;
+}
+
+/// Runs `--mode all` with a tiny N and checks each mode's counts, which are the same on one
+/// server and on a cluster (summed over its masters).
+async fn run_every_mode(redis_url: String, cluster: bool) {
     let config = Config {
-        redis_url: server.url(),
+        redis_url,
+        cluster,
         mode: Mode::All,
         tasks: 16,
         concurrency: 4,

@@ -5,8 +5,7 @@
 //! slot, and `list` scans every master. Nothing has to be told which kind it is.
 
 use idempotask::{RedisClusterStore, RedisKeys, RedisStore, Status, Store, Task, UnitOfWork};
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{RedisError, Value};
+use redis::RedisError;
 
 use crate::exit::{Exit, Failure};
 use crate::scan::Node;
@@ -137,21 +136,11 @@ impl Target {
         match &self.backend {
             Backend::Server(store) => Ok(vec![Node::Server(store.connection())]),
             Backend::Cluster(store) => {
-                let mut connection = store.connection();
-                let slots = connection
-                    .route_command(
-                        redis::cmd("CLUSTER").arg("SLOTS").clone(),
-                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
-                    )
+                let masters = store
+                    .masters()
                     .await
-                    .map_err(|err| self.redis_failure("cluster slots", &err))?;
-                let masters = masters(&slots).ok_or_else(|| {
-                    Failure::new(
-                        Exit::Error,
-                        "unreadable",
-                        format!("unexpected CLUSTER SLOTS reply: {slots:?}"),
-                    )
-                })?;
+                    .map_err(|err| Failure::store(&err, &self.url))?;
+                let connection = store.connection();
                 Ok(masters
                     .into_iter()
                     .map(|(host, port)| Node::Master {
@@ -177,82 +166,4 @@ fn redis_failure(url: &str, operation: &'static str, err: &RedisError) -> Failur
     let store_err = idempotask::StoreError::new(operation, kind, false, err.to_string())
         .with_source(err.clone());
     Failure::store(&store_err, url)
-}
-
-/// Input: a `CLUSTER SLOTS` reply. Output: the address of every master that serves slots, once
-/// each and sorted; `None` if the reply is not shaped like one.
-fn masters(reply: &Value) -> Option<Vec<(String, u16)>> {
-    let Value::Array(ranges) = reply else {
-        return None;
-    };
-    let mut masters = std::collections::BTreeSet::new();
-    for range in ranges {
-        let Value::Array(fields) = range else {
-            return None;
-        };
-        let Some(Value::Array(master)) = fields.get(2) else {
-            return None;
-        };
-        let host = match master.first()? {
-            Value::BulkString(host) => String::from_utf8(host.clone()).ok()?,
-            Value::SimpleString(host) => host.clone(),
-            _ => return None,
-        };
-        let port = match master.get(1)? {
-            Value::Int(port) => u16::try_from(*port).ok()?,
-            _ => return None,
-        };
-        masters.insert((host, port));
-    }
-    Some(masters.into_iter().collect())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn bulk(text: &str) -> Value {
-        Value::BulkString(text.as_bytes().to_vec())
-    }
-
-    fn range(lo: i64, hi: i64, port: i64) -> Value {
-        Value::Array(vec![
-            Value::Int(lo),
-            Value::Int(hi),
-            Value::Array(vec![bulk("127.0.0.1"), Value::Int(port), bulk("id")]),
-            Value::Array(vec![
-                bulk("127.0.0.1"),
-                Value::Int(port + 1),
-                bulk("replica"),
-            ]),
-        ])
-    }
-
-    #[test]
-    fn masters_are_read_once_each_from_cluster_slots() {
-        let reply = Value::Array(vec![
-            range(0, 10, 7000),
-            range(11, 20, 7002),
-            range(21, 30, 7000),
-        ]);
-        assert_eq!(
-            masters(&reply),
-            Some(vec![
-                ("127.0.0.1".to_owned(), 7000),
-                ("127.0.0.1".to_owned(), 7002)
-            ])
-        );
-    }
-
-    #[test]
-    fn a_reply_of_another_shape_is_refused() {
-        assert_eq!(masters(&Value::Int(3)), None);
-        assert_eq!(masters(&Value::Array(vec![Value::Int(3)])), None);
-        let no_port = Value::Array(vec![Value::Array(vec![
-            Value::Int(0),
-            Value::Int(1),
-            Value::Array(vec![bulk("h")]),
-        ])]);
-        assert_eq!(masters(&no_port), None);
-    }
 }

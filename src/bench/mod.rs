@@ -11,13 +11,15 @@
 mod driver;
 pub mod report;
 mod server;
+mod target;
 mod workloads;
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use idempotask::{RedisStore, UnitOfWork};
+use idempotask::store::redis::DEFAULT_NAMESPACE;
+use idempotask::{RedisClusterStore, RedisKeys, RedisStore, UnitOfWork};
 use redis::aio::ConnectionManager;
 use serde::Serialize;
 
@@ -25,6 +27,7 @@ use driver::{drive, percentile_us};
 use server::{
     Counting, client_cost, client_cpu, command_stats, lock_keys, memory_usage, server_cpu,
 };
+use target::Connection;
 use workloads::{BENCH_TASK, bench_task, executions, handwritten};
 
 /// The concurrencies of [`Mode::Scaling`].
@@ -108,8 +111,12 @@ impl FromStr for Mode {
 /// One benchmark run's settings.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// The Redis server, e.g. `redis://127.0.0.1:6379`.
+    /// The Redis server, e.g. `redis://127.0.0.1:6379`; with `cluster`, comma-separated seed
+    /// nodes of a Redis Cluster.
     pub redis_url: String,
+    /// Runs on a Redis Cluster through `RedisClusterStore`; the server figures are the sums
+    /// over its masters.
+    pub cluster: bool,
     /// What to measure.
     pub mode: Mode,
     /// N: keys per measurement (`all` uses N / C keys for `contended`, so that it runs about N
@@ -213,18 +220,22 @@ pub async fn run(
     config: &Config,
     mut emit: impl FnMut(&Measurement),
 ) -> Result<Vec<Measurement>, BenchError> {
-    let store = RedisStore::connect(&config.redis_url).await?;
-    let mut bench = Bench {
-        conn: store.connection(),
-        stats: redis::Client::open(config.redis_url.as_str())?
+    let mut bench = if config.cluster {
+        let seeds: Vec<&str> = config.redis_url.split(',').map(str::trim).collect();
+        let store = RedisClusterStore::connect(seeds.iter().copied()).await?;
+        let stats = target::masters(&store, seeds[0]).await?;
+        let bench = Bench::new(Connection::Cluster(store.connection()), stats)?;
+        idempotask::install(store);
+        bench
+    } else {
+        let store = RedisStore::connect(&config.redis_url).await?;
+        let stats = redis::Client::open(config.redis_url.as_str())?
             .get_connection_manager()
-            .await?,
-        store: store.clone(),
-        run: rand::random::<u64>() >> 1,
-        round: 1,
-        out: Vec::new(),
+            .await?;
+        let bench = Bench::new(Connection::Server(store.connection()), vec![stats])?;
+        idempotask::install(store);
+        bench
     };
-    idempotask::install(store);
     let (n, c) = (config.tasks, config.concurrency.max(1));
     let mut pending = match config.mode {
         Mode::All => Vec::new(),
@@ -265,11 +276,13 @@ pub async fn run(
 
 /// The connections and bookkeeping one [`run`] shares between its measurements.
 struct Bench {
-    /// The store's own connection manager, shared by the hand-written pattern and `PING`.
-    conn: ConnectionManager,
-    /// A second connection for `INFO`, `SCAN` and `MEMORY`, so they do not queue behind tasks.
-    stats: ConnectionManager,
-    store: RedisStore,
+    /// The store's own connection, shared by the hand-written pattern and `PING`.
+    conn: Connection,
+    /// Connections of their own to each server (each master of a cluster) for `INFO` and
+    /// `SCAN`, so they do not queue behind tasks; the figures are summed over them.
+    stats: Vec<ConnectionManager>,
+    /// The store's key layout (default namespace), to find a marker.
+    keys: RedisKeys,
     /// Keeps keys of this process apart from earlier runs on the same server.
     run: u64,
     round: usize,
@@ -285,6 +298,17 @@ struct Sample {
 }
 
 impl Bench {
+    fn new(conn: Connection, stats: Vec<ConnectionManager>) -> Result<Self, BenchError> {
+        Ok(Self {
+            conn,
+            stats,
+            keys: RedisKeys::new(DEFAULT_NAMESPACE)?,
+            run: rand::random::<u64>() >> 1,
+            round: 1,
+            out: Vec::new(),
+        })
+    }
+
     async fn measure(
         &mut self,
         mode: Mode,
@@ -338,7 +362,7 @@ impl Bench {
         let cost = client_cost(&before, &after, counting);
         let marker_bytes = if mode == Mode::Fresh {
             let unit = UnitOfWork::new(BENCH_TASK, format!("{run}-0"))?;
-            memory_usage(&mut self.stats, &self.store.keys(&unit)[1]).await?
+            memory_usage(&mut self.conn, &self.keys.unit(&unit)[1]).await?
         } else {
             None
         };
@@ -413,7 +437,7 @@ impl Bench {
 /// runtime, each reply would first have to wake that thread, and both figures would measure
 /// that wake-up instead.
 async fn latency(
-    mut conn: ConnectionManager,
+    mut conn: Connection,
     run: u64,
     n: usize,
 ) -> Result<(driver::Timings, Vec<Duration>), BenchError> {

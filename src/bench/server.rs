@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionLike, ConnectionManager};
 
 use super::BenchError;
 
@@ -14,15 +14,23 @@ pub(crate) struct CommandStat {
     pub(crate) usec: u64,
 }
 
-/// `INFO commandstats` as command name → totals.
+/// `INFO commandstats` as command name → totals, summed over `servers`.
 pub(crate) async fn command_stats(
-    conn: &mut ConnectionManager,
+    servers: &mut [ConnectionManager],
 ) -> Result<HashMap<String, CommandStat>, BenchError> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await?;
-    Ok(parse_command_stats(&info))
+    let mut total: HashMap<String, CommandStat> = HashMap::new();
+    for conn in servers {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(conn)
+            .await?;
+        for (name, stat) in parse_command_stats(&info) {
+            let sum = total.entry(name).or_default();
+            sum.calls += stat.calls;
+            sum.usec += stat.usec;
+        }
+    }
+    Ok(total)
 }
 
 fn parse_command_stats(info: &str) -> HashMap<String, CommandStat> {
@@ -106,18 +114,22 @@ pub(crate) fn client_cost(
     cost
 }
 
-/// CPU time the Redis server has used since it started (user and system), from `INFO cpu`.
-pub(crate) async fn server_cpu(conn: &mut ConnectionManager) -> Result<Duration, BenchError> {
-    let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await?;
-    let seconds: f64 = info
-        .lines()
-        .filter_map(|line| {
-            let (name, value) = line.split_once(':')?;
-            matches!(name, "used_cpu_user" | "used_cpu_sys")
-                .then(|| value.trim().parse::<f64>().ok())?
-        })
-        .sum();
-    Ok(Duration::from_secs_f64(seconds))
+/// CPU time `servers` have used since they started (user and system), from `INFO cpu`.
+pub(crate) async fn server_cpu(servers: &mut [ConnectionManager]) -> Result<Duration, BenchError> {
+    let mut total = Duration::ZERO;
+    for conn in servers {
+        let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await?;
+        let seconds: f64 = info
+            .lines()
+            .filter_map(|line| {
+                let (name, value) = line.split_once(':')?;
+                matches!(name, "used_cpu_user" | "used_cpu_sys")
+                    .then(|| value.trim().parse::<f64>().ok())?
+            })
+            .sum();
+        total += Duration::from_secs_f64(seconds);
+    }
+    Ok(total)
 }
 
 /// CPU time this process has used (user and system, all threads), from `/proc/self/stat`;
@@ -135,11 +147,14 @@ pub(crate) fn client_cpu() -> Duration {
     Duration::from_millis(ticks.unwrap_or(0) * 10)
 }
 
-/// How many lock keys of idempotask and of the hand-written pattern exist, via `SCAN`.
-pub(crate) async fn lock_keys(conn: &mut ConnectionManager) -> Result<u64, BenchError> {
+/// How many lock keys of idempotask and of the hand-written pattern exist on `servers`, via
+/// `SCAN`.
+pub(crate) async fn lock_keys(servers: &mut [ConnectionManager]) -> Result<u64, BenchError> {
     let mut count = 0;
-    for pattern in ["idempotask:*:lock", "handwritten:*:lock"] {
-        count += scan_count(conn, pattern).await?;
+    for conn in servers {
+        for pattern in ["idempotask:*:lock", "handwritten:*:lock"] {
+            count += scan_count(conn, pattern).await?;
+        }
     }
     Ok(count)
 }
@@ -166,7 +181,7 @@ async fn scan_count(conn: &mut ConnectionManager, pattern: &str) -> Result<u64, 
 
 /// `MEMORY USAGE` of `key` in bytes: the key, its value and the server's bookkeeping for it.
 pub(crate) async fn memory_usage(
-    conn: &mut ConnectionManager,
+    conn: &mut impl ConnectionLike,
     key: &str,
 ) -> Result<Option<u64>, BenchError> {
     Ok(redis::cmd("MEMORY")

@@ -3,9 +3,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use idempotask::{Error, LockToken, idempotent_task};
-use redis::aio::ConnectionManager;
 
 use super::BenchError;
+use super::target::Connection;
 
 /// How many times a body really ran, across every workload of this process.
 static EXECUTIONS: AtomicU64 = AtomicU64::new(0);
@@ -33,11 +33,7 @@ const RELEASE: &str =
 /// The pattern users write by hand, four commands for a fresh key: `SET lock NX EX`, `GET` the
 /// stored result, run and `SET result EX`, `EVAL` the release. A duplicate skips the `SET` of
 /// the result, so it costs three.
-pub(crate) async fn handwritten(
-    mut conn: ConnectionManager,
-    run: u64,
-    id: u64,
-) -> Result<(), BenchError> {
+pub(crate) async fn handwritten(mut conn: Connection, run: u64, id: u64) -> Result<(), BenchError> {
     let lock = format!("handwritten:{run}-{id}:lock");
     let done = format!("handwritten:{run}-{id}:done");
     let token = LockToken::generate();

@@ -1,9 +1,12 @@
 //! [`RedisClusterStore`]: the same locks and markers, spread over a Redis Cluster.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
+use redis::Value;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
 use super::healing::HealingConnection;
 use super::protocol::{Protocol, check_namespace, connect_within, store_error};
@@ -142,6 +145,68 @@ impl RedisClusterStore {
     pub fn connection(&self) -> ClusterConnection {
         self.protocol.connection.current()
     }
+
+    /// The host and port of every master that serves slots, each once and sorted, from
+    /// `CLUSTER SLOTS`: where tooling runs what works per node, such as `SCAN` or `INFO` (the
+    /// `idempotask list` command scans each of them).
+    ///
+    /// ```no_run
+    /// # async fn run(store: idempotask::RedisClusterStore) -> Result<(), idempotask::StoreError> {
+    /// for (host, port) in store.masters().await? {
+    ///     println!("master at {host}:{port}");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A [`StoreError`] when no node answers, or kind `Protocol` when the reply is not shaped
+    /// like `CLUSTER SLOTS`.
+    pub async fn masters(&self) -> Result<Vec<(String, u16)>, StoreError> {
+        let slots = self
+            .connection()
+            .route_command(
+                redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
+            )
+            .await
+            .map_err(|err| store_error("masters", &err, false))?;
+        master_addresses(&slots).ok_or_else(|| {
+            StoreError::new(
+                "masters",
+                StoreErrorKind::Protocol,
+                false,
+                format!("unexpected CLUSTER SLOTS reply: {slots:?}"),
+            )
+        })
+    }
+}
+
+/// Input: a `CLUSTER SLOTS` reply. Output: each master's host and port, once, sorted; `None`
+/// when the reply is shaped otherwise.
+fn master_addresses(reply: &Value) -> Option<Vec<(String, u16)>> {
+    let Value::Array(ranges) = reply else {
+        return None;
+    };
+    let mut masters = BTreeSet::new();
+    for range in ranges {
+        // [first slot, last slot, [host, port, id, …] of the master, replicas…]
+        let Value::Array(fields) = range else {
+            return None;
+        };
+        let Some(Value::Array(master)) = fields.get(2) else {
+            return None;
+        };
+        let host = match master.first()? {
+            Value::BulkString(host) => String::from_utf8(host.clone()).ok()?,
+            Value::SimpleString(host) => host.clone(),
+            _ => return None,
+        };
+        let Value::Int(port) = master.get(1)? else {
+            return None;
+        };
+        masters.insert((host, u16::try_from(*port).ok()?));
+    }
+    Some(masters.into_iter().collect())
 }
 
 delegate_store!(RedisClusterStore);
@@ -213,5 +278,55 @@ impl RedisClusterStoreBuilder {
         Ok(RedisClusterStore {
             protocol: Protocol::new(connection, self.namespace, self.max_key_len, true).await?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(text: &str) -> Value {
+        Value::BulkString(text.as_bytes().to_vec())
+    }
+
+    fn range(lo: i64, hi: i64, port: i64) -> Value {
+        Value::Array(vec![
+            Value::Int(lo),
+            Value::Int(hi),
+            Value::Array(vec![bulk("127.0.0.1"), Value::Int(port), bulk("id")]),
+            Value::Array(vec![
+                bulk("127.0.0.1"),
+                Value::Int(port + 1),
+                bulk("replica"),
+            ]),
+        ])
+    }
+
+    #[test]
+    fn masters_are_read_once_each_from_cluster_slots() {
+        let reply = Value::Array(vec![
+            range(0, 10, 7000),
+            range(11, 20, 7002),
+            range(21, 30, 7000),
+        ]);
+        assert_eq!(
+            master_addresses(&reply),
+            Some(vec![
+                ("127.0.0.1".to_owned(), 7000),
+                ("127.0.0.1".to_owned(), 7002)
+            ])
+        );
+    }
+
+    #[test]
+    fn a_reply_of_another_shape_is_refused() {
+        assert_eq!(master_addresses(&Value::Int(3)), None);
+        assert_eq!(master_addresses(&Value::Array(vec![Value::Int(3)])), None);
+        let no_port = Value::Array(vec![Value::Array(vec![
+            Value::Int(0),
+            Value::Int(1),
+            Value::Array(vec![bulk("h")]),
+        ])]);
+        assert_eq!(master_addresses(&no_port), None);
     }
 }
