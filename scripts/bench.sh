@@ -14,8 +14,11 @@ rounds=${2:-3}
 out=docs/performance.md
 work=$(mktemp -d)
 redis_pid=
+cluster_pids=()
 cleanup() {
-  if [ -n "$redis_pid" ]; then kill "$redis_pid" 2>/dev/null || true; wait "$redis_pid" 2>/dev/null || true; fi
+  for pid in "$redis_pid" "${cluster_pids[@]}"; do
+    if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
+  done
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -97,6 +100,31 @@ if perf record -e cpu-clock -o "$work/perf.probe" -- true >/dev/null 2>&1; then
     | grep -v '^#' | grep -v '^$' | sed -n 1,30p || true)
 fi
 
+echo "==> Redis Cluster: 3 masters and 3 replicas on this machine, bench --cluster"
+# Each node on a free port (and its bus port), persistence off, in a directory of its own.
+seeds=()
+for node in 1 2 3 4 5 6; do
+  for _ in $(seq 20); do
+    cport=$((20000 + RANDOM % 40000))
+    mkdir -p "$work/node$node"
+    redis-server --port "$cport" --cluster-port $((cport + 1)) --bind 127.0.0.1 \
+      --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 5000 \
+      --save '' --appendonly no --protected-mode no --dir "$work/node$node" \
+      >"$work/node$node/redis.log" 2>&1 &
+    pid=$!
+    until redis-cli -p "$cport" ping >/dev/null 2>&1 || ! kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+    if kill -0 "$pid" 2>/dev/null; then cluster_pids+=("$pid"); seeds+=("127.0.0.1:$cport"); break; fi
+  done
+done
+[ "${#seeds[@]}" -eq 6 ] || { echo "the cluster nodes did not start" >&2; exit 1; }
+redis-cli --cluster create "${seeds[@]}" --cluster-replicas 1 --cluster-yes >"$work/cluster-create.log"
+for seed in "${seeds[@]}"; do
+  until redis-cli -h "${seed%:*}" -p "${seed#*:}" cluster info | grep -q 'cluster_state:ok'; do sleep 0.1; done
+done
+cluster_urls=$(printf 'redis://%s,' "${seeds[@]}"); cluster_urls=${cluster_urls%,}
+"$bench" --cluster --redis-url "$cluster_urls" --mode all --tasks "$tasks" --concurrency 64 --rounds 1 \
+  --markdown "$work/cluster.md" | tee "$work/cluster.jsonl"
+
 echo "==> writing $out"
 mkdir -p docs
 {
@@ -153,6 +181,15 @@ mkdir -p docs
   echo '```text'
   echo "$server_profile"
   echo '```'
+  echo
+  echo "## Redis Cluster (\`bench --cluster --mode all --tasks $tasks --concurrency 64 --rounds 1\`)"
+  echo
+  echo "The same modes through \`RedisClusterStore\` (and the hand-written pattern through the same"
+  echo "cluster connection) on a local cluster of 3 masters and 3 replicas, all six processes on this"
+  echo "machine's $(nproc) cores next to the bench; the server columns are sums over the masters. This"
+  echo "shows what the cluster costs per task on one machine, not how it scales across machines."
+  echo
+  cat "$work/cluster.md"
   if [ -f docs/performance-notes.md ]; then
     echo
     cat docs/performance-notes.md

@@ -35,16 +35,20 @@ static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("in
 /// # Ok::<(), idempotask::InvalidKey>(())
 /// ```
 pub fn key_names(namespace: &str, unit: &UnitOfWork) -> [String; 3] {
-    let tag = format!(
-        "idempotask:v1:{{{namespace}:{}:{}}}",
-        unit.task(),
-        unit.digest()
-    );
-    [
-        format!("{tag}:lock"),
-        format!("{tag}:done"),
-        format!("{tag}:fence"),
-    ]
+    const PREFIX: &str = "idempotask:v1:{";
+    let parts = [PREFIX, namespace, ":", unit.task(), ":", unit.digest(), "}"];
+    let tag_len: usize = parts.iter().map(|part| part.len()).sum();
+    // Pushed into a string of the exact size: `format!` here grew each name several times,
+    // and the names are built on every call.
+    let name = |suffix: &str| {
+        let mut name = String::with_capacity(tag_len + suffix.len());
+        for part in parts {
+            name.push_str(part);
+        }
+        name.push_str(suffix);
+        name
+    };
+    [name(":lock"), name(":done"), name(":fence")]
 }
 
 /// A namespace check with the error `connect` reports.
