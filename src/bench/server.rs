@@ -75,7 +75,7 @@ pub(crate) struct ClientCost {
 
 /// Input: two `INFO commandstats` snapshots and how the workload sends commands. Output: the
 /// commands its client sent, and the server time they took (a script's time includes the
-/// commands it ran). The bench's own `INFO` and `PING` are left out.
+/// commands it ran). The bench's own `INFO` and `PING`, and replicas' `REPLCONF`, are left out.
 pub(crate) fn client_cost(
     before: &HashMap<String, CommandStat>,
     after: &HashMap<String, CommandStat>,
@@ -98,7 +98,9 @@ pub(crate) fn client_cost(
             Counting::ScriptsOnly => !DATA.contains(&name.as_str()),
             Counting::Handwritten => name != "del",
         };
-        if counted && name != "info" && name != "ping" {
+        // Besides the bench's own INFO and PING: replicas acknowledge replication to their
+        // master once a second with REPLCONF, which commandstats counts like a client command.
+        if counted && !matches!(name.as_str(), "info" | "ping" | "replconf") {
             cost.client_calls += stat.calls;
             cost.usec += stat.usec;
         }
@@ -203,7 +205,7 @@ mod tests {
     fn scripts_only_counts_the_script_calls() {
         let before = parse_command_stats(BEFORE);
         let after = parse_command_stats(
-            "cmdstat_get:calls=13,usec=13,usec_per_call=1.00\r\ncmdstat_set:calls=3,usec=6,usec_per_call=2.00\r\ncmdstat_evalsha:calls=2,usec=40,usec_per_call=20.00\r\ncmdstat_info:calls=2,usec=10,usec_per_call=5.00\r\n",
+            "cmdstat_get:calls=13,usec=13,usec_per_call=1.00\r\ncmdstat_set:calls=3,usec=6,usec_per_call=2.00\r\ncmdstat_evalsha:calls=2,usec=40,usec_per_call=20.00\r\ncmdstat_info:calls=2,usec=10,usec_per_call=5.00\r\ncmdstat_replconf:calls=4,usec=4,usec_per_call=1.00\r\n",
         );
         assert_eq!(
             client_cost(&before, &after, Counting::ScriptsOnly),
