@@ -41,8 +41,10 @@ pub const DEFAULT_CLUSTER_RETRIES: u32 = 4;
 ///   with the same fencing token, a repeated `finish` finds its own marker). For the same
 ///   reason every failure except a configuration error is reported as ambiguous.
 /// - After a call timed out, the store builds a fresh cluster connection in the background
-///   and uses it from then on: redis-rs 1.8's cluster client can get stuck refreshing its slot
-///   map while many commands are redirected at once, and would otherwise time out every call.
+///   and uses it from then on, so that a connection stuck on a stale slot map cannot time out
+///   every later call. (The stuck connections seen while testing turned out to be a slot that
+///   no master served after a resharding race; see `docs/reliability.md`. The rebuild stays as
+///   a defence.)
 /// - One call of the store waits at most the response timeout
 ///   ([`DEFAULT_RESPONSE_TIMEOUT`]), redirects and re-sends included; a cluster that lost a
 ///   master fails calls for that master's slots with kind `Timeout`, `Unreachable` or
