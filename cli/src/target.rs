@@ -1,6 +1,6 @@
 //! Where the commands look: one Redis server, or every master of a Redis Cluster.
 //!
-//! The URL names one server. If that server says `cluster_enabled:1`, it is a seed of a cluster:
+//! The URL names one server. If that server answers `CLUSTER INFO`, it is a seed of a cluster:
 //! the commands then use a [`RedisClusterStore`], which routes each unit to the master of its
 //! slot, and `list` scans every master. Nothing has to be told which kind it is.
 
@@ -36,12 +36,22 @@ impl Target {
             .await
             .map_err(|err| Failure::store(&err, url))?;
         // A cluster node answers a plain client too, but only for its own slots: ask first.
-        let info: String = redis::cmd("INFO")
-            .arg("cluster")
+        // `CLUSTER INFO` rather than `INFO`, which ACL users without @dangerous may not run. A
+        // standalone server refuses it ("cluster support disabled"); so may an ACL user's rights
+        // on a standalone server, and on a cluster such a user would get typed `MOVED` errors
+        // later rather than wrong answers, so any refusal means standalone.
+        let cluster_info: Result<String, RedisError> = redis::cmd("CLUSTER")
+            .arg("INFO")
             .query_async(&mut store.connection())
-            .await
-            .map_err(|err| redis_failure(url, "info", &err))?;
-        let backend = if info.lines().any(|line| line.trim() == "cluster_enabled:1") {
+            .await;
+        let is_cluster = match cluster_info {
+            Ok(info) => info.contains("cluster_state:"),
+            Err(err) if err.is_io_error() || err.is_timeout() || err.is_connection_dropped() => {
+                return Err(redis_failure(url, "cluster info", &err));
+            }
+            Err(_) => false,
+        };
+        let backend = if is_cluster {
             let cluster = RedisClusterStore::builder([url])
                 .namespace(namespace)
                 .connect()

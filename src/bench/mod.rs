@@ -446,7 +446,7 @@ async fn latency(
     let mut elapsed = Duration::ZERO;
     for id in 0..n {
         let sent = Instant::now();
-        let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+        conn.ping().await?;
         pings.push(sent.elapsed());
         let sent = Instant::now();
         fresh(run, id).await?;

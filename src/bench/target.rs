@@ -3,6 +3,7 @@
 use idempotask::RedisClusterStore;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, ConnectionAddr, IntoConnectionInfo, Pipeline, RedisFuture, Value};
 
 use super::BenchError;
@@ -13,6 +14,25 @@ pub(crate) enum Connection {
     Server(ConnectionManager),
     /// Routes each command by its key, as the cluster store does.
     Cluster(ClusterConnection),
+}
+
+impl Connection {
+    /// One `PING` round trip to one server: on a cluster to a single master, since a plain
+    /// `PING` would go to every master and wait for the slowest.
+    pub(crate) async fn ping(&mut self) -> Result<(), BenchError> {
+        match self {
+            Self::Server(connection) => {
+                let _: String = redis::cmd("PING").query_async(connection).await?;
+            }
+            Self::Cluster(connection) => {
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary);
+                connection
+                    .route_command(redis::cmd("PING").clone(), routing)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl ConnectionLike for Connection {
@@ -53,7 +73,21 @@ pub(crate) async fn masters(
     let seed = seed.into_connection_info()?;
     let mut connections = Vec::new();
     for (host, port) in store.masters().await? {
-        let info = seed.clone().set_addr(ConnectionAddr::Tcp(host, port));
+        // The seed's credentials, and its TLS settings if it has any.
+        let addr = match seed.addr() {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => ConnectionAddr::Tcp(host, port),
+        };
+        let info = seed.clone().set_addr(addr);
         connections.push(redis::Client::open(info)?.get_connection_manager().await?);
     }
     Ok(connections)

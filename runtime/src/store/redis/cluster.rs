@@ -6,7 +6,7 @@ use std::time::Duration;
 use redis::Value;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 
 use super::healing::HealingConnection;
 use super::protocol::{Protocol, check_namespace, connect_within, store_error};
@@ -148,9 +148,13 @@ impl RedisClusterStore {
         self.protocol.connection.current()
     }
 
-    /// The host and port of every master that serves slots, each once and sorted, from
-    /// `CLUSTER SLOTS`: where tooling runs what works per node, such as `SCAN` or `INFO` (the
-    /// `idempotask list` command scans each of them).
+    /// The host and port of every master that serves slots, each once and sorted, as this
+    /// store's cluster client addresses them: where tooling runs what works per node, such as
+    /// `SCAN` or `INFO` (the `idempotask list` command scans each of them).
+    ///
+    /// The addresses come from the client's own slot map (a `PING` to every master), not from a
+    /// fresh `CLUSTER SLOTS`: they are then exactly the ones redis-rs routes to by address, with
+    /// its substitutions for an empty, unknown or wildcard endpoint already made.
     ///
     /// ```no_run
     /// # async fn run(store: idempotask::RedisClusterStore) -> Result<(), idempotask::StoreError> {
@@ -161,52 +165,45 @@ impl RedisClusterStore {
     /// ```
     ///
     /// # Errors
-    /// A [`StoreError`] when no node answers, or kind `Protocol` when the reply is not shaped
-    /// like `CLUSTER SLOTS`.
+    /// A [`StoreError`] when the cluster cannot be reached, or kind `Protocol` when the client's
+    /// answer names no address it can read.
     pub async fn masters(&self) -> Result<Vec<(String, u16)>, StoreError> {
-        let slots = self
+        let replies = self
             .connection()
             .route_command(
-                redis::cmd("CLUSTER").arg("SLOTS").clone(),
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
+                redis::cmd("PING").clone(),
+                RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
             )
             .await
             .map_err(|err| store_error("masters", &err, false))?;
-        master_addresses(&slots).ok_or_else(|| {
+        master_addresses(&replies).ok_or_else(|| {
             StoreError::new(
                 "masters",
                 StoreErrorKind::Protocol,
                 false,
-                format!("unexpected CLUSTER SLOTS reply: {slots:?}"),
+                format!("unexpected reply to PING on every master: {replies:?}"),
             )
         })
     }
 }
 
-/// Input: a `CLUSTER SLOTS` reply. Output: each master's host and port, once, sorted; `None`
-/// when the reply is shaped otherwise.
-fn master_addresses(reply: &Value) -> Option<Vec<(String, u16)>> {
-    let Value::Array(ranges) = reply else {
+/// Input: the cluster client's reply to a command sent to every master without a response
+/// policy, a map from each master's `host:port` to its reply. Output: each master's host and
+/// port, once, sorted; `None` when the reply is shaped otherwise.
+fn master_addresses(replies: &Value) -> Option<Vec<(String, u16)>> {
+    let Value::Map(replies) = replies else {
         return None;
     };
     let mut masters = BTreeSet::new();
-    for range in ranges {
-        // [first slot, last slot, [host, port, id, …] of the master, replicas…]
-        let Value::Array(fields) = range else {
-            return None;
-        };
-        let Some(Value::Array(master)) = fields.get(2) else {
-            return None;
-        };
-        let host = match master.first()? {
-            Value::BulkString(host) => String::from_utf8(host.clone()).ok()?,
-            Value::SimpleString(host) => host.clone(),
+    for (address, _) in replies {
+        let address = match address {
+            Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?,
+            Value::SimpleString(text) => text.as_str(),
             _ => return None,
         };
-        let Value::Int(port) = master.get(1)? else {
-            return None;
-        };
-        masters.insert((host, u16::try_from(*port).ok()?));
+        // The port follows the last colon, so an IPv6 host keeps its own colons.
+        let (host, port) = address.rsplit_once(':')?;
+        masters.insert((host.to_owned(), port.parse().ok()?));
     }
     Some(masters.into_iter().collect())
 }
@@ -287,35 +284,26 @@ impl RedisClusterStoreBuilder {
 mod tests {
     use super::*;
 
-    fn bulk(text: &str) -> Value {
-        Value::BulkString(text.as_bytes().to_vec())
-    }
-
-    fn range(lo: i64, hi: i64, port: i64) -> Value {
-        Value::Array(vec![
-            Value::Int(lo),
-            Value::Int(hi),
-            Value::Array(vec![bulk("127.0.0.1"), Value::Int(port), bulk("id")]),
-            Value::Array(vec![
-                bulk("127.0.0.1"),
-                Value::Int(port + 1),
-                bulk("replica"),
-            ]),
-        ])
+    fn pong(address: &str) -> (Value, Value) {
+        (
+            Value::BulkString(address.as_bytes().to_vec()),
+            Value::SimpleString("PONG".to_owned()),
+        )
     }
 
     #[test]
-    fn masters_are_read_once_each_from_cluster_slots() {
-        let reply = Value::Array(vec![
-            range(0, 10, 7000),
-            range(11, 20, 7002),
-            range(21, 30, 7000),
+    fn masters_are_read_once_each_from_the_clients_own_addresses() {
+        let replies = Value::Map(vec![
+            pong("127.0.0.1:7002"),
+            pong("127.0.0.1:7000"),
+            pong("::1:7004"),
         ]);
         assert_eq!(
-            master_addresses(&reply),
+            master_addresses(&replies),
             Some(vec![
                 ("127.0.0.1".to_owned(), 7000),
-                ("127.0.0.1".to_owned(), 7002)
+                ("127.0.0.1".to_owned(), 7002),
+                ("::1".to_owned(), 7004),
             ])
         );
     }
@@ -323,12 +311,10 @@ mod tests {
     #[test]
     fn a_reply_of_another_shape_is_refused() {
         assert_eq!(master_addresses(&Value::Int(3)), None);
-        assert_eq!(master_addresses(&Value::Array(vec![Value::Int(3)])), None);
-        let no_port = Value::Array(vec![Value::Array(vec![
-            Value::Int(0),
-            Value::Int(1),
-            Value::Array(vec![bulk("h")]),
-        ])]);
-        assert_eq!(master_addresses(&no_port), None);
+        assert_eq!(master_addresses(&Value::Map(vec![pong("no-port")])), None);
+        assert_eq!(
+            master_addresses(&Value::Map(vec![pong("host:99999")])),
+            None
+        );
     }
 }
