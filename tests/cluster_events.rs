@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use idempotask::{Error, Outcome, RedisClusterStore, Report, RetryPolicy, Store, Task, UnitOfWork};
 use rand::seq::SliceRandom as _;
-use support::cluster::{RedisCluster, masters_seen_by, node};
+use support::cluster::{RedisCluster, SlotMove};
 
 /// How long one call may take before the test calls it hung: far beyond every timeout involved.
 const HUNG: Duration = Duration::from_secs(45);
@@ -123,73 +123,10 @@ const BATCHES: usize = 8;
 const PER_BATCH: usize = 20;
 
 /// Moves `slot` from its master to the next one (by port), the way `redis-cli --cluster
-/// reshard` does: `IMPORTING` on the target, `MIGRATING` on the source, `MIGRATE` every key,
-/// then `NODE` everywhere. Answers how many keys moved.
+/// reshard` does; before the next move every node agrees on the new owner, so no move starts
+/// from a stale view. Answers how many keys moved.
 fn move_slot(cluster: &RedisCluster, slot: u16) -> usize {
-    cluster.wait_until(
-        "every node knows every master's config epoch",
-        RedisCluster::epochs_agree,
-    );
-    let masters = cluster.masters();
-    let from = masters
-        .iter()
-        .position(|m| m.owns(slot))
-        .expect("the slot's owner");
-    let (source, target) = (&masters[from], &masters[(from + 1) % masters.len()]);
-    let (mut src, mut dst) = (node(source.port), node(target.port));
-    let setslot = |conn: &mut redis::Connection, state: &str, id: &str| {
-        let () = redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg(state)
-            .arg(id)
-            .query(conn)
-            .unwrap();
-    };
-    setslot(&mut dst, "IMPORTING", &source.id);
-    setslot(&mut src, "MIGRATING", &target.id);
-    let mut moved = 0;
-    loop {
-        let keys: Vec<String> = redis::cmd("CLUSTER")
-            .arg("GETKEYSINSLOT")
-            .arg(slot)
-            .arg(100)
-            .query(&mut src)
-            .unwrap();
-        if keys.is_empty() {
-            break;
-        }
-        // No REPLACE: a key already on the target would mean a script wrote to both sides.
-        let _: redis::Value = redis::cmd("MIGRATE")
-            .arg("127.0.0.1")
-            .arg(target.port)
-            .arg("")
-            .arg(0)
-            .arg(5000)
-            .arg("KEYS")
-            .arg(&keys)
-            .query(&mut src)
-            .unwrap();
-        moved += keys.len();
-    }
-    setslot(&mut dst, "NODE", &target.id);
-    setslot(&mut src, "NODE", &target.id);
-    for other in masters
-        .iter()
-        .filter(|m| m.id != source.id && m.id != target.id)
-    {
-        setslot(&mut node(other.port), "NODE", &target.id);
-    }
-    // Before the next move, every node agrees on the new owner, so no move starts from a
-    // stale view.
-    cluster.wait_until("every node sees the slot moved", |cluster| {
-        cluster.ports().into_iter().all(|port| {
-            masters_seen_by(port)
-                .iter()
-                .any(|m| m.id == target.id && m.owns(slot))
-        })
-    });
-    moved
+    SlotMove::start(cluster, slot).finish(cluster)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

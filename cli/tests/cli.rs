@@ -11,7 +11,7 @@ use std::time::Duration;
 use idempotask::{LockToken, RedisStore, Store, Task, UnitOfWork};
 use serde_json::Value;
 use support::RedisServer;
-use support::cluster::{RedisCluster, node};
+use support::cluster::{RedisCluster, SlotMove};
 
 const LONG: Duration = Duration::from_secs(600);
 
@@ -437,8 +437,7 @@ fn every_command_works_against_a_redis_cluster_and_list_scans_every_master() {
 
     // order-3's slot half moved: its keys already on the importing master, the slot still the
     // old master's, so every read of them is answered with `ASK`.
-    let order_3 = &unit_keys[3];
-    half_move(&cluster, cluster.slot_of(order_3));
+    let half_moved = SlotMove::start(&cluster, cluster.slot_of(&unit_keys[3]));
     let listing = json(&idempotask(&master_url, &["list", "--task", "charge", "--json"]).1);
     assert_eq!(
         (listing["done"].as_u64(), listing["locked"].as_u64()),
@@ -452,72 +451,10 @@ fn every_command_works_against_a_redis_cluster_and_list_scans_every_master() {
     let (code, out, err) = idempotask(&master_url, &status);
     assert_eq!(code, 1, "{out}");
     assert!(err.contains("TryAgain"), "{err}");
-    let slot = cluster.slot_of(order_3);
-    let masters = cluster.masters();
-    let target = masters
-        .iter()
-        .find(|m| {
-            let mut conn = node(m.port);
-            redis::cmd("CLUSTER")
-                .arg("COUNTKEYSINSLOT")
-                .arg(slot)
-                .query::<u64>(&mut conn)
-                .unwrap()
-                > 0
-        })
-        .unwrap();
-    for master in &masters {
-        let () = redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg("NODE")
-            .arg(&target.id)
-            .query(&mut node(master.port))
-            .unwrap();
-    }
+    half_moved.finish(&cluster);
     let (code, out, _) = idempotask(&master_url, &status);
     assert_eq!(code, 0, "{out}");
     assert_eq!(json(&out)["result"]["charge"], "ch_order-3");
-}
-
-/// Moves every key of `slot` to the next master and leaves the slot `MIGRATING` on its owner
-/// and `IMPORTING` on the next master, as `redis-cli --cluster reshard` does half-way.
-fn half_move(cluster: &RedisCluster, slot: u16) {
-    let masters = cluster.masters();
-    let from = masters.iter().position(|m| m.owns(slot)).unwrap();
-    let (source, target) = (&masters[from], &masters[(from + 1) % masters.len()]);
-    let (mut src, mut dst) = (node(source.port), node(target.port));
-    let () = redis::cmd("CLUSTER")
-        .arg("SETSLOT")
-        .arg(slot)
-        .arg("IMPORTING")
-        .arg(&source.id)
-        .query(&mut dst)
-        .unwrap();
-    let () = redis::cmd("CLUSTER")
-        .arg("SETSLOT")
-        .arg(slot)
-        .arg("MIGRATING")
-        .arg(&target.id)
-        .query(&mut src)
-        .unwrap();
-    let keys: Vec<String> = redis::cmd("CLUSTER")
-        .arg("GETKEYSINSLOT")
-        .arg(slot)
-        .arg(100)
-        .query(&mut src)
-        .unwrap();
-    assert!(!keys.is_empty());
-    let _: redis::Value = redis::cmd("MIGRATE")
-        .arg("127.0.0.1")
-        .arg(target.port)
-        .arg("")
-        .arg(0)
-        .arg(5000)
-        .arg("KEYS")
-        .arg(&keys)
-        .query(&mut src)
-        .unwrap();
 }
 
 fn status_and_forget_on_a_cluster(master_url: &str, replica_url: &str) {
