@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use super::{free_port, ping};
+use super::{free_port, spawn};
 
 /// How long the cluster waits before it declares a silent node failed, unless told otherwise.
 /// Generous, so that a starved machine does not fail over on its own in the middle of a test.
@@ -411,44 +411,26 @@ impl Node {
             let dir = std::env::temp_dir()
                 .join(format!("idempotask-cluster-{}-{port}", std::process::id()));
             std::fs::create_dir_all(&dir).expect("create the node's directory");
-            let spawned = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            let cluster_args: Vec<String> = [
                 // Given explicitly: the default, port + 10000, may be above 65535 or taken.
-                .args(["--cluster-port", &bus_port.to_string()])
-                .args(["--cluster-enabled", "yes"])
-                .args(["--cluster-config-file", "nodes.conf"])
-                .args([
-                    "--cluster-node-timeout",
-                    &node_timeout.as_millis().to_string(),
-                ])
+                "--cluster-port",
+                &bus_port.to_string(),
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                &node_timeout.as_millis().to_string(),
                 // Replicas sync at once instead of after the default 5 s of waiting for company.
-                .args(["--repl-diskless-sync-delay", "0"])
-                .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-                .arg("--dir")
-                .arg(&dir)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn();
-            let mut child = match spawned {
-                Ok(child) => child,
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound => panic!(
-                    "redis-server is not installed; the README's test command installs it (apt-get install -y redis-server)"
-                ),
-                Err(err) => panic!("cannot start redis-server: {err}"),
-            };
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if let Ok(Some(status)) = child.try_wait() {
-                    last_error = format!("redis-server exited with {status}");
-                    break;
-                }
-                if ping(port) {
-                    return Self { child, port, dir };
-                }
-                std::thread::sleep(Duration::from_millis(10));
+                "--repl-diskless-sync-delay",
+                "0",
+            ]
+            .map(str::to_owned)
+            .into();
+            match spawn(port, &dir, &cluster_args) {
+                Ok(child) => return Self { child, port, dir },
+                Err(err) => last_error = err,
             }
-            let _ = child.kill();
-            let _ = child.wait();
             let _ = std::fs::remove_dir_all(&dir);
         }
         panic!("a cluster node did not come up: {last_error}");
