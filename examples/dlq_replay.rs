@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use idempotask::{Error, MemoryStore, Status, Task, idempotent_task};
+use idempotask::{Error, Status, Task, idempotent_task};
 use tokio::sync::oneshot;
 
 /// Charges per order at the payment gateway: what the customers' statements show.
@@ -94,13 +94,7 @@ async fn first_deliveries(messages: &[Message]) -> Result<Vec<Message>, ChargeEr
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // REDIS_CLUSTER_URLS or REDIS_URL when set (see `idempotask_suite::env`), else in memory.
-    let backend = if let Some((store, backend)) = idempotask_suite::env::redis_store().await? {
-        idempotask::install_shared(store);
-        backend
-    } else {
-        idempotask::install(MemoryStore::new());
-        "the in-memory store".to_owned()
-    };
+    let backend = idempotask_suite::env::install_store().await?;
     let store = idempotask::installed().ok_or(Error::NotConfigured)?;
     // Fresh orders per run, so that a shared Redis does not remember an earlier run.
     let first_order = u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH)?.as_micros())?;

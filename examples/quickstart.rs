@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idempotask::{Error, MemoryStore, idempotent_task};
+use idempotask::{Error, idempotent_task};
 
 /// Counts how often the side effect really happened.
 static EXECUTIONS: AtomicU32 = AtomicU32::new(0);
@@ -29,13 +29,7 @@ async fn charge_customer(order_id: u64, amount_cents: u64) -> Result<String, Err
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // REDIS_CLUSTER_URLS or REDIS_URL when set (see `idempotask_suite::env`), else in memory.
-    let backend = if let Some((store, backend)) = idempotask_suite::env::redis_store().await? {
-        idempotask::install_shared(store);
-        backend
-    } else {
-        idempotask::install(MemoryStore::new());
-        "the in-memory store".to_owned()
-    };
+    let backend = idempotask_suite::env::install_store().await?;
     // A unique order per run, so that a shared Redis does not replay an earlier run's result.
     let order_id = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?

@@ -12,7 +12,7 @@
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use idempotask::{Error, MemoryStore, idempotent_task};
+use idempotask::{Error, idempotent_task};
 use serde::{Deserialize, Serialize};
 
 /// An e-mail as handed to the mail server.
@@ -63,11 +63,7 @@ fn outbox_len() -> usize {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // REDIS_CLUSTER_URLS or REDIS_URL when set (see `idempotask_suite::env`), else in memory.
-    if let Some((store, _)) = idempotask_suite::env::redis_store().await? {
-        idempotask::install_shared(store);
-    } else {
-        idempotask::install(MemoryStore::new());
-    }
+    idempotask_suite::env::install_store().await?;
     // A fresh order per run, so that a shared Redis does not remember an earlier run.
     let order_id = u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH)?.as_micros())?;
 

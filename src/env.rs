@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use idempotask::{RedisClusterStore, RedisStore, Store, StoreError};
+use idempotask::{MemoryStore, RedisClusterStore, RedisStore, Store, StoreError};
 
 /// The Redis store the environment names, and a line that says which it is.
 ///
@@ -32,4 +32,25 @@ pub async fn redis_store() -> Result<Option<(Arc<dyn Store>, String)>, StoreErro
         return Ok(Some((Arc::new(store), format!("Redis at {url}"))));
     }
     Ok(None)
+}
+
+/// Installs the store the environment names (see [`redis_store`]), or a [`MemoryStore`] when it
+/// names none; answers which one, for the output.
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotask::StoreError> {
+/// println!("store: {}", idempotask_suite::env::install_store().await?);
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// The [`StoreError`] of a Redis store that cannot connect (never a silent fallback to memory).
+pub async fn install_store() -> Result<String, StoreError> {
+    if let Some((store, backend)) = redis_store().await? {
+        idempotask::install_shared(store);
+        Ok(backend)
+    } else {
+        idempotask::install(MemoryStore::new());
+        Ok("the in-memory store".to_owned())
+    }
 }
