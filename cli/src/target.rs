@@ -117,27 +117,22 @@ impl Target {
     /// below the server's clock in milliseconds when it is granted, so `now - token` is the age
     /// (or a little less when several grants shared one millisecond).
     pub(crate) async fn token_age_ms(&self, unit: &UnitOfWork) -> Result<Option<u64>, Failure> {
-        let script = redis::Script::new(TOKEN_AND_CLOCK);
-        let mut invocation = script.prepare_invoke();
+        async fn ask(
+            connection: &mut impl redis::aio::ConnectionLike,
+            fence: String,
+        ) -> Result<(Option<u64>, (u64, u64)), RedisError> {
+            redis::Script::new(TOKEN_AND_CLOCK)
+                .key(fence)
+                .invoke_async(connection)
+                .await
+        }
+        let [_, _, fence] = self.keys.unit(unit);
         let reply = match &self.backend {
-            Backend::Server(store) => {
-                let [_, _, fence] = store.keys(unit);
-                invocation
-                    .key(fence)
-                    .invoke_async(&mut store.connection())
-                    .await
-            }
-            Backend::Cluster(store) => {
-                let [_, _, fence] = store.keys(unit);
-                invocation
-                    .key(fence)
-                    .invoke_async(&mut store.connection())
-                    .await
-            }
+            Backend::Server(store) => ask(&mut store.connection(), fence).await,
+            Backend::Cluster(store) => ask(&mut store.connection(), fence).await,
         };
-        let (token, (secs, micros)): (Option<u64>, (u64, u64)) =
-            reply.map_err(|err| self.redis_failure("token age", &err))?;
-        let now_ms = secs * 1000 + micros / 1000;
+        let (token, (secs, micros)) = reply.map_err(|err| self.redis_failure("token age", &err))?;
+        let now_ms = secs.saturating_mul(1000).saturating_add(micros / 1000);
         Ok(token.map(|token| now_ms.saturating_sub(token)))
     }
 
