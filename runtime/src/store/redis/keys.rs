@@ -53,7 +53,7 @@ pub struct ParsedKey<'a> {
     pub kind: KeyKind,
 }
 
-const PREFIX: &str = "idempotask:v1:{";
+pub(super) const PREFIX: &str = "idempotask:v1:{";
 
 impl RedisKeys {
     /// The layout of `namespace`.

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
+use super::keys::PREFIX;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::store::{Begin, Finish, Inspection, Store, ttl_millis};
 use crate::unit::{LockToken, NameKind, UnitOfWork, validate_name};
@@ -35,20 +36,29 @@ static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("in
 /// # Ok::<(), idempotask::InvalidKey>(())
 /// ```
 pub fn key_names(namespace: &str, unit: &UnitOfWork) -> [String; 3] {
-    const PREFIX: &str = "idempotask:v1:{";
-    let parts = [PREFIX, namespace, ":", unit.task(), ":", unit.digest(), "}"];
-    let tag_len: usize = parts.iter().map(|part| part.len()).sum();
+    [":lock", ":done", ":fence"].map(|suffix| key_name(namespace, unit, suffix))
+}
+
+/// One of `unit`'s keys: its hash tag then `suffix` (`:lock`, `:done` or `:fence`), so that a
+/// call builds only the names it sends.
+fn key_name(namespace: &str, unit: &UnitOfWork, suffix: &str) -> String {
+    let parts = [
+        PREFIX,
+        namespace,
+        ":",
+        unit.task(),
+        ":",
+        unit.digest(),
+        "}",
+        suffix,
+    ];
     // Pushed into a string of the exact size: `format!` here grew each name several times,
     // and the names are built on every call.
-    let name = |suffix: &str| {
-        let mut name = String::with_capacity(tag_len + suffix.len());
-        for part in parts {
-            name.push_str(part);
-        }
-        name.push_str(suffix);
-        name
-    };
-    [name(":lock"), name(":done"), name(":fence")]
+    let mut name = String::with_capacity(parts.iter().map(|part| part.len()).sum());
+    for part in parts {
+        name.push_str(part);
+    }
+    name
 }
 
 /// A namespace check with the error `connect` reports.
@@ -133,6 +143,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         key_names(&self.namespace, unit)
     }
 
+    fn key(&self, unit: &UnitOfWork, suffix: &str) -> String {
+        key_name(&self.namespace, unit, suffix)
+    }
+
     /// Sends `EVALSHA` of `script` with `keys` and the arguments `args` writes.
     ///
     /// The command is built directly rather than through redis-rs's `ScriptInvocation`, which
@@ -201,7 +215,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for Protocol<C> {
         marker: &[u8],
         result_ttl: Duration,
     ) -> Result<Finish, StoreError> {
-        let [lock, done, _] = self.keys(unit);
+        let (lock, done) = (self.key(unit, ":lock"), self.key(unit, ":done"));
         let ttl = ttl_millis(result_ttl);
         let reply = self
             .invoke("finish", &FINISH, &[&lock, &done], |cmd| {
@@ -212,7 +226,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for Protocol<C> {
     }
 
     async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
-        let [lock, _, _] = self.keys(unit);
+        let lock = self.key(unit, ":lock");
         let reply = self
             .invoke("release", &RELEASE, &[&lock], |cmd| {
                 cmd.arg(token.as_str());
@@ -227,7 +241,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for Protocol<C> {
         token: &LockToken,
         lock_ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let [lock, _, _] = self.keys(unit);
+        let lock = self.key(unit, ":lock");
         let ttl = ttl_millis(lock_ttl);
         let reply = self
             .invoke("renew", &RENEW, &[&lock], |cmd| {
@@ -238,7 +252,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for Protocol<C> {
     }
 
     async fn inspect(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError> {
-        let [lock, done, _] = self.keys(unit);
+        let (lock, done) = (self.key(unit, ":lock"), self.key(unit, ":done"));
         let reply = self
             .invoke("inspect", &INSPECT, &[&lock, &done], |_| {})
             .await?;
@@ -246,7 +260,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for Protocol<C> {
     }
 
     async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
-        let [_, done, _] = self.keys(unit);
+        let done = self.key(unit, ":done");
         let mut connection = self.connection.clone();
         let reply: Value = redis::cmd("DEL")
             .arg(&done)
