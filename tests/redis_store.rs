@@ -1,4 +1,5 @@
-//! What is particular to `RedisStore`: round trips, key layout, scripts, auth, failing closed.
+//! What is particular to `RedisStore`: commands per task on Redis and Valkey, memory per unit,
+//! key layout, scripts, auth, failing closed.
 
 mod support;
 
@@ -26,79 +27,150 @@ async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> HashMap<
         .collect()
 }
 
-/// Commands the client sent between two `CONFIG RESETSTAT`s, leaving out the measuring
-/// connection's own `INFO`/`CONFIG` and the commands that scripts run inside their one call
-/// (commandstats counts those too; they cost no round trip).
-fn client_commands(calls: &HashMap<String, u64>) -> HashMap<String, u64> {
-    const INSIDE_SCRIPTS: [&str; 7] = ["get", "set", "incr", "del", "pttl", "pexpire", "time"];
-    calls
-        .iter()
-        .filter(|(name, _)| !name.starts_with("config") && *name != "info")
-        .filter(|(name, _)| !INSIDE_SCRIPTS.contains(&name.as_str()))
-        .map(|(name, calls)| (name.clone(), *calls))
+async fn reset_stats(conn: &mut redis::aio::MultiplexedConnection) {
+    let _: String = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+/// The data commands the server ran since the last `CONFIG RESETSTAT`, leaving out the measuring
+/// connection's own `INFO`/`CONFIG`. `commandstats` counts a script's inner commands too.
+async fn commands_run(conn: &mut redis::aio::MultiplexedConnection) -> HashMap<String, u64> {
+    command_calls(conn)
+        .await
+        .into_iter()
+        .filter(|(name, _)| !name.starts_with("config") && name != "info")
         .collect()
 }
 
-#[tokio::test]
-async fn a_fresh_execution_costs_two_commands_and_a_duplicate_one() {
+fn stats(pairs: &[(&str, u64)]) -> HashMap<String, u64> {
+    pairs
+        .iter()
+        .map(|(name, calls)| ((*name).to_owned(), *calls))
+        .collect()
+}
+
+/// Input: a server and the command mix it must show for a fresh and a fenced fresh task.
+/// Output: asserts them, that a duplicate is one `SET`, and that an invalid key never reaches
+/// the server.
+async fn assert_command_mix(
+    server: &RedisServer,
+    fresh_mix: &[(&str, u64)],
+    fenced_mix: &[(&str, u64)],
+) {
     static TASK: Task = Task::new("count_round_trips");
-    let server = RedisServer::start();
+    static FENCED: Task = Task::new("count_round_trips").fencing(true);
     let store = server.store().await;
     let mut conn = server.connection().await;
-    let run = |key: &'static str| {
-        TASK.call(key)
+    let run = |task: &'static Task, key: &'static str| {
+        task.call(key)
             .store(store.clone())
             .run(async { Ok::<_, Error>(()) })
     };
 
-    let _: String = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    run("fresh").await.unwrap();
-    let fresh = command_calls(&mut conn).await;
+    reset_stats(&mut conn).await;
+    run(&TASK, "fresh").await.unwrap();
     assert_eq!(
-        client_commands(&fresh),
-        HashMap::from([("evalsha".to_owned(), 2)]),
-        "{fresh:?}"
-    );
-    // The two scripts' own commands: GET, SET NX, TIME, GET, SET (begin); GET, SET, DEL (finish).
-    assert_eq!(fresh.get("set"), Some(&3), "{fresh:?}");
-
-    let _: String = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    run("fresh").await.unwrap();
-    let duplicate = command_calls(&mut conn).await;
-    assert_eq!(
-        client_commands(&duplicate),
-        HashMap::from([("evalsha".to_owned(), 1)]),
-        "{duplicate:?}"
-    );
-    assert_eq!(
-        duplicate.get("set"),
-        None,
-        "a duplicate must not write: {duplicate:?}"
+        commands_run(&mut conn).await,
+        stats(fresh_mix),
+        "a fresh task"
     );
 
-    // An invalid key is refused before Redis hears of it.
-    let _: String = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert!(matches!(run("").await, Err(Error::InvalidKey(_))));
+    // A duplicate is one plain SET NX GET, which writes nothing and answers the marker.
+    reset_stats(&mut conn).await;
+    run(&TASK, "fresh").await.unwrap();
     assert_eq!(
-        client_commands(&command_calls(&mut conn).await),
-        HashMap::new()
+        commands_run(&mut conn).await,
+        stats(&[("set", 1)]),
+        "a duplicate"
     );
+
+    reset_stats(&mut conn).await;
+    run(&FENCED, "fenced").await.unwrap();
+    assert_eq!(
+        commands_run(&mut conn).await,
+        stats(fenced_mix),
+        "a fenced fresh task"
+    );
+
+    // An invalid key is refused before the server hears of it.
+    reset_stats(&mut conn).await;
+    assert!(matches!(run(&TASK, "").await, Err(Error::InvalidKey(_))));
+    assert_eq!(commands_run(&mut conn).await, HashMap::new());
 }
 
 #[tokio::test]
-async fn redis_keys_share_a_slot_and_hold_no_caller_text() {
+async fn on_redis_7_a_fresh_task_is_a_set_and_one_script_and_a_duplicate_one_set() {
+    // Client: SET NX GET, then EVALSHA of `finish` (which runs one GET and one SET).
+    // Fenced: EVALSHA of `begin_fenced` (GET, TIME, SET) and of `finish` (GET, SET).
+    assert_command_mix(
+        &RedisServer::start(),
+        &[("set", 2), ("evalsha", 1), ("get", 1)],
+        &[("evalsha", 2), ("get", 2), ("time", 1), ("set", 2)],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn on_valkey_8_1_a_fresh_task_is_two_plain_sets_and_no_script() {
+    // Client: SET NX GET, then SET IFEQ. Fenced: the `begin_fenced` script, then SET IFEQ.
+    assert_command_mix(
+        &RedisServer::start_valkey(),
+        &[("set", 2)],
+        &[("evalsha", 1), ("get", 1), ("time", 1), ("set", 2)],
+    )
+    .await;
+}
+
+/// The whole Redis memory a completed unit leaves behind: `MEMORY USAGE` summed over every key.
+async fn memory_of_a_completed_unit(server: &RedisServer) -> u64 {
+    // A 29-character key and a `()` result, as a charge or an e-mail task stores them.
+    let key = "order-charge-2026-11-30-00042";
+    assert_eq!(key.len(), 29);
+    let store = server.store().await;
+    Task::new("charge_customer")
+        .call(key)
+        .store(store)
+        .run(async { Ok::<_, Error>(()) })
+        .await
+        .unwrap();
+    let mut conn = server.connection().await;
+    let keys = scan_keys(&mut conn, "*").await;
+    assert_eq!(keys.len(), 1, "one key per unit: {keys:?}");
+    let mut total = 0;
+    for key in &keys {
+        let bytes: u64 = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(key)
+            .arg("SAMPLES")
+            .arg(0)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        total += bytes;
+    }
+    total
+}
+
+#[tokio::test]
+async fn a_completed_unit_costs_at_most_160_bytes_on_redis_and_valkey() {
+    for (name, server) in [
+        ("Redis 7.0", RedisServer::start()),
+        ("Valkey 8.1", RedisServer::start_valkey()),
+    ] {
+        let bytes = memory_of_a_completed_unit(&server).await;
+        println!("{name}: a completed () unit takes {bytes} bytes");
+        assert!(
+            bytes <= 160,
+            "{name}: a completed () unit takes {bytes} bytes"
+        );
+    }
+}
+
+#[tokio::test]
+async fn one_key_per_unit_holds_no_caller_text_and_reads_as_text() {
     let server = RedisServer::start();
     let store = RedisStore::builder(server.url())
         .namespace("billing")
@@ -114,29 +186,17 @@ async fn redis_keys_share_a_slot_and_hold_no_caller_text() {
         .await
         .unwrap();
     let mut conn = server.connection().await;
-    let mut keys = scan_keys(&mut conn, "*").await;
-    keys.sort();
-    let tag = format!("idempotask:v1:{{billing:charge:{}}}", unit.digest());
-    assert_eq!(keys, [format!("{tag}:done"), format!("{tag}:fence")]);
-    assert_eq!(store.keys(&unit)[1], format!("{tag}:done"));
-    // Redis Cluster hashes only what stands between the first `{` and the next `}`.
-    let hash_tag = |key: &str| {
-        let open = key.find('{').unwrap();
-        let close = open + key[open..].find('}').unwrap();
-        key[open + 1..close].to_owned()
-    };
-    let tags: Vec<String> = store.keys(&unit).iter().map(|k| hash_tag(k)).collect();
-    assert!(
-        tags.iter()
-            .all(|t| *t == format!("billing:charge:{}", unit.digest())),
-        "{tags:?}"
-    );
-    // The plain key is readable inside the marker, for operators.
+    let keys = scan_keys(&mut conn, "*").await;
+    let name = format!("idempotask:v2:billing:charge:{}", unit.digest());
+    assert_eq!(keys, std::slice::from_ref(&name));
+    assert_eq!(store.key(&unit), name);
+    // An operator reads the caller key and the result with a plain GET.
     let marker: Vec<u8> = redis::cmd("GET")
-        .arg(format!("{tag}:done"))
+        .arg(&name)
         .query_async(&mut conn)
         .await
         .unwrap();
+    assert_eq!(marker, format!("D{}|{key}|1", key.len()).into_bytes());
     let marker = idempotask::Marker::decode(&marker).unwrap();
     assert_eq!(marker.key(), key);
 }
@@ -176,6 +236,7 @@ async fn a_flushed_script_cache_heals_itself() {
 async fn acl_users_authenticate_and_bad_credentials_are_a_configuration_error() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
+    // Only its own keys, and only reading, writing and scripts: no `@dangerous` `INFO`.
     let _: String = redis::cmd("ACL")
         .arg(
             &[
@@ -184,7 +245,10 @@ async fn acl_users_authenticate_and_bad_credentials_are_a_configuration_error() 
                 "on",
                 ">s3cret",
                 "~idempotask:*",
-                "+@all",
+                "+@read",
+                "+@write",
+                "+@scripting",
+                "+@connection",
             ][..],
         )
         .query_async(&mut conn)
@@ -278,5 +342,16 @@ async fn no_lock_keys_remain_after_many_calls() {
         call.await.unwrap();
     }
     let mut conn = server.connection().await;
-    assert_eq!(scan_keys(&mut conn, "*:lock").await, Vec::<String>::new());
+    let mut locks = Vec::new();
+    for key in scan_keys(&mut conn, "idempotask:*").await {
+        let value: Vec<u8> = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if value.first() == Some(&b'L') {
+            locks.push(key);
+        }
+    }
+    assert_eq!(locks, Vec::<String>::new());
 }

@@ -94,7 +94,7 @@ async fn s05_a_paused_holder_never_harms_its_successor() {
     let server = RedisServer::start();
     let store = server.store().await;
     let ttl = Duration::from_millis(300);
-    let task = Arc::new(Task::new("s05").lock_ttl(ttl));
+    let task = Arc::new(Task::new("s05").lock_ttl(ttl).fencing(true));
     let unit = UnitOfWork::new("s05", "k").unwrap();
 
     // The stale holder starts, then "pauses" (waits) past its TTL.
@@ -136,8 +136,8 @@ async fn s05_a_paused_holder_never_harms_its_successor() {
         },
         "the stale holder must be told"
     );
-    let stale_fence = stale.fencing_token;
-    assert!(stale_fence < fresh.fencing_token);
+    let stale_fence = stale.fencing_token.unwrap();
+    assert!(stale_fence < fresh.fencing_token.unwrap());
     let replay = task
         .call("k")
         .store(store.clone())
@@ -175,7 +175,7 @@ async fn s05_a_paused_holder_never_harms_its_successor() {
                 &unit2,
                 &successor,
                 Duration::from_secs(30),
-                Duration::from_secs(60)
+                idempotask::store::Fencing::On
             )
             .await
             .unwrap(),
@@ -191,7 +191,8 @@ async fn s05_a_paused_holder_never_harms_its_successor() {
         "5. holder paused past its TTL (300 ms)",
         &format!(
             "stale holder told `LockLost`, its finish kept the successor's result, its release kept the successor's lock; fencing token {} < {}",
-            stale_fence, fresh.fencing_token
+            stale_fence,
+            fresh.fencing_token.unwrap()
         ),
     );
 }
@@ -906,7 +907,7 @@ async fn s03_a_dropped_failed_or_panicked_call_leaves_nothing_behind() {
 
 // 11. Bad input: random keys, corrupted and forged markers.
 #[test]
-fn s11_random_keys_never_collide_and_keep_one_hash_slot() {
+fn s11_random_keys_never_collide_and_never_reach_the_key_name() {
     use proptest::prelude::*;
     use proptest::test_runner::{Config, TestRunner};
     let mut runner = TestRunner::new(Config {
@@ -915,24 +916,16 @@ fn s11_random_keys_never_collide_and_keep_one_hash_slot() {
         ..Config::default()
     });
     let keys = "(?s)[a-z:{}\\n\\r\\t \\x00-\\x7f\\u{80}-\\u{10ffff}]{1,300}";
-    let redis_keys = |namespace: &str, task: &str, key: &str| {
-        let unit = UnitOfWork::new(task, key).unwrap();
-        idempotask::store::redis::key_names(namespace, &unit)
-    };
+    let layout = idempotask::RedisKeys::new("ns").unwrap();
+    let redis_key = |key: &str| layout.unit(&UnitOfWork::new("task", key).unwrap());
     runner
         .run(&(keys, keys), |(a, b)| {
-            let [lock, done, fence] = redis_keys("ns", "task", &a);
-            // Redis Cluster hashes what stands between the first `{` and the next `}`.
-            let tag = |key: &str| {
-                let open = key.find('{').unwrap();
-                let close = open + key[open..].find('}').unwrap();
-                key[open + 1..close].to_owned()
-            };
-            prop_assert_eq!(tag(&lock), tag(&done));
-            prop_assert_eq!(tag(&lock), tag(&fence));
-            prop_assert!(!lock.contains(a.as_str()) || a.len() < 3);
+            let key = redis_key(&a);
+            // One key per unit: no hash tag, and nothing of the caller's text in the name.
+            prop_assert!(!key.contains(['{', '}']), "a hash tag in {}", key);
+            prop_assert!(!key.contains(a.as_str()) || a.len() < 3);
             if a != b {
-                prop_assert_ne!(&lock, &redis_keys("ns", "task", &b)[0]);
+                prop_assert_ne!(&key, &redis_key(&b));
             }
             Ok(())
         })
@@ -947,33 +940,34 @@ async fn s11_corrupted_or_forged_markers_are_typed_errors_never_reruns() {
     let server = RedisServer::start();
     let store = server.store().await;
     let mut conn = server.connection().await;
-    let huge = format!(
-        r#"{{"v":1,"key":"k","fence":1,"at":1,"ok":"{}"}}"#,
-        "x".repeat(8 << 20)
-    );
-    let forged: Vec<(&str, Vec<u8>)> = vec![
-        ("garbage", b"\xff\x00garbage".to_vec()),
-        ("not json", b"OK".to_vec()),
-        (
-            "wrong version",
-            br#"{"v":9,"key":"k","fence":1,"at":1,"ok":1}"#.to_vec(),
-        ),
-        (
-            "no result",
-            br#"{"v":1,"key":"k","fence":1,"at":1}"#.to_vec(),
-        ),
-        (
-            "wrong type",
-            br#"{"v":1,"key":"k","fence":1,"at":1,"ok":"text"}"#.to_vec(),
-        ),
-        ("8 MiB", huge.into_bytes()),
+    // Markers that start like one (`D`) but are damaged, for the key they are stored under.
+    let forged_for = |what: &str, key: &str| -> Vec<u8> {
+        let len = key.len();
+        match what {
+            "bad header" => format!("Dxx|{key}|1").into_bytes(),
+            "short key" => format!("D{}|{key}|1", len + 40).into_bytes(),
+            "not json" => format!("D{len}|{key}|OK").into_bytes(),
+            "not utf-8" => [format!("D{len}|{key}|").as_bytes(), b"\xff\xfe"].concat(),
+            "wrong type" => format!("D{len}|{key}|\"text\"").into_bytes(),
+            "8 MiB" => format!("D{len}|{key}|\"{}\"", "x".repeat(8 << 20)).into_bytes(),
+            other => unreachable!("{other}"),
+        }
+    };
+    let forged: Vec<&str> = vec![
+        "bad header",
+        "short key",
+        "not json",
+        "not utf-8",
+        "wrong type",
+        "8 MiB",
     ];
     let runs = AtomicU64::new(0);
-    for (what, bytes) in &forged {
+    for what in &forged {
         let task = Task::new("s11");
         let key = format!("forged-{}", what.replace(' ', "-"));
+        let bytes = &forged_for(what, &key);
         let unit = UnitOfWork::new("s11", key.as_str()).unwrap();
-        let done = &store.keys(&unit)[1];
+        let done = &store.key(&unit);
         let _: () = redis::cmd("SET")
             .arg(done)
             .arg(bytes.as_slice())
@@ -1004,11 +998,64 @@ async fn s11_corrupted_or_forged_markers_are_typed_errors_never_reruns() {
         0,
         "a forged marker made the body run"
     );
-    // A foreign value where the lock should be is just someone else's lock.
+    record(
+        "11. bad input",
+        &format!(
+            "2,000 random keys (unicode, `:`, `{{}}`, control characters, up to 300 chars): 0 collisions, no caller text in a key name; {} damaged markers (bad header, short key, not JSON, not UTF-8, wrong type, 8 MiB): typed `Codec` errors, 0 re-runs, 0 panics; a foreign value and a hash under a unit's key: typed errors naming the key",
+            forged.len()
+        ),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s11_foreign_values_under_a_unit_key_are_typed_errors() {
+    let server = RedisServer::start();
+    let store = server.store().await;
+    let mut conn = server.connection().await;
+    // A value that is neither a lock nor a marker is a typed error naming the key.
+    let unit = UnitOfWork::new("s11", "foreign-value").unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(store.key(&unit))
+        .arg("\u{0}not-ours")
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let foreign: Result<u64, Error> = Task::new("s11")
+        .call("foreign-value")
+        .store(store.clone())
+        .run(async { Ok(1) })
+        .await;
+    assert!(
+        matches!(&foreign, Err(Error::Store(err)) if err.to_string().contains(&store.key(&unit))),
+        "{foreign:?}"
+    );
+    // A value of another type under the key: the same.
+    let unit = UnitOfWork::new("s11", "wrong-type").unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(store.key(&unit))
+        .arg("field")
+        .arg("value")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let wrong_type: Result<u64, Error> = Task::new("s11")
+        .call("wrong-type")
+        .store(store.clone())
+        .run(async { Ok(1) })
+        .await;
+    assert!(
+        matches!(&wrong_type, Err(Error::Store(err))
+            if err.kind() == idempotask::StoreErrorKind::Protocol
+                && err.to_string().contains(&store.key(&unit))),
+        "{wrong_type:?}"
+    );
+    // Someone else's lock, even with a token of another shape, is just busy.
     let unit = UnitOfWork::new("s11", "foreign-lock").unwrap();
     let _: () = redis::cmd("SET")
-        .arg(&store.keys(&unit)[0])
-        .arg("\u{0}not-a-token")
+        .arg(store.key(&unit))
+        .arg("Lnot-a-token")
         .arg("PX")
         .arg(60_000)
         .query_async(&mut conn)
@@ -1021,13 +1068,6 @@ async fn s11_corrupted_or_forged_markers_are_typed_errors_never_reruns() {
         .run(async { Ok(1) })
         .await;
     assert!(matches!(busy, Err(Error::Contended { .. })), "{busy:?}");
-    record(
-        "11. bad input",
-        &format!(
-            "2,000 random keys (unicode, `:`, `{{}}`, control characters, up to 300 chars): 0 collisions, one hash tag per unit; {} forged markers (garbage, wrong version, wrong type, 8 MiB): typed `Codec` errors, 0 re-runs, 0 panics",
-            forged.len()
-        ),
-    );
 }
 
 // ---- scenarios with several OS processes: this binary re-runs itself as a worker ----

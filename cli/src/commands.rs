@@ -9,7 +9,7 @@ use crate::exit::{Exit, Failure};
 use crate::render::{self, result_json};
 use crate::scan::{Listing, list_node};
 use crate::target::Target;
-use crate::time::{epoch_millis, millis, rfc3339};
+use crate::time::millis;
 
 /// What a command found: the JSON document, the text for people, and the exit code.
 pub(crate) struct Found {
@@ -44,14 +44,10 @@ pub(crate) async fn status(target: &Target, task: &str, key: &str) -> Result<Fou
     });
     let (text, exit) = match target.status(&unit).await? {
         Status::Done(done) => {
-            let completed = epoch_millis(done.marker.completed_at());
             json["state"] = json!("done");
-            json["completed_at"] = json!(rfc3339(completed));
-            json["completed_at_ms"] = json!(completed);
             json["fencing_token"] = json!(done.marker.fencing_token());
             json["result"] = result_json(&done.marker);
             json["ttl_ms"] = json!(done.ttl.map(millis));
-            json["lock_ttl_ms"] = json!(done.lock_ttl.map(millis));
             (render::done(&unit, &done), Exit::Ok)
         }
         Status::Locked { lock_ttl } => {
@@ -83,8 +79,7 @@ pub(crate) async fn forget(
 ) -> Result<Found, Failure> {
     let unit = target.unit(task, key)?;
     let done = match target.status(&unit).await? {
-        Status::Done(done) if done.lock_ttl.is_none() => done,
-        Status::Done(done) => return Err(locked_refusal(&unit, done.lock_ttl.unwrap_or_default())),
+        Status::Done(done) => done,
         Status::Locked { lock_ttl } => return Err(locked_refusal(&unit, lock_ttl)),
         _ => {
             return Err(Failure::new(
@@ -110,10 +105,7 @@ pub(crate) async fn forget(
         "fencing_token": done.marker.fencing_token(),
     });
     let text = if deleted {
-        format!(
-            "forgot {task} {key:?} (fencing token {}); the next delivery runs it again",
-            done.marker.fencing_token()
-        )
+        format!("forgot {task} {key:?}; the next delivery runs it again")
     } else {
         format!("{task} {key:?} expired or was forgotten meanwhile; nothing deleted")
     };

@@ -7,7 +7,7 @@ use idempotask::{Done, Marker, StoredResult, UnitOfWork};
 use serde_json::Value;
 
 use crate::scan::Entry;
-use crate::time::{epoch_millis, human, rfc3339};
+use crate::time::human;
 
 /// The stored result as JSON: the value itself, or `{"unstorable": reason}`.
 pub(crate) fn result_json(marker: &Marker) -> Value {
@@ -22,21 +22,14 @@ pub(crate) fn result_json(marker: &Marker) -> Value {
 
 pub(crate) fn done(unit: &UnitOfWork, done: &Done) -> String {
     let mut text = format!("{} {:?}: done\n", unit.task(), unit.key());
-    let completed = epoch_millis(done.marker.completed_at());
-    let _ = writeln!(text, "  completed at   {}", rfc3339(completed));
-    let _ = writeln!(text, "  fencing token  {}", done.marker.fencing_token());
+    if let Some(token) = done.marker.fencing_token() {
+        let _ = writeln!(text, "  fencing token  {token}");
+    }
     let _ = writeln!(text, "  result         {}", result_json(&done.marker));
     let expiry = done
         .ttl
         .map_or_else(|| "never".to_owned(), |ttl| format!("in {}", human(ttl)));
     let _ = write!(text, "  expires        {expiry}");
-    if let Some(lock) = done.lock_ttl {
-        let _ = write!(
-            text,
-            "\n  also locked    for {} (a late holder stored this result while another runs)",
-            human(lock)
-        );
-    }
     text
 }
 
@@ -86,18 +79,14 @@ pub(crate) fn listing(
         let _ = write!(text, " (on {masters} cluster masters)");
     }
     for entry in entries {
-        let state = match (entry.done, entry.locked) {
-            (true, true) => "done+locked",
-            (true, false) => "done",
-            _ => "locked",
-        };
+        let state = if entry.done { "done" } else { "locked" };
         let name = entry.key.as_ref().map_or_else(
-            || format!("sha256:{}", &entry.digest),
+            || format!("digest:{}", &entry.digest),
             |key| format!("{key:?}"),
         );
-        let _ = write!(text, "\n{state:<11}  {name}");
-        if let (Some(at), Some(token)) = (&entry.completed_at, entry.fencing_token) {
-            let _ = write!(text, "  completed {at}  fencing token {token}");
+        let _ = write!(text, "\n{state:<6}  {name}");
+        if let Some(token) = entry.fencing_token {
+            let _ = write!(text, "  fencing token {token}");
         }
         if let Some(ms) = entry.lock_ttl_ms {
             let _ = write!(

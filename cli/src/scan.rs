@@ -6,16 +6,15 @@
 
 use std::collections::BTreeMap;
 
-use idempotask::store::redis::KeyKind;
 use idempotask::{Marker, RedisKeys};
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{Pipeline, RedisError, Value};
+use redis::{RedisError, Value};
 use serde::Serialize;
 
 use crate::render::result_json;
-use crate::time::rfc3339;
+use crate::target::lock_fencing_token;
 
 /// How many keys one SCAN call looks at, and how many units one pipeline describes.
 const BATCH: usize = 1000;
@@ -62,42 +61,30 @@ impl Node {
         }
     }
 
-    /// Input: the key stems of some units (their keys without `:lock` or `:done`). Output:
-    /// `GET done`, `PTTL done`, `PTTL lock` of each unit, in order.
-    async fn describe(&mut self, stems: &[&str]) -> Result<Vec<Value>, RedisError> {
-        fn ask(pipe: &mut Pipeline, stem: &str) {
-            let (lock, done) = (format!("{stem}:lock"), format!("{stem}:done"));
-            pipe.cmd("GET")
-                .arg(&done)
-                .cmd("PTTL")
-                .arg(&done)
-                .cmd("PTTL")
-                .arg(&lock);
-        }
+    /// Input: the keys of some units. Output: `GET` and `PTTL` of each key, in order.
+    async fn describe(&mut self, keys: &[&str]) -> Result<Vec<Value>, RedisError> {
         match self {
             Self::Server(connection) => {
                 let mut pipe = redis::pipe();
-                for stem in stems {
-                    ask(&mut pipe, stem);
+                for key in keys {
+                    pipe.cmd("GET").arg(*key).cmd("PTTL").arg(*key);
                 }
                 pipe.query_async(connection).await
             }
             Self::Master { connection, .. } => {
                 // Single-key commands, units all in flight at once on the multiplexed
-                // connection. The cluster client refuses a pipeline that spans slots. While a
-                // slot migrates, a single-key command follows `ASK` (`ASKING` covers one
-                // command, not a pipeline), and a command on several keys of the importing
-                // master is answered with `TRYAGAIN` whenever one of them is missing there, as a
-                // finished unit's lock always is.
+                // connection: the cluster client refuses a pipeline that spans slots, and while
+                // a slot migrates a single command follows `ASK` (`ASKING` covers one command,
+                // not a pipeline).
                 let mut in_flight = tokio::task::JoinSet::new();
-                for (index, stem) in stems.iter().enumerate() {
-                    let (lock, done) = (format!("{stem}:lock"), format!("{stem}:done"));
+                for (index, key) in keys.iter().enumerate() {
+                    let key = (*key).to_owned();
                     let mut connection = connection.clone();
                     in_flight.spawn(async move {
-                        let mut reply = Vec::with_capacity(3);
-                        for (command, key) in [("GET", &done), ("PTTL", &done), ("PTTL", &lock)] {
+                        let mut reply = Vec::with_capacity(2);
+                        for command in ["GET", "PTTL"] {
                             let value: Result<Value, RedisError> = redis::cmd(command)
-                                .arg(key)
+                                .arg(&key)
                                 .query_async(&mut connection)
                                 .await;
                             match value {
@@ -108,7 +95,7 @@ impl Node {
                         (index, Ok(reply))
                     });
                 }
-                let mut replies = vec![Vec::new(); stems.len()];
+                let mut replies = vec![Vec::new(); keys.len()];
                 while let Some(joined) = in_flight.join_next().await {
                     // Nothing cancels these tasks; a panic in one is a bug to surface as such.
                     let (index, reply) =
@@ -141,11 +128,10 @@ impl Node {
 pub(crate) struct Entry {
     /// The plain caller key, read from the marker; locks alone do not know it.
     pub(crate) key: Option<String>,
-    /// The SHA-256 of the caller key, as in the Redis keys.
+    /// The digest of the caller key, as in the Redis key.
     pub(crate) digest: String,
     pub(crate) done: bool,
     pub(crate) locked: bool,
-    pub(crate) completed_at: Option<String>,
     pub(crate) fencing_token: Option<u64>,
     pub(crate) result: Option<serde_json::Value>,
     pub(crate) marker_ttl_ms: Option<u64>,
@@ -160,14 +146,14 @@ pub(crate) struct Entry {
 pub(crate) struct Listing {
     /// Done or locked units, by digest.
     pub(crate) entries: BTreeMap<String, Entry>,
-    /// Every key of the task, fencing counters of idle units included.
+    /// Every key of the task, released fenced locks included.
     pub(crate) keys_seen: usize,
 }
 
 impl Listing {
     /// Adds another server's listing (a cluster has one per master; slots never overlap).
     ///
-    /// While slots move the masters are not scanned at one instant: a unit whose keys move from
+    /// While slots move the masters are not scanned at one instant: a unit whose key moves from
     /// a master not scanned yet to one already scanned is missed, and one seen on both sides is
     /// counted once. The README tells operators to list again once a resharding is over.
     pub(crate) fn merge(&mut self, other: Self) {
@@ -177,49 +163,36 @@ impl Listing {
 }
 
 /// Input: one server, the namespace's layout and a task's key pattern. Output: that server's
-/// done and locked units of the task, each described by a pipelined `GET`/`PTTL`.
+/// done and locked units of the task, each described by a `GET` and a `PTTL` of its key.
 pub(crate) async fn list_node(
     node: &mut Node,
     keys: &RedisKeys,
     pattern: &str,
 ) -> Result<Listing, RedisError> {
-    // digest → (the unit's hash tag part of its keys, done seen, lock seen)
-    let mut kinds: BTreeMap<String, (String, bool, bool)> = BTreeMap::new();
+    // digest → the unit's key
+    let mut units: BTreeMap<String, String> = BTreeMap::new();
     let mut listing = Listing::default();
     let mut cursor: u64 = 0;
     loop {
         let (next, batch) = node.scan(cursor, pattern).await?;
-        for key in &batch {
-            let Some(parsed) = keys.parse(key) else {
+        for key in batch {
+            let Some(digest) = keys.parse(&key).map(|parsed| parsed.digest.to_owned()) else {
                 continue;
             };
             listing.keys_seen += 1;
-            let slot = kinds.entry(parsed.digest.to_owned()).or_insert_with(|| {
-                // A parsed key ends in `:lock`, `:done` or `:fence`; the rest names the unit.
-                let stem = key.rsplit_once(':').map_or("", |(stem, _)| stem);
-                (stem.to_owned(), false, false)
-            });
-            match parsed.kind {
-                KeyKind::Done => slot.1 = true,
-                KeyKind::Lock => slot.2 = true,
-                _ => {}
-            }
+            units.insert(digest, key);
         }
         if next == 0 {
             break;
         }
         cursor = next;
     }
-    let wanted: Vec<(&String, &String)> = kinds
-        .iter()
-        .filter(|(_, (_, done, locked))| *done || *locked)
-        .map(|(digest, (stem, _, _))| (digest, stem))
-        .collect();
+    let wanted: Vec<(&String, &String)> = units.iter().collect();
     for chunk in wanted.chunks(BATCH) {
-        let stems: Vec<&str> = chunk.iter().map(|(_, stem)| stem.as_str()).collect();
-        let replies = node.describe(&stems).await?;
-        for ((digest, _), reply) in chunk.iter().zip(replies.chunks(3)) {
-            // A key seen by SCAN may have expired or been finished since.
+        let names: Vec<&str> = chunk.iter().map(|(_, key)| key.as_str()).collect();
+        let replies = node.describe(&names).await?;
+        for ((digest, _), reply) in chunk.iter().zip(replies.chunks(2)) {
+            // A key seen by SCAN may have expired or changed since.
             let entry = describe(digest, reply);
             if entry.done || entry.locked {
                 listing.entries.insert((*digest).clone(), entry);
@@ -229,36 +202,45 @@ pub(crate) async fn list_node(
     Ok(listing)
 }
 
-/// Input: a digest and its `GET done`, `PTTL done`, `PTTL lock` replies. Output: its entry.
+/// Input: a digest and the `GET` and `PTTL` replies of its key. Output: its entry.
 fn describe(digest: &str, reply: &[Value]) -> Entry {
-    let ttl = |value: Option<&Value>| match value {
+    let ttl = match reply.get(1) {
         Some(Value::Int(ms)) if *ms >= 0 => u64::try_from(*ms).ok(),
         _ => None,
     };
-    let lock_ttl_ms = ttl(reply.get(2));
     let mut entry = Entry {
         key: None,
         digest: digest.to_owned(),
         done: false,
-        locked: matches!(reply.get(2), Some(Value::Int(ms)) if *ms != -2),
-        completed_at: None,
+        locked: false,
         fencing_token: None,
         result: None,
-        marker_ttl_ms: ttl(reply.get(1)),
-        lock_ttl_ms,
+        marker_ttl_ms: None,
+        lock_ttl_ms: None,
         error: None,
     };
-    if let Some(Value::BulkString(bytes)) = reply.first() {
-        entry.done = true;
-        match Marker::decode(bytes) {
-            Ok(marker) => {
-                entry.key = Some(marker.key().to_owned());
-                entry.completed_at =
-                    Some(rfc3339(crate::time::epoch_millis(marker.completed_at())));
-                entry.fencing_token = Some(marker.fencing_token());
-                entry.result = Some(result_json(&marker));
+    let Some(Value::BulkString(bytes)) = reply.first() else {
+        return entry;
+    };
+    match bytes.first() {
+        Some(b'L') => {
+            entry.locked = true;
+            entry.lock_ttl_ms = ttl;
+            entry.fencing_token = lock_fencing_token(bytes);
+        }
+        // A released fenced lock holds only its counter: the unit is neither done nor locked.
+        Some(b'T') => {}
+        _ => {
+            entry.done = true;
+            entry.marker_ttl_ms = ttl;
+            match Marker::decode(bytes) {
+                Ok(marker) => {
+                    entry.key = Some(marker.key().to_owned());
+                    entry.fencing_token = marker.fencing_token();
+                    entry.result = Some(result_json(&marker));
+                }
+                Err(err) => entry.error = Some(err.to_string()),
             }
-            Err(err) => entry.error = Some(err.to_string()),
         }
     }
     entry

@@ -24,7 +24,15 @@ enum Backend {
 }
 
 /// `{GET fencing counter, TIME}` on the server that owns the unit (its clock, its counter).
-const TOKEN_AND_CLOCK: &str = "return {redis.call('GET', KEYS[1]), redis.call('TIME')}";
+const VALUE_AND_CLOCK: &str = "return {redis.call('GET', KEYS[1]), redis.call('TIME')}";
+
+/// The fencing token of a lock's value (`L<token>.<fencing token>`); `None` for anything else.
+pub(crate) fn lock_fencing_token(value: &[u8]) -> Option<u64> {
+    let fence = value.strip_prefix(b"L")?.rsplit(|&b| b == b'.').next()?;
+    (fence.len() < value.len() - 1)
+        .then(|| std::str::from_utf8(fence).ok()?.parse().ok())
+        .flatten()
+}
 
 impl Target {
     /// Input: a URL and a namespace. Output: a target on that server, or on its cluster.
@@ -113,27 +121,31 @@ impl Target {
             .map_err(|err| Failure::store(&err, &self.url))
     }
 
-    /// How long ago the current lock was granted, from the fencing counter: a token is never
-    /// below the server's clock in milliseconds when it is granted, so `now - token` is the age
-    /// (or a little less when several grants shared one millisecond).
+    /// How long ago the current lock was granted, for a lock with a fencing token: a token is
+    /// never below the server's clock in milliseconds when it is granted, so `now - token` is
+    /// the age (or a little less when several grants shared one millisecond). `None` for a lock
+    /// without one (its task does not use fencing) or when the lock is gone.
     pub(crate) async fn token_age_ms(&self, unit: &UnitOfWork) -> Result<Option<u64>, Failure> {
         async fn ask(
             connection: &mut impl redis::aio::ConnectionLike,
-            fence: String,
-        ) -> Result<(Option<u64>, (u64, u64)), RedisError> {
-            redis::Script::new(TOKEN_AND_CLOCK)
-                .key(fence)
+            key: String,
+        ) -> Result<(Option<Vec<u8>>, (u64, u64)), RedisError> {
+            redis::Script::new(VALUE_AND_CLOCK)
+                .key(key)
                 .invoke_async(connection)
                 .await
         }
-        let [_, _, fence] = self.keys.unit(unit);
+        let key = self.keys.unit(unit);
         let reply = match &self.backend {
-            Backend::Server(store) => ask(&mut store.connection(), fence).await,
-            Backend::Cluster(store) => ask(&mut store.connection(), fence).await,
+            Backend::Server(store) => ask(&mut store.connection(), key).await,
+            Backend::Cluster(store) => ask(&mut store.connection(), key).await,
         };
-        let (token, (secs, micros)) = reply.map_err(|err| self.redis_failure("token age", &err))?;
+        let (value, (secs, micros)) = reply.map_err(|err| self.redis_failure("token age", &err))?;
         let now_ms = secs.saturating_mul(1000).saturating_add(micros / 1000);
-        Ok(token.map(|token| now_ms.saturating_sub(token)))
+        Ok(value
+            .as_deref()
+            .and_then(lock_fencing_token)
+            .map(|token| now_ms.saturating_sub(token)))
     }
 
     /// The servers that hold keys: the one server, or every master of the cluster.

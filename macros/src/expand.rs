@@ -58,6 +58,9 @@ pub(crate) fn function(function: &ItemFn, checked: &Checked<'_>) -> TokenStream 
     if args.renew {
         settings.extend(quote! { .renew(true) });
     }
+    if args.fencing {
+        settings.extend(quote! { .fencing(true) });
+    }
     if args.log_key_hash {
         settings.extend(quote! { .log_key(::idempotask::__private::KeyLogging::Hash) });
     }

@@ -12,8 +12,9 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use idempotask::store::redis::key_names;
-use idempotask::{Error, LockToken, Marker, MemoryStore, StoredResult, Task, UnitOfWork};
+use idempotask::{
+    Error, LockToken, Marker, MemoryStore, RedisKeys, StoredResult, Task, UnitOfWork,
+};
 
 const TASK: &str = "charge_customer";
 const KEY: &str = "order-charge-1764460000123";
@@ -22,23 +23,22 @@ const NAMESPACE: &str = "default";
 fn steps(c: &mut Criterion) {
     let unit = UnitOfWork::new(TASK, KEY).unwrap();
     let null = serde_json::value::to_raw_value(&()).unwrap();
-    let marker = idempotask::__bench::encode_marker(KEY, 1_764_460_000_123, &null);
+    let marker = idempotask::__bench::encode_marker(KEY, None, &null);
 
+    let keys = RedisKeys::new(NAMESPACE).unwrap();
     let mut group = c.benchmark_group("step");
     group.bench_function("key derivation and SHA-256", |b| {
         b.iter(|| UnitOfWork::new(black_box(TASK), black_box(KEY)).unwrap());
     });
-    group.bench_function("redis keys", |b| {
-        b.iter(|| key_names(NAMESPACE, black_box(&unit)));
+    group.bench_function("redis key", |b| {
+        b.iter(|| keys.unit(black_box(&unit)));
     });
     group.bench_function("lock token", |b| b.iter(LockToken::generate));
     group.bench_function("result encoding", |b| {
         b.iter(|| serde_json::value::to_raw_value(black_box(&())).unwrap());
     });
     group.bench_function("marker encoding", |b| {
-        b.iter(|| {
-            idempotask::__bench::encode_marker(black_box(KEY), 1_764_460_000_123, black_box(&null))
-        });
+        b.iter(|| idempotask::__bench::encode_marker(black_box(KEY), None, black_box(&null)));
     });
     group.bench_function("marker and result decoding", |b| {
         b.iter(|| decode_unit(black_box(&marker)));
@@ -46,24 +46,25 @@ fn steps(c: &mut Criterion) {
     group.finish();
 
     let mut group = c.benchmark_group("per task");
-    // A fresh call: the key, a token, the keys of `begin` and `finish`, the result and marker.
+    // A fresh call: the key, a token, the key name for `begin` and `finish`, the result and
+    // marker.
     group.bench_function("fresh, client side", |b| {
         b.iter(|| {
             let unit = UnitOfWork::new(TASK, black_box(KEY)).unwrap();
             let token = LockToken::generate();
-            let begin = key_names(NAMESPACE, &unit);
+            let begin = keys.unit(&unit);
             let json = serde_json::value::to_raw_value(&()).unwrap();
-            let marker = idempotask::__bench::encode_marker(unit.key(), 1_764_460_000_123, &json);
-            let finish = key_names(NAMESPACE, &unit);
+            let marker = idempotask::__bench::encode_marker(unit.key(), None, &json);
+            let finish = keys.unit(&unit);
             black_box((token, begin, marker, finish))
         });
     });
-    // A duplicate: the key, a token, the keys of `begin`, and decoding the stored result.
+    // A duplicate: the key, a token, the key name for `begin`, and decoding the stored result.
     group.bench_function("duplicate, client side", |b| {
         b.iter(|| {
             let unit = UnitOfWork::new(TASK, black_box(KEY)).unwrap();
             let token = LockToken::generate();
-            let begin = key_names(NAMESPACE, &unit);
+            let begin = keys.unit(&unit);
             decode_unit(black_box(&marker));
             black_box((token, begin))
         });

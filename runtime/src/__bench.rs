@@ -8,6 +8,6 @@ use serde_json::value::RawValue;
 use crate::marker::Marker;
 
 /// The completion marker bytes that a successful call with result `json` stores.
-pub fn encode_marker(key: &str, fencing_token: u64, json: &RawValue) -> Vec<u8> {
+pub fn encode_marker(key: &str, fencing_token: Option<u64>, json: &RawValue) -> Vec<u8> {
     Marker::encode(key, fencing_token, None, Ok(json))
 }

@@ -15,14 +15,15 @@ tokio::task_local! {
 /// What a running idempotent task knows about its own execution.
 ///
 /// Available through [`context()`] inside the body of a task run by idempotask (and nowhere
-/// else). Pass [`fencing_token`](Self::fencing_token) to downstream writes so that a store can
-/// reject a writer whose lock was taken over; check [`lock_held`](Self::lock_held) before a
+/// else). With fencing on, pass [`fencing_token`](Self::fencing_token) to downstream writes so
+/// that a database can reject a writer whose lock was taken over; check [`lock_held`](Self::lock_held) before a
 /// long step to stop early when the lock is gone.
 ///
 /// ```
 /// use idempotask::{MemoryStore, Task};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let token = Task::new("report")
+///     .fencing(true)
 ///     .call("2026-11")
 ///     .store(MemoryStore::new())
 ///     .run(async {
@@ -33,13 +34,13 @@ tokio::task_local! {
 ///     })
 ///     .await
 ///     .unwrap();
-/// assert!(token > 0);
+/// assert!(token.is_some_and(|token| token > 0));
 /// # }
 /// ```
 #[derive(Debug, Clone)]
 pub struct TaskContext {
     unit: UnitOfWork,
-    fencing_token: u64,
+    fencing_token: Option<u64>,
     attempt: u32,
     lease: Arc<Lease>,
 }
@@ -90,7 +91,7 @@ fn millis(duration: Duration) -> u64 {
 impl TaskContext {
     pub(crate) fn new(
         unit: UnitOfWork,
-        fencing_token: u64,
+        fencing_token: Option<u64>,
         attempt: u32,
         lease: Arc<Lease>,
     ) -> Self {
@@ -112,9 +113,10 @@ impl TaskContext {
         self.unit.key()
     }
 
-    /// This execution's fencing token: greater than that of every earlier execution of the
-    /// same unit of work.
-    pub fn fencing_token(&self) -> u64 {
+    /// This execution's fencing token, when its task uses fencing
+    /// ([`Task::fencing`](crate::Task::fencing)): greater than that of every earlier execution
+    /// of the same unit of work. `None` when the task does not use fencing.
+    pub fn fencing_token(&self) -> Option<u64> {
         self.fencing_token
     }
 

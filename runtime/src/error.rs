@@ -80,6 +80,24 @@ pub enum Error {
         reason: String,
     },
 
+    /// The marker stored under this key's name was written for another caller key: a collision
+    /// of the key digests (about one in 2^48 pairs of keys) or a value written by something
+    /// other than idempotask.
+    ///
+    /// Nothing ran and the other key's result was not handed out. `forget` the unit on purpose
+    /// to let it run, or rename the task.
+    #[error(
+        "the marker found for key `{key}` of task `{task}` belongs to key `{stored_key}`; nothing ran and its result was not used"
+    )]
+    MarkerKeyMismatch {
+        /// The task's stable name.
+        task: String,
+        /// The caller's key.
+        key: String,
+        /// The key the stored marker names.
+        stored_key: String,
+    },
+
     /// The caller key (or task name) is not usable; fix it at the caller.
     #[error(transparent)]
     InvalidKey(#[from] InvalidKey),

@@ -147,8 +147,10 @@ impl<'t> Observation<'t> {
             .record(waited.as_secs_f64());
     }
 
-    pub(crate) fn fencing_token(&self, token: u64) {
-        self.span.record("fencing_token", token);
+    pub(crate) fn fencing_token(&self, token: Option<u64>) {
+        if let Some(token) = token {
+            self.span.record("fencing_token", token);
+        }
     }
 
     #[cfg_attr(not(feature = "metrics"), allow(clippy::unused_self, unused_variables))]

@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::marker::{Marker, MarkerError};
 use crate::store::{Inspection, Store};
-use crate::task::Task;
+use crate::task::{Task, check_marker_key};
 use crate::unit::UnitOfWork;
 
 /// Whether a unit of work is done, running, or unknown to the store.
@@ -44,13 +44,10 @@ pub enum Status {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Done {
-    /// The stored marker: result, plain key, fencing token, completion time.
+    /// The stored marker: result, plain key, fencing token.
     pub marker: Marker,
     /// How long the marker has left, when it has an expiry.
     pub ttl: Option<Duration>,
-    /// A lock held next to the marker: a holder whose lock had expired stored this marker
-    /// while a successor runs. Usually `None`.
-    pub lock_ttl: Option<Duration>,
 }
 
 impl Inspection {
@@ -60,10 +57,9 @@ impl Inspection {
     /// [`MarkerError`] when the stored marker cannot be read by this build.
     pub fn status(&self) -> Result<Status, MarkerError> {
         Ok(match (&self.marker, self.lock_ttl) {
-            (Some(bytes), lock_ttl) => Status::Done(Done {
+            (Some(bytes), _) => Status::Done(Done {
                 marker: Marker::decode(bytes)?,
                 ttl: self.marker_ttl,
-                lock_ttl,
             }),
             (None, Some(lock_ttl)) => Status::Locked { lock_ttl },
             (None, None) => Status::Unknown,
@@ -77,7 +73,8 @@ impl Task {
     ///
     /// # Errors
     /// [`Error::InvalidKey`] for a key no call could have used, [`Error::Store`] when the store
-    /// cannot be reached, and [`Error::Codec`] when the stored marker cannot be read.
+    /// cannot be reached, [`Error::Codec`] when the stored marker cannot be read, and
+    /// [`Error::MarkerKeyMismatch`] when it was written for another key.
     pub async fn status(
         &self,
         key: impl Into<String>,
@@ -85,11 +82,15 @@ impl Task {
     ) -> Result<Status, Error> {
         let unit = UnitOfWork::with_limit(self.name(), key, store.max_key_len())?;
         let inspection = store.inspect(&unit).await?;
-        inspection.status().map_err(|err| Error::Codec {
+        let status = inspection.status().map_err(|err| Error::Codec {
             task: unit.task().to_owned(),
             key: unit.key().to_owned(),
             reason: err.to_string(),
-        })
+        })?;
+        if let Status::Done(done) = &status {
+            check_marker_key(&unit, &done.marker)?;
+        }
+        Ok(status)
     }
 }
 
@@ -100,11 +101,11 @@ mod tests {
     use super::*;
 
     fn marker() -> Vec<u8> {
-        br#"{"v":1,"key":"k","fence":3,"at":1,"ok":true}"#.to_vec()
+        b"D1,f3|k|true".to_vec()
     }
 
     #[test]
-    fn a_lock_alone_is_locked_and_a_marker_wins_over_a_lock() {
+    fn a_lock_is_locked_and_a_marker_is_done() {
         let locked = Inspection {
             lock_ttl: Some(Duration::from_secs(5)),
             ..Inspection::default()
@@ -120,8 +121,7 @@ mod tests {
         let Ok(Status::Done(done)) = both.status() else {
             panic!("{both:?}")
         };
-        assert_eq!(done.marker.fencing_token(), 3);
-        assert_eq!(done.lock_ttl, Some(Duration::from_secs(5)));
+        assert_eq!(done.marker.fencing_token(), Some(3));
         assert!(matches!(
             Inspection::default().status(),
             Ok(Status::Unknown)

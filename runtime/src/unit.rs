@@ -13,16 +13,18 @@ pub const MAX_NAME_LEN: usize = 128;
 
 /// One unit of work: the task's stable name and the caller's idempotency key.
 ///
-/// Stores address everything they keep for a unit through [`digest`](Self::digest), the SHA-256
-/// of the caller key, so no caller text ever reaches a raw store key: a key containing `:`, `{`,
-/// `}` or a newline cannot collide with another key or change the Redis Cluster hash slot. The
-/// plain key travels inside the stored marker so that operators can read it.
+/// Stores address what they keep for a unit through [`digest`](Self::digest), a short hash of
+/// the caller key, so no caller text ever reaches a raw store key: a key containing `:`, `{`,
+/// `}` or a newline cannot change a key name's structure. The plain key travels inside the
+/// stored marker, so operators can read it and a duplicate can check that a marker found under
+/// the digest really is its own key's (a digest collision is an error, never a replay of another
+/// key's result).
 ///
 /// ```
 /// use idempotask::UnitOfWork;
 /// let unit = UnitOfWork::new("charge_customer", "order-42")?;
 /// assert_eq!(unit.key(), "order-42");
-/// assert_eq!(unit.digest().len(), 64);
+/// assert_eq!(unit.digest().len(), 16);
 /// assert!(UnitOfWork::new("charge_customer", "").is_err());
 /// # Ok::<(), idempotask::InvalidKey>(())
 /// ```
@@ -71,7 +73,7 @@ impl UnitOfWork {
                 max: max_key_len,
             });
         }
-        let digest = hex(&Sha256::digest(key.as_bytes()));
+        let digest = digest(key.as_bytes());
         Ok(Self {
             inner: Arc::new(Inner {
                 task: task.into(),
@@ -91,7 +93,8 @@ impl UnitOfWork {
         &self.inner.key
     }
 
-    /// The lowercase hex SHA-256 of the caller key: what stores put in their keys.
+    /// The first 96 bits of the caller key's SHA-256 in unpadded base64url (16 characters of
+    /// `A-Z a-z 0-9 - _`): what stores put in their key names.
     pub fn digest(&self) -> &str {
         &self.inner.digest
     }
@@ -134,6 +137,24 @@ pub(crate) fn validate_name(name: &str, kind: NameKind) -> Result<(), InvalidKey
             name: name.to_owned(),
         })
     }
+}
+
+/// The first 96 bits of the SHA-256 of `key`, in unpadded base64url.
+///
+/// 96 bits keep a Redis key short (the whole unit fits a small allocation) while an accidental
+/// collision stays out of reach (about 2^48 units for even odds); a collision is detected anyway,
+/// because markers carry the plain key.
+fn digest(key: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let hash = Sha256::digest(key);
+    let mut out = String::with_capacity(16);
+    for chunk in hash[..12].chunks(3) {
+        let bits = u32::from(chunk[0]) << 16 | u32::from(chunk[1]) << 8 | u32::from(chunk[2]);
+        for shift in [18, 12, 6, 0] {
+            out.push(char::from(ALPHABET[(bits >> shift & 0x3f) as usize]));
+        }
+    }
+    out
 }
 
 /// Lowercase hex of `bytes`.
@@ -185,36 +206,72 @@ pub enum InvalidKey {
     },
 }
 
-/// The random token that identifies one lock holder.
+/// The random token that identifies one lock holder, and the fencing token its grant carries.
 ///
-/// 128 random bits, hex-encoded. A store only deletes, extends or finishes a lock whose value is
-/// still this token, so a holder whose lock expired can never touch its successor's lock.
+/// 128 random bits, hex-encoded. A store only deletes, extends or finishes a lock that still
+/// holds this token, so a holder whose lock expired can never touch its successor's lock. When
+/// the task asked for fencing, [`Store::begin`](crate::store::Store::begin) grants a fencing
+/// token too; the runner then passes [`with_fencing_token`](Self::with_fencing_token) to
+/// `finish`, `release` and `renew`, because a store may keep the lock as one value holding both.
 ///
 /// ```
 /// let a = idempotask::LockToken::generate();
 /// let b = idempotask::LockToken::generate();
 /// assert_ne!(a, b);
 /// assert_eq!(a.as_str().len(), 32);
+/// assert_eq!(a.fencing_token(), None);
+/// let granted = a.clone().with_fencing_token(7);
+/// assert_eq!((granted.as_str(), granted.fencing_token()), (a.as_str(), Some(7)));
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct LockToken(Box<str>);
+pub struct LockToken {
+    random: Box<str>,
+    fencing_token: Option<u64>,
+}
 
 impl LockToken {
-    /// A fresh token from the thread-local CSPRNG.
+    /// A fresh token from the thread-local CSPRNG, without a fencing token.
     pub fn generate() -> Self {
-        Self(hex(&rand::random::<[u8; 16]>()).into_boxed_str())
+        Self {
+            random: hex(&rand::random::<[u8; 16]>()).into_boxed_str(),
+            fencing_token: None,
+        }
     }
 
-    /// The token as stored.
+    /// The same holder once its lock was granted with `fencing_token`.
+    #[must_use]
+    pub fn with_fencing_token(mut self, fencing_token: u64) -> Self {
+        self.fencing_token = Some(fencing_token);
+        self
+    }
+
+    /// The same holder once its lock was granted, with the fencing token if there is one.
+    pub(crate) fn granted(self, fencing_token: Option<u64>) -> Self {
+        match fencing_token {
+            Some(fence) => self.with_fencing_token(fence),
+            None => self,
+        }
+    }
+
+    /// The random part, which identifies the holder.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.random
+    }
+
+    /// The fencing token the lock was granted with, if the task uses fencing.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fencing_token
     }
 }
 
 impl fmt::Debug for LockToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Eight characters identify a holder in logs without handing out the whole token.
-        write!(f, "LockToken({}…)", &self.0[..8])
+        write!(f, "LockToken({}…", &self.random[..8])?;
+        match self.fencing_token {
+            Some(fence) => write!(f, ", fencing token {fence})"),
+            None => f.write_str(")"),
+        }
     }
 }
 
@@ -264,11 +321,9 @@ mod tests {
     }
 
     #[test]
-    fn digest_is_sha256_hex() {
+    fn digest_is_the_first_96_bits_of_sha256_in_base64url() {
+        // SHA-256("abc") starts ba7816bf 8f01cfea 414140de; base64url of those 12 bytes:
         let unit = UnitOfWork::new("t", "abc").unwrap();
-        assert_eq!(
-            unit.digest(),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
+        assert_eq!(unit.digest(), "ungWv48Bz-pBQUDe");
     }
 }

@@ -99,6 +99,7 @@ async fn an_executed_call_records_every_field() {
     let capture = Capture::default();
     let _guard = capture.install();
     let report = Task::new("charge")
+        .fencing(true)
         .call("order-1")
         .store(MemoryStore::new())
         .run_reported(async { Ok::<_, Error>(7) })
@@ -111,7 +112,7 @@ async fn an_executed_call_records_every_field() {
     assert_eq!(field(&span, "attempts"), "1");
     assert_eq!(
         field(&span, "fencing_token"),
-        report.fencing_token.to_string()
+        report.fencing_token.unwrap().to_string()
     );
     assert!(field(&span, "waited_ms").parse::<u64>().is_ok(), "{span:?}");
 }
@@ -120,7 +121,7 @@ async fn an_executed_call_records_every_field() {
 async fn a_replayed_call_records_the_first_execution_s_token() {
     let capture = Capture::default();
     let store = MemoryStore::new();
-    let task = Task::new("charge");
+    let task = Task::new("charge").fencing(true);
     let first = task
         .call("order-1")
         .store(store.clone())
@@ -140,7 +141,7 @@ async fn a_replayed_call_records_the_first_execution_s_token() {
     assert_eq!(field(&span, "attempts"), "1");
     assert_eq!(
         field(&span, "fencing_token"),
-        first.fencing_token.to_string()
+        first.fencing_token.unwrap().to_string()
     );
 }
 
@@ -200,6 +201,7 @@ async fn a_failed_call_records_failed_and_caches_nothing() {
     let _guard = capture.install();
     let store = MemoryStore::new();
     let failed: Result<u8, Error> = Task::new("charge")
+        .fencing(true)
         .call("order-1")
         .store(store.clone())
         .run(async { Err(Error::NotConfigured) })

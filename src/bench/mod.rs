@@ -28,7 +28,7 @@ use server::{
     Counting, client_cost, client_cpu, command_stats, lock_keys, memory_usage, server_cpu,
 };
 use target::Connection;
-use workloads::{BENCH_TASK, bench_task, executions, handwritten};
+use workloads::{BENCH_TASK, bench_task, bench_task_fenced, executions, handwritten};
 
 /// The concurrencies of [`Mode::Scaling`].
 pub const SCALING_CONCURRENCY: [usize; 5] = [1, 8, 64, 256, 1024];
@@ -40,6 +40,8 @@ pub enum Mode {
     Fresh,
     /// The same N keys again, all already done (set up untimed first).
     Duplicate,
+    /// N distinct keys, each run once through a task with `fencing = true`.
+    Fenced,
     /// C concurrent deliveries of each of N keys; the body runs once per key.
     Contended,
     /// N distinct keys through the hand-written four-command pattern.
@@ -56,9 +58,10 @@ pub enum Mode {
 
 impl Mode {
     /// Every mode's name, as the command line spells it.
-    pub const NAMES: [&'static str; 8] = [
+    pub const NAMES: [&'static str; 9] = [
         "fresh",
         "duplicate",
+        "fenced",
         "contended",
         "handwritten-fresh",
         "handwritten-duplicate",
@@ -67,9 +70,10 @@ impl Mode {
         "all",
     ];
 
-    const ALL: [Self; 8] = [
+    const ALL: [Self; 9] = [
         Self::Fresh,
         Self::Duplicate,
+        Self::Fenced,
         Self::Contended,
         Self::HandwrittenFresh,
         Self::HandwrittenDuplicate,
@@ -163,9 +167,13 @@ pub struct Measurement {
     /// `latency` only: the median `PING` round trip on the same connection, in microseconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ping_p50_us: Option<u64>,
-    /// Keys matching `*:lock` in Redis after the measurement.
+    /// Locks of idempotask and of the hand-written pattern left in Redis after the measurement.
     pub lock_keys_left: u64,
-    /// `fresh` only: `MEMORY USAGE` of one done marker of a `()` result, in bytes.
+    /// Whether the server has `SET … IFEQ` (Valkey 8.1+, Redis 8.4+), so `finish` runs no
+    /// script; the targets differ.
+    pub native_cas: bool,
+    /// `fresh` only: `MEMORY USAGE` of one completed unit of a `()` result (its one key), in
+    /// bytes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub marker_bytes: Option<u64>,
 }
@@ -224,7 +232,8 @@ pub async fn run(
         let seeds: Vec<&str> = config.redis_url.split(',').map(str::trim).collect();
         let store = RedisClusterStore::connect(seeds.iter().copied()).await?;
         let stats = target::masters(&store, seeds[0]).await?;
-        let bench = Bench::new(Connection::Cluster(store.connection()), stats)?;
+        let mut bench = Bench::new(Connection::Cluster(store.connection()), stats)?;
+        bench.native_cas = store.native_compare_and_set();
         idempotask::install(store);
         bench
     } else {
@@ -232,7 +241,8 @@ pub async fn run(
         let stats = redis::Client::open(config.redis_url.as_str())?
             .get_connection_manager()
             .await?;
-        let bench = Bench::new(Connection::Server(store.connection()), vec![stats])?;
+        let mut bench = Bench::new(Connection::Server(store.connection()), vec![stats])?;
+        bench.native_cas = store.native_compare_and_set();
         idempotask::install(store);
         bench
     };
@@ -255,7 +265,11 @@ pub async fn run(
                     pair.reverse();
                 }
             }
-            for mode in pairs.into_iter().flatten().chain([Mode::Scaling]) {
+            for mode in pairs
+                .into_iter()
+                .flatten()
+                .chain([Mode::Fenced, Mode::Scaling])
+            {
                 bench.measure(mode, n, c, &mut emit).await?;
             }
         }
@@ -286,6 +300,7 @@ struct Bench {
     /// Keeps keys of this process apart from earlier runs on the same server.
     run: u64,
     round: usize,
+    native_cas: bool,
     out: Vec<Measurement>,
 }
 
@@ -305,6 +320,7 @@ impl Bench {
             keys: RedisKeys::new(DEFAULT_NAMESPACE)?,
             run: rand::random::<u64>() >> 1,
             round: 1,
+            native_cas: false,
             out: Vec::new(),
         })
     }
@@ -340,7 +356,7 @@ impl Bench {
         let run = self.run;
         let counting = match mode {
             Mode::HandwrittenFresh | Mode::HandwrittenDuplicate => Counting::Handwritten,
-            _ => Counting::ScriptsOnly,
+            _ => Counting::Idempotask,
         };
         match mode {
             Mode::Duplicate => {
@@ -362,7 +378,7 @@ impl Bench {
         let cost = client_cost(&before, &after, counting);
         let marker_bytes = if mode == Mode::Fresh {
             let unit = UnitOfWork::new(BENCH_TASK, format!("{run}-0"))?;
-            memory_usage(&mut self.conn, &self.keys.unit(&unit)[1]).await?
+            memory_usage(&mut self.conn, &self.keys.unit(&unit)).await?
         } else {
             None
         };
@@ -382,6 +398,7 @@ impl Bench {
             executions: executions() - executed,
             ping_p50_us: sample.ping_p50_us,
             lock_keys_left: lock_keys(&mut self.stats).await?,
+            native_cas: self.native_cas,
             marker_bytes,
         };
         emit(&measurement);
@@ -403,6 +420,7 @@ impl Bench {
             Mode::Fresh | Mode::Duplicate | Mode::Scaling => {
                 drive(n, c, move |id| fresh(run, id)).await?
             }
+            Mode::Fenced => drive(n, c, move |id| fenced(run, id)).await?,
             Mode::Contended => {
                 // Workers take job numbers in order, so the C deliveries of a key run together.
                 deliveries = n * c;
@@ -460,6 +478,10 @@ async fn latency(
 
 async fn fresh(run: u64, id: usize) -> Result<(), BenchError> {
     Ok(bench_task(run, id as u64).await?)
+}
+
+async fn fenced(run: u64, id: usize) -> Result<(), BenchError> {
+    Ok(bench_task_fenced(run, id as u64).await?)
 }
 
 fn micros(duration: Duration) -> u64 {

@@ -57,9 +57,10 @@ fn parse_command_stats(info: &str) -> HashMap<String, CommandStat> {
 /// keeps no per-client count, so each workload says what its scripts run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Counting {
-    /// idempotask: the client sends only `EVALSHA` (and `SCRIPT LOAD`/`EVAL` after a flushed
-    /// script cache); every plain data command ran inside a script.
-    ScriptsOnly,
+    /// idempotask: the client sends plain `SET`s (and a `PTTL` when busy) and `EVALSHA`. On the
+    /// hot paths the scripts are `finish` (one `GET`, one `SET`) and `begin_fenced` (`GET`,
+    /// `TIME`, `SET`); `TIME` runs only in the latter, so its count tells them apart.
+    Idempotask,
     /// The hand-written pattern: the client sends `SET`, `GET` and `EVAL`; each `EVAL` (the
     /// release) runs one `GET` and at most one `DEL` inside.
     Handwritten,
@@ -82,7 +83,6 @@ pub(crate) fn client_cost(
     counting: Counting,
 ) -> ClientCost {
     const SCRIPTS: [&str; 4] = ["evalsha", "eval", "script|load", "script"];
-    const DATA: [&str; 7] = ["get", "set", "incr", "del", "pttl", "pexpire", "time"];
     let delta = |name: &str| {
         let now = after.get(name).copied().unwrap_or_default();
         let then = before.get(name).copied().unwrap_or_default();
@@ -95,7 +95,7 @@ pub(crate) fn client_cost(
     for name in after.keys() {
         let stat = delta(name);
         let counted = match counting {
-            Counting::ScriptsOnly => !DATA.contains(&name.as_str()),
+            Counting::Idempotask => name != "time",
             Counting::Handwritten => name != "del",
         };
         // Besides the bench's own INFO and PING: replicas acknowledge replication to their
@@ -105,13 +105,17 @@ pub(crate) fn client_cost(
             cost.usec += stat.usec;
         }
     }
-    if counting == Counting::Handwritten {
-        // Each release script's own GET is in `get` too; take it back out, calls and time.
-        let evals = SCRIPTS.iter().map(|name| delta(name).calls).sum::<u64>();
-        let get = delta("get");
-        cost.client_calls = cost.client_calls.saturating_sub(evals);
-        let inner = get.usec.saturating_mul(evals).checked_div(get.calls);
-        cost.usec = cost.usec.saturating_sub(inner.unwrap_or(0));
+    let scripts = SCRIPTS.iter().map(|name| delta(name).calls).sum::<u64>();
+    // The `GET`s and `SET`s that ran inside scripts, taken back out with their share of time.
+    let inner_writes = match counting {
+        Counting::Idempotask => scripts,
+        Counting::Handwritten => 0,
+    };
+    for (name, inner) in [("get", scripts), ("set", inner_writes)] {
+        let stat = delta(name);
+        cost.client_calls = cost.client_calls.saturating_sub(inner);
+        let usec = stat.usec.saturating_mul(inner).checked_div(stat.calls);
+        cost.usec = cost.usec.saturating_sub(usec.unwrap_or(0));
     }
     cost
 }
@@ -149,20 +153,32 @@ pub(crate) fn client_cpu() -> Duration {
     Duration::from_millis(ticks.unwrap_or(0) * 10)
 }
 
-/// How many lock keys of idempotask and of the hand-written pattern exist on `servers`, via
-/// `SCAN`.
+/// How many locks of idempotask and of the hand-written pattern exist on `servers`, via `SCAN`
+/// (and, for idempotask, whose one key per unit holds a lock or a marker, a `GET` of each key).
 pub(crate) async fn lock_keys(servers: &mut [ConnectionManager]) -> Result<u64, BenchError> {
     let mut count = 0;
     for conn in servers {
-        for pattern in ["idempotask:*:lock", "handwritten:*:lock"] {
-            count += scan_count(conn, pattern).await?;
+        count += u64::try_from(scan(conn, "handwritten:*:lock").await?.len()).unwrap_or(u64::MAX);
+        for batch in scan(conn, "idempotask:v2:*").await?.chunks(1000) {
+            let mut pipe = redis::pipe();
+            for key in batch {
+                pipe.get(key);
+            }
+            let values: Vec<Option<Vec<u8>>> = pipe.query_async(conn).await?;
+            count += u64::try_from(
+                values
+                    .iter()
+                    .filter(|value| value.as_ref().is_some_and(|v| v.first() == Some(&b'L')))
+                    .count(),
+            )
+            .unwrap_or(u64::MAX);
         }
     }
     Ok(count)
 }
 
-async fn scan_count(conn: &mut ConnectionManager, pattern: &str) -> Result<u64, BenchError> {
-    let mut count = 0;
+async fn scan(conn: &mut ConnectionManager, pattern: &str) -> Result<Vec<String>, BenchError> {
+    let mut keys = Vec::new();
     let mut cursor: u64 = 0;
     loop {
         let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
@@ -173,9 +189,9 @@ async fn scan_count(conn: &mut ConnectionManager, pattern: &str) -> Result<u64, 
             .arg(10_000)
             .query_async(conn)
             .await?;
-        count += u64::try_from(batch.len()).unwrap_or(u64::MAX);
+        keys.extend(batch);
         if next == 0 {
-            return Ok(count);
+            return Ok(keys);
         }
         cursor = next;
     }
@@ -202,16 +218,18 @@ mod tests {
     const BEFORE: &str = "# Commandstats\r\ncmdstat_get:calls=10,usec=10,usec_per_call=1.00,rejected_calls=0,failed_calls=0\r\ncmdstat_info:calls=1,usec=5,usec_per_call=5.00,rejected_calls=0,failed_calls=0\r\n";
 
     #[test]
-    fn scripts_only_counts_the_script_calls() {
+    fn idempotask_counts_its_plain_sets_and_script_calls_not_what_scripts_run() {
         let before = parse_command_stats(BEFORE);
+        // Two fresh tasks on Redis 7: SET NX GET, then EVALSHA of `finish` (GET, SET) each;
+        // one fenced: EVALSHA of `begin_fenced` (GET, TIME, SET), then of `finish`.
         let after = parse_command_stats(
-            "cmdstat_get:calls=13,usec=13,usec_per_call=1.00\r\ncmdstat_set:calls=3,usec=6,usec_per_call=2.00\r\ncmdstat_evalsha:calls=2,usec=40,usec_per_call=20.00\r\ncmdstat_info:calls=2,usec=10,usec_per_call=5.00\r\ncmdstat_replconf:calls=4,usec=4,usec_per_call=1.00\r\n",
+            "cmdstat_get:calls=14,usec=14,usec_per_call=1.00\r\ncmdstat_set:calls=6,usec=12,usec_per_call=2.00\r\ncmdstat_time:calls=1,usec=1\r\ncmdstat_evalsha:calls=4,usec=80,usec_per_call=20.00\r\ncmdstat_info:calls=2,usec=10,usec_per_call=5.00\r\ncmdstat_replconf:calls=4,usec=4,usec_per_call=1.00\r\n",
         );
         assert_eq!(
-            client_cost(&before, &after, Counting::ScriptsOnly),
+            client_cost(&before, &after, Counting::Idempotask),
             ClientCost {
-                client_calls: 2,
-                usec: 40
+                client_calls: 2 + 4,
+                usec: 4 + 80
             }
         );
     }

@@ -23,6 +23,13 @@ pub(crate) async fn bench_task(run: u64, id: u64) -> Result<(), Error> {
     Ok(())
 }
 
+/// `bench_task` with a fencing token for every execution.
+#[idempotent_task(key = "{run}-{id}", fencing = true)]
+pub(crate) async fn bench_task_fenced(run: u64, id: u64) -> Result<(), Error> {
+    EXECUTIONS.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
 /// The task name `bench_task` stores under.
 pub(crate) const BENCH_TASK: &str = "bench_task";
 

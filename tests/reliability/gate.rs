@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use idempotask::store::Fencing;
 use idempotask::{Begin, Finish, Inspection, LockToken, RedisStore, Store, StoreError, UnitOfWork};
 use tokio::sync::oneshot;
 
@@ -58,10 +59,10 @@ impl Store for Gate {
         unit: &UnitOfWork,
         token: &LockToken,
         lock_ttl: Duration,
-        result_ttl: Duration,
+        fencing: Fencing,
     ) -> Result<Begin, StoreError> {
         self.checkpoint(Stop::Before("begin")).await;
-        let answer = self.inner.begin(unit, token, lock_ttl, result_ttl).await;
+        let answer = self.inner.begin(unit, token, lock_ttl, fencing).await;
         self.checkpoint(Stop::After("begin")).await;
         answer
     }

@@ -427,7 +427,7 @@ impl Node {
             ]
             .map(str::to_owned)
             .into();
-            match spawn(port, &dir, &cluster_args) {
+            match spawn("redis-server", port, &dir, &cluster_args) {
                 Ok(child) => return Self { child, port, dir },
                 Err(err) => last_error = err,
             }

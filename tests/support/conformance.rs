@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use idempotask::store::Fencing;
 use idempotask::{
     Begin, Error, Fingerprint, Finish, LockToken, Outcome, RetryPolicy, Store, Task, UnitOfWork,
 };
@@ -19,16 +20,41 @@ fn unit(key: &str) -> UnitOfWork {
     UnitOfWork::new("conformance", key).unwrap()
 }
 
-fn marker(key: &str, fence: u64, text: &str) -> Vec<u8> {
-    // Stores treat markers as opaque bytes; a real envelope keeps the stored data realistic.
-    format!(r#"{{"v":1,"key":"{key}","fence":{fence},"at":1,"ok":"{text}"}}"#).into_bytes()
+fn marker(key: &str, fence: Option<u64>, text: &str) -> Vec<u8> {
+    // Stores see a marker as bytes that start with `D`; the real layout keeps the data
+    // realistic.
+    let fence = fence.map_or_else(String::new, |fence| format!(",f{fence}"));
+    format!(r#"D{}{fence}|{key}|"{text}""#, key.len()).into_bytes()
 }
 
-async fn acquire(store: &dyn Store, unit: &UnitOfWork, token: &LockToken, ttl: Duration) -> u64 {
-    match store.begin(unit, token, ttl, DAY).await.unwrap() {
-        Begin::Acquired { fencing_token } => fencing_token,
-        other => panic!("expected the lock, got {other:?}"),
+/// Takes the lock without fencing, as most tasks do.
+async fn acquire(store: &dyn Store, unit: &UnitOfWork, token: &LockToken, ttl: Duration) {
+    match store.begin(unit, token, ttl, Fencing::Off).await.unwrap() {
+        Begin::Acquired {
+            fencing_token: None,
+        } => {}
+        other => panic!("expected the lock without a fencing token, got {other:?}"),
     }
+}
+
+/// Takes the lock with a fencing token; answers the holder's token as `finish`, `release` and
+/// `renew` take it.
+async fn acquire_fenced(
+    store: &dyn Store,
+    unit: &UnitOfWork,
+    token: &LockToken,
+    ttl: Duration,
+) -> LockToken {
+    match store.begin(unit, token, ttl, Fencing::On).await.unwrap() {
+        Begin::Acquired {
+            fencing_token: Some(fence),
+        } => token.clone().with_fencing_token(fence),
+        other => panic!("expected the lock with a fencing token, got {other:?}"),
+    }
+}
+
+fn fence(granted: &LockToken) -> u64 {
+    granted.fencing_token().unwrap()
 }
 
 /// Waits out a lock TTL: expiry is the behaviour under test, so there is no signal to wait for.
@@ -39,9 +65,8 @@ async fn outlive(ttl: Duration) {
 pub async fn begin_grants_one_holder_and_reports_busy(store: Arc<dyn Store>) {
     let unit = unit("order-1");
     let (a, b) = (LockToken::generate(), LockToken::generate());
-    let fence = acquire(&*store, &unit, &a, LONG).await;
-    assert!(fence > 0);
-    match store.begin(&unit, &b, LONG, DAY).await.unwrap() {
+    acquire(&*store, &unit, &a, LONG).await;
+    match store.begin(&unit, &b, LONG, Fencing::Off).await.unwrap() {
         Begin::Busy {
             lock_ttl_remaining: Some(left),
         } => assert!(
@@ -55,8 +80,12 @@ pub async fn begin_grants_one_holder_and_reports_busy(store: Arc<dyn Store>) {
 pub async fn begin_repeated_by_the_holder_is_acquired_again(store: Arc<dyn Store>) {
     let unit = unit("order-2");
     let token = LockToken::generate();
-    let first = acquire(&*store, &unit, &token, LONG).await;
-    let again = acquire(&*store, &unit, &token, LONG).await;
+    acquire(&*store, &unit, &token, LONG).await;
+    acquire(&*store, &unit, &token, LONG).await;
+
+    let fenced = UnitOfWork::new("conformance", "order-2-fenced").unwrap();
+    let first = acquire_fenced(&*store, &fenced, &token, LONG).await;
+    let again = acquire_fenced(&*store, &fenced, &token, LONG).await;
     assert_eq!(
         first, again,
         "a retried begin must not take a second fencing token"
@@ -66,8 +95,8 @@ pub async fn begin_repeated_by_the_holder_is_acquired_again(store: Arc<dyn Store
 pub async fn finish_stores_the_marker_and_frees_the_lock(store: Arc<dyn Store>) {
     let unit = unit("order-3");
     let token = LockToken::generate();
-    let fence = acquire(&*store, &unit, &token, LONG).await;
-    let bytes = marker(unit.key(), fence, "done");
+    acquire(&*store, &unit, &token, LONG).await;
+    let bytes = marker(unit.key(), None, "done");
     assert_eq!(
         store.finish(&unit, &token, &bytes, DAY).await.unwrap(),
         Finish::Completed
@@ -78,10 +107,12 @@ pub async fn finish_stores_the_marker_and_frees_the_lock(store: Arc<dyn Store>) 
     let ttl = seen.marker_ttl.expect("markers expire");
     assert!(ttl <= DAY && ttl > DAY.saturating_sub(Duration::from_secs(60)));
     let other = LockToken::generate();
-    assert_eq!(
-        store.begin(&unit, &other, LONG, DAY).await.unwrap(),
-        Begin::Done(bytes.clone())
-    );
+    for fencing in [Fencing::Off, Fencing::On] {
+        assert_eq!(
+            store.begin(&unit, &other, LONG, fencing).await.unwrap(),
+            Begin::Done(bytes.clone())
+        );
+    }
     // A finish whose reply was lost is repeated: it must still read as completed.
     assert_eq!(
         store.finish(&unit, &token, &bytes, DAY).await.unwrap(),
@@ -93,10 +124,10 @@ pub async fn a_stale_holder_never_touches_its_successor(store: Arc<dyn Store>) {
     let unit = unit("order-4");
     let short = Duration::from_millis(150);
     let (stale, fresh) = (LockToken::generate(), LockToken::generate());
-    let stale_fence = acquire(&*store, &unit, &stale, short).await;
+    let stale = acquire_fenced(&*store, &unit, &stale, short).await;
     outlive(short).await;
-    let fresh_fence = acquire(&*store, &unit, &fresh, LONG).await;
-    assert!(fresh_fence > stale_fence, "{fresh_fence} <= {stale_fence}");
+    let fresh = acquire_fenced(&*store, &unit, &fresh, LONG).await;
+    assert!(fence(&fresh) > fence(&stale), "{fresh:?} after {stale:?}");
 
     assert!(!store.release(&unit, &stale).await.unwrap());
     assert!(!store.renew(&unit, &stale, LONG).await.unwrap());
@@ -105,14 +136,15 @@ pub async fn a_stale_holder_never_touches_its_successor(store: Arc<dyn Store>) {
         "the stale release deleted the new lock"
     );
 
-    let stale_marker = marker(unit.key(), stale_fence, "stale");
+    // The successor holds the unit: the stale result is not stored over its lock.
+    let stale_marker = marker(unit.key(), Some(fence(&stale)), "stale");
     assert_eq!(
         store
             .finish(&unit, &stale, &stale_marker, DAY)
             .await
             .unwrap(),
         Finish::LockLost {
-            marker_written: true
+            marker_written: false
         }
     );
     assert!(
@@ -121,7 +153,7 @@ pub async fn a_stale_holder_never_touches_its_successor(store: Arc<dyn Store>) {
     );
 
     // The legitimate holder's result wins.
-    let fresh_marker = marker(unit.key(), fresh_fence, "fresh");
+    let fresh_marker = marker(unit.key(), Some(fence(&fresh)), "fresh");
     assert_eq!(
         store
             .finish(&unit, &fresh, &fresh_marker, DAY)
@@ -149,10 +181,42 @@ pub async fn a_stale_holder_never_touches_its_successor(store: Arc<dyn Store>) {
     );
 }
 
+pub async fn a_late_finish_keeps_the_result_when_nobody_holds_the_unit(store: Arc<dyn Store>) {
+    let short = Duration::from_millis(150);
+    for fencing in [false, true] {
+        let unit = unit(&format!("order-late-{fencing}"));
+        let token = LockToken::generate();
+        let holder = if fencing {
+            acquire_fenced(&*store, &unit, &token, short).await
+        } else {
+            acquire(&*store, &unit, &token, short).await;
+            token
+        };
+        outlive(short).await;
+        let bytes = marker(unit.key(), holder.fencing_token(), "late");
+        assert_eq!(
+            store.finish(&unit, &holder, &bytes, DAY).await.unwrap(),
+            Finish::LockLost {
+                marker_written: true
+            }
+        );
+        // Its reply lost, the same finish is repeated: it finds its own marker.
+        assert_eq!(
+            store.finish(&unit, &holder, &bytes, DAY).await.unwrap(),
+            Finish::Completed
+        );
+        assert_eq!(store.inspect(&unit).await.unwrap().marker, Some(bytes));
+    }
+}
+
 pub async fn only_the_holder_releases_or_renews(store: Arc<dyn Store>) {
     let unit = unit("order-5");
     let (holder, other) = (LockToken::generate(), LockToken::generate());
     acquire(&*store, &unit, &holder, Duration::from_secs(2)).await;
+    // The right token with a fencing token the grant did not have is someone else's lock.
+    let forged = holder.clone().with_fencing_token(u64::MAX);
+    assert!(!store.release(&unit, &forged).await.unwrap());
+    assert!(!store.renew(&unit, &forged, LONG).await.unwrap());
     assert!(!store.release(&unit, &other).await.unwrap());
     assert!(!store.renew(&unit, &other, LONG).await.unwrap());
     assert!(store.renew(&unit, &holder, LONG).await.unwrap());
@@ -171,41 +235,64 @@ pub async fn fencing_tokens_increase_across_grants_and_expiry(store: Arc<dyn Sto
     let unit = unit("order-6");
     let short = Duration::from_millis(100);
     let mut last = 0;
-    for round in 0..4 {
-        let token = LockToken::generate();
-        let fence = acquire(&*store, &unit, &token, short).await;
+    for round in 0..6 {
+        let token = acquire_fenced(&*store, &unit, &LockToken::generate(), short).await;
+        let fence = fence(&token);
         assert!(fence > last, "round {round}: {fence} <= {last}");
         last = fence;
         if round % 2 == 0 {
             assert!(store.release(&unit, &token).await.unwrap());
+            // A released fenced lock leaves only its counter: the unit is free.
+            let seen = store.inspect(&unit).await.unwrap();
+            assert!(!seen.is_locked() && !seen.is_done(), "{seen:?}");
         } else {
             outlive(short).await;
         }
+    }
+    // A task without fencing that takes the unit right after a fenced release keeps counting.
+    let token = acquire_fenced(&*store, &unit, &LockToken::generate(), LONG).await;
+    assert!(store.release(&unit, &token).await.unwrap());
+    match store
+        .begin(&unit, &LockToken::generate(), LONG, Fencing::Off)
+        .await
+        .unwrap()
+    {
+        Begin::Acquired {
+            fencing_token: Some(next),
+        } => assert!(next > fence(&token), "{next} after {token:?}"),
+        other => panic!("expected the lock with the counter going on, got {other:?}"),
     }
 }
 
 pub async fn forget_deletes_the_marker_on_purpose(store: Arc<dyn Store>) {
     let unit = unit("order-7");
-    let token = LockToken::generate();
-    let fence = acquire(&*store, &unit, &token, LONG).await;
+    let token = acquire_fenced(&*store, &unit, &LockToken::generate(), LONG).await;
     store
-        .finish(&unit, &token, &marker(unit.key(), fence, "x"), DAY)
+        .finish(
+            &unit,
+            &token,
+            &marker(unit.key(), Some(fence(&token)), "x"),
+            DAY,
+        )
         .await
         .unwrap();
     assert!(store.forget(&unit).await.unwrap());
     assert!(!store.inspect(&unit).await.unwrap().is_done());
     assert!(!store.forget(&unit).await.unwrap());
-    let next = acquire(&*store, &unit, &LockToken::generate(), LONG).await;
-    assert!(next > fence);
+    let next = acquire_fenced(&*store, &unit, &LockToken::generate(), LONG).await;
+    assert!(fence(&next) > fence(&token));
+    // A lock is not a marker: forget leaves it alone.
+    assert!(!store.forget(&unit).await.unwrap());
+    assert!(store.inspect(&unit).await.unwrap().is_locked());
 }
 
 pub async fn markers_expire_after_the_result_ttl(store: Arc<dyn Store>) {
     let unit = unit("order-8");
     let token = LockToken::generate();
-    let fence = acquire(&*store, &unit, &token, LONG).await;
+    acquire(&*store, &unit, &token, LONG).await;
     let ttl = Duration::from_millis(150);
     store
-        .finish(&unit, &token, &marker(unit.key(), fence, "x"), ttl)
+        .finish(&unit, &token, &marker(unit.key(), None, "x"), ttl)
         .await
         .unwrap();
     outlive(ttl).await;
@@ -233,7 +320,7 @@ pub async fn look_alike_keys_are_separate_units(store: Arc<dyn Store>) {
     }
     let first = &units[0];
     store
-        .finish(first, &tokens[0], &marker("a:b", 1, "first"), DAY)
+        .finish(first, &tokens[0], &marker("a:b", None, "first"), DAY)
         .await
         .unwrap();
     for unit in &units[1..] {
@@ -509,6 +596,7 @@ pub async fn undecodable_and_unstorable_results_are_typed_errors(store: Arc<dyn 
 pub async fn the_body_sees_its_context(store: Arc<dyn Store>) {
     assert!(idempotask::context().is_none());
     let report = Task::new("ctx")
+        .fencing(true)
         .call("order:{11}")
         .store_shared(store.clone())
         .run_reported(async {
@@ -526,6 +614,47 @@ pub async fn the_body_sees_its_context(store: Arc<dyn Store>) {
     let (task, key, fence, attempt, held) = report.value;
     assert_eq!((task.as_str(), key.as_str()), ("ctx", "order:{11}"));
     assert_eq!((fence, attempt, held), (report.fencing_token, 1, true));
+    assert!(fence.is_some());
+
+    let plain = Task::new("ctx")
+        .call("order:{12}")
+        .store_shared(store)
+        .run(async { Ok::<_, Error>(idempotask::context().unwrap().fencing_token()) })
+        .await
+        .unwrap();
+    assert_eq!(plain, None, "a task without fencing gets no made-up token");
+}
+
+pub async fn a_marker_of_another_key_is_never_replayed(store: Arc<dyn Store>) {
+    // What a digest collision, or a foreign write, leaves under a unit's key name.
+    let unit = unit("order-12");
+    let token = LockToken::generate();
+    acquire(&*store, &unit, &token, LONG).await;
+    let foreign = marker("order-999", None, "someone else's charge");
+    assert_eq!(
+        store.finish(&unit, &token, &foreign, DAY).await.unwrap(),
+        Finish::Completed
+    );
+    let ran = AtomicUsize::new(0);
+    let result: Result<String, Error> = Task::new("conformance")
+        .call("order-12")
+        .store_shared(store.clone())
+        .run(async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok("charged".to_owned())
+        })
+        .await;
+    assert!(
+        matches!(&result, Err(Error::MarkerKeyMismatch { key, stored_key, .. })
+            if key == "order-12" && stored_key == "order-999"),
+        "{result:?}"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+    let status = Task::new("conformance").status("order-12", &*store).await;
+    assert!(
+        matches!(status, Err(Error::MarkerKeyMismatch { .. })),
+        "{status:?}"
+    );
 }
 
 pub async fn renewal_keeps_a_short_lock_through_a_long_body(store: Arc<dyn Store>) {
@@ -631,6 +760,7 @@ macro_rules! conformance_tests {
             begin_repeated_by_the_holder_is_acquired_again,
             finish_stores_the_marker_and_frees_the_lock,
             a_stale_holder_never_touches_its_successor,
+            a_late_finish_keeps_the_result_when_nobody_holds_the_unit,
             only_the_holder_releases_or_renews,
             fencing_tokens_increase_across_grants_and_expiry,
             forget_deletes_the_marker_on_purpose,
@@ -645,6 +775,7 @@ macro_rules! conformance_tests {
             a_reused_key_with_other_arguments_is_rejected,
             undecodable_and_unstorable_results_are_typed_errors,
             the_body_sees_its_context,
+            a_marker_of_another_key_is_never_replayed,
             renewal_keeps_a_short_lock_through_a_long_body,
             an_expired_lock_is_reported_as_lost,
             invalid_keys_are_rejected_before_the_store,

@@ -13,12 +13,32 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A `redis-server` of the test's own on a free loopback port, stopped when dropped.
+/// A `redis-server` (or `valkey-server`) of the test's own on a free loopback port, stopped when
+/// dropped.
 pub struct RedisServer {
     child: Child,
+    program: &'static str,
     port: u16,
     dir: PathBuf,
     extra: Vec<String>,
+}
+
+/// Which server program to start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    /// `redis-server` (Redis 7.0 on Debian 12): no native compare-and-set.
+    Redis,
+    /// `valkey-server` (Valkey 8.1): `SET … IFEQ`.
+    Valkey,
+}
+
+impl Flavor {
+    fn program(self) -> &'static str {
+        match self {
+            Self::Redis => "redis-server",
+            Self::Valkey => "valkey-server",
+        }
+    }
 }
 
 impl RedisServer {
@@ -28,8 +48,19 @@ impl RedisServer {
         Self::start_with(&[])
     }
 
+    /// Starts a Valkey server with persistence off; panics when `valkey-server` is missing.
+    pub fn start_valkey() -> Self {
+        Self::start_flavor(Flavor::Valkey, &[])
+    }
+
     /// Starts a server with extra `--option value` arguments.
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_flavor(Flavor::Redis, extra)
+    }
+
+    /// Starts a server of `flavor` with extra `--option value` arguments.
+    pub fn start_flavor(flavor: Flavor, extra: &[&str]) -> Self {
+        let program = flavor.program();
         let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
         let mut last_error = String::new();
         // A free port can be taken by someone else between probing and binding: try a few.
@@ -38,10 +69,11 @@ impl RedisServer {
             let dir = std::env::temp_dir()
                 .join(format!("idempotask-redis-{}-{port}", std::process::id()));
             std::fs::create_dir_all(&dir).expect("create the server's directory");
-            match spawn(port, &dir, &extra) {
+            match spawn(program, port, &dir, &extra) {
                 Ok(child) => {
                     return Self {
                         child,
+                        program,
                         port,
                         dir,
                         extra,
@@ -50,7 +82,7 @@ impl RedisServer {
                 Err(err) => last_error = err,
             }
         }
-        panic!("redis-server did not come up: {last_error}");
+        panic!("{program} did not come up: {last_error}");
     }
 
     /// Stops the server gracefully (SIGTERM: it finishes the command at hand and flushes its
@@ -62,7 +94,7 @@ impl RedisServer {
         let _ = self.child.wait();
         let mut last_error = String::new();
         for _ in 0..50 {
-            match spawn(self.port, &self.dir, &self.extra) {
+            match spawn(self.program, self.port, &self.dir, &self.extra) {
                 Ok(child) => {
                     self.child = child;
                     return;
@@ -71,7 +103,7 @@ impl RedisServer {
                 Err(err) => last_error = err,
             }
         }
-        panic!("redis-server did not come back: {last_error}");
+        panic!("{} did not come back: {last_error}", self.program);
     }
 
     /// The server's process id, for signals.
@@ -121,9 +153,15 @@ pub(crate) fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
-/// Starts `redis-server` on `port` and waits until it answers `PING`.
-fn spawn(port: u16, dir: &std::path::Path, extra: &[String]) -> Result<Child, String> {
-    let spawned = Command::new("redis-server")
+/// Starts `program` (`redis-server`, `valkey-server`) on `port` and waits until it answers
+/// `PING`.
+fn spawn(
+    program: &str,
+    port: u16,
+    dir: &std::path::Path,
+    extra: &[String],
+) -> Result<Child, String> {
+    let spawned = Command::new(program)
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
         .arg("--dir")
@@ -135,14 +173,14 @@ fn spawn(port: u16, dir: &std::path::Path, extra: &[String]) -> Result<Child, St
     let mut child = match spawned {
         Ok(child) => child,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => panic!(
-            "redis-server is not installed; the README's test command installs it (apt-get install -y redis-server)"
+            "{program} is not installed; the README's test command (scripts/test.sh) installs it"
         ),
-        Err(err) => panic!("cannot start redis-server: {err}"),
+        Err(err) => panic!("cannot start {program}: {err}"),
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!("redis-server exited with {status}"));
+            return Err(format!("{program} exited with {status}"));
         }
         if ping(port) {
             return Ok(child);
@@ -151,7 +189,7 @@ fn spawn(port: u16, dir: &std::path::Path, extra: &[String]) -> Result<Child, St
     }
     let _ = child.kill();
     let _ = child.wait();
-    Err("redis-server did not answer PING within 10 s".to_owned())
+    Err(format!("{program} did not answer PING within 10 s"))
 }
 
 fn ping(port: u16) -> bool {

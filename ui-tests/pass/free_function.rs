@@ -37,6 +37,7 @@ impl Order {
     name = "charge_customer.v2",
     fingerprint = [amount_cents],
     renew = true,
+    fencing = true,
     max_attempts = 20,
     max_wait = "2s",
     initial_backoff = "5ms",

@@ -7,8 +7,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use super::{Begin, Finish, Inspection, Store};
+use super::{Begin, Fencing, Finish, Inspection, Store};
 use crate::error::StoreError;
+use crate::marker::Marker;
 use crate::unit::{LockToken, UnitOfWork};
 
 /// How many operations pass between sweeps of expired entries.
@@ -45,15 +46,22 @@ pub struct MemoryStore {
 
 #[derive(Debug, Default)]
 struct State {
-    units: HashMap<(Box<str>, Box<str>), Entry>,
+    units: HashMap<(Box<str>, Box<str>), Expiring<Entry>>,
     operations: u64,
 }
 
-#[derive(Debug, Default)]
-struct Entry {
-    lock: Option<Expiring<LockToken>>,
-    marker: Option<Expiring<Arc<[u8]>>>,
-    fence: Option<Expiring<u64>>,
+/// What one unit holds: like the single Redis key of a unit, one of three states.
+#[derive(Debug)]
+enum Entry {
+    Locked {
+        token: LockToken,
+        fencing_token: Option<u64>,
+    },
+    Done(Arc<[u8]>),
+    /// A released fenced lock, kept so that the next grant's fencing token is higher.
+    Released {
+        fencing_token: u64,
+    },
 }
 
 #[derive(Debug)]
@@ -69,20 +77,15 @@ impl<T> Expiring<T> {
             until: now + ttl,
         }
     }
-}
 
-fn live<T>(slot: &mut Option<Expiring<T>>, now: Instant) -> Option<&mut Expiring<T>> {
-    if slot.as_ref().is_some_and(|held| held.until <= now) {
-        *slot = None;
-    }
-    slot.as_mut()
-}
-
-impl Entry {
-    fn is_empty(&self) -> bool {
-        self.lock.is_none() && self.marker.is_none() && self.fence.is_none()
+    fn left(&self, now: Instant) -> Duration {
+        self.until.saturating_duration_since(now)
     }
 }
+
+/// How long a released fenced lock keeps its counter: until the wall clock has passed it, plus a
+/// margin, after which the clock alone keeps new tokens higher.
+const RELEASED_FOR: Duration = Duration::from_secs(1);
 
 impl MemoryStore {
     /// An empty store.
@@ -90,26 +93,32 @@ impl MemoryStore {
         Self::default()
     }
 
-    fn with_entry<R>(&self, unit: &UnitOfWork, op: impl FnOnce(&mut Entry, Instant) -> R) -> R {
+    /// Runs `op` on the unit's live entry (`None` if absent or expired); `op` may replace it.
+    fn with_entry<R>(
+        &self,
+        unit: &UnitOfWork,
+        op: impl FnOnce(&mut Option<Expiring<Entry>>, Instant) -> R,
+    ) -> R {
         let now = Instant::now();
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         state.operations += 1;
         if state.operations.is_multiple_of(SWEEP_EVERY) {
-            state.units.retain(|_, entry| {
-                live(&mut entry.lock, now);
-                live(&mut entry.marker, now);
-                live(&mut entry.fence, now);
-                !entry.is_empty()
-            });
+            state.units.retain(|_, entry| entry.until > now);
         }
-        let id = (Box::from(unit.task()), Box::from(unit.digest()));
-        let entry = state.units.entry(id).or_default();
-        op(entry, now)
+        // The full caller key, not the digest: in memory there is no reason to accept even a
+        // detectable collision.
+        let id = (Box::from(unit.task()), Box::from(unit.key()));
+        let mut slot = state.units.remove(&id).filter(|entry| entry.until > now);
+        let answer = op(&mut slot, now);
+        if let Some(entry) = slot {
+            state.units.insert(id, entry);
+        }
+        answer
     }
 }
 
 /// The next fencing token after `last`: never below the wall clock in milliseconds, so tokens
-/// keep increasing even after an idle unit's counter expired.
+/// keep increasing even after an idle unit's lock expired and its counter with it.
 pub(crate) fn next_fencing_token(last: u64, now_millis: u64) -> u64 {
     last.saturating_add(1).max(now_millis)
 }
@@ -121,6 +130,25 @@ fn unix_millis() -> u64 {
     u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// What a released fenced lock, or a forgotten fenced marker, leaves: its counter, until the
+/// clock has passed it.
+fn released(fencing_token: u64, now: Instant) -> Expiring<Entry> {
+    let ahead = fencing_token.saturating_sub(unix_millis());
+    Expiring::new(
+        Entry::Released { fencing_token },
+        RELEASED_FOR + Duration::from_millis(ahead),
+        now,
+    )
+}
+
+fn holds(slot: Option<&Expiring<Entry>>, token: &LockToken) -> bool {
+    matches!(
+        slot,
+        Some(Expiring { value: Entry::Locked { token: held, fencing_token }, .. })
+            if held.as_str() == token.as_str() && *fencing_token == token.fencing_token()
+    )
+}
+
 #[async_trait]
 impl Store for MemoryStore {
     async fn begin(
@@ -128,29 +156,54 @@ impl Store for MemoryStore {
         unit: &UnitOfWork,
         token: &LockToken,
         lock_ttl: Duration,
-        result_ttl: Duration,
+        fencing: Fencing,
     ) -> Result<Begin, StoreError> {
-        Ok(self.with_entry(unit, |entry, now| {
-            if let Some(marker) = live(&mut entry.marker, now) {
-                return Begin::Done(marker.value.to_vec());
-            }
-            if let Some(lock) = live(&mut entry.lock, now) {
-                return if lock.value == *token {
-                    Begin::Acquired {
-                        fencing_token: entry.fence.as_ref().map_or(0, |fence| fence.value),
-                    }
-                } else {
-                    Begin::Busy {
-                        lock_ttl_remaining: Some(lock.until.saturating_duration_since(now)),
-                    }
-                };
-            }
-            let last = live(&mut entry.fence, now).map_or(0, |fence| fence.value);
-            let fencing_token = next_fencing_token(last, unix_millis());
-            entry.lock = Some(Expiring::new(token.clone(), lock_ttl, now));
-            entry.fence = Some(Expiring::new(
-                fencing_token,
-                lock_ttl.saturating_add(result_ttl),
+        Ok(self.with_entry(unit, |slot, now| {
+            let last = match slot.as_ref() {
+                Some(Expiring {
+                    value: Entry::Done(marker),
+                    ..
+                }) => {
+                    return Begin::Done(marker.to_vec());
+                }
+                Some(Expiring {
+                    value:
+                        Entry::Locked {
+                            token: held,
+                            fencing_token,
+                        },
+                    ..
+                }) if held.as_str() == token.as_str() => {
+                    return Begin::Acquired {
+                        fencing_token: *fencing_token,
+                    };
+                }
+                Some(
+                    locked @ Expiring {
+                        value: Entry::Locked { .. },
+                        ..
+                    },
+                ) => {
+                    return Begin::Busy {
+                        lock_ttl_remaining: Some(locked.left(now)),
+                    };
+                }
+                Some(Expiring {
+                    value: Entry::Released { fencing_token },
+                    ..
+                }) => *fencing_token,
+                None => 0,
+            };
+            // Like Redis: a unit whose counter is still kept goes on counting even when this
+            // task did not ask for fencing.
+            let fencing_token = (fencing == Fencing::On || last > 0)
+                .then(|| next_fencing_token(last, unix_millis()));
+            *slot = Some(Expiring::new(
+                Entry::Locked {
+                    token: token.clone(),
+                    fencing_token,
+                },
+                lock_ttl,
                 now,
             ));
             Begin::Acquired { fencing_token }
@@ -164,35 +217,55 @@ impl Store for MemoryStore {
         marker: &[u8],
         result_ttl: Duration,
     ) -> Result<Finish, StoreError> {
-        Ok(self.with_entry(unit, |entry, now| {
-            let ours = live(&mut entry.lock, now).is_some_and(|lock| lock.value == *token);
-            if ours {
-                entry.marker = Some(Expiring::new(Arc::from(marker), result_ttl, now));
-                entry.lock = None;
-                return Finish::Completed;
-            }
-            match live(&mut entry.marker, now) {
-                Some(existing) if *existing.value == *marker => Finish::Completed,
-                Some(_) => Finish::LockLost {
-                    marker_written: false,
-                },
-                None => {
-                    entry.marker = Some(Expiring::new(Arc::from(marker), result_ttl, now));
-                    Finish::LockLost {
-                        marker_written: true,
-                    }
+        Ok(self.with_entry(unit, |slot, now| {
+            let answer = match slot.as_ref() {
+                _ if holds(slot.as_ref(), token) => Finish::Completed,
+                Some(Expiring {
+                    value: Entry::Done(existing),
+                    ..
+                }) => {
+                    return if **existing == *marker {
+                        Finish::Completed
+                    } else {
+                        Finish::LockLost {
+                            marker_written: false,
+                        }
+                    };
                 }
-            }
+                Some(Expiring {
+                    value: Entry::Locked { .. },
+                    ..
+                }) => {
+                    return Finish::LockLost {
+                        marker_written: false,
+                    };
+                }
+                Some(Expiring {
+                    value: Entry::Released { .. },
+                    ..
+                })
+                | None => Finish::LockLost {
+                    marker_written: true,
+                },
+            };
+            *slot = Some(Expiring::new(
+                Entry::Done(Arc::from(marker)),
+                result_ttl,
+                now,
+            ));
+            answer
         }))
     }
 
     async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
-        Ok(self.with_entry(unit, |entry, now| {
-            let ours = live(&mut entry.lock, now).is_some_and(|lock| lock.value == *token);
-            if ours {
-                entry.lock = None;
+        Ok(self.with_entry(unit, |slot, now| {
+            if !holds(slot.as_ref(), token) {
+                return false;
             }
-            ours
+            *slot = token
+                .fencing_token()
+                .map(|fencing_token| released(fencing_token, now));
+            true
         }))
     }
 
@@ -202,36 +275,58 @@ impl Store for MemoryStore {
         token: &LockToken,
         lock_ttl: Duration,
     ) -> Result<bool, StoreError> {
-        Ok(
-            self.with_entry(unit, |entry, now| match live(&mut entry.lock, now) {
-                Some(lock) if lock.value == *token => {
-                    lock.until = now + lock_ttl;
-                    true
-                }
-                _ => false,
-            }),
-        )
+        Ok(self.with_entry(unit, |slot, now| {
+            let held = holds(slot.as_ref(), token);
+            if let (true, Some(lock)) = (held, slot.as_mut()) {
+                lock.until = now + lock_ttl;
+            }
+            held
+        }))
     }
 
     async fn inspect(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError> {
-        Ok(self.with_entry(unit, |entry, now| {
-            let marker = live(&mut entry.marker, now);
-            Inspection {
-                marker_ttl: marker
-                    .as_ref()
-                    .map(|marker| marker.until.saturating_duration_since(now)),
-                marker: marker.map(|marker| marker.value.to_vec()),
-                lock_ttl: live(&mut entry.lock, now)
-                    .map(|lock| lock.until.saturating_duration_since(now)),
-            }
+        Ok(self.with_entry(unit, |slot, now| match slot.as_ref() {
+            Some(
+                done @ Expiring {
+                    value: Entry::Done(marker),
+                    ..
+                },
+            ) => Inspection {
+                marker: Some(marker.to_vec()),
+                marker_ttl: Some(done.left(now)),
+                lock_ttl: None,
+            },
+            Some(
+                locked @ Expiring {
+                    value: Entry::Locked { .. },
+                    ..
+                },
+            ) => Inspection {
+                lock_ttl: Some(locked.left(now)),
+                ..Inspection::default()
+            },
+            Some(Expiring {
+                value: Entry::Released { .. },
+                ..
+            })
+            | None => Inspection::default(),
         }))
     }
 
     async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
-        Ok(self.with_entry(unit, |entry, now| {
-            let existed = live(&mut entry.marker, now).is_some();
-            entry.marker = None;
-            existed
+        Ok(self.with_entry(unit, |slot, now| {
+            let Some(Expiring {
+                value: Entry::Done(marker),
+                ..
+            }) = slot.as_ref()
+            else {
+                return false;
+            };
+            let fencing_token = Marker::decode(marker)
+                .ok()
+                .and_then(|marker| marker.fencing_token());
+            *slot = fencing_token.map(|fencing_token| released(fencing_token, now));
+            true
         }))
     }
 }
@@ -254,7 +349,7 @@ mod tests {
         let unit = UnitOfWork::new("t", "k").unwrap();
         let token = LockToken::generate();
         let ttl = Duration::from_secs(1);
-        store.begin(&unit, &token, ttl, ttl).await.unwrap();
+        store.begin(&unit, &token, ttl, Fencing::Off).await.unwrap();
         tokio::time::advance(Duration::from_secs(3)).await;
         let other = UnitOfWork::new("t", "other").unwrap();
         for _ in 0..SWEEP_EVERY {
@@ -262,10 +357,7 @@ mod tests {
         }
         let state = store.state.lock().unwrap();
         assert!(
-            !state
-                .units
-                .keys()
-                .any(|(_, digest)| &**digest == unit.digest()),
+            !state.units.keys().any(|(_, key)| &**key == unit.key()),
             "the expired unit is still held"
         );
     }

@@ -12,7 +12,8 @@ pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 
-/// A place that keeps, for each unit of work, a lock, a completion marker and a fencing counter.
+/// A place that keeps, for each unit of work, either a lock or a completion marker (and, for
+/// tasks that use fencing, the last fencing token granted).
 ///
 /// Every operation concerns a single unit and is atomic with respect to that unit. Each one is
 /// safe to repeat with the same arguments (a retry after a lost reply cannot take a second lock
@@ -30,20 +31,23 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 
     /// One step of starting a unit of work, in one round trip:
     /// the stored marker if the unit is done; otherwise the lock for `token` (expiring after
-    /// `lock_ttl`) and a new fencing token; otherwise how long the current holder's lock has
-    /// left. If the lock already holds `token` (a repeated call) the answer is `Acquired` again
-    /// with the same fencing token. `result_ttl` bounds how long the fencing counter is kept.
+    /// `lock_ttl`), with a new fencing token when `fencing` is [`Fencing::On`]; otherwise how
+    /// long the current holder's lock has left. If the lock already holds `token` (a repeated
+    /// call) the answer is `Acquired` again, with the same fencing token.
     async fn begin(
         &self,
         unit: &UnitOfWork,
         token: &LockToken,
         lock_ttl: Duration,
-        result_ttl: Duration,
+        fencing: Fencing,
     ) -> Result<Begin, StoreError>;
 
-    /// Records success in one round trip. If the lock still holds `token`, stores `marker` for
-    /// `result_ttl` and deletes the lock. Otherwise never touches the lock, stores `marker` only
-    /// if no marker exists, and answers [`Finish::LockLost`]. Repeating a call that already
+    /// Records success in one round trip (where the lock is still held). If the lock still
+    /// holds `token` (with its fencing token, if any), replaces it with `marker`, kept for
+    /// `result_ttl`, and answers [`Finish::Completed`]. Otherwise never touches another
+    /// holder's lock: with no lock and no marker it stores `marker` and answers
+    /// [`Finish::LockLost`] with `marker_written: true`; with another holder's lock or another
+    /// marker it stores nothing (`marker_written: false`). Repeating a call that already
     /// succeeded answers [`Finish::Completed`] again.
     async fn finish(
         &self,
@@ -76,11 +80,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Begin {
-    /// The caller now holds the lock; `fencing_token` is greater than every token granted
-    /// before for this unit.
+    /// The caller now holds the lock.
     Acquired {
-        /// The new fencing token.
-        fencing_token: u64,
+        /// With [`Fencing::On`], the new fencing token: greater than every token granted before
+        /// for this unit. `None` without fencing.
+        fencing_token: Option<u64>,
     },
     /// The unit is done; these are the stored marker's bytes.
     Done(Vec<u8>),
@@ -99,15 +103,29 @@ pub enum Finish {
     Completed,
     /// The lock had expired (and may be held by someone else): the work may have run twice.
     LockLost {
-        /// Whether this call's marker was stored (no other marker existed).
+        /// Whether this call's marker was stored (the unit had neither a lock nor a marker).
         marker_written: bool,
     },
 }
 
-/// What a store holds for one unit of work, from [`Store::inspect`].
+/// Whether [`Store::begin`] grants a fencing token with the lock.
 ///
-/// A unit can be both done and locked for a moment: a holder whose lock expired may store its
-/// marker while a successor runs.
+/// Fencing tokens increase strictly per unit of work across grants, releases and expiries, so a
+/// database that remembers the highest token it saw can refuse a writer whose lock was taken
+/// over. Keeping the counter costs the store some work on every fresh start, so tasks ask for it
+/// ([`Task::fencing`](crate::Task::fencing), `fencing = true` on the attribute).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Fencing {
+    /// No fencing token: the lock is a plain compare-and-set.
+    #[default]
+    Off,
+    /// A fencing token with every grant.
+    On,
+}
+
+/// What a store holds for one unit of work, from [`Store::inspect`]: a marker, a lock, or
+/// neither.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Inspection {
@@ -143,9 +161,9 @@ macro_rules! forward_store {
                 unit: &UnitOfWork,
                 token: &LockToken,
                 lock_ttl: Duration,
-                result_ttl: Duration,
+                fencing: Fencing,
             ) -> Result<Begin, StoreError> {
-                (**self).begin(unit, token, lock_ttl, result_ttl).await
+                (**self).begin(unit, token, lock_ttl, fencing).await
             }
             async fn finish(
                 &self,

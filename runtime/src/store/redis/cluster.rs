@@ -23,21 +23,20 @@ pub const DEFAULT_CLUSTER_RETRIES: u32 = 4;
 /// A store in a Redis Cluster (7.0 or later; Valkey works too), through redis-rs's async
 /// cluster client.
 ///
-/// Keys, scripts and replies are exactly those of [`RedisStore`](crate::RedisStore): each unit
-/// of work has three keys with one `{…}` hash tag,
-/// `idempotask:v1:{<namespace>:<task>:<sha256 of the caller key>}:lock`, `…:done` and `…:fence`,
-/// so every script touches a single hash slot (no `CROSSSLOT` is possible) and the units spread
-/// over all masters. A fresh execution still costs two commands and a duplicate one.
+/// Keys, commands and replies are exactly those of [`RedisStore`](crate::RedisStore): each unit
+/// of work is one key, so every command touches a single hash slot (no `CROSSSLOT` is possible)
+/// and the units spread over all masters. A fresh execution still costs two commands and a
+/// duplicate one.
 ///
 /// # Behaviour
 /// - One multiplexed cluster connection per store (clones share it). It learns the slot map
 ///   from any reachable seed node and follows `MOVED` and `ASK` redirects by itself, so a slot
 ///   migration costs extra round trips, not errors.
-/// - While a slot is half migrated, a script whose keys sit partly on each side is answered
-///   with `TRYAGAIN`; the client re-sends it up to [`DEFAULT_CLUSTER_RETRIES`] times, then the
-///   call fails with a [`StoreError`] of kind `Rejected` that is safe to retry.
+/// - While a slot is half migrated, a command may be answered with `ASK` or `TRYAGAIN`; the
+///   client follows or re-sends it up to [`DEFAULT_CLUSTER_RETRIES`] times, then the call fails
+///   with a [`StoreError`] of kind `Rejected` that is safe to retry.
 /// - The client re-sends a command after a timeout or a lost connection too, so a script may
-///   run twice: every script recognises its own lock token (a repeated `begin` is `Acquired`
+///   run twice: every command recognises its own lock token (a repeated `begin` is `Acquired`
 ///   with the same fencing token, a repeated `finish` finds its own marker). For the same
 ///   reason every failure except a configuration error is reported as ambiguous.
 /// - After a call timed out, the store builds a fresh cluster connection in the background
@@ -137,9 +136,15 @@ impl RedisClusterStore {
         &self.protocol.namespace
     }
 
-    /// The Redis keys of `unit`: lock, done marker, fencing counter (one hash slot).
-    pub fn keys(&self, unit: &UnitOfWork) -> [String; 3] {
-        self.protocol.keys(unit)
+    /// The Redis key of `unit` (the layout of [`RedisKeys`](crate::RedisKeys)).
+    pub fn key(&self, unit: &UnitOfWork) -> String {
+        self.protocol.key(unit)
+    }
+
+    /// Whether the cluster's nodes have a native compare-and-set (`SET … IFEQ`), as found out
+    /// at connect; a node that turns out not to have it switches the store to the script.
+    pub fn native_compare_and_set(&self) -> bool {
+        self.protocol.native_cas()
     }
 
     /// The underlying cluster connection, for tooling that needs plain commands next to the

@@ -4,41 +4,30 @@ use crate::unit::{InvalidKey, NameKind, UnitOfWork, validate_name};
 
 /// The Redis keys that idempotask uses in one namespace.
 ///
-/// Each unit of work has three keys that share one Redis Cluster hash slot:
-/// `idempotask:v1:{<namespace>:<task>:<sha256 hex of the caller key>}:lock`, `…:done` and
-/// `…:fence`. [`RedisStore`](crate::RedisStore) uses this layout; tools use it to find a unit's
-/// keys, to `SCAN` one task's keys, and to read a key they found back into its parts. Nothing
-/// here connects to Redis.
+/// Each unit of work has one key, `idempotask:v2:<namespace>:<task>:<digest>`, where the digest
+/// is [`UnitOfWork::digest`] (16 characters of `A-Z a-z 0-9 - _`). The key holds the unit's
+/// whole state: a lock (`L<token>`, `L<token>.<fencing token>`), a released fenced lock
+/// (`T<fencing token>`) or a completion [`Marker`](crate::Marker) (`D…`). One key is one Redis
+/// Cluster slot, so no hash tag is needed. [`RedisStore`](crate::RedisStore) uses this layout;
+/// tools use it to find a unit's key, to `SCAN` one task's keys, and to read a key they found
+/// back into its parts. Nothing here connects to Redis.
 ///
 /// ```
 /// use idempotask::{RedisKeys, UnitOfWork};
-/// use idempotask::store::redis::KeyKind;
 ///
 /// let keys = RedisKeys::new("billing")?;
 /// let unit = UnitOfWork::new("charge", "order-42")?;
-/// let [lock, done, fence] = keys.unit(&unit);
-/// assert!(done.starts_with("idempotask:v1:{billing:charge:") && done.ends_with("}:done"));
-/// assert_eq!(keys.task_pattern("charge")?, "idempotask:v1:{billing:charge:*}:*");
+/// let key = keys.unit(&unit);
+/// assert_eq!(key, format!("idempotask:v2:billing:charge:{}", unit.digest()));
+/// assert_eq!(keys.task_pattern("charge")?, "idempotask:v2:billing:charge:*");
 ///
-/// let parsed = keys.parse(&lock).expect("one of ours");
-/// assert_eq!((parsed.task, parsed.digest, parsed.kind), ("charge", unit.digest(), KeyKind::Lock));
+/// let parsed = keys.parse(&key).expect("one of ours");
+/// assert_eq!((parsed.task, parsed.digest), ("charge", unit.digest()));
 /// # Ok::<(), idempotask::InvalidKey>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisKeys {
     namespace: String,
-}
-
-/// Which of a unit's three keys a Redis key is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum KeyKind {
-    /// The lock; its value is the holder's random token.
-    Lock,
-    /// The completion marker; its value is a [`Marker`](crate::Marker).
-    Done,
-    /// The fencing counter; its value is the last fencing token granted.
-    Fence,
 }
 
 /// A Redis key of one unit of work, read back into its parts by [`RedisKeys::parse`].
@@ -47,13 +36,23 @@ pub enum KeyKind {
 pub struct ParsedKey<'a> {
     /// The task's stable name.
     pub task: &'a str,
-    /// The SHA-256 hex of the caller key (the plain key lives only in the marker).
+    /// The digest of the caller key (the plain key lives only in the marker).
     pub digest: &'a str,
-    /// Which key of the unit it is.
-    pub kind: KeyKind,
 }
 
-pub(super) const PREFIX: &str = "idempotask:v1:{";
+pub(super) const PREFIX: &str = "idempotask:v2:";
+
+/// The key of `unit` under `namespace`.
+///
+/// Names are built on every call, so they go into a string of the exact size.
+pub(super) fn unit_key(namespace: &str, unit: &UnitOfWork) -> String {
+    let parts = [PREFIX, namespace, ":", unit.task(), ":", unit.digest()];
+    let mut name = String::with_capacity(parts.iter().map(|part| part.len()).sum());
+    for part in parts {
+        name.push_str(part);
+    }
+    name
+}
 
 impl RedisKeys {
     /// The layout of `namespace`.
@@ -73,9 +72,9 @@ impl RedisKeys {
         &self.namespace
     }
 
-    /// The keys of `unit`: lock, done marker, fencing counter.
-    pub fn unit(&self, unit: &UnitOfWork) -> [String; 3] {
-        super::key_names(&self.namespace, unit)
+    /// The key of `unit`.
+    pub fn unit(&self, unit: &UnitOfWork) -> String {
+        unit_key(&self.namespace, unit)
     }
 
     /// A `SCAN … MATCH` pattern for every key of `task` in this namespace.
@@ -87,30 +86,19 @@ impl RedisKeys {
     /// [`InvalidKey::TaskName`] for a name no task can have.
     pub fn task_pattern(&self, task: &str) -> Result<String, InvalidKey> {
         validate_name(task, NameKind::Task)?;
-        Ok(format!("{PREFIX}{}:{task}:*}}:*", self.namespace))
+        Ok(format!("{PREFIX}{}:{task}:*", self.namespace))
     }
 
     /// Reads a key of this namespace back into its parts; `None` for any other key.
     pub fn parse<'k>(&self, key: &'k str) -> Option<ParsedKey<'k>> {
         let rest = key.strip_prefix(PREFIX)?.strip_prefix(&*self.namespace)?;
-        let rest = rest.strip_prefix(':')?;
-        let (inner, suffix) = rest.rsplit_once("}:")?;
-        let (task, digest) = inner.rsplit_once(':')?;
-        let kind = match suffix {
-            "lock" => KeyKind::Lock,
-            "done" => KeyKind::Done,
-            "fence" => KeyKind::Fence,
-            _ => return None,
-        };
-        let is_digest = digest.len() == 64
+        let (task, digest) = rest.strip_prefix(':')?.split_once(':')?;
+        let is_digest = digest.len() == 16
             && digest
                 .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-        (is_digest && validate_name(task, NameKind::Task).is_ok()).then_some(ParsedKey {
-            task,
-            digest,
-            kind,
-        })
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'));
+        (is_digest && validate_name(task, NameKind::Task).is_ok())
+            .then_some(ParsedKey { task, digest })
     }
 }
 
@@ -119,16 +107,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parse_reads_back_every_key_of_a_unit() {
+    fn parse_reads_back_the_key_of_a_unit() {
         let keys = RedisKeys::new("ns.1").unwrap();
         let unit = UnitOfWork::new("send-mail_v2", "a:{b}\n").unwrap();
-        let kinds = [KeyKind::Lock, KeyKind::Done, KeyKind::Fence];
-        for (key, kind) in keys.unit(&unit).iter().zip(kinds) {
-            let parsed = keys.parse(key).unwrap();
-            assert_eq!(parsed.task, "send-mail_v2");
-            assert_eq!(parsed.digest, unit.digest());
-            assert_eq!(parsed.kind, kind);
-        }
+        let key = keys.unit(&unit);
+        let parsed = keys.parse(&key).unwrap();
+        assert_eq!(parsed.task, "send-mail_v2");
+        assert_eq!(parsed.digest, unit.digest());
     }
 
     #[test]
@@ -136,16 +121,24 @@ mod tests {
         let keys = RedisKeys::new("billing").unwrap();
         let other = RedisKeys::new("billing2").unwrap();
         let unit = UnitOfWork::new("t", "k").unwrap();
-        assert!(keys.parse(&other.unit(&unit)[1]).is_none());
+        assert!(keys.parse(&other.unit(&unit)).is_none());
         for foreign in [
             "",
             "session:42",
-            "idempotask:v1:{billing:t:abc}:done",
-            "idempotask:v1:{billing:t:{}}:done",
-            "idempotask:v2:{billing:t:0}:done",
+            "idempotask:v2:billing:t:abc",
+            "idempotask:v2:billing:t:AAAAAAAAAAAAAAA*",
+            "idempotask:v2:billing:t:AAAAAAAAAAAAAAAA:x",
+            "idempotask:v1:{billing:t:0}:done",
         ] {
             assert!(keys.parse(foreign).is_none(), "{foreign:?}");
         }
+    }
+
+    #[test]
+    fn a_key_has_no_hash_tag_whatever_the_caller_key_holds() {
+        let keys = RedisKeys::new("default").unwrap();
+        let key = keys.unit(&UnitOfWork::new("t", "order-{1}:x").unwrap());
+        assert!(!key.contains('{') && !key.contains('}'), "{key}");
     }
 
     #[test]

@@ -6,7 +6,6 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::error::StoreError;
 use crate::unit::{MAX_KEY_LEN, UnitOfWork};
-pub use protocol::key_names;
 use protocol::{Protocol, check_namespace, connect_within, store_error};
 
 pub mod cluster;
@@ -14,7 +13,7 @@ mod healing;
 mod protocol;
 
 mod keys;
-pub use keys::{KeyKind, ParsedKey, RedisKeys};
+pub use keys::{ParsedKey, RedisKeys};
 
 /// The namespace used when none is configured.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -36,9 +35,9 @@ macro_rules! delegate_store {
                 unit: &$crate::unit::UnitOfWork,
                 token: &$crate::unit::LockToken,
                 lock_ttl: ::std::time::Duration,
-                result_ttl: ::std::time::Duration,
+                fencing: $crate::store::Fencing,
             ) -> Result<$crate::store::Begin, $crate::error::StoreError> {
-                self.protocol.begin(unit, token, lock_ttl, result_ttl).await
+                self.protocol.begin(unit, token, lock_ttl, fencing).await
             }
             async fn finish(
                 &self,
@@ -83,10 +82,20 @@ use delegate_store;
 
 /// A store in Redis (7.0 or later; Valkey works too).
 ///
-/// Each unit of work has three keys that share one Redis Cluster hash slot:
-/// `idempotask:v1:{<namespace>:<task>:<sha256 of the caller key>}:lock`, `…:done` and `…:fence`.
-/// `begin`, `finish`, `release`, `renew` and `inspect` are one Lua script call each, so a fresh
-/// execution costs two commands and a duplicate one.
+/// Each unit of work is one key, `idempotask:v2:<namespace>:<task>:<digest>` (see
+/// [`RedisKeys`]), holding either its lock or its completion marker. A fresh execution costs two
+/// commands and a duplicate one:
+///
+/// - `begin` is a plain `SET key <lock> NX GET PX <lock TTL>`: its reply is the unit's state
+///   (nothing: the lock is ours; a marker: a duplicate; another lock: busy).
+/// - `finish` replaces our lock with the marker: a plain `SET key <marker> IFEQ <lock>` on
+///   servers that have it (Valkey 8.1+, Redis 8.4+), otherwise a small script (one `GET`, one
+///   `SET`). Which one is found out once at connect, without `INFO` (an ACL user limited to
+///   `~idempotask:*` with read, write and scripting rights is enough).
+/// - Tasks with fencing ([`Task::fencing`](crate::Task::fencing)) begin with a script that
+///   keeps the counter in the lock's value.
+///
+/// Redis 7.0 or later, or Valkey 7.2 or later, is needed (`SET … NX GET`).
 ///
 /// # Behaviour
 /// - One multiplexed [`ConnectionManager`] per store (clones share it): it reconnects by itself
@@ -165,10 +174,15 @@ impl RedisStore {
         &self.protocol.namespace
     }
 
-    /// The Redis keys of `unit`: lock, done marker, fencing counter (the layout of
-    /// [`RedisKeys`]).
-    pub fn keys(&self, unit: &UnitOfWork) -> [String; 3] {
-        self.protocol.keys(unit)
+    /// The Redis key of `unit` (the layout of [`RedisKeys`]).
+    pub fn key(&self, unit: &UnitOfWork) -> String {
+        self.protocol.key(unit)
+    }
+
+    /// Whether the server has a native compare-and-set (`SET … IFEQ`, Valkey 8.1+ and Redis
+    /// 8.4+), so that `finish` and `renew` run no script.
+    pub fn native_compare_and_set(&self) -> bool {
+        self.protocol.native_cas()
     }
 
     /// The underlying connection, for tooling that needs plain commands next to the store.

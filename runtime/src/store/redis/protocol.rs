@@ -1,8 +1,21 @@
-//! What `RedisStore` and `RedisClusterStore` share: the key layout, the scripts, the replies.
+//! What `RedisStore` and `RedisClusterStore` share: the key layout, the commands, the replies.
 //!
 //! Both stores speak one protocol over different connections, so it lives here once, generic
 //! over the connection: [`Protocol`] implements [`Store`] for any redis-rs async connection.
+//!
+//! Each unit of work is one key whose value is its whole state: `L<token>[.<fencing token>]`
+//! while locked, `T<fencing token>` after a fenced lock was released, or the marker (`D…`) once
+//! done. The hot path is plain commands:
+//!
+//! | operation | command |
+//! |---|---|
+//! | begin | `SET key L<token> NX GET PX lock_ttl` (the reply is the unit's state) |
+//! | begin, fenced | script `begin_fenced.lua` (GET, TIME, SET) |
+//! | finish | `SET key <marker> IFEQ <lock> PX result_ttl` where the server has it (Valkey 8.1+, Redis 8.4+), else script `finish.lua` (GET, SET) |
+//! | renew | `SET key <lock> IFEQ <lock> PX lock_ttl`, else script `renew.lua` |
+//! | release, inspect, forget | scripts |
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -10,55 +23,48 @@ use async_trait::async_trait;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
-use super::keys::PREFIX;
+use super::keys::{PREFIX, unit_key};
 use crate::error::{StoreError, StoreErrorKind};
-use crate::store::{Begin, Finish, Inspection, Store, ttl_millis};
+use crate::marker;
+use crate::store::{Begin, Fencing, Finish, Inspection, Store, ttl_millis};
 use crate::unit::{LockToken, NameKind, UnitOfWork, validate_name};
 
-static BEGIN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("begin.lua")));
+static BEGIN_FENCED: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("begin_fenced.lua")));
 static FINISH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("finish.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("renew.lua")));
 static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("inspect.lua")));
+static FORGET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("forget.lua")));
 
-/// The Redis keys of `unit` under `namespace`: lock, done marker, fencing counter.
-///
-/// All three share the hash tag `{<namespace>:<task>:<sha256 of the caller key>}`, so they live
-/// in one Redis Cluster slot (no script can fail with `CROSSSLOT`) and the digest spreads units
-/// over all slots; no caller text appears in them.
-///
-/// ```
-/// use idempotask::UnitOfWork;
-/// use idempotask::store::redis::key_names;
-/// let [lock, done, fence] = key_names("billing", &UnitOfWork::new("charge", "order-42")?);
-/// assert!(lock.starts_with("idempotask:v1:{billing:charge:") && lock.ends_with("}:lock"));
-/// assert!(done.ends_with("}:done") && fence.ends_with("}:fence"));
-/// # Ok::<(), idempotask::InvalidKey>(())
-/// ```
-pub fn key_names(namespace: &str, unit: &UnitOfWork) -> [String; 3] {
-    [":lock", ":done", ":fence"].map(|suffix| key_name(namespace, unit, suffix))
+const LOCK_TAG: u8 = b'L';
+const RELEASED_TAG: u8 = b'T';
+
+/// The value of `token`'s lock: `L<token>`, or `L<token>.<fencing token>` once granted with one.
+fn lock_value(token: &LockToken) -> String {
+    let mut value = String::with_capacity(54);
+    value.push(char::from(LOCK_TAG));
+    value.push_str(token.as_str());
+    if let Some(fence) = token.fencing_token() {
+        value.push('.');
+        value.push_str(&fence.to_string());
+    }
+    value
 }
 
-/// One of `unit`'s keys: its hash tag then `suffix` (`:lock`, `:done` or `:fence`), so that a
-/// call builds only the names it sends.
-fn key_name(namespace: &str, unit: &UnitOfWork, suffix: &str) -> String {
-    let parts = [
-        PREFIX,
-        namespace,
-        ":",
-        unit.task(),
-        ":",
-        unit.digest(),
-        "}",
-        suffix,
-    ];
-    // Pushed into a string of the exact size: `format!` here grew each name several times,
-    // and the names are built on every call.
-    let mut name = String::with_capacity(parts.iter().map(|part| part.len()).sum());
-    for part in parts {
-        name.push_str(part);
-    }
-    name
+/// `Acquired` when the stored `value` is a lock taken with `token` (a repeated call whose first
+/// reply was lost), with the fencing token it was granted.
+fn own_lock(value: &[u8], token: &LockToken) -> Option<Begin> {
+    let rest = value
+        .strip_prefix(&[LOCK_TAG])?
+        .strip_prefix(token.as_str().as_bytes())?;
+    let fencing_token = if rest.is_empty() {
+        None
+    } else {
+        let fence = std::str::from_utf8(rest.strip_prefix(b".")?).ok()?;
+        Some(fence.parse().ok()?)
+    };
+    Some(Begin::Acquired { fencing_token })
 }
 
 /// A namespace check with the error `connect` reports.
@@ -95,7 +101,7 @@ pub(super) async fn connect_within<T>(
 /// The protocol over one connection `C`; the public stores wrap one of these.
 ///
 /// Input: a redis-rs async connection (a `ConnectionManager`, a cluster connection).
-/// Output: a [`Store`] whose every operation is one script call (`forget` one `DEL`).
+/// Output: a [`Store`] whose every operation is one command in the common case.
 #[derive(Clone)]
 pub(super) struct Protocol<C> {
     pub(super) connection: C,
@@ -104,6 +110,8 @@ pub(super) struct Protocol<C> {
     /// Whether the connection re-sends commands by itself (the cluster client does, after a
     /// redirect or a lost connection): then no failure proves that nothing was applied.
     pub(super) resends: bool,
+    /// Whether the server has a native compare-and-set (`SET … IFEQ`).
+    native_cas: Arc<AtomicBool>,
 }
 
 impl<C> std::fmt::Debug for Protocol<C> {
@@ -111,62 +119,115 @@ impl<C> std::fmt::Debug for Protocol<C> {
         f.debug_struct("Protocol")
             .field("namespace", &self.namespace)
             .field("max_key_len", &self.max_key_len)
+            .field("native_cas", &self.native_cas.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
 }
 
+/// Whether the server refused a write for `maxmemory` (`OOM`), directly or from a script.
+fn is_out_of_memory(err: &StoreError) -> bool {
+    std::error::Error::source(err)
+        .and_then(|source| source.downcast_ref::<RedisError>())
+        .is_some_and(|err| {
+            err.code() == Some("OOM") || err.to_string().contains("OOM command not allowed")
+        })
+}
+
+/// Whether the server refused a command as malformed: how a server without `SET … IFEQ`
+/// answers it, before doing anything.
+fn is_syntax_error(err: &RedisError) -> bool {
+    err.code() == Some("ERR") && err.detail().is_some_and(|detail| detail.contains("syntax"))
+}
+
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
     /// Connected: loads the scripts (on every node, for a cluster) so the first calls need no
-    /// extra round trip.
+    /// extra round trip, and finds out whether the server has `SET … IFEQ`.
     pub(super) async fn new(
         mut connection: C,
         namespace: String,
         max_key_len: usize,
         resends: bool,
     ) -> Result<Self, StoreError> {
-        for script in [&*BEGIN, &*FINISH, &*RELEASE, &*RENEW, &*INSPECT] {
+        for script in [
+            &*BEGIN_FENCED,
+            &*FINISH,
+            &*RELEASE,
+            &*RENEW,
+            &*INSPECT,
+            &*FORGET,
+        ] {
             script
                 .prepare_invoke()
                 .load_async(&mut connection)
                 .await
                 .map_err(|err| store_error("connect", &err, resends))?;
         }
+        // `INFO` would tell the version, but it is `@dangerous` in ACL terms; a conditional SET
+        // of a key that does not exist writes nothing and needs only the rights the store
+        // needs anyway. The expiry makes sure of it on a server that would create the key.
+        let probe: Result<Value, RedisError> = redis::cmd("SET")
+            .arg(format!("{PREFIX}{namespace}:capability-probe"))
+            .arg("x")
+            .arg("IFEQ")
+            .arg("y")
+            .arg("PX")
+            .arg(1)
+            .query_async(&mut connection)
+            .await;
+        let native_cas = match probe {
+            Ok(_) => true,
+            Err(err) if is_syntax_error(&err) => false,
+            // A cluster node reached through a plain connection (a tool that first asks what
+            // it talks to) redirects the probe: the script works everywhere, so use it.
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+                ) =>
+            {
+                false
+            }
+            Err(err) => return Err(store_error("connect", &err, resends)),
+        };
         Ok(Self {
             connection,
             namespace: namespace.into(),
             max_key_len,
             resends,
+            native_cas: Arc::new(AtomicBool::new(native_cas)),
         })
     }
 
-    pub(super) fn keys(&self, unit: &UnitOfWork) -> [String; 3] {
-        key_names(&self.namespace, unit)
+    /// Whether `finish` and `renew` run as plain `SET … IFEQ` commands.
+    pub(super) fn native_cas(&self) -> bool {
+        self.native_cas.load(Ordering::Relaxed)
     }
 
-    fn key(&self, unit: &UnitOfWork, suffix: &str) -> String {
-        key_name(&self.namespace, unit, suffix)
+    pub(super) fn key(&self, unit: &UnitOfWork) -> String {
+        unit_key(&self.namespace, unit)
     }
 
-    /// Sends `EVALSHA` of `script` with `keys` and the arguments `args` writes.
+    /// Sends one plain command.
+    async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
+        let mut connection = self.connection.clone();
+        cmd.query_async(&mut connection).await
+    }
+
+    /// Sends `EVALSHA` of `script` on `key` with the arguments `args` writes.
     ///
     /// The command is built directly rather than through redis-rs's `ScriptInvocation`, which
-    /// copies every key and argument twice; on a fresh task that was about a sixth of the
-    /// client's instructions. A server that lost the script (`SCRIPT FLUSH`, a restart, a
-    /// promoted replica) answers `NOSCRIPT` without running anything, so loading it and sending
-    /// the same command again is safe.
+    /// copies every key and argument twice. A server that lost the script (`SCRIPT FLUSH`, a
+    /// restart, a promoted replica) answers `NOSCRIPT` without running anything, so loading it
+    /// and sending the same command again is safe.
     async fn invoke(
         &self,
         operation: &'static str,
         script: &Script,
-        keys: &[&str],
+        key: &str,
         args: impl FnOnce(&mut Cmd),
     ) -> Result<Value, StoreError> {
-        let bytes = keys.iter().map(|key| key.len()).sum::<usize>() + 128;
-        let mut cmd = Cmd::with_capacity(keys.len() + 6, bytes);
-        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
-        for key in keys {
-            cmd.arg(*key);
-        }
+        let mut cmd = Cmd::with_capacity(8, key.len() + 160);
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(1).arg(key);
         args(&mut cmd);
         let mut connection = self.connection.clone();
         let reply = match cmd.query_async(&mut connection).await {
@@ -175,12 +236,189 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
                     .prepare_invoke()
                     .load_async(&mut connection)
                     .await
-                    .map_err(|err| store_error(operation, &err, self.resends))?;
+                    .map_err(|err| self.error(operation, key, &err))?;
                 cmd.query_async(&mut connection).await
             }
             reply => reply,
         };
-        reply.map_err(|err| store_error(operation, &err, self.resends))
+        reply.map_err(|err| self.error(operation, key, &err))
+    }
+
+    /// A redis-rs error as a [`StoreError`] that names `key` where the key is the problem.
+    fn error(&self, operation: &'static str, key: &str, err: &RedisError) -> StoreError {
+        if err.code() == Some("WRONGTYPE") {
+            return StoreError::new(
+                operation,
+                StoreErrorKind::Protocol,
+                false,
+                format!("key `{key}` holds a value of another type; it is not idempotask's"),
+            )
+            .with_source(err.clone());
+        }
+        store_error(operation, err, self.resends)
+    }
+
+    /// A plain `SET` that needs the native compare-and-set; `None` when the server turned out
+    /// not to have it (a rolling upgrade, a failover to an older replica), which it says with a
+    /// syntax error before doing anything.
+    async fn native(
+        &self,
+        operation: &'static str,
+        key: &str,
+        cmd: &Cmd,
+    ) -> Result<Option<Value>, StoreError> {
+        match self.query(cmd).await {
+            Ok(reply) => Ok(Some(reply)),
+            Err(err) if is_syntax_error(&err) => {
+                self.native_cas.store(false, Ordering::Relaxed);
+                Ok(None)
+            }
+            Err(err) => Err(self.error(operation, key, &err)),
+        }
+    }
+
+    /// Reads the unit's state after `begin` found something there.
+    async fn begin_found(
+        &self,
+        key: &str,
+        token: &LockToken,
+        lock_ms: u64,
+        value: Vec<u8>,
+    ) -> Result<Begin, StoreError> {
+        match value.first() {
+            Some(&marker::TAG) => Ok(Begin::Done(value)),
+            Some(&LOCK_TAG) => {
+                if let Some(acquired) = own_lock(&value, token) {
+                    return Ok(acquired);
+                }
+                // The slow path only: another holder's lock. How long it has left lets the
+                // waiter ask again right when it expires.
+                let reply = self
+                    .query(redis::cmd("PTTL").arg(key))
+                    .await
+                    .map_err(|err| self.error("begin", key, &err))?;
+                Ok(Begin::Busy {
+                    lock_ttl_remaining: pttl("begin", key, &reply)?,
+                })
+            }
+            // A released fenced lock: its counter must go on, which takes the script.
+            Some(&RELEASED_TAG) => self.begin_fenced(key, token, lock_ms).await,
+            _ => Err(foreign("begin", key, &value)),
+        }
+    }
+
+    async fn begin_fenced(
+        &self,
+        key: &str,
+        token: &LockToken,
+        lock_ms: u64,
+    ) -> Result<Begin, StoreError> {
+        let reply = self
+            .invoke("begin", &BEGIN_FENCED, key, |cmd| {
+                cmd.arg(token.as_str()).arg(lock_ms);
+            })
+            .await;
+        let reply = match reply {
+            Err(err) if is_out_of_memory(&err) => {
+                return self.begin_read_only(key, token, err).await;
+            }
+            reply => reply?,
+        };
+        if let Value::Array(items) = &reply {
+            match items.as_slice() {
+                [Value::Int(1), Value::BulkString(marker)] => {
+                    return Ok(Begin::Done(marker.clone()));
+                }
+                [Value::Int(2), Value::Int(fence)] => {
+                    if let Ok(fence) = u64::try_from(*fence) {
+                        return Ok(Begin::Acquired {
+                            fencing_token: Some(fence),
+                        });
+                    }
+                }
+                [Value::Int(3), pttl_value] => {
+                    return Ok(Begin::Busy {
+                        lock_ttl_remaining: pttl("begin", key, pttl_value)?,
+                    });
+                }
+                [Value::Int(4)] => {
+                    return Err(StoreError::new(
+                        "begin",
+                        StoreErrorKind::Protocol,
+                        false,
+                        format!("key `{key}` holds a value that is not idempotask's"),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        Err(unexpected("begin", key, &reply))
+    }
+
+    /// `begin` on a server that refuses writes (`maxmemory` with `noeviction` refuses even a
+    /// `SET NX` that would not write): a duplicate still gets its stored result, and a repeated
+    /// call still finds its own lock; anything else fails closed with the refusal.
+    async fn begin_read_only(
+        &self,
+        key: &str,
+        token: &LockToken,
+        refusal: StoreError,
+    ) -> Result<Begin, StoreError> {
+        let reply = self
+            .query(redis::cmd("GET").arg(key))
+            .await
+            .map_err(|err| self.error("begin", key, &err))?;
+        if let Value::BulkString(value) = reply {
+            if value.first() == Some(&marker::TAG) {
+                return Ok(Begin::Done(value));
+            }
+            if let Some(acquired) = own_lock(&value, token) {
+                return Ok(acquired);
+            }
+        }
+        Err(refusal)
+    }
+
+    /// `finish` once our lock is known to be gone: keep the result only where nobody else
+    /// holds the unit.
+    async fn finish_lost(&self, key: &str, marker: &[u8], ttl: u64) -> Result<Finish, StoreError> {
+        let reply = self
+            .query(
+                redis::cmd("SET")
+                    .arg(key)
+                    .arg(marker)
+                    .arg("NX")
+                    .arg("GET")
+                    .arg("PX")
+                    .arg(ttl),
+            )
+            .await
+            .map_err(|err| self.error("finish", key, &err))?;
+        let lost = |marker_written| Ok(Finish::LockLost { marker_written });
+        match reply {
+            Value::Nil => lost(true),
+            Value::BulkString(value) if value == marker => Ok(Finish::Completed),
+            Value::BulkString(value) if value.first() == Some(&RELEASED_TAG) => {
+                // A released fenced lock holds only a counter: the result replaces it, unless
+                // someone took the unit in between.
+                let reply = self
+                    .native(
+                        "finish",
+                        key,
+                        redis::cmd("SET")
+                            .arg(key)
+                            .arg(marker)
+                            .arg("IFEQ")
+                            .arg(&value)
+                            .arg("PX")
+                            .arg(ttl),
+                    )
+                    .await?;
+                lost(matches!(reply, Some(Value::Okay)))
+            }
+            Value::BulkString(_) => lost(false),
+            other => Err(unexpected("finish", key, &other)),
+        }
     }
 }
 
@@ -195,17 +433,36 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for Protocol<C> {
         unit: &UnitOfWork,
         token: &LockToken,
         lock_ttl: Duration,
-        result_ttl: Duration,
+        fencing: Fencing,
     ) -> Result<Begin, StoreError> {
-        let [lock, done, fence] = self.keys(unit);
+        let key = self.key(unit);
         let lock_ms = ttl_millis(lock_ttl);
-        let fence_ms = ttl_millis(lock_ttl.saturating_add(result_ttl));
-        let reply = self
-            .invoke("begin", &BEGIN, &[&lock, &done, &fence], |cmd| {
-                cmd.arg(token.as_str()).arg(lock_ms).arg(fence_ms);
-            })
-            .await?;
-        parse_begin(&reply)
+        if fencing == Fencing::On {
+            return self.begin_fenced(&key, token, lock_ms).await;
+        }
+        let mut cmd = Cmd::with_capacity(7, key.len() + 64);
+        cmd.arg("SET")
+            .arg(&key)
+            .arg(lock_value(token))
+            .arg("NX")
+            .arg("GET")
+            .arg("PX")
+            .arg(lock_ms);
+        match self.query(&cmd).await {
+            Ok(Value::Nil) => Ok(Begin::Acquired {
+                fencing_token: None,
+            }),
+            Ok(Value::BulkString(value)) => self.begin_found(&key, token, lock_ms, value).await,
+            Ok(other) => Err(unexpected("begin", &key, &other)),
+            Err(err) => {
+                let err = self.error("begin", &key, &err);
+                if is_out_of_memory(&err) {
+                    self.begin_read_only(&key, token, err).await
+                } else {
+                    Err(err)
+                }
+            }
+        }
     }
 
     async fn finish(
@@ -215,24 +472,53 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for Protocol<C> {
         marker: &[u8],
         result_ttl: Duration,
     ) -> Result<Finish, StoreError> {
-        let (lock, done) = (self.key(unit, ":lock"), self.key(unit, ":done"));
+        let key = self.key(unit);
+        let lock = lock_value(token);
         let ttl = ttl_millis(result_ttl);
+        if self.native_cas() {
+            let mut cmd = Cmd::with_capacity(7, key.len() + marker.len() + lock.len() + 32);
+            cmd.arg("SET")
+                .arg(&key)
+                .arg(marker)
+                .arg("IFEQ")
+                .arg(&lock)
+                .arg("PX")
+                .arg(ttl);
+            match self.native("finish", &key, &cmd).await? {
+                Some(Value::Okay) => return Ok(Finish::Completed),
+                Some(Value::Nil) => return self.finish_lost(&key, marker, ttl).await,
+                Some(other) => return Err(unexpected("finish", &key, &other)),
+                None => {}
+            }
+        }
         let reply = self
-            .invoke("finish", &FINISH, &[&lock, &done], |cmd| {
-                cmd.arg(token.as_str()).arg(marker).arg(ttl);
+            .invoke("finish", &FINISH, &key, |cmd| {
+                cmd.arg(&lock).arg(marker).arg(ttl);
             })
             .await?;
-        parse_finish(&reply)
+        match reply {
+            Value::Int(1) => Ok(Finish::Completed),
+            Value::Int(2) => Ok(Finish::LockLost {
+                marker_written: true,
+            }),
+            Value::Int(3) => Ok(Finish::LockLost {
+                marker_written: false,
+            }),
+            other => Err(unexpected("finish", &key, &other)),
+        }
     }
 
     async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
-        let lock = self.key(unit, ":lock");
+        let key = self.key(unit);
+        let fence = token
+            .fencing_token()
+            .map_or_else(String::new, |fence| fence.to_string());
         let reply = self
-            .invoke("release", &RELEASE, &[&lock], |cmd| {
-                cmd.arg(token.as_str());
+            .invoke("release", &RELEASE, &key, |cmd| {
+                cmd.arg(lock_value(token)).arg(fence);
             })
             .await?;
-        parse_flag("release", &reply)
+        parse_flag("release", &key, &reply)
     }
 
     async fn renew(
@@ -241,112 +527,102 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for Protocol<C> {
         token: &LockToken,
         lock_ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let lock = self.key(unit, ":lock");
+        let key = self.key(unit);
+        let lock = lock_value(token);
         let ttl = ttl_millis(lock_ttl);
+        if self.native_cas() {
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(&key)
+                .arg(&lock)
+                .arg("IFEQ")
+                .arg(&lock)
+                .arg("PX")
+                .arg(ttl);
+            match self.native("renew", &key, &cmd).await? {
+                Some(Value::Okay) => return Ok(true),
+                Some(Value::Nil) => return Ok(false),
+                Some(other) => return Err(unexpected("renew", &key, &other)),
+                None => {}
+            }
+        }
         let reply = self
-            .invoke("renew", &RENEW, &[&lock], |cmd| {
-                cmd.arg(token.as_str()).arg(ttl);
+            .invoke("renew", &RENEW, &key, |cmd| {
+                cmd.arg(&lock).arg(ttl);
             })
             .await?;
-        parse_flag("renew", &reply)
+        parse_flag("renew", &key, &reply)
     }
 
     async fn inspect(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError> {
-        let (lock, done) = (self.key(unit, ":lock"), self.key(unit, ":done"));
-        let reply = self
-            .invoke("inspect", &INSPECT, &[&lock, &done], |_| {})
-            .await?;
-        parse_inspect(&reply)
+        let key = self.key(unit);
+        let reply = self.invoke("inspect", &INSPECT, &key, |_| {}).await?;
+        let Value::Array(items) = &reply else {
+            return Err(unexpected("inspect", &key, &reply));
+        };
+        let [value, ttl] = items.as_slice() else {
+            return Err(unexpected("inspect", &key, &reply));
+        };
+        let ttl = pttl("inspect", &key, ttl)?;
+        match value {
+            Value::Nil => Ok(Inspection::default()),
+            Value::BulkString(value) => match value.first() {
+                Some(&marker::TAG) => Ok(Inspection {
+                    marker: Some(value.clone()),
+                    marker_ttl: ttl,
+                    lock_ttl: None,
+                }),
+                Some(&LOCK_TAG) => Ok(Inspection {
+                    lock_ttl: Some(ttl.unwrap_or_default()),
+                    ..Inspection::default()
+                }),
+                Some(&RELEASED_TAG) => Ok(Inspection::default()),
+                _ => Err(foreign("inspect", &key, value)),
+            },
+            other => Err(unexpected("inspect", &key, other)),
+        }
     }
 
     async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
-        let done = self.key(unit, ":done");
-        let mut connection = self.connection.clone();
-        let reply: Value = redis::cmd("DEL")
-            .arg(&done)
-            .query_async(&mut connection)
-            .await
-            .map_err(|err| store_error("forget", &err, self.resends))?;
-        match reply {
-            Value::Int(deleted) => Ok(deleted > 0),
-            other => Err(unexpected("forget", &other)),
-        }
+        let key = self.key(unit);
+        let reply = self.invoke("forget", &FORGET, &key, |_| {}).await?;
+        parse_flag("forget", &key, &reply)
     }
 }
 
-fn parse_begin(reply: &Value) -> Result<Begin, StoreError> {
-    if let Value::Array(items) = reply {
-        match items.as_slice() {
-            [Value::Int(1), Value::BulkString(marker)] => return Ok(Begin::Done(marker.clone())),
-            [Value::Int(2), Value::Int(fence)] => {
-                if let Ok(fencing_token) = u64::try_from(*fence) {
-                    return Ok(Begin::Acquired { fencing_token });
-                }
-            }
-            [Value::Int(3), pttl_value] => {
-                return Ok(Begin::Busy {
-                    lock_ttl_remaining: pttl("begin", pttl_value)?,
-                });
-            }
-            _ => {}
-        }
-    }
-    Err(unexpected("begin", reply))
-}
-
-fn parse_finish(reply: &Value) -> Result<Finish, StoreError> {
-    match reply {
-        Value::Int(1) => Ok(Finish::Completed),
-        Value::Int(2) => Ok(Finish::LockLost {
-            marker_written: true,
-        }),
-        Value::Int(3) => Ok(Finish::LockLost {
-            marker_written: false,
-        }),
-        other => Err(unexpected("finish", other)),
-    }
-}
-
-fn parse_inspect(reply: &Value) -> Result<Inspection, StoreError> {
-    let Value::Array(items) = reply else {
-        return Err(unexpected("inspect", reply));
-    };
-    let [marker, marker_pttl, lock_pttl] = items.as_slice() else {
-        return Err(unexpected("inspect", reply));
-    };
-    let marker = match marker {
-        Value::BulkString(bytes) => Some(bytes.clone()),
-        Value::Nil => None,
-        other => return Err(unexpected("inspect", other)),
-    };
-    Ok(Inspection {
-        marker,
-        marker_ttl: pttl("inspect", marker_pttl)?,
-        lock_ttl: pttl("inspect", lock_pttl)?,
-    })
-}
-
-fn parse_flag(operation: &'static str, reply: &Value) -> Result<bool, StoreError> {
+fn parse_flag(operation: &'static str, key: &str, reply: &Value) -> Result<bool, StoreError> {
     match reply {
         Value::Int(0) => Ok(false),
         Value::Int(1) => Ok(true),
-        other => Err(unexpected(operation, other)),
+        other => Err(unexpected(operation, key, other)),
     }
 }
 
 /// A `PTTL` answer: `None` for a missing key (-2) or a key without expiry (-1).
-fn pttl(operation: &'static str, reply: &Value) -> Result<Option<Duration>, StoreError> {
+fn pttl(operation: &'static str, key: &str, reply: &Value) -> Result<Option<Duration>, StoreError> {
     match reply {
         Value::Int(-2 | -1) => Ok(None),
         Value::Int(ms) => u64::try_from(*ms)
             .map(|ms| Some(Duration::from_millis(ms)))
-            .map_err(|_| unexpected(operation, reply)),
-        other => Err(unexpected(operation, other)),
+            .map_err(|_| unexpected(operation, key, reply)),
+        other => Err(unexpected(operation, key, other)),
     }
 }
 
-fn unexpected(operation: &'static str, reply: &Value) -> StoreError {
-    let mut shown = format!("{reply:?}");
+/// A value under one of our keys that idempotask did not write.
+fn foreign(operation: &'static str, key: &str, value: &[u8]) -> StoreError {
+    StoreError::new(
+        operation,
+        StoreErrorKind::Protocol,
+        false,
+        format!(
+            "key `{key}` holds {}, which is not idempotask's",
+            shorten(&format!("{:?}", String::from_utf8_lossy(value)))
+        ),
+    )
+}
+
+fn shorten(shown: &str) -> String {
+    let mut shown = shown.to_owned();
     if shown.len() > 200 {
         let cut = (0..=200)
             .rev()
@@ -355,12 +631,19 @@ fn unexpected(operation: &'static str, reply: &Value) -> StoreError {
         shown.truncate(cut);
         shown.push('…');
     }
-    // The script ran, so whatever it changed is unknown to us.
+    shown
+}
+
+fn unexpected(operation: &'static str, key: &str, reply: &Value) -> StoreError {
+    // The command ran, so whatever it changed is unknown to us.
     StoreError::new(
         operation,
         StoreErrorKind::Protocol,
         true,
-        format!("unexpected reply {shown}"),
+        format!(
+            "unexpected reply {} for key `{key}`",
+            shorten(&format!("{reply:?}"))
+        ),
     )
 }
 
@@ -399,28 +682,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn replies_other_than_the_scripts_are_protocol_errors() {
-        for reply in [
-            Value::Nil,
-            Value::Int(7),
-            Value::Array(vec![Value::Int(2), Value::Int(-5)]),
-            Value::Array(vec![Value::Int(1)]),
+    fn lock_values_carry_the_token_and_the_fencing_token() {
+        let token = LockToken::generate();
+        let plain = lock_value(&token);
+        assert_eq!(plain, format!("L{}", token.as_str()));
+        let acquired = |fencing_token| Some(Begin::Acquired { fencing_token });
+        assert_eq!(own_lock(plain.as_bytes(), &token), acquired(None));
+        let fenced = lock_value(&token.clone().with_fencing_token(1_764_460_000_123));
+        assert_eq!(fenced, format!("L{}.1764460000123", token.as_str()));
+        assert_eq!(
+            own_lock(fenced.as_bytes(), &token),
+            acquired(Some(1_764_460_000_123))
+        );
+        let other = LockToken::generate();
+        assert_eq!(own_lock(plain.as_bytes(), &other), None);
+        for damaged in [
+            format!("L{}.", token.as_str()),
+            format!("L{}x", token.as_str()),
         ] {
-            let err = parse_begin(&reply).unwrap_err();
-            assert_eq!(err.kind(), StoreErrorKind::Protocol, "{reply:?}");
+            assert_eq!(own_lock(damaged.as_bytes(), &token), None, "{damaged}");
         }
-        assert!(parse_finish(&Value::Int(9)).is_err());
-        assert!(parse_inspect(&Value::Array(vec![Value::Nil])).is_err());
-        assert!(parse_flag("release", &Value::Okay).is_err());
     }
 
     #[test]
-    fn keys_share_one_hash_tag() {
-        let unit = UnitOfWork::new("charge", "order-{1}:x").unwrap();
-        let [lock, done, fence] = key_names("billing", &unit);
-        let tag = format!("idempotask:v1:{{billing:charge:{}}}", unit.digest());
-        assert_eq!(lock, format!("{tag}:lock"));
-        assert_eq!(done, format!("{tag}:done"));
-        assert_eq!(fence, format!("{tag}:fence"));
+    fn replies_other_than_the_protocols_are_typed_errors() {
+        assert!(parse_flag("release", "k", &Value::Okay).is_err());
+        assert!(pttl("begin", "k", &Value::Int(-7)).is_err());
+        let err = unexpected("finish", "idempotask:v2:ns:t:x", &Value::Int(9));
+        assert_eq!(err.kind(), StoreErrorKind::Protocol);
+        assert!(err.to_string().contains("idempotask:v2:ns:t:x"), "{err}");
+        let err = foreign("begin", "k", b"\xffjunk");
+        assert!(!err.is_ambiguous());
     }
 }

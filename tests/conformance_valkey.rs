@@ -1,0 +1,19 @@
+//! The conformance suite on `RedisStore` against Valkey 8.1, where `finish` and `renew` are the
+//! native `SET … IFEQ` instead of scripts; each check against a valkey-server of its own.
+
+mod support;
+
+use std::sync::Arc;
+
+use support::RedisServer;
+
+crate::conformance_tests!({
+    let server = RedisServer::start_valkey();
+    let store = server.store().await;
+    assert!(
+        store.native_compare_and_set(),
+        "Valkey 8.1 has SET … IFEQ; the store did not find it"
+    );
+    let store: Arc<dyn idempotask::Store> = Arc::new(store);
+    (server, store)
+});
