@@ -109,11 +109,21 @@ fn check_signature(function: &ItemFn, shape: Option<&Shape<'_>>, errors: &mut Er
     let boxed_output = declared.and_then(shape::boxed_future_output);
     // A `const fn` cannot be async either; one error says it.
     if shape.is_none() && sig.constness.is_none() {
+        // The source may say `async fn` although this attribute sees a plain `fn`: an attribute
+        // expanded before it can rewrite the function. So the message says what was seen and
+        // both ways out, and never asks for an `async fn` that is already written.
+        let seen = if boxed_output.is_some() {
+            "a plain `fn` whose boxed future is not `Box::pin(async move { .. })`"
+        } else {
+            "a plain `fn`, not an `async fn`"
+        };
         errors.at(
             sig.fn_token.span,
             format!(
-                "`#[idempotent_task]` requires an `async fn`; write `async fn {}`",
-                sig.ident
+                "`#[idempotent_task]` found {seen}\n\
+                 = note: it rewrites an `async fn`, or the `Box::pin(async move {{ .. }})` that `#[async_trait]` makes of one; an attribute macro expanded before it can turn an `async fn` into another shape\n\
+                 = help: if `{name}` is written `fn`, make it `async fn {name}`; if it is written `async fn`, put `#[idempotent_task]` above the attribute that rewrites it, so that `#[idempotent_task]` expands first",
+                name = sig.ident
             ),
         );
     }
