@@ -2,7 +2,8 @@
 //!
 //! Input: the checked options, key and function. Output: the same function, signature token for
 //! token, whose body computes the key from borrowed arguments and then runs the original body
-//! through `Task::call(..).run(..)`.
+//! through `Task::call(..).run(..)`. For async-trait's shape the same happens inside the boxed
+//! `async move` block, so the boxed signature that matches the trait stays as it was.
 
 use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
@@ -11,6 +12,7 @@ use syn::{Ident, ItemFn, LitStr, ReturnType};
 
 use crate::args::Args;
 use crate::key::Key;
+use crate::shape::Shape;
 
 pub(crate) struct Checked<'a> {
     pub(crate) args: &'a Args,
@@ -22,30 +24,8 @@ fn duration(ms: u64) -> TokenStream {
     quote! { ::core::time::Duration::from_millis(#ms) }
 }
 
-/// Input: the function and its checked attribute. Output: the rewritten function.
-pub(crate) fn function(function: &ItemFn, checked: &Checked<'_>) -> TokenStream {
-    let ItemFn {
-        attrs,
-        vis,
-        sig,
-        block,
-    } = function;
-    let args = checked.args;
-    let ReturnType::Type(_, output) = &sig.output else {
-        unreachable!("the return type was checked to be a `Result`")
-    };
-    // Generated names resolve only among themselves, never against the user's.
-    let task = Ident::new("__idempotask_task", Span::mixed_site());
-    let key = Ident::new("__idempotask_key", Span::mixed_site());
-    let fingerprint = Ident::new("__idempotask_fingerprint", Span::mixed_site());
-    let store = Ident::new("__idempotask_store", Span::mixed_site());
-    let body = Ident::new("__idempotask_body", Span::mixed_site());
-    let error = Ident::new("__idempotask_error", Span::mixed_site());
-
-    let name = args
-        .name
-        .clone()
-        .unwrap_or_else(|| LitStr::new(&sig.ident.to_string(), sig.ident.span()));
+/// Input: the options. Output: the builder calls after `Task::new(name)` that set them.
+fn settings(args: &Args) -> TokenStream {
     let mut settings = TokenStream::new();
     if let Some(ttl) = args.lock_ttl {
         let ttl = duration(ttl.ms);
@@ -82,6 +62,38 @@ pub(crate) fn function(function: &ItemFn, checked: &Checked<'_>) -> TokenStream 
     if !retry.is_empty() {
         settings.extend(quote! { .retry(::idempotask::__private::RetryPolicy::new() #retry) });
     }
+    settings
+}
+
+/// Input: the function, its shape and its checked attribute. Output: the rewritten function.
+pub(crate) fn function(function: &ItemFn, shape: &Shape<'_>, checked: &Checked<'_>) -> TokenStream {
+    let ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+    } = function;
+    let args = checked.args;
+    let output = match shape {
+        Shape::Async => match &sig.output {
+            ReturnType::Type(_, output) => &**output,
+            ReturnType::Default => unreachable!("the return type was checked to be a `Result`"),
+        },
+        Shape::Boxed(boxed) => boxed.output,
+    };
+    // Generated names resolve only among themselves, never against the user's.
+    let task = Ident::new("__idempotask_task", Span::mixed_site());
+    let key = Ident::new("__idempotask_key", Span::mixed_site());
+    let fingerprint = Ident::new("__idempotask_fingerprint", Span::mixed_site());
+    let store = Ident::new("__idempotask_store", Span::mixed_site());
+    let body = Ident::new("__idempotask_body", Span::mixed_site());
+    let error = Ident::new("__idempotask_error", Span::mixed_site());
+
+    let name = args
+        .name
+        .clone()
+        .unwrap_or_else(|| LitStr::new(&sig.ident.to_string(), sig.ident.span()));
+    let settings = settings(args);
 
     let key_value = &checked.key.build;
     let mut call = quote! { #task.call(#key) };
@@ -109,20 +121,41 @@ pub(crate) fn function(function: &ItemFn, checked: &Checked<'_>) -> TokenStream 
         ::idempotask::__private::run::<#output, _, _, _>(#call, #body).await
     };
 
-    quote! {
-        #(#attrs)*
-        #vis #sig {
-            // The static sits in its own block: items are not hygienic, and the body must not
-            // see it.
-            let #task: &'static ::idempotask::__private::Task = {
-                static TASK: ::idempotask::__private::Task =
-                    ::idempotask::__private::Task::new(#name) #settings;
-                &TASK
-            };
-            let #key: ::idempotask::__private::String = #key_value;
-            #prelude
-            let #body = ::idempotask::__private::expect_output::<#output, _>(async move #block);
-            #run
+    let statements = quote! {
+        // The static sits in its own block: items are not hygienic, and the body must not
+        // see it.
+        let #task: &'static ::idempotask::__private::Task = {
+            static TASK: ::idempotask::__private::Task =
+                ::idempotask::__private::Task::new(#name) #settings;
+            &TASK
+        };
+        let #key: ::idempotask::__private::String = #key_value;
+        #prelude
+    };
+    match shape {
+        Shape::Async => quote! {
+            #(#attrs)*
+            #vis #sig {
+                #statements
+                let #body = ::idempotask::__private::expect_output::<#output, _>(async move #block);
+                #run
+            }
+        },
+        // The key is computed inside the boxed block, as in an `async fn`: on the first poll,
+        // from the arguments the block has taken, before async-trait's block takes them on.
+        Shape::Boxed(boxed) => {
+            let pin = boxed.pin;
+            let future = boxed.future;
+            quote! {
+                #(#attrs)*
+                #vis #sig {
+                    #pin(async move {
+                        #statements
+                        let #body = ::idempotask::__private::expect_output::<#output, _>(#future);
+                        #run
+                    })
+                }
+            }
         }
     }
 }

@@ -7,9 +7,10 @@
 use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::visit::{self, Visit};
-use syn::{Expr, FnArg, Ident, ItemFn, LitStr, Pat, Type};
+use syn::{Block, Expr, FnArg, Ident, ItemFn, LitStr, Local, Pat, Type};
 
 use crate::args::Errors;
+use crate::shape::Move;
 use crate::suggest::did_you_mean;
 
 /// Calls whose result differs on every delivery, by their path's last segment.
@@ -59,9 +60,11 @@ pub(crate) struct Param {
     pub(crate) mut_ref: Option<Span>,
 }
 
-/// The function's named parameters, `self` included for methods.
-pub(crate) fn params(function: &ItemFn) -> Vec<Param> {
-    function
+/// Input: the function and async-trait's moves of its arguments, if any. Output: its named
+/// parameters, `self` included for methods, each with the `mut` it was declared with; for a
+/// by-value parameter async-trait moved that `mut` onto its binding in the body.
+pub(crate) fn params(function: &ItemFn, moves: &[Move<'_>]) -> Vec<Param> {
+    let mut params: Vec<Param> = function
         .sig
         .inputs
         .iter()
@@ -86,7 +89,21 @@ pub(crate) fn params(function: &ItemFn) -> Vec<Param> {
                 _ => None,
             },
         })
-        .collect()
+        .collect();
+    for moved in moves {
+        let Some(span) = moved.mutability else {
+            continue;
+        };
+        // `&mut self` is moved into `let mut __self`: that `mut` is the reference's, which
+        // the signature still shows.
+        if let Some(param) = params
+            .iter_mut()
+            .find(|p| p.ident == moved.param && p.mut_ref.is_none())
+        {
+            param.mutability.get_or_insert(span);
+        }
+    }
+    params
 }
 
 /// The checked key: how to build it, and which parameters it reads.
@@ -354,16 +371,30 @@ fn is_generator(expr: &Expr) -> bool {
     }
 }
 
-/// Input: the function body and the key's parameters. Output: an error for each place where
-/// the body rebinds, assigns or mutably borrows a key parameter, or builds a generated key for
-/// the idempotask API.
-pub(crate) fn check_body(function: &ItemFn, roots: &[Ident], errors: &mut Errors) {
-    let mut checker = BodyChecker { roots, errors };
-    checker.visit_block(&function.block);
+/// Input: the task's body, the key's parameters, the statements that are not the user's
+/// (async-trait's moves of the arguments) and whether the body names the receiver `__self`
+/// (async-trait renames it). Output: an error for each place where the body rebinds, assigns
+/// or mutably borrows a key parameter, or builds a generated key for the idempotask API.
+pub(crate) fn check_body(
+    body: &Block,
+    roots: &[Ident],
+    not_users: &[&Local],
+    self_renamed: bool,
+    errors: &mut Errors,
+) {
+    let mut checker = BodyChecker {
+        roots,
+        not_users,
+        self_renamed,
+        errors,
+    };
+    checker.visit_block(body);
 }
 
 struct BodyChecker<'a> {
     roots: &'a [Ident],
+    not_users: &'a [&'a Local],
+    self_renamed: bool,
     errors: &'a mut Errors,
 }
 
@@ -371,11 +402,15 @@ impl BodyChecker<'_> {
     /// The key parameter an assignable place like `key`, `key.field` or `key[0]` belongs to.
     fn key_root(&self, expr: &Expr) -> Option<Ident> {
         match expr {
-            Expr::Path(path) => path
-                .path
-                .get_ident()
-                .filter(|ident| self.roots.contains(ident))
-                .cloned(),
+            Expr::Path(path) => {
+                let ident = path.path.get_ident()?;
+                let ident = if self.self_renamed && ident == "__self" {
+                    Ident::new("self", ident.span())
+                } else {
+                    ident.clone()
+                };
+                self.roots.contains(&ident).then_some(ident)
+            }
             Expr::Field(field) => self.key_root(&field.base),
             Expr::Index(index) => self.key_root(&index.expr),
             Expr::Paren(paren) => self.key_root(&paren.expr),
@@ -402,6 +437,12 @@ impl BodyChecker<'_> {
 }
 
 impl<'ast> Visit<'ast> for BodyChecker<'_> {
+    fn visit_local(&mut self, local: &'ast Local) {
+        if !self.not_users.iter().any(|not| std::ptr::eq(*not, local)) {
+            visit::visit_local(self, local);
+        }
+    }
+
     fn visit_pat_ident(&mut self, pat: &'ast syn::PatIdent) {
         if self.roots.contains(&pat.ident) {
             self.errors.at(

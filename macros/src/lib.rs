@@ -4,6 +4,7 @@
 mod args;
 mod expand;
 mod key;
+mod shape;
 mod suggest;
 
 use proc_macro::TokenStream;
@@ -12,6 +13,7 @@ use syn::spanned::Spanned;
 use syn::{ItemFn, ReturnType, Type};
 
 use crate::args::{Args, Errors};
+use crate::shape::Shape;
 
 /// Runs an `async fn` at most once per caller-supplied key; see the `idempotask` crate.
 #[proc_macro_attribute]
@@ -40,8 +42,16 @@ fn rewrite(
     };
     let mut errors = Errors::default();
     let args = Args::parse(attr, &mut errors);
-    check_signature(&function, &mut errors);
-    let params = key::params(&function);
+    let shape = shape::of(&function);
+    check_signature(&function, shape.as_ref(), &mut errors);
+    let (body, moves) = match &shape {
+        Some(Shape::Boxed(boxed)) => (&boxed.future.block, boxed.moves.as_slice()),
+        Some(Shape::Async) | None => (&*function.block, [].as_slice()),
+    };
+    // async-trait renames `self` in the body when it moves the receiver in.
+    let self_renamed = moves.iter().any(|moved| moved.param == "self");
+    let not_users: Vec<&syn::Local> = moves.iter().map(|moved| moved.local).collect();
+    let params = key::params(&function, moves);
     let checked = args.as_ref().and_then(|args| {
         let Some(value) = &args.key else {
             errors.at(
@@ -52,7 +62,7 @@ fn rewrite(
         };
         let key = key::key(value, &params, &mut errors)?;
         key::check_declarations(&params, &key.roots, &mut errors);
-        key::check_body(&function, &key.roots, &mut errors);
+        key::check_body(body, &key.roots, &not_users, self_renamed, &mut errors);
         let fingerprint = match &args.fingerprint {
             Some(names) => Some(key::fingerprint(names, &params, &key.roots, &mut errors)?),
             None => None,
@@ -64,7 +74,10 @@ fn rewrite(
         })
     });
     match (errors.into_result(), checked) {
-        (Ok(()), Some(checked)) => expand::function(&function, &checked),
+        (Ok(()), Some(checked)) => match &shape {
+            Some(shape) => expand::function(&function, shape, &checked),
+            None => unreachable!("a function of no known shape was reported"),
+        },
         (Err(err), _) => {
             let errors = err.to_compile_error();
             quote! { #errors #function }
@@ -73,8 +86,9 @@ fn rewrite(
     }
 }
 
-/// Input: the function. Output: an error for each way its signature cannot be a task.
-fn check_signature(function: &ItemFn, errors: &mut Errors) {
+/// Input: the function and its shape, `None` for a plain `fn` of no shape this attribute
+/// rewrites. Output: an error for each way its signature cannot be a task.
+fn check_signature(function: &ItemFn, shape: Option<&Shape<'_>>, errors: &mut Errors) {
     let sig = &function.sig;
     if let Some(constness) = sig.constness {
         errors.at(
@@ -88,23 +102,43 @@ fn check_signature(function: &ItemFn, errors: &mut Errors) {
             "an idempotent task cannot be an `extern` function; remove the ABI",
         );
     }
+    let declared = match &sig.output {
+        ReturnType::Default => None,
+        ReturnType::Type(_, ty) => Some(&**ty),
+    };
+    let boxed_output = declared.and_then(shape::boxed_future_output);
     // A `const fn` cannot be async either; one error says it.
-    if sig.asyncness.is_none() && sig.constness.is_none() {
+    if shape.is_none() && sig.constness.is_none() {
+        // The source may say `async fn` although this attribute sees a plain `fn`: an attribute
+        // expanded before it can rewrite the function. So the message says what was seen and
+        // both ways out, and never asks for an `async fn` that is already written.
+        let seen = if boxed_output.is_some() {
+            "a plain `fn` whose boxed future is not `Box::pin(async move { .. })`"
+        } else {
+            "a plain `fn`, not an `async fn`"
+        };
         errors.at(
             sig.fn_token.span,
             format!(
-                "`#[idempotent_task]` requires an `async fn`; write `async fn {}`",
-                sig.ident
+                "`#[idempotent_task]` found {seen}\n\
+                 = note: it rewrites an `async fn`, or the `Box::pin(async move {{ .. }})` that `#[async_trait]` makes of one; an attribute macro expanded before it can turn an `async fn` into another shape\n\
+                 = help: if `{name}` is written `fn`, make it `async fn {name}`; if it is written `async fn`, put `#[idempotent_task]` above the attribute that rewrites it, so that `#[idempotent_task]` expands first",
+                name = sig.ident
             ),
         );
     }
-    match &sig.output {
-        ReturnType::Default => errors.at(
+    let output = match shape {
+        Some(Shape::Boxed(boxed)) => Some(boxed.output),
+        Some(Shape::Async) => declared,
+        None => boxed_output.or(declared),
+    };
+    match output {
+        None => errors.at(
             sig.paren_token.span.close(),
             "an idempotent task must return a `Result`, like `-> Result<ChargeId, PaymentError>`: its `Ok` value is stored and errors are never cached",
         ),
-        ReturnType::Type(_, ty) => {
-            let is_result = match &**ty {
+        Some(ty) => {
+            let is_result = match ty {
                 Type::Path(path) => path
                     .path
                     .segments
