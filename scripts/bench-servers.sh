@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The protocol's targets on both servers the suite tests, in one run: Redis 7 (finish is a
+# script) and Valkey 8.1 (finish is a plain `SET … IFEQ`). Starts one server of each on free
+# loopback ports (persistence off), runs every bench mode against each, one after the other, and
+# writes docs/performance-servers.md. scripts/bench.sh adds the profiles and the cluster.
+#
+#   ./scripts/bench-servers.sh [TASKS] [ROUNDS]      # defaults: 20000 tasks, 3 rounds
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tasks=${1:-20000}
+rounds=${2:-3}
+out=docs/performance-servers.md
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+start() { # program -> prints the port it serves on
+  for _ in $(seq 20); do
+    local port=$((20000 + RANDOM % 40000))
+    mkdir -p "$work/$1"
+    "$1" --port "$port" --bind 127.0.0.1 --save '' --appendonly no --protected-mode no \
+      --dir "$work/$1" >"$work/$1.log" 2>&1 &
+    local pid=$!
+    until redis-cli -p "$port" ping >/dev/null 2>&1 || ! kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+    if kill -0 "$pid" 2>/dev/null; then pids+=("$pid"); echo "$port"; return; fi
+  done
+  echo "$1 did not start" >&2; exit 1
+}
+
+cargo build --release --locked --example bench
+bench=target/release/examples/bench
+redis_port=$(start redis-server)
+valkey_port=$(start valkey-server)
+for server in redis valkey; do
+  port_var=${server}_port
+  echo "==> $server: all modes, $tasks tasks, C = 64, $rounds rounds"
+  "$bench" --redis-url "redis://127.0.0.1:${!port_var}" --mode all --tasks "$tasks" \
+    --concurrency 64 --rounds "$rounds" --markdown "$work/$server.md" | tee "$work/$server.jsonl"
+done
+
+mkdir -p docs
+{
+  echo "# Performance on Redis 7 and Valkey 8.1"
+  echo
+  echo "Written by \`scripts/bench-servers.sh $tasks $rounds\` on $(date -u '+%Y-%m-%d %H:%M UTC'); do not edit by hand."
+  echo
+  echo "- Machine: $(nproc) cores ($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), $(uname -sr)"
+  echo "- Load while measuring: $(cut -d' ' -f1-3 /proc/loadavg) (the cores are shared with other work)"
+  echo "- $(redis-server --version | awk '{ print $1, $2, $3 }'); $(valkey-server --version | awk '{ print $1, $2, $3 }'); loopback, persistence off"
+  echo "- $(rustc --version), release profile; one \`RedisStore\` (one multiplexed connection)"
+  echo
+  echo "Each server is measured by \`cargo run --release --example bench -- --mode all --tasks $tasks"
+  echo "--concurrency 64 --rounds $rounds\`: idempotask and the hand-written four-command pattern (\`SET NX\`,"
+  echo "\`GET\`, \`SET\`, a release script) alternate within each round, so each ratio compares runs that"
+  echo "saw the same machine. cmds/task counts the commands the client sent (\`INFO commandstats\`"
+  echo "deltas less what scripts ran inside); Redis CPU is the server process's CPU time per call"
+  echo "(\`INFO cpu\`)."
+  echo
+  echo "## Redis 7 (\`finish\` is a two-command script)"
+  echo
+  cat "$work/redis.md"
+  echo
+  echo "## Valkey 8.1 (\`finish\` is \`SET … IFEQ\`: no script on a fresh task)"
+  echo
+  cat "$work/valkey.md"
+} >"$out"
+echo "wrote $out"
