@@ -156,6 +156,15 @@ impl<K> Idempotent<K> {
     }
 
     /// Uses `store` instead of the installed one.
+    ///
+    /// ```
+    /// use idempotask::apalis::Idempotent;
+    /// use idempotask::{MemoryStore, Task};
+    ///
+    /// let layer = Idempotent::new(Task::new("refund"), |order: &u64| format!("refund-{order}"))
+    ///     .store(MemoryStore::new());
+    /// assert_eq!(layer.task().name(), "refund");
+    /// ```
     #[must_use]
     pub fn store(self, store: impl Store + 'static) -> Self {
         self.store_shared(Arc::new(store))

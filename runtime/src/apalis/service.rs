@@ -19,7 +19,31 @@ use crate::error::Error;
 /// A handler service whose jobs run at most once per key; made by [`Idempotent`].
 ///
 /// Its error type is apalis's `BoxDynError`, and the handler's own errors pass through it as they
-/// are: see [`Idempotent`] for what each outcome becomes.
+/// are: see the [module docs](super) for what each outcome becomes. A worker calls it like any
+/// tower service:
+///
+/// ```
+/// use std::future::poll_fn;
+/// use apalis_core::error::BoxDynError;
+/// use apalis_core::layers::Service;
+/// use apalis_core::task::Task as Job;
+/// use idempotask::apalis::Idempotent;
+/// use idempotask::{MemoryStore, Task};
+///
+/// async fn issue_refund(order: u64) -> Result<String, BoxDynError> {
+///     Ok(format!("re_{order}"))
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), BoxDynError> {
+/// let mut service = Idempotent::new(Task::new("refund"), |order: &u64| format!("refund-{order}"))
+///     .store(MemoryStore::new())
+///     .handler(issue_refund);
+/// for _delivery in 0..2 {
+///     poll_fn(|cx| service.poll_ready(cx)).await?;
+///     assert_eq!(service.call(Job::new(42)).await?, "re_42");
+/// }
+/// # Ok(()) }
+/// ```
 pub struct IdempotentService<S, K> {
     pub(super) inner: S,
     pub(super) config: Idempotent<K>,
