@@ -76,6 +76,13 @@ enum Backend {
     Postgres,
 }
 
+/// What happens once per order and run: a rejected request, a crash.
+#[derive(Debug, Clone, Copy)]
+enum Happening {
+    Rejection,
+    Crash,
+}
+
 /// The payment gateway: a ledger of charges per order on the queue's own server.
 #[derive(Clone)]
 enum Gateway {
@@ -96,8 +103,7 @@ impl Gateway {
         if let Self::Postgres(pool) = self {
             for table in [
                 "CREATE TABLE IF NOT EXISTS gateway_charges (run BIGINT, order_id BIGINT, charges INT NOT NULL, PRIMARY KEY (run, order_id))",
-                "CREATE TABLE IF NOT EXISTS gateway_rejections (run BIGINT, order_id BIGINT, PRIMARY KEY (run, order_id))",
-                "CREATE TABLE IF NOT EXISTS gateway_crashes (run BIGINT PRIMARY KEY)",
+                "CREATE TABLE IF NOT EXISTS gateway_happenings (run BIGINT, what TEXT, order_id BIGINT, PRIMARY KEY (run, what, order_id))",
             ] {
                 sqlx::query(table).execute(pool).await?;
             }
@@ -107,7 +113,7 @@ impl Gateway {
 
     /// Charges the order, or fails before charging when the gateway rejects this request.
     async fn charge(&self, order: &Order) -> Result<Receipt, BoxDynError> {
-        if flaky(order.id) && self.first_time("rejections", order).await? {
+        if flaky(order.id) && self.first_time(Happening::Rejection, order).await? {
             return Err("the gateway is unavailable; try again".into());
         }
         let charges: i64 = match self {
@@ -135,8 +141,13 @@ impl Gateway {
         })
     }
 
-    /// Whether this is the first time `what` happens to `order` in this run, across processes.
-    async fn first_time(&self, what: &str, order: &Order) -> Result<bool, BoxDynError> {
+    /// Whether this is the first time `happening` happens to `order` in this run, across
+    /// processes.
+    async fn first_time(&self, happening: Happening, order: &Order) -> Result<bool, BoxDynError> {
+        let what = match happening {
+            Happening::Rejection => "rejection",
+            Happening::Crash => "crash",
+        };
         Ok(match self {
             Self::Redis(conn) => {
                 let set: Option<String> = redis::cmd("SET")
@@ -148,22 +159,16 @@ impl Gateway {
                 set.is_some()
             }
             Self::Postgres(pool) => {
-                let (run, id) = (i64::try_from(order.run)?, i64::try_from(order.id)?);
-                let inserted = if what == "crashes" {
-                    sqlx::query("INSERT INTO gateway_crashes VALUES ($1) ON CONFLICT DO NOTHING")
-                        .bind(run)
-                        .execute(pool)
-                        .await?
-                } else {
-                    sqlx::query(
-                        "INSERT INTO gateway_rejections VALUES ($1, $2) ON CONFLICT DO NOTHING",
-                    )
-                    .bind(run)
-                    .bind(id)
-                    .execute(pool)
-                    .await?
-                };
-                inserted.rows_affected() == 1
+                sqlx::query(
+                    "INSERT INTO gateway_happenings VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                )
+                .bind(i64::try_from(order.run)?)
+                .bind(what)
+                .bind(i64::try_from(order.id)?)
+                .execute(pool)
+                .await?
+                .rows_affected()
+                    == 1
             }
         })
     }
@@ -264,7 +269,7 @@ where
             let result = outcome.await.map_err(Into::into);
             let dying = result.is_ok()
                 && order.id == CRASH_ORDER
-                && gateway.first_time("crashes", &order).await?;
+                && gateway.first_time(Happening::Crash, &order).await?;
             let line = match &result {
                 Ok(receipt) => {
                     json!({"order": order.id, "charge_id": receipt.charge_id, "dying": dying})
