@@ -44,8 +44,24 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-# The workspace turns the runtime's `tls` feature on; check the crate as users get it by default.
+# The workspace turns the runtime's `tls` and `apalis` features on; check the crate as users get
+# it by default, and with the apalis integration alone.
 cargo clippy -p idempotask --all-targets --locked -- -D warnings
+cargo clippy -p idempotask --features apalis --all-targets --locked -- -D warnings
+echo "==> apalis only with the feature"
+# The default build of idempotask must not pull apalis in; the feature must. (The trees are read
+# whole before grep looks: under pipefail an early `grep -q` would fail the pipeline.)
+default_tree=$(cargo tree -p idempotask -e normal,build --target all --locked)
+if grep -q apalis <<<"$default_tree"; then
+  echo "the default build of idempotask depends on apalis:" >&2
+  grep apalis <<<"$default_tree" >&2
+  exit 1
+fi
+apalis_tree=$(cargo tree -p idempotask -e normal --features apalis --locked)
+if ! grep -q "apalis-core v1\." <<<"$apalis_tree"; then
+  echo "the apalis feature of idempotask does not bring in apalis-core 1.x" >&2
+  exit 1
+fi
 echo "==> cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -71,6 +71,8 @@
 //! See the README's "Guarantees and limits" for exactly what holds when workers crash, pause or
 //! lose Redis.
 
+#[cfg(feature = "apalis")]
+pub mod apalis;
 mod context;
 mod error;
 mod fingerprint;

@@ -1,0 +1,227 @@
+//! Run [apalis](https://docs.rs/apalis) 1.0 jobs through a [`Task`]: each job at most once per
+//! key, its `Ok` value stored and handed to every redelivery (feature `apalis`).
+//!
+//! apalis delivers at least once: a worker whose heartbeat stops has its jobs put back
+//! (`reenqueue_orphaned`), and failed jobs are retried. [`Idempotent`] wraps the job handler so a
+//! redelivered job whose work is already done answers the stored value instead of doing the work
+//! again, and the backend acks it as done with the same result.
+//!
+//! ```
+//! use apalis_core::backend::TaskSink;
+//! use apalis_core::backend::memory::MemoryStorage;
+//! use apalis_core::error::BoxDynError;
+//! use apalis_core::worker::builder::WorkerBuilder;
+//! use apalis_core::worker::event::Event;
+//! use apalis_core::worker::ext::event_listener::EventListenerExt;
+//! use idempotask::apalis::Idempotent;
+//! use idempotask::{MemoryStore, Task};
+//! use std::sync::atomic::{AtomicU32, Ordering};
+//!
+//! #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+//! struct Order { id: u64 }
+//!
+//! static CHARGE: Task = Task::new("order_charge");
+//! static CHARGES: AtomicU32 = AtomicU32::new(0);
+//!
+//! async fn charge(order: Order) -> Result<String, BoxDynError> {
+//!     CHARGES.fetch_add(1, Ordering::SeqCst);
+//!     Ok(format!("ch_{}", order.id))
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), BoxDynError> {
+//! idempotask::install(MemoryStore::new()); // RedisStore::connect(url).await? in production
+//! let mut queue = MemoryStorage::new();
+//! queue.push(Order { id: 7 }).await?;
+//! queue.push(Order { id: 7 }).await?; // the same order, delivered again
+//!
+//! let charge_once = Idempotent::new(CHARGE.clone(), |order: &Order| {
+//!     format!("order-charge-{}", order.id)
+//! });
+//! let answered = AtomicU32::new(0);
+//! WorkerBuilder::new("charger")
+//!     .backend(queue)
+//!     .on_event(move |worker, event| {
+//!         if matches!(event, Event::Success(_)) && answered.fetch_add(1, Ordering::SeqCst) == 1 {
+//!             let _ = worker.stop();
+//!         }
+//!     })
+//!     .build(charge_once.handler(charge))
+//!     .run()
+//!     .await?;
+//! assert_eq!(CHARGES.load(Ordering::SeqCst), 1);
+//! # Ok(()) }
+//! ```
+//!
+//! # Composition: wrap the handler
+//!
+//! Pass the wrapped handler to `build`: `.build(Idempotent::new(task, key).handler(my_handler))`.
+//! The wrapped handler is the innermost service of the worker, so every layer of the worker (the
+//! backend's ack and result persistence, apalis's retry, timeouts, tracing, your own) sees the
+//! job's outcome exactly as if the handler had produced it, whatever order apalis gives its
+//! layers: a redelivered duplicate returns the stored value, so it is acked as done.
+//!
+//! [`Idempotent`] is also a tower [`Layer`] for a handler that is
+//! already a service (`.build(idempotent.layer(my_service))`). Adding it with
+//! `WorkerBuilder::layer` works too, but then every layer added after it sits *inside* it and is
+//! skipped for duplicates (an `ack_with` added later would never ack a replayed job); wrapping the
+//! handler leaves no such order to get wrong.
+//!
+//! # Behaviour
+//! Every setting of the [`Task`] applies (lock TTL, result TTL, lock renewal, retry policy, key
+//! logging); the store is the installed one unless [`Idempotent::store`] names another.
+//!
+//! | the call ends with | the job gets | apalis then |
+//! | --- | --- | --- |
+//! | the handler's `Ok`, stored | the value | acks it as done |
+//! | a stored value (a duplicate) | the stored value; the handler does not run | acks it as done |
+//! | the handler's `Err` | that error, untouched (an `AbortError` stays one); the lock is released and nothing is stored | retries or kills it, as for any handler error |
+//! | the key is busy after the task's [`RetryPolicy`](crate::RetryPolicy) ([`Error::Contended`](crate::Error::Contended)) | a `RetryAfterError` whose source is that error, with the holder's remaining lock time | retries it later (status `Pending`); nothing ran |
+//! | the store failed ([`Error::Store`](crate::Error::Store)) or none is installed | that [`Error`](crate::Error) | retries it (status `Failed`) |
+//! | the key cannot be used ([`MissingKey`], [`Error::InvalidKey`](crate::Error::InvalidKey), [`Error::KeyReuse`](crate::Error::KeyReuse), [`Error::Codec`](crate::Error::Codec)) | an `AbortError` whose source is that error | kills it: no retry can succeed |
+//!
+//! Keep the lock TTL well under the backend's orphan timeout (apalis-redis and apalis-postgres:
+//! `heartbeat_interval × missed_heartbeats`, 300 s by default), or turn on
+//! [`Task::renew`]: a redelivery that arrives while the first worker still holds the lock waits
+//! and is retried; one that arrives after the lock expired runs the job again.
+
+mod key;
+mod service;
+
+use std::sync::Arc;
+
+use apalis_core::layers::Layer;
+use apalis_core::task::task_fn::{TaskFn, task_fn};
+
+pub use key::{IdempotencyKey, JobKey, MissingKey};
+pub use service::IdempotentService;
+
+use crate::Task;
+use crate::store::Store;
+
+/// Runs each apalis job through a [`Task`]: the key comes from the job through `K` (a
+/// `Fn(&Args) -> String`, or [`IdempotencyKey`]).
+///
+/// Wrap the job handler with [`handler`](Self::handler) and give the result to
+/// `WorkerBuilder::build`; see the [module docs](self) for why there and for what each outcome
+/// becomes.
+///
+/// ```
+/// use std::time::Duration;
+/// use apalis_core::backend::memory::MemoryStorage;
+/// use apalis_core::error::BoxDynError;
+/// use apalis_core::worker::builder::WorkerBuilder;
+/// use idempotask::apalis::{IdempotencyKey, Idempotent};
+/// use idempotask::Task;
+///
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct Order { id: u64 }
+///
+/// async fn charge(order: Order) -> Result<String, BoxDynError> {
+///     Ok(format!("ch_{}", order.id))
+/// }
+///
+/// static CHARGE: Task = Task::new("order_charge")
+///     .lock_ttl(Duration::from_secs(60))
+///     .renew(true);
+///
+/// // Keyed by the job's arguments…
+/// let by_order = Idempotent::new(CHARGE.clone(), |order: &Order| {
+///     format!("order-charge-{}", order.id)
+/// });
+/// let worker = WorkerBuilder::new("charger")
+///     .backend(MemoryStorage::new())
+///     .build(by_order.handler(charge));
+///
+/// // …or by the key the producer pushed the job with.
+/// let by_push_key = Idempotent::new(CHARGE.clone(), IdempotencyKey);
+/// let other = WorkerBuilder::new("charger-2")
+///     .backend(MemoryStorage::new())
+///     .build(by_push_key.handler(charge));
+/// # let _ = (worker, other);
+/// ```
+pub struct Idempotent<K> {
+    task: Arc<Task>,
+    key: Arc<K>,
+    store: Option<Arc<dyn Store>>,
+}
+
+impl<K> Idempotent<K> {
+    /// Jobs run through `task`, keyed by `key`.
+    pub fn new(task: Task, key: K) -> Self {
+        Self {
+            task: Arc::new(task),
+            key: Arc::new(key),
+            store: None,
+        }
+    }
+
+    /// Uses `store` instead of the installed one.
+    ///
+    /// ```
+    /// use idempotask::apalis::Idempotent;
+    /// use idempotask::{MemoryStore, Task};
+    ///
+    /// let layer = Idempotent::new(Task::new("refund"), |order: &u64| format!("refund-{order}"))
+    ///     .store(MemoryStore::new());
+    /// assert_eq!(layer.task().name(), "refund");
+    /// ```
+    #[must_use]
+    pub fn store(self, store: impl Store + 'static) -> Self {
+        self.store_shared(Arc::new(store))
+    }
+
+    /// Uses an already shared `store` instead of the installed one.
+    #[must_use]
+    pub fn store_shared(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// The task every job runs through.
+    pub fn task(&self) -> &Task {
+        &self.task
+    }
+
+    /// Wraps an apalis handler function (any `async fn(Args, extractors…)` that `build` accepts)
+    /// so that its jobs run at most once per key.
+    ///
+    /// The handler's `Ok` type is stored as JSON, so it must implement `Serialize` and
+    /// `DeserializeOwned` (`()` does).
+    pub fn handler<F, Args, FnArgs>(
+        self,
+        handler: F,
+    ) -> IdempotentService<TaskFn<F, Args, FnArgs>, K> {
+        self.layer(task_fn(handler))
+    }
+}
+
+impl<K> Clone for Idempotent<K> {
+    fn clone(&self) -> Self {
+        Self {
+            task: Arc::clone(&self.task),
+            key: Arc::clone(&self.key),
+            store: self.store.clone(),
+        }
+    }
+}
+
+impl<K> std::fmt::Debug for Idempotent<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotent")
+            .field("task", &self.task)
+            .field("key", &std::any::type_name::<K>())
+            .field("store", &self.store.as_ref().map(|_| "own store"))
+            .finish()
+    }
+}
+
+impl<S, K> Layer<S> for Idempotent<K> {
+    type Service = IdempotentService<S, K>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotentService {
+            inner,
+            config: self.clone(),
+        }
+    }
+}

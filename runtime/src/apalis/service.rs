@@ -1,0 +1,141 @@
+//! The service that runs each apalis job through a `Task`, and how its errors reach apalis.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use apalis_core::error::{AbortError, BoxDynError, RetryAfterError};
+use apalis_core::layers::Service;
+use apalis_core::task::Task as Job;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::Idempotent;
+use super::key::JobKey;
+use crate::error::Error;
+
+/// A handler service whose jobs run at most once per key; made by [`Idempotent`].
+///
+/// Its error type is apalis's `BoxDynError`, and the handler's own errors pass through it as they
+/// are: see the [module docs](super) for what each outcome becomes. A worker calls it like any
+/// tower service:
+///
+/// ```
+/// use std::future::poll_fn;
+/// use apalis_core::error::BoxDynError;
+/// use apalis_core::layers::Service;
+/// use apalis_core::task::Task as Job;
+/// use idempotask::apalis::Idempotent;
+/// use idempotask::{MemoryStore, Task};
+///
+/// async fn issue_refund(order: u64) -> Result<String, BoxDynError> {
+///     Ok(format!("re_{order}"))
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), BoxDynError> {
+/// let mut service = Idempotent::new(Task::new("refund"), |order: &u64| format!("refund-{order}"))
+///     .store(MemoryStore::new())
+///     .handler(issue_refund);
+/// for _delivery in 0..2 {
+///     poll_fn(|cx| service.poll_ready(cx)).await?;
+///     assert_eq!(service.call(Job::new(42)).await?, "re_42");
+/// }
+/// # Ok(()) }
+/// ```
+pub struct IdempotentService<S, K> {
+    pub(super) inner: S,
+    pub(super) config: Idempotent<K>,
+}
+
+impl<S: Clone, K> Clone for IdempotentService<S, K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<S, K> std::fmt::Debug for IdempotentService<S, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotentService")
+            .field("task", &self.config.task.name())
+            .field("inner", &std::any::type_name::<S>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a job's call ended without a value: the handler said so, or idempotask did.
+enum Failure {
+    Handler(BoxDynError),
+    Idempotask(Error),
+}
+
+impl From<Error> for Failure {
+    fn from(err: Error) -> Self {
+        Self::Idempotask(err)
+    }
+}
+
+impl<S, K, Args> Service<Job<Args>> for IdempotentService<S, K>
+where
+    S: Service<Job<Args>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxDynError>,
+    S::Response: Serialize + DeserializeOwned + Send + Sync + 'static,
+    K: JobKey<Args>,
+    Args: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxDynError;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxDynError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxDynError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, job: Job<Args>) -> Self::Future {
+        let key = self.config.key.key(&job);
+        // The handler is called only once the lock is held, so a duplicate never starts it; the
+        // instance that `poll_ready` prepared is the one that runs, as tower requires.
+        let ready = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, ready);
+        let config = self.config.clone();
+        Box::pin(async move {
+            let key = key.map_err(|missing| Box::new(AbortError::new(missing)) as BoxDynError)?;
+            let mut call = config.task.call(key);
+            if let Some(store) = &config.store {
+                call = call.store_shared(Arc::clone(store));
+            }
+            let body = async move {
+                inner
+                    .call(job)
+                    .await
+                    .map_err(|err| Failure::Handler(err.into()))
+            };
+            call.run(body).await.map_err(|failure| match failure {
+                Failure::Handler(err) => err,
+                Failure::Idempotask(err) => to_apalis(err, config.task.get_lock_ttl()),
+            })
+        })
+    }
+}
+
+/// Input: an error of idempotask's own. Output: the error apalis acts on: retry later when the key
+/// is busy, abort when no retry can succeed, an ordinary (retried) failure otherwise.
+fn to_apalis(err: Error, lock_ttl: Duration) -> BoxDynError {
+    match err {
+        Error::Contended {
+            lock_ttl_remaining, ..
+        } => {
+            let wait = lock_ttl_remaining.unwrap_or(lock_ttl);
+            Box::new(RetryAfterError::new(err, wait))
+        }
+        Error::KeyReuse { .. } | Error::Codec { .. } | Error::InvalidKey(_) => {
+            Box::new(AbortError::new(err))
+        }
+        _ => Box::new(err),
+    }
+}

@@ -1,0 +1,262 @@
+//! The apalis layer, driven as apalis drives it: duplicates replay the stored value, handler
+//! errors pass through uncached, a busy key is an error apalis retries later, and a job without
+//! a key never runs unprotected. The kill -9 scenarios on real backends are the `apalis_worker`
+//! and `apalis_postgres` examples, run by `tests/examples.rs`.
+
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use apalis::prelude::{
+    AbortError, BoxDynError, Event, EventListenerExt, MemoryStorage, RetryAfterError, Service,
+    Task as Job, TaskBuilder, TaskSink, WorkerBuilder,
+};
+use idempotask::apalis::{IdempotencyKey, Idempotent, MissingKey};
+use idempotask::{MemoryStore, RetryPolicy, Task};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Order {
+    id: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Receipt {
+    order: u64,
+    charge: u32,
+}
+
+fn by_order(order: &Order) -> String {
+    format!("order-charge-{}", order.id)
+}
+
+/// One delivery of `job`, as a worker makes it: wait until ready, then call.
+async fn deliver<S: Service<Job<Order>>>(
+    service: &mut S,
+    job: Job<Order>,
+) -> Result<S::Response, S::Error> {
+    poll_fn(|cx| service.poll_ready(cx)).await?;
+    service.call(job).await
+}
+
+/// A handler that charges the order and numbers the charge; its first `fail_first` calls fail
+/// with an `AbortError` before charging.
+fn charging(
+    charges: Arc<AtomicU32>,
+    fail_first: u32,
+) -> impl FnMut(Order) -> std::pin::Pin<Box<dyn Future<Output = Result<Receipt, BoxDynError>> + Send>>
++ Clone
++ Send
++ 'static {
+    let calls = Arc::new(AtomicU32::new(0));
+    move |order: Order| {
+        let (charges, calls) = (Arc::clone(&charges), Arc::clone(&calls));
+        Box::pin(async move {
+            if calls.fetch_add(1, Ordering::SeqCst) < fail_first {
+                return Err(AbortError::new("the card was declined").into());
+            }
+            let charge = charges.fetch_add(1, Ordering::SeqCst) + 1;
+            Ok(Receipt {
+                order: order.id,
+                charge,
+            })
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_duplicate_job_gets_the_stored_value_and_the_handler_runs_once() {
+    let charges = Arc::new(AtomicU32::new(0));
+    let mut service = Idempotent::new(Task::new("charge_dup"), by_order)
+        .store(MemoryStore::new())
+        .handler(charging(Arc::clone(&charges), 0));
+
+    let first = deliver(&mut service, Job::new(Order { id: 1 }))
+        .await
+        .unwrap();
+    let again = deliver(&mut service, Job::new(Order { id: 1 }))
+        .await
+        .unwrap();
+    let other = deliver(&mut service, Job::new(Order { id: 2 }))
+        .await
+        .unwrap();
+
+    assert_eq!(
+        first,
+        Receipt {
+            order: 1,
+            charge: 1
+        }
+    );
+    assert_eq!(again, first, "the duplicate replays the first receipt");
+    assert_eq!(
+        other,
+        Receipt {
+            order: 2,
+            charge: 2
+        }
+    );
+    assert_eq!(charges.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_handler_error_passes_through_uncached_and_the_next_attempt_runs() {
+    let charges = Arc::new(AtomicU32::new(0));
+    let mut service = Idempotent::new(Task::new("charge_err"), by_order)
+        .store(MemoryStore::new())
+        .handler(charging(Arc::clone(&charges), 1));
+
+    let failed = deliver(&mut service, Job::new(Order { id: 3 }))
+        .await
+        .unwrap_err();
+    // apalis decides Killed vs Failed by downcasting the error it gets: it must be the handler's.
+    assert!(failed.downcast_ref::<AbortError>().is_some(), "{failed:?}");
+    assert_eq!(charges.load(Ordering::SeqCst), 0);
+
+    let retried = deliver(&mut service, Job::new(Order { id: 3 }))
+        .await
+        .unwrap();
+    assert_eq!(
+        retried,
+        Receipt {
+            order: 3,
+            charge: 1
+        }
+    );
+    let duplicate = deliver(&mut service, Job::new(Order { id: 3 }))
+        .await
+        .unwrap();
+    assert_eq!(duplicate, retried);
+    assert_eq!(charges.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_busy_key_is_a_retry_after_error_and_nothing_runs() {
+    let store = Arc::new(MemoryStore::new());
+    // The task's own retry policy applies: give up at the first busy answer.
+    let task = Task::new("charge_busy").retry(RetryPolicy::no_wait());
+    let charges = Arc::new(AtomicU32::new(0));
+    let mut service = Idempotent::new(task.clone(), by_order)
+        .store_shared(store.clone())
+        .handler(charging(Arc::clone(&charges), 0));
+
+    // Another worker holds the key of order 4 until told to finish.
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let (finish, finish_rx) = tokio::sync::oneshot::channel::<()>();
+    let holder_task = task.clone();
+    let holder_store = store.clone();
+    let holder = tokio::spawn(async move {
+        holder_task
+            .call("order-charge-4")
+            .store_shared(holder_store)
+            .run(async {
+                started_tx.send(()).unwrap();
+                finish_rx.await.unwrap();
+                Ok::<_, idempotask::Error>(Receipt {
+                    order: 4,
+                    charge: 99,
+                })
+            })
+            .await
+    });
+    started.await.unwrap();
+
+    let busy = deliver(&mut service, Job::new(Order { id: 4 }))
+        .await
+        .unwrap_err();
+    let retry = busy
+        .downcast_ref::<RetryAfterError>()
+        .unwrap_or_else(|| panic!("not a RetryAfterError: {busy:?}"));
+    let cause = std::error::Error::source(retry).unwrap();
+    assert!(
+        matches!(
+            cause.downcast_ref::<idempotask::Error>(),
+            Some(idempotask::Error::Contended { .. })
+        ),
+        "{cause:?}"
+    );
+    assert!(retry.get_duration() <= task.get_lock_ttl());
+    assert_eq!(charges.load(Ordering::SeqCst), 0, "nothing ran");
+
+    // Once the holder finishes, the retry gets its result.
+    finish.send(()).unwrap();
+    holder.await.unwrap().unwrap();
+    let later = deliver(&mut service, Job::new(Order { id: 4 }))
+        .await
+        .unwrap();
+    assert_eq!(
+        later,
+        Receipt {
+            order: 4,
+            charge: 99
+        }
+    );
+    assert_eq!(charges.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn the_push_key_is_an_opt_in_source_and_a_job_without_one_never_runs() {
+    let charges = Arc::new(AtomicU32::new(0));
+    let mut service = Idempotent::new(Task::new("charge_push_key"), IdempotencyKey)
+        .store(MemoryStore::new())
+        .handler(charging(Arc::clone(&charges), 0));
+    let keyed = |id| {
+        TaskBuilder::new(Order { id })
+            .idempotency_key("checkout-77")
+            .build()
+    };
+
+    let first = deliver(&mut service, keyed(5)).await.unwrap();
+    // Same push key, other arguments: the key names the operation, so it replays.
+    let again = deliver(&mut service, keyed(6)).await.unwrap();
+    assert_eq!(again, first);
+
+    let unkeyed = deliver(&mut service, Job::new(Order { id: 8 }))
+        .await
+        .unwrap_err();
+    let abort = unkeyed
+        .downcast_ref::<AbortError>()
+        .unwrap_or_else(|| panic!("not an AbortError: {unkeyed:?}"));
+    let cause = std::error::Error::source(abort).unwrap();
+    assert!(cause.downcast_ref::<MissingKey>().is_some(), "{cause:?}");
+    assert_eq!(charges.load(Ordering::SeqCst), 1);
+}
+
+static WORKER_CHARGES: AtomicU32 = AtomicU32::new(0);
+
+async fn charge(order: Order) -> Result<Receipt, BoxDynError> {
+    let charge = WORKER_CHARGES.fetch_add(1, Ordering::SeqCst) + 1;
+    Ok(Receipt {
+        order: order.id,
+        charge,
+    })
+}
+
+#[tokio::test]
+async fn a_worker_built_with_the_wrapped_handler_charges_each_order_once() {
+    let mut queue = MemoryStorage::new();
+    // Orders 1..=3, each delivered twice.
+    let deliveries = [1, 2, 1, 3, 2, 3];
+    for id in deliveries {
+        queue.push(Order { id }).await.unwrap();
+    }
+    let charge_once = Idempotent::new(Task::new("charge_worker"), by_order)
+        .store(MemoryStore::new())
+        .handler(charge);
+    let answered = AtomicU32::new(0);
+    WorkerBuilder::new("charger")
+        .backend(queue)
+        .on_event(move |worker, event| {
+            // Every delivery, the replayed ones too, ends in a success the worker reports.
+            if matches!(event, Event::Success(_))
+                && answered.fetch_add(1, Ordering::SeqCst) + 1 == 6
+            {
+                worker.stop().unwrap();
+            }
+        })
+        .build(charge_once)
+        .run()
+        .await
+        .unwrap();
+    assert_eq!(WORKER_CHARGES.load(Ordering::SeqCst), 3);
+}
