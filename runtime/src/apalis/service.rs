@@ -133,9 +133,10 @@ fn to_apalis(err: Error, lock_ttl: Duration) -> BoxDynError {
             let wait = lock_ttl_remaining.unwrap_or(lock_ttl);
             Box::new(RetryAfterError::new(err, wait))
         }
-        Error::KeyReuse { .. } | Error::Codec { .. } | Error::InvalidKey(_) => {
-            Box::new(AbortError::new(err))
-        }
+        Error::KeyReuse { .. }
+        | Error::Codec { .. }
+        | Error::InvalidKey(_)
+        | Error::MarkerKeyMismatch { .. } => Box::new(AbortError::new(err)),
         _ => Box::new(err),
     }
 }
