@@ -10,15 +10,44 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use idempotask::store::Fencing;
 use idempotask::{
     Error, Outcome, RedisStore, RetryPolicy, Store, StoreErrorKind, Task, UnitOfWork,
 };
 use support::proxy::Proxy;
 use support::report::record;
-use support::{RedisServer, scan_keys};
+use support::{Flavor, RedisServer, scan_keys};
 
 #[path = "reliability/gate.rs"]
 mod gate;
+
+/// A scenario that needs no Redis-only feature, as one test per server: Redis 7 (`finish` as a
+/// script) and Valkey 8.1 (`finish` as `SET … IFEQ`). The heaviest ones (restarts, a stalled
+/// server, TLS) run once, on Redis.
+macro_rules! on_both_servers {
+    ($scenario:ident) => {
+        mod $scenario {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis() {
+                super::$scenario(super::Flavor::Redis).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn valkey() {
+                super::$scenario(super::Flavor::Valkey).await;
+            }
+        }
+    };
+}
+
+/// Records a scenario's figures, naming the server unless it is Redis (the rows the report
+/// has always had).
+fn record_on(flavor: Flavor, scenario: &str, figures: &str) {
+    match flavor {
+        Flavor::Redis => record(scenario, figures),
+        Flavor::Valkey => record(&format!("{scenario}, Valkey 8.1"), figures),
+    }
+}
 
 async fn store_with_timeout(url: &str, timeout: Duration) -> RedisStore {
     RedisStore::builder(url)
@@ -49,9 +78,9 @@ where
 }
 
 // 2. Redelivery after completion.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s02_redelivery_after_completion_replays_without_running() {
-    let server = RedisServer::start();
+on_both_servers!(s02_redelivery_after_completion_replays_without_running);
+async fn s02_redelivery_after_completion_replays_without_running(server_flavor: Flavor) {
+    let server = RedisServer::start_flavor(server_flavor, &[]);
     let store = server.store().await;
     let task = Task::new("s02");
     let runs = AtomicU64::new(0);
@@ -82,16 +111,17 @@ async fn s02_redelivery_after_completion_replays_without_running() {
         replayed += 1;
     }
     assert_eq!(runs.load(Ordering::SeqCst), 500);
-    record(
+    record_on(
+        server_flavor,
         "2. redelivery after completion",
         &format!("500 keys redelivered: {replayed} replayed, 0 bodies run again"),
     );
 }
 
 // 5. A holder paused past its TTL while another takes over.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s05_a_paused_holder_never_harms_its_successor() {
-    let server = RedisServer::start();
+on_both_servers!(s05_a_paused_holder_never_harms_its_successor);
+async fn s05_a_paused_holder_never_harms_its_successor(server_flavor: Flavor) {
+    let server = RedisServer::start_flavor(server_flavor, &[]);
     let store = server.store().await;
     let ttl = Duration::from_millis(300);
     let task = Arc::new(Task::new("s05").lock_ttl(ttl).fencing(true));
@@ -169,38 +199,31 @@ async fn s05_a_paused_holder_never_harms_its_successor() {
     tokio::time::sleep(ttl + Duration::from_millis(100)).await;
     let successor = idempotask::LockToken::generate();
     let unit2 = UnitOfWork::new("s05", "k2").unwrap();
-    assert!(matches!(
-        store
-            .begin(
-                &unit2,
-                &successor,
-                Duration::from_secs(30),
-                idempotask::store::Fencing::On
-            )
-            .await
-            .unwrap(),
-        idempotask::Begin::Acquired { .. }
-    ));
+    let taken = store
+        .begin(&unit2, &successor, ttl * 100, Fencing::On)
+        .await;
+    assert!(matches!(taken, Ok(idempotask::Begin::Acquired { .. })));
     resume_tx.send(()).unwrap();
     assert!(stale.await.unwrap().is_err());
     assert!(
         store.inspect(&unit2).await.unwrap().is_locked(),
         "the stale release deleted the successor's lock"
     );
-    record(
+    let (stale, fresh) = (stale_fence, fresh.fencing_token.unwrap());
+    let figures = format!(
+        "stale holder told `LockLost`, its finish kept the successor's result, its release kept the successor's lock; fencing token {stale} < {fresh}"
+    );
+    record_on(
+        server_flavor,
         "5. holder paused past its TTL (300 ms)",
-        &format!(
-            "stale holder told `LockLost`, its finish kept the successor's result, its release kept the successor's lock; fencing token {} < {}",
-            stale_fence,
-            fresh.fencing_token.unwrap()
-        ),
+        &figures,
     );
 }
 
 // 6. A reply lost after Redis applied the command.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s06_a_lost_reply_on_begin_or_finish_runs_nothing_twice() {
-    let server = RedisServer::start();
+on_both_servers!(s06_a_lost_reply_on_begin_or_finish_runs_nothing_twice);
+async fn s06_a_lost_reply_on_begin_or_finish_runs_nothing_twice(server_flavor: Flavor) {
+    let server = RedisServer::start_flavor(server_flavor, &[]);
     let proxy = Proxy::start(server.addr()).await;
     let store = store_with_timeout(&proxy.url(), Duration::from_millis(500)).await;
     let executions = AtomicU64::new(0);
@@ -249,7 +272,8 @@ async fn s06_a_lost_reply_on_begin_or_finish_runs_nothing_twice() {
         assert_eq!(replay, expected);
     }
     assert_eq!(executions.load(Ordering::SeqCst), 2);
-    record(
+    record_on(
+        server_flavor,
         "6. reply lost on begin and on finish",
         "2 replies swallowed after Redis applied the command; 0 extra executions; both units done, no lock left",
     );
@@ -376,9 +400,11 @@ async fn s07_a_slow_redis_never_hangs_a_call_or_runs_an_unlocked_body() {
 }
 
 // 9. SCRIPT FLUSH and CLIENT KILL under load.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s09_script_flush_and_client_kill_under_load_cost_only_typed_retries() {
-    let server = RedisServer::start();
+on_both_servers!(s09_script_flush_and_client_kill_under_load_cost_only_typed_retries);
+async fn s09_script_flush_and_client_kill_under_load_cost_only_typed_retries(
+    server_flavor: Flavor,
+) {
+    let server = RedisServer::start_flavor(server_flavor, &[]);
     let store = store_with_timeout(&server.url(), Duration::from_millis(500)).await;
     let injected = Arc::new(AtomicU32::new(0));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -472,7 +498,8 @@ async fn s09_script_flush_and_client_kill_under_load_cost_only_typed_retries() {
         injected >= 10 || waves == 64,
         "the faults were not injected"
     );
-    record(
+    record_on(
+        server_flavor,
         "9. SCRIPT FLUSH and CLIENT KILL under load",
         &format!(
             "{} deliveries of {} keys, {injected} faults injected (one every 150 ms): {typed_errors} typed retryable errors, 0 other failures, {duplicates} duplicates, each one reported by its runner; outcomes {outcomes:?}",
@@ -483,10 +510,12 @@ async fn s09_script_flush_and_client_kill_under_load_cost_only_typed_retries() {
 }
 
 // 10. Eviction: markers lost under volatile-lru; writes refused under noeviction.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s10_eviction_loses_markers_or_fails_closed() {
-    let server =
-        RedisServer::start_with(&["--maxmemory", "3mb", "--maxmemory-policy", "volatile-lru"]);
+on_both_servers!(s10_eviction_loses_markers_or_fails_closed);
+async fn s10_eviction_loses_markers_or_fails_closed(server_flavor: Flavor) {
+    let server = RedisServer::start_flavor(
+        server_flavor,
+        &["--maxmemory", "3mb", "--maxmemory-policy", "volatile-lru"],
+    );
     let store = server.store().await;
     let task = Task::new("s10");
     let payload = "x".repeat(1024);
@@ -514,8 +543,10 @@ async fn s10_eviction_loses_markers_or_fails_closed() {
         .unwrap();
     assert!(evicted > 0 && lost > 0, "the eviction was not triggered");
 
-    let server =
-        RedisServer::start_with(&["--maxmemory", "3mb", "--maxmemory-policy", "noeviction"]);
+    let server = RedisServer::start_flavor(
+        server_flavor,
+        &["--maxmemory", "3mb", "--maxmemory-policy", "noeviction"],
+    );
     let store = server.store().await;
     let done: u64 = task
         .call("done-before")
@@ -573,7 +604,8 @@ async fn s10_eviction_loses_markers_or_fails_closed() {
         replayed, done,
         "reads must keep working when memory is full"
     );
-    record(
+    record_on(
+        server_flavor,
         "10. eviction (maxmemory 3 MB)",
         &format!(
             "volatile-lru: {lost} of {keys} markers lost ({evicted} keys evicted); noeviction: lock refused with a typed `Rejected` error, body not run, stored results still replayed"
@@ -582,9 +614,9 @@ async fn s10_eviction_loses_markers_or_fails_closed() {
 }
 
 // 12. Security: tenants, passwords, ACL users.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s12_tenants_are_isolated_and_credentials_are_checked() {
-    let server = RedisServer::start_with(&["--requirepass", "s3cret"]);
+on_both_servers!(s12_tenants_are_isolated_and_credentials_are_checked);
+async fn s12_tenants_are_isolated_and_credentials_are_checked(server_flavor: Flavor) {
+    let server = RedisServer::start_flavor(server_flavor, &["--requirepass", "s3cret"]);
     let url = |password: &str| format!("redis://:{password}@127.0.0.1:{}", server.port());
     let tenant = |name: &'static str| {
         let url = url("s3cret");
@@ -627,7 +659,8 @@ async fn s12_tenants_are_isolated_and_credentials_are_checked() {
         StoreErrorKind::Configuration,
         "no password: {err}"
     );
-    record(
+    record_on(
+        server_flavor,
         "12. tenants and credentials",
         &format!(
             "two namespaces, one key: 2 executions (one each); requirepass: right password works, wrong or missing password fails with a `Configuration` error in {} ms; ACL user limited to `~idempotask:*` works (tests/redis_store.rs); TLS: see 12b",
@@ -768,11 +801,11 @@ async fn s12b_rediss_works_against_a_tls_redis_and_checks_its_certificate() {
 }
 
 // 3. Error, panic or a dropped call at every await point.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+on_both_servers!(s03_a_dropped_failed_or_panicked_call_leaves_nothing_behind);
 #[allow(clippy::too_many_lines)] // one scenario reads best as one story
-async fn s03_a_dropped_failed_or_panicked_call_leaves_nothing_behind() {
+async fn s03_a_dropped_failed_or_panicked_call_leaves_nothing_behind(server_flavor: Flavor) {
     use gate::{Gate, Stop};
-    let server = RedisServer::start();
+    let server = RedisServer::start_flavor(server_flavor, &[]);
     let store = server.store().await;
     let lock_ttl = Duration::from_millis(500);
     let task = Arc::new(Task::new("s03").lock_ttl(lock_ttl));
@@ -896,7 +929,8 @@ async fn s03_a_dropped_failed_or_panicked_call_leaves_nothing_behind() {
             .unwrap();
         assert!(!seen.is_locked() && !seen.is_done(), "{key}: {seen:?}");
     }
-    record(
+    record_on(
+        server_flavor,
         "3. error, panic, dropped call at every await point",
         &format!(
             "{}; error and panic: lock released at once, nothing cached",
@@ -935,9 +969,9 @@ fn s11_random_keys_never_collide_and_never_reach_the_key_name() {
     assert!(UnitOfWork::new("task", "").is_err());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s11_corrupted_or_forged_markers_are_typed_errors_never_reruns() {
-    let server = RedisServer::start();
+on_both_servers!(s11_corrupted_or_forged_markers_are_typed_errors_never_reruns);
+async fn s11_corrupted_or_forged_markers_are_typed_errors_never_reruns(server_flavor: Flavor) {
+    let server = RedisServer::start_flavor(server_flavor, &[]);
     let store = server.store().await;
     let mut conn = server.connection().await;
     // Markers that start like one (`D`) but are damaged, for the key they are stored under.
@@ -998,7 +1032,8 @@ async fn s11_corrupted_or_forged_markers_are_typed_errors_never_reruns() {
         0,
         "a forged marker made the body run"
     );
-    record(
+    record_on(
+        server_flavor,
         "11. bad input",
         &format!(
             "2,000 random keys (unicode, `:`, `{{}}`, control characters, up to 300 chars): 0 collisions, no caller text in a key name; {} damaged markers (bad header, short key, not JSON, not UTF-8, wrong type, 8 MiB): typed `Codec` errors, 0 re-runs, 0 panics; a foreign value and a hash under a unit's key: typed errors naming the key",
@@ -1007,9 +1042,9 @@ async fn s11_corrupted_or_forged_markers_are_typed_errors_never_reruns() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s11_foreign_values_under_a_unit_key_are_typed_errors() {
-    let server = RedisServer::start();
+on_both_servers!(s11_foreign_values_under_a_unit_key_are_typed_errors);
+async fn s11_foreign_values_under_a_unit_key_are_typed_errors(server_flavor: Flavor) {
+    let server = RedisServer::start_flavor(server_flavor, &[]);
     let store = server.store().await;
     let mut conn = server.connection().await;
     // A value that is neither a lock nor a marker is a typed error naming the key.
@@ -1128,9 +1163,9 @@ async fn worker_dies_after_side_effect(url: &str) {
 }
 
 // 4. A worker killed with SIGKILL after the side effect and before the marker.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s04_a_killed_worker_is_rerun_only_after_its_lock_expires() {
-    let server = RedisServer::start();
+on_both_servers!(s04_a_killed_worker_is_rerun_only_after_its_lock_expires);
+async fn s04_a_killed_worker_is_rerun_only_after_its_lock_expires(server_flavor: Flavor) {
+    let server = RedisServer::start_flavor(server_flavor, &[]);
     let mut child = spawn_worker("dies-after-side-effect", &server.url());
     let mut conn = server.connection().await;
     let done: Option<(String, String)> = redis::cmd("BLPOP")
@@ -1185,7 +1220,8 @@ async fn s04_a_killed_worker_is_rerun_only_after_its_lock_expires() {
         .await
         .unwrap();
     assert_eq!(effects, 2, "the documented window: one duplicate");
-    record(
+    record_on(
+        server_flavor,
         "4. worker `kill -9` after the side effect, before the marker (lock TTL 1 s)",
         &format!(
             "immediate redelivery: `Contended`, nothing ran; the waiting redelivery ran after {} ms; side effects: 2 (1 duplicate: the documented window, covered by the database constraint)",
@@ -1372,9 +1408,9 @@ async fn worker_floods(url: &str) {
 }
 
 // 1. 64 concurrent deliveries per key, 1,000 keys, across 2 processes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s01_concurrent_deliveries_across_processes_run_each_key_once() {
-    let server = RedisServer::start();
+on_both_servers!(s01_concurrent_deliveries_across_processes_run_each_key_once);
+async fn s01_concurrent_deliveries_across_processes_run_each_key_once(server_flavor: Flavor) {
+    let server = RedisServer::start_flavor(server_flavor, &[]);
     let workers: Vec<_> = (0..FLOOD_PROCESSES)
         .map(|_| spawn_worker("floods", &server.url()))
         .collect();
@@ -1436,7 +1472,8 @@ async fn s01_concurrent_deliveries_across_processes_run_each_key_once() {
         .max()
         .unwrap();
     let retries: u32 = summaries.iter().map(|s| s[5].parse::<u32>().unwrap()).sum();
-    record(
+    record_on(
+        server_flavor,
         "1. 64 concurrent deliveries × 1,000 keys, 2 processes",
         &format!(
             "{} deliveries in {} ms: side effect exactly once per key (0 duplicates), identical results in both processes; waiters got the result in p50 {} ms, p99 {} ms (body 20 ms, default backoff, {} build); {retries} typed retries",
