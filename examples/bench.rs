@@ -1,4 +1,4 @@
-//! The benchmark of issue 6: prints one JSON object per measurement.
+//! The benchmark: prints one JSON object per measurement.
 //!
 //! ```text
 //! cargo run --release --example bench -- --redis-url redis://127.0.0.1:6379 \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark of issue 6 end to end: starts a redis-server of its own (persistence off, a free
+# The benchmark end to end: starts a redis-server of its own (persistence off, a free
 # loopback port), runs every bench mode in release mode, the criterion micro-benchmarks and a
 # profile, and writes docs/performance.md.
 #
@@ -131,6 +131,10 @@ mkdir -p docs
   echo "# Performance"
   echo
   echo "Written by \`scripts/bench.sh $tasks $rounds\` on $(date -u '+%Y-%m-%d %H:%M UTC'); do not edit by hand."
+  echo
+  echo "This is Redis $(redis-server --version | awk '{ print $3 }' | sed 's/v=//') only, with the profiles and the cluster; the same targets on"
+  echo "Redis 7 and Valkey 8.1 side by side are in [\`performance-servers.md\`](performance-servers.md)"
+  echo "(\`scripts/bench-servers.sh\`)."
   echo
   echo "- Machine: $(nproc) cores ($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), $(uname -sr)"
   echo "- Load while measuring: $(cut -d' ' -f1-3 /proc/loadavg) (the cores are shared with other work)"

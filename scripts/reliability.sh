@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the reliability suite (tests/reliability.rs) in release mode and writes its figures to
-# docs/reliability.md. Every scenario injects its faults into a redis-server the test starts.
+# docs/reliability.md. Every scenario injects its faults into a server the test starts: redis-server,
+# and valkey-server for those that need no Redis-only feature.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +22,7 @@ mkdir -p docs
   echo "- date: $(date -u +%Y-%m-%d)"
   echo "- machine: $(nproc) cores, $(free -g | awk '/^Mem:/ {print $2}') GiB; build: release"
   echo "- Redis: $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'), persistence off unless the scenario says (AOF \`appendfsync always\` in 8)"
+  echo "- Valkey: $(valkey-server --version | sed 's/.*v=\([^ ]*\).*/\1/') for the scenarios marked so (\`finish\` and \`renew\` as \`SET … IFEQ\`); the others run on Redis only"
   echo "- timeouts: response timeout 400–500 ms where a scenario injects faults, 2 s otherwise; lock TTLs 0.3–1 s in the fault scenarios"
   echo "- random inputs: proptest with its default RNG, 2,000 cases"
   echo

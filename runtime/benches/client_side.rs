@@ -1,4 +1,4 @@
-//! The client-side work of one task call, without I/O (issue 6: under 2 µs per task).
+//! The client-side work of one task call, without I/O (the target: under 2 µs per task).
 //!
 //! Each step on its own, then the whole client-side path of a fresh and of a duplicate call
 //! against Redis without the round trips, then a whole call on `MemoryStore` (which adds the

@@ -1,4 +1,4 @@
-//! The benchmark harness of issue 6: throughput, Redis commands and latency of idempotask
+//! The benchmark harness: throughput, Redis commands and latency of idempotask
 //! against the hand-written pattern, on one `RedisStore` (one multiplexed connection).
 //!
 //! `examples/bench.rs` is the command line over [`run`]; `tests/bench_smoke.rs` runs every mode

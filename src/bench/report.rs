@@ -55,7 +55,7 @@ pub fn markdown(measurements: &[Measurement]) -> String {
     out
 }
 
-/// One target of issue 6 and how the measurements compare with it.
+/// One target and how the measurements compare with it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Target {
     /// What is measured.
