@@ -13,21 +13,67 @@ use syn::{Expr, ExprLit, Ident, Lit, LitStr, Token, UnOp};
 
 use crate::suggest::did_you_mean;
 
-/// Every option, in the order the error message lists them.
-const OPTIONS: &[&str] = &[
-    "key",
-    "lock_ttl",
-    "result_ttl",
-    "name",
-    "fingerprint",
-    "store",
-    "renew",
-    "fencing",
-    "max_attempts",
-    "max_wait",
-    "initial_backoff",
-    "max_backoff",
-    "log_key",
+/// How one option's value is read into [`Args`].
+type Setter = fn(&mut Args, &str, Expr) -> syn::Result<()>;
+
+/// Every option and how its value is read, in the order the error message lists them.
+const OPTIONS: &[(&str, Setter)] = &[
+    ("key", |args, _, value| {
+        args.key = Some(value);
+        Ok(())
+    }),
+    ("lock_ttl", |args, option, value| {
+        args.lock_ttl = Some(duration(option, &value)?);
+        Ok(())
+    }),
+    ("result_ttl", |args, option, value| {
+        args.result_ttl = Some(duration(option, &value)?);
+        Ok(())
+    }),
+    ("name", |args, _, value| {
+        args.name = Some(task_name(&value)?);
+        Ok(())
+    }),
+    ("fingerprint", |args, _, value| {
+        args.fingerprint = Some(idents(&value)?);
+        Ok(())
+    }),
+    ("store", |args, _, value| {
+        args.store = Some(value);
+        Ok(())
+    }),
+    ("renew", |args, option, value| {
+        args.renew = boolean(option, &value)?;
+        Ok(())
+    }),
+    ("fencing", |args, option, value| {
+        args.fencing = boolean(option, &value)?;
+        Ok(())
+    }),
+    ("max_attempts", |args, option, value| {
+        args.max_attempts = Some(count(option, &value)?);
+        Ok(())
+    }),
+    ("max_wait", |args, option, value| {
+        args.max_wait = Some(duration(option, &value)?);
+        Ok(())
+    }),
+    ("initial_backoff", |args, option, value| {
+        args.initial_backoff = Some(duration(option, &value)?);
+        Ok(())
+    }),
+    ("max_backoff", |args, option, value| {
+        args.max_backoff = Some(duration(option, &value)?);
+        Ok(())
+    }),
+    ("log_key", |args, _, value| {
+        args.log_key_hash = log_key(&value)?;
+        Ok(())
+    }),
+    ("crate", |args, _, value| {
+        args.krate = Some(crate_path(&value)?);
+        Ok(())
+    }),
 ];
 
 /// The default lock TTL in milliseconds; the runtime's `DEFAULT_LOCK_TTL`.
@@ -77,8 +123,10 @@ pub(crate) struct Args {
     pub(crate) max_wait: Option<Millis>,
     pub(crate) initial_backoff: Option<Millis>,
     pub(crate) max_backoff: Option<Millis>,
-    /// `log_key = "hash"`: logs show the key's SHA-256 instead of the key.
+    /// `log_key = "hash"`: logs show the key's digest instead of the key.
     pub(crate) log_key_hash: bool,
+    /// `crate = "my_crate::idempotask"`: where a crate that re-exports idempotask has it.
+    pub(crate) krate: Option<syn::Path>,
 }
 
 /// Collects independent errors so that all of them are reported together.
@@ -141,14 +189,15 @@ impl Args {
             initial_backoff: None,
             max_backoff: None,
             log_key_hash: false,
+            krate: None,
         };
         for Opt { name, value } in opts {
             let option = name.to_string();
-            if !OPTIONS.contains(&option.as_str()) {
-                let hint = did_you_mean(&option, OPTIONS.iter().copied())
+            let Some((_, set)) = OPTIONS.iter().find(|(known, _)| *known == option) else {
+                let names = OPTIONS.iter().map(|(known, _)| *known);
+                let hint = did_you_mean(&option, names.clone())
                     .map_or_else(String::new, |close| format!("; did you mean `{close}`?"));
-                let expected = OPTIONS
-                    .iter()
+                let expected = names
                     .map(|o| format!("`{o}`"))
                     .collect::<Vec<_>>()
                     .join(", ");
@@ -157,7 +206,7 @@ impl Args {
                     format!("unknown option `{option}`{hint}\nexpected one of: {expected}"),
                 );
                 continue;
-            }
+            };
             if seen.insert(option.clone(), name.span()).is_some() {
                 errors.at(
                     name.span(),
@@ -165,31 +214,7 @@ impl Args {
                 );
                 continue;
             }
-            let parsed = match option.as_str() {
-                "key" => {
-                    args.key = Some(value);
-                    Ok(())
-                }
-                "store" => {
-                    args.store = Some(value);
-                    Ok(())
-                }
-                "lock_ttl" => duration(&option, &value).map(|d| args.lock_ttl = Some(d)),
-                "result_ttl" => duration(&option, &value).map(|d| args.result_ttl = Some(d)),
-                "max_wait" => duration(&option, &value).map(|d| args.max_wait = Some(d)),
-                "initial_backoff" => {
-                    duration(&option, &value).map(|d| args.initial_backoff = Some(d))
-                }
-                "max_backoff" => duration(&option, &value).map(|d| args.max_backoff = Some(d)),
-                "name" => task_name(&value).map(|n| args.name = Some(n)),
-                "fingerprint" => idents(&value).map(|f| args.fingerprint = Some(f)),
-                "renew" => boolean(&option, &value).map(|b| args.renew = b),
-                "fencing" => boolean(&option, &value).map(|b| args.fencing = b),
-                "max_attempts" => count(&option, &value).map(|n| args.max_attempts = Some(n)),
-                "log_key" => log_key(&value).map(|hash| args.log_key_hash = hash),
-                _ => unreachable!("every listed option has a parser"),
-            };
-            if let Err(err) = parsed {
+            if let Err(err) = set(&mut args, &option, value) {
                 errors.push(err);
             }
         }
@@ -207,6 +232,30 @@ impl Args {
             );
         }
         Some(args)
+    }
+}
+
+impl Args {
+    /// The path generated code names the runtime by: `::idempotask` unless `crate = "…"` says.
+    pub(crate) fn runtime(&self) -> proc_macro2::TokenStream {
+        self.krate.as_ref().map_or_else(
+            || quote::quote!(::idempotask),
+            quote::ToTokens::to_token_stream,
+        )
+    }
+}
+
+/// `"my_crate::idempotask"`: the path of a crate that re-exports idempotask.
+fn crate_path(value: &Expr) -> syn::Result<syn::Path> {
+    let expected = || {
+        syn::Error::new(
+            value.span(),
+            "expected the path idempotask is re-exported at as a string, like `crate = \"my_crate::idempotask\"`",
+        )
+    };
+    match literal(value) {
+        Some(Lit::Str(path)) => path.parse::<syn::Path>().map_err(|_| expected()),
+        _ => Err(expected()),
     }
 }
 

@@ -11,7 +11,7 @@ use syn::spanned::Spanned;
 use syn::{Ident, ItemFn, LitStr, ReturnType};
 
 use crate::args::Args;
-use crate::key::Key;
+use crate::key::{Key, respan};
 use crate::shape::Shape;
 
 pub(crate) struct Checked<'a> {
@@ -26,6 +26,7 @@ fn duration(ms: u64) -> TokenStream {
 
 /// Input: the options. Output: the builder calls after `Task::new(name)` that set them.
 fn settings(args: &Args) -> TokenStream {
+    let rt = args.runtime();
     let mut settings = TokenStream::new();
     if let Some(ttl) = args.lock_ttl {
         let ttl = duration(ttl.ms);
@@ -42,7 +43,7 @@ fn settings(args: &Args) -> TokenStream {
         settings.extend(quote! { .fencing(true) });
     }
     if args.log_key_hash {
-        settings.extend(quote! { .log_key(::idempotask::__private::KeyLogging::Hash) });
+        settings.extend(quote! { .log_key(#rt::__private::KeyLogging::Hash) });
     }
     let mut retry = TokenStream::new();
     if let Some(attempts) = args.max_attempts {
@@ -60,7 +61,7 @@ fn settings(args: &Args) -> TokenStream {
         }
     }
     if !retry.is_empty() {
-        settings.extend(quote! { .retry(::idempotask::__private::RetryPolicy::new() #retry) });
+        settings.extend(quote! { .retry(#rt::__private::RetryPolicy::new() #retry) });
     }
     settings
 }
@@ -74,6 +75,7 @@ pub(crate) fn function(function: &ItemFn, shape: &Shape<'_>, checked: &Checked<'
         block,
     } = function;
     let args = checked.args;
+    let rt = args.runtime();
     let output = match shape {
         Shape::Async => match &sig.output {
             ReturnType::Type(_, output) => &**output,
@@ -100,7 +102,7 @@ pub(crate) fn function(function: &ItemFn, shape: &Shape<'_>, checked: &Checked<'
     let mut prelude = TokenStream::new();
     if let Some(fields) = &checked.fingerprint {
         prelude.extend(quote! {
-            let #fingerprint = match ::idempotask::__private::fingerprint(&#task, &#key, #fields) {
+            let #fingerprint = match #rt::__private::fingerprint(&#task, &#key, #fields) {
                 ::core::result::Result::Ok(#fingerprint) => #fingerprint,
                 ::core::result::Result::Err(#error) => {
                     return ::core::result::Result::Err(::core::convert::From::from(#error));
@@ -110,26 +112,28 @@ pub(crate) fn function(function: &ItemFn, shape: &Shape<'_>, checked: &Checked<'
         call.extend(quote! { .fingerprint(#fingerprint) });
     }
     if let Some(expr) = &args.store {
+        let rt_at_store = respan(rt.clone(), expr.span());
         prelude.extend(quote_spanned! {expr.span()=>
-            let #store = ::idempotask::__private::shared_store(&(#expr));
+            let #store = #rt_at_store::__private::shared_store(&(#expr));
         });
         call.extend(quote! { .store_shared(#store) });
     }
     // Spanned at the return type, so that an `Ok` type that cannot be stored or an error type
     // without `From<idempotask::Error>` is blamed there, once.
+    let rt_at_output = respan(rt.clone(), output.span());
     let run = quote_spanned! {output.span()=>
-        ::idempotask::__private::run::<#output, _, _, _>(#call, #body).await
+        #rt_at_output::__private::run::<#output, _, _, _>(#call, #body).await
     };
 
     let statements = quote! {
         // The static sits in its own block: items are not hygienic, and the body must not
         // see it.
-        let #task: &'static ::idempotask::__private::Task = {
-            static TASK: ::idempotask::__private::Task =
-                ::idempotask::__private::Task::new(#name) #settings;
+        let #task: &'static #rt::__private::Task = {
+            static TASK: #rt::__private::Task =
+                #rt::__private::Task::new(#name) #settings;
             &TASK
         };
-        let #key: ::idempotask::__private::String = #key_value;
+        let #key: #rt::__private::String = #key_value;
         #prelude
     };
     match shape {
@@ -137,7 +141,7 @@ pub(crate) fn function(function: &ItemFn, shape: &Shape<'_>, checked: &Checked<'
             #(#attrs)*
             #vis #sig {
                 #statements
-                let #body = ::idempotask::__private::expect_output::<#output, _>(async move #block);
+                let #body = #rt::__private::expect_output::<#output, _>(async move #block);
                 #run
             }
         },
@@ -151,7 +155,7 @@ pub(crate) fn function(function: &ItemFn, shape: &Shape<'_>, checked: &Checked<'
                 #vis #sig {
                     #pin(async move {
                         #statements
-                        let #body = ::idempotask::__private::expect_output::<#output, _>(#future);
+                        let #body = #rt::__private::expect_output::<#output, _>(#future);
                         #run
                     })
                 }

@@ -4,13 +4,14 @@
 mod args;
 mod expand;
 mod key;
+mod misuse;
 mod shape;
 mod suggest;
 
 use proc_macro::TokenStream;
 use quote::{ToTokens, quote};
 use syn::spanned::Spanned;
-use syn::{ItemFn, ReturnType, Type};
+use syn::{ItemFn, ReturnType};
 
 use crate::args::{Args, Errors};
 use crate::shape::Shape;
@@ -60,9 +61,9 @@ fn rewrite(
             );
             return None;
         };
-        let key = key::key(value, &params, &mut errors)?;
-        key::check_declarations(&params, &key.roots, &mut errors);
-        key::check_body(body, &key.roots, &not_users, self_renamed, &mut errors);
+        let key = key::key(value, &params, &args.runtime(), &mut errors)?;
+        misuse::check_declarations(&params, &key.roots, &mut errors);
+        misuse::check_body(body, &key.roots, &not_users, self_renamed, &mut errors);
         let fingerprint = match &args.fingerprint {
             Some(names) => Some(key::fingerprint(names, &params, &key.roots, &mut errors)?),
             None => None,
@@ -132,26 +133,12 @@ fn check_signature(function: &ItemFn, shape: Option<&Shape<'_>>, errors: &mut Er
         Some(Shape::Async) => declared,
         None => boxed_output.or(declared),
     };
-    match output {
-        None => errors.at(
+    // Whether a declared type is a `Result` is the type system's to say: the expansion's
+    // `TaskOutput` bound names the type when it is not, and an alias of `Result` passes.
+    if output.is_none() {
+        errors.at(
             sig.paren_token.span.close(),
             "an idempotent task must return a `Result`, like `-> Result<ChargeId, PaymentError>`: its `Ok` value is stored and errors are never cached",
-        ),
-        Some(ty) => {
-            let is_result = match ty {
-                Type::Path(path) => path
-                    .path
-                    .segments
-                    .last()
-                    .is_some_and(|s| s.ident.to_string().ends_with("Result")),
-                _ => false,
-            };
-            if !is_result {
-                errors.at(
-                    ty.span(),
-                    "an idempotent task must return a `Result`, like `Result<ChargeId, PaymentError>`: its `Ok` value is stored and errors are never cached\n= note: a type alias of `Result` must have a name ending in `Result`",
-                );
-            }
-        }
+        );
     }
 }

@@ -26,11 +26,28 @@ pub trait TaskOutput {
     type Ok;
     /// The error type.
     type Err;
+
+    /// The value as a `Result`.
+    ///
+    /// # Errors
+    /// The task's own error.
+    fn into_result(self) -> Result<Self::Ok, Self::Err>;
+
+    /// A `Result` as the task's return type.
+    fn from_result(result: Result<Self::Ok, Self::Err>) -> Self;
 }
 
 impl<T, E> TaskOutput for Result<T, E> {
     type Ok = T;
     type Err = E;
+
+    fn into_result(self) -> Self {
+        self
+    }
+
+    fn from_result(result: Self) -> Self {
+        result
+    }
 }
 
 /// A success type that can be stored and read back.
@@ -65,14 +82,17 @@ pub fn expect_output<R, F: Future<Output = R>>(body: F) -> F {
 ///
 /// # Errors
 /// As [`Call::run`].
-pub async fn run<R, T, E, F>(call: Call<'_>, body: F) -> Result<T, E>
+///
+/// Only `R: TaskOutput` ties the body to a `Result`, so a task whose return type is not one gets
+/// that one message, not a second one about the body's future.
+pub async fn run<R, T, E, F>(call: Call<'_>, body: F) -> R
 where
     R: TaskOutput<Ok = T, Err = E>,
     T: StorableResult,
     E: TaskError,
-    F: Future<Output = Result<T, E>>,
+    F: Future<Output = R>,
 {
-    call.run(body).await
+    R::from_result(call.run(async { body.await.into_result() }).await)
 }
 
 /// The key from a `key = parameter` option.

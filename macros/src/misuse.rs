@@ -1,0 +1,320 @@
+//! Misuse of the key: one minted inside the task, or a key parameter changed after the key was
+//! computed from it.
+//!
+//! A macro sees syntax only, so the checks decide by what is evidently a fresh value (a UUID,
+//! the clock, a random number) and evidently idempotask's API (a path through `idempotask::`,
+//! `Task`, `UnitOfWork`, a `Task` built or a `Call` run in the same expression). A body may
+//! stamp its own outbound requests with the time or a request id: only the key is the caller's.
+
+use quote::ToTokens;
+use syn::visit::{self, Visit};
+use syn::{Block, Expr, Ident, Local};
+
+use crate::args::Errors;
+use crate::key::Param;
+
+/// Calls whose result differs on every delivery, by their path's last segment.
+const GENERATOR_FUNCTIONS: &[&str] = &[
+    "new_v1",
+    "new_v4",
+    "new_v6",
+    "new_v7",
+    "now_v1",
+    "now_v6",
+    "now_v7",
+    "new_random",
+    "random",
+    "random_range",
+    "thread_rng",
+    "rng",
+    "gen_range",
+    "now",
+    "now_utc",
+    "now_local",
+    "elapsed",
+];
+
+/// Types whose `new()` or `generate()` mints a fresh identifier.
+const GENERATOR_TYPES: &[&str] = &[
+    "Ulid",
+    "Xid",
+    "Ksuid",
+    "Cuid",
+    "Nanoid",
+    "ObjectId",
+    "Snowflake",
+];
+
+/// Macros that mint fresh identifiers.
+const GENERATOR_MACROS: &[&str] = &["nanoid", "cuid", "ulid"];
+
+/// Methods that draw random values.
+const GENERATOR_METHODS: &[&str] = &["gen", "random", "random_range", "gen_range", "sample"];
+
+pub(crate) fn generated_key(at: &dyn ToTokens) -> syn::Error {
+    syn::Error::new_spanned(
+        at,
+        "the idempotency key must be supplied by the caller, not generated inside the task\n\
+         = note: a value made on each delivery differs between deliveries, so a duplicate is never recognised\n\
+         = help: take the key as a parameter, decided where the business decision is made: `key = \"order-charge-{order_id}\"`",
+    )
+}
+
+/// The first sub-expression that mints a fresh value (a UUID, a random number, the clock).
+pub(crate) fn first_generator(expr: &Expr) -> Option<&Expr> {
+    struct Finder<'e> {
+        found: Option<&'e Expr>,
+    }
+    impl<'e> Visit<'e> for Finder<'e> {
+        fn visit_expr(&mut self, expr: &'e Expr) {
+            if self.found.is_some() {
+                return;
+            }
+            if is_generator(expr) {
+                self.found = Some(expr);
+                return;
+            }
+            visit::visit_expr(self, expr);
+        }
+    }
+    let mut finder = Finder { found: None };
+    finder.visit_expr(expr);
+    finder.found
+}
+
+fn is_generator(expr: &Expr) -> bool {
+    match expr {
+        Expr::Call(call) => {
+            let Expr::Path(path) = &*call.func else {
+                return false;
+            };
+            let segments: Vec<String> = path
+                .path
+                .segments
+                .iter()
+                .map(|s| s.ident.to_string())
+                .collect();
+            let Some(last) = segments.last() else {
+                return false;
+            };
+            GENERATOR_FUNCTIONS.contains(&last.as_str())
+                || (matches!(last.as_str(), "new" | "generate" | "from_entropy")
+                    && segments
+                        .iter()
+                        .rev()
+                        .nth(1)
+                        .is_some_and(|ty| GENERATOR_TYPES.contains(&ty.as_str())))
+        }
+        Expr::Macro(mac) => mac
+            .mac
+            .path
+            .segments
+            .last()
+            .is_some_and(|s| GENERATOR_MACROS.contains(&s.ident.to_string().as_str())),
+        Expr::MethodCall(call) => GENERATOR_METHODS.contains(&call.method.to_string().as_str()),
+        _ => false,
+    }
+}
+
+/// Input: the task's body, the key's parameters, the statements that are not the user's
+/// (async-trait's moves of the arguments) and whether the body names the receiver `__self`
+/// (async-trait renames it). Output: an error for each place where the body rebinds, assigns
+/// or mutably borrows a key parameter, or builds a generated key for the idempotask API.
+pub(crate) fn check_body(
+    body: &Block,
+    roots: &[Ident],
+    not_users: &[&Local],
+    self_renamed: bool,
+    errors: &mut Errors,
+) {
+    let mut checker = BodyChecker {
+        roots,
+        not_users,
+        self_renamed,
+        errors,
+        checked: Vec::new(),
+    };
+    checker.visit_block(body);
+}
+
+struct BodyChecker<'a> {
+    roots: &'a [Ident],
+    not_users: &'a [&'a Local],
+    self_renamed: bool,
+    errors: &'a mut Errors,
+    /// `.call(…)`s whose arguments were checked as the receiver of a `.run(…)`.
+    checked: Vec<*const syn::ExprMethodCall>,
+}
+
+/// The methods of idempotask's `Call`: a `.call(…)` right before one of them made a `Call`.
+const CALL_METHODS: &[&str] = &[
+    "run",
+    "run_reported",
+    "fingerprint",
+    "store",
+    "store_shared",
+];
+
+/// Whether `expr` is evidently an idempotask `Task`: built in the expression (`Task::new(…)`,
+/// `idempotask::Task::named(…)`, then its builder methods) or named through `idempotask::`.
+fn is_task(expr: &Expr) -> bool {
+    match expr {
+        Expr::MethodCall(call) => is_task(&call.receiver),
+        Expr::Call(call) => matches!(&*call.func, Expr::Path(path)
+            if path.path.segments.iter().any(|s| s.ident == "Task" || s.ident == "idempotask")),
+        Expr::Path(path) => path.path.segments.iter().any(|s| s.ident == "idempotask"),
+        Expr::Reference(reference) => is_task(&reference.expr),
+        Expr::Paren(paren) => is_task(&paren.expr),
+        _ => false,
+    }
+}
+
+impl BodyChecker<'_> {
+    /// The key parameter an assignable place like `key`, `key.field` or `key[0]` belongs to.
+    fn key_root(&self, expr: &Expr) -> Option<Ident> {
+        match expr {
+            Expr::Path(path) => {
+                let ident = path.path.get_ident()?;
+                let ident = if self.self_renamed && ident == "__self" {
+                    Ident::new("self", ident.span())
+                } else {
+                    ident.clone()
+                };
+                self.roots.contains(&ident).then_some(ident)
+            }
+            Expr::Field(field) => self.key_root(&field.base),
+            Expr::Index(index) => self.key_root(&index.expr),
+            Expr::Paren(paren) => self.key_root(&paren.expr),
+            _ => None,
+        }
+    }
+
+    fn assigned(&mut self, place: &Expr) {
+        if let Some(ident) = self.key_root(place) {
+            self.errors.spanned(
+                place,
+                format!("cannot assign to the key parameter `{ident}`: the key is the caller's and fixed before the body runs"),
+            );
+        }
+    }
+
+    fn generated_arguments<'e>(&mut self, args: impl IntoIterator<Item = &'e Expr>) {
+        for arg in args {
+            if let Some(generated) = first_generator(arg) {
+                self.errors.push(generated_key(generated));
+            }
+        }
+    }
+}
+
+impl<'ast> Visit<'ast> for BodyChecker<'_> {
+    fn visit_local(&mut self, local: &'ast Local) {
+        if !self.not_users.iter().any(|not| std::ptr::eq(*not, local)) {
+            visit::visit_local(self, local);
+        }
+    }
+
+    fn visit_pat_ident(&mut self, pat: &'ast syn::PatIdent) {
+        if self.roots.contains(&pat.ident) {
+            self.errors.at(
+                pat.ident.span(),
+                format!(
+                    "the key parameter `{0}` is rebound inside the task\n\
+                     = note: the key was computed from the caller's `{0}` before the body ran; a new `{0}` would not change it, only hide it\n\
+                     = help: give the new value another name",
+                    pat.ident
+                ),
+            );
+        }
+        visit::visit_pat_ident(self, pat);
+    }
+
+    fn visit_expr_assign(&mut self, assign: &'ast syn::ExprAssign) {
+        self.assigned(&assign.left);
+        visit::visit_expr_assign(self, assign);
+    }
+
+    fn visit_expr_binary(&mut self, binary: &'ast syn::ExprBinary) {
+        use syn::BinOp::{
+            AddAssign, BitAndAssign, BitOrAssign, BitXorAssign, DivAssign, MulAssign, RemAssign,
+            ShlAssign, ShrAssign, SubAssign,
+        };
+        if matches!(
+            binary.op,
+            AddAssign(_)
+                | SubAssign(_)
+                | MulAssign(_)
+                | DivAssign(_)
+                | RemAssign(_)
+                | BitXorAssign(_)
+                | BitAndAssign(_)
+                | BitOrAssign(_)
+                | ShlAssign(_)
+                | ShrAssign(_)
+        ) {
+            self.assigned(&binary.left);
+        }
+        visit::visit_expr_binary(self, binary);
+    }
+
+    fn visit_expr_reference(&mut self, reference: &'ast syn::ExprReference) {
+        if reference.mutability.is_some()
+            && let Some(ident) = self.key_root(&reference.expr)
+        {
+            self.errors.spanned(
+                reference,
+                format!("cannot borrow the key parameter `{ident}` mutably: the key is the caller's and fixed before the body runs"),
+            );
+        }
+        visit::visit_expr_reference(self, reference);
+    }
+
+    fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
+        if call.method == "call"
+            && is_task(&call.receiver)
+            && !self.checked.contains(&std::ptr::from_ref(call))
+        {
+            // `Task::new("…").call(key)`: the runtime API, with a key made here.
+            self.generated_arguments(&call.args);
+        } else if CALL_METHODS.contains(&call.method.to_string().as_str())
+            && let Expr::MethodCall(inner) = &*call.receiver
+            && inner.method == "call"
+        {
+            // `TASK.call(key).run(async { … })`: a `Call` run on the spot is idempotask's.
+            self.generated_arguments(&inner.args);
+            self.checked.push(std::ptr::from_ref(inner));
+        }
+        visit::visit_expr_method_call(self, call);
+    }
+
+    fn visit_expr_call(&mut self, call: &'ast syn::ExprCall) {
+        // `idempotask::…(key)`, `UnitOfWork::new(task, key)`, `Task::call(&task, key)`.
+        let names_idempotask = matches!(&*call.func, Expr::Path(path)
+            if path.path.segments.iter().any(|s| ["idempotask", "UnitOfWork", "Task"].iter().any(|ours| s.ident == ours)));
+        if names_idempotask {
+            self.generated_arguments(&call.args);
+        }
+        visit::visit_expr_call(self, call);
+    }
+
+    fn visit_item(&mut self, _: &'ast syn::Item) {
+        // Items nested in the body are separate functions with their own parameters.
+    }
+}
+
+/// Input: the key's parameters. Output: an error for each one declared `mut` or `&mut`.
+pub(crate) fn check_declarations(params: &[Param], roots: &[Ident], errors: &mut Errors) {
+    for param in params.iter().filter(|p| roots.contains(&p.ident)) {
+        if let Some(span) = param.mut_ref {
+            errors.at(
+                span,
+                format!("the key parameter `{}` must not be a mutable reference: the key is the caller's and fixed before the body runs; take `&` or a value", param.ident),
+            );
+        } else if let Some(span) = param.mutability {
+            errors.at(
+                span,
+                format!("the key parameter `{}` must not be `mut`: the key is the caller's and fixed before the body runs", param.ident),
+            );
+        }
+    }
+}
