@@ -20,7 +20,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idempotask::{Store, idempotent_task};
+use idempotask::idempotent_task;
+use idempotask::store::SharedStore;
 use serde::{Deserialize, Serialize};
 use tokio_postgres::NoTls;
 
@@ -53,7 +54,7 @@ impl Gateway {
 struct Payments {
     db: tokio_postgres::Client,
     gateway: Gateway,
-    store: Arc<dyn Store>,
+    store: SharedStore,
 }
 
 impl Payments {

@@ -114,7 +114,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let late_delivery = tokio::spawn(
         CHARGE_CUSTOMER
             .call(running.key())
-            .store_shared(store.clone())
+            .store(store.clone())
             .run(async move {
                 let _ = started_tx.send(());
                 let _ = finish_rx.await;
@@ -134,7 +134,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut still_dead = Vec::new();
     for message in &dead_letters {
         let order = message.order_id;
-        match CHARGE_CUSTOMER.status(message.key(), &*store).await? {
+        match CHARGE_CUSTOMER.status(message.key(), &store).await? {
             Status::Done(done) => {
                 skipped += 1;
                 let result = match done.marker.result() {
@@ -143,7 +143,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 };
                 println!("  order {order}: done already (result {result}), skipped");
             }
-            Status::Locked { lock_ttl } => {
+            Status::Locked { lock_ttl, .. } => {
                 kept += 1;
                 still_dead.push(*message);
                 println!(

@@ -173,7 +173,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let (store, _) = idempotask_suite::env::redis_store()
         .await?
         .ok_or("set REDIS_URL")?;
-    idempotask::install_shared(store);
+    idempotask::install(store);
     let client = redis::Client::open(url.as_str())?;
     let mut conn = client.get_multiplexed_async_connection().await?;
     let run = u64::try_from(

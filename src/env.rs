@@ -1,8 +1,7 @@
 //! The store the examples use, chosen by the environment as a deployment would choose it.
 
-use std::sync::Arc;
-
-use idempotask::{MemoryStore, RedisClusterStore, RedisStore, Store, StoreError};
+use idempotask::store::SharedStore;
+use idempotask::{MemoryStore, RedisClusterStore, RedisStore, StoreError};
 
 /// The Redis store the environment names, and a line that says which it is.
 ///
@@ -13,7 +12,7 @@ use idempotask::{MemoryStore, RedisClusterStore, RedisStore, Store, StoreError};
 /// ```no_run
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotask::StoreError> {
 /// if let Some((store, backend)) = idempotask_suite::env::redis_store().await? {
-///     idempotask::install_shared(store);
+///     idempotask::install(store);
 ///     println!("store: {backend}");
 /// }
 /// # Ok(()) }
@@ -21,15 +20,18 @@ use idempotask::{MemoryStore, RedisClusterStore, RedisStore, Store, StoreError};
 ///
 /// # Errors
 /// The [`StoreError`] of a store that cannot connect.
-pub async fn redis_store() -> Result<Option<(Arc<dyn Store>, String)>, StoreError> {
+pub async fn redis_store() -> Result<Option<(SharedStore, String)>, StoreError> {
     if let Ok(urls) = std::env::var("REDIS_CLUSTER_URLS") {
         let seeds: Vec<&str> = urls.split(',').map(str::trim).collect();
         let store = RedisClusterStore::connect(seeds).await?;
-        return Ok(Some((Arc::new(store), format!("Redis Cluster at {urls}"))));
+        return Ok(Some((
+            SharedStore::new(store),
+            format!("Redis Cluster at {urls}"),
+        )));
     }
     if let Ok(url) = std::env::var("REDIS_URL") {
         let store = RedisStore::connect(&url).await?;
-        return Ok(Some((Arc::new(store), format!("Redis at {url}"))));
+        return Ok(Some((SharedStore::new(store), format!("Redis at {url}"))));
     }
     Ok(None)
 }
@@ -47,7 +49,7 @@ pub async fn redis_store() -> Result<Option<(Arc<dyn Store>, String)>, StoreErro
 /// The [`StoreError`] of a Redis store that cannot connect (never a silent fallback to memory).
 pub async fn install_store() -> Result<String, StoreError> {
     if let Some((store, backend)) = redis_store().await? {
-        idempotask::install_shared(store);
+        idempotask::install(store);
         Ok(backend)
     } else {
         idempotask::install(MemoryStore::new());

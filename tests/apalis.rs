@@ -137,7 +137,7 @@ async fn a_busy_key_is_a_retry_after_error_and_nothing_runs() {
     let task = Task::new("charge_busy").retry(RetryPolicy::no_wait());
     let charges = Arc::new(AtomicU32::new(0));
     let mut service = Idempotent::new(task.clone(), by_order)
-        .store_shared(store.clone())
+        .store(store.clone())
         .handler(charging(Arc::clone(&charges), 0));
 
     // Another worker holds the key of order 4 until told to finish.
@@ -148,7 +148,7 @@ async fn a_busy_key_is_a_retry_after_error_and_nothing_runs() {
     let holder = tokio::spawn(async move {
         holder_task
             .call("order-charge-4")
-            .store_shared(holder_store)
+            .store(holder_store)
             .run(async {
                 started_tx.send(()).unwrap();
                 finish_rx.await.unwrap();

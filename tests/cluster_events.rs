@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idempotask::store::SharedStore;
 use idempotask::{Error, Outcome, RedisClusterStore, Report, RetryPolicy, Store, Task, UnitOfWork};
 use rand::seq::SliceRandom as _;
 use support::cluster::{RedisCluster, SlotMove};
@@ -59,7 +60,7 @@ impl Ledger {
 /// the queue gave up, or a call failed with anything else or hung (all recorded).
 async fn deliver(
     task: &'static Task,
-    store: Arc<dyn Store>,
+    store: SharedStore,
     key: String,
     ledger: Arc<Ledger>,
     body_time: Duration,
@@ -86,7 +87,7 @@ async fn deliver(
         };
         let call = task
             .call(key.clone())
-            .store_shared(store.clone())
+            .store(store.clone())
             .run_reported(body);
         let failure = match tokio::time::timeout(HUNG, call).await {
             Err(_) => {
@@ -142,7 +143,7 @@ async fn slots_moving_while_tasks_run_fail_nothing_untyped_and_duplicate_nothing
         .fencing(true);
     let cluster = Arc::new(RedisCluster::start());
     let cluster_store = cluster.store_in("migration").await;
-    let store: Arc<dyn Store> = Arc::new(cluster_store.clone());
+    let store = SharedStore::new(cluster_store.clone());
     let ledger = Arc::new(Ledger::default());
 
     let batches: Vec<Vec<String>> = (0..BATCHES)
@@ -270,7 +271,7 @@ async fn a_master_killed_while_tasks_run_fails_over_with_typed_errors_only() {
     // Quick to declare a dead master failed, so the test's outage lasts a few seconds.
     let cluster = RedisCluster::start_with_node_timeout(Duration::from_millis(1500));
     let cluster_store = cluster.store_in("failover").await;
-    let store: Arc<dyn Store> = Arc::new(cluster_store.clone());
+    let store = SharedStore::new(cluster_store.clone());
     let ledger = Arc::new(Ledger::default());
     let victim = cluster.masters()[0].clone();
 
@@ -284,7 +285,7 @@ async fn a_master_killed_while_tasks_run_fails_over_with_typed_errors_only() {
             let key = format!("report-{i}");
             tokio::spawn(async move {
                 HOLD.call(key.clone())
-                    .store_shared(store)
+                    .store(store)
                     .run_reported(async move {
                         held_tx.send(key.clone()).unwrap();
                         finish_rx.wait_for(|finish| *finish).await.unwrap();
@@ -385,7 +386,7 @@ async fn a_master_killed_while_tasks_run_fails_over_with_typed_errors_only() {
     for i in 0..HELD {
         let intruder = intruding
             .call(format!("report-{i}"))
-            .store_shared(store.clone())
+            .store(store.clone())
             .run(async { Ok::<_, Error>(String::new()) });
         match tokio::time::timeout(HUNG, intruder).await.expect("hung") {
             Ok(_) => second_holders += 1,

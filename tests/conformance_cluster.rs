@@ -5,16 +5,15 @@
 mod support;
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Arc;
 use std::time::Duration;
 
 use idempotask::store::Fencing;
 use idempotask::{Begin, Finish, LockToken, Store, UnitOfWork};
 use support::cluster::RedisCluster;
 
-crate::conformance_tests!({
+idempotask::conformance_tests!({
     let cluster = RedisCluster::shared();
-    let store: Arc<dyn idempotask::Store> = Arc::new(cluster.fresh_store().await);
+    let store = cluster.fresh_store().await;
     (cluster, store)
 });
 
@@ -66,9 +65,11 @@ async fn units_spread_over_every_master_and_every_operation_works_on_each() {
         let token = match store.begin(unit, &token, day, fencing).await.unwrap() {
             Begin::Acquired {
                 fencing_token: Some(fence),
+                ..
             } => token.with_fencing_token(fence),
             Begin::Acquired {
                 fencing_token: None,
+                ..
             } => token,
             other => panic!("{other:?}"),
         };

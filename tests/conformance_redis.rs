@@ -3,17 +3,14 @@
 
 mod support;
 
-use std::sync::Arc;
-
 use support::RedisServer;
 
-crate::conformance_tests!({
+idempotask::conformance_tests!({
     let server = RedisServer::start();
     let store = server.store().await;
     assert!(
         !store.native_compare_and_set(),
         "Redis 7.0 has no SET … IFEQ; the store must use the finish script"
     );
-    let store: Arc<dyn idempotask::Store> = Arc::new(store);
     (server, store)
 });

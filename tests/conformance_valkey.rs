@@ -3,17 +3,14 @@
 
 mod support;
 
-use std::sync::Arc;
-
 use support::RedisServer;
 
-crate::conformance_tests!({
+idempotask::conformance_tests!({
     let server = RedisServer::start_valkey();
     let store = server.store().await;
     assert!(
         store.native_compare_and_set(),
         "Valkey 8.1 has SET … IFEQ; the store did not find it"
     );
-    let store: Arc<dyn idempotask::Store> = Arc::new(store);
     (server, store)
 });

@@ -7,10 +7,10 @@
 mod support;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-use idempotask::{Error, RedisClusterStore, RedisStore, Store, Task};
+use idempotask::store::SharedStore;
+use idempotask::{Error, RedisClusterStore, RedisStore, Task};
 use redis::aio::ConnectionLike;
 use support::RedisServer;
 use support::cluster::RedisCluster;
@@ -127,7 +127,7 @@ async fn deliver_from_processes<C: ConnectionLike>(env: (&str, String), mut conn
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_process() {
     if let Ok(url) = std::env::var(WORKER_ENV) {
-        let store = Arc::new(RedisStore::connect(&url).await.unwrap());
+        let store = SharedStore::new(RedisStore::connect(&url).await.unwrap());
         let client = redis::Client::open(url).unwrap();
         work(
             store,
@@ -136,14 +136,14 @@ async fn worker_process() {
         .await;
     } else if let Ok(urls) = std::env::var(WORKER_CLUSTER_ENV) {
         let urls: Vec<&str> = urls.split(',').collect();
-        let store = Arc::new(RedisClusterStore::connect(urls.clone()).await.unwrap());
+        let store = SharedStore::new(RedisClusterStore::connect(urls.clone()).await.unwrap());
         let client = redis::cluster::ClusterClient::new(urls).unwrap();
         work(store, client.get_async_connection().await.unwrap()).await;
     }
     // Otherwise this runs as an ordinary test: only the parents above start workers.
 }
 
-async fn work<C: ConnectionLike + Clone + Send + 'static>(store: Arc<dyn Store>, mut conn: C) {
+async fn work<C: ConnectionLike + Clone + Send + 'static>(store: SharedStore, mut conn: C) {
     let _: i64 = redis::cmd("RPUSH")
         .arg("test:ready")
         .arg(std::process::id())
@@ -166,7 +166,7 @@ async fn work<C: ConnectionLike + Clone + Send + 'static>(store: Arc<dyn Store>,
                 let counter = format!("test:executions:{key}");
                 let report = SHIP
                     .call(key.clone())
-                    .store_shared(store)
+                    .store(store)
                     .run_reported(async move {
                         let _: i64 = redis::cmd("INCR")
                             .arg(&counter)

@@ -326,7 +326,7 @@ async fn no_lock_keys_remain_after_many_calls() {
             let key = format!("k{}", i % 50);
             let result: Result<u32, Error> = task
                 .call(key)
-                .store_shared(store)
+                .store(store)
                 .run(async move {
                     if i % 7 == 0 {
                         Err(Error::NotConfigured)

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use idempotask::store::Fencing;
+use idempotask::store::SharedStore;
 use idempotask::{
     Error, Outcome, RedisStore, RetryPolicy, Store, StoreErrorKind, Task, UnitOfWork,
 };
@@ -159,12 +160,16 @@ async fn s05_a_paused_holder_never_harms_its_successor(server_flavor: Flavor) {
 
     resume_tx.send(()).unwrap();
     let stale = stale.await.unwrap().unwrap();
-    assert_eq!(
-        stale.outcome,
-        Outcome::LockLost {
-            marker_written: false
-        },
-        "the stale holder must be told"
+    assert!(
+        matches!(
+            stale.outcome,
+            Outcome::LockLost {
+                marker_written: false,
+                ..
+            }
+        ),
+        "the stale holder must be told: {:?}",
+        stale.outcome
     );
     let stale_fence = stale.fencing_token.unwrap();
     assert!(stale_fence < fresh.fencing_token.unwrap());
@@ -839,9 +844,9 @@ async fn s03_a_dropped_failed_or_panicked_call_leaves_nothing_behind(server_flav
         let (gate, reached) = match stop {
             Some(stop) => {
                 let (gate, reached) = Gate::new(store.clone(), stop);
-                (Arc::new(gate) as Arc<dyn Store>, Some(reached))
+                (SharedStore::new(gate), Some(reached))
             }
-            None => (Arc::new(store.clone()) as Arc<dyn Store>, None),
+            None => (SharedStore::new(store.clone()), None),
         };
         let fails = what.contains("error");
         let never_ends = stop.is_none();
@@ -849,7 +854,7 @@ async fn s03_a_dropped_failed_or_panicked_call_leaves_nothing_behind(server_flav
             let (task, key) = (task.clone(), key.clone());
             tokio::spawn(async move {
                 task.call(key)
-                    .store_shared(gate)
+                    .store(gate)
                     .run(async move {
                         let _ = in_body_tx.send(());
                         if never_ends {

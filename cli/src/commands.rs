@@ -50,7 +50,7 @@ pub(crate) async fn status(target: &Target, task: &str, key: &str) -> Result<Fou
             json["ttl_ms"] = json!(done.ttl.map(millis));
             (render::done(&unit, &done), Exit::Ok)
         }
-        Status::Locked { lock_ttl } => {
+        Status::Locked { lock_ttl, .. } => {
             let age = target.token_age_ms(&unit).await?;
             json["state"] = json!("locked");
             json["lock_ttl_ms"] = json!(millis(lock_ttl));
@@ -80,7 +80,7 @@ pub(crate) async fn forget(
     let unit = target.unit(task, key)?;
     let done = match target.status(&unit).await? {
         Status::Done(done) => done,
-        Status::Locked { lock_ttl } => return Err(locked_refusal(&unit, lock_ttl)),
+        Status::Locked { lock_ttl, .. } => return Err(locked_refusal(&unit, lock_ttl)),
         _ => {
             return Err(Failure::new(
                 Exit::Unknown,

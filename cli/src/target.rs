@@ -4,6 +4,7 @@
 //! the commands then use a [`RedisClusterStore`], which routes each unit to the master of its
 //! slot, and `list` scans every master. Nothing has to be told which kind it is.
 
+use idempotask::store::SharedStore;
 use idempotask::{RedisClusterStore, RedisKeys, RedisStore, Status, Store, Task, UnitOfWork};
 use redis::RedisError;
 
@@ -81,10 +82,10 @@ impl Target {
         matches!(self.backend, Backend::Cluster(_))
     }
 
-    fn store(&self) -> &dyn Store {
+    fn store(&self) -> SharedStore {
         match &self.backend {
-            Backend::Server(store) => store,
-            Backend::Cluster(store) => &**store,
+            Backend::Server(store) => SharedStore::new(store.clone()),
+            Backend::Cluster(store) => SharedStore::new((**store).clone()),
         }
     }
 
@@ -105,7 +106,7 @@ impl Target {
 
     pub(crate) async fn status(&self, unit: &UnitOfWork) -> Result<Status, Failure> {
         Task::named(unit.task())
-            .status(unit.key(), self.store())
+            .status(unit.key(), &self.store())
             .await
             .map_err(|err| match err {
                 idempotask::Error::Store(err) => Failure::store(&err, &self.url),
@@ -180,7 +181,7 @@ fn redis_failure(url: &str, operation: &'static str, err: &RedisError) -> Failur
     } else {
         idempotask::StoreErrorKind::Rejected
     };
-    let store_err = idempotask::StoreError::new(operation, kind, false, err.to_string())
-        .with_source(err.clone());
+    let store_err =
+        idempotask::StoreError::new(operation, kind, err.to_string()).with_source(err.clone());
     Failure::store(&store_err, url)
 }

@@ -116,7 +116,7 @@ pub(crate) fn function(function: &ItemFn, shape: &Shape<'_>, checked: &Checked<'
         prelude.extend(quote_spanned! {expr.span()=>
             let #store = #rt_at_store::__private::shared_store(&(#expr));
         });
-        call.extend(quote! { .store_shared(#store) });
+        call.extend(quote! { .store(#store) });
     }
     // Spanned at the return type, so that an `Ok` type that cannot be stored or an error type
     // without `From<idempotask::Error>` is blamed there, once.

@@ -147,13 +147,7 @@ struct BodyChecker<'a> {
 }
 
 /// The methods of idempotask's `Call`: a `.call(…)` right before one of them made a `Call`.
-const CALL_METHODS: &[&str] = &[
-    "run",
-    "run_reported",
-    "fingerprint",
-    "store",
-    "store_shared",
-];
+const CALL_METHODS: &[&str] = &["run", "run_reported", "fingerprint", "store"];
 
 /// Whether `expr` is evidently an idempotask `Task`: built in the expression (`Task::new(…)`,
 /// `idempotask::Task::named(…)`, then its builder methods) or named through `idempotask::`.

@@ -4,16 +4,15 @@
 
 use std::fmt::Display;
 use std::future::Future;
-use std::sync::Arc;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-pub use crate::{Call, Error, Fingerprint, KeyLogging, RetryPolicy, Task};
+pub use crate::{Call, CodecErrorKind, Error, Fingerprint, KeyLogging, RetryPolicy, Task};
 pub use std::format;
 pub use std::string::String;
 
-use crate::store::Store;
+use crate::store::{SharedStore, Store};
 
 /// The return type of a task: a `Result`, whose parts the other checks look at.
 #[diagnostic::on_unimplemented(
@@ -112,11 +111,12 @@ pub fn fingerprint<T: Serialize + ?Sized>(
     Fingerprint::of(value).map_err(|err| Error::Codec {
         task: task.name().to_owned(),
         key: key.to_owned(),
+        kind: CodecErrorKind::Fingerprint,
         reason: format!("the `fingerprint` parameters cannot be serialised: {err}"),
     })
 }
 
 /// A shared handle to the store named by `store = <expr>`.
-pub fn shared_store<S: Store + Clone + 'static>(store: &S) -> Arc<dyn Store> {
-    Arc::new(store.clone())
+pub fn shared_store<S: Store + Clone>(store: &S) -> SharedStore {
+    SharedStore::new(store.clone())
 }

@@ -33,6 +33,7 @@ pub enum Error {
         "task `{task}` with key `{key}` is being run by another worker{}; nothing ran, redeliver it later",
         remaining_suffix(*.lock_ttl_remaining)
     )]
+    #[non_exhaustive]
     Contended {
         /// The task's stable name.
         task: String,
@@ -51,6 +52,7 @@ pub enum Error {
     #[error(
         "key `{key}` of task `{task}` was already used with different arguments; an idempotency key must name one operation"
     )]
+    #[non_exhaustive]
     KeyReuse {
         /// The task's stable name.
         task: String,
@@ -65,17 +67,23 @@ pub enum Error {
     #[error(transparent)]
     Store(#[from] StoreError),
 
-    /// A stored result could not be decoded into the task's return type, or the first execution's
-    /// result could not be stored at all.
+    /// A result could not be stored or read back, or the arguments could not be fingerprinted;
+    /// [`kind`](CodecErrorKind) says which, and whether the work ran.
     ///
-    /// The work was done once; it is not run again. Usually the task's return type changed
-    /// between deployments: keep it compatible, rename the task, or `forget` the key on purpose.
-    #[error("the stored result of task `{task}` with key `{key}` cannot be used: {reason}")]
+    /// For [`Undecodable`](CodecErrorKind::Undecodable), [`Unstorable`](CodecErrorKind::Unstorable)
+    /// and [`Unreadable`](CodecErrorKind::Unreadable) the work was done once and is not run again:
+    /// usually the task's return type changed between deployments. Keep it compatible, rename
+    /// the task, or `forget` the key on purpose. For [`Fingerprint`](CodecErrorKind::Fingerprint)
+    /// nothing ran.
+    #[error("task `{task}` with key `{key}`: {reason}")]
+    #[non_exhaustive]
     Codec {
         /// The task's stable name.
         task: String,
         /// The caller's key.
         key: String,
+        /// What could not be encoded or decoded.
+        kind: CodecErrorKind,
         /// What went wrong, in words.
         reason: String,
     },
@@ -89,6 +97,7 @@ pub enum Error {
     #[error(
         "the marker found for key `{key}` of task `{task}` belongs to key `{stored_key}`; nothing ran and its result was not used"
     )]
+    #[non_exhaustive]
     MarkerKeyMismatch {
         /// The task's stable name.
         task: String,
@@ -111,6 +120,21 @@ pub enum Error {
         "no idempotency store is installed; call `idempotask::install(store)` at start-up or give the task a `store`"
     )]
     NotConfigured,
+}
+
+/// What a [`Error::Codec`] could not encode or decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CodecErrorKind {
+    /// The stored result does not decode into the task's return type. The work ran once.
+    Undecodable,
+    /// The first execution's result could not be encoded, so none was stored. The work ran once.
+    Unstorable,
+    /// The stored marker is not one this build can read. The work ran once, as far as the store
+    /// knows.
+    Unreadable,
+    /// The `fingerprint` arguments cannot be serialised. Nothing ran.
+    Fingerprint,
 }
 
 fn remaining_suffix(remaining: Option<Duration>) -> String {
@@ -138,26 +162,41 @@ pub struct StoreError {
 }
 
 impl StoreError {
-    /// A new error for `operation` (`"begin"`, `"finish"`, …), for store implementations.
+    /// An error for `operation` (`"begin"`, `"finish"`, …) that proves nothing was applied:
+    /// the store refused the request, or it never reached the store.
     ///
     /// ```
     /// use idempotask::{StoreError, StoreErrorKind};
-    /// let err = StoreError::new("begin", StoreErrorKind::Timeout, true, "no reply within 2 s");
-    /// assert!(err.is_ambiguous());
-    /// assert_eq!(err.kind(), StoreErrorKind::Timeout);
+    /// let err = StoreError::new("begin", StoreErrorKind::Unreachable, "connection refused");
+    /// assert!(!err.is_ambiguous());
+    /// assert_eq!(err.kind(), StoreErrorKind::Unreachable);
     /// ```
-    pub fn new(
-        operation: &'static str,
-        kind: StoreErrorKind,
-        ambiguous: bool,
-        message: impl Into<String>,
-    ) -> Self {
+    pub fn new(operation: &'static str, kind: StoreErrorKind, message: impl Into<String>) -> Self {
         Self {
             operation,
             kind,
-            ambiguous,
+            ambiguous: false,
             message: message.into(),
             source: None,
+        }
+    }
+
+    /// An error for `operation` after which the store may have applied it: the request was
+    /// sent, and no answer came (a timeout, a connection lost mid-call).
+    ///
+    /// ```
+    /// use idempotask::{StoreError, StoreErrorKind};
+    /// let err = StoreError::ambiguous("begin", StoreErrorKind::Timeout, "no reply within 2 s");
+    /// assert!(err.is_ambiguous());
+    /// ```
+    pub fn ambiguous(
+        operation: &'static str,
+        kind: StoreErrorKind,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            ambiguous: true,
+            ..Self::new(operation, kind, message)
         }
     }
 

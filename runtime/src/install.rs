@@ -1,10 +1,10 @@
 //! The process-wide store that tasks use when they name none.
 
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{PoisonError, RwLock};
 
-use crate::store::Store;
+use crate::store::{SharedStore, Store};
 
-static INSTALLED: RwLock<Option<Arc<dyn Store>>> = RwLock::new(None);
+static INSTALLED: RwLock<Option<SharedStore>> = RwLock::new(None);
 
 /// Makes `store` the one that every task without its own `store` uses from now on, and returns
 /// the store it replaces.
@@ -14,23 +14,18 @@ static INSTALLED: RwLock<Option<Arc<dyn Store>>> = RwLock::new(None);
 /// fallback.
 ///
 /// ```
-/// idempotask::install(idempotask::MemoryStore::new());
-/// assert!(idempotask::installed().is_some());
+/// assert!(idempotask::install(idempotask::MemoryStore::new()).is_none());
+/// assert!(idempotask::install(idempotask::MemoryStore::new()).is_some());
 /// ```
-pub fn install(store: impl Store + 'static) -> Option<Arc<dyn Store>> {
-    install_shared(Arc::new(store))
-}
-
-/// Like [`install`] for a store that is already shared.
-pub fn install_shared(store: Arc<dyn Store>) -> Option<Arc<dyn Store>> {
+pub fn install(store: impl Store) -> Option<SharedStore> {
     INSTALLED
         .write()
         .unwrap_or_else(PoisonError::into_inner)
-        .replace(store)
+        .replace(SharedStore::new(store))
 }
 
 /// The installed store, if any.
-pub fn installed() -> Option<Arc<dyn Store>> {
+pub fn installed() -> Option<SharedStore> {
     INSTALLED
         .read()
         .unwrap_or_else(PoisonError::into_inner)

@@ -73,6 +73,8 @@
 
 #[cfg(feature = "apalis")]
 pub mod apalis;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod context;
 mod error;
 mod fingerprint;
@@ -87,9 +89,9 @@ pub mod testing;
 mod unit;
 
 pub use context::{TaskContext, context};
-pub use error::{Error, StoreError, StoreErrorKind};
+pub use error::{CodecErrorKind, Error, StoreError, StoreErrorKind};
 pub use fingerprint::Fingerprint;
-pub use install::{install, install_shared, installed};
+pub use install::{install, installed};
 pub use marker::{Marker, MarkerError, StoredResult};
 pub use observe::KeyLogging;
 pub use retry::{DEFAULT_INITIAL_BACKOFF, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BACKOFF, RetryPolicy};

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::error::Error;
+use crate::error::{CodecErrorKind, Error};
 use crate::marker::{Marker, MarkerError};
 use crate::store::{Inspection, Store};
 use crate::task::{Task, check_marker_key};
@@ -31,6 +31,7 @@ pub enum Status {
     /// The work succeeded and its result is stored; a delivery gets that result back.
     Done(Done),
     /// A delivery holds the lock and is running the work now.
+    #[non_exhaustive]
     Locked {
         /// How long the lock has left (unless its holder renews it).
         lock_ttl: Duration,
@@ -78,14 +79,15 @@ impl Task {
     pub async fn status(
         &self,
         key: impl Into<String>,
-        store: &(impl Store + ?Sized),
+        store: &impl Store,
     ) -> Result<Status, Error> {
         let unit = UnitOfWork::with_limit(self.name(), key, store.max_key_len())?;
         let inspection = store.inspect(&unit).await?;
         let status = inspection.status().map_err(|err| Error::Codec {
             task: unit.task().to_owned(),
             key: unit.key().to_owned(),
-            reason: err.to_string(),
+            kind: CodecErrorKind::Unreadable,
+            reason: format!("the stored marker cannot be read: {err}"),
         })?;
         if let Status::Done(done) = &status {
             check_marker_key(&unit, &done.marker)?;

@@ -15,13 +15,13 @@ use tokio::time::{Instant, sleep};
 use tracing::Instrument;
 
 use crate::context::{Lease, TaskContext};
-use crate::error::{Error, StoreError};
+use crate::error::{CodecErrorKind, Error, StoreError};
 use crate::fingerprint::Fingerprint;
 use crate::install::installed;
 use crate::marker::{Marker, StoredResult};
 use crate::observe::{Ending, KeyLogging, Observation, renewal};
 use crate::retry::RetryPolicy;
-use crate::store::{Begin, Fencing, Finish, Store};
+use crate::store::{Begin, Fencing, Finish, SharedStore, Store};
 use crate::unit::{LockToken, UnitOfWork};
 
 /// How long a lock lasts unless renewed, by default.
@@ -190,7 +190,7 @@ pub struct Call<'t> {
     task: &'t Task,
     key: String,
     fingerprint: Option<Fingerprint>,
-    store: Option<Arc<dyn Store>>,
+    store: Option<SharedStore>,
 }
 
 /// What happened in one call, next to the value it returned; see [`Call::run_reported`].
@@ -217,6 +217,7 @@ pub enum Outcome {
     Replayed,
     /// The body ran but its lock had expired by the time it finished: another delivery may have
     /// run it too. Logged as a warning.
+    #[non_exhaustive]
     LockLost {
         /// Whether this execution's result was stored (no other result existed).
         marker_written: bool,
@@ -236,14 +237,25 @@ impl Call<'_> {
         self
     }
 
-    /// Uses `store` for this call instead of the installed one.
-    pub fn store(self, store: impl Store + 'static) -> Self {
-        self.store_shared(Arc::new(store))
+    /// Like [`fingerprint`](Self::fingerprint), computed from `arguments` (a tuple for several).
+    ///
+    /// # Errors
+    /// [`Error::Codec`] of kind [`Fingerprint`](crate::CodecErrorKind::Fingerprint) when the
+    /// arguments cannot be serialised; nothing ran.
+    pub fn fingerprint_of<A: Serialize + ?Sized>(self, arguments: &A) -> Result<Self, Error> {
+        let fingerprint = Fingerprint::of(arguments).map_err(|err| Error::Codec {
+            task: self.task.name().to_owned(),
+            key: self.key.clone(),
+            kind: CodecErrorKind::Fingerprint,
+            reason: format!("the `fingerprint` parameters cannot be serialised: {err}"),
+        })?;
+        Ok(self.fingerprint(fingerprint))
     }
 
-    /// Uses an already shared `store` for this call instead of the installed one.
-    pub fn store_shared(mut self, store: Arc<dyn Store>) -> Self {
-        self.store = Some(store);
+    /// Uses `store` for this call instead of the installed one (a [`SharedStore`] is used as
+    /// it is, not wrapped again).
+    pub fn store(mut self, store: impl Store) -> Self {
+        self.store = Some(SharedStore::new(store));
         self
     }
 
@@ -350,7 +362,7 @@ impl Call<'_> {
                 // From here on the store recognises our lock by its token and fencing token.
                 let token = token.granted(fencing_token);
                 let mut guard = ReleaseOnDrop {
-                    store: Some((Arc::clone(&store), unit.clone(), token.clone(), logging)),
+                    store: Some((store.clone(), unit.clone(), token.clone(), logging)),
                 };
                 let context =
                     TaskContext::new(unit.clone(), fencing_token, attempts, Arc::clone(&lease));
@@ -358,7 +370,7 @@ impl Call<'_> {
                 let running = Instant::now();
                 let result = if self.task.renew {
                     let renewal = Renewal {
-                        store: &*store,
+                        store: &store,
                         unit: &unit,
                         token: &token,
                         lease: &lease,
@@ -374,17 +386,17 @@ impl Call<'_> {
                 match result {
                     Err(panic) => {
                         observation.ended(Ending::Failed);
-                        release(&*store, &unit, &token, logging).await;
+                        release(&store, &unit, &token, logging).await;
                         resume_unwind(panic)
                     }
                     Ok(Err(err)) => {
                         observation.ended(Ending::Failed);
-                        release(&*store, &unit, &token, logging).await;
+                        release(&store, &unit, &token, logging).await;
                         Err(err)
                     }
                     Ok(Ok(value)) => {
                         let outcome = self
-                            .record(&*store, &unit, &token, fencing_token, &lease, &value)
+                            .record(&store, &unit, &token, fencing_token, &lease, &value)
                             .await;
                         observation.ended(match outcome {
                             Outcome::Executed | Outcome::Replayed => Ending::Executed,
@@ -406,7 +418,7 @@ impl Call<'_> {
     /// Asks for the lock until it is granted, the unit turns out done, or waiting is over.
     async fn start(
         &self,
-        store: &Arc<dyn Store>,
+        store: &SharedStore,
         unit: &UnitOfWork,
         token: &LockToken,
     ) -> Result<Start, Error> {
@@ -426,8 +438,13 @@ impl Call<'_> {
             {
                 Ok(Begin::Done(bytes)) => {
                     attempts += 1;
-                    let marker =
-                        Marker::decode(&bytes).map_err(|err| codec(unit, err.to_string()))?;
+                    let marker = Marker::decode(&bytes).map_err(|err| {
+                        codec(
+                            unit,
+                            CodecErrorKind::Unreadable,
+                            format!("the stored marker cannot be read: {err}"),
+                        )
+                    })?;
                     check_marker_key(unit, &marker)?;
                     return Ok(Start::Replay { marker, attempts });
                 }
@@ -469,7 +486,7 @@ impl Call<'_> {
                         if first_unconfirmed.is_some() {
                             // The lock may be ours with nobody running the body: free it.
                             release_in_background(
-                                Some(Arc::clone(store)),
+                                Some(store.clone()),
                                 unit,
                                 token,
                                 self.task.log_key,
@@ -497,11 +514,13 @@ impl Call<'_> {
             StoredResult::Json(json) => serde_json::from_str(json.get()).map_err(|err| {
                 codec(
                     unit,
-                    format!("it does not decode into the task's return type: {err}"),
+                    CodecErrorKind::Undecodable,
+                    format!("its stored result does not decode into the task's return type: {err}"),
                 )
             }),
             StoredResult::Unstorable(reason) => Err(codec(
                 unit,
+                CodecErrorKind::Unstorable,
                 format!(
                     "the first execution succeeded but its result could not be stored: {reason}"
                 ),
@@ -512,7 +531,7 @@ impl Call<'_> {
     /// Stores the marker for a successful execution, retrying while the lock is still ours.
     async fn record<T: Serialize>(
         &self,
-        store: &dyn Store,
+        store: &SharedStore,
         unit: &UnitOfWork,
         token: &LockToken,
         fencing_token: Option<u64>,
@@ -585,10 +604,11 @@ pub(crate) fn check_marker_key(unit: &UnitOfWork, marker: &Marker) -> Result<(),
     })
 }
 
-fn codec(unit: &UnitOfWork, reason: String) -> Error {
+fn codec(unit: &UnitOfWork, kind: CodecErrorKind, reason: String) -> Error {
     Error::Codec {
         task: unit.task().to_owned(),
         key: unit.key().to_owned(),
+        kind,
         reason,
     }
 }
@@ -623,7 +643,7 @@ async fn catching_panics<F: Future>(body: F) -> Result<F::Output, Panic> {
 
 /// What the watchdog needs to renew one lock.
 struct Renewal<'a> {
-    store: &'a dyn Store,
+    store: &'a SharedStore,
     unit: &'a UnitOfWork,
     token: &'a LockToken,
     lease: &'a Lease,
@@ -682,7 +702,7 @@ async fn renewing<F: Future>(body: F, renewal_of: Renewal<'_>) -> F::Output {
 }
 
 /// Releases the lock after a failed or panicked body; a failure only means it expires later.
-async fn release(store: &dyn Store, unit: &UnitOfWork, token: &LockToken, logging: KeyLogging) {
+async fn release(store: &SharedStore, unit: &UnitOfWork, token: &LockToken, logging: KeyLogging) {
     if let Err(err) = store.release(unit, token).await {
         log_release_failure(unit, &err, logging);
     }
@@ -698,7 +718,7 @@ fn log_release_failure(unit: &UnitOfWork, err: &StoreError, logging: KeyLogging)
 }
 
 fn release_in_background(
-    store: Option<Arc<dyn Store>>,
+    store: Option<SharedStore>,
     unit: &UnitOfWork,
     token: &LockToken,
     logging: KeyLogging,
@@ -719,7 +739,7 @@ fn release_in_background(
 
 /// Releases the lock in the background if the call is dropped while its body runs.
 struct ReleaseOnDrop {
-    store: Option<(Arc<dyn Store>, UnitOfWork, LockToken, KeyLogging)>,
+    store: Option<(SharedStore, UnitOfWork, LockToken, KeyLogging)>,
 }
 
 impl ReleaseOnDrop {

@@ -6,7 +6,6 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use idempotask::store::Fencing;
 use idempotask::{Begin, Finish, Inspection, LockToken, RedisStore, Store, StoreError, UnitOfWork};
 use tokio::sync::oneshot;
@@ -52,7 +51,6 @@ impl Gate {
     }
 }
 
-#[async_trait]
 impl Store for Gate {
     async fn begin(
         &self,

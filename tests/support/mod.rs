@@ -3,7 +3,6 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod cluster;
-pub mod conformance;
 pub mod postgres;
 pub mod proxy;
 pub mod report;

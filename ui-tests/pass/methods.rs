@@ -1,9 +1,8 @@
 //! `&self` and `&mut self` methods, with the store taken from `self`.
 #![deny(warnings, clippy::pedantic)]
 
-use std::sync::Arc;
-
-use idempotask::{Error, MemoryStore, Store, idempotent_task};
+use idempotask::store::SharedStore;
+use idempotask::{Error, MemoryStore, idempotent_task};
 
 struct Mailer {
     store: MemoryStore,
@@ -25,7 +24,7 @@ impl Mailer {
 }
 
 struct Shared {
-    store: Arc<dyn Store>,
+    store: SharedStore,
     tenant: String,
 }
 
@@ -49,7 +48,7 @@ async fn main() {
     assert_eq!(mailer.sent, 1);
 
     let shared = Shared {
-        store: Arc::new(MemoryStore::new()),
+        store: SharedStore::new(MemoryStore::new()),
         tenant: "acme".to_owned(),
     };
     assert_eq!(shared.issue(3).await.unwrap(), 3);

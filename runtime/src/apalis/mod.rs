@@ -96,7 +96,7 @@ pub use key::{IdempotencyKey, JobKey, MissingKey};
 pub use service::IdempotentService;
 
 use crate::Task;
-use crate::store::Store;
+use crate::store::{SharedStore, Store};
 
 /// Runs each apalis job through a [`Task`]: the key comes from the job through `K` (a
 /// `Fn(&Args) -> String`, or [`IdempotencyKey`]).
@@ -142,7 +142,7 @@ use crate::store::Store;
 pub struct Idempotent<K> {
     task: Arc<Task>,
     key: Arc<K>,
-    store: Option<Arc<dyn Store>>,
+    store: Option<SharedStore>,
 }
 
 impl<K> Idempotent<K> {
@@ -166,14 +166,8 @@ impl<K> Idempotent<K> {
     /// assert_eq!(layer.task().name(), "refund");
     /// ```
     #[must_use]
-    pub fn store(self, store: impl Store + 'static) -> Self {
-        self.store_shared(Arc::new(store))
-    }
-
-    /// Uses an already shared `store` instead of the installed one.
-    #[must_use]
-    pub fn store_shared(mut self, store: Arc<dyn Store>) -> Self {
-        self.store = Some(store);
+    pub fn store(mut self, store: impl Store) -> Self {
+        self.store = Some(SharedStore::new(store));
         self
     }
 

@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -107,7 +107,7 @@ where
             let key = key.map_err(|missing| Box::new(AbortError::new(missing)) as BoxDynError)?;
             let mut call = config.task.call(key);
             if let Some(store) = &config.store {
-                call = call.store_shared(Arc::clone(store));
+                call = call.store(store.clone());
             }
             let body = async move {
                 inner

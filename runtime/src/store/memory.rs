@@ -4,7 +4,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::{Begin, Fencing, Finish, Inspection, Store};
@@ -149,7 +148,6 @@ fn holds(slot: Option<&Expiring<Entry>>, token: &LockToken) -> bool {
     )
 }
 
-#[async_trait]
 impl Store for MemoryStore {
     async fn begin(
         &self,

@@ -1,9 +1,53 @@
-//! Where locks and completion markers live: the [`Store`] trait and what its operations answer.
+//! Where locks and completion markers live: the [`Store`] trait, what its operations answer,
+//! and [`SharedStore`], any store behind one pointer.
+//!
+//! A store of one's own implements [`Store`] with plain `async fn`s and no other dependency:
+//!
+//! ```
+//! use std::time::Duration;
+//! use idempotask::store::{Begin, Fencing, Finish, Inspection, Store};
+//! use idempotask::{LockToken, StoreError, StoreErrorKind, UnitOfWork};
+//!
+//! /// A store that is never reachable: every call fails closed.
+//! #[derive(Debug)]
+//! struct Unreachable;
+//!
+//! fn down(operation: &'static str) -> StoreError {
+//!     StoreError::new(operation, StoreErrorKind::Unreachable, "the store is down")
+//! }
+//!
+//! impl Store for Unreachable {
+//!     async fn begin(&self, _: &UnitOfWork, _: &LockToken, _: Duration, _: Fencing)
+//!         -> Result<Begin, StoreError> { Err(down("begin")) }
+//!     async fn finish(&self, _: &UnitOfWork, _: &LockToken, _: &[u8], _: Duration)
+//!         -> Result<Finish, StoreError> { Err(down("finish")) }
+//!     async fn release(&self, _: &UnitOfWork, _: &LockToken) -> Result<bool, StoreError> {
+//!         Err(down("release"))
+//!     }
+//!     async fn renew(&self, _: &UnitOfWork, _: &LockToken, _: Duration)
+//!         -> Result<bool, StoreError> { Err(down("renew")) }
+//!     async fn inspect(&self, _: &UnitOfWork) -> Result<Inspection, StoreError> {
+//!         Err(down("inspect"))
+//!     }
+//!     async fn forget(&self, _: &UnitOfWork) -> Result<bool, StoreError> { Err(down("forget")) }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let ran: Result<u8, idempotask::Error> = idempotask::Task::new("t")
+//!     .call("k")
+//!     .store(Unreachable)
+//!     .run(async { Ok(1) })
+//!     .await;
+//! assert!(matches!(ran, Err(idempotask::Error::Store(_))));
+//! # }
+//! ```
+//!
+//! The `conformance` feature ships the checks every store must pass
+//! ([`conformance`](crate::conformance)).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-
-use async_trait::async_trait;
 
 use crate::error::StoreError;
 use crate::unit::{LockToken, MAX_KEY_LEN, UnitOfWork};
@@ -11,6 +55,9 @@ use crate::unit::{LockToken, MAX_KEY_LEN, UnitOfWork};
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+mod shared;
+
+pub use shared::SharedStore;
 
 /// A place that keeps, for each unit of work, either a lock or a completion marker (and, for
 /// tasks that use fencing, the last fencing token granted).
@@ -22,8 +69,10 @@ pub mod redis;
 /// The stores shipped are [`RedisStore`](crate::RedisStore) (the production one),
 /// [`RedisClusterStore`](crate::RedisClusterStore) (the same on a Redis Cluster) and
 /// [`MemoryStore`](crate::MemoryStore) (one process only). All pass the same conformance suite.
-#[async_trait]
-pub trait Store: Send + Sync + std::fmt::Debug {
+///
+/// Implement it with `async fn`s (see the [module](self) docs); their futures must be `Send`,
+/// because a call may be released in the background.
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// The longest caller key this store accepts, in bytes.
     fn max_key_len(&self) -> usize {
         MAX_KEY_LEN
@@ -34,13 +83,13 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// `lock_ttl`), with a new fencing token when `fencing` is [`Fencing::On`]; otherwise how
     /// long the current holder's lock has left. If the lock already holds `token` (a repeated
     /// call) the answer is `Acquired` again, with the same fencing token.
-    async fn begin(
+    fn begin(
         &self,
         unit: &UnitOfWork,
         token: &LockToken,
         lock_ttl: Duration,
         fencing: Fencing,
-    ) -> Result<Begin, StoreError>;
+    ) -> impl Future<Output = Result<Begin, StoreError>> + Send;
 
     /// Records success in one round trip (where the lock is still held). If the lock still
     /// holds `token` (with its fencing token, if any), replaces it with `marker`, kept for
@@ -49,38 +98,46 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// [`Finish::LockLost`] with `marker_written: true`; with another holder's lock or another
     /// marker it stores nothing (`marker_written: false`). Repeating a call that already
     /// succeeded answers [`Finish::Completed`] again.
-    async fn finish(
+    fn finish(
         &self,
         unit: &UnitOfWork,
         token: &LockToken,
         marker: &[u8],
         result_ttl: Duration,
-    ) -> Result<Finish, StoreError>;
+    ) -> impl Future<Output = Result<Finish, StoreError>> + Send;
 
     /// Deletes the lock if it still holds `token`; answers whether it did.
-    async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError>;
+    fn release(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Resets the lock's expiry to `lock_ttl` if it still holds `token`; answers whether it did.
-    async fn renew(
+    fn renew(
         &self,
         unit: &UnitOfWork,
         token: &LockToken,
         lock_ttl: Duration,
-    ) -> Result<bool, StoreError>;
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// What the store holds for `unit`, for operators (one round trip, changes nothing).
-    async fn inspect(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError>;
+    fn inspect(
+        &self,
+        unit: &UnitOfWork,
+    ) -> impl Future<Output = Result<Inspection, StoreError>> + Send;
 
     /// Deletes the completion marker on purpose so that the work may run again; answers whether
     /// there was one. Locks are left alone.
-    async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError>;
+    fn forget(&self, unit: &UnitOfWork) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
 /// The answer of [`Store::begin`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Begin {
-    /// The caller now holds the lock.
+    /// The caller now holds the lock ([`Begin::acquired`] builds it).
+    #[non_exhaustive]
     Acquired {
         /// With [`Fencing::On`], the new fencing token: greater than every token granted before
         /// for this unit. `None` without fencing.
@@ -88,11 +145,24 @@ pub enum Begin {
     },
     /// The unit is done; these are the stored marker's bytes.
     Done(Vec<u8>),
-    /// Another holder has the lock.
+    /// Another holder has the lock ([`Begin::busy`] builds it).
+    #[non_exhaustive]
     Busy {
         /// How long that lock has left, when known.
         lock_ttl_remaining: Option<Duration>,
     },
+}
+
+impl Begin {
+    /// The lock is the caller's, with the fencing token granted if the call asked for one.
+    pub fn acquired(fencing_token: Option<u64>) -> Self {
+        Self::Acquired { fencing_token }
+    }
+
+    /// Another holder has the lock, for `lock_ttl_remaining` more when the store knows.
+    pub fn busy(lock_ttl_remaining: Option<Duration>) -> Self {
+        Self::Busy { lock_ttl_remaining }
+    }
 }
 
 /// The answer of [`Store::finish`].
@@ -102,10 +172,28 @@ pub enum Finish {
     /// The marker is stored and the lock released.
     Completed,
     /// The lock had expired (and may be held by someone else): the work may have run twice.
+    /// [`Finish::lost_marker_written`] and [`Finish::lost_nothing_written`] build it.
+    #[non_exhaustive]
     LockLost {
         /// Whether this call's marker was stored (the unit had neither a lock nor a marker).
         marker_written: bool,
     },
+}
+
+impl Finish {
+    /// The lock was gone and nobody held the unit: this call's marker was stored.
+    pub fn lost_marker_written() -> Self {
+        Self::LockLost {
+            marker_written: true,
+        }
+    }
+
+    /// The lock was gone and another holder's lock or marker is there: nothing was stored.
+    pub fn lost_nothing_written() -> Self {
+        Self::LockLost {
+            marker_written: false,
+        }
+    }
 }
 
 /// Whether [`Store::begin`] grants a fencing token with the lock.
@@ -138,6 +226,28 @@ pub struct Inspection {
 }
 
 impl Inspection {
+    /// Nothing stored for the unit.
+    pub fn empty() -> Self {
+        Self::default()
+    }
+
+    /// A completion marker, kept for `ttl` more (`None`: no expiry).
+    pub fn done(marker: Vec<u8>, ttl: Option<Duration>) -> Self {
+        Self {
+            marker: Some(marker),
+            marker_ttl: ttl,
+            lock_ttl: None,
+        }
+    }
+
+    /// A lock with `ttl` left.
+    pub fn locked(ttl: Duration) -> Self {
+        Self {
+            lock_ttl: Some(ttl),
+            ..Self::default()
+        }
+    }
+
     /// Whether a completion marker exists.
     pub fn is_done(&self) -> bool {
         self.marker.is_some()
@@ -149,53 +259,52 @@ impl Inspection {
     }
 }
 
-macro_rules! forward_store {
-    ($($ty:ty),*) => {$(
-        #[async_trait]
-        impl<S: Store + ?Sized> Store for $ty {
-            fn max_key_len(&self) -> usize {
-                (**self).max_key_len()
-            }
-            async fn begin(
-                &self,
-                unit: &UnitOfWork,
-                token: &LockToken,
-                lock_ttl: Duration,
-                fencing: Fencing,
-            ) -> Result<Begin, StoreError> {
-                (**self).begin(unit, token, lock_ttl, fencing).await
-            }
-            async fn finish(
-                &self,
-                unit: &UnitOfWork,
-                token: &LockToken,
-                marker: &[u8],
-                result_ttl: Duration,
-            ) -> Result<Finish, StoreError> {
-                (**self).finish(unit, token, marker, result_ttl).await
-            }
-            async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
-                (**self).release(unit, token).await
-            }
-            async fn renew(
-                &self,
-                unit: &UnitOfWork,
-                token: &LockToken,
-                lock_ttl: Duration,
-            ) -> Result<bool, StoreError> {
-                (**self).renew(unit, token, lock_ttl).await
-            }
-            async fn inspect(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError> {
-                (**self).inspect(unit).await
-            }
-            async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
-                (**self).forget(unit).await
-            }
-        }
-    )*};
-}
+impl<S: Store> Store for Arc<S> {
+    fn max_key_len(&self) -> usize {
+        (**self).max_key_len()
+    }
 
-forward_store!(Arc<S>, Box<S>);
+    async fn begin(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        lock_ttl: Duration,
+        fencing: Fencing,
+    ) -> Result<Begin, StoreError> {
+        (**self).begin(unit, token, lock_ttl, fencing).await
+    }
+
+    async fn finish(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        marker: &[u8],
+        result_ttl: Duration,
+    ) -> Result<Finish, StoreError> {
+        (**self).finish(unit, token, marker, result_ttl).await
+    }
+
+    async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
+        (**self).release(unit, token).await
+    }
+
+    async fn renew(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        lock_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        (**self).renew(unit, token, lock_ttl).await
+    }
+
+    async fn inspect(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError> {
+        (**self).inspect(unit).await
+    }
+
+    async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
+        (**self).forget(unit).await
+    }
+}
 
 /// Milliseconds for a store command, at least 1 (a zero TTL would mean "no expiry" or an error).
 pub(crate) fn ttl_millis(ttl: Duration) -> u64 {

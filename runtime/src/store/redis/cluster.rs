@@ -41,9 +41,8 @@ pub const DEFAULT_CLUSTER_RETRIES: u32 = 4;
 ///   reason every failure except a configuration error is reported as ambiguous.
 /// - After a call timed out, the store builds a fresh cluster connection in the background
 ///   and uses it from then on, so that a connection stuck on a stale slot map cannot time out
-///   every later call. (The stuck connections seen while testing turned out to be a slot that
-///   no master served after a resharding race; see `docs/reliability.md`. The rebuild stays as
-///   a defence.)
+///   every later call: without it, a slot migration under load leaves some finished bodies
+///   with their marker not written (`tests/cluster_events.rs`).
 /// - One call of the store waits at most the response timeout
 ///   ([`DEFAULT_RESPONSE_TIMEOUT`]), redirects and re-sends included; a cluster that lost a
 ///   master fails calls for that master's slots with kind `Timeout`, `Unreachable` or
@@ -185,7 +184,6 @@ impl RedisClusterStore {
             StoreError::new(
                 "masters",
                 StoreErrorKind::Protocol,
-                false,
                 format!("unexpected reply to PING on every master: {replies:?}"),
             )
         })
@@ -259,7 +257,6 @@ impl RedisClusterStoreBuilder {
             return Err(StoreError::new(
                 "connect",
                 StoreErrorKind::Configuration,
-                false,
                 "no seed node given; pass at least one `redis://host:port` of the cluster",
             ));
         }

@@ -5,9 +5,9 @@
 //! task from hanging, but the store would stay useless; so after such an error this wrapper
 //! builds a fresh cluster connection in the background and swaps it in.
 //!
-//! It was written when `tests/cluster_events.rs` showed connections stuck while slots moved;
-//! that turned out to be a slot no master served after a resharding race of the test itself
-//! (`docs/reliability.md`), which no client can fix. The rebuild stays as a cheap defence.
+//! `tests/cluster_events.rs` shows what it defends against: while slots move under load, a
+//! connection without it keeps timing out on the moved units until their locks expire, and a
+//! task whose body succeeded ends with its marker not written (`Outcome::MarkerNotWritten`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};

@@ -25,7 +25,6 @@ pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Implements [`Store`](crate::Store) for a wrapper of a [`Protocol`] in its `protocol` field.
 macro_rules! delegate_store {
     ($ty:ty) => {
-        #[async_trait::async_trait]
         impl $crate::store::Store for $ty {
             fn max_key_len(&self) -> usize {
                 self.protocol.max_key_len

@@ -19,7 +19,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
@@ -69,14 +68,8 @@ fn own_lock(value: &[u8], token: &LockToken) -> Option<Begin> {
 
 /// A namespace check with the error `connect` reports.
 pub(super) fn check_namespace(namespace: &str) -> Result<(), StoreError> {
-    validate_name(namespace, NameKind::Namespace).map_err(|err| {
-        StoreError::new(
-            "connect",
-            StoreErrorKind::Configuration,
-            false,
-            err.to_string(),
-        )
-    })
+    validate_name(namespace, NameKind::Namespace)
+        .map_err(|err| StoreError::new("connect", StoreErrorKind::Configuration, err.to_string()))
 }
 
 /// Waits for `connect` for at most `deadline`, as a `connect` error when it takes longer.
@@ -91,7 +84,6 @@ pub(super) async fn connect_within<T>(
             StoreError::new(
                 "connect",
                 StoreErrorKind::Timeout,
-                false,
                 format!("no connection within {} ms", deadline.as_millis()),
             )
         })?
@@ -250,7 +242,6 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
             return StoreError::new(
                 operation,
                 StoreErrorKind::Protocol,
-                false,
                 format!("key `{key}` holds a value of another type; it is not idempotask's"),
             )
             .with_source(err.clone());
@@ -345,7 +336,6 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
                     return Err(StoreError::new(
                         "begin",
                         StoreErrorKind::Protocol,
-                        false,
                         format!("key `{key}` holds a value that is not idempotask's"),
                     ));
                 }
@@ -422,7 +412,6 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
     }
 }
 
-#[async_trait]
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for Protocol<C> {
     fn max_key_len(&self) -> usize {
         self.max_key_len
@@ -613,7 +602,6 @@ fn foreign(operation: &'static str, key: &str, value: &[u8]) -> StoreError {
     StoreError::new(
         operation,
         StoreErrorKind::Protocol,
-        false,
         format!(
             "key `{key}` holds {}, which is not idempotask's",
             shorten(&format!("{:?}", String::from_utf8_lossy(value)))
@@ -636,10 +624,9 @@ fn shorten(shown: &str) -> String {
 
 fn unexpected(operation: &'static str, key: &str, reply: &Value) -> StoreError {
     // The command ran, so whatever it changed is unknown to us.
-    StoreError::new(
+    StoreError::ambiguous(
         operation,
         StoreErrorKind::Protocol,
-        true,
         format!(
             "unexpected reply {} for key `{key}`",
             shorten(&format!("{reply:?}"))
@@ -674,7 +661,12 @@ pub(super) fn store_error(operation: &'static str, err: &RedisError, resends: bo
         }
     };
     let ambiguous = ambiguous || (resends && kind != StoreErrorKind::Configuration);
-    StoreError::new(operation, kind, ambiguous, err.to_string()).with_source(err.clone())
+    let error = if ambiguous {
+        StoreError::ambiguous(operation, kind, err.to_string())
+    } else {
+        StoreError::new(operation, kind, err.to_string())
+    };
+    error.with_source(err.clone())
 }
 
 #[cfg(test)]

@@ -1,0 +1,126 @@
+//! The conformance suite: what every [`Store`], and the task runner on top of it, must do
+//! (the `conformance` feature).
+//!
+//! Each check takes a fresh, empty store and panics, like a test, when the store breaks the
+//! contract. [`conformance_tests!`](crate::conformance_tests) turns the whole list into one
+//! `#[tokio::test]` per check for a store of one's own: in a test file of the crate that
+//! implements [`Store`], with `idempotask` (feature `conformance`) and `tokio` (features
+//! `macros`, `rt-multi-thread`) as dev-dependencies:
+//!
+//! ```
+//! # macro_rules! ignore { ($($t:tt)*) => {} } ignore! {
+//! idempotask::conformance_tests!((
+//!     (), // a guard that lives as long as the check: a server, a temporary directory
+//!     idempotask::MemoryStore::new(),
+//! ));
+//! # }
+//! ```
+//!
+//! The checks use short TTLs (100–300 ms) and wait them out, so a store must honour
+//! expiries to the tens of milliseconds; the whole list takes a few seconds.
+
+mod runner;
+mod store;
+
+pub use runner::*;
+pub use store::*;
+
+use std::time::Duration;
+
+use crate::store::{Begin, Fencing, SharedStore, Store};
+use crate::{LockToken, UnitOfWork};
+
+pub(super) const LONG: Duration = Duration::from_secs(30);
+pub(super) const DAY: Duration = Duration::from_secs(24 * 3600);
+
+pub(super) fn unit(key: &str) -> UnitOfWork {
+    UnitOfWork::new("conformance", key).unwrap()
+}
+
+pub(super) fn marker(key: &str, fence: Option<u64>, text: &str) -> Vec<u8> {
+    // Stores see a marker as bytes that start with `D`; the real layout keeps the data
+    // realistic.
+    let fence = fence.map_or_else(String::new, |fence| format!(",f{fence}"));
+    format!(r#"D{}{fence}|{key}|"{text}""#, key.len()).into_bytes()
+}
+
+/// Takes the lock without fencing, as most tasks do.
+pub(super) async fn acquire(
+    store: &SharedStore,
+    unit: &UnitOfWork,
+    token: &LockToken,
+    ttl: Duration,
+) {
+    match store.begin(unit, token, ttl, Fencing::Off).await.unwrap() {
+        Begin::Acquired {
+            fencing_token: None,
+        } => {}
+        other => panic!("expected the lock without a fencing token, got {other:?}"),
+    }
+}
+
+/// Takes the lock with a fencing token; answers the holder's token as `finish`, `release` and
+/// `renew` take it.
+pub(super) async fn acquire_fenced(
+    store: &SharedStore,
+    unit: &UnitOfWork,
+    token: &LockToken,
+    ttl: Duration,
+) -> LockToken {
+    match store.begin(unit, token, ttl, Fencing::On).await.unwrap() {
+        Begin::Acquired {
+            fencing_token: Some(fence),
+        } => token.clone().with_fencing_token(fence),
+        other => panic!("expected the lock with a fencing token, got {other:?}"),
+    }
+}
+
+pub(super) fn fence(granted: &LockToken) -> u64 {
+    granted.fencing_token().unwrap()
+}
+
+/// Waits out a lock TTL: expiry is the behaviour under test, so there is no signal to wait for.
+pub(super) async fn outlive(ttl: Duration) {
+    tokio::time::sleep(ttl + Duration::from_millis(60)).await;
+}
+
+/// One `#[tokio::test]` per check of [`conformance`](crate::conformance), each with a fresh
+/// store from `$make`: an async expression giving `(guard, store)`, where the guard (a server,
+/// say) lives as long as the check and the store is any [`Store`](crate::Store).
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!(@each $make;
+            begin_grants_one_holder_and_reports_busy,
+            begin_repeated_by_the_holder_is_acquired_again,
+            finish_stores_the_marker_and_frees_the_lock,
+            a_stale_holder_never_touches_its_successor,
+            a_late_finish_keeps_the_result_when_nobody_holds_the_unit,
+            only_the_holder_releases_or_renews,
+            fencing_tokens_increase_across_grants_and_expiry,
+            forget_deletes_the_marker_on_purpose,
+            markers_expire_after_the_result_ttl,
+            look_alike_keys_are_separate_units,
+            a_duplicate_gets_the_stored_result_without_running,
+            errors_are_not_cached_and_free_the_lock,
+            a_panic_frees_the_lock_and_resumes,
+            a_dropped_call_frees_the_lock,
+            concurrent_deliveries_run_the_body_once,
+            a_waiter_gives_up_with_contended,
+            a_reused_key_with_other_arguments_is_rejected,
+            undecodable_and_unstorable_results_are_typed_errors,
+            the_body_sees_its_context,
+            a_marker_of_another_key_is_never_replayed,
+            renewal_keeps_a_short_lock_through_a_long_body,
+            an_expired_lock_is_reported_as_lost,
+            invalid_keys_are_rejected_before_the_store,
+        );
+    };
+    (@each $make:expr; $($check:ident,)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $check() {
+            let (_guard, store) = $make;
+            $crate::conformance::$check($crate::store::SharedStore::new(store)).await;
+        }
+    )*};
+}
