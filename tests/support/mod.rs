@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod conformance;
 pub mod postgres;
 pub mod proxy;
+pub mod quorum;
 pub mod report;
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
