@@ -10,7 +10,8 @@
 //! connection, and the server figures are summed over the masters.
 //!
 //! Modes: `fresh`, `duplicate`, `contended`, `handwritten-fresh`, `handwritten-duplicate`,
-//! `latency`, `scaling`, `all`. `--markdown` also writes the tables of `docs/performance.md`;
+//! `latency`, `scaling`, `all`; and `quorum`, where `--redis-url` lists 3 or 5 independent
+//! servers for a `RedlockStore`. `--markdown` also writes the tables of `docs/performance.md`;
 //! `scripts/bench.sh` runs the whole set against a Redis of its own.
 
 use idempotask_suite::bench::{self, Config, Mode, report};

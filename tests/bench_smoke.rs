@@ -102,3 +102,23 @@ async fn run_every_mode(redis_url: String, cluster: bool) {
     }
     assert_eq!(report::targets(&measurements).len(), 12, "{markdown}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quorum_mode_runs_on_three_servers_with_three_times_the_commands() {
+    let quorum = support::quorum::Quorum::start(3);
+    let config = Config {
+        redis_url: quorum.urls().join(","),
+        cluster: false,
+        mode: Mode::Quorum,
+        tasks: 16,
+        concurrency: 4,
+        rounds: 1,
+    };
+    let measurements = bench::run(&config, |_| {}).await.unwrap();
+    assert_eq!(measurements.len(), 2);
+    for m in &measurements {
+        assert_eq!((m.mode, m.executions, m.lock_keys_left), ("quorum", 16, 0));
+        // Each fresh task is `begin` and `finish` on each of the three servers.
+        assert!((m.redis_commands_per_task - 6.0).abs() < 0.01, "{m:?}");
+    }
+}

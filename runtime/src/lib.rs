@@ -39,7 +39,8 @@
 //!
 //! Most code uses the [`idempotent_task`] attribute, which turns an `async fn` into such a task;
 //! [`Task`] is the same without the attribute. The stores: [`RedisStore`] for production,
-//! [`RedisClusterStore`] for a Redis Cluster, [`MemoryStore`] for one process; all implement
+//! [`RedisClusterStore`] for a Redis Cluster, [`RedlockStore`] for a majority of
+//! independent Redis servers, [`MemoryStore`] for one process; all implement
 //! [`Store`], which other backends can implement too. [`testing::deliver_concurrently`] fires
 //! duplicate deliveries at your own tasks in tests.
 //!
@@ -100,7 +101,9 @@ pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use store::redis::cluster::{RedisClusterStore, RedisClusterStoreBuilder};
 #[cfg(feature = "redis")]
-pub use store::redis::{RedisKeys, RedisStore, RedisStoreBuilder};
+pub use store::redis::{
+    RedisKeys, RedisStore, RedisStoreBuilder, RedlockStore, RedlockStoreBuilder,
+};
 pub use store::{Begin, Finish, Inspection, Store};
 pub use task::{Call, DEFAULT_LOCK_TTL, DEFAULT_RESULT_TTL, Outcome, Report, Task};
 pub use unit::{InvalidKey, LockToken, MAX_KEY_LEN, MAX_NAME_LEN, UnitOfWork};

@@ -19,7 +19,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use idempotask::store::redis::DEFAULT_NAMESPACE;
-use idempotask::{RedisClusterStore, RedisKeys, RedisStore, UnitOfWork};
+use idempotask::{RedisClusterStore, RedisKeys, RedisStore, RedlockStore, UnitOfWork};
 use redis::aio::ConnectionManager;
 use serde::Serialize;
 
@@ -52,13 +52,16 @@ pub enum Mode {
     Latency,
     /// `fresh` at each of [`SCALING_CONCURRENCY`].
     Scaling,
+    /// `fresh` through a `RedlockStore` over the comma-separated servers of `--redis-url` (3
+    /// or 5), at C and at concurrency 1; the server figures are summed over the servers.
+    Quorum,
     /// Every mode above; the comparisons and `scaling` run back to back in each round.
     All,
 }
 
 impl Mode {
     /// Every mode's name, as the command line spells it.
-    pub const NAMES: [&'static str; 9] = [
+    pub const NAMES: [&'static str; 10] = [
         "fresh",
         "duplicate",
         "fenced",
@@ -67,10 +70,11 @@ impl Mode {
         "handwritten-duplicate",
         "latency",
         "scaling",
+        "quorum",
         "all",
     ];
 
-    const ALL: [Self; 9] = [
+    const ALL: [Self; 10] = [
         Self::Fresh,
         Self::Duplicate,
         Self::Fenced,
@@ -79,6 +83,7 @@ impl Mode {
         Self::HandwrittenDuplicate,
         Self::Latency,
         Self::Scaling,
+        Self::Quorum,
         Self::All,
     ];
 
@@ -228,7 +233,17 @@ pub async fn run(
     config: &Config,
     mut emit: impl FnMut(&Measurement),
 ) -> Result<Vec<Measurement>, BenchError> {
-    let mut bench = if config.cluster {
+    let mut bench = if config.mode == Mode::Quorum {
+        let urls: Vec<&str> = config.redis_url.split(',').map(str::trim).collect();
+        let store = RedlockStore::connect(urls.iter().copied()).await?;
+        let mut stats = Vec::with_capacity(urls.len());
+        for url in &urls {
+            stats.push(redis::Client::open(*url)?.get_connection_manager().await?);
+        }
+        let conn = Connection::Server(stats[0].clone());
+        idempotask::install(store);
+        Bench::new(conn, stats)?
+    } else if config.cluster {
         let seeds: Vec<&str> = config.redis_url.split(',').map(str::trim).collect();
         let store = RedisClusterStore::connect(seeds.iter().copied()).await?;
         let stats = target::masters(&store, seeds[0]).await?;
@@ -339,6 +354,10 @@ impl Bench {
                 }
             }
             Mode::Latency => self.once(mode, n, 1, emit).await?,
+            Mode::Quorum => {
+                self.once(mode, n, c, emit).await?;
+                self.once(mode, n.min(5_000), 1, emit).await?;
+            }
             _ => self.once(mode, n, c, emit).await?,
         }
         Ok(())
@@ -417,7 +436,7 @@ impl Bench {
         let mut deliveries = n;
         let mut ping_p50_us = None;
         let timings = match mode {
-            Mode::Fresh | Mode::Duplicate | Mode::Scaling => {
+            Mode::Fresh | Mode::Duplicate | Mode::Scaling | Mode::Quorum => {
                 drive(n, c, move |id| fresh(run, id)).await?
             }
             Mode::Fenced => drive(n, c, move |id| fenced(run, id)).await?,

@@ -5,6 +5,7 @@
 pub mod cluster;
 pub mod postgres;
 pub mod proxy;
+pub mod quorum;
 pub mod report;
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};

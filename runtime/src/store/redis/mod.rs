@@ -1,4 +1,5 @@
-//! Stores in Redis: [`RedisStore`] for one server, [`cluster::RedisClusterStore`] for a Redis Cluster.
+//! Stores in Redis: [`RedisStore`] for one server, [`cluster::RedisClusterStore`] for a Redis
+//! Cluster, [`RedlockStore`] for a majority of independent servers.
 
 use std::time::Duration;
 
@@ -11,9 +12,14 @@ use protocol::{Protocol, check_namespace, connect_within, store_error};
 pub mod cluster;
 mod healing;
 mod protocol;
+mod quorum;
 
 mod keys;
 pub use keys::{ParsedKey, RedisKeys};
+pub use quorum::{
+    DEFAULT_CLOCK_DRIFT, DEFAULT_MIN_VALIDITY, DEFAULT_SERVER_TIMEOUT, RedlockStore,
+    RedlockStoreBuilder,
+};
 
 /// The namespace used when none is configured.
 pub const DEFAULT_NAMESPACE: &str = "default";

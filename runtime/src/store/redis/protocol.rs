@@ -40,7 +40,7 @@ const LOCK_TAG: u8 = b'L';
 const RELEASED_TAG: u8 = b'T';
 
 /// The value of `token`'s lock: `L<token>`, or `L<token>.<fencing token>` once granted with one.
-fn lock_value(token: &LockToken) -> String {
+pub(super) fn lock_value(token: &LockToken) -> String {
     let mut value = String::with_capacity(54);
     value.push(char::from(LOCK_TAG));
     value.push_str(token.as_str());
@@ -211,7 +211,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
     /// copies every key and argument twice. A server that lost the script (`SCRIPT FLUSH`, a
     /// restart, a promoted replica) answers `NOSCRIPT` without running anything, so loading it
     /// and sending the same command again is safe.
-    async fn invoke(
+    pub(super) async fn invoke(
         &self,
         operation: &'static str,
         script: &Script,

@@ -1,0 +1,14 @@
+-- raise_fence: give a lock granted on this server the quorum's fencing token (the highest that
+-- the granting servers gave), so that this server's counter goes on from it after a release.
+-- KEYS[1] the unit's key
+-- ARGV[1] the lock's value as this server granted it, ARGV[2] the value with the quorum's token
+-- Returns 1 raised (or raised already by an earlier call) | 0 not our lock any more
+local value = redis.call('GET', KEYS[1])
+if value == ARGV[2] then
+  return 1
+end
+if value ~= ARGV[1] then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
+return 1

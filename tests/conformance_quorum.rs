@@ -1,0 +1,24 @@
+//! The conformance suite on `RedlockStore` over five independent servers, three Redis 7.0
+//! (`finish` and `renew` as scripts) and two Valkey 8.1 (`SET … IFEQ`), each check with servers
+//! of its own.
+
+mod support;
+
+use std::sync::Arc;
+
+use support::Flavor;
+use support::quorum::Quorum;
+
+crate::conformance_tests!({
+    let quorum = Quorum::start_mixed(&[
+        Flavor::Redis,
+        Flavor::Valkey,
+        Flavor::Redis,
+        Flavor::Valkey,
+        Flavor::Redis,
+    ]);
+    let store = quorum.store().await;
+    assert_eq!((store.servers(), store.quorum()), (5, 3));
+    let store: Arc<dyn idempotask::Store> = Arc::new(store);
+    (quorum, store)
+});

@@ -1,0 +1,71 @@
+//! Independent redis-servers for the quorum store, started on free loopback ports.
+
+use std::time::Duration;
+
+use idempotask::RedlockStore;
+
+use super::{Flavor, RedisServer};
+
+/// `n` independent servers, stopped when dropped.
+pub struct Quorum {
+    pub servers: Vec<RedisServer>,
+}
+
+impl Quorum {
+    /// `n` redis-servers with persistence off.
+    pub fn start(n: usize) -> Self {
+        Self::start_with(n, &[])
+    }
+
+    /// `n` redis-servers with extra `--option value` arguments each.
+    pub fn start_with(n: usize, extra: &[&str]) -> Self {
+        Self {
+            servers: (0..n).map(|_| RedisServer::start_with(extra)).collect(),
+        }
+    }
+
+    /// Redis and Valkey servers mixed (`flavors` in order): the store speaks to each as it is.
+    pub fn start_mixed(flavors: &[Flavor]) -> Self {
+        Self {
+            servers: flavors
+                .iter()
+                .map(|flavor| RedisServer::start_flavor(*flavor, &[]))
+                .collect(),
+        }
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.servers.iter().map(RedisServer::url).collect()
+    }
+
+    /// A store on every server, with a per-server timeout generous enough for a busy test
+    /// machine.
+    pub async fn store(&self) -> RedlockStore {
+        RedlockStore::builder(self.urls())
+            .server_timeout(Duration::from_secs(1))
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    /// Sends `signal` (`KILL`, `STOP`, `CONT`) to server `index`.
+    pub fn signal(&self, index: usize, signal: &str) {
+        let pid = self.servers[index].pid().to_string();
+        let status = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{signal} {pid} failed");
+    }
+}
+
+impl Drop for Quorum {
+    fn drop(&mut self) {
+        // A stopped server cannot act on SIGKILL's cleanup until it runs again.
+        for index in 0..self.servers.len() {
+            let _ = std::process::Command::new("kill")
+                .args(["-CONT", &self.servers[index].pid().to_string()])
+                .status();
+        }
+    }
+}
