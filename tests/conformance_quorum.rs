@@ -4,12 +4,10 @@
 
 mod support;
 
-use std::sync::Arc;
-
 use support::Flavor;
 use support::quorum::Quorum;
 
-crate::conformance_tests!({
+idempotask::conformance_tests!({
     let quorum = Quorum::start_mixed(&[
         Flavor::Redis,
         Flavor::Valkey,
@@ -19,6 +17,5 @@ crate::conformance_tests!({
     ]);
     let store = quorum.store().await;
     assert_eq!((store.servers(), store.quorum()), (5, 3));
-    let store: Arc<dyn idempotask::Store> = Arc::new(store);
     (quorum, store)
 });

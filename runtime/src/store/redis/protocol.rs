@@ -661,12 +661,7 @@ pub(super) fn store_error(operation: &'static str, err: &RedisError, resends: bo
         }
     };
     let ambiguous = ambiguous || (resends && kind != StoreErrorKind::Configuration);
-    let error = if ambiguous {
-        StoreError::ambiguous(operation, kind, err.to_string())
-    } else {
-        StoreError::new(operation, kind, err.to_string())
-    };
-    error.with_source(err.clone())
+    StoreError::classified(operation, kind, ambiguous, err.to_string()).with_source(err.clone())
 }
 
 #[cfg(test)]

@@ -7,7 +7,6 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::task::Poll;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 use redis::{IntoConnectionInfo, Script, Value};
 use tokio::sync::OnceCell;
@@ -354,7 +353,7 @@ impl RedlockStoreBuilder {
 }
 
 fn configuration(message: String) -> StoreError {
-    StoreError::new("connect", StoreErrorKind::Configuration, false, message)
+    StoreError::classified("connect", StoreErrorKind::Configuration, false, message)
 }
 
 impl Server {
@@ -392,7 +391,7 @@ impl Server {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         match down_until {
-            Some(until) if Instant::now() < until => Err(StoreError::new(
+            Some(until) if Instant::now() < until => Err(StoreError::classified(
                 operation,
                 StoreErrorKind::Unreachable,
                 false,
@@ -414,7 +413,7 @@ impl Server {
     }
 
     fn named(&self, operation: &'static str, err: &StoreError) -> StoreError {
-        StoreError::new(
+        StoreError::classified(
             operation,
             err.kind(),
             err.is_ambiguous(),
@@ -423,7 +422,7 @@ impl Server {
     }
 
     fn timed_out(&self, operation: &'static str, timeout: Duration, sent: bool) -> StoreError {
-        StoreError::new(
+        StoreError::classified(
             operation,
             StoreErrorKind::Timeout,
             sent,
@@ -510,7 +509,7 @@ impl Inner {
         };
         let ambiguous = errors.iter().any(StoreError::is_ambiguous);
         let failed: Vec<String> = errors.iter().map(ToString::to_string).collect();
-        let mut err = StoreError::new(
+        let mut err = StoreError::classified(
             operation,
             kind,
             ambiguous,
@@ -652,7 +651,6 @@ fn busy_until(
     remaining.get(must_expire - 1).copied().flatten()
 }
 
-#[async_trait]
 impl Store for RedlockStore {
     fn max_key_len(&self) -> usize {
         self.inner.max_key_len
@@ -718,7 +716,7 @@ impl Store for RedlockStore {
         let granted_count = grants.len();
         inner.release_grants(unit, &grants).await;
         if granted_count >= inner.quorum() {
-            return Err(StoreError::new(
+            return Err(StoreError::classified(
                 "begin",
                 StoreErrorKind::Timeout,
                 false,
