@@ -175,7 +175,7 @@ async fn a_busy_key_is_a_retry_after_error_and_nothing_runs() {
         ),
         "{cause:?}"
     );
-    assert!(retry.get_duration() <= task.get_lock_ttl());
+    assert!(retry.get_duration() <= task.settings().lock_ttl);
     assert_eq!(charges.load(Ordering::SeqCst), 0, "nothing ran");
 
     // Once the holder finishes, the retry gets its result.

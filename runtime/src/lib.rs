@@ -74,11 +74,13 @@
 
 #[cfg(feature = "apalis")]
 pub mod apalis;
+mod call;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod context;
 mod error;
 mod fingerprint;
+mod guard;
 mod install;
 mod marker;
 pub mod observe;
@@ -89,6 +91,7 @@ mod task;
 pub mod testing;
 mod unit;
 
+pub use call::{Call, Outcome, Report};
 pub use context::{TaskContext, context};
 pub use error::{CodecErrorKind, Error, StoreError, StoreErrorKind};
 pub use fingerprint::Fingerprint;
@@ -105,7 +108,7 @@ pub use store::redis::{
     RedisKeys, RedisStore, RedisStoreBuilder, RedlockStore, RedlockStoreBuilder,
 };
 pub use store::{Begin, Finish, Inspection, Store};
-pub use task::{Call, DEFAULT_LOCK_TTL, DEFAULT_RESULT_TTL, Outcome, Report, Task};
+pub use task::{DEFAULT_LOCK_TTL, DEFAULT_RESULT_TTL, Settings, Task};
 pub use unit::{InvalidKey, LockToken, MAX_KEY_LEN, MAX_NAME_LEN, UnitOfWork};
 
 #[doc = include_str!("attribute.md")]
@@ -114,6 +117,3 @@ pub use idempotask_macros::idempotent_task;
 
 #[doc(hidden)]
 pub mod __private;
-
-#[doc(hidden)]
-pub mod __bench;

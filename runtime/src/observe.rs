@@ -8,7 +8,7 @@
 //! | field | value |
 //! |---|---|
 //! | `task` | the task's stable name |
-//! | `key` | the caller key, or its SHA-256 with [`KeyLogging::Hash`] |
+//! | `key` | the caller key, or its digest with [`KeyLogging::Hash`] |
 //! | `outcome` | `executed`, `replayed`, `contended`, `failed`, `lock_lost` or `marker_not_written` |
 //! | `attempts` | how many times the call asked for the lock |
 //! | `fencing_token` | the token of the execution that produced the value |
@@ -42,14 +42,14 @@ use crate::unit::UnitOfWork;
 /// How the caller key appears in logs and spans; see [`Task::log_key`](crate::Task::log_key).
 ///
 /// Keys are chosen by the caller and sometimes carry what logs must not (an e-mail address, an
-/// account number). With [`Hash`](Self::Hash) the logs show the key's SHA-256 instead, the same
-/// digest that is part of the Redis keys, so an operator can still find the unit with
+/// account number). With [`Hash`](Self::Hash) the logs show the key's digest instead, the same
+/// digest that is part of the Redis key, so an operator can still find the unit with
 /// `idempotask list` or `redis-cli`.
 ///
 /// ```
 /// use idempotask::{KeyLogging, Task};
 /// static SEND: Task = Task::new("send_statement").log_key(KeyLogging::Hash);
-/// assert_eq!(SEND.get_log_key(), KeyLogging::Hash);
+/// assert_eq!(SEND.settings().log_key, KeyLogging::Hash);
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -57,7 +57,8 @@ pub enum KeyLogging {
     /// The caller key as given (the default).
     #[default]
     Plain,
-    /// The lowercase hex SHA-256 of the caller key.
+    /// The caller key's digest ([`UnitOfWork::digest`](crate::UnitOfWork::digest)), as in the
+    /// Redis key.
     Hash,
 }
 

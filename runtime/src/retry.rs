@@ -26,7 +26,7 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 64;
 ///     .initial_backoff(Duration::from_millis(5))
 ///     .max_attempts(10)
 ///     .max_wait(Duration::from_secs(2));
-/// assert_eq!(policy.get_max_attempts(), 10);
+/// assert_eq!(policy.attempts(), 10);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
@@ -84,8 +84,8 @@ impl RetryPolicy {
         self
     }
 
-    /// The configured number of attempts.
-    pub const fn get_max_attempts(&self) -> u32 {
+    /// How many times a delivery asks for the lock at most.
+    pub const fn attempts(&self) -> u32 {
         self.max_attempts
     }
 
@@ -134,7 +134,7 @@ mod tests {
 
     #[test]
     fn zero_attempts_means_one() {
-        assert_eq!(RetryPolicy::new().max_attempts(0).get_max_attempts(), 1);
-        assert_eq!(RetryPolicy::no_wait().get_max_attempts(), 1);
+        assert_eq!(RetryPolicy::new().max_attempts(0).attempts(), 1);
+        assert_eq!(RetryPolicy::no_wait().attempts(), 1);
     }
 }

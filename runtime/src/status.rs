@@ -2,10 +2,11 @@
 
 use std::time::Duration;
 
+use crate::call::check_marker_key;
 use crate::error::{CodecErrorKind, Error};
 use crate::marker::{Marker, MarkerError};
 use crate::store::{Inspection, Store};
-use crate::task::{Task, check_marker_key};
+use crate::task::Task;
 use crate::unit::UnitOfWork;
 
 /// Whether a unit of work is done, running, or unknown to the store.

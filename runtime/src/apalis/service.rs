@@ -117,7 +117,7 @@ where
             };
             call.run(body).await.map_err(|failure| match failure {
                 Failure::Handler(err) => err,
-                Failure::Idempotask(err) => to_apalis(err, config.task.get_lock_ttl()),
+                Failure::Idempotask(err) => to_apalis(err, config.task.settings().lock_ttl),
             })
         })
     }

@@ -1,0 +1,470 @@
+//! One call of a task: take the lock or the stored result, run the body, record the outcome.
+
+use std::panic::resume_unwind;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::time::{Instant, sleep};
+use tracing::Instrument;
+
+use crate::context::{Lease, TaskContext};
+use crate::error::{CodecErrorKind, Error};
+use crate::fingerprint::Fingerprint;
+use crate::guard::{
+    ReleaseOnDrop, Renewal, catching_panics, release, release_in_background, renewing,
+};
+use crate::install::installed;
+use crate::marker::{Marker, StoredResult};
+use crate::observe::{Ending, Observation};
+use crate::store::{Begin, Finish, SharedStore, Store};
+use crate::task::Task;
+use crate::unit::{LockToken, UnitOfWork};
+
+/// How many times a failing store call is tried before the task call gives up.
+const STORE_ATTEMPTS: u32 = 3;
+/// The first pause between tries of a failing store call; it doubles each time.
+const STORE_RETRY_PAUSE: Duration = Duration::from_millis(25);
+
+/// One delivery of a [`Task`] for one caller key; [`run`](Self::run) it with the body.
+#[derive(Debug)]
+#[must_use = "a call does nothing until it is run"]
+pub struct Call<'t> {
+    pub(crate) task: &'t Task,
+    pub(crate) key: String,
+    pub(crate) fingerprint: Option<Fingerprint>,
+    pub(crate) store: Option<SharedStore>,
+}
+
+/// What happened in one call, next to the value it returned; see [`Call::run_reported`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Report<T> {
+    /// The body's value, or the stored one.
+    pub value: T,
+    /// How the value came about.
+    pub outcome: Outcome,
+    /// The fencing token of the execution that produced the value, when its task uses fencing.
+    pub fencing_token: Option<u64>,
+    /// How many times the call asked for the lock.
+    pub attempts: u32,
+}
+
+/// How a call's value came about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The body ran and its result was stored.
+    Executed,
+    /// The unit was already done; the stored result was returned and the body did not run.
+    Replayed,
+    /// The body ran but its lock had expired by the time it finished: another delivery may have
+    /// run it too. Logged as a warning.
+    #[non_exhaustive]
+    LockLost {
+        /// Whether this execution's result was stored (no other result existed).
+        marker_written: bool,
+    },
+    /// The body ran but the store could not be reached to record it within the lock TTL. The
+    /// value is returned (the side effect did happen, and failing the delivery would only make
+    /// the queue run it again); a later delivery may run the body again once the lock expires.
+    /// Logged as a warning.
+    MarkerNotWritten,
+}
+
+impl Call<'_> {
+    /// Checks that a reused key comes with the same arguments: a later call whose fingerprint
+    /// differs gets [`Error::KeyReuse`].
+    pub fn fingerprint(mut self, fingerprint: Fingerprint) -> Self {
+        self.fingerprint = Some(fingerprint);
+        self
+    }
+
+    /// Like [`fingerprint`](Self::fingerprint), computed from `arguments` (a tuple for several).
+    ///
+    /// # Errors
+    /// [`Error::Codec`] of kind [`Fingerprint`](crate::CodecErrorKind::Fingerprint) when the
+    /// arguments cannot be serialised; nothing ran.
+    pub fn fingerprint_of<A: Serialize + ?Sized>(self, arguments: &A) -> Result<Self, Error> {
+        let fingerprint = Fingerprint::of(arguments).map_err(|err| Error::Codec {
+            task: self.task.name().to_owned(),
+            key: self.key.clone(),
+            kind: CodecErrorKind::Fingerprint,
+            reason: format!("the `fingerprint` parameters cannot be serialised: {err}"),
+        })?;
+        Ok(self.fingerprint(fingerprint))
+    }
+
+    /// Uses `store` for this call instead of the installed one (a [`SharedStore`] is used as
+    /// it is, not wrapped again).
+    pub fn store(mut self, store: impl Store) -> Self {
+        self.store = Some(SharedStore::new(store));
+        self
+    }
+
+    /// Runs `body` at most once for this key and returns its value, or the stored value of the
+    /// execution that already happened.
+    ///
+    /// `body` is only polled once the lock is held, so creating it costs nothing.
+    ///
+    /// # Behaviour
+    /// - Done already: the stored value, decoded; the body does not run.
+    /// - Locked by another delivery: waits as the task's [`RetryPolicy`] says, asking again
+    ///   after each wait, then [`Error::Contended`].
+    /// - Lock taken: runs the body with [`context()`](crate::context) set. `Ok` stores the
+    ///   result and releases the lock; `Err` releases the lock and stores nothing (errors are
+    ///   never cached); a panic releases the lock and resumes. If this future is dropped while
+    ///   the body runs, the lock is released in the background (or expires with its TTL).
+    /// - Store failures are retried a few times with the same lock token; if the store still
+    ///   cannot confirm the lock, the body does not run ([`Error::Store`]).
+    ///
+    /// # Errors
+    /// The body's own error, or an [`Error`] converted into `E`.
+    pub async fn run<T, E, F>(self, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        self.run_reported(body).await.map(|report| report.value)
+    }
+
+    /// Like [`run`](Self::run), and also says how the value came about.
+    ///
+    /// The call runs in an `idempotask.call` span whose fields say what happened; see
+    /// [`observe`](crate::observe).
+    ///
+    /// # Errors
+    /// As [`run`](Self::run).
+    pub async fn run_reported<T, E, F>(self, body: F) -> Result<Report<T>, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        let observation = Observation::start(&self.task.name);
+        let span = observation.span().clone();
+        let result = self.run_observed(body, &observation).instrument(span).await;
+        if result.is_err() {
+            // Contended calls were recorded where the error was known; this is every other one.
+            observation.failed_unless_ended();
+        }
+        result
+    }
+
+    async fn run_observed<T, E, F>(
+        self,
+        body: F,
+        observation: &Observation<'_>,
+    ) -> Result<Report<T>, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        let store = self
+            .store
+            .clone()
+            .or_else(installed)
+            .ok_or(Error::NotConfigured)?;
+        let unit = UnitOfWork::with_limit(self.task.name(), self.key.as_str(), store.max_key_len())
+            .map_err(Error::from)?;
+        let logging = self.task.log_key;
+        observation.key(&unit, logging);
+        let token = LockToken::generate();
+        let waiting = Instant::now();
+        let start = self.start(&store, &unit, &token).await;
+        match &start {
+            Ok(Start::Replay { attempts, .. } | Start::Run { attempts, .. })
+            | Err(Error::Contended { attempts, .. }) => {
+                observation.waited(*attempts, waiting.elapsed());
+            }
+            Err(_) => {}
+        }
+        if let Err(Error::Contended { .. }) = &start {
+            observation.ended(Ending::Contended);
+        }
+        match start? {
+            Start::Replay { marker, attempts } => {
+                observation.fencing_token(marker.fencing_token());
+                let value = self.replay(&unit, &marker)?;
+                observation.ended(Ending::Replayed);
+                Ok(Report {
+                    value,
+                    outcome: Outcome::Replayed,
+                    fencing_token: marker.fencing_token(),
+                    attempts,
+                })
+            }
+            Start::Run {
+                fencing_token,
+                attempts,
+                lease,
+            } => {
+                observation.fencing_token(fencing_token);
+                // From here on the store recognises our lock by its token and fencing token.
+                let token = token.granted(fencing_token);
+                let mut guard = ReleaseOnDrop {
+                    store: Some((store.clone(), unit.clone(), token.clone(), logging)),
+                };
+                let context =
+                    TaskContext::new(unit.clone(), fencing_token, attempts, Arc::clone(&lease));
+                let guarded = context.scope(catching_panics(body));
+                let running = Instant::now();
+                let result = if self.task.renew {
+                    let renewal = Renewal {
+                        store: &store,
+                        unit: &unit,
+                        token: &token,
+                        lease: &lease,
+                        lock_ttl: self.task.lock_ttl,
+                        logging,
+                    };
+                    renewing(guarded, renewal).await
+                } else {
+                    guarded.await
+                };
+                observation.body_ran(running.elapsed());
+                guard.disarm();
+                match result {
+                    Err(panic) => {
+                        observation.ended(Ending::Failed);
+                        release(&store, &unit, &token, logging).await;
+                        resume_unwind(panic)
+                    }
+                    Ok(Err(err)) => {
+                        observation.ended(Ending::Failed);
+                        release(&store, &unit, &token, logging).await;
+                        Err(err)
+                    }
+                    Ok(Ok(value)) => {
+                        let outcome = self
+                            .record(&store, &unit, &token, fencing_token, &lease, &value)
+                            .await;
+                        observation.ended(match outcome {
+                            Outcome::Executed | Outcome::Replayed => Ending::Executed,
+                            Outcome::LockLost { .. } => Ending::LockLost,
+                            Outcome::MarkerNotWritten => Ending::MarkerNotWritten,
+                        });
+                        Ok(Report {
+                            value,
+                            outcome,
+                            fencing_token,
+                            attempts,
+                        })
+                    }
+                }
+            }
+        }
+    }
+
+    /// Asks for the lock until it is granted, the unit turns out done, or waiting is over.
+    async fn start(
+        &self,
+        store: &SharedStore,
+        unit: &UnitOfWork,
+        token: &LockToken,
+    ) -> Result<Start, Error> {
+        let policy = self.task.retry;
+        let total_wait = policy.total_wait(self.task.lock_ttl);
+        let started = Instant::now();
+        let mut attempts = 0;
+        let mut failures = 0;
+        // A begin whose reply was lost may have taken the lock already: the lease then started
+        // when that request was sent, not when a later one was.
+        let mut first_unconfirmed: Option<Instant> = None;
+        loop {
+            let sent = Instant::now();
+            match store
+                .begin(unit, token, self.task.lock_ttl, self.task.fencing)
+                .await
+            {
+                Ok(Begin::Done(bytes)) => {
+                    attempts += 1;
+                    let marker = Marker::decode(&bytes).map_err(|err| {
+                        codec(
+                            unit,
+                            CodecErrorKind::Unreadable,
+                            format!("the stored marker cannot be read: {err}"),
+                        )
+                    })?;
+                    check_marker_key(unit, &marker)?;
+                    return Ok(Start::Replay { marker, attempts });
+                }
+                Ok(Begin::Acquired { fencing_token }) => {
+                    attempts += 1;
+                    let lease_start = first_unconfirmed.unwrap_or(sent).min(sent);
+                    return Ok(Start::Run {
+                        fencing_token,
+                        attempts,
+                        lease: Arc::new(Lease::new(lease_start, self.task.lock_ttl)),
+                    });
+                }
+                Ok(Begin::Busy { lock_ttl_remaining }) => {
+                    attempts += 1;
+                    let waited = started.elapsed();
+                    if attempts >= policy.attempts() || waited >= total_wait {
+                        return Err(Error::Contended {
+                            task: unit.task().to_owned(),
+                            key: unit.key().to_owned(),
+                            lock_ttl_remaining,
+                            attempts,
+                        });
+                    }
+                    let mut pause = policy
+                        .delay(attempts)
+                        .min(total_wait.saturating_sub(waited));
+                    if let Some(left) = lock_ttl_remaining {
+                        // Ask again right after the holder's lock expires, not a backoff later.
+                        pause = pause.min(left + Duration::from_millis(1));
+                    }
+                    sleep(pause).await;
+                }
+                Err(err) => {
+                    failures += 1;
+                    if err.is_ambiguous() {
+                        first_unconfirmed.get_or_insert(sent);
+                    }
+                    if !err.is_retryable() || failures >= STORE_ATTEMPTS {
+                        if first_unconfirmed.is_some() {
+                            // The lock may be ours with nobody running the body: free it.
+                            release_in_background(
+                                Some(store.clone()),
+                                unit,
+                                token,
+                                self.task.log_key,
+                            );
+                        }
+                        return Err(err.into());
+                    }
+                    sleep(STORE_RETRY_PAUSE * (1 << failures)).await;
+                }
+            }
+        }
+    }
+
+    /// Decodes a stored result for a duplicate delivery.
+    fn replay<T: DeserializeOwned>(&self, unit: &UnitOfWork, marker: &Marker) -> Result<T, Error> {
+        if let Some(expected) = &self.fingerprint
+            && marker.fingerprint() != Some(expected.as_str())
+        {
+            return Err(Error::KeyReuse {
+                task: unit.task().to_owned(),
+                key: unit.key().to_owned(),
+            });
+        }
+        match marker.result() {
+            StoredResult::Json(json) => serde_json::from_str(json.get()).map_err(|err| {
+                codec(
+                    unit,
+                    CodecErrorKind::Undecodable,
+                    format!("its stored result does not decode into the task's return type: {err}"),
+                )
+            }),
+            StoredResult::Unstorable(reason) => Err(codec(
+                unit,
+                CodecErrorKind::Unstorable,
+                format!(
+                    "the first execution succeeded but its result could not be stored: {reason}"
+                ),
+            )),
+        }
+    }
+
+    /// Stores the marker for a successful execution, retrying while the lock is still ours.
+    async fn record<T: Serialize>(
+        &self,
+        store: &SharedStore,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        fencing_token: Option<u64>,
+        lease: &Lease,
+        value: &T,
+    ) -> Outcome {
+        let encoded = serde_json::value::to_raw_value(value);
+        if let Err(err) = &encoded {
+            tracing::warn!(
+                task = unit.task(),
+                key = self.task.log_key.show(unit),
+                error = %err,
+                "the task succeeded but its result cannot be encoded; duplicates will get an error instead of running it again"
+            );
+        }
+        let reason = encoded.as_ref().err().map(ToString::to_string);
+        let result = match (&encoded, &reason) {
+            (Ok(json), _) => Ok(&**json),
+            (Err(_), Some(reason)) => Err(reason.as_str()),
+            (Err(_), None) => Err("unknown encoding error"),
+        };
+        let marker = Marker::encode(unit.key(), fencing_token, self.fingerprint.as_ref(), result);
+        let mut failures = 0;
+        loop {
+            match store
+                .finish(unit, token, &marker, self.task.result_ttl)
+                .await
+            {
+                Ok(Finish::Completed) => return Outcome::Executed,
+                Ok(Finish::LockLost { marker_written }) => {
+                    tracing::warn!(
+                        task = unit.task(),
+                        key = self.task.log_key.show(unit),
+                        fencing_token,
+                        marker_written,
+                        "the lock expired before the task finished; another delivery may have run it too"
+                    );
+                    return Outcome::LockLost { marker_written };
+                }
+                Err(err) => {
+                    failures += 1;
+                    let pause = STORE_RETRY_PAUSE * (1 << failures.min(5));
+                    if !err.is_retryable() || Instant::now() + pause >= lease.expires_at() {
+                        tracing::warn!(
+                            task = unit.task(),
+                            key = self.task.log_key.show(unit),
+                            fencing_token,
+                            error = %err,
+                            "the task succeeded but its completion could not be recorded; a redelivery after the lock expires will run it again"
+                        );
+                        return Outcome::MarkerNotWritten;
+                    }
+                    sleep(pause).await;
+                }
+            }
+        }
+    }
+}
+
+/// Stores find a unit by a digest of its key; the marker's own copy of the key tells a digest
+/// collision (or a marker written by something else) from this key's result.
+pub(crate) fn check_marker_key(unit: &UnitOfWork, marker: &Marker) -> Result<(), Error> {
+    if marker.key() == unit.key() {
+        return Ok(());
+    }
+    Err(Error::MarkerKeyMismatch {
+        task: unit.task().to_owned(),
+        key: unit.key().to_owned(),
+        stored_key: marker.key().to_owned(),
+    })
+}
+
+fn codec(unit: &UnitOfWork, kind: CodecErrorKind, reason: String) -> Error {
+    Error::Codec {
+        task: unit.task().to_owned(),
+        key: unit.key().to_owned(),
+        kind,
+        reason,
+    }
+}
+
+enum Start {
+    Replay {
+        marker: Marker,
+        attempts: u32,
+    },
+    Run {
+        fencing_token: Option<u64>,
+        attempts: u32,
+        lease: Arc<Lease>,
+    },
+}
