@@ -18,7 +18,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use idempotask::{Error, Status, StoredResult, Task, idempotent_task};
+use idempotask::ops::{Status, StoredResult};
+use idempotask::{Error, Task, idempotent_task};
 use tokio::sync::oneshot;
 
 /// Charges per order at the payment gateway: what the customers' statements show.

@@ -1,7 +1,8 @@
 //! The store the examples use, chosen by the environment as a deployment would choose it.
 
 use idempotask::store::SharedStore;
-use idempotask::{MemoryStore, RedisClusterStore, RedisStore, StoreError};
+use idempotask::store::StoreError;
+use idempotask::{MemoryStore, RedisClusterStore, RedisStore};
 
 /// The Redis store the environment names, and a line that says which it is.
 ///
@@ -10,7 +11,7 @@ use idempotask::{MemoryStore, RedisClusterStore, RedisStore, StoreError};
 /// answer is `None`, and an example falls back to the in-memory store or says what it needs.
 ///
 /// ```no_run
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotask::StoreError> {
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotask::store::StoreError> {
 /// if let Some((store, backend)) = idempotask_suite::env::redis_store().await? {
 ///     idempotask::install(store);
 ///     println!("store: {backend}");
@@ -40,7 +41,7 @@ pub async fn redis_store() -> Result<Option<(SharedStore, String)>, StoreError> 
 /// names none; answers which one, for the output.
 ///
 /// ```no_run
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotask::StoreError> {
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotask::store::StoreError> {
 /// println!("store: {}", idempotask_suite::env::install_store().await?);
 /// # Ok(()) }
 /// ```

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idempotask::{Error, RedisStore, Store, UnitOfWork, idempotent_task};
+use idempotask::store::{Store, UnitOfWork};
+use idempotask::{Error, RedisStore, idempotent_task};
 use support::RedisServer;
 
 #[derive(Debug, thiserror::Error)]

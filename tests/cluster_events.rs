@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idempotask::store::SharedStore;
-use idempotask::{Error, Outcome, RedisClusterStore, Report, RetryPolicy, Store, Task, UnitOfWork};
+use idempotask::store::{Store, UnitOfWork};
+use idempotask::{Error, Outcome, RedisClusterStore, Report, RetryPolicy, Task};
 use rand::seq::SliceRandom as _;
 use support::cluster::{RedisCluster, SlotMove};
 

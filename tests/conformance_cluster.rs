@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use idempotask::store::Fencing;
-use idempotask::{Begin, Finish, LockToken, Store, UnitOfWork};
+use idempotask::store::{Begin, Finish, LockToken, Store, UnitOfWork};
 use support::cluster::RedisCluster;
 
 idempotask::conformance_tests!({

@@ -31,9 +31,9 @@ async fn tasks_fail_until_a_store_is_installed_then_use_it() {
         .unwrap();
     assert_eq!((first, again), (1, 1));
     // The installed store is the one that holds the marker.
-    let unit = idempotask::UnitOfWork::new("greet", "user-1").unwrap();
+    let unit = idempotask::store::UnitOfWork::new("greet", "user-1").unwrap();
     assert!(
-        idempotask::Store::inspect(&store, &unit)
+        idempotask::store::Store::inspect(&store, &unit)
             .await
             .unwrap()
             .is_done()

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use idempotask::{Error, Outcome, RedlockStore, RetryPolicy, Store, StoreErrorKind, Task};
+use idempotask::store::{Store, StoreErrorKind};
+use idempotask::{Error, Outcome, RedlockStore, RetryPolicy, Task};
 use serde::{Deserialize, Serialize};
 use support::RedisServer;
 use support::quorum::Quorum;
@@ -347,7 +348,7 @@ async fn a_majority_down_fails_every_call_closed() {
         1,
         "a body ran without a majority"
     );
-    let unit = idempotask::UnitOfWork::new("majority-down", "k0").unwrap();
+    let unit = idempotask::store::UnitOfWork::new("majority-down", "k0").unwrap();
     let status = store.inspect(&unit).await;
     assert!(
         status.is_err(),

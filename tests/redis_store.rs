@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idempotask::{Error, RedisStore, StoreErrorKind, Task, UnitOfWork};
+use idempotask::store::{StoreErrorKind, UnitOfWork};
+use idempotask::{Error, RedisStore, Task};
 use support::{RedisServer, scan_keys};
 
 /// Calls per command since the last `CONFIG RESETSTAT`, from `INFO commandstats`.
@@ -197,7 +198,7 @@ async fn one_key_per_unit_holds_no_caller_text_and_reads_as_text() {
         .await
         .unwrap();
     assert_eq!(marker, format!("D{}|{key}|1", key.len()).into_bytes());
-    let marker = idempotask::Marker::decode(&marker).unwrap();
+    let marker = idempotask::ops::Marker::decode(&marker).unwrap();
     assert_eq!(marker.key(), key);
 }
 

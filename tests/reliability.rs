@@ -10,11 +10,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use idempotask::store::Fencing;
-use idempotask::store::SharedStore;
-use idempotask::{
-    Error, Outcome, RedisStore, RetryPolicy, Store, StoreErrorKind, Task, UnitOfWork,
+use idempotask::store::{
+    Begin, Fencing, LockToken, SharedStore, Store, StoreErrorKind, UnitOfWork,
 };
+use idempotask::{Error, Outcome, RedisStore, RetryPolicy, Task};
 use support::proxy::Proxy;
 use support::report::record;
 use support::{Flavor, RedisServer, scan_keys};
@@ -202,12 +201,11 @@ async fn s05_a_paused_holder_never_harms_its_successor(server_flavor: Flavor) {
     };
     started_rx.await.unwrap();
     tokio::time::sleep(ttl + Duration::from_millis(100)).await;
-    let successor = idempotask::LockToken::generate();
-    let unit2 = UnitOfWork::new("s05", "k2").unwrap();
+    let (successor, unit2) = (LockToken::generate(), UnitOfWork::new("s05", "k2").unwrap());
     let taken = store
         .begin(&unit2, &successor, ttl * 100, Fencing::On)
         .await;
-    assert!(matches!(taken, Ok(idempotask::Begin::Acquired { .. })));
+    assert!(matches!(taken, Ok(Begin::Acquired { .. })));
     resume_tx.send(()).unwrap();
     assert!(stale.await.unwrap().is_err());
     assert!(
@@ -955,7 +953,7 @@ fn s11_random_keys_never_collide_and_never_reach_the_key_name() {
         ..Config::default()
     });
     let keys = "(?s)[a-z:{}\\n\\r\\t \\x00-\\x7f\\u{80}-\\u{10ffff}]{1,300}";
-    let layout = idempotask::RedisKeys::new("ns").unwrap();
+    let layout = idempotask::ops::RedisKeys::new("ns").unwrap();
     let redis_key = |key: &str| layout.unit(&UnitOfWork::new("task", key).unwrap());
     runner
         .run(&(keys, keys), |(a, b)| {
@@ -1087,7 +1085,7 @@ async fn s11_foreign_values_under_a_unit_key_are_typed_errors(server_flavor: Fla
         .await;
     assert!(
         matches!(&wrong_type, Err(Error::Store(err))
-            if err.kind() == idempotask::StoreErrorKind::Protocol
+            if err.kind() == idempotask::store::StoreErrorKind::Protocol
                 && err.to_string().contains(&store.key(&unit))),
         "{wrong_type:?}"
     );

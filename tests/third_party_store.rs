@@ -5,8 +5,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use idempotask::ops::Marker;
 use idempotask::store::{Begin, Fencing, Finish, Inspection, Store};
-use idempotask::{LockToken, Marker, StoreError, UnitOfWork};
+use idempotask::store::{LockToken, StoreError, UnitOfWork};
 use tokio::time::Instant;
 
 /// What one unit holds, with its expiry.

@@ -2,7 +2,8 @@
 
 use std::io::{BufRead, IsTerminal, Write};
 
-use idempotask::{Status, UnitOfWork};
+use idempotask::ops::Status;
+use idempotask::store::UnitOfWork;
 use serde_json::{Value, json};
 
 use crate::exit::{Exit, Failure};

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::process::ExitCode;
 
-use idempotask::{StoreError, StoreErrorKind};
+use idempotask::store::{StoreError, StoreErrorKind};
 
 /// What a command found, as its exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,8 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use idempotask::{Done, Marker, StoredResult, UnitOfWork};
+use idempotask::ops::{Done, Marker, StoredResult};
+use idempotask::store::UnitOfWork;
 use serde_json::Value;
 
 use crate::scan::Entry;

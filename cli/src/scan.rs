@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use idempotask::{Marker, RedisKeys};
+use idempotask::ops::{Marker, RedisKeys};
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};

@@ -4,8 +4,10 @@
 //! the commands then use a [`RedisClusterStore`], which routes each unit to the master of its
 //! slot, and `list` scans every master. Nothing has to be told which kind it is.
 
+use idempotask::ops::{RedisKeys, Status};
 use idempotask::store::SharedStore;
-use idempotask::{RedisClusterStore, RedisKeys, RedisStore, Status, Store, Task, UnitOfWork};
+use idempotask::store::{Store, UnitOfWork};
+use idempotask::{RedisClusterStore, RedisStore, Task};
 use redis::RedisError;
 
 use crate::exit::{Exit, Failure};
@@ -175,13 +177,13 @@ impl Target {
 /// A failed Redis command as the CLI reports it, kind and all.
 fn redis_failure(url: &str, operation: &'static str, err: &RedisError) -> Failure {
     let kind = if err.is_timeout() {
-        idempotask::StoreErrorKind::Timeout
+        idempotask::store::StoreErrorKind::Timeout
     } else if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
-        idempotask::StoreErrorKind::Unreachable
+        idempotask::store::StoreErrorKind::Unreachable
     } else {
-        idempotask::StoreErrorKind::Rejected
+        idempotask::store::StoreErrorKind::Rejected
     };
-    let store_err =
-        idempotask::StoreError::new(operation, kind, err.to_string()).with_source(err.clone());
+    let store_err = idempotask::store::StoreError::new(operation, kind, err.to_string())
+        .with_source(err.clone());
     Failure::store(&store_err, url)
 }

@@ -9,7 +9,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use idempotask::store::Fencing;
-use idempotask::{LockToken, RedisStore, Store, Task, UnitOfWork};
+use idempotask::store::{LockToken, Store, UnitOfWork};
+use idempotask::{RedisStore, Task};
 use serde_json::Value;
 use support::RedisServer;
 use support::cluster::{RedisCluster, SlotMove};

@@ -110,7 +110,7 @@ impl Call<'_> {
     ///
     /// # Behaviour
     /// - Done already: the stored value, decoded; the body does not run.
-    /// - Locked by another delivery: waits as the task's [`RetryPolicy`] says, asking again
+    /// - Locked by another delivery: waits as the task's [`RetryPolicy`](crate::RetryPolicy) says, asking again
     ///   after each wait, then [`Error::Contended`].
     /// - Lock taken: runs the body with [`context()`](crate::context) set. `Ok` stores the
     ///   result and releases the lock; `Err` releases the lock and stores nothing (errors are

@@ -166,7 +166,7 @@ impl StoreError {
     /// the store refused the request, or it never reached the store.
     ///
     /// ```
-    /// use idempotask::{StoreError, StoreErrorKind};
+    /// use idempotask::store::{StoreError, StoreErrorKind};
     /// let err = StoreError::new("begin", StoreErrorKind::Unreachable, "connection refused");
     /// assert!(!err.is_ambiguous());
     /// assert_eq!(err.kind(), StoreErrorKind::Unreachable);
@@ -185,7 +185,7 @@ impl StoreError {
     /// sent, and no answer came (a timeout, a connection lost mid-call).
     ///
     /// ```
-    /// use idempotask::{StoreError, StoreErrorKind};
+    /// use idempotask::store::{StoreError, StoreErrorKind};
     /// let err = StoreError::ambiguous("begin", StoreErrorKind::Timeout, "no reply within 2 s");
     /// assert!(err.is_ambiguous());
     /// ```

@@ -41,7 +41,7 @@
 //! [`Task`] is the same without the attribute. The stores: [`RedisStore`] for production,
 //! [`RedisClusterStore`] for a Redis Cluster, [`RedlockStore`] for a majority of
 //! independent Redis servers, [`MemoryStore`] for one process; all implement
-//! [`Store`], which other backends can implement too. [`testing::deliver_concurrently`] fires
+//! [`Store`](store::Store), which other backends can implement too. [`testing::deliver_concurrently`] fires
 //! duplicate deliveries at your own tasks in tests.
 //!
 //! # The life of one delivery
@@ -84,6 +84,7 @@ mod guard;
 mod install;
 mod marker;
 pub mod observe;
+pub mod ops;
 mod retry;
 mod status;
 pub mod store;
@@ -93,23 +94,19 @@ mod unit;
 
 pub use call::{Call, Outcome, Report};
 pub use context::{TaskContext, context};
-pub use error::{CodecErrorKind, Error, StoreError, StoreErrorKind};
+pub use error::{CodecErrorKind, Error};
 pub use fingerprint::Fingerprint;
 pub use install::{install, installed};
-pub use marker::{Marker, MarkerError, StoredResult};
 pub use observe::KeyLogging;
 pub use retry::{DEFAULT_INITIAL_BACKOFF, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BACKOFF, RetryPolicy};
-pub use status::{Done, Status};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
-pub use store::redis::cluster::{RedisClusterStore, RedisClusterStoreBuilder};
-#[cfg(feature = "redis")]
 pub use store::redis::{
-    RedisKeys, RedisStore, RedisStoreBuilder, RedlockStore, RedlockStoreBuilder,
+    RedisClusterStore, RedisClusterStoreBuilder, RedisStore, RedisStoreBuilder, RedlockStore,
+    RedlockStoreBuilder,
 };
-pub use store::{Begin, Finish, Inspection, Store};
 pub use task::{DEFAULT_LOCK_TTL, DEFAULT_RESULT_TTL, Settings, Task};
-pub use unit::{InvalidKey, LockToken, MAX_KEY_LEN, MAX_NAME_LEN, UnitOfWork};
+pub use unit::InvalidKey;
 
 #[doc = include_str!("attribute.md")]
 #[doc(inline)]

@@ -22,12 +22,12 @@ pub(crate) const TAG: u8 = b'D';
 /// back instead of running the task again.
 ///
 /// ```
-/// use idempotask::{Marker, StoredResult};
+/// use idempotask::ops::{Marker, StoredResult};
 /// let marker = Marker::decode(br#"D8,f7|order-42|{"id":"ch_1"}"#)?;
 /// assert_eq!(marker.key(), "order-42");
 /// assert_eq!(marker.fencing_token(), Some(7));
 /// assert!(matches!(marker.result(), StoredResult::Json(json) if json.get() == r#"{"id":"ch_1"}"#));
-/// # Ok::<(), idempotask::MarkerError>(())
+/// # Ok::<(), idempotask::ops::MarkerError>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct Marker {

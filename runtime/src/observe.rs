@@ -57,7 +57,7 @@ pub enum KeyLogging {
     /// The caller key as given (the default).
     #[default]
     Plain,
-    /// The caller key's digest ([`UnitOfWork::digest`](crate::UnitOfWork::digest)), as in the
+    /// The caller key's digest ([`UnitOfWork::digest`](crate::store::UnitOfWork::digest)), as in the
     /// Redis key.
     Hash,
 }

@@ -16,7 +16,8 @@ use crate::unit::UnitOfWork;
 /// `Locked` one is being run right now. The `idempotask status` command prints the same.
 ///
 /// ```
-/// use idempotask::{MemoryStore, Status, Task};
+/// use idempotask::{MemoryStore, Task};
+/// use idempotask::ops::Status;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotask::Error> {
 /// let store = MemoryStore::new();
 /// let task = Task::new("refund");

@@ -21,7 +21,7 @@ pub const MAX_NAME_LEN: usize = 128;
 /// key's result).
 ///
 /// ```
-/// use idempotask::UnitOfWork;
+/// use idempotask::store::UnitOfWork;
 /// let unit = UnitOfWork::new("charge_customer", "order-42")?;
 /// assert_eq!(unit.key(), "order-42");
 /// assert_eq!(unit.digest().len(), 16);
@@ -215,8 +215,8 @@ pub enum InvalidKey {
 /// `finish`, `release` and `renew`, because a store may keep the lock as one value holding both.
 ///
 /// ```
-/// let a = idempotask::LockToken::generate();
-/// let b = idempotask::LockToken::generate();
+/// let a = idempotask::store::LockToken::generate();
+/// let b = idempotask::store::LockToken::generate();
 /// assert_ne!(a, b);
 /// assert_eq!(a.as_str().len(), 32);
 /// assert_eq!(a.fencing_token(), None);

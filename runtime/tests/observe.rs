@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idempotask::{Error, KeyLogging, MemoryStore, Outcome, RetryPolicy, Task, UnitOfWork};
+use idempotask::store::UnitOfWork;
+use idempotask::{Error, KeyLogging, MemoryStore, Outcome, RetryPolicy, Task};
 use tokio::sync::oneshot;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};

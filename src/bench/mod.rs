@@ -18,8 +18,9 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use idempotask::store::redis::DEFAULT_NAMESPACE;
-use idempotask::{RedisClusterStore, RedisKeys, RedisStore, RedlockStore, UnitOfWork};
+use idempotask::ops::RedisKeys;
+use idempotask::store::UnitOfWork;
+use idempotask::{RedisClusterStore, RedisStore, RedlockStore};
 use redis::aio::ConnectionManager;
 use serde::Serialize;
 
@@ -213,8 +214,8 @@ impl From<idempotask::InvalidKey> for BenchError {
     }
 }
 
-impl From<idempotask::StoreError> for BenchError {
-    fn from(err: idempotask::StoreError) -> Self {
+impl From<idempotask::store::StoreError> for BenchError {
+    fn from(err: idempotask::store::StoreError) -> Self {
         Self(format!("store: {err}"))
     }
 }
@@ -332,7 +333,7 @@ impl Bench {
         Ok(Self {
             conn,
             stats,
-            keys: RedisKeys::new(DEFAULT_NAMESPACE)?,
+            keys: RedisKeys::new(RedisStore::DEFAULT_NAMESPACE)?,
             run: rand::random::<u64>() >> 1,
             round: 1,
             native_cas: false,

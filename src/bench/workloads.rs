@@ -2,7 +2,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use idempotask::{Error, LockToken, idempotent_task};
+use idempotask::store::LockToken;
+use idempotask::{Error, idempotent_task};
 
 use super::BenchError;
 use super::target::Connection;

@@ -6,8 +6,9 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use idempotask::RedisStore;
 use idempotask::store::Fencing;
-use idempotask::{Begin, Finish, Inspection, LockToken, RedisStore, Store, StoreError, UnitOfWork};
+use idempotask::store::{Begin, Finish, Inspection, LockToken, Store, StoreError, UnitOfWork};
 use tokio::sync::oneshot;
 
 /// Where the call stops.

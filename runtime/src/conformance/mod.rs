@@ -28,7 +28,7 @@ pub use store::*;
 use std::time::Duration;
 
 use crate::store::{Begin, Fencing, SharedStore, Store};
-use crate::{LockToken, UnitOfWork};
+use crate::store::{LockToken, UnitOfWork};
 
 pub(super) const LONG: Duration = Duration::from_secs(30);
 pub(super) const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -86,7 +86,7 @@ pub(super) async fn outlive(ttl: Duration) {
 
 /// One `#[tokio::test]` per check of [`conformance`](crate::conformance), each with a fresh
 /// store from `$make`: an async expression giving `(guard, store)`, where the guard (a server,
-/// say) lives as long as the check and the store is any [`Store`](crate::Store).
+/// say) lives as long as the check and the store is any [`Store`](crate::store::Store).
 #[macro_export]
 macro_rules! conformance_tests {
     ($make:expr) => {

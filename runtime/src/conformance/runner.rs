@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use super::{DAY, LONG, acquire, marker, outlive, unit};
 use crate::store::{Finish, SharedStore, Store};
-use crate::{Error, Fingerprint, LockToken, Outcome, RetryPolicy, Task, UnitOfWork};
+use crate::store::{LockToken, UnitOfWork};
+use crate::{Error, Fingerprint, Outcome, RetryPolicy, Task};
 
 fn task(name: &'static str) -> Task {
     Task::new(name)

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::{DAY, LONG, acquire, acquire_fenced, fence, marker, outlive, unit};
 use crate::store::{Begin, Fencing, Finish, SharedStore, Store};
-use crate::{LockToken, UnitOfWork};
+use crate::store::{LockToken, UnitOfWork};
 
 /// Checks that begin grants one holder and reports busy.
 ///
@@ -278,7 +278,7 @@ pub async fn markers_expire_after_the_result_ttl(store: SharedStore) {
     outlive(ttl).await;
     assert_eq!(
         store.inspect(&unit).await.unwrap(),
-        crate::Inspection::default()
+        crate::store::Inspection::default()
     );
     acquire(&store, &unit, &LockToken::generate(), LONG).await;
 }

@@ -6,7 +6,7 @@
 //! ```
 //! use std::time::Duration;
 //! use idempotask::store::{Begin, Fencing, Finish, Inspection, Store};
-//! use idempotask::{LockToken, StoreError, StoreErrorKind, UnitOfWork};
+//! use idempotask::store::{LockToken, StoreError, StoreErrorKind, UnitOfWork};
 //!
 //! /// A store that is never reachable: every call fails closed.
 //! #[derive(Debug)]
@@ -49,14 +49,13 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::StoreError;
-use crate::unit::{LockToken, MAX_KEY_LEN, UnitOfWork};
-
-pub mod memory;
+pub(crate) mod memory;
 #[cfg(feature = "redis")]
-pub mod redis;
+pub(crate) mod redis;
 mod shared;
 
+pub use crate::error::{StoreError, StoreErrorKind};
+pub use crate::unit::{LockToken, MAX_KEY_LEN, MAX_NAME_LEN, UnitOfWork};
 pub use shared::SharedStore;
 
 /// A place that keeps, for each unit of work, either a lock or a completion marker (and, for
@@ -217,7 +216,7 @@ pub enum Fencing {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Inspection {
-    /// The stored marker's bytes (decode with [`Marker::decode`](crate::Marker::decode)).
+    /// The stored marker's bytes (decode with [`Marker::decode`](crate::ops::Marker::decode)).
     pub marker: Option<Vec<u8>>,
     /// How long the marker has left, when it has an expiry.
     pub marker_ttl: Option<Duration>,

@@ -18,7 +18,7 @@ use crate::unit::{MAX_KEY_LEN, UnitOfWork};
 
 /// How many times the cluster client re-sends one command, by default, after a redirect it
 /// could not follow at once, a `TRYAGAIN` during a slot migration, or a lost node.
-pub const DEFAULT_CLUSTER_RETRIES: u32 = 4;
+pub(crate) const DEFAULT_CLUSTER_RETRIES: u32 = 4;
 
 /// A store in a Redis Cluster (7.0 or later; Valkey works too), through redis-rs's async
 /// cluster client.
@@ -33,7 +33,7 @@ pub const DEFAULT_CLUSTER_RETRIES: u32 = 4;
 ///   from any reachable seed node and follows `MOVED` and `ASK` redirects by itself, so a slot
 ///   migration costs extra round trips, not errors.
 /// - While a slot is half migrated, a command may be answered with `ASK` or `TRYAGAIN`; the
-///   client follows or re-sends it up to [`DEFAULT_CLUSTER_RETRIES`] times, then the call fails
+///   client follows or re-sends it up to [`DEFAULT_RETRIES`](RedisClusterStore::DEFAULT_RETRIES) times, then the call fails
 ///   with a [`StoreError`] of kind `Rejected` that is safe to retry.
 /// - The client re-sends a command after a timeout or a lost connection too, so a script may
 ///   run twice: every command recognises its own lock token (a repeated `begin` is `Acquired`
@@ -44,7 +44,7 @@ pub const DEFAULT_CLUSTER_RETRIES: u32 = 4;
 ///   every later call: without it, a slot migration under load leaves some finished bodies
 ///   with their marker not written (`tests/cluster_events.rs`).
 /// - One call of the store waits at most the response timeout
-///   ([`DEFAULT_RESPONSE_TIMEOUT`]), redirects and re-sends included; a cluster that lost a
+///   ([`DEFAULT_RESPONSE_TIMEOUT`](crate::RedisStore::DEFAULT_RESPONSE_TIMEOUT)), redirects and re-sends included; a cluster that lost a
 ///   master fails calls for that master's slots with kind `Timeout`, `Unreachable` or
 ///   `Rejected` (`CLUSTERDOWN`) until a replica takes over. Nothing hangs and the body never
 ///   runs without a confirmed lock.
@@ -55,7 +55,7 @@ pub const DEFAULT_CLUSTER_RETRIES: u32 = 4;
 ///   `rediss://` needs the `tls` feature.
 ///
 /// ```no_run
-/// # async fn start() -> Result<(), idempotask::StoreError> {
+/// # async fn start() -> Result<(), idempotask::store::StoreError> {
 /// use idempotask::RedisClusterStore;
 ///
 /// let store = RedisClusterStore::builder([
@@ -97,6 +97,9 @@ pub struct RedisClusterStoreBuilder {
 }
 
 impl RedisClusterStore {
+    /// How many times the cluster client re-sends one command, by default.
+    pub const DEFAULT_RETRIES: u32 = DEFAULT_CLUSTER_RETRIES;
+
     /// Connects with the default settings, learning the cluster from any of the seed `nodes`.
     ///
     /// # Errors
@@ -109,9 +112,9 @@ impl RedisClusterStore {
         Self::builder(nodes).connect().await
     }
 
-    /// A builder with the defaults: namespace [`DEFAULT_NAMESPACE`], timeouts
-    /// [`DEFAULT_CONNECTION_TIMEOUT`] and [`DEFAULT_RESPONSE_TIMEOUT`],
-    /// [`DEFAULT_CLUSTER_RETRIES`] re-sends, keys up to [`MAX_KEY_LEN`] bytes.
+    /// A builder with the defaults: namespace [`DEFAULT_NAMESPACE`](crate::RedisStore::DEFAULT_NAMESPACE), timeouts
+    /// [`DEFAULT_CONNECTION_TIMEOUT`](crate::RedisStore::DEFAULT_CONNECTION_TIMEOUT) and [`DEFAULT_RESPONSE_TIMEOUT`](crate::RedisStore::DEFAULT_RESPONSE_TIMEOUT),
+    /// [`DEFAULT_RETRIES`](RedisClusterStore::DEFAULT_RETRIES) re-sends, keys up to [`MAX_KEY_LEN`] bytes.
     ///
     /// `nodes` are seed URLs (`redis://host:port`); one reachable node is enough, the client
     /// finds the others through it. Give a few so that start-up survives one being down.
@@ -135,7 +138,7 @@ impl RedisClusterStore {
         &self.protocol.namespace
     }
 
-    /// The Redis key of `unit` (the layout of [`RedisKeys`](crate::RedisKeys)).
+    /// The Redis key of `unit` (the layout of [`RedisKeys`](crate::ops::RedisKeys)).
     pub fn key(&self, unit: &UnitOfWork) -> String {
         self.protocol.key(unit)
     }
@@ -161,7 +164,7 @@ impl RedisClusterStore {
     /// its substitutions for an empty, unknown or wildcard endpoint already made.
     ///
     /// ```no_run
-    /// # async fn run(store: idempotask::RedisClusterStore) -> Result<(), idempotask::StoreError> {
+    /// # async fn run(store: idempotask::RedisClusterStore) -> Result<(), idempotask::store::StoreError> {
     /// for (host, port) in store.masters().await? {
     ///     println!("master at {host}:{port}");
     /// }
@@ -220,21 +223,21 @@ impl RedisClusterStoreBuilder {
         self
     }
 
-    /// How long connecting to one node may take (default [`DEFAULT_CONNECTION_TIMEOUT`]).
+    /// How long connecting to one node may take (default [`DEFAULT_CONNECTION_TIMEOUT`](crate::RedisStore::DEFAULT_CONNECTION_TIMEOUT)).
     pub fn connection_timeout(mut self, timeout: Duration) -> Self {
         self.connection_timeout = timeout;
         self
     }
 
     /// How long one store call may take, redirects and re-sends included (default
-    /// [`DEFAULT_RESPONSE_TIMEOUT`]).
+    /// [`DEFAULT_RESPONSE_TIMEOUT`](crate::RedisStore::DEFAULT_RESPONSE_TIMEOUT)).
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
     }
 
     /// How many times the cluster client re-sends one command (default
-    /// [`DEFAULT_CLUSTER_RETRIES`]); the response timeout bounds them all.
+    /// [`DEFAULT_RETRIES`](RedisClusterStore::DEFAULT_RETRIES)); the response timeout bounds them all.
     pub fn retries(mut self, retries: u32) -> Self {
         self.retries = retries;
         self

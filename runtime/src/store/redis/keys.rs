@@ -7,13 +7,14 @@ use crate::unit::{InvalidKey, NameKind, UnitOfWork, validate_name};
 /// Each unit of work has one key, `idempotask:v2:<namespace>:<task>:<digest>`, where the digest
 /// is [`UnitOfWork::digest`] (16 characters of `A-Z a-z 0-9 - _`). The key holds the unit's
 /// whole state: a lock (`L<token>`, `L<token>.<fencing token>`), a released fenced lock
-/// (`T<fencing token>`) or a completion [`Marker`](crate::Marker) (`D…`). One key is one Redis
+/// (`T<fencing token>`) or a completion [`Marker`](crate::ops::Marker) (`D…`). One key is one Redis
 /// Cluster slot, so no hash tag is needed. [`RedisStore`](crate::RedisStore) uses this layout;
 /// tools use it to find a unit's key, to `SCAN` one task's keys, and to read a key they found
 /// back into its parts. Nothing here connects to Redis.
 ///
 /// ```
-/// use idempotask::{RedisKeys, UnitOfWork};
+/// use idempotask::ops::RedisKeys;
+/// use idempotask::store::UnitOfWork;
 ///
 /// let keys = RedisKeys::new("billing")?;
 /// let unit = UnitOfWork::new("charge", "order-42")?;

@@ -9,26 +9,24 @@ use crate::error::StoreError;
 use crate::unit::{MAX_KEY_LEN, UnitOfWork};
 use protocol::{Protocol, check_namespace, connect_within, store_error};
 
-pub mod cluster;
+mod cluster;
 mod healing;
 mod protocol;
 mod quorum;
 
 mod keys;
+pub use cluster::{RedisClusterStore, RedisClusterStoreBuilder};
 pub use keys::{ParsedKey, RedisKeys};
-pub use quorum::{
-    DEFAULT_CLOCK_DRIFT, DEFAULT_MIN_VALIDITY, DEFAULT_SERVER_TIMEOUT, RedlockStore,
-    RedlockStoreBuilder,
-};
+pub use quorum::{RedlockStore, RedlockStoreBuilder};
 
 /// The namespace used when none is configured.
-pub const DEFAULT_NAMESPACE: &str = "default";
+pub(crate) const DEFAULT_NAMESPACE: &str = "default";
 /// How long connecting to Redis may take before it fails, by default.
-pub const DEFAULT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const DEFAULT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long one command may wait for its reply before it fails, by default.
-pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Implements [`Store`](crate::Store) for a wrapper of a [`Protocol`] in its `protocol` field.
+/// Implements [`Store`](crate::store::Store) for a wrapper of a [`Protocol`] in its `protocol` field.
 macro_rules! delegate_store {
     ($ty:ty) => {
         impl $crate::store::Store for $ty {
@@ -106,7 +104,7 @@ use delegate_store;
 /// - One multiplexed [`ConnectionManager`] per store (clones share it): it reconnects by itself
 ///   after a dropped connection; the command that saw the drop fails with a
 ///   [`StoreError`] of kind `Unreachable`.
-/// - Every command has a response timeout ([`DEFAULT_RESPONSE_TIMEOUT`]); a stalled Redis fails
+/// - Every command has a response timeout ([`DEFAULT_RESPONSE_TIMEOUT`](RedisStore::DEFAULT_RESPONSE_TIMEOUT)); a stalled Redis fails
 ///   the call with kind `Timeout` and `is_ambiguous() == true` instead of hanging the task.
 /// - Scripts are loaded when the store connects; after a `SCRIPT FLUSH` or a restart the next
 ///   call reloads them by itself (one extra round trip).
@@ -114,7 +112,7 @@ use delegate_store;
 ///   `tls` feature.
 ///
 /// ```no_run
-/// # async fn start() -> Result<(), idempotask::StoreError> {
+/// # async fn start() -> Result<(), idempotask::store::StoreError> {
 /// let store = idempotask::RedisStore::builder("redis://127.0.0.1:6379")
 ///     .namespace("billing")
 ///     .response_timeout(std::time::Duration::from_millis(500))
@@ -151,6 +149,13 @@ pub struct RedisStoreBuilder {
 }
 
 impl RedisStore {
+    /// The namespace used when none is configured.
+    pub const DEFAULT_NAMESPACE: &str = DEFAULT_NAMESPACE;
+    /// How long connecting to Redis may take before it fails, by default.
+    pub const DEFAULT_CONNECTION_TIMEOUT: Duration = DEFAULT_CONNECTION_TIMEOUT;
+    /// How long one command may wait for its reply before it fails, by default.
+    pub const DEFAULT_RESPONSE_TIMEOUT: Duration = DEFAULT_RESPONSE_TIMEOUT;
+
     /// Connects with the default settings.
     ///
     /// # Errors
@@ -159,8 +164,8 @@ impl RedisStore {
         Self::builder(url).connect().await
     }
 
-    /// A builder with the defaults: namespace [`DEFAULT_NAMESPACE`], timeouts
-    /// [`DEFAULT_CONNECTION_TIMEOUT`] and [`DEFAULT_RESPONSE_TIMEOUT`], keys up to
+    /// A builder with the defaults: namespace [`DEFAULT_NAMESPACE`](RedisStore::DEFAULT_NAMESPACE), timeouts
+    /// [`DEFAULT_CONNECTION_TIMEOUT`](RedisStore::DEFAULT_CONNECTION_TIMEOUT) and [`DEFAULT_RESPONSE_TIMEOUT`](RedisStore::DEFAULT_RESPONSE_TIMEOUT), keys up to
     /// [`MAX_KEY_LEN`] bytes.
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
@@ -205,13 +210,13 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How long connecting may take (default [`DEFAULT_CONNECTION_TIMEOUT`]).
+    /// How long connecting may take (default [`DEFAULT_CONNECTION_TIMEOUT`](RedisStore::DEFAULT_CONNECTION_TIMEOUT)).
     pub fn connection_timeout(mut self, timeout: Duration) -> Self {
         self.connection_timeout = timeout;
         self
     }
 
-    /// How long one command may wait for its reply (default [`DEFAULT_RESPONSE_TIMEOUT`]).
+    /// How long one command may wait for its reply (default [`DEFAULT_RESPONSE_TIMEOUT`](RedisStore::DEFAULT_RESPONSE_TIMEOUT)).
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self

@@ -22,11 +22,11 @@ static RAISE_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("raise_fence.lua")));
 
 /// How long one server may take to answer one operation, by default.
-pub const DEFAULT_SERVER_TIMEOUT: Duration = Duration::from_millis(250);
+pub(crate) const DEFAULT_SERVER_TIMEOUT: Duration = Duration::from_millis(250);
 /// The clock-drift allowance by default, as a fraction of the lock TTL (2 ms are added to it).
-pub const DEFAULT_CLOCK_DRIFT: f64 = 0.01;
+pub(crate) const DEFAULT_CLOCK_DRIFT: f64 = 0.01;
 /// The shortest validity a grant may have left to be kept, by default.
-pub const DEFAULT_MIN_VALIDITY: Duration = Duration::from_millis(10);
+pub(crate) const DEFAULT_MIN_VALIDITY: Duration = Duration::from_millis(10);
 
 /// Added to every drift allowance: Redis expires keys with a millisecond's precision.
 const EXPIRY_PRECISION: Duration = Duration::from_millis(2);
@@ -94,7 +94,7 @@ const DOWN_PAUSE: Duration = Duration::from_millis(500);
 ///   database constraint, are the answer.
 ///
 /// ```no_run
-/// # async fn start() -> Result<(), idempotask::StoreError> {
+/// # async fn start() -> Result<(), idempotask::store::StoreError> {
 /// let store = idempotask::RedlockStore::builder([
 ///     "redis://redis-a.internal:6379",
 ///     "redis://redis-b.internal:6379",
@@ -158,6 +158,13 @@ pub struct RedlockStoreBuilder {
 }
 
 impl RedlockStore {
+    /// How long one server may take to answer one command, by default.
+    pub const DEFAULT_SERVER_TIMEOUT: Duration = DEFAULT_SERVER_TIMEOUT;
+    /// The clock drift allowed, as a fraction of the lock TTL, by default.
+    pub const DEFAULT_CLOCK_DRIFT: f64 = DEFAULT_CLOCK_DRIFT;
+    /// The least validity a grant must leave, by default.
+    pub const DEFAULT_MIN_VALIDITY: Duration = DEFAULT_MIN_VALIDITY;
+
     /// Connects to every server in `urls` with the default settings.
     ///
     /// # Errors
@@ -170,9 +177,9 @@ impl RedlockStore {
         Self::builder(urls).connect().await
     }
 
-    /// A builder with the defaults: namespace [`DEFAULT_NAMESPACE`], per-server timeout
-    /// [`DEFAULT_SERVER_TIMEOUT`], connection timeout [`DEFAULT_CONNECTION_TIMEOUT`], drift
-    /// allowance [`DEFAULT_CLOCK_DRIFT`], validity floor [`DEFAULT_MIN_VALIDITY`], keys up to
+    /// A builder with the defaults: namespace [`DEFAULT_NAMESPACE`](crate::RedisStore::DEFAULT_NAMESPACE), per-server timeout
+    /// [`DEFAULT_SERVER_TIMEOUT`](RedlockStore::DEFAULT_SERVER_TIMEOUT), connection timeout [`DEFAULT_CONNECTION_TIMEOUT`](crate::RedisStore::DEFAULT_CONNECTION_TIMEOUT), drift
+    /// allowance [`DEFAULT_CLOCK_DRIFT`](RedlockStore::DEFAULT_CLOCK_DRIFT), validity floor [`DEFAULT_MIN_VALIDITY`](RedlockStore::DEFAULT_MIN_VALIDITY), keys up to
     /// [`MAX_KEY_LEN`] bytes. Each URL is one server, as [`RedisStore::builder`] takes it
     /// (`rediss://`, ACL users and passwords per server).
     pub fn builder<I>(urls: I) -> RedlockStoreBuilder
@@ -208,7 +215,7 @@ impl RedlockStore {
         self.inner.quorum()
     }
 
-    /// The Redis key of `unit` on each server (the layout of [`RedisKeys`](crate::RedisKeys)).
+    /// The Redis key of `unit` on each server (the layout of [`RedisKeys`](crate::ops::RedisKeys)).
     pub fn key(&self, unit: &UnitOfWork) -> String {
         super::keys::unit_key(&self.inner.namespace, unit)
     }
@@ -222,21 +229,21 @@ impl RedlockStoreBuilder {
     }
 
     /// How long one server may take to answer one operation (default
-    /// [`DEFAULT_SERVER_TIMEOUT`]). Keep it a small part of the lock TTL: a round that takes
+    /// [`DEFAULT_SERVER_TIMEOUT`](RedlockStore::DEFAULT_SERVER_TIMEOUT)). Keep it a small part of the lock TTL: a round that takes
     /// longer leaves the grant less validity.
     pub fn server_timeout(mut self, timeout: Duration) -> Self {
         self.server_timeout = timeout;
         self
     }
 
-    /// How long connecting to one server may take (default [`DEFAULT_CONNECTION_TIMEOUT`]).
+    /// How long connecting to one server may take (default [`DEFAULT_CONNECTION_TIMEOUT`](crate::RedisStore::DEFAULT_CONNECTION_TIMEOUT)).
     pub fn connection_timeout(mut self, timeout: Duration) -> Self {
         self.connection_timeout = timeout;
         self
     }
 
     /// How far the servers' clocks may run apart during one lock, as a fraction of the lock
-    /// TTL (default [`DEFAULT_CLOCK_DRIFT`], 1 %; 2 ms are always added). It is taken off the
+    /// TTL (default [`DEFAULT_CLOCK_DRIFT`](RedlockStore::DEFAULT_CLOCK_DRIFT), 1 %; 2 ms are always added). It is taken off the
     /// validity of every grant.
     pub fn clock_drift(mut self, fraction: f64) -> Self {
         self.clock_drift = fraction;
@@ -244,7 +251,7 @@ impl RedlockStoreBuilder {
     }
 
     /// The shortest validity a grant may have left after the round that took it (default
-    /// [`DEFAULT_MIN_VALIDITY`]); a grant with less is released and the call fails with a
+    /// [`DEFAULT_MIN_VALIDITY`](RedlockStore::DEFAULT_MIN_VALIDITY)); a grant with less is released and the call fails with a
     /// `Timeout` error.
     pub fn min_validity(mut self, floor: Duration) -> Self {
         self.min_validity = floor;
