@@ -14,6 +14,18 @@
 //! REDIS_URL=redis://127.0.0.1:6379 DATABASE_URL=postgres://postgres@127.0.0.1/postgres \
 //!     cargo run --example charge_customer
 //! ```
+//!
+//! It needs, next to `idempotask`:
+//!
+//! ```toml
+//! [dependencies]
+//! idempotask = "0.1"
+//! serde = { version = "1", features = ["derive"] }
+//! thiserror = "2"
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread", "time"] }
+//! tokio-postgres = "0.7"
+//! tracing-subscriber = { version = "0.3", default-features = false, features = ["fmt", "ansi"] }
+//! ```
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -21,7 +33,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use idempotask::idempotent_task;
-use idempotask::store::SharedStore;
+use idempotask::store::{SharedStore, StoreError};
+use idempotask::{RedisClusterStore, RedisStore};
 use serde::{Deserialize, Serialize};
 use tokio_postgres::NoTls;
 
@@ -192,6 +205,23 @@ async fn scenario(
     }
 }
 
+/// The Redis store the environment names, and which one it is: a Redis Cluster when
+/// `REDIS_CLUSTER_URLS` lists its seed nodes, Redis when `REDIS_URL` is set, `None` otherwise.
+async fn redis_from_env() -> Result<Option<(SharedStore, String)>, StoreError> {
+    if let Ok(urls) = std::env::var("REDIS_CLUSTER_URLS") {
+        let store = RedisClusterStore::connect(urls.split(',').map(str::trim)).await?;
+        return Ok(Some((
+            SharedStore::new(store),
+            format!("Redis Cluster at {urls}"),
+        )));
+    }
+    if let Ok(url) = std::env::var("REDIS_URL") {
+        let store = RedisStore::connect(&url).await?;
+        return Ok(Some((SharedStore::new(store), format!("Redis at {url}"))));
+    }
+    Ok(None)
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
@@ -240,8 +270,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let payments = Arc::new(Payments {
             db: client,
             gateway: Gateway::default(),
-            // REDIS_URL, or REDIS_CLUSTER_URLS for a cluster (see `idempotask_suite::env`).
-            store: idempotask_suite::env::redis_store()
+            // REDIS_URL, or REDIS_CLUSTER_URLS for a cluster.
+            store: redis_from_env()
                 .await?
                 .ok_or("set REDIS_URL (redis://…)")?
                 .0,

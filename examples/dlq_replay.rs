@@ -12,6 +12,15 @@
 //! cargo run --example dlq_replay                                     # in-memory store
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run --example dlq_replay
 //! ```
+//!
+//! It needs, next to `idempotask`:
+//!
+//! ```toml
+//! [dependencies]
+//! idempotask = "0.1"
+//! thiserror = "2"
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread", "sync", "time"] }
+//! ```
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -19,7 +28,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use idempotask::ops::{Status, StoredResult};
+use idempotask::store::{SharedStore, StoreError};
 use idempotask::{Error, Task, idempotent_task};
+use idempotask::{MemoryStore, RedisClusterStore, RedisStore};
 use tokio::sync::oneshot;
 
 /// Charges per order at the payment gateway: what the customers' statements show.
@@ -92,10 +103,41 @@ async fn first_deliveries(messages: &[Message]) -> Result<Vec<Message>, ChargeEr
     Ok(dead_letters)
 }
 
+/// The Redis store the environment names, and which one it is: a Redis Cluster when
+/// `REDIS_CLUSTER_URLS` lists its seed nodes, Redis when `REDIS_URL` is set, `None` otherwise.
+async fn redis_from_env() -> Result<Option<(SharedStore, String)>, StoreError> {
+    if let Ok(urls) = std::env::var("REDIS_CLUSTER_URLS") {
+        let store = RedisClusterStore::connect(urls.split(',').map(str::trim)).await?;
+        return Ok(Some((
+            SharedStore::new(store),
+            format!("Redis Cluster at {urls}"),
+        )));
+    }
+    if let Ok(url) = std::env::var("REDIS_URL") {
+        let store = RedisStore::connect(&url).await?;
+        return Ok(Some((SharedStore::new(store), format!("Redis at {url}"))));
+    }
+    Ok(None)
+}
+
+/// Installs the Redis store the environment names, or the in-memory store when it names none
+/// (a Redis that cannot be reached is an error, never a quiet fallback); answers which.
+async fn install_store() -> Result<String, StoreError> {
+    let (store, backend) = match redis_from_env().await? {
+        Some(found) => found,
+        None => (
+            SharedStore::new(MemoryStore::new()),
+            "the in-memory store".to_owned(),
+        ),
+    };
+    idempotask::install(store);
+    Ok(backend)
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // REDIS_CLUSTER_URLS or REDIS_URL when set (see `idempotask_suite::env`), else in memory.
-    let backend = idempotask_suite::env::install_store().await?;
+    // REDIS_CLUSTER_URLS or REDIS_URL when set, else in memory.
+    let backend = install_store().await?;
     let store = idempotask::installed().ok_or(Error::NotConfigured)?;
     // Fresh orders per run, so that a shared Redis does not remember an earlier run.
     let first_order = u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH)?.as_micros())?;

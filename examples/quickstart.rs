@@ -8,11 +8,21 @@
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run --example quickstart
 //! REDIS_CLUSTER_URLS=redis://10.0.0.1:6379,redis://10.0.0.2:6379 cargo run --example quickstart
 //! ```
+//!
+//! It needs, next to `idempotask`:
+//!
+//! ```toml
+//! [dependencies]
+//! idempotask = "0.1"
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread", "time"] }
+//! ```
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use idempotask::store::{SharedStore, StoreError};
 use idempotask::{Error, idempotent_task};
+use idempotask::{MemoryStore, RedisClusterStore, RedisStore};
 
 /// Counts how often the side effect really happened.
 static EXECUTIONS: AtomicU32 = AtomicU32::new(0);
@@ -26,10 +36,41 @@ async fn charge_customer(order_id: u64, amount_cents: u64) -> Result<String, Err
     Ok(format!("ch_{order_id}_{amount_cents}"))
 }
 
+/// The Redis store the environment names, and which one it is: a Redis Cluster when
+/// `REDIS_CLUSTER_URLS` lists its seed nodes, Redis when `REDIS_URL` is set, `None` otherwise.
+async fn redis_from_env() -> Result<Option<(SharedStore, String)>, StoreError> {
+    if let Ok(urls) = std::env::var("REDIS_CLUSTER_URLS") {
+        let store = RedisClusterStore::connect(urls.split(',').map(str::trim)).await?;
+        return Ok(Some((
+            SharedStore::new(store),
+            format!("Redis Cluster at {urls}"),
+        )));
+    }
+    if let Ok(url) = std::env::var("REDIS_URL") {
+        let store = RedisStore::connect(&url).await?;
+        return Ok(Some((SharedStore::new(store), format!("Redis at {url}"))));
+    }
+    Ok(None)
+}
+
+/// Installs the Redis store the environment names, or the in-memory store when it names none
+/// (a Redis that cannot be reached is an error, never a quiet fallback); answers which.
+async fn install_store() -> Result<String, StoreError> {
+    let (store, backend) = match redis_from_env().await? {
+        Some(found) => found,
+        None => (
+            SharedStore::new(MemoryStore::new()),
+            "the in-memory store".to_owned(),
+        ),
+    };
+    idempotask::install(store);
+    Ok(backend)
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // REDIS_CLUSTER_URLS or REDIS_URL when set (see `idempotask_suite::env`), else in memory.
-    let backend = idempotask_suite::env::install_store().await?;
+    // REDIS_CLUSTER_URLS or REDIS_URL when set, else in memory.
+    let backend = install_store().await?;
     // A unique order per run, so that a shared Redis does not replay an earlier run's result.
     let order_id = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?

@@ -8,11 +8,22 @@
 //! cargo run --example send_order_confirmation                        # in-memory store
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run --example send_order_confirmation
 //! ```
+//!
+//! It needs, next to `idempotask`:
+//!
+//! ```toml
+//! [dependencies]
+//! idempotask = "0.1"
+//! serde = { version = "1", features = ["derive"] }
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread", "time"] }
+//! ```
 
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use idempotask::store::{SharedStore, StoreError};
 use idempotask::{Error, idempotent_task};
+use idempotask::{MemoryStore, RedisClusterStore, RedisStore};
 use serde::{Deserialize, Serialize};
 
 /// An e-mail as handed to the mail server.
@@ -60,10 +71,41 @@ fn outbox_len() -> usize {
         .len()
 }
 
+/// The Redis store the environment names, and which one it is: a Redis Cluster when
+/// `REDIS_CLUSTER_URLS` lists its seed nodes, Redis when `REDIS_URL` is set, `None` otherwise.
+async fn redis_from_env() -> Result<Option<(SharedStore, String)>, StoreError> {
+    if let Ok(urls) = std::env::var("REDIS_CLUSTER_URLS") {
+        let store = RedisClusterStore::connect(urls.split(',').map(str::trim)).await?;
+        return Ok(Some((
+            SharedStore::new(store),
+            format!("Redis Cluster at {urls}"),
+        )));
+    }
+    if let Ok(url) = std::env::var("REDIS_URL") {
+        let store = RedisStore::connect(&url).await?;
+        return Ok(Some((SharedStore::new(store), format!("Redis at {url}"))));
+    }
+    Ok(None)
+}
+
+/// Installs the Redis store the environment names, or the in-memory store when it names none
+/// (a Redis that cannot be reached is an error, never a quiet fallback); answers which.
+async fn install_store() -> Result<String, StoreError> {
+    let (store, backend) = match redis_from_env().await? {
+        Some(found) => found,
+        None => (
+            SharedStore::new(MemoryStore::new()),
+            "the in-memory store".to_owned(),
+        ),
+    };
+    idempotask::install(store);
+    Ok(backend)
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // REDIS_CLUSTER_URLS or REDIS_URL when set (see `idempotask_suite::env`), else in memory.
-    idempotask_suite::env::install_store().await?;
+    // REDIS_CLUSTER_URLS or REDIS_URL when set, else in memory.
+    install_store().await?;
     // A fresh order per run, so that a shared Redis does not remember an earlier run.
     let order_id = u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH)?.as_micros())?;
 

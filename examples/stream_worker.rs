@@ -9,13 +9,24 @@
 //! ```text
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run --example stream_worker
 //! ```
+//!
+//! It needs, next to `idempotask`:
+//!
+//! ```toml
+//! [dependencies]
+//! idempotask = "0.1"
+//! redis = { version = "1", features = ["tokio-comp"] }
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread", "time"] }
+//! ```
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use idempotask::store::{SharedStore, StoreError};
 use idempotask::{Error, idempotent_task};
+use idempotask::{RedisClusterStore, RedisStore};
 use redis::Value;
 use redis::aio::MultiplexedConnection;
 
@@ -165,14 +176,29 @@ async fn worker(
     Ok(())
 }
 
+/// The Redis store the environment names, and which one it is: a Redis Cluster when
+/// `REDIS_CLUSTER_URLS` lists its seed nodes, Redis when `REDIS_URL` is set, `None` otherwise.
+async fn redis_from_env() -> Result<Option<(SharedStore, String)>, StoreError> {
+    if let Ok(urls) = std::env::var("REDIS_CLUSTER_URLS") {
+        let store = RedisClusterStore::connect(urls.split(',').map(str::trim)).await?;
+        return Ok(Some((
+            SharedStore::new(store),
+            format!("Redis Cluster at {urls}"),
+        )));
+    }
+    if let Ok(url) = std::env::var("REDIS_URL") {
+        let store = RedisStore::connect(&url).await?;
+        return Ok(Some((SharedStore::new(store), format!("Redis at {url}"))));
+    }
+    Ok(None)
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let url = std::env::var("REDIS_URL")
         .map_err(|_| "set REDIS_URL (redis://…): this example needs a real queue")?;
     // The store is the queue's Redis, or a Redis Cluster when REDIS_CLUSTER_URLS is set.
-    let (store, _) = idempotask_suite::env::redis_store()
-        .await?
-        .ok_or("set REDIS_URL")?;
+    let (store, _) = redis_from_env().await?.ok_or("set REDIS_URL")?;
     idempotask::install(store);
     let client = redis::Client::open(url.as_str())?;
     let mut conn = client.get_multiplexed_async_connection().await?;

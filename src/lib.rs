@@ -2,4 +2,3 @@
 //! `runtime/`.
 
 pub mod bench;
-pub mod env;

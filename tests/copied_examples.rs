@@ -1,0 +1,85 @@
+//! Examples are documentation users copy: each of these compiles when copied alone into a fresh
+//! crate that depends on `idempotask` and on the dependencies its own header lists (the
+//! ```` ```toml ```` block), and on nothing of this workspace.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The `[dependencies]` block an example's header lists, with `idempotask` pointing at this
+/// checkout instead of the registry.
+fn listed_dependencies(source: &str, runtime: &Path) -> String {
+    let mut inside = false;
+    let mut block = String::new();
+    for line in source
+        .lines()
+        .map(|line| line.strip_prefix("//!").unwrap_or("").trim_start())
+    {
+        match line {
+            "```toml" => inside = true,
+            "```" if inside => break,
+            _ if inside && line.starts_with("idempotask =") => {
+                let _ = writeln!(block, "idempotask = {{ path = {:?} }}", runtime.display());
+            }
+            _ if inside => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        block.starts_with("[dependencies]"),
+        "no ```toml block in the header"
+    );
+    block
+}
+
+fn compiles_alone(example: &str) {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let source = std::fs::read_to_string(root.join("examples").join(format!("{example}.rs")))
+        .unwrap_or_else(|err| panic!("{example}: {err}"));
+    let crate_dir = std::env::temp_dir().join(format!(
+        "idempotask-copied-{example}-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(crate_dir.join("src")).unwrap();
+    let manifest = format!(
+        "[package]\nname = \"copied-{}\"\nversion = \"0.0.0\"\nedition = \"2024\"\npublish = false\n\n{}\n[workspace]\n",
+        example.replace('_', "-"),
+        listed_dependencies(&source, &root.join("runtime"))
+    );
+    std::fs::write(crate_dir.join("Cargo.toml"), manifest).unwrap();
+    std::fs::write(crate_dir.join("src/main.rs"), &source).unwrap();
+    // The workspace's lock file pins the same versions, which are all in the local cache.
+    std::fs::copy(root.join("Cargo.lock"), crate_dir.join("Cargo.lock")).unwrap();
+    // One target directory for every copied example and every run, kept under this workspace's.
+    let target = root.join("target").join("copied-examples");
+    let output = Command::new(env!("CARGO"))
+        .args(["build", "--offline", "--quiet"])
+        .env("CARGO_TARGET_DIR", &target)
+        .current_dir(&crate_dir)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&crate_dir);
+    assert!(
+        output.status.success(),
+        "{example} does not compile on its own:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn quickstart_compiles_alone() {
+    compiles_alone("quickstart");
+}
+
+#[test]
+fn charge_customer_compiles_alone() {
+    compiles_alone("charge_customer");
+}
+
+#[test]
+fn dlq_replay_compiles_alone() {
+    compiles_alone("dlq_replay");
+}
