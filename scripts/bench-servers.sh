@@ -31,8 +31,8 @@ start() { # program -> prints the port it serves on
   echo "$1 did not start" >&2; exit 1
 }
 
-cargo build --release --locked --example bench
-bench=target/release/examples/bench
+cargo build --release --locked -p idempotask-bench
+bench=target/release/bench
 redis_port=$(start redis-server)
 valkey_port=$(start valkey-server)
 for server in redis valkey; do
@@ -53,7 +53,7 @@ mkdir -p docs
   echo "- $(redis-server --version | awk '{ print $1, $2, $3 }'); $(valkey-server --version | awk '{ print $1, $2, $3 }'); loopback, persistence off"
   echo "- $(rustc --version), release profile; one \`RedisStore\` (one multiplexed connection)"
   echo
-  echo "Each server is measured by \`cargo run --release --example bench -- --mode all --tasks $tasks"
+  echo "Each server is measured by \`cargo run --release -p idempotask-bench -- --mode all --tasks $tasks"
   echo "--concurrency 64 --rounds $rounds\`: idempotask and the hand-written four-command pattern (\`SET NX\`,"
   echo "\`GET\`, \`SET\`, a release script) alternate within each round, so each ratio compares runs that"
   echo "saw the same machine. cmds/task counts the commands the client sent (\`INFO commandstats\`"

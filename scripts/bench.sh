@@ -41,8 +41,8 @@ done
 url="redis://127.0.0.1:$port"
 
 echo "==> building (release)"
-cargo build --release --locked --example bench
-bench=target/release/examples/bench
+cargo build --release --locked -p idempotask-bench
+bench=target/release/bench
 
 echo "==> bench: all modes, $tasks tasks, C = 64, $rounds rounds"
 "$bench" --redis-url "$url" --mode all --tasks "$tasks" --concurrency 64 --rounds "$rounds" \
@@ -141,7 +141,7 @@ mkdir -p docs
   echo "- Redis: $(redis-server --version | awk '{ print $3 }' | sed 's/v=//'), on loopback, persistence off"
   echo "- $(rustc --version), release profile; one \`RedisStore\` (one multiplexed connection)"
   echo
-  echo "## Bench (\`cargo run --release --example bench -- --mode all --tasks $tasks --concurrency 64 --rounds $rounds\`)"
+  echo "## Bench (\`cargo run --release -p idempotask-bench -- --mode all --tasks $tasks --concurrency 64 --rounds $rounds\`)"
   echo
   echo "Calls are task calls (C per key in \`contended\`). cmds/task counts the commands the client"
   echo "sent (\`INFO commandstats\` deltas, leaving out what scripts run inside). Redis cmd µs is the"

@@ -4,7 +4,7 @@
 
 mod support;
 
-use idempotask_suite::bench::{self, Config, Mode, SCALING_CONCURRENCY, report};
+use idempotask_bench::{self as bench, Config, Mode, SCALING_CONCURRENCY, report};
 use support::RedisServer;
 use support::cluster::RedisCluster;
 

@@ -36,7 +36,11 @@ fn listed_dependencies(source: &str, runtime: &Path) -> String {
 }
 
 fn compiles_alone(example: &str) {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    // This package lives in `tests/`; the examples and the runtime sit next to it.
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf();
     let source = std::fs::read_to_string(root.join("examples").join(format!("{example}.rs")))
         .unwrap_or_else(|err| panic!("{example}: {err}"));
     let crate_dir = std::env::temp_dir().join(format!(

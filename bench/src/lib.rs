@@ -1,7 +1,7 @@
 //! The benchmark harness: throughput, Redis commands and latency of idempotask
 //! against the hand-written pattern, on one `RedisStore` (one multiplexed connection).
 //!
-//! `examples/bench.rs` is the command line over [`run`]; `tests/bench_smoke.rs` runs every mode
+//! `src/main.rs` is the command line over [`run`]; `tests/bench_smoke.rs` runs every mode
 //! once with a tiny N. Each [`Measurement`] is one JSON line; [`report::markdown`] turns a whole
 //! set into the tables of `docs/performance.md`.
 //!

@@ -1,7 +1,7 @@
 //! The benchmark: prints one JSON object per measurement.
 //!
 //! ```text
-//! cargo run --release --example bench -- --redis-url redis://127.0.0.1:6379 \
+//! cargo run --release -p idempotask-bench -- --redis-url redis://127.0.0.1:6379 \
 //!     --mode fresh --tasks 20000 --concurrency 64 [--rounds 3] [--markdown results.md]
 //! ```
 //!
@@ -14,7 +14,7 @@
 //! servers for a `RedlockStore`. `--markdown` also writes the tables of `docs/performance.md`;
 //! `scripts/bench.sh` runs the whole set against a Redis of its own.
 
-use idempotask_suite::bench::{self, Config, Mode, report};
+use idempotask_bench::{self as bench, Config, Mode, report};
 
 const USAGE: &str = "usage: bench --redis-url URL[,URL…] [--cluster] --mode MODE --tasks N --concurrency C [--rounds R] [--markdown PATH]";
 
