@@ -248,7 +248,11 @@ pub async fn run(
         let seeds: Vec<&str> = config.redis_url.split(',').map(str::trim).collect();
         let store = RedisClusterStore::connect(seeds.iter().copied()).await?;
         let stats = target::masters(&store, seeds[0]).await?;
-        let mut bench = Bench::new(Connection::Cluster(store.connection()), stats)?;
+        // The hand-written pattern's own connection, as a user's code would have.
+        let conn = redis::cluster::ClusterClient::new(seeds.clone())?
+            .get_async_connection()
+            .await?;
+        let mut bench = Bench::new(Connection::Cluster(conn), stats)?;
         bench.native_cas = store.native_compare_and_set();
         idempotask::install(store);
         bench
@@ -257,7 +261,11 @@ pub async fn run(
         let stats = redis::Client::open(config.redis_url.as_str())?
             .get_connection_manager()
             .await?;
-        let mut bench = Bench::new(Connection::Server(store.connection()), vec![stats])?;
+        // The hand-written pattern's own connection, as a user's code would have.
+        let conn = redis::Client::open(config.redis_url.as_str())?
+            .get_connection_manager()
+            .await?;
+        let mut bench = Bench::new(Connection::Server(conn), vec![stats])?;
         bench.native_cas = store.native_compare_and_set();
         idempotask::install(store);
         bench

@@ -5,10 +5,11 @@
 //! slot, and `list` scans every master. Nothing has to be told which kind it is.
 
 use idempotask::ops::{RedisKeys, Status};
-use idempotask::store::SharedStore;
-use idempotask::store::{Store, UnitOfWork};
+use idempotask::store::{SharedStore, Store, UnitOfWork};
 use idempotask::{RedisClusterStore, RedisStore, Task};
 use redis::RedisError;
+use redis::aio::ConnectionManager;
+use redis::cluster_async::ClusterConnection;
 
 use crate::exit::{Exit, Failure};
 use crate::scan::Node;
@@ -20,10 +21,12 @@ pub(crate) struct Target {
     pub(crate) url: String,
 }
 
+/// The store, and a plain connection of the tool's own next to it for what the store does not
+/// do (`SCAN`, the server's clock).
 enum Backend {
-    Server(RedisStore),
+    Server(RedisStore, ConnectionManager),
     // Boxed: the cluster store is several times the size of the server one.
-    Cluster(Box<RedisClusterStore>),
+    Cluster(Box<RedisClusterStore>, ClusterConnection),
 }
 
 /// `{GET fencing counter, TIME}` on the server that owns the unit (its clock, its counter).
@@ -46,6 +49,11 @@ impl Target {
             .connect()
             .await
             .map_err(|err| Failure::store(&err, url))?;
+        let mut connection = redis::Client::open(url)
+            .map_err(|err| redis_failure(url, "connect", &err))?
+            .get_connection_manager()
+            .await
+            .map_err(|err| redis_failure(url, "connect", &err))?;
         // A cluster node answers a plain client too, but only for its own slots: ask first.
         // `CLUSTER INFO` rather than `INFO`, which ACL users without @dangerous may not run. A
         // standalone server refuses it ("cluster support disabled"); so may an ACL user's rights
@@ -53,7 +61,7 @@ impl Target {
         // later rather than wrong answers, so any refusal means standalone.
         let cluster_info: Result<String, RedisError> = redis::cmd("CLUSTER")
             .arg("INFO")
-            .query_async(&mut store.connection())
+            .query_async(&mut connection)
             .await;
         let is_cluster = match cluster_info {
             Ok(info) => info.contains("cluster_state:"),
@@ -68,9 +76,14 @@ impl Target {
                 .connect()
                 .await
                 .map_err(|err| Failure::store(&err, url))?;
-            Backend::Cluster(Box::new(cluster))
+            let connection = redis::cluster::ClusterClient::new(vec![url])
+                .map_err(|err| redis_failure(url, "connect", &err))?
+                .get_async_connection()
+                .await
+                .map_err(|err| redis_failure(url, "connect", &err))?;
+            Backend::Cluster(Box::new(cluster), connection)
         } else {
-            Backend::Server(store)
+            Backend::Server(store, connection)
         };
         Ok(Self {
             backend,
@@ -81,13 +94,13 @@ impl Target {
 
     /// Whether the URL's server is part of a Redis Cluster.
     pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self.backend, Backend::Cluster(_))
+        matches!(self.backend, Backend::Cluster(..))
     }
 
     fn store(&self) -> SharedStore {
         match &self.backend {
-            Backend::Server(store) => SharedStore::new(store.clone()),
-            Backend::Cluster(store) => SharedStore::new((**store).clone()),
+            Backend::Server(store, _) => SharedStore::new(store.clone()),
+            Backend::Cluster(store, _) => SharedStore::new((**store).clone()),
         }
     }
 
@@ -140,8 +153,8 @@ impl Target {
         }
         let key = self.keys.unit(unit);
         let reply = match &self.backend {
-            Backend::Server(store) => ask(&mut store.connection(), key).await,
-            Backend::Cluster(store) => ask(&mut store.connection(), key).await,
+            Backend::Server(_, connection) => ask(&mut connection.clone(), key).await,
+            Backend::Cluster(_, connection) => ask(&mut connection.clone(), key).await,
         };
         let (value, (secs, micros)) = reply.map_err(|err| self.redis_failure("token age", &err))?;
         let now_ms = secs.saturating_mul(1000).saturating_add(micros / 1000);
@@ -154,13 +167,12 @@ impl Target {
     /// The servers that hold keys: the one server, or every master of the cluster.
     pub(crate) async fn nodes(&self) -> Result<Vec<Node>, Failure> {
         match &self.backend {
-            Backend::Server(store) => Ok(vec![Node::Server(store.connection())]),
-            Backend::Cluster(store) => {
+            Backend::Server(_, connection) => Ok(vec![Node::Server(connection.clone())]),
+            Backend::Cluster(store, connection) => {
                 let masters = store
                     .masters()
                     .await
                     .map_err(|err| Failure::store(&err, &self.url))?;
-                let connection = store.connection();
                 Ok(masters
                     .into_iter()
                     .map(|(host, port)| Node::Master {

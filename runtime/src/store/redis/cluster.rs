@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use redis::Value;
 use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 
 use super::healing::HealingConnection;
@@ -149,12 +148,6 @@ impl RedisClusterStore {
         self.protocol.native_cas()
     }
 
-    /// The underlying cluster connection, for tooling that needs plain commands next to the
-    /// store.
-    pub fn connection(&self) -> ClusterConnection {
-        self.protocol.connection.current()
-    }
-
     /// The host and port of every master that serves slots, each once and sorted, as this
     /// store's cluster client addresses them: where tooling runs what works per node, such as
     /// `SCAN` or `INFO` (the `idempotask list` command scans each of them).
@@ -176,7 +169,9 @@ impl RedisClusterStore {
     /// answer names no address it can read.
     pub async fn masters(&self) -> Result<Vec<(String, u16)>, StoreError> {
         let replies = self
-            .connection()
+            .protocol
+            .connection
+            .current()
             .route_command(
                 redis::cmd("PING").clone(),
                 RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),

@@ -194,11 +194,6 @@ impl RedisStore {
     pub fn native_compare_and_set(&self) -> bool {
         self.protocol.native_cas()
     }
-
-    /// The underlying connection, for tooling that needs plain commands next to the store.
-    pub fn connection(&self) -> ConnectionManager {
-        self.protocol.connection.clone()
-    }
 }
 
 delegate_store!(RedisStore);
