@@ -71,6 +71,8 @@ cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
 cargo test -p idempotask --features metrics --locked --test observe 2>&1 | tee -a "$log"
 echo "==> cargo doc"
 RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
+# The workspace turns optional features on; the docs must also build as users get them by default.
+RUSTDOCFLAGS=-Dwarnings cargo doc -p idempotask --no-deps --locked
 echo "==> quickstart"
 cargo run --quiet --locked --example quickstart
 

@@ -43,7 +43,7 @@
 //! ```
 //!
 //! The `conformance` feature ships the checks every store must pass
-//! ([`conformance`](crate::conformance)).
+//! (`idempotask::conformance` and `idempotask::conformance_tests!`).
 
 use std::future::Future;
 use std::sync::Arc;

@@ -13,6 +13,8 @@ mod cluster;
 mod healing;
 mod protocol;
 mod quorum;
+mod reply;
+mod slow_path;
 
 mod keys;
 pub use cluster::{RedisClusterStore, RedisClusterStoreBuilder};

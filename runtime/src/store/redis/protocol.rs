@@ -23,12 +23,14 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::keys::{PREFIX, unit_key};
+pub(super) use super::reply::store_error;
+use super::reply::{foreign, is_out_of_memory, is_syntax_error, parse_flag, pttl, unexpected};
 use crate::error::{StoreError, StoreErrorKind};
 use crate::marker;
 use crate::store::{Begin, Fencing, Finish, Inspection, Store, ttl_millis};
 use crate::unit::{LockToken, NameKind, UnitOfWork, validate_name};
 
-static BEGIN_FENCED: LazyLock<Script> =
+pub(super) static BEGIN_FENCED: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("begin_fenced.lua")));
 static FINISH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("finish.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
@@ -36,8 +38,8 @@ static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("rene
 static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("inspect.lua")));
 static FORGET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("forget.lua")));
 
-const LOCK_TAG: u8 = b'L';
-const RELEASED_TAG: u8 = b'T';
+pub(super) const LOCK_TAG: u8 = b'L';
+pub(super) const RELEASED_TAG: u8 = b'T';
 
 /// The value of `token`'s lock: `L<token>`, or `L<token>.<fencing token>` once granted with one.
 pub(super) fn lock_value(token: &LockToken) -> String {
@@ -53,7 +55,7 @@ pub(super) fn lock_value(token: &LockToken) -> String {
 
 /// `Acquired` when the stored `value` is a lock taken with `token` (a repeated call whose first
 /// reply was lost), with the fencing token it was granted.
-fn own_lock(value: &[u8], token: &LockToken) -> Option<Begin> {
+pub(super) fn own_lock(value: &[u8], token: &LockToken) -> Option<Begin> {
     let rest = value
         .strip_prefix(&[LOCK_TAG])?
         .strip_prefix(token.as_str().as_bytes())?;
@@ -114,21 +116,6 @@ impl<C> std::fmt::Debug for Protocol<C> {
             .field("native_cas", &self.native_cas.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
-}
-
-/// Whether the server refused a write for `maxmemory` (`OOM`), directly or from a script.
-fn is_out_of_memory(err: &StoreError) -> bool {
-    std::error::Error::source(err)
-        .and_then(|source| source.downcast_ref::<RedisError>())
-        .is_some_and(|err| {
-            err.code() == Some("OOM") || err.to_string().contains("OOM command not allowed")
-        })
-}
-
-/// Whether the server refused a command as malformed: how a server without `SET … IFEQ`
-/// answers it, before doing anything.
-fn is_syntax_error(err: &RedisError) -> bool {
-    err.code() == Some("ERR") && err.detail().is_some_and(|detail| detail.contains("syntax"))
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
@@ -200,7 +187,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
     }
 
     /// Sends one plain command.
-    async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
+    pub(super) async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
         let mut connection = self.connection.clone();
         cmd.query_async(&mut connection).await
     }
@@ -237,7 +224,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
     }
 
     /// A redis-rs error as a [`StoreError`] that names `key` where the key is the problem.
-    fn error(&self, operation: &'static str, key: &str, err: &RedisError) -> StoreError {
+    pub(super) fn error(&self, operation: &'static str, key: &str, err: &RedisError) -> StoreError {
         if err.code() == Some("WRONGTYPE") {
             return StoreError::new(
                 operation,
@@ -252,7 +239,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
     /// A plain `SET` that needs the native compare-and-set; `None` when the server turned out
     /// not to have it (a rolling upgrade, a failover to an older replica), which it says with a
     /// syntax error before doing anything.
-    async fn native(
+    pub(super) async fn native(
         &self,
         operation: &'static str,
         key: &str,
@@ -265,149 +252,6 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
                 Ok(None)
             }
             Err(err) => Err(self.error(operation, key, &err)),
-        }
-    }
-
-    /// Reads the unit's state after `begin` found something there.
-    async fn begin_found(
-        &self,
-        key: &str,
-        token: &LockToken,
-        lock_ms: u64,
-        value: Vec<u8>,
-    ) -> Result<Begin, StoreError> {
-        match value.first() {
-            Some(&marker::TAG) => Ok(Begin::Done(value)),
-            Some(&LOCK_TAG) => {
-                if let Some(acquired) = own_lock(&value, token) {
-                    return Ok(acquired);
-                }
-                // The slow path only: another holder's lock. How long it has left lets the
-                // waiter ask again right when it expires.
-                let reply = self
-                    .query(redis::cmd("PTTL").arg(key))
-                    .await
-                    .map_err(|err| self.error("begin", key, &err))?;
-                Ok(Begin::Busy {
-                    lock_ttl_remaining: pttl("begin", key, &reply)?,
-                })
-            }
-            // A released fenced lock: its counter must go on, which takes the script.
-            Some(&RELEASED_TAG) => self.begin_fenced(key, token, lock_ms).await,
-            _ => Err(foreign("begin", key, &value)),
-        }
-    }
-
-    async fn begin_fenced(
-        &self,
-        key: &str,
-        token: &LockToken,
-        lock_ms: u64,
-    ) -> Result<Begin, StoreError> {
-        let reply = self
-            .invoke("begin", &BEGIN_FENCED, key, |cmd| {
-                cmd.arg(token.as_str()).arg(lock_ms);
-            })
-            .await;
-        let reply = match reply {
-            Err(err) if is_out_of_memory(&err) => {
-                return self.begin_read_only(key, token, err).await;
-            }
-            reply => reply?,
-        };
-        if let Value::Array(items) = &reply {
-            match items.as_slice() {
-                [Value::Int(1), Value::BulkString(marker)] => {
-                    return Ok(Begin::Done(marker.clone()));
-                }
-                [Value::Int(2), Value::Int(fence)] => {
-                    if let Ok(fence) = u64::try_from(*fence) {
-                        return Ok(Begin::Acquired {
-                            fencing_token: Some(fence),
-                        });
-                    }
-                }
-                [Value::Int(3), pttl_value] => {
-                    return Ok(Begin::Busy {
-                        lock_ttl_remaining: pttl("begin", key, pttl_value)?,
-                    });
-                }
-                [Value::Int(4)] => {
-                    return Err(StoreError::new(
-                        "begin",
-                        StoreErrorKind::Protocol,
-                        format!("key `{key}` holds a value that is not idempotask's"),
-                    ));
-                }
-                _ => {}
-            }
-        }
-        Err(unexpected("begin", key, &reply))
-    }
-
-    /// `begin` on a server that refuses writes (`maxmemory` with `noeviction` refuses even a
-    /// `SET NX` that would not write): a duplicate still gets its stored result, and a repeated
-    /// call still finds its own lock; anything else fails closed with the refusal.
-    async fn begin_read_only(
-        &self,
-        key: &str,
-        token: &LockToken,
-        refusal: StoreError,
-    ) -> Result<Begin, StoreError> {
-        let reply = self
-            .query(redis::cmd("GET").arg(key))
-            .await
-            .map_err(|err| self.error("begin", key, &err))?;
-        if let Value::BulkString(value) = reply {
-            if value.first() == Some(&marker::TAG) {
-                return Ok(Begin::Done(value));
-            }
-            if let Some(acquired) = own_lock(&value, token) {
-                return Ok(acquired);
-            }
-        }
-        Err(refusal)
-    }
-
-    /// `finish` once our lock is known to be gone: keep the result only where nobody else
-    /// holds the unit.
-    async fn finish_lost(&self, key: &str, marker: &[u8], ttl: u64) -> Result<Finish, StoreError> {
-        let reply = self
-            .query(
-                redis::cmd("SET")
-                    .arg(key)
-                    .arg(marker)
-                    .arg("NX")
-                    .arg("GET")
-                    .arg("PX")
-                    .arg(ttl),
-            )
-            .await
-            .map_err(|err| self.error("finish", key, &err))?;
-        let lost = |marker_written| Ok(Finish::LockLost { marker_written });
-        match reply {
-            Value::Nil => lost(true),
-            Value::BulkString(value) if value == marker => Ok(Finish::Completed),
-            Value::BulkString(value) if value.first() == Some(&RELEASED_TAG) => {
-                // A released fenced lock holds only a counter: the result replaces it, unless
-                // someone took the unit in between.
-                let reply = self
-                    .native(
-                        "finish",
-                        key,
-                        redis::cmd("SET")
-                            .arg(key)
-                            .arg(marker)
-                            .arg("IFEQ")
-                            .arg(&value)
-                            .arg("PX")
-                            .arg(ttl),
-                    )
-                    .await?;
-                lost(matches!(reply, Some(Value::Okay)))
-            }
-            Value::BulkString(_) => lost(false),
-            other => Err(unexpected("finish", key, &other)),
         }
     }
 }
@@ -576,92 +420,6 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for Protocol<C> {
         let reply = self.invoke("forget", &FORGET, &key, |_| {}).await?;
         parse_flag("forget", &key, &reply)
     }
-}
-
-fn parse_flag(operation: &'static str, key: &str, reply: &Value) -> Result<bool, StoreError> {
-    match reply {
-        Value::Int(0) => Ok(false),
-        Value::Int(1) => Ok(true),
-        other => Err(unexpected(operation, key, other)),
-    }
-}
-
-/// A `PTTL` answer: `None` for a missing key (-2) or a key without expiry (-1).
-fn pttl(operation: &'static str, key: &str, reply: &Value) -> Result<Option<Duration>, StoreError> {
-    match reply {
-        Value::Int(-2 | -1) => Ok(None),
-        Value::Int(ms) => u64::try_from(*ms)
-            .map(|ms| Some(Duration::from_millis(ms)))
-            .map_err(|_| unexpected(operation, key, reply)),
-        other => Err(unexpected(operation, key, other)),
-    }
-}
-
-/// A value under one of our keys that idempotask did not write.
-fn foreign(operation: &'static str, key: &str, value: &[u8]) -> StoreError {
-    StoreError::new(
-        operation,
-        StoreErrorKind::Protocol,
-        format!(
-            "key `{key}` holds {}, which is not idempotask's",
-            shorten(&format!("{:?}", String::from_utf8_lossy(value)))
-        ),
-    )
-}
-
-fn shorten(shown: &str) -> String {
-    let mut shown = shown.to_owned();
-    if shown.len() > 200 {
-        let cut = (0..=200)
-            .rev()
-            .find(|&i| shown.is_char_boundary(i))
-            .unwrap_or(0);
-        shown.truncate(cut);
-        shown.push('…');
-    }
-    shown
-}
-
-fn unexpected(operation: &'static str, key: &str, reply: &Value) -> StoreError {
-    // The command ran, so whatever it changed is unknown to us.
-    StoreError::ambiguous(
-        operation,
-        StoreErrorKind::Protocol,
-        format!(
-            "unexpected reply {} for key `{key}`",
-            shorten(&format!("{reply:?}"))
-        ),
-    )
-}
-
-/// Classifies a redis-rs error; `ambiguous` when the command may have reached the server.
-///
-/// With `resends`, the client may have applied the command on an earlier try before the error
-/// it reports (a timeout, then `CLUSTERDOWN` from the next node): only a refused configuration
-/// proves that nothing was applied.
-pub(super) fn store_error(operation: &'static str, err: &RedisError, resends: bool) -> StoreError {
-    let (kind, ambiguous) = if err.is_timeout() {
-        (StoreErrorKind::Timeout, true)
-    } else if err.is_connection_refusal() {
-        (StoreErrorKind::Unreachable, false)
-    } else if err.is_io_error() || err.is_connection_dropped() {
-        (StoreErrorKind::Unreachable, true)
-    } else if matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM")) {
-        // Missing or wrong credentials, or an ACL user without the rights: fix the settings.
-        (StoreErrorKind::Configuration, false)
-    } else {
-        match err.kind() {
-            ErrorKind::AuthenticationFailed | ErrorKind::InvalidClientConfig => {
-                (StoreErrorKind::Configuration, false)
-            }
-            ErrorKind::Server(ServerErrorKind::NoPerm) => (StoreErrorKind::Configuration, false),
-            ErrorKind::ClusterConnectionNotFound => (StoreErrorKind::Unreachable, false),
-            ErrorKind::Server(_) | ErrorKind::Extension => (StoreErrorKind::Rejected, false),
-            _ => (StoreErrorKind::Protocol, true),
-        }
-    };
-    let ambiguous = ambiguous || (resends && kind != StoreErrorKind::Configuration);
-    StoreError::classified(operation, kind, ambiguous, err.to_string()).with_source(err.clone())
 }
 
 #[cfg(test)]

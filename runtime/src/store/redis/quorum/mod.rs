@@ -1,0 +1,422 @@
+//! [`RedlockStore`]: the store protocol on several independent Redis servers at once, each
+//! decision taken by a majority of them (the Redlock algorithm).
+
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::{IntoConnectionInfo, Script};
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+use super::protocol::{Protocol, check_namespace, store_error};
+use super::{DEFAULT_CONNECTION_TIMEOUT, DEFAULT_NAMESPACE, RedisStore, RedisStoreBuilder};
+use crate::error::{StoreError, StoreErrorKind};
+use crate::unit::{MAX_KEY_LEN, UnitOfWork};
+
+mod servers;
+mod store;
+
+use servers::join_all;
+
+static RAISE_FENCE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("raise_fence.lua")));
+
+/// How long one server may take to answer one operation, by default.
+pub(crate) const DEFAULT_SERVER_TIMEOUT: Duration = Duration::from_millis(250);
+/// The clock-drift allowance by default, as a fraction of the lock TTL (2 ms are added to it).
+pub(crate) const DEFAULT_CLOCK_DRIFT: f64 = 0.01;
+/// The shortest validity a grant may have left to be kept, by default.
+pub(crate) const DEFAULT_MIN_VALIDITY: Duration = Duration::from_millis(10);
+
+/// Added to every drift allowance: Redis expires keys with a millisecond's precision.
+const EXPIRY_PRECISION: Duration = Duration::from_millis(2);
+/// How long a server that failed to answer is left out before it is asked again.
+const DOWN_PAUSE: Duration = Duration::from_millis(500);
+
+/// A store over several independent Redis servers (3 or 5), for work where one Redis failing
+/// over must not hand a lock to two workers: each operation runs the protocol of
+/// [`RedisStore`] on every server at once and counts as done when a majority agree (Redlock).
+///
+/// - `begin` asks every server at once. The lock is granted when a majority grant it and the
+///   time the round took leaves it a validity (lock TTL − elapsed − clock-drift allowance) of at
+///   least [`min_validity`](RedlockStoreBuilder::min_validity); otherwise every grant is
+///   released and the answer is busy (other holders have a majority between them) or a
+///   [`StoreError`] (too few servers answered). A completion marker found on **any** server
+///   answers the call as a duplicate, after releasing what it was granted.
+/// - `finish` stores the marker on every server; it is complete when a majority confirm, so
+///   that every later majority includes a server that holds it. Fewer than a majority after the
+///   body succeeded is a [`StoreError`]: the task runner retries while the lock lasts and then
+///   reports [`Outcome::MarkerNotWritten`](crate::Outcome::MarkerNotWritten) with a warning,
+///   never a silent success.
+/// - `release` and `renew` go to every server and touch only a lock that holds the caller's
+///   token; `renew` succeeds when a majority renewed.
+///
+/// Servers are independent primaries: no replicas, no cluster, nothing in common. Each one
+/// keeps the same keys a [`RedisStore`] would (so `idempotask-cli` can inspect any of them).
+///
+/// # Fencing tokens
+/// Each server keeps its own counter. A fenced `begin` takes the highest of the granting
+/// servers' counters as the grant's fencing token and writes it into the lock on each of them
+/// (a second round trip, fenced tasks only), so that a release leaves it behind as the counter
+/// those servers go on from. Any two grants' majorities share a server, hence:
+/// - a grant made after an earlier grant was **released** (or completed and then forgotten) has
+///   a strictly greater token;
+/// - after a lock **expired** instead, each server counts on from its own clock: the next token
+///   is greater as long as the servers' clocks differ by less than the lock TTL, and none of
+///   them steps back (keep them on NTP, slewing).
+///
+/// What does not hold: a server restarted without persistence forgets its counters (as it
+/// forgets locks, below), and a token only orders holders that reach a database which checks
+/// it. A task that must never act on a stale lock makes the database the final arbiter: a
+/// unique constraint or a conditional update on the business key (insert the charge for
+/// order 42 unless one exists, or `UPDATE … WHERE fencing_token < $1`), which holds whatever the
+/// locks do.
+///
+/// # Behaviour
+/// - Every operation asks all servers at once and waits for each at most
+///   [`server_timeout`](RedlockStoreBuilder::server_timeout): a call takes as long as the
+///   slowest server that answers, bounded by that timeout. A server that timed out or could not
+///   be reached is left out for half a second (calls fail on it at once), then asked again.
+/// - A minority of servers down, stalled or partitioned away changes nothing but latency: the
+///   majority decides. A majority down fails every call closed with a [`StoreError`] of kind
+///   `Unreachable` or `Timeout` (the body never runs without a majority's lock).
+/// - `connect` needs a majority of the servers; the others are connected by the first call
+///   that finds them up.
+/// - Validity: a grant is kept only if lock TTL − elapsed − (drift × lock TTL + 2 ms) is at
+///   least the validity floor. The runner's own lease counts the lock TTL from when `begin`
+///   was sent, without the drift allowance: keep bodies well inside the lock TTL (or renew).
+/// - **A server restarted without persistence** forgets the locks it granted, so a majority
+///   can form again without the holder's servers: two holders at once. Either run every server
+///   with `appendonly yes` and `appendfsync always`, or keep a restarted server out (do not
+///   start it, or firewall it) for longer than the longest lock TTL in use.
+/// - Pauses longer than the validity (a stop-the-world pause, a suspended VM) let a holder run
+///   on after its lock expired on every server; fencing tokens checked by the database, or a
+///   database constraint, are the answer.
+///
+/// ```no_run
+/// # async fn start() -> Result<(), idempotask::store::StoreError> {
+/// let store = idempotask::RedlockStore::builder([
+///     "redis://redis-a.internal:6379",
+///     "redis://redis-b.internal:6379",
+///     "redis://redis-c.internal:6379",
+/// ])
+/// .namespace("billing")
+/// .server_timeout(std::time::Duration::from_millis(100))
+/// .connect()
+/// .await?;
+/// idempotask::install(store);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedlockStore {
+    inner: Arc<Inner>,
+}
+
+pub(super) struct Inner {
+    pub(super) servers: Vec<Server>,
+    pub(super) namespace: String,
+    pub(super) max_key_len: usize,
+    pub(super) server_timeout: Duration,
+    pub(super) clock_drift: f64,
+    pub(super) min_validity: Duration,
+}
+
+/// One of the quorum's servers: its address for messages, and its connection once made.
+pub(super) struct Server {
+    /// `host:port`, without credentials.
+    pub(super) name: String,
+    pub(super) builder: RedisStoreBuilder,
+    pub(super) protocol: OnceCell<Protocol<ConnectionManager>>,
+    /// Until when the server is left out after a failure to answer.
+    pub(super) down_until: Mutex<Option<Instant>>,
+}
+
+impl std::fmt::Debug for RedlockStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let servers: Vec<&str> = self.inner.servers.iter().map(|s| s.name.as_str()).collect();
+        f.debug_struct("RedlockStore")
+            .field("servers", &servers)
+            .field("namespace", &self.inner.namespace)
+            .field("server_timeout", &self.inner.server_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures and connects a [`RedlockStore`]; see [`RedlockStore::builder`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct RedlockStoreBuilder {
+    urls: Vec<String>,
+    #[cfg(feature = "tls")]
+    root_certificate: Option<Vec<u8>>,
+    namespace: String,
+    connection_timeout: Duration,
+    server_timeout: Duration,
+    clock_drift: f64,
+    min_validity: Duration,
+    max_key_len: usize,
+}
+
+impl RedlockStore {
+    /// How long one server may take to answer one command, by default.
+    pub const DEFAULT_SERVER_TIMEOUT: Duration = DEFAULT_SERVER_TIMEOUT;
+    /// The clock drift allowed, as a fraction of the lock TTL, by default.
+    pub const DEFAULT_CLOCK_DRIFT: f64 = DEFAULT_CLOCK_DRIFT;
+    /// The least validity a grant must leave, by default.
+    pub const DEFAULT_MIN_VALIDITY: Duration = DEFAULT_MIN_VALIDITY;
+
+    /// Connects to every server in `urls` with the default settings.
+    ///
+    /// # Errors
+    /// As [`RedlockStoreBuilder::connect`].
+    pub async fn connect<I>(urls: I) -> Result<Self, StoreError>
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        Self::builder(urls).connect().await
+    }
+
+    /// A builder with the defaults: namespace [`DEFAULT_NAMESPACE`](crate::RedisStore::DEFAULT_NAMESPACE), per-server timeout
+    /// [`DEFAULT_SERVER_TIMEOUT`](RedlockStore::DEFAULT_SERVER_TIMEOUT), connection timeout [`DEFAULT_CONNECTION_TIMEOUT`](crate::RedisStore::DEFAULT_CONNECTION_TIMEOUT), drift
+    /// allowance [`DEFAULT_CLOCK_DRIFT`](RedlockStore::DEFAULT_CLOCK_DRIFT), validity floor [`DEFAULT_MIN_VALIDITY`](RedlockStore::DEFAULT_MIN_VALIDITY), keys up to
+    /// [`MAX_KEY_LEN`] bytes. Each URL is one server, as [`RedisStore::builder`] takes it
+    /// (`rediss://`, ACL users and passwords per server).
+    pub fn builder<I>(urls: I) -> RedlockStoreBuilder
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        RedlockStoreBuilder {
+            urls: urls.into_iter().map(Into::into).collect(),
+            #[cfg(feature = "tls")]
+            root_certificate: None,
+            namespace: DEFAULT_NAMESPACE.to_owned(),
+            connection_timeout: DEFAULT_CONNECTION_TIMEOUT,
+            server_timeout: DEFAULT_SERVER_TIMEOUT,
+            clock_drift: DEFAULT_CLOCK_DRIFT,
+            min_validity: DEFAULT_MIN_VALIDITY,
+            max_key_len: MAX_KEY_LEN,
+        }
+    }
+
+    /// The namespace this store's keys live under.
+    pub fn namespace(&self) -> &str {
+        &self.inner.namespace
+    }
+
+    /// How many servers there are.
+    pub fn servers(&self) -> usize {
+        self.inner.servers.len()
+    }
+
+    /// How many servers make a majority.
+    pub fn quorum(&self) -> usize {
+        self.inner.quorum()
+    }
+
+    /// The Redis key of `unit` on each server (the layout of [`RedisKeys`](crate::ops::RedisKeys)).
+    pub fn key(&self, unit: &UnitOfWork) -> String {
+        super::keys::unit_key(&self.inner.namespace, unit)
+    }
+}
+
+impl RedlockStoreBuilder {
+    /// The namespace that separates applications sharing the servers (default `"default"`).
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// How long one server may take to answer one operation (default
+    /// [`DEFAULT_SERVER_TIMEOUT`](RedlockStore::DEFAULT_SERVER_TIMEOUT)). Keep it a small part of the lock TTL: a round that takes
+    /// longer leaves the grant less validity.
+    pub fn server_timeout(mut self, timeout: Duration) -> Self {
+        self.server_timeout = timeout;
+        self
+    }
+
+    /// How long connecting to one server may take (default [`DEFAULT_CONNECTION_TIMEOUT`](crate::RedisStore::DEFAULT_CONNECTION_TIMEOUT)).
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// How far the servers' clocks may run apart during one lock, as a fraction of the lock
+    /// TTL (default [`DEFAULT_CLOCK_DRIFT`](RedlockStore::DEFAULT_CLOCK_DRIFT), 1 %; 2 ms are always added). It is taken off the
+    /// validity of every grant.
+    pub fn clock_drift(mut self, fraction: f64) -> Self {
+        self.clock_drift = fraction;
+        self
+    }
+
+    /// The shortest validity a grant may have left after the round that took it (default
+    /// [`DEFAULT_MIN_VALIDITY`](RedlockStore::DEFAULT_MIN_VALIDITY)); a grant with less is released and the call fails with a
+    /// `Timeout` error.
+    pub fn min_validity(mut self, floor: Duration) -> Self {
+        self.min_validity = floor;
+        self
+    }
+
+    /// The longest caller key accepted, in bytes (default [`MAX_KEY_LEN`]).
+    pub fn max_key_len(mut self, max: usize) -> Self {
+        self.max_key_len = max;
+        self
+    }
+
+    /// Trusts this CA (PEM) for every `rediss://` server instead of the system's roots.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_certificate = Some(pem.into());
+        self
+    }
+
+    /// Checks the settings, connects to the servers at once, and loads the scripts.
+    ///
+    /// # Errors
+    /// A [`StoreError`] of kind `Configuration` for an even number of servers or fewer than
+    /// three, the same server twice, a bad URL, namespace, drift or credentials; `Unreachable`
+    /// or `Timeout` when fewer than a majority can be reached in time.
+    pub async fn connect(self) -> Result<RedlockStore, StoreError> {
+        check_namespace(&self.namespace)?;
+        let count = self.urls.len();
+        if count < 3 || count.is_multiple_of(2) {
+            return Err(configuration(format!(
+                "a quorum needs an odd number of independent servers, 3 or more (3 or 5 are usual); {count} given"
+            )));
+        }
+        if !(0.0..0.5).contains(&self.clock_drift) {
+            return Err(configuration(format!(
+                "the clock-drift allowance is a fraction of the lock TTL from 0 to below 0.5; {} given",
+                self.clock_drift
+            )));
+        }
+        let mut servers: Vec<Server> = Vec::with_capacity(count);
+        for url in &self.urls {
+            let info = url
+                .as_str()
+                .into_connection_info()
+                .map_err(|err| store_error("connect", &err, false))?;
+            let name = info.addr().to_string();
+            if servers.iter().any(|server| server.name == name) {
+                return Err(configuration(format!(
+                    "server {name} is given twice; a quorum needs independent servers"
+                )));
+            }
+            servers.push(Server {
+                name,
+                builder: self.server_builder(url),
+                protocol: OnceCell::new(),
+                down_until: Mutex::new(None),
+            });
+        }
+        let inner = Inner {
+            servers,
+            namespace: self.namespace,
+            max_key_len: self.max_key_len,
+            server_timeout: self.server_timeout,
+            clock_drift: self.clock_drift,
+            min_validity: self.min_validity,
+        };
+        let deadline = self.connection_timeout;
+        let connected = join_all(inner.servers.iter().map(|server| async move {
+            tokio::time::timeout(deadline, server.connected("connect"))
+                .await
+                .map_err(|_| server.timed_out("connect", deadline, false))
+                .and_then(|connected| connected.map(|_| ()))
+        }))
+        .await;
+        let mut errors = Vec::new();
+        for result in connected {
+            if let Err(err) = result {
+                if err.kind() == StoreErrorKind::Configuration {
+                    return Err(err);
+                }
+                errors.push(err);
+            }
+        }
+        if inner.servers.len() - errors.len() < inner.quorum() {
+            return Err(inner.no_quorum("connect", errors));
+        }
+        Ok(RedlockStore {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The settings of one server's connection.
+    fn server_builder(&self, url: &str) -> RedisStoreBuilder {
+        let builder = RedisStore::builder(url)
+            .namespace(self.namespace.clone())
+            .connection_timeout(self.connection_timeout)
+            .response_timeout(self.server_timeout)
+            .max_key_len(self.max_key_len);
+        #[cfg(feature = "tls")]
+        let builder = match &self.root_certificate {
+            Some(pem) => builder.tls_root_certificate(pem.clone()),
+            None => builder,
+        };
+        builder
+    }
+}
+
+fn configuration(message: String) -> StoreError {
+    StoreError::classified("connect", StoreErrorKind::Configuration, false, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::servers::busy_until;
+    use super::*;
+
+    #[test]
+    fn busy_waits_for_enough_locks_to_expire_for_a_majority() {
+        let ms = |ms| Some(Duration::from_millis(ms));
+        // Five servers, all busy: three must expire, so the third soonest decides.
+        assert_eq!(
+            busy_until(vec![ms(50), ms(10), ms(40), ms(20), ms(30)], 5, 3),
+            ms(30)
+        );
+        // Three busy of five: one must expire.
+        assert_eq!(busy_until(vec![ms(50), ms(10), ms(40)], 5, 3), ms(10));
+        assert_eq!(busy_until(vec![ms(50), None, ms(40)], 5, 3), None);
+        // Fewer busy than can keep a majority out: nothing to wait for.
+        assert_eq!(busy_until(vec![ms(50)], 3, 2), ms(0));
+    }
+
+    #[tokio::test]
+    async fn the_number_of_servers_and_the_drift_are_checked_before_connecting() {
+        for urls in [
+            vec!["redis://127.0.0.1:1"],
+            vec!["redis://127.0.0.1:1", "redis://127.0.0.1:2"],
+            vec![
+                "redis://127.0.0.1:1",
+                "redis://127.0.0.1:2",
+                "redis://127.0.0.1:3",
+                "redis://127.0.0.1:4",
+            ],
+        ] {
+            let err = RedlockStore::connect(urls).await.unwrap_err();
+            assert_eq!(err.kind(), StoreErrorKind::Configuration, "{err}");
+            assert!(!err.is_retryable());
+        }
+        let three = [
+            "redis://127.0.0.1:1",
+            "redis://127.0.0.1:2",
+            "redis://127.0.0.1:3",
+        ];
+        let err = RedlockStore::builder(three)
+            .clock_drift(0.7)
+            .connect()
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Configuration, "{err}");
+        let twice = [
+            "redis://127.0.0.1:1",
+            "redis://127.0.0.1:2",
+            "redis://127.0.0.1:1",
+        ];
+        let err = RedlockStore::connect(twice).await.unwrap_err();
+        assert!(err.to_string().contains("given twice"), "{err}");
+    }
+}

@@ -1,0 +1,323 @@
+//! Asking the quorum's servers: one at a time with its timeout, all at once, or until a
+//! majority answered; and what a round's answers add up to.
+
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::sync::PoisonError;
+use std::task::Poll;
+use std::time::Duration;
+
+use redis::Value;
+use redis::aio::ConnectionManager;
+use tokio::time::Instant;
+
+use super::super::protocol::{Protocol, lock_value};
+use super::{DOWN_PAUSE, EXPIRY_PRECISION, Inner, RAISE_FENCE, Server};
+use crate::error::{StoreError, StoreErrorKind};
+use crate::store::Store;
+use crate::unit::{LockToken, UnitOfWork};
+
+impl Server {
+    /// The server's protocol, connecting first if it has not been reached yet; fails at once
+    /// while the server is left out after a failure.
+    pub(super) async fn connected(
+        &self,
+        operation: &'static str,
+    ) -> Result<&Protocol<ConnectionManager>, StoreError> {
+        if let Some(protocol) = self.protocol.get() {
+            return Ok(protocol);
+        }
+        self.check_up(operation)?;
+        let protocol = self
+            .protocol
+            .get_or_try_init(|| async {
+                self.builder
+                    .clone()
+                    .connect()
+                    .await
+                    .map(|store| store.protocol)
+            })
+            .await;
+        protocol.map_err(|err| {
+            if err.kind() != StoreErrorKind::Configuration {
+                self.left_out();
+            }
+            self.named(operation, &err)
+        })
+    }
+
+    pub(super) fn check_up(&self, operation: &'static str) -> Result<(), StoreError> {
+        let down_until = *self
+            .down_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match down_until {
+            Some(until) if Instant::now() < until => Err(StoreError::classified(
+                operation,
+                StoreErrorKind::Unreachable,
+                false,
+                format!(
+                    "{} failed to answer less than {} ms ago and is left out until then",
+                    self.name,
+                    DOWN_PAUSE.as_millis()
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    pub(super) fn left_out(&self) {
+        *self
+            .down_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now() + DOWN_PAUSE);
+    }
+
+    pub(super) fn named(&self, operation: &'static str, err: &StoreError) -> StoreError {
+        StoreError::classified(
+            operation,
+            err.kind(),
+            err.is_ambiguous(),
+            format!("{}: {err}", self.name),
+        )
+    }
+
+    pub(super) fn timed_out(
+        &self,
+        operation: &'static str,
+        timeout: Duration,
+        sent: bool,
+    ) -> StoreError {
+        StoreError::classified(
+            operation,
+            StoreErrorKind::Timeout,
+            sent,
+            format!(
+                "{} did not answer within {} ms",
+                self.name,
+                timeout.as_millis()
+            ),
+        )
+    }
+
+    /// Runs `operation` on this server within the per-server timeout.
+    pub(super) async fn run<T, F, Fut>(
+        &self,
+        inner: &Inner,
+        operation: &'static str,
+        f: F,
+    ) -> Answer<T>
+    where
+        F: FnOnce(Protocol<ConnectionManager>) -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        if self.protocol.get().is_some() {
+            self.check_up(operation)?;
+        }
+        let attempt = async {
+            let protocol = self.connected(operation).await?.clone();
+            f(protocol).await.map_err(|err| self.named(operation, &err))
+        };
+        let answer = tokio::time::timeout(inner.server_timeout, attempt)
+            .await
+            .unwrap_or_else(|_| Err(self.timed_out(operation, inner.server_timeout, true)));
+        if let Err(err) = &answer
+            && matches!(
+                err.kind(),
+                StoreErrorKind::Unreachable | StoreErrorKind::Timeout
+            )
+        {
+            self.left_out();
+        }
+        answer
+    }
+}
+
+pub(super) type Answer<T> = Result<T, StoreError>;
+
+impl Inner {
+    pub(super) fn quorum(&self) -> usize {
+        self.servers.len() / 2 + 1
+    }
+
+    /// Runs `operation` on every server at once; the answers in the servers' order.
+    pub(super) async fn each<T, F, Fut>(&self, operation: &'static str, f: F) -> Vec<Answer<T>>
+    where
+        F: Fn(Protocol<ConnectionManager>) -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        join_all(
+            self.servers
+                .iter()
+                .map(|server| server.run(self, operation, &f)),
+        )
+        .await
+    }
+
+    /// Runs `operation` on the servers at `indices` at once.
+    pub(super) async fn some<T, F, Fut>(
+        &self,
+        operation: &'static str,
+        indices: &[usize],
+        f: F,
+    ) -> Vec<Answer<T>>
+    where
+        F: Fn(usize, Protocol<ConnectionManager>) -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        join_all(indices.iter().map(|&index| {
+            let f = &f;
+            self.servers[index].run(self, operation, move |protocol| f(index, protocol))
+        }))
+        .await
+    }
+
+    /// The error of an operation that too few servers answered.
+    pub(super) fn no_quorum(&self, operation: &'static str, errors: Vec<StoreError>) -> StoreError {
+        let kind = match errors.first().map(StoreError::kind) {
+            Some(first) if errors.iter().all(|err| err.kind() == first) => first,
+            _ => StoreErrorKind::Unreachable,
+        };
+        let ambiguous = errors.iter().any(StoreError::is_ambiguous);
+        let failed: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        let mut err = StoreError::classified(
+            operation,
+            kind,
+            ambiguous,
+            format!(
+                "no majority: {} of {} servers failed, {} needed to agree ({})",
+                errors.len(),
+                self.servers.len(),
+                self.quorum(),
+                failed.join("; ")
+            ),
+        );
+        if let Some(first) = errors.into_iter().next() {
+            err = err.with_source(first);
+        }
+        err
+    }
+
+    /// Gives up the grants of one `begin` (server index and the lock value's token there),
+    /// answering nothing: a release that fails leaves the lock to expire.
+    pub(super) async fn release_grants(&self, unit: &UnitOfWork, grants: &[(usize, LockToken)]) {
+        let indices: Vec<usize> = grants.iter().map(|(index, _)| *index).collect();
+        let answers = self
+            .some("release", &indices, |index, protocol| {
+                let token = grants
+                    .iter()
+                    .find(|(at, _)| *at == index)
+                    .map(|(_, token)| token.clone());
+                async move {
+                    match token {
+                        Some(token) => protocol.release(unit, &token).await,
+                        None => Ok(false),
+                    }
+                }
+            })
+            .await;
+        for err in answers.into_iter().filter_map(Result::err) {
+            tracing::debug!(error = %err, "could not release a grant of a quorum begin; it expires with its TTL");
+        }
+    }
+
+    /// Takes the quorum's fencing token `fence` into the locks granted with another counter
+    /// (`grants` holds each granting server and the token its lock holds); answers the grants
+    /// that now hold `fence`.
+    pub(super) async fn raise(
+        &self,
+        unit: &UnitOfWork,
+        grants: Vec<(usize, LockToken)>,
+        raised: &LockToken,
+    ) -> (Vec<(usize, LockToken)>, Vec<(usize, LockToken)>) {
+        let (done, lower): (Vec<_>, Vec<_>) = grants
+            .into_iter()
+            .partition(|(_, token)| token.fencing_token() == raised.fencing_token());
+        if lower.is_empty() {
+            return (done, Vec::new());
+        }
+        let indices: Vec<usize> = lower.iter().map(|(index, _)| *index).collect();
+        let target = lock_value(raised);
+        let answers = self
+            .some("begin", &indices, |index, protocol| {
+                let from = lower
+                    .iter()
+                    .find(|(at, _)| *at == index)
+                    .map(|(_, token)| lock_value(token))
+                    .unwrap_or_default();
+                let target = &target;
+                async move {
+                    let key = protocol.key(unit);
+                    let reply = protocol
+                        .invoke("begin", &RAISE_FENCE, &key, |cmd| {
+                            cmd.arg(from).arg(target);
+                        })
+                        .await?;
+                    Ok(matches!(reply, Value::Int(1)))
+                }
+            })
+            .await;
+        let mut kept = done;
+        let mut left = Vec::new();
+        for ((index, token), answer) in lower.into_iter().zip(answers) {
+            match answer {
+                Ok(true) => kept.push((index, raised.clone())),
+                // Not raised: release it as granted (a failed raise may still have raised it,
+                // and then the lock expires with its TTL).
+                _ => left.push((index, token)),
+            }
+        }
+        (kept, left)
+    }
+
+    /// The drift allowance for a lock of `lock_ttl`.
+    pub(super) fn drift(&self, lock_ttl: Duration) -> Duration {
+        lock_ttl.mul_f64(self.clock_drift) + EXPIRY_PRECISION
+    }
+}
+
+/// Polls every future of `futures` until all are ready; their outputs in the same order.
+pub(super) async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut pending: Vec<Option<Pin<Box<F>>>> =
+        futures.into_iter().map(|f| Some(Box::pin(f))).collect();
+    let mut outputs: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    poll_fn(|cx| {
+        let mut ready = true;
+        for (slot, output) in pending.iter_mut().zip(outputs.iter_mut()) {
+            if let Some(future) = slot {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(value) => {
+                        *output = Some(value);
+                        *slot = None;
+                    }
+                    Poll::Pending => ready = false,
+                }
+            }
+        }
+        if ready {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
+/// How long until enough of the busy servers' locks (`remaining`, one per busy server) expire
+/// for a majority of `servers` to be free; `None` when one of them is not known.
+pub(super) fn busy_until(
+    mut remaining: Vec<Option<Duration>>,
+    servers: usize,
+    quorum: usize,
+) -> Option<Duration> {
+    let must_expire = remaining.len().checked_sub(servers - quorum)?;
+    if must_expire == 0 {
+        return Some(Duration::ZERO);
+    }
+    if remaining.iter().any(Option::is_none) {
+        return None;
+    }
+    remaining.sort_unstable();
+    remaining.get(must_expire - 1).copied().flatten()
+}

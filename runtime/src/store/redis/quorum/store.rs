@@ -1,0 +1,259 @@
+//! [`Store`] for [`RedlockStore`]: each operation on every server, decided by a majority.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::RedlockStore;
+use super::servers::busy_until;
+use crate::error::{StoreError, StoreErrorKind};
+use crate::store::{Begin, Fencing, Finish, Inspection, Store};
+use crate::unit::{LockToken, UnitOfWork};
+
+impl Store for RedlockStore {
+    fn max_key_len(&self) -> usize {
+        self.inner.max_key_len
+    }
+
+    async fn begin(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        lock_ttl: Duration,
+        fencing: Fencing,
+    ) -> Result<Begin, StoreError> {
+        let inner = &*self.inner;
+        let started = Instant::now();
+        let answers = inner
+            .each("begin", |protocol| async move {
+                protocol.begin(unit, token, lock_ttl, fencing).await
+            })
+            .await;
+        let mut grants: Vec<(usize, LockToken)> = Vec::new();
+        let mut done = None;
+        let mut busy = Vec::new();
+        let mut errors = Vec::new();
+        for (index, answer) in answers.into_iter().enumerate() {
+            match answer {
+                Ok(Begin::Acquired { fencing_token }) => {
+                    grants.push((index, token.clone().granted(fencing_token)));
+                }
+                Ok(Begin::Done(marker)) => {
+                    done.get_or_insert(marker);
+                }
+                Ok(Begin::Busy { lock_ttl_remaining }) => busy.push(lock_ttl_remaining),
+                Err(err) => errors.push(err),
+            }
+        }
+        if let Some(marker) = done {
+            inner.release_grants(unit, &grants).await;
+            return Ok(Begin::Done(marker));
+        }
+        // A server that held a released fenced lock continues its counter even for a task
+        // without fencing, so the grants of one round may carry counters or not.
+        let fence = grants
+            .iter()
+            .filter_map(|(_, token)| token.fencing_token())
+            .max();
+        let granted = token.clone().granted(fence);
+        let mut left = Vec::new();
+        if fence.is_some() && grants.len() >= inner.quorum() {
+            (grants, left) = inner.raise(unit, grants, &granted).await;
+        }
+        let validity = lock_ttl
+            .saturating_sub(started.elapsed())
+            .saturating_sub(inner.drift(lock_ttl));
+        if grants.len() >= inner.quorum() && validity >= inner.min_validity {
+            if !left.is_empty() {
+                inner.release_grants(unit, &left).await;
+            }
+            return Ok(Begin::Acquired {
+                fencing_token: fence,
+            });
+        }
+        grants.append(&mut left);
+        let granted_count = grants.len();
+        inner.release_grants(unit, &grants).await;
+        if granted_count >= inner.quorum() {
+            return Err(StoreError::classified(
+                "begin",
+                StoreErrorKind::Timeout,
+                false,
+                format!(
+                    "a majority granted the lock, but the round took {} ms and left {} ms of its {} ms TTL, less than the {} ms floor; the grants were released",
+                    started.elapsed().as_millis(),
+                    validity.as_millis(),
+                    lock_ttl.as_millis(),
+                    inner.min_validity.as_millis()
+                ),
+            ));
+        }
+        if granted_count + errors.len() >= inner.quorum() {
+            // The servers that failed could have made the majority: that is the failure.
+            return Err(inner.no_quorum("begin", errors));
+        }
+        Ok(Begin::Busy {
+            lock_ttl_remaining: busy_until(busy, inner.servers.len(), inner.quorum()),
+        })
+    }
+
+    async fn finish(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        marker: &[u8],
+        result_ttl: Duration,
+    ) -> Result<Finish, StoreError> {
+        let inner = &*self.inner;
+        let answers = inner
+            .each("finish", |protocol| async move {
+                protocol.finish(unit, token, marker, result_ttl).await
+            })
+            .await;
+        let (mut completed, mut stored) = (0, 0);
+        let mut errors = Vec::new();
+        for answer in answers {
+            match answer {
+                Ok(Finish::Completed) => {
+                    completed += 1;
+                    stored += 1;
+                }
+                Ok(Finish::LockLost {
+                    marker_written: true,
+                }) => stored += 1,
+                Ok(Finish::LockLost { .. }) => {}
+                Err(err) => errors.push(err),
+            }
+        }
+        if completed >= inner.quorum() {
+            return Ok(Finish::Completed);
+        }
+        if stored >= inner.quorum() {
+            return Ok(Finish::LockLost {
+                marker_written: true,
+            });
+        }
+        if stored + errors.len() >= inner.quorum() {
+            // A repeat may still reach a majority; the runner repeats while its lock lasts.
+            return Err(inner.no_quorum("finish", errors));
+        }
+        Ok(Finish::LockLost {
+            marker_written: false,
+        })
+    }
+
+    async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
+        let inner = &*self.inner;
+        let answers = inner
+            .each("release", |protocol| async move {
+                protocol.release(unit, token).await
+            })
+            .await;
+        let (mut released, mut not_ours) = (0, 0);
+        let mut errors = Vec::new();
+        for answer in answers {
+            match answer {
+                Ok(true) => released += 1,
+                Ok(false) => not_ours += 1,
+                Err(err) => errors.push(err),
+            }
+        }
+        if released > 0 {
+            return Ok(true);
+        }
+        if not_ours >= inner.quorum() {
+            return Ok(false);
+        }
+        Err(inner.no_quorum("release", errors))
+    }
+
+    async fn renew(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        lock_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let inner = &*self.inner;
+        let answers = inner
+            .each("renew", |protocol| async move {
+                protocol.renew(unit, token, lock_ttl).await
+            })
+            .await;
+        let (mut renewed, mut lost) = (0, 0);
+        let mut errors = Vec::new();
+        for answer in answers {
+            match answer {
+                Ok(true) => renewed += 1,
+                Ok(false) => lost += 1,
+                Err(err) => errors.push(err),
+            }
+        }
+        if renewed >= inner.quorum() {
+            return Ok(true);
+        }
+        if lost > inner.servers.len() - inner.quorum() {
+            return Ok(false);
+        }
+        Err(inner.no_quorum("renew", errors))
+    }
+
+    /// What the servers hold for `unit`: the marker of any server that has one, and a lock
+    /// when a majority of servers hold one (its time left is when fewer than a majority will).
+    async fn inspect(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError> {
+        let inner = &*self.inner;
+        let answers = inner
+            .each(
+                "inspect",
+                |protocol| async move { protocol.inspect(unit).await },
+            )
+            .await;
+        let mut seen = Inspection::default();
+        let mut locks = Vec::new();
+        let mut errors = Vec::new();
+        for answer in answers {
+            match answer {
+                Ok(inspection) => {
+                    if seen.marker.is_none() && inspection.marker.is_some() {
+                        seen.marker = inspection.marker;
+                        seen.marker_ttl = inspection.marker_ttl;
+                    }
+                    locks.extend(inspection.lock_ttl);
+                }
+                Err(err) => errors.push(err),
+            }
+        }
+        if inner.servers.len() - errors.len() < inner.quorum() {
+            return Err(inner.no_quorum("inspect", errors));
+        }
+        if locks.len() >= inner.quorum() {
+            locks.sort_unstable_by(|a, b| b.cmp(a));
+            seen.lock_ttl = locks.get(inner.quorum() - 1).copied();
+        }
+        Ok(seen)
+    }
+
+    /// Deletes the marker on every server; an error unless every server answered, since a
+    /// marker left on one would still answer later deliveries as duplicates.
+    async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
+        let inner = &*self.inner;
+        let answers = inner
+            .each(
+                "forget",
+                |protocol| async move { protocol.forget(unit).await },
+            )
+            .await;
+        let mut deleted = false;
+        let mut errors = Vec::new();
+        for answer in answers {
+            match answer {
+                Ok(flag) => deleted |= flag,
+                Err(err) => errors.push(err),
+            }
+        }
+        if errors.is_empty() {
+            Ok(deleted)
+        } else {
+            Err(inner.no_quorum("forget", errors))
+        }
+    }
+}

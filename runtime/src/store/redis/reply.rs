@@ -1,0 +1,117 @@
+//! What the protocol makes of a server's replies and errors: typed [`StoreError`]s that name
+//! the key, and the few errors it answers itself (out of memory, no `SET … IFEQ`).
+
+use std::time::Duration;
+
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+
+use crate::error::{StoreError, StoreErrorKind};
+
+/// Whether the server refused a write for `maxmemory` (`OOM`), directly or from a script.
+pub(super) fn is_out_of_memory(err: &StoreError) -> bool {
+    std::error::Error::source(err)
+        .and_then(|source| source.downcast_ref::<RedisError>())
+        .is_some_and(|err| {
+            err.code() == Some("OOM") || err.to_string().contains("OOM command not allowed")
+        })
+}
+
+/// Whether the server refused a command as malformed: how a server without `SET … IFEQ`
+/// answers it, before doing anything.
+pub(super) fn is_syntax_error(err: &RedisError) -> bool {
+    err.code() == Some("ERR") && err.detail().is_some_and(|detail| detail.contains("syntax"))
+}
+
+pub(super) fn parse_flag(
+    operation: &'static str,
+    key: &str,
+    reply: &Value,
+) -> Result<bool, StoreError> {
+    match reply {
+        Value::Int(0) => Ok(false),
+        Value::Int(1) => Ok(true),
+        other => Err(unexpected(operation, key, other)),
+    }
+}
+
+/// A `PTTL` answer: `None` for a missing key (-2) or a key without expiry (-1).
+pub(super) fn pttl(
+    operation: &'static str,
+    key: &str,
+    reply: &Value,
+) -> Result<Option<Duration>, StoreError> {
+    match reply {
+        Value::Int(-2 | -1) => Ok(None),
+        Value::Int(ms) => u64::try_from(*ms)
+            .map(|ms| Some(Duration::from_millis(ms)))
+            .map_err(|_| unexpected(operation, key, reply)),
+        other => Err(unexpected(operation, key, other)),
+    }
+}
+
+/// A value under one of our keys that idempotask did not write.
+pub(super) fn foreign(operation: &'static str, key: &str, value: &[u8]) -> StoreError {
+    StoreError::new(
+        operation,
+        StoreErrorKind::Protocol,
+        format!(
+            "key `{key}` holds {}, which is not idempotask's",
+            shorten(&format!("{:?}", String::from_utf8_lossy(value)))
+        ),
+    )
+}
+
+fn shorten(shown: &str) -> String {
+    let mut shown = shown.to_owned();
+    if shown.len() > 200 {
+        let cut = (0..=200)
+            .rev()
+            .find(|&i| shown.is_char_boundary(i))
+            .unwrap_or(0);
+        shown.truncate(cut);
+        shown.push('…');
+    }
+    shown
+}
+
+pub(super) fn unexpected(operation: &'static str, key: &str, reply: &Value) -> StoreError {
+    // The command ran, so whatever it changed is unknown to us.
+    StoreError::ambiguous(
+        operation,
+        StoreErrorKind::Protocol,
+        format!(
+            "unexpected reply {} for key `{key}`",
+            shorten(&format!("{reply:?}"))
+        ),
+    )
+}
+
+/// Classifies a redis-rs error; `ambiguous` when the command may have reached the server.
+///
+/// With `resends`, the client may have applied the command on an earlier try before the error
+/// it reports (a timeout, then `CLUSTERDOWN` from the next node): only a refused configuration
+/// proves that nothing was applied.
+pub(super) fn store_error(operation: &'static str, err: &RedisError, resends: bool) -> StoreError {
+    let (kind, ambiguous) = if err.is_timeout() {
+        (StoreErrorKind::Timeout, true)
+    } else if err.is_connection_refusal() {
+        (StoreErrorKind::Unreachable, false)
+    } else if err.is_io_error() || err.is_connection_dropped() {
+        (StoreErrorKind::Unreachable, true)
+    } else if matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM")) {
+        // Missing or wrong credentials, or an ACL user without the rights: fix the settings.
+        (StoreErrorKind::Configuration, false)
+    } else {
+        match err.kind() {
+            ErrorKind::AuthenticationFailed | ErrorKind::InvalidClientConfig => {
+                (StoreErrorKind::Configuration, false)
+            }
+            ErrorKind::Server(ServerErrorKind::NoPerm) => (StoreErrorKind::Configuration, false),
+            ErrorKind::ClusterConnectionNotFound => (StoreErrorKind::Unreachable, false),
+            ErrorKind::Server(_) | ErrorKind::Extension => (StoreErrorKind::Rejected, false),
+            _ => (StoreErrorKind::Protocol, true),
+        }
+    };
+    let ambiguous = ambiguous || (resends && kind != StoreErrorKind::Configuration);
+    StoreError::classified(operation, kind, ambiguous, err.to_string()).with_source(err.clone())
+}
