@@ -146,18 +146,30 @@ impl Call<'_> {
         let observation = Observation::start(&self.task.name);
         let span = observation.span().clone();
         let result = self.run_observed(body, &observation).instrument(span).await;
-        if result.is_err() {
-            // Contended calls were recorded where the error was known; this is every other one.
-            observation.failed_unless_ended();
+        // The call's outcome is recorded once, here, from how it ended.
+        match result {
+            Ok(report) => {
+                observation.ended(match report.outcome {
+                    Outcome::Executed => Ending::Executed,
+                    Outcome::Replayed => Ending::Replayed,
+                    Outcome::LockLost { .. } => Ending::LockLost,
+                    Outcome::MarkerNotWritten => Ending::MarkerNotWritten,
+                });
+                Ok(report)
+            }
+            Err((err, ending)) => {
+                observation.ended(ending);
+                Err(err)
+            }
         }
-        result
     }
 
+    /// Runs the call; an error comes with how the call ended, for the observation.
     async fn run_observed<T, E, F>(
         self,
         body: F,
         observation: &Observation<'_>,
-    ) -> Result<Report<T>, E>
+    ) -> Result<Report<T>, (E, Ending)>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
@@ -167,29 +179,23 @@ impl Call<'_> {
             .store
             .clone()
             .or_else(installed)
-            .ok_or(Error::NotConfigured)?;
+            .ok_or_else(|| failed(Error::NotConfigured))?;
         let unit = UnitOfWork::with_limit(self.task.name(), self.key.as_str(), store.max_key_len())
-            .map_err(Error::from)?;
+            .map_err(|err| failed(Error::from(err)))?;
         let logging = self.task.log_key;
         observation.key(&unit, logging);
         let token = LockToken::generate();
         let waiting = Instant::now();
         let start = self.start(&store, &unit, &token).await;
-        match &start {
-            Ok(Start::Replay { attempts, .. } | Start::Run { attempts, .. })
-            | Err(Error::Contended { attempts, .. }) => {
-                observation.waited(*attempts, waiting.elapsed());
-            }
-            Err(_) => {}
+        if let Ok(Start::Replay { attempts, .. } | Start::Run { attempts, .. })
+        | Err(Error::Contended { attempts, .. }) = &start
+        {
+            observation.waited(*attempts, waiting.elapsed());
         }
-        if let Err(Error::Contended { .. }) = &start {
-            observation.ended(Ending::Contended);
-        }
-        match start? {
+        match start.map_err(failed)? {
             Start::Replay { marker, attempts } => {
                 observation.fencing_token(marker.fencing_token());
-                let value = self.replay(&unit, &marker)?;
-                observation.ended(Ending::Replayed);
+                let value = self.replay(&unit, &marker).map_err(failed)?;
                 Ok(Report {
                     value,
                     outcome: Outcome::Replayed,
@@ -234,19 +240,13 @@ impl Call<'_> {
                         resume_unwind(panic)
                     }
                     Ok(Err(err)) => {
-                        observation.ended(Ending::Failed);
                         release(&store, &unit, &token, logging).await;
-                        Err(err)
+                        Err((err, Ending::Failed))
                     }
                     Ok(Ok(value)) => {
                         let outcome = self
                             .record(&store, &unit, &token, fencing_token, &lease, &value)
                             .await;
-                        observation.ended(match outcome {
-                            Outcome::Executed | Outcome::Replayed => Ending::Executed,
-                            Outcome::LockLost { .. } => Ending::LockLost,
-                            Outcome::MarkerNotWritten => Ending::MarkerNotWritten,
-                        });
                         Ok(Report {
                             value,
                             outcome,
@@ -338,7 +338,7 @@ impl Call<'_> {
                         }
                         return Err(err.into());
                     }
-                    sleep(STORE_RETRY_PAUSE * (1 << failures)).await;
+                    sleep(store_retry_pause(failures)).await;
                 }
             }
         }
@@ -417,7 +417,7 @@ impl Call<'_> {
                 }
                 Err(err) => {
                     failures += 1;
-                    let pause = STORE_RETRY_PAUSE * (1 << failures.min(5));
+                    let pause = store_retry_pause(failures);
                     if !err.is_retryable() || Instant::now() + pause >= lease.expires_at() {
                         tracing::warn!(
                             task = unit.task(),
@@ -446,6 +446,20 @@ pub(crate) fn check_marker_key(unit: &UnitOfWork, marker: &Marker) -> Result<(),
         key: unit.key().to_owned(),
         stored_key: marker.key().to_owned(),
     })
+}
+
+/// An error of idempotask's own as the call's error, with how the call ended.
+fn failed<E: From<Error>>(err: Error) -> (E, Ending) {
+    let ending = match err {
+        Error::Contended { .. } => Ending::Contended,
+        _ => Ending::Failed,
+    };
+    (E::from(err), ending)
+}
+
+/// The pause before trying a failing store call again: it doubles with each failure.
+fn store_retry_pause(failures: u32) -> Duration {
+    STORE_RETRY_PAUSE * (1 << failures.min(5))
 }
 
 fn codec(unit: &UnitOfWork, kind: CodecErrorKind, reason: String) -> Error {

@@ -31,7 +31,6 @@
 //! Nothing is recorded until the application installs a recorder (an exporter such as
 //! `metrics-exporter-prometheus`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tracing::Span;
@@ -99,7 +98,6 @@ impl Ending {
 /// The span of one call and what it needs to name its metrics.
 pub(crate) struct Observation<'t> {
     span: Span,
-    ended: AtomicBool,
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     task: &'t std::borrow::Cow<'static, str>,
 }
@@ -121,11 +119,7 @@ impl<'t> Observation<'t> {
             fencing_token = Empty,
             waited_ms = Empty,
         );
-        Self {
-            span,
-            ended: AtomicBool::new(false),
-            task,
-        }
+        Self { span, task }
     }
 
     pub(crate) fn span(&self) -> &Span {
@@ -162,14 +156,7 @@ impl<'t> Observation<'t> {
     }
 
     /// Records `Failed` unless an ending was recorded already.
-    pub(crate) fn failed_unless_ended(&self) {
-        if !self.ended.load(Ordering::Relaxed) {
-            self.ended(Ending::Failed);
-        }
-    }
-
     pub(crate) fn ended(&self, ending: Ending) {
-        self.ended.store(true, Ordering::Relaxed);
         self.span.record("outcome", ending.as_str());
         #[cfg(feature = "metrics")]
         metrics::counter!(
