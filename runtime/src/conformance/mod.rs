@@ -124,3 +124,35 @@ macro_rules! conformance_tests {
         }
     )*};
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    /// The names of the `pub async fn`s in a check module's source.
+    fn checks_in(source: &str) -> BTreeSet<&str> {
+        source
+            .lines()
+            .filter_map(|line| line.strip_prefix("pub async fn "))
+            .filter_map(|rest| rest.split('(').next())
+            .collect()
+    }
+
+    #[test]
+    fn every_check_is_run_by_the_macro() {
+        let source = include_str!("mod.rs");
+        let start = source.find("@each $make;").expect("the macro's list");
+        let end = start + source[start..].find(");").expect("the end of the list");
+        let listed: BTreeSet<&str> = source[start..end]
+            .lines()
+            .skip(1)
+            .map(|line| line.trim().trim_end_matches(','))
+            .filter(|name| !name.is_empty())
+            .collect();
+        let defined: BTreeSet<&str> = checks_in(include_str!("store.rs"))
+            .union(&checks_in(include_str!("runner.rs")))
+            .copied()
+            .collect();
+        assert_eq!(listed, defined);
+    }
+}
