@@ -1,7 +1,7 @@
 //! `#[idempotent_task]` inside an `#[async_trait]` impl, run through `Box<dyn Job>` on a real
 //! Redis: async-trait expands first, and the attribute rewrites the boxed future it makes.
 
-mod support;
+use idempotask_test_support as support;
 
 use std::collections::HashSet;
 use std::sync::Arc;

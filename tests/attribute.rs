@@ -1,6 +1,6 @@
 //! `#[idempotent_task]` end to end against a real Redis.
 
-mod support;
+use idempotask_test_support as support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

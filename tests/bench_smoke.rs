@@ -2,7 +2,7 @@
 //! its counts hold.
 //! No timing is asserted; `scripts/bench.sh` measures.
 
-mod support;
+use idempotask_test_support as support;
 
 use idempotask_bench::{self as bench, Config, Mode, SCALING_CONCURRENCY, report};
 use support::RedisServer;

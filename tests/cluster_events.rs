@@ -4,7 +4,7 @@
 //! Both print their figures (recorded in `docs/reliability.md`) straight to stderr, so they show
 //! in the test command's output without `--nocapture`.
 
-mod support;
+use idempotask_test_support as support;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write as _;

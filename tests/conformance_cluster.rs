@@ -2,7 +2,7 @@
 //! 3 replicas shared by the checks of this binary (each check has a namespace of its own),
 //! and what is particular to a cluster: where the units go.
 
-mod support;
+use idempotask_test_support as support;
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! (`finish` and `renew` as scripts) and two Valkey 8.1 (`SET … IFEQ`), each check with servers
 //! of its own.
 
-mod support;
+use idempotask_test_support as support;
 
 use support::Flavor;
 use support::quorum::Quorum;

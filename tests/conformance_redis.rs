@@ -1,7 +1,7 @@
 //! The conformance suite on `RedisStore` against Redis 7.0 (`finish` and `renew` as scripts),
 //! each check against a redis-server of its own.
 
-mod support;
+use idempotask_test_support as support;
 
 use support::RedisServer;
 

@@ -1,7 +1,7 @@
 //! The conformance suite on `RedisStore` against Valkey 8.1, where `finish` and `renew` are the
 //! native `SET … IFEQ` instead of scripts; each check against a valkey-server of its own.
 
-mod support;
+use idempotask_test_support as support;
 
 use support::RedisServer;
 

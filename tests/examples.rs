@@ -1,7 +1,7 @@
 //! Every example, run as its own process against servers this test starts, with its output
 //! checked. `cargo test` builds the examples before it runs this binary.
 
-mod support;
+use idempotask_test_support as support;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

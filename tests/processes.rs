@@ -4,7 +4,7 @@
 //! The parent test starts Redis and re-runs this test binary as worker processes (the
 //! `worker_process` test, which does nothing unless the parent set its environment).
 
-mod support;
+use idempotask_test_support as support;
 
 use std::collections::HashMap;
 use std::time::Duration;

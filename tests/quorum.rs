@@ -6,7 +6,7 @@
 //! signals between this test and its worker processes, so killing quorum servers never loses a
 //! count. Every scenario prints a `FIGURES` line.
 
-mod support;
+use idempotask_test_support as support;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! What is particular to `RedisStore`: commands per task on Redis and Valkey, memory per unit,
 //! key layout, scripts, auth, failing closed.
 
-mod support;
+use idempotask_test_support as support;
 
 use std::collections::HashMap;
 use std::sync::Arc;

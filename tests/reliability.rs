@@ -4,7 +4,7 @@
 //!
 //! Short TTLs (0.3–2 s) keep the whole suite within a few minutes.
 
-mod support;
+use idempotask_test_support as support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

@@ -2,8 +2,7 @@
 //! its exit codes, and the errors an operator meets (unreachable server, wrong password,
 //! unknown task, a locked key), and the same commands against a Redis Cluster of its own.
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
+use idempotask_test_support as support;
 
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;

@@ -1,6 +1,10 @@
-//! Test support: real servers started on free loopback ports, and helpers shared by the suites.
+//! Test support: real servers started on free loopback ports, and helpers shared by the suites
+//! (the integration tests in `tests/` and the command line tool's tests).
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(
+    clippy::missing_panics_doc,
+    reason = "a helper that cannot start a server fails the test by panicking, as an assertion does"
+)]
 
 pub mod cluster;
 pub mod postgres;
@@ -111,14 +115,17 @@ impl RedisServer {
         self.child.id()
     }
 
+    /// The loopback address the server listens on.
     pub fn addr(&self) -> std::net::SocketAddr {
         (Ipv4Addr::LOCALHOST, self.port).into()
     }
 
+    /// The server's port.
     pub fn port(&self) -> u16 {
         self.port
     }
 
+    /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
@@ -146,7 +153,8 @@ impl Drop for RedisServer {
     }
 }
 
-pub(crate) fn free_port() -> u16 {
+/// A loopback port nothing listens on right now.
+pub fn free_port() -> u16 {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|listener| listener.local_addr())
         .map(|addr| addr.port())

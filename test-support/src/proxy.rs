@@ -21,6 +21,7 @@ pub struct Proxy {
 }
 
 impl Proxy {
+    /// A proxy on a free loopback port in front of `upstream`.
     pub async fn start(upstream: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -45,6 +46,7 @@ impl Proxy {
         }
     }
 
+    /// `redis://` URL of the proxy.
     pub fn url(&self) -> String {
         format!("redis://{}", self.addr)
     }

@@ -8,6 +8,7 @@ use super::{Flavor, RedisServer};
 
 /// `n` independent servers, stopped when dropped.
 pub struct Quorum {
+    /// The quorum's servers, in the order of [`urls`](Self::urls).
     pub servers: Vec<RedisServer>,
 }
 
@@ -34,6 +35,7 @@ impl Quorum {
         }
     }
 
+    /// Each server's URL.
     pub fn urls(&self) -> Vec<String> {
         self.servers.iter().map(RedisServer::url).collect()
     }

@@ -33,7 +33,9 @@ struct Node {
 /// One master as `CLUSTER NODES` shows it.
 #[derive(Debug, Clone)]
 pub struct Master {
+    /// The node's cluster id.
     pub id: String,
+    /// The node's port.
     pub port: u16,
     /// Slot ranges, both ends included.
     pub slots: Vec<(u16, u16)>,
@@ -42,6 +44,7 @@ pub struct Master {
 }
 
 impl Master {
+    /// Whether this master serves `slot`.
     pub fn owns(&self, slot: u16) -> bool {
         self.slots.iter().any(|&(lo, hi)| (lo..=hi).contains(&slot))
     }
@@ -298,8 +301,11 @@ impl RedisCluster {
 /// A slot on its way from one master to the next (by port), moved the way `redis-cli --cluster
 /// reshard` does it.
 pub struct SlotMove {
+    /// The slot being moved.
     pub slot: u16,
+    /// The master that gives it up.
     pub source: Master,
+    /// The master that takes it.
     pub target: Master,
     /// How many keys `MIGRATE` moved.
     pub keys_moved: usize,
