@@ -177,7 +177,7 @@ impl RedisCluster {
         self.wait_until("a replica takes over", |cluster| cluster.is_ready(&[id]));
     }
 
-    /// Polls `ready` until it holds, panicking with `what` after [`SETTLE`].
+    /// Polls `ready` until it holds, panicking with `what` after a minute.
     pub fn wait_until(&self, what: &str, ready: impl Fn(&Self) -> bool) {
         let deadline = Instant::now() + SETTLE;
         while !ready(self) {
