@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use idempotask::store::{Store, StoreErrorKind};
-use idempotask::{Error, Outcome, RedlockStore, RetryPolicy, Task};
+use idempotask::{Error, Outcome, RedlockStore, Report, RetryPolicy, Task};
 use serde::{Deserialize, Serialize};
 use support::RedisServer;
 use support::quorum::Quorum;
@@ -31,6 +31,41 @@ const WORKER_LEDGER: &str = "IDEMPOTASK_QUORUM_LEDGER";
 
 fn figures(scenario: &str, figures: &str) {
     println!("FIGURES | {scenario} | {figures} |");
+}
+
+/// A delivery of `key` whose body has started and keeps the lock until `release` is sent; the
+/// body counts itself in `ran` and answers `value`.
+struct Held<T> {
+    release: tokio::sync::oneshot::Sender<()>,
+    report: tokio::task::JoinHandle<Result<Report<T>, Error>>,
+}
+
+async fn hold<T>(
+    task: &Task,
+    store: &RedlockStore,
+    key: &str,
+    ran: &Arc<AtomicU32>,
+    value: T,
+) -> Held<T>
+where
+    T: Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (release, release_rx) = tokio::sync::oneshot::channel::<()>();
+    let (task, store, ran, key) = (task.clone(), store.clone(), ran.clone(), key.to_owned());
+    let report = tokio::spawn(async move {
+        task.call(key)
+            .store(store)
+            .run_reported(async move {
+                ran.fetch_add(1, Ordering::SeqCst);
+                started_tx.send(()).unwrap();
+                release_rx.await.unwrap();
+                Ok::<_, Error>(value)
+            })
+            .await
+    });
+    started_rx.await.unwrap();
+    Held { release, report }
 }
 
 async fn store(urls: Vec<String>, server_timeout: Duration) -> RedlockStore {
@@ -293,28 +328,12 @@ async fn a_majority_down_fails_every_call_closed() {
     let task = Task::new("majority-down").lock_ttl(Duration::from_secs(2));
 
     // A body that is running when the majority goes: its result cannot be recorded.
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
-    let running = {
-        let (task, store, ran) = (task.clone(), store.clone(), ran.clone());
-        tokio::spawn(async move {
-            task.call("running")
-                .store(store)
-                .run_reported(async move {
-                    ran.fetch_add(1, Ordering::SeqCst);
-                    started_tx.send(()).unwrap();
-                    finish_rx.await.unwrap();
-                    Ok::<_, Error>(1)
-                })
-                .await
-        })
-    };
-    started_rx.await.unwrap();
+    let running = hold(&task, &store, "running", &ran, 1).await;
     for index in [1, 2, 4] {
         quorum.signal(index, "KILL");
     }
-    finish_tx.send(()).unwrap();
-    let report = running.await.unwrap().unwrap();
+    running.release.send(()).unwrap();
+    let report = running.report.await.unwrap().unwrap();
     assert_eq!(report.outcome, Outcome::MarkerNotWritten);
 
     let mut kinds = HashMap::new();
@@ -370,23 +389,7 @@ async fn a_partition_never_makes_a_second_holder() {
         .lock_ttl(Duration::from_secs(10))
         .retry(RetryPolicy::no_wait());
     let holder_ran = Arc::new(AtomicU32::new(0));
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
-    let holder = {
-        let (task, store, ran) = (task.clone(), store.clone(), holder_ran.clone());
-        tokio::spawn(async move {
-            task.call("k")
-                .store(store)
-                .run_reported(async move {
-                    ran.fetch_add(1, Ordering::SeqCst);
-                    started_tx.send(()).unwrap();
-                    finish_rx.await.unwrap();
-                    Ok::<_, Error>("holder".to_owned())
-                })
-                .await
-        })
-    };
-    started_rx.await.unwrap();
+    let holder = hold(&task, &store, "k", &holder_ran, "holder".to_owned()).await;
 
     let intruder_ran = AtomicU32::new(0);
     let intrude = || async {
@@ -418,8 +421,8 @@ async fn a_partition_never_makes_a_second_holder() {
             quorum.signal(index, "CONT");
         }
     }
-    finish_tx.send(()).unwrap();
-    let report = holder.await.unwrap().unwrap();
+    holder.release.send(()).unwrap();
+    let report = holder.report.await.unwrap().unwrap();
     assert_eq!(report.outcome, Outcome::Executed);
     let (value, _) = deliver_until_done(intrude).await;
     assert_eq!(value, "holder");
@@ -456,23 +459,10 @@ async fn restart_while_held(
         .lock_ttl(ttl)
         .retry(RetryPolicy::no_wait());
     let ran = Arc::new(AtomicU32::new(0));
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
-    let holder = {
-        let (task, store, ran) = (task.clone(), store.clone(), ran.clone());
-        tokio::spawn(async move {
-            task.call("k")
-                .store(store)
-                .run_reported(async move {
-                    ran.fetch_add(1, Ordering::SeqCst);
-                    started_tx.send(()).unwrap();
-                    finish_rx.await.unwrap();
-                    Ok::<_, Error>("first".to_owned())
-                })
-                .await
-        })
-    };
-    started_rx.await.unwrap();
+    let Held {
+        release: finish_tx,
+        report: holder,
+    } = hold(&task, &store, "k", &ran, "first".to_owned()).await;
     let held_since = Instant::now();
     let redeliver = || {
         task.call("k").store(store.clone()).run_reported(async {
