@@ -87,12 +87,7 @@ impl Call<'_> {
     /// [`Error::Codec`] of kind [`Fingerprint`](crate::CodecErrorKind::Fingerprint) when the
     /// arguments cannot be serialised; nothing ran.
     pub fn fingerprint_of<A: Serialize + ?Sized>(self, arguments: &A) -> Result<Self, Error> {
-        let fingerprint = Fingerprint::of(arguments).map_err(|err| Error::Codec {
-            task: self.task.name().to_owned(),
-            key: self.key.clone(),
-            kind: CodecErrorKind::Fingerprint,
-            reason: format!("the `fingerprint` parameters cannot be serialised: {err}"),
-        })?;
+        let fingerprint = crate::__private::fingerprint(self.task, &self.key, arguments)?;
         Ok(self.fingerprint(fingerprint))
     }
 
