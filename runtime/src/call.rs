@@ -262,7 +262,6 @@ impl Call<'_> {
         token: &LockToken,
     ) -> Result<Start, Error> {
         let policy = self.task.retry;
-        let total_wait = policy.total_wait(self.task.lock_ttl);
         let started = Instant::now();
         let mut attempts = 0;
         let mut failures = 0;
@@ -298,22 +297,14 @@ impl Call<'_> {
                 }
                 Ok(Begin::Busy { lock_ttl_remaining }) => {
                     attempts += 1;
-                    let waited = started.elapsed();
-                    if attempts >= policy.attempts() || waited >= total_wait {
-                        return Err(Error::Contended {
-                            task: unit.task().to_owned(),
-                            key: unit.key().to_owned(),
-                            lock_ttl_remaining,
-                            attempts,
-                        });
-                    }
-                    let mut pause = policy
-                        .delay(attempts)
-                        .min(total_wait.saturating_sub(waited));
-                    if let Some(left) = lock_ttl_remaining {
-                        // Ask again right after the holder's lock expires, not a backoff later.
-                        pause = pause.min(left + Duration::from_millis(1));
-                    }
+                    let Some(pause) = policy.pause_after_busy(
+                        self.task.lock_ttl,
+                        attempts,
+                        started.elapsed(),
+                        lock_ttl_remaining,
+                    ) else {
+                        return Err(contended(unit, lock_ttl_remaining, attempts));
+                    };
                     sleep(pause).await;
                 }
                 Err(err) => {
@@ -340,7 +331,11 @@ impl Call<'_> {
     }
 
     /// Decodes a stored result for a duplicate delivery.
-    fn replay<T: DeserializeOwned>(&self, unit: &UnitOfWork, marker: &Marker) -> Result<T, Error> {
+    pub(crate) fn replay<T: DeserializeOwned>(
+        &self,
+        unit: &UnitOfWork,
+        marker: &Marker,
+    ) -> Result<T, Error> {
         if let Some(expected) = &self.fingerprint
             && marker.fingerprint() != Some(expected.as_str())
         {
@@ -367,16 +362,14 @@ impl Call<'_> {
         }
     }
 
-    /// Stores the marker for a successful execution, retrying while the lock is still ours.
-    async fn record<T: Serialize>(
+    /// The completion marker of a successful execution that returned `value`. A value that
+    /// cannot be encoded is recorded as such, so duplicates get an error instead of running.
+    pub(crate) fn marker_for<T: Serialize>(
         &self,
-        store: &SharedStore,
         unit: &UnitOfWork,
-        token: &LockToken,
         fencing_token: Option<u64>,
-        lease: &Lease,
         value: &T,
-    ) -> Outcome {
+    ) -> Vec<u8> {
         let encoded = serde_json::value::to_raw_value(value);
         if let Err(err) = &encoded {
             tracing::warn!(
@@ -392,7 +385,20 @@ impl Call<'_> {
             (Err(_), Some(reason)) => Err(reason.as_str()),
             (Err(_), None) => Err("unknown encoding error"),
         };
-        let marker = Marker::encode(unit.key(), fencing_token, self.fingerprint.as_ref(), result);
+        Marker::encode(unit.key(), fencing_token, self.fingerprint.as_ref(), result)
+    }
+
+    /// Stores the marker for a successful execution, retrying while the lock is still ours.
+    async fn record<T: Serialize>(
+        &self,
+        store: &SharedStore,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        fencing_token: Option<u64>,
+        lease: &Lease,
+        value: &T,
+    ) -> Outcome {
+        let marker = self.marker_for(unit, fencing_token, value);
         let mut failures = 0;
         loop {
             match store
@@ -430,6 +436,20 @@ impl Call<'_> {
     }
 }
 
+/// The error of a call that found the unit locked for as long as its retry policy waits.
+pub(crate) fn contended(
+    unit: &UnitOfWork,
+    lock_ttl_remaining: Option<Duration>,
+    attempts: u32,
+) -> Error {
+    Error::Contended {
+        task: unit.task().to_owned(),
+        key: unit.key().to_owned(),
+        lock_ttl_remaining,
+        attempts,
+    }
+}
+
 /// Stores find a unit by a digest of its key; the marker's own copy of the key tells a digest
 /// collision (or a marker written by something else) from this key's result.
 pub(crate) fn check_marker_key(unit: &UnitOfWork, marker: &Marker) -> Result<(), Error> {
@@ -444,7 +464,7 @@ pub(crate) fn check_marker_key(unit: &UnitOfWork, marker: &Marker) -> Result<(),
 }
 
 /// An error of idempotask's own as the call's error, with how the call ended.
-fn failed<E: From<Error>>(err: Error) -> (E, Ending) {
+pub(crate) fn failed<E: From<Error>>(err: Error) -> (E, Ending) {
     let ending = match err {
         Error::Contended { .. } => Ending::Contended,
         _ => Ending::Failed,
@@ -457,7 +477,7 @@ fn store_retry_pause(failures: u32) -> Duration {
     STORE_RETRY_PAUSE * (1 << failures.min(5))
 }
 
-fn codec(unit: &UnitOfWork, kind: CodecErrorKind, reason: String) -> Error {
+pub(crate) fn codec(unit: &UnitOfWork, kind: CodecErrorKind, reason: String) -> Error {
     Error::Codec {
         task: unit.task().to_owned(),
         key: unit.key().to_owned(),

@@ -100,6 +100,8 @@ pub use install::{install, installed};
 pub use observe::KeyLogging;
 pub use retry::{DEFAULT_INITIAL_BACKOFF, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BACKOFF, RetryPolicy};
 pub use store::memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use store::postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "redis")]
 pub use store::redis::{
     RedisClusterStore, RedisClusterStoreBuilder, RedisStore, RedisStoreBuilder, RedlockStore,

@@ -107,6 +107,24 @@ impl RetryPolicy {
         let ceiling = self.ceiling(attempt);
         ceiling.mul_f64(rand::random::<f64>())
     }
+
+    /// The pause after the `attempts`-th busy answer, `waited` into a call of a task whose lock
+    /// TTL is `lock_ttl`; `None` when the call has asked or waited enough.
+    pub(crate) fn pause_after_busy(
+        &self,
+        lock_ttl: Duration,
+        attempts: u32,
+        waited: Duration,
+        lock_ttl_remaining: Option<Duration>,
+    ) -> Option<Duration> {
+        let total_wait = self.total_wait(lock_ttl);
+        if attempts >= self.attempts() || waited >= total_wait {
+            return None;
+        }
+        let pause = self.delay(attempts).min(total_wait.saturating_sub(waited));
+        // Ask again right after the holder's lock expires, not a backoff later.
+        Some(lock_ttl_remaining.map_or(pause, |left| pause.min(left + Duration::from_millis(1))))
+    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use idempotask::PostgresStore;
+
 use super::free_port;
 
 /// A throwaway PostgreSQL cluster with trust authentication for `postgres` on 127.0.0.1.
@@ -134,6 +136,22 @@ impl PostgresServer {
     /// `postgres://postgres@127.0.0.1:<port>/postgres`.
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// A pool of `max_connections` on this server.
+    pub async fn pool(&self, max_connections: u32) -> sqlx::PgPool {
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(max_connections)
+            .connect(&self.url())
+            .await
+            .expect("connect a pool to the test's postgres")
+    }
+
+    /// A [`PostgresStore`] on the default table, migrated first.
+    pub async fn store(&self) -> PostgresStore {
+        let builder = PostgresStore::builder(self.pool(16).await);
+        builder.migrate().await.expect("create the store's table");
+        builder.connect().await.expect("connect the store")
     }
 }
 

@@ -50,6 +50,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) mod memory;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 mod shared;

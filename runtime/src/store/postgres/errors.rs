@@ -1,0 +1,72 @@
+//! sqlx's errors as [`StoreError`]s: what kind of failure, and whether the statement may have
+//! taken effect.
+
+use crate::error::{StoreError, StoreErrorKind};
+
+/// Classifies a failed statement of `operation` on table `table`.
+pub(super) fn store_error(operation: &'static str, table: &str, err: sqlx::Error) -> StoreError {
+    let (kind, ambiguous, message) = match &err {
+        // The request may have reached the server before the connection broke.
+        sqlx::Error::Io(_) => (StoreErrorKind::Unreachable, true, err.to_string()),
+        sqlx::Error::Tls(_) => (StoreErrorKind::Unreachable, false, err.to_string()),
+        // The pool never handed out a connection: nothing was sent.
+        sqlx::Error::PoolTimedOut => (
+            StoreErrorKind::Timeout,
+            false,
+            "no connection of the pool became free in time".to_owned(),
+        ),
+        sqlx::Error::PoolClosed => (
+            StoreErrorKind::Configuration,
+            false,
+            "the connection pool was closed".to_owned(),
+        ),
+        sqlx::Error::Database(db) => database(db.as_ref(), table),
+        sqlx::Error::Configuration(_) => (StoreErrorKind::Configuration, false, err.to_string()),
+        sqlx::Error::Protocol(_)
+        | sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::ColumnNotFound(_)
+        | sqlx::Error::Decode(_)
+        | sqlx::Error::TypeNotFound { .. } => (StoreErrorKind::Protocol, true, err.to_string()),
+        _ => (StoreErrorKind::Rejected, true, err.to_string()),
+    };
+    StoreError::classified(operation, kind, ambiguous, message).with_source(err)
+}
+
+/// A statement the server refused ran to no effect, so none of these is ambiguous.
+fn database(db: &dyn sqlx::error::DatabaseError, table: &str) -> (StoreErrorKind, bool, String) {
+    let code = db.code().unwrap_or_default();
+    match &*code {
+        // undefined_table, undefined_object (the sequence): the migration has not run.
+        "42P01" | "42704" => (
+            StoreErrorKind::Configuration,
+            false,
+            format!(
+                "{}; create the table with `PostgresStore::migrate` or the SQL of `PostgresStore::migration_sql` (table `{table}`)",
+                db.message()
+            ),
+        ),
+        // insufficient_privilege: granting rights is the operator's business.
+        "42501" => (
+            StoreErrorKind::Configuration,
+            false,
+            db.message().to_owned(),
+        ),
+        // admin_shutdown, crash_shutdown, cannot_connect_now: the server is going away or not
+        // yet back; the statement was aborted, and another connection may do better later.
+        "57P01" | "57P02" | "57P03" => {
+            (StoreErrorKind::Unreachable, false, db.message().to_owned())
+        }
+        // query_canceled (statement_timeout).
+        "57014" => (StoreErrorKind::Timeout, false, db.message().to_owned()),
+        _ => (
+            StoreErrorKind::Rejected,
+            false,
+            format!("{} (SQLSTATE {code})", db.message()),
+        ),
+    }
+}
+
+/// A reply this store's statements cannot give: a row of the wrong shape.
+pub(super) fn unexpected(operation: &'static str, what: impl Into<String>) -> StoreError {
+    StoreError::new(operation, StoreErrorKind::Protocol, what)
+}

@@ -1,0 +1,477 @@
+//! [`PostgresStore`]: locks and completion markers in one PostgreSQL table, and transactional
+//! completion for work that is itself a database write.
+
+mod errors;
+mod statements;
+mod transactional;
+
+use std::time::Duration;
+
+use sqlx::Row;
+use sqlx::postgres::{PgConnection, PgPool, PgRow};
+
+use super::{Begin, Fencing, Finish, Inspection, Store, ttl_millis};
+use crate::error::{StoreError, StoreErrorKind};
+use crate::unit::{LockToken, MAX_KEY_LEN, UnitOfWork};
+use errors::{store_error, unexpected};
+use statements::{DEFAULT_TABLE, Statements, TableName};
+
+/// How many times `begin` asks again when a concurrent writer committed between its snapshot
+/// and its insert (the statement then sees neither its own row nor the other's).
+const BEGIN_ATTEMPTS: u32 = 3;
+
+/// How many expired rows one `purge_expired` statement deletes.
+const PURGE_BATCH: i64 = 10_000;
+
+/// A store in one PostgreSQL table, for services that have PostgreSQL and no Redis.
+///
+/// One row per unit of work holds either the lock (token, lease expiry, fencing token) or the
+/// completion marker; every operation is one statement, so a fresh task costs two round trips
+/// and a duplicate one, as on Redis. Fencing tokens come from a sequence, so they increase
+/// across all units, not only per unit. It passes the same conformance suite as the Redis
+/// stores and works with every [`Task`](crate::Task).
+///
+/// For work that is itself a write to the same database,
+/// [`Call::run_in_transaction`](crate::Call::run_in_transaction) goes further: the body's
+/// writes and the marker commit in one transaction, so a crash between the two cannot happen.
+///
+/// # Setting up
+/// The table is never created behind your back. Create it once with
+/// [`PostgresStoreBuilder::migrate`], or apply [`PostgresStoreBuilder::migration_sql`] with the
+/// migration tool you already use; [`connect`](PostgresStoreBuilder::connect) checks it is
+/// there. The connection pool is sqlx's [`PgPool`], yours to configure (size, TLS, timeouts).
+///
+/// # Expiry
+/// Expired rows count as absent on every read. They stay in the table until
+/// [`purge_expired`](Self::purge_expired) deletes them: schedule it (every few minutes, say)
+/// as you would any cleanup job.
+///
+/// ```no_run
+/// use idempotask::{PostgresStore, Task};
+///
+/// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::PgPool::connect("postgres://app@db/app").await?;
+/// let builder = PostgresStore::builder(pool);
+/// builder.migrate().await?; // or apply builder.migration_sql() with your migration tool
+/// let store = builder.connect().await?;
+///
+/// let sent: Result<u32, idempotask::Error> = Task::new("send_receipt")
+///     .call("order-42")
+///     .store(store.clone())
+///     .run(async { Ok(1001) })
+///     .await;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+    table: String,
+    statements: Statements,
+    response_timeout: Duration,
+    max_key_len: usize,
+}
+
+/// Configures a [`PostgresStore`]: see [`PostgresStore::builder`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct PostgresStoreBuilder {
+    pool: PgPool,
+    table: String,
+    response_timeout: Duration,
+    max_key_len: usize,
+}
+
+impl PostgresStore {
+    /// The table's name when none is configured.
+    pub const DEFAULT_TABLE: &str = DEFAULT_TABLE;
+    /// How long one statement may take, connection checkout included, by default.
+    pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// Connects a pool with sqlx's defaults and checks that the default table exists.
+    ///
+    /// # Errors
+    /// As [`PostgresStoreBuilder::connect`], and `Unreachable` when the server cannot be
+    /// reached.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let pool = PgPool::connect(url)
+            .await
+            .map_err(|err| store_error("connect", DEFAULT_TABLE, err))?;
+        Self::builder(pool).connect().await
+    }
+
+    /// A builder on `pool` with the defaults: table
+    /// [`DEFAULT_TABLE`](Self::DEFAULT_TABLE), timeout
+    /// [`DEFAULT_RESPONSE_TIMEOUT`](Self::DEFAULT_RESPONSE_TIMEOUT), keys up to
+    /// [`MAX_KEY_LEN`] bytes.
+    pub fn builder(pool: PgPool) -> PostgresStoreBuilder {
+        PostgresStoreBuilder {
+            pool,
+            table: DEFAULT_TABLE.to_owned(),
+            response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
+            max_key_len: MAX_KEY_LEN,
+        }
+    }
+
+    /// The pool this store uses, for beginning the transactions of
+    /// [`Call::run_in_transaction`](crate::Call::run_in_transaction).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The table's name, as configured.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// Deletes the rows whose lock or marker has expired, in batches; answers how many.
+    ///
+    /// Expired rows already count as absent, so this only keeps the table small. A fenced
+    /// unit's row loses its fencing counter with it; the sequence keeps later tokens higher.
+    ///
+    /// # Errors
+    /// A [`StoreError`] when a batch fails; the batches before it stay deleted.
+    pub async fn purge_expired(&self) -> Result<u64, StoreError> {
+        let mut purged = 0;
+        loop {
+            let deleted = self
+                .run("purge", async {
+                    sqlx::query(self.statements.purge.clone())
+                        .bind(PURGE_BATCH)
+                        .execute(&self.pool)
+                        .await
+                        .map(|done| done.rows_affected())
+                })
+                .await?;
+            purged += deleted;
+            if deleted < PURGE_BATCH.unsigned_abs() {
+                return Ok(purged);
+            }
+        }
+    }
+
+    /// Runs one statement under the response timeout.
+    async fn run<T>(
+        &self,
+        operation: &'static str,
+        statement: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.response_timeout, statement).await {
+            Ok(result) => result.map_err(|err| store_error(operation, &self.table, err)),
+            Err(_) => Err(StoreError::ambiguous(
+                operation,
+                StoreErrorKind::Timeout,
+                format!("no answer within {} ms", self.response_timeout.as_millis()),
+            )),
+        }
+    }
+
+    /// `begin`, on a pooled connection or on a transaction's.
+    async fn begin_on(
+        statements: &Statements,
+        connection: &mut PgConnection,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        lock_ttl: Duration,
+        fencing: Fencing,
+    ) -> Result<Begin, sqlx::Error> {
+        for _ in 0..BEGIN_ATTEMPTS {
+            let row = sqlx::query(statements.begin.clone())
+                .bind(unit.task())
+                .bind(unit.key().as_bytes())
+                .bind(token.as_str())
+                .bind(millis(lock_ttl))
+                .bind(fencing == Fencing::On)
+                .fetch_optional(&mut *connection)
+                .await?;
+            if let Some(row) = row {
+                return begin_answer(&row);
+            }
+        }
+        Ok(Begin::busy(None))
+    }
+}
+
+impl PostgresStoreBuilder {
+    /// The table (`name` or `schema.name`, lower-case letters, digits and `_`; default
+    /// [`DEFAULT_TABLE`](PostgresStore::DEFAULT_TABLE)). Several applications can share a
+    /// database with a table each.
+    pub fn table(mut self, name: &str) -> Self {
+        name.clone_into(&mut self.table);
+        self
+    }
+
+    /// How long one statement may take, waiting for a pooled connection included (default
+    /// [`DEFAULT_RESPONSE_TIMEOUT`](PostgresStore::DEFAULT_RESPONSE_TIMEOUT)).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// The longest caller key accepted, in bytes (default [`MAX_KEY_LEN`]).
+    pub fn max_key_len(mut self, max: usize) -> Self {
+        self.max_key_len = max;
+        self
+    }
+
+    /// The SQL that creates the table, its expiry index and the fencing sequence (and the
+    /// schema, for a `schema.table` name), for a migration tool of your own. Every statement
+    /// is `IF NOT EXISTS`, so running it again changes nothing.
+    ///
+    /// # Errors
+    /// `Configuration` for an unusable table name.
+    pub fn migration_sql(&self) -> Result<String, StoreError> {
+        Ok(TableName::parse(&self.table)?.migration())
+    }
+
+    /// Runs [`migration_sql`](Self::migration_sql) in one transaction.
+    ///
+    /// # Errors
+    /// `Configuration` for an unusable table name or missing rights; `Unreachable` when the
+    /// server cannot be reached.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let name = TableName::parse(&self.table)?;
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(|err| store_error("migrate", &name.display(), err))?;
+        // A simple-query batch: several statements, no parameters.
+        sqlx::raw_sql(sqlx::AssertSqlSafe(name.migration()))
+            .execute(&mut *tx)
+            .await
+            .map_err(|err| store_error("migrate", &name.display(), err))?;
+        tx.commit()
+            .await
+            .map_err(|err| store_error("migrate", &name.display(), err))
+    }
+
+    /// Checks that the table exists and builds the store.
+    ///
+    /// # Errors
+    /// `Configuration` for an unusable table name or a table that does not exist yet (run
+    /// [`migrate`](Self::migrate) first); `Unreachable` or `Timeout` when the server does not
+    /// answer.
+    pub async fn connect(self) -> Result<PostgresStore, StoreError> {
+        let name = TableName::parse(&self.table)?;
+        let store = PostgresStore {
+            statements: Statements::new(&name),
+            table: name.display(),
+            pool: self.pool,
+            response_timeout: self.response_timeout,
+            max_key_len: self.max_key_len,
+        };
+        // Any unit will do: the statement fails on a missing table or sequence.
+        let probe = UnitOfWork::new("idempotask", "connect-probe").map_err(|err| {
+            StoreError::new("connect", StoreErrorKind::Configuration, err.to_string())
+        })?;
+        store
+            .inspect(&probe)
+            .await
+            .map_err(|err| StoreError::classified("connect", err.kind(), false, err.to_string()))?;
+        Ok(store)
+    }
+}
+
+impl Store for PostgresStore {
+    fn max_key_len(&self) -> usize {
+        self.max_key_len
+    }
+
+    async fn begin(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        lock_ttl: Duration,
+        fencing: Fencing,
+    ) -> Result<Begin, StoreError> {
+        self.run("begin", async {
+            let mut connection = self.pool.acquire().await?;
+            Self::begin_on(
+                &self.statements,
+                &mut connection,
+                unit,
+                token,
+                lock_ttl,
+                fencing,
+            )
+            .await
+        })
+        .await
+    }
+
+    async fn finish(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        marker: &[u8],
+        result_ttl: Duration,
+    ) -> Result<Finish, StoreError> {
+        let Ok(fence) = fence_param(token) else {
+            return Ok(Finish::lost_nothing_written());
+        };
+        let row = self
+            .run(
+                "finish",
+                sqlx::query(self.statements.finish.clone())
+                    .bind(unit.task())
+                    .bind(unit.key().as_bytes())
+                    .bind(token.as_str())
+                    .bind(fence)
+                    .bind(marker)
+                    .bind(millis(result_ttl))
+                    .fetch_one(&self.pool),
+            )
+            .await?;
+        let flag = |name: &str| {
+            row.try_get::<bool, _>(name)
+                .map_err(|err| store_error("finish", &self.table, err))
+        };
+        let (written, held, repeated) = (flag("written")?, flag("held")?, flag("repeated")?);
+        Ok(match (written, held) {
+            (true, true) => Finish::Completed,
+            (true, false) => Finish::lost_marker_written(),
+            (false, _) if repeated => Finish::Completed,
+            (false, _) => Finish::lost_nothing_written(),
+        })
+    }
+
+    async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
+        let Ok(fence) = fence_param(token) else {
+            return Ok(false);
+        };
+        let released: i64 = self
+            .run(
+                "release",
+                sqlx::query_scalar(self.statements.release.clone())
+                    .bind(unit.task())
+                    .bind(unit.key().as_bytes())
+                    .bind(token.as_str())
+                    .bind(fence)
+                    .fetch_one(&self.pool),
+            )
+            .await?;
+        Ok(released > 0)
+    }
+
+    async fn renew(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        lock_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let Ok(fence) = fence_param(token) else {
+            return Ok(false);
+        };
+        let renewed = self
+            .run(
+                "renew",
+                sqlx::query(self.statements.renew.clone())
+                    .bind(unit.task())
+                    .bind(unit.key().as_bytes())
+                    .bind(token.as_str())
+                    .bind(fence)
+                    .bind(millis(lock_ttl))
+                    .execute(&self.pool),
+            )
+            .await?;
+        Ok(renewed.rows_affected() > 0)
+    }
+
+    async fn inspect(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError> {
+        let row = self
+            .run(
+                "inspect",
+                sqlx::query(self.statements.inspect.clone())
+                    .bind(unit.task())
+                    .bind(unit.key().as_bytes())
+                    .fetch_optional(&self.pool),
+            )
+            .await?;
+        let Some(row) = row else {
+            return Ok(Inspection::empty());
+        };
+        let state: String = get(&row, "state", "inspect", &self.table)?;
+        let left: Option<i64> = get(&row, "left_ms", "inspect", &self.table)?;
+        let left = left.map(left_duration);
+        match state.as_str() {
+            "done" => {
+                let marker: Option<Vec<u8>> = get(&row, "marker", "inspect", &self.table)?;
+                let marker =
+                    marker.ok_or_else(|| unexpected("inspect", "a done row without a marker"))?;
+                Ok(Inspection::done(marker, left))
+            }
+            "locked" => Ok(Inspection::locked(left.unwrap_or_default())),
+            other => Err(unexpected("inspect", format!("a row in state `{other}`"))),
+        }
+    }
+
+    async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
+        let forgotten: i64 = self
+            .run(
+                "forget",
+                sqlx::query_scalar(self.statements.forget.clone())
+                    .bind(unit.task())
+                    .bind(unit.key().as_bytes())
+                    .fetch_one(&self.pool),
+            )
+            .await?;
+        Ok(forgotten > 0)
+    }
+}
+
+/// Reads the row `begin` answered.
+fn begin_answer(row: &PgRow) -> Result<Begin, sqlx::Error> {
+    let state: String = row.try_get("state")?;
+    match state.as_str() {
+        "acquired" => {
+            let fence: Option<i64> = row.try_get("fence")?;
+            // Sequence values are positive; a negative one cannot come from this table.
+            Ok(Begin::acquired(fence.map(i64::unsigned_abs)))
+        }
+        "done" => {
+            let marker: Option<Vec<u8>> = row.try_get("marker")?;
+            marker
+                .map(Begin::Done)
+                .ok_or_else(|| sqlx::Error::Protocol("a done row without a marker".to_owned()))
+        }
+        "locked" => {
+            let left: Option<i64> = row.try_get("left_ms")?;
+            Ok(Begin::busy(left.map(left_duration)))
+        }
+        other => Err(sqlx::Error::Protocol(format!("a row in state `{other}`"))),
+    }
+}
+
+fn get<'r, T>(
+    row: &'r PgRow,
+    column: &str,
+    operation: &'static str,
+    table: &str,
+) -> Result<T, StoreError>
+where
+    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    row.try_get(column)
+        .map_err(|err| store_error(operation, table, err))
+}
+
+/// A TTL as the statements take it: whole milliseconds, at least 1.
+fn millis(ttl: Duration) -> i64 {
+    i64::try_from(ttl_millis(ttl)).unwrap_or(i64::MAX)
+}
+
+fn left_duration(millis: i64) -> Duration {
+    Duration::from_millis(millis.max(0).unsigned_abs())
+}
+
+/// A fencing token beyond `bigint`: the sequence never granted it, so it holds no lock here.
+#[derive(Debug)]
+struct NeverGranted;
+
+/// The token's fencing token as the `bigint` column holds it.
+fn fence_param(token: &LockToken) -> Result<Option<i64>, NeverGranted> {
+    token
+        .fencing_token()
+        .map(|fence| i64::try_from(fence).map_err(|_| NeverGranted))
+        .transpose()
+}

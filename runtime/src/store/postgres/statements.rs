@@ -1,0 +1,282 @@
+//! The SQL of the PostgreSQL store: the table, and one statement per store operation.
+//!
+//! Every operation is a single statement, so it is atomic on its own and costs one round trip.
+//! Times are the server's `statement_timestamp()`: one clock for every worker, and inside a
+//! long transaction it is still the time of the statement, not of `BEGIN`.
+
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
+use crate::error::{StoreError, StoreErrorKind};
+
+/// The table's name when none is given.
+pub(super) const DEFAULT_TABLE: &str = "idempotask_units";
+
+/// The longest name part: the sequence and the index add `_expires_at` (11 bytes) to it, and
+/// PostgreSQL identifiers end at 63 bytes.
+const MAX_NAME_PART: usize = 52;
+
+/// A validated `table` or `schema.table` name, and the names derived from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct TableName {
+    schema: Option<String>,
+    table: String,
+}
+
+impl TableName {
+    /// Accepts lower-case identifiers only (`[a-z_][a-z0-9_]*`, at most 52 bytes each), so the
+    /// name reads the same quoted and unquoted and can never carry SQL.
+    pub(super) fn parse(name: &str) -> Result<Self, StoreError> {
+        let valid = |part: &str| {
+            !part.is_empty()
+                && part.len() <= MAX_NAME_PART
+                && part.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+                && part
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        };
+        let (schema, table) = match name.split_once('.') {
+            Some((schema, table)) => (Some(schema), table),
+            None => (None, name),
+        };
+        if !valid(table) || schema.is_some_and(|schema| !valid(schema)) {
+            return Err(StoreError::new(
+                "configure",
+                StoreErrorKind::Configuration,
+                format!(
+                    "`{name}` is not a usable table name: give `table` or `schema.table`, each part 1 to {MAX_NAME_PART} characters of `a-z 0-9 _`, not starting with a digit"
+                ),
+            ));
+        }
+        Ok(Self {
+            schema: schema.map(str::to_owned),
+            table: table.to_owned(),
+        })
+    }
+
+    /// `"schema"."prefix_suffix"` or `"prefix_suffix"`: an object of this table's, quoted.
+    fn qualified(&self, suffix: &str) -> String {
+        match &self.schema {
+            Some(schema) => format!(r#""{schema}"."{}{suffix}""#, self.table),
+            None => format!(r#""{}{suffix}""#, self.table),
+        }
+    }
+
+    /// The table, quoted.
+    pub(super) fn table(&self) -> String {
+        self.qualified("")
+    }
+
+    /// The sequence fencing tokens come from, quoted.
+    fn sequence(&self) -> String {
+        self.qualified("_fence")
+    }
+
+    /// The table's name as given, for messages.
+    pub(super) fn display(&self) -> String {
+        match &self.schema {
+            Some(schema) => format!("{schema}.{}", self.table),
+            None => self.table.clone(),
+        }
+    }
+
+    /// The migration: the table, its expiry index and the fencing sequence. Safe to run again.
+    pub(super) fn migration(&self) -> String {
+        let table = self.table();
+        let sequence = self.sequence();
+        let index = format!(r#""{}_expires_at""#, self.table);
+        let schema = self
+            .schema
+            .as_ref()
+            .map(|schema| format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\";\n"))
+            .unwrap_or_default();
+        format!(
+            "{schema}\
+CREATE TABLE IF NOT EXISTS {table} (
+    -- The unit of work: the task's name and the caller's key (bytes: a key may hold any text,
+    -- NUL included).
+    task       text        NOT NULL,
+    key        bytea       NOT NULL,
+    -- `locked`: `token` holds the lock until `expires_at`.
+    -- `done`: `marker` is the completion marker, kept until `expires_at`.
+    -- A row whose `expires_at` has passed counts as absent; `purge_expired` deletes it.
+    state      text        NOT NULL CHECK (state IN ('locked', 'done')),
+    token      text,
+    -- The last fencing token granted for the unit, when it uses fencing.
+    fence      bigint,
+    marker     bytea,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (task, key)
+);
+CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at);
+CREATE SEQUENCE IF NOT EXISTS {sequence};
+"
+        )
+    }
+}
+
+/// One statement per store operation, with the table's name in place, built once per store.
+#[derive(Debug, Clone)]
+pub(super) struct Statements {
+    /// `$1` task, `$2` key, `$3` token, `$4` lock TTL in ms, `$5` fencing: one row
+    /// `(state, fence, marker, left_ms)`, where state `acquired` means the lock is the caller's.
+    /// No row: a concurrent writer committed after this statement's snapshot; ask again.
+    pub(super) begin: SqlStr,
+    /// `$1` task, `$2` key, `$3` token, `$4` fence, `$5` marker, `$6` result TTL in ms: one row
+    /// `(written, held, repeated)`.
+    pub(super) finish: SqlStr,
+    /// `$1` task, `$2` key, `$3` token, `$4` fence, `$5` marker, `$6` result TTL in ms: the
+    /// marker of a transactional execution, over its own uncommitted lock.
+    pub(super) complete_in_transaction: SqlStr,
+    /// `$1` task, `$2` key, `$3` token, `$4` fence: one row, how many locks were released.
+    pub(super) release: SqlStr,
+    /// `$1` task, `$2` key, `$3` token, `$4` fence, `$5` lock TTL in ms.
+    pub(super) renew: SqlStr,
+    /// `$1` task, `$2` key: at most one row `(state, marker, left_ms)`.
+    pub(super) inspect: SqlStr,
+    /// `$1` task, `$2` key: one row, how many markers were forgotten.
+    pub(super) forget: SqlStr,
+    /// `$1` batch size: how many expired rows were deleted.
+    pub(super) purge: SqlStr,
+}
+
+/// Milliseconds left until `expires_at`, rounded up so a live entry never reads as 0 ms.
+const LEFT_MS: &str =
+    "ceil(extract(epoch FROM u.expires_at - statement_timestamp()) * 1000)::bigint";
+
+impl Statements {
+    pub(super) fn new(name: &TableName) -> Self {
+        let t = name.table();
+        let seq = name.sequence();
+        let sql = |text: String| AssertSqlSafe(text).into_sql_str();
+        // A fenced release or forget keeps the row (expired) for its `fence`, so that the next
+        // grant goes on counting even for a task without fencing; other rows are deleted.
+        let free_or_drop = |condition: &str, ours: &str| {
+            sql(format!(
+                "WITH dropped AS (
+                    DELETE FROM {t} u WHERE u.task = $1 AND u.key = $2 AND {condition} AND u.fence IS NULL
+                    RETURNING 1
+                ), freed AS (
+                    UPDATE {t} u SET token = NULL, marker = NULL, expires_at = statement_timestamp()
+                    WHERE u.task = $1 AND u.key = $2 AND {condition} AND u.fence IS NOT NULL
+                    RETURNING 1
+                )
+                SELECT (SELECT count(*) FROM dropped) + (SELECT count(*) FROM freed) AS {ours}"
+            ))
+        };
+        let held = "u.state = 'locked' AND u.token = $3 AND u.fence IS NOT DISTINCT FROM $4 \
+                    AND u.expires_at > statement_timestamp()";
+        Self {
+            begin: sql(format!(
+                "WITH taken AS (
+                    INSERT INTO {t} AS u (task, key, state, token, fence, marker, expires_at)
+                    VALUES ($1, $2, 'locked', $3, CASE WHEN $5 THEN nextval('{seq}') END, NULL,
+                            statement_timestamp() + $4::bigint * interval '1 millisecond')
+                    ON CONFLICT (task, key) DO UPDATE SET
+                        state = 'locked',
+                        token = excluded.token,
+                        marker = NULL,
+                        expires_at = excluded.expires_at,
+                        fence = CASE
+                            WHEN u.state = 'locked' AND u.token = excluded.token THEN u.fence
+                            WHEN $5 OR u.fence IS NOT NULL THEN nextval('{seq}')
+                        END
+                    WHERE u.expires_at <= statement_timestamp()
+                       OR (u.state = 'locked' AND u.token = excluded.token)
+                    RETURNING u.fence
+                )
+                SELECT 'acquired' AS state, fence, NULL::bytea AS marker, NULL::bigint AS left_ms
+                FROM taken
+                UNION ALL
+                SELECT u.state, NULL, u.marker, {LEFT_MS}
+                FROM {t} u
+                WHERE u.task = $1 AND u.key = $2 AND u.expires_at > statement_timestamp()
+                  AND NOT EXISTS (SELECT 1 FROM taken)"
+            )),
+            finish: sql(format!(
+                "WITH old AS (
+                    SELECT u.state, u.token, u.fence, u.marker FROM {t} u
+                    WHERE u.task = $1 AND u.key = $2 AND u.expires_at > statement_timestamp()
+                ), written AS (
+                    INSERT INTO {t} AS u (task, key, state, token, fence, marker, expires_at)
+                    VALUES ($1, $2, 'done', NULL, $4, $5,
+                            statement_timestamp() + $6::bigint * interval '1 millisecond')
+                    ON CONFLICT (task, key) DO UPDATE SET
+                        state = 'done',
+                        token = NULL,
+                        fence = COALESCE(excluded.fence, u.fence),
+                        marker = excluded.marker,
+                        expires_at = excluded.expires_at
+                    WHERE (u.state = 'locked' AND u.token = $3 AND u.fence IS NOT DISTINCT FROM $4)
+                       OR u.expires_at <= statement_timestamp()
+                    RETURNING 1
+                )
+                SELECT EXISTS (SELECT 1 FROM written) AS written,
+                       EXISTS (SELECT 1 FROM old WHERE old.state = 'locked' AND old.token = $3
+                               AND old.fence IS NOT DISTINCT FROM $4) AS held,
+                       EXISTS (SELECT 1 FROM old WHERE old.state = 'done' AND old.marker = $5)
+                           AS repeated"
+            )),
+            complete_in_transaction: sql(format!(
+                "UPDATE {t} u SET state = 'done', token = NULL, marker = $5,
+                    expires_at = statement_timestamp() + $6::bigint * interval '1 millisecond'
+                 WHERE u.task = $1 AND u.key = $2 AND u.state = 'locked' AND u.token = $3
+                   AND u.fence IS NOT DISTINCT FROM $4"
+            )),
+            release: free_or_drop(held, "released"),
+            renew: sql(format!(
+                "UPDATE {t} u SET expires_at = statement_timestamp() + $5::bigint * interval '1 millisecond'
+                 WHERE u.task = $1 AND u.key = $2 AND {held}"
+            )),
+            inspect: sql(format!(
+                "SELECT u.state, u.marker, {LEFT_MS} AS left_ms FROM {t} u
+                 WHERE u.task = $1 AND u.key = $2 AND u.expires_at > statement_timestamp()"
+            )),
+            forget: free_or_drop(
+                "u.state = 'done' AND u.expires_at > statement_timestamp()",
+                "forgotten",
+            ),
+            purge: sql(format!(
+                "DELETE FROM {t} WHERE ctid = ANY (ARRAY (
+                    SELECT ctid FROM {t} WHERE expires_at <= statement_timestamp() LIMIT $1
+                 ))"
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_are_plain_identifiers() {
+        for good in ["idempotask_units", "jobs.units", "_t1", &"a".repeat(52)] {
+            assert!(TableName::parse(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "Units",
+            "1units",
+            "a.b.c",
+            ".units",
+            "units.",
+            "units; DROP TABLE x",
+            "\"units\"",
+            &"a".repeat(53),
+        ] {
+            assert!(TableName::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn objects_are_quoted_and_derived_from_the_table() {
+        let name = TableName::parse("jobs.units").unwrap();
+        assert_eq!(name.table(), r#""jobs"."units""#);
+        assert_eq!(name.sequence(), r#""jobs"."units_fence""#);
+        assert_eq!(name.display(), "jobs.units");
+        assert!(
+            name.migration()
+                .starts_with("CREATE SCHEMA IF NOT EXISTS \"jobs\";\nCREATE TABLE")
+        );
+    }
+}

@@ -1,0 +1,285 @@
+//! Transactional completion: the body's database writes and the unit's marker commit together.
+//!
+//! The lock is the unit's row, inserted inside the caller's transaction: every other delivery
+//! of the same key (transactional or not) inserts the same primary key and so waits on it until
+//! this transaction ends. Commit makes the writes and the marker visible at once; a rollback,
+//! an `Err`, a panic, a dropped future or a dead worker leaves neither.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sqlx::postgres::{PgConnection, Postgres};
+use tokio::time::{Instant, sleep};
+use tracing::Instrument;
+
+use super::errors::{store_error, unexpected};
+use super::{PostgresStore, fence_param, millis};
+use crate::call::{Call, check_marker_key, codec, contended, failed};
+use crate::context::{Lease, TaskContext};
+use crate::error::{CodecErrorKind, Error};
+use crate::marker::Marker;
+use crate::observe::{Ending, Observation};
+use crate::store::{Begin, Store};
+use crate::unit::{LockToken, UnitOfWork};
+
+/// The validity a transactional execution's context reports: its lock is the row lock, held
+/// until the transaction ends, whatever the task's lock TTL.
+const HELD_UNTIL_THE_TRANSACTION_ENDS: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+impl Call<'_> {
+    /// Runs `body` inside `transaction` at most once for this key, and commits the body's
+    /// writes together with the unit's completion marker: exactly once for work that is a
+    /// write to the same PostgreSQL database as `store`'s table.
+    ///
+    /// The call owns the transaction: it commits it when the body succeeds and rolls it back
+    /// otherwise, so start a fresh one for each call. The store set with
+    /// [`store`](Self::store) or installed is not used; `store` names the table.
+    ///
+    /// # Behaviour
+    /// - The unit's row is written first, inside the transaction. Another delivery of the
+    ///   same key waits on that row until this transaction ends, then replays the stored
+    ///   result if it committed, or runs if it rolled back. The wait is as long as the
+    ///   transaction: keep the body to database work (an outbound call inside an open
+    ///   transaction holds its row locks for as long as the call takes; keep those on
+    ///   [`run`](Self::run), with a database constraint behind it).
+    /// - Done already: the stored value, decoded; the transaction is rolled back and the body
+    ///   does not run.
+    /// - Locked by a plain (non-transactional) call of the same task: waits as the task's
+    ///   [`RetryPolicy`](crate::RetryPolicy) says, then [`Error::Contended`].
+    /// - `Ok`: the marker is written and the transaction committed; the value is returned only
+    ///   once the commit succeeded.
+    /// - `Err`, a panic, or this future dropped: the transaction is rolled back (sqlx rolls
+    ///   back a dropped transaction), nothing is stored, and the next delivery runs.
+    /// - A crash anywhere before the commit: PostgreSQL aborts the transaction when the
+    ///   connection drops, with the same effect.
+    ///
+    /// The transaction must be at the default isolation level, `READ COMMITTED`: under
+    /// `REPEATABLE READ` or `SERIALIZABLE` a delivery that waited on another's row fails with
+    /// a serialization error ([`Error::Store`]) instead of replaying; its redelivery replays.
+    ///
+    /// # Errors
+    /// The body's own error, or an [`Error`] converted into `E`: [`Error::Store`] when a
+    /// statement or the commit fails (after a failed commit nothing was stored, unless the
+    /// error says the outcome is unknown), [`Error::Contended`], [`Error::KeyReuse`] and the
+    /// decoding errors of [`run`](Self::run).
+    ///
+    /// ```no_run
+    /// use idempotask::{PostgresStore, Task};
+    ///
+    /// static TRANSFER: Task = Task::new("transfer");
+    ///
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let store = PostgresStore::connect("postgres://app@db/app").await?;
+    /// let transaction = store.pool().begin().await?;
+    /// let moved: u64 = TRANSFER
+    ///     .call("transfer-77")
+    ///     .run_in_transaction(&store, transaction, async |db| {
+    ///         sqlx::query("UPDATE accounts SET balance = balance - 500 WHERE id = 1")
+    ///             .execute(&mut *db)
+    ///             .await?;
+    ///         sqlx::query("UPDATE accounts SET balance = balance + 500 WHERE id = 2")
+    ///             .execute(&mut *db)
+    ///             .await?;
+    ///         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(500)
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_in_transaction<T, E, F>(
+        self,
+        store: &PostgresStore,
+        transaction: sqlx::Transaction<'_, Postgres>,
+        body: F,
+    ) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
+    {
+        let observation = Observation::start(&self.task.name);
+        let span = observation.span().clone();
+        let result = self
+            .run_transaction(store, transaction, body, &observation)
+            .instrument(span)
+            .await;
+        match result {
+            Ok((value, ending)) => {
+                observation.ended(ending);
+                Ok(value)
+            }
+            Err((err, ending)) => {
+                observation.ended(ending);
+                Err(err)
+            }
+        }
+    }
+
+    async fn run_transaction<T, E, F>(
+        self,
+        store: &PostgresStore,
+        mut transaction: sqlx::Transaction<'_, Postgres>,
+        body: F,
+        observation: &Observation<'_>,
+    ) -> Result<(T, Ending), (E, Ending)>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
+    {
+        let unit = UnitOfWork::with_limit(self.task.name(), self.key.as_str(), store.max_key_len())
+            .map_err(|err| failed(Error::from(err)))?;
+        observation.key(&unit, self.task.log_key);
+        let token = LockToken::generate();
+        let waiting = Instant::now();
+        let claimed = self.claim(store, &mut transaction, &unit, &token).await;
+        if let Ok(Claim::Replay { attempts, .. } | Claim::Run { attempts, .. })
+        | Err(Error::Contended { attempts, .. }) = &claimed
+        {
+            observation.waited(*attempts, waiting.elapsed());
+        }
+        match claimed.map_err(failed)? {
+            Claim::Replay { marker, .. } => {
+                observation.fencing_token(marker.fencing_token());
+                // Nothing of this delivery's may commit; the body did not run.
+                let _ = transaction.rollback().await;
+                let value = self.replay(&unit, &marker).map_err(failed)?;
+                Ok((value, Ending::Replayed))
+            }
+            Claim::Run {
+                fencing_token,
+                attempts,
+            } => {
+                observation.fencing_token(fencing_token);
+                let lease = Arc::new(Lease::new(Instant::now(), HELD_UNTIL_THE_TRANSACTION_ENDS));
+                let context = TaskContext::new(unit.clone(), fencing_token, attempts, lease);
+                let running = Instant::now();
+                let result = context.scope(body(&mut transaction)).await;
+                observation.body_ran(running.elapsed());
+                let value = match result {
+                    Ok(value) => value,
+                    Err(err) => {
+                        let _ = transaction.rollback().await;
+                        return Err((err, Ending::Failed));
+                    }
+                };
+                let marker = self.marker_for(&unit, fencing_token, &value);
+                let token = token.granted(fencing_token);
+                complete(
+                    store,
+                    &mut transaction,
+                    &unit,
+                    &token,
+                    &marker,
+                    self.task.result_ttl,
+                )
+                .await
+                .map_err(|err| failed(Error::from(err)))?;
+                transaction.commit().await.map_err(|err| {
+                    failed(Error::from(store_error("commit", store.table(), err)))
+                })?;
+                Ok((value, Ending::Executed))
+            }
+        }
+    }
+
+    /// Inserts the unit's row in the transaction, waiting out plain holders.
+    async fn claim(
+        &self,
+        store: &PostgresStore,
+        connection: &mut PgConnection,
+        unit: &UnitOfWork,
+        token: &LockToken,
+    ) -> Result<Claim, Error> {
+        let policy = self.task.retry;
+        let started = Instant::now();
+        let mut attempts = 0;
+        loop {
+            let answer = PostgresStore::begin_on(
+                &store.statements,
+                connection,
+                unit,
+                token,
+                self.task.lock_ttl,
+                self.task.fencing,
+            )
+            .await
+            .map_err(|err| store_error("begin", store.table(), err))?;
+            attempts += 1;
+            match answer {
+                Begin::Acquired { fencing_token } => {
+                    return Ok(Claim::Run {
+                        fencing_token,
+                        attempts,
+                    });
+                }
+                Begin::Done(bytes) => {
+                    let marker = Marker::decode(&bytes).map_err(|err| {
+                        codec(
+                            unit,
+                            CodecErrorKind::Unreadable,
+                            format!("the stored marker cannot be read: {err}"),
+                        )
+                    })?;
+                    check_marker_key(unit, &marker)?;
+                    return Ok(Claim::Replay { marker, attempts });
+                }
+                Begin::Busy { lock_ttl_remaining } => {
+                    let pause = policy
+                        .pause_after_busy(
+                            self.task.lock_ttl,
+                            attempts,
+                            started.elapsed(),
+                            lock_ttl_remaining,
+                        )
+                        .ok_or_else(|| contended(unit, lock_ttl_remaining, attempts))?;
+                    sleep(pause).await;
+                }
+            }
+        }
+    }
+}
+
+/// Turns the transaction's own lock row into the marker.
+async fn complete(
+    store: &PostgresStore,
+    connection: &mut PgConnection,
+    unit: &UnitOfWork,
+    token: &LockToken,
+    marker: &[u8],
+    result_ttl: Duration,
+) -> Result<(), crate::store::StoreError> {
+    let fence =
+        fence_param(token).map_err(|_| unexpected("complete", "a fencing token beyond bigint"))?;
+    let done = sqlx::query(store.statements.complete_in_transaction.clone())
+        .bind(unit.task())
+        .bind(unit.key().as_bytes())
+        .bind(token.as_str())
+        .bind(fence)
+        .bind(marker)
+        .bind(millis(result_ttl))
+        .execute(connection)
+        .await
+        .map_err(|err| store_error("complete", store.table(), err))?;
+    if done.rows_affected() == 1 {
+        Ok(())
+    } else {
+        // Nobody else can change a row this transaction wrote and has not committed.
+        Err(unexpected(
+            "complete",
+            "the transaction's own lock row is gone",
+        ))
+    }
+}
+
+enum Claim {
+    Replay {
+        marker: Marker,
+        attempts: u32,
+    },
+    Run {
+        fencing_token: Option<u64>,
+        attempts: u32,
+    },
+}
