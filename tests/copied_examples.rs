@@ -19,7 +19,15 @@ fn listed_dependencies(source: &str, runtime: &Path) -> String {
             "```toml" => inside = true,
             "```" if inside => break,
             _ if inside && line.starts_with("idempotask =") => {
-                let _ = writeln!(block, "idempotask = {{ path = {:?} }}", runtime.display());
+                // `idempotask = "0.1"` or `idempotask = { version = "0.1", features = … }`:
+                // the same features, from this checkout.
+                let path = format!("path = {:?}", runtime.display());
+                let line = if line.contains('{') {
+                    line.replace(r#"version = "0.1""#, &path)
+                } else {
+                    format!("idempotask = {{ {path} }}")
+                };
+                let _ = writeln!(block, "{line}");
             }
             _ if inside => {
                 block.push_str(line);
@@ -86,4 +94,9 @@ fn charge_customer_compiles_alone() {
 #[test]
 fn dlq_replay_compiles_alone() {
     compiles_alone("dlq_replay");
+}
+
+#[test]
+fn ledger_transfer_compiles_alone() {
+    compiles_alone("ledger_transfer");
 }

@@ -205,7 +205,7 @@ fn every_example_runs_against_a_redis_cluster() {
     ));
 }
 
-/// The JSON summary that ends the output of the apalis example.
+/// The JSON summary that ends the output of the apalis and ledger examples.
 fn apalis_summary(output: &str) -> serde_json::Value {
     let line = output.lines().last().unwrap_or_default();
     serde_json::from_str(line).unwrap_or_else(|err| panic!("{err}: not a JSON summary\n{output}"))
@@ -259,4 +259,30 @@ fn apalis_worker_on_postgres_charges_each_order_once_despite_a_kill_9() {
             .env("DATABASE_URL", postgres.url());
         command
     });
+}
+
+/// Transfers delivered several times at once, one worker killed with SIGKILL inside its
+/// transaction: every transfer is written once and the balances add up, with no `UNIQUE`
+/// constraint on the ledger.
+#[test]
+fn ledger_transfer_writes_each_transfer_once_despite_a_kill_9_mid_transaction() {
+    let postgres = PostgresServer::start();
+    let summary = apalis_summary(&run(
+        example("ledger_transfer").env("DATABASE_URL", postgres.url())
+    ));
+    let number = |field: &str| {
+        summary[field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no `{field}` in {summary}"))
+    };
+    let transfers = number("transfers");
+    assert_eq!(number("killed_mid_transaction"), 1, "{summary}");
+    assert_eq!(number("rows_written"), transfers, "{summary}");
+    assert_eq!(number("executed"), transfers, "{summary}");
+    assert_eq!(number("duplicates"), 0, "{summary}");
+    assert_eq!(summary["balance_ok"], true, "{summary}");
+    assert_eq!(number("failed"), 0, "{summary}");
+    // Every other delivery got the stored result of the one that committed.
+    assert!(number("replayed") >= transfers * 4, "{summary}");
+    assert!(number("deliveries") > transfers * 5, "{summary}");
 }
