@@ -100,29 +100,35 @@ impl PostgresServer {
             "initdb failed: {}",
             String::from_utf8_lossy(&output.stderr)
         );
-        let child = command(&bin.join("postgres"), root)
-            .arg("-D")
-            .arg(&data)
-            .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1"])
-            .arg("-c")
-            .arg(format!("unix_socket_directories={}", dir.display()))
-            .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start postgres");
-        let mut server = Self { child, port, dir };
+        let mut server = Self {
+            child: spawn(&bin, root, &dir, port),
+            port,
+            dir,
+        };
+        server.wait_ready(&bin);
+        server
+    }
+
+    /// Waits until the server accepts connections; panics after 30 s or when it exited.
+    fn wait_ready(&mut self, bin: &Path) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let ready = Command::new(bin.join("pg_isready"))
-                .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres"])
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &self.port.to_string(),
+                    "-U",
+                    "postgres",
+                ])
                 .stdout(Stdio::null())
                 .status()
                 .is_ok_and(|status| status.success());
             if ready {
-                return server;
+                return;
             }
-            if let Ok(Some(status)) = server.child.try_wait() {
+            if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("postgres exited with {status} before it accepted connections");
             }
             assert!(
@@ -131,6 +137,30 @@ impl PostgresServer {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Stops the server with a fast shutdown (SIGINT: open transactions are rolled back,
+    /// committed ones are on disk) and waits until it has exited.
+    pub fn stop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the stopped server again on the same port and data.
+    pub fn restart(&mut self) {
+        let bin = bin_dir();
+        self.child = spawn(&bin, running_as_root(), &self.dir, self.port);
+        self.wait_ready(&bin);
     }
 
     /// `postgres://postgres@127.0.0.1:<port>/postgres`.
@@ -158,18 +188,22 @@ impl PostgresServer {
 impl Drop for PostgresServer {
     fn drop(&mut self) {
         // SIGINT is PostgreSQL's fast shutdown: backends end, shared memory is released.
-        let _ = Command::new("kill")
-            .args(["-INT", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Starts `postgres` on the cluster in `dir`, listening on 127.0.0.1:`port` only.
+fn spawn(bin: &Path, root: bool, dir: &Path, port: u16) -> Child {
+    command(&bin.join("postgres"), root)
+        .arg("-D")
+        .arg(dir.join("data"))
+        .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1"])
+        .arg("-c")
+        .arg(format!("unix_socket_directories={}", dir.display()))
+        .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start postgres")
 }
