@@ -4,7 +4,7 @@
 
 use idempotask_test_support as support;
 
-use idempotask_bench::{self as bench, Config, Mode, SCALING_CONCURRENCY, report};
+use idempotask_bench::{self as bench, Config, Mode, SCALING_CONCURRENCY, postgres, report};
 use support::RedisServer;
 use support::cluster::RedisCluster;
 
@@ -121,4 +121,32 @@ async fn the_quorum_mode_runs_on_three_servers_with_three_times_the_commands() {
         // Each fresh task is `begin` and `finish` on each of the three servers.
         assert!((m.redis_commands_per_task - 6.0).abs() < 0.01, "{m:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_postgres_modes_run_with_the_statements_the_protocol_says() {
+    let server = support::postgres::PostgresServer::start_with(&[
+        "shared_preload_libraries=pg_stat_statements",
+    ]);
+    let config = postgres::PgConfig {
+        database_url: server.url(),
+        tasks: 16,
+        concurrency: 4,
+        rounds: 1,
+    };
+    let measurements = postgres::run(&config, |_| {}).await.unwrap();
+    let modes: Vec<&str> = measurements.iter().map(|m| m.mode).collect();
+    assert_eq!(modes, postgres::MODES);
+    // Statements per call as pg_stat_statements counts them, BEGIN and COMMIT included.
+    for (m, (statements, rows)) in
+        measurements
+            .iter()
+            .zip([(2.0, 0), (2.0, 0), (2.0, 0), (1.0, 0), (5.0, 16), (5.0, 16)])
+    {
+        assert_eq!(m.statements_per_task, Some(statements), "{m:?}");
+        assert_eq!(m.rows_written, rows, "{m:?}");
+        assert!(m.tasks_per_sec > 0.0 && m.p50_us <= m.p99_us, "{m:?}");
+    }
+    let markdown = postgres::markdown(&measurements);
+    assert!(markdown.contains("| pg-transactional |"), "{markdown}");
 }

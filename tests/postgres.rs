@@ -367,3 +367,42 @@ async fn committed_units_survive_a_fast_shutdown_restart() {
     assert_eq!(written, i64::try_from(KEYS).unwrap());
     drop(server);
 }
+
+/// Expired markers and locks count as absent at once; `purge_expired` deletes exactly those
+/// rows and leaves the live ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_expired_deletes_expired_rows_only() {
+    let server = PostgresServer::start();
+    let (store, pool) = setup(&server).await;
+    let short = Task::new("pg_short").result_ttl(Duration::from_millis(200));
+    let long = Task::new("pg_long");
+    for index in 0..50 {
+        let _: u32 = short
+            .call(format!("k{index}"))
+            .store(store.clone())
+            .run(async { Ok::<_, Error>(1) })
+            .await
+            .unwrap();
+    }
+    for index in 0..20 {
+        let _: u32 = long
+            .call(format!("k{index}"))
+            .store(store.clone())
+            .run(async { Ok::<_, Error>(2) })
+            .await
+            .unwrap();
+    }
+    // Expiry is the behaviour under test: there is no signal to wait for.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let expired = UnitOfWork::new("pg_short", "k3").unwrap();
+    assert!(!store.inspect(&expired).await.unwrap().is_done());
+    assert_eq!(store.purge_expired().await.unwrap(), 50);
+    assert_eq!(store.purge_expired().await.unwrap(), 0);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotask_units")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 20);
+    let live = UnitOfWork::new("pg_long", "k3").unwrap();
+    assert!(store.inspect(&live).await.unwrap().is_done());
+}

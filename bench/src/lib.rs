@@ -9,6 +9,7 @@
 //! annotated the way users write it, without a `store` option.
 
 mod driver;
+pub mod postgres;
 pub mod report;
 mod server;
 mod target;

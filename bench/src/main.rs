@@ -13,10 +13,15 @@
 //! `latency`, `scaling`, `all`; and `quorum`, where `--redis-url` lists 3 or 5 independent
 //! servers for a `RedlockStore`. `--markdown` also writes the tables of `docs/performance.md`;
 //! `scripts/bench.sh` runs the whole set against a Redis of its own.
+//!
+//! With `--database-url`, the PostgreSQL modes run instead (`PostgresStore`, transactional
+//! completion and their hand-written counterparts, every round); `scripts/bench-postgres.sh`
+//! runs them against a PostgreSQL of its own.
 
+use idempotask_bench::postgres::{self, PgConfig};
 use idempotask_bench::{self as bench, Config, Mode, report};
 
-const USAGE: &str = "usage: bench --redis-url URL[,URL…] [--cluster] --mode MODE --tasks N --concurrency C [--rounds R] [--markdown PATH]";
+const USAGE: &str = "usage: bench (--redis-url URL[,URL…] [--cluster] --mode MODE | --database-url URL) --tasks N --concurrency C [--rounds R] [--markdown PATH]";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -29,6 +34,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         rounds: 3,
     };
     let mut markdown = None;
+    let mut database_url = None;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut value = || {
@@ -38,6 +44,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         match flag.as_str() {
             "--redis-url" => config.redis_url = value()?,
             "--cluster" => config.cluster = true,
+            "--database-url" => database_url = Some(value()?),
             "--mode" => config.mode = value()?.parse()?,
             "--tasks" => config.tasks = value()?.parse()?,
             "--concurrency" => config.concurrency = value()?.parse()?,
@@ -49,6 +56,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             other => return Err(format!("unknown argument `{other}`\n{USAGE}").into()),
         }
+    }
+    if let Some(database_url) = database_url {
+        let config = PgConfig {
+            database_url,
+            tasks: config.tasks,
+            concurrency: config.concurrency,
+            rounds: config.rounds,
+        };
+        let measurements = postgres::run(&config, |m| {
+            println!("{}", serde_json::to_string(m).unwrap_or_default());
+        })
+        .await?;
+        if let Some(path) = markdown {
+            std::fs::write(path, postgres::markdown(&measurements))?;
+        }
+        return Ok(());
     }
     let measurements = bench::run(&config, |m| {
         println!("{}", serde_json::to_string(m).unwrap_or_default());

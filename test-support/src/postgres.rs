@@ -16,6 +16,7 @@ pub struct PostgresServer {
     child: Child,
     port: u16,
     dir: PathBuf,
+    settings: Vec<String>,
 }
 
 /// The newest `/usr/lib/postgresql/<version>/bin` (Debian's layout), or `pg_config --bindir`.
@@ -70,6 +71,12 @@ impl PostgresServer {
     /// Initialises a cluster in a temporary directory and starts it; panics with a clear message
     /// when PostgreSQL is missing (the suite never skips).
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Like [`start`](Self::start), with extra `name=value` server settings (`-c`), e.g.
+    /// `shared_preload_libraries=pg_stat_statements`.
+    pub fn start_with(settings: &[&str]) -> Self {
         let bin = bin_dir();
         let root = running_as_root();
         let port = free_port();
@@ -100,10 +107,12 @@ impl PostgresServer {
             "initdb failed: {}",
             String::from_utf8_lossy(&output.stderr)
         );
+        let settings: Vec<String> = settings.iter().map(|s| (*s).to_owned()).collect();
         let mut server = Self {
-            child: spawn(&bin, root, &dir, port),
+            child: spawn(&bin, root, &dir, port, &settings),
             port,
             dir,
+            settings,
         };
         server.wait_ready(&bin);
         server
@@ -159,7 +168,13 @@ impl PostgresServer {
     /// Starts the stopped server again on the same port and data.
     pub fn restart(&mut self) {
         let bin = bin_dir();
-        self.child = spawn(&bin, running_as_root(), &self.dir, self.port);
+        self.child = spawn(
+            &bin,
+            running_as_root(),
+            &self.dir,
+            self.port,
+            &self.settings,
+        );
         self.wait_ready(&bin);
     }
 
@@ -194,8 +209,12 @@ impl Drop for PostgresServer {
 }
 
 /// Starts `postgres` on the cluster in `dir`, listening on 127.0.0.1:`port` only.
-fn spawn(bin: &Path, root: bool, dir: &Path, port: u16) -> Child {
-    command(&bin.join("postgres"), root)
+fn spawn(bin: &Path, root: bool, dir: &Path, port: u16, settings: &[String]) -> Child {
+    let mut command = command(&bin.join("postgres"), root);
+    for setting in settings {
+        command.arg("-c").arg(setting);
+    }
+    command
         .arg("-D")
         .arg(dir.join("data"))
         .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1"])

@@ -7,8 +7,8 @@ mod transactional;
 
 use std::time::Duration;
 
-use sqlx::Row;
 use sqlx::postgres::{PgConnection, PgPool, PgRow};
+use sqlx::{Row, SqlStr};
 
 use super::{Begin, Fencing, Finish, Inspection, Store, ttl_millis};
 use crate::error::{StoreError, StoreErrorKind};
@@ -20,8 +20,8 @@ use statements::{DEFAULT_TABLE, Statements, TableName};
 /// and its insert (the statement then sees neither its own row nor the other's).
 const BEGIN_ATTEMPTS: u32 = 3;
 
-/// How many expired rows one `purge_expired` statement deletes.
-const PURGE_BATCH: i64 = 10_000;
+/// How many blocks (8 KiB each by default) one `purge_expired` statement reads.
+const PURGE_BLOCKS: i64 = 4096;
 
 /// A store in one PostgreSQL table, for services that have PostgreSQL and no Redis.
 ///
@@ -42,9 +42,9 @@ const PURGE_BATCH: i64 = 10_000;
 /// there. The connection pool is sqlx's [`PgPool`], yours to configure (size, TLS, timeouts).
 ///
 /// # Expiry
-/// Expired rows count as absent on every read. They stay in the table until
-/// [`purge_expired`](Self::purge_expired) deletes them: schedule it (every few minutes, say)
-/// as you would any cleanup job.
+/// Expired rows count as absent on every read, and a new lock takes an expired row's place.
+/// Rows nobody asks for again stay until [`purge_expired`](Self::purge_expired) deletes them:
+/// schedule it (every few minutes, say) as you would any cleanup job.
 ///
 /// ```no_run
 /// use idempotask::{PostgresStore, Task};
@@ -123,30 +123,39 @@ impl PostgresStore {
         &self.table
     }
 
-    /// Deletes the rows whose lock or marker has expired, in batches; answers how many.
+    /// Deletes the rows whose lock or marker has expired; answers how many.
     ///
-    /// Expired rows already count as absent, so this only keeps the table small. A fenced
-    /// unit's row loses its fencing counter with it; the sequence keeps later tokens higher.
+    /// Expired rows already count as absent, so this only keeps the table small: schedule it
+    /// (every few minutes, say). It reads the table once, a range of blocks per statement, so
+    /// each statement is short and locks only the rows it deletes. A fenced unit's row loses
+    /// its fencing counter with it; the sequence keeps later tokens higher.
     ///
     /// # Errors
-    /// A [`StoreError`] when a batch fails; the batches before it stay deleted.
+    /// A [`StoreError`] when a statement fails; the ranges before it stay purged.
     pub async fn purge_expired(&self) -> Result<u64, StoreError> {
+        let blocks: i64 = self
+            .run(
+                "purge",
+                sqlx::query_scalar(self.statements.blocks.clone()).fetch_one(&self.pool),
+            )
+            .await?;
         let mut purged = 0;
-        loop {
+        let mut start = 0;
+        while start < blocks {
+            let end = start + PURGE_BLOCKS;
             let deleted = self
-                .run("purge", async {
+                .run(
+                    "purge",
                     sqlx::query(self.statements.purge.clone())
-                        .bind(PURGE_BATCH)
-                        .execute(&self.pool)
-                        .await
-                        .map(|done| done.rows_affected())
-                })
+                        .bind(start)
+                        .bind(end)
+                        .execute(&self.pool),
+                )
                 .await?;
-            purged += deleted;
-            if deleted < PURGE_BATCH.unsigned_abs() {
-                return Ok(purged);
-            }
+            purged += deleted.rows_affected();
+            start = end;
         }
+        Ok(purged)
     }
 
     /// Runs one statement under the response timeout.
@@ -213,7 +222,7 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// The SQL that creates the table, its expiry index and the fencing sequence (and the
+    /// The SQL that creates the table and the fencing sequence (and the
     /// schema, for a `schema.table` name), for a migration tool of your own. Every statement
     /// is `IF NOT EXISTS`, so running it again changes nothing.
     ///
@@ -309,17 +318,30 @@ impl Store for PostgresStore {
         let Ok(fence) = fence_param(token) else {
             return Ok(Finish::lost_nothing_written());
         };
+        let bind = |sql: &SqlStr| {
+            sqlx::query(sql.clone())
+                .bind(unit.task())
+                .bind(unit.key().as_bytes())
+                .bind(token.as_str())
+                .bind(fence)
+                .bind(marker)
+                .bind(millis(result_ttl))
+        };
+        // The common case is a plain UPDATE of the caller's own live lock; the statement that
+        // tells a lost lock from a repeated finish runs only when that found nothing.
+        let held = self
+            .run(
+                "finish",
+                bind(&self.statements.finish_held).execute(&self.pool),
+            )
+            .await?;
+        if held.rows_affected() == 1 {
+            return Ok(Finish::Completed);
+        }
         let row = self
             .run(
                 "finish",
-                sqlx::query(self.statements.finish.clone())
-                    .bind(unit.task())
-                    .bind(unit.key().as_bytes())
-                    .bind(token.as_str())
-                    .bind(fence)
-                    .bind(marker)
-                    .bind(millis(result_ttl))
-                    .fetch_one(&self.pool),
+                bind(&self.statements.finish).fetch_one(&self.pool),
             )
             .await?;
         let flag = |name: &str| {

@@ -11,9 +11,9 @@ use crate::error::{StoreError, StoreErrorKind};
 /// The table's name when none is given.
 pub(super) const DEFAULT_TABLE: &str = "idempotask_units";
 
-/// The longest name part: the sequence and the index add `_expires_at` (11 bytes) to it, and
-/// PostgreSQL identifiers end at 63 bytes.
-const MAX_NAME_PART: usize = 52;
+/// The longest name part: the sequence adds `_fence` to it, and PostgreSQL identifiers end at
+/// 63 bytes.
+const MAX_NAME_PART: usize = 56;
 
 /// A validated `table` or `schema.table` name, and the names derived from it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,11 +79,14 @@ impl TableName {
         }
     }
 
-    /// The migration: the table, its expiry index and the fencing sequence. Safe to run again.
+    /// The migration: the table and the fencing sequence. Safe to run again.
+    ///
+    /// There is no index on `expires_at`: it would be updated by every `begin` and `finish` and
+    /// keep PostgreSQL from updating rows in place (HOT), while only the occasional purge
+    /// needs it, and that walks the table in block ranges instead.
     pub(super) fn migration(&self) -> String {
         let table = self.table();
         let sequence = self.sequence();
-        let index = format!(r#""{}_expires_at""#, self.table);
         let schema = self
             .schema
             .as_ref()
@@ -107,7 +110,6 @@ CREATE TABLE IF NOT EXISTS {table} (
     expires_at timestamptz NOT NULL,
     PRIMARY KEY (task, key)
 );
-CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at);
 CREATE SEQUENCE IF NOT EXISTS {sequence};
 "
         )
@@ -121,7 +123,10 @@ pub(super) struct Statements {
     /// `(state, fence, marker, left_ms)`, where state `acquired` means the lock is the caller's.
     /// No row: a concurrent writer committed after this statement's snapshot; ask again.
     pub(super) begin: SqlStr,
-    /// `$1` task, `$2` key, `$3` token, `$4` fence, `$5` marker, `$6` result TTL in ms: one row
+    /// `$1` task, `$2` key, `$3` token, `$4` fence, `$5` marker, `$6` result TTL in ms: the
+    /// marker over the caller's live lock, as a plain `UPDATE` (the common case).
+    pub(super) finish_held: SqlStr,
+    /// The same parameters, for when `finish_held` found no lock of the caller's: one row
     /// `(written, held, repeated)`.
     pub(super) finish: SqlStr,
     /// `$1` task, `$2` key, `$3` token, `$4` fence, `$5` marker, `$6` result TTL in ms: the
@@ -135,8 +140,11 @@ pub(super) struct Statements {
     pub(super) inspect: SqlStr,
     /// `$1` task, `$2` key: one row, how many markers were forgotten.
     pub(super) forget: SqlStr,
-    /// `$1` batch size: how many expired rows were deleted.
+    /// `$1`, `$2`: the first block and the block after the last of a range: deletes the expired
+    /// rows stored there.
     pub(super) purge: SqlStr,
+    /// How many blocks the table has now.
+    pub(super) blocks: SqlStr,
 }
 
 /// Milliseconds left until `expires_at`, rounded up so a live entry never reads as 0 ms.
@@ -166,56 +174,14 @@ impl Statements {
         let held = "u.state = 'locked' AND u.token = $3 AND u.fence IS NOT DISTINCT FROM $4 \
                     AND u.expires_at > statement_timestamp()";
         Self {
-            begin: sql(format!(
-                "WITH taken AS (
-                    INSERT INTO {t} AS u (task, key, state, token, fence, marker, expires_at)
-                    VALUES ($1, $2, 'locked', $3, CASE WHEN $5 THEN nextval('{seq}') END, NULL,
-                            statement_timestamp() + $4::bigint * interval '1 millisecond')
-                    ON CONFLICT (task, key) DO UPDATE SET
-                        state = 'locked',
-                        token = excluded.token,
-                        marker = NULL,
-                        expires_at = excluded.expires_at,
-                        fence = CASE
-                            WHEN u.state = 'locked' AND u.token = excluded.token THEN u.fence
-                            WHEN $5 OR u.fence IS NOT NULL THEN nextval('{seq}')
-                        END
-                    WHERE u.expires_at <= statement_timestamp()
-                       OR (u.state = 'locked' AND u.token = excluded.token)
-                    RETURNING u.fence
-                )
-                SELECT 'acquired' AS state, fence, NULL::bytea AS marker, NULL::bigint AS left_ms
-                FROM taken
-                UNION ALL
-                SELECT u.state, NULL, u.marker, {LEFT_MS}
-                FROM {t} u
-                WHERE u.task = $1 AND u.key = $2 AND u.expires_at > statement_timestamp()
-                  AND NOT EXISTS (SELECT 1 FROM taken)"
+            begin: sql(begin(&t, &seq)),
+            finish: sql(finish(&t)),
+            finish_held: sql(format!(
+                "UPDATE {t} u SET state = 'done', token = NULL, marker = $5,
+                    expires_at = statement_timestamp() + $6::bigint * interval '1 millisecond'
+                 WHERE u.task = $1 AND u.key = $2 AND {held}"
             )),
-            finish: sql(format!(
-                "WITH old AS (
-                    SELECT u.state, u.token, u.fence, u.marker FROM {t} u
-                    WHERE u.task = $1 AND u.key = $2 AND u.expires_at > statement_timestamp()
-                ), written AS (
-                    INSERT INTO {t} AS u (task, key, state, token, fence, marker, expires_at)
-                    VALUES ($1, $2, 'done', NULL, $4, $5,
-                            statement_timestamp() + $6::bigint * interval '1 millisecond')
-                    ON CONFLICT (task, key) DO UPDATE SET
-                        state = 'done',
-                        token = NULL,
-                        fence = COALESCE(excluded.fence, u.fence),
-                        marker = excluded.marker,
-                        expires_at = excluded.expires_at
-                    WHERE (u.state = 'locked' AND u.token = $3 AND u.fence IS NOT DISTINCT FROM $4)
-                       OR u.expires_at <= statement_timestamp()
-                    RETURNING 1
-                )
-                SELECT EXISTS (SELECT 1 FROM written) AS written,
-                       EXISTS (SELECT 1 FROM old WHERE old.state = 'locked' AND old.token = $3
-                               AND old.fence IS NOT DISTINCT FROM $4) AS held,
-                       EXISTS (SELECT 1 FROM old WHERE old.state = 'done' AND old.marker = $5)
-                           AS repeated"
-            )),
+            // The transaction's own row cannot have been taken, so its expiry does not matter.
             complete_in_transaction: sql(format!(
                 "UPDATE {t} u SET state = 'done', token = NULL, marker = $5,
                     expires_at = statement_timestamp() + $6::bigint * interval '1 millisecond'
@@ -235,13 +201,79 @@ impl Statements {
                 "u.state = 'done' AND u.expires_at > statement_timestamp()",
                 "forgotten",
             ),
+            // A TID range scan (PostgreSQL 14+) reads only the blocks of the range.
             purge: sql(format!(
-                "DELETE FROM {t} WHERE ctid = ANY (ARRAY (
-                    SELECT ctid FROM {t} WHERE expires_at <= statement_timestamp() LIMIT $1
-                 ))"
+                "DELETE FROM {t}
+                 WHERE ctid >= format('(%s,0)', $1::bigint)::tid
+                   AND ctid < format('(%s,0)', $2::bigint)::tid
+                   AND expires_at <= statement_timestamp()"
+            )),
+            blocks: sql(format!(
+                "SELECT (pg_relation_size('{}') / current_setting('block_size')::bigint)::bigint",
+                t.replace('\'', "''")
             )),
         }
     }
+}
+
+/// Takes an absent or expired unit, or repeats the holder's grant; otherwise reads what is
+/// there. The second branch runs only when the first took nothing.
+fn begin(t: &str, seq: &str) -> String {
+    format!(
+        "WITH taken AS (
+            INSERT INTO {t} AS u (task, key, state, token, fence, marker, expires_at)
+            VALUES ($1, $2, 'locked', $3, CASE WHEN $5 THEN nextval('{seq}') END, NULL,
+                    statement_timestamp() + $4::bigint * interval '1 millisecond')
+            ON CONFLICT (task, key) DO UPDATE SET
+                state = 'locked',
+                token = excluded.token,
+                marker = NULL,
+                expires_at = excluded.expires_at,
+                fence = CASE
+                    WHEN u.state = 'locked' AND u.token = excluded.token THEN u.fence
+                    WHEN $5 OR u.fence IS NOT NULL THEN nextval('{seq}')
+                END
+            WHERE u.expires_at <= statement_timestamp()
+               OR (u.state = 'locked' AND u.token = excluded.token)
+            RETURNING u.fence
+        )
+        SELECT 'acquired' AS state, fence, NULL::bytea AS marker, NULL::bigint AS left_ms
+        FROM taken
+        UNION ALL
+        SELECT u.state, NULL, u.marker, {LEFT_MS}
+        FROM {t} u
+        WHERE u.task = $1 AND u.key = $2 AND u.expires_at > statement_timestamp()
+          AND NOT EXISTS (SELECT 1 FROM taken)"
+    )
+}
+
+/// Stores the marker where the caller's lock is, or where nothing live is; says which, and
+/// whether the same marker was already there (a repeated finish).
+fn finish(t: &str) -> String {
+    format!(
+        "WITH old AS (
+            SELECT u.state, u.token, u.fence, u.marker FROM {t} u
+            WHERE u.task = $1 AND u.key = $2 AND u.expires_at > statement_timestamp()
+        ), written AS (
+            INSERT INTO {t} AS u (task, key, state, token, fence, marker, expires_at)
+            VALUES ($1, $2, 'done', NULL, $4, $5,
+                    statement_timestamp() + $6::bigint * interval '1 millisecond')
+            ON CONFLICT (task, key) DO UPDATE SET
+                state = 'done',
+                token = NULL,
+                fence = COALESCE(excluded.fence, u.fence),
+                marker = excluded.marker,
+                expires_at = excluded.expires_at
+            WHERE (u.state = 'locked' AND u.token = $3 AND u.fence IS NOT DISTINCT FROM $4)
+               OR u.expires_at <= statement_timestamp()
+            RETURNING 1
+        )
+        SELECT EXISTS (SELECT 1 FROM written) AS written,
+               EXISTS (SELECT 1 FROM old WHERE old.state = 'locked' AND old.token = $3
+                       AND old.fence IS NOT DISTINCT FROM $4) AS held,
+               EXISTS (SELECT 1 FROM old WHERE old.state = 'done' AND old.marker = $5)
+                   AS repeated"
+    )
 }
 
 #[cfg(test)]
@@ -250,7 +282,7 @@ mod tests {
 
     #[test]
     fn table_names_are_plain_identifiers() {
-        for good in ["idempotask_units", "jobs.units", "_t1", &"a".repeat(52)] {
+        for good in ["idempotask_units", "jobs.units", "_t1", &"a".repeat(56)] {
             assert!(TableName::parse(good).is_ok(), "{good}");
         }
         for bad in [
@@ -262,7 +294,7 @@ mod tests {
             "units.",
             "units; DROP TABLE x",
             "\"units\"",
-            &"a".repeat(53),
+            &"a".repeat(57),
         ] {
             assert!(TableName::parse(bad).is_err(), "{bad}");
         }

@@ -1,0 +1,387 @@
+//! The PostgreSQL modes: `PostgresStore` and transactional completion against the hand-written
+//! pattern they replace (`INSERT … ON CONFLICT DO NOTHING`, then a `SELECT` for a duplicate or
+//! an `UPDATE` with the result), on one pool.
+//!
+//! Statements per task come from `pg_stat_statements` when the server preloads it
+//! (`shared_preload_libraries = pg_stat_statements`); they are left out otherwise.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use idempotask::store::SharedStore;
+use idempotask::{PostgresStore, Task};
+use serde::Serialize;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+use super::BenchError;
+use super::driver::{drive, percentile_us};
+
+static FRESH: Task = Task::new("bench_pg");
+static TRANSFER: Task = Task::new("bench_pg_transactional");
+
+/// The PostgreSQL modes, in the order each round runs them: each idempotask mode right after
+/// its hand-written counterpart, so the two see the same machine.
+pub const MODES: [&str; 6] = [
+    "pg-handwritten-fresh",
+    "pg-fresh",
+    "pg-handwritten-duplicate",
+    "pg-duplicate",
+    "pg-handwritten-transactional",
+    "pg-transactional",
+];
+
+/// One PostgreSQL benchmark run's settings.
+#[derive(Debug, Clone)]
+pub struct PgConfig {
+    /// The server, e.g. `postgres://postgres@127.0.0.1:5432/postgres`.
+    pub database_url: String,
+    /// N: keys per measurement.
+    pub tasks: usize,
+    /// C: task calls in flight at once (the pool holds C connections).
+    pub concurrency: usize,
+    /// How many times every mode runs.
+    pub rounds: usize,
+}
+
+/// One measurement: one JSON line of the bench's output.
+#[derive(Debug, Clone, Serialize)]
+pub struct PgMeasurement {
+    /// One of [`MODES`].
+    pub mode: &'static str,
+    /// Which round this is, from 1.
+    pub round: usize,
+    /// Distinct keys, one call each.
+    pub tasks: usize,
+    /// Task calls in flight at once.
+    pub concurrency: usize,
+    /// Task calls completed per second of wall time.
+    pub tasks_per_sec: f64,
+    /// Statements the server ran per task call (`BEGIN` and `COMMIT` included), from
+    /// `pg_stat_statements`; `None` when the server does not preload it.
+    pub statements_per_task: Option<f64>,
+    /// Median time of one task call, in microseconds.
+    pub p50_us: u64,
+    /// 99th percentile time of one task call, in microseconds.
+    pub p99_us: u64,
+    /// Rows the transactional modes wrote (one per key); 0 for the others.
+    pub rows_written: i64,
+}
+
+/// Runs every PostgreSQL mode `rounds` times and hands each measurement to `emit`.
+///
+/// # Errors
+/// [`BenchError`] when the server cannot be reached or a task call fails.
+pub async fn run(
+    config: &PgConfig,
+    mut emit: impl FnMut(&PgMeasurement),
+) -> Result<Vec<PgMeasurement>, BenchError> {
+    let pool = PgPoolOptions::new()
+        .max_connections(u32::try_from(config.concurrency.max(1)).unwrap_or(u32::MAX))
+        .connect(&config.database_url)
+        .await?;
+    let builder = PostgresStore::builder(pool.clone());
+    builder.migrate().await?;
+    let store = builder.connect().await?;
+    prepare(&pool).await?;
+    let statements = Statements::new(&pool).await;
+    let mut measurements = Vec::new();
+    for round in 1..=config.rounds.max(1) {
+        for mode in MODES {
+            let run = format!("{}-{round}", std::process::id());
+            if mode.ends_with("duplicate") {
+                // The same keys, done before the clock starts.
+                measure(mode, &pool, &store, &run, config, None).await?;
+            }
+            let m = measure(mode, &pool, &store, &run, config, Some(&statements)).await?;
+            let m = PgMeasurement { round, ..m };
+            emit(&m);
+            measurements.push(m);
+        }
+    }
+    Ok(measurements)
+}
+
+/// The hand-written pattern's table and the transactional modes' side effects.
+async fn prepare(pool: &PgPool) -> Result<(), BenchError> {
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS bench_handwritten (
+             key text PRIMARY KEY, token text, done boolean NOT NULL, result text,
+             expires_at timestamptz NOT NULL);
+         CREATE TABLE IF NOT EXISTS bench_effects (key text NOT NULL);",
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// `pg_stat_statements`, when the server has it loaded.
+struct Statements {
+    available: bool,
+}
+
+impl Statements {
+    async fn new(pool: &PgPool) -> Self {
+        let created = sqlx::raw_sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            .execute(pool)
+            .await
+            .is_ok();
+        let readable = created
+            && sqlx::query("SELECT pg_stat_statements_reset()")
+                .execute(pool)
+                .await
+                .is_ok();
+        Self {
+            available: readable,
+        }
+    }
+
+    async fn reset(&self, pool: &PgPool) -> Result<(), BenchError> {
+        if self.available {
+            sqlx::query("SELECT pg_stat_statements_reset()")
+                .execute(pool)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Statements since the last reset, leaving out the measuring ones.
+    async fn count(&self, pool: &PgPool) -> Result<Option<i64>, BenchError> {
+        if !self.available {
+            return Ok(None);
+        }
+        let calls: i64 = sqlx::query_scalar(
+            "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
+             WHERE query NOT LIKE '%pg_stat_statements%'",
+        )
+        .fetch_one(pool)
+        .await?;
+        Ok(Some(calls))
+    }
+}
+
+async fn measure(
+    mode: &'static str,
+    pool: &PgPool,
+    store: &PostgresStore,
+    run: &str,
+    config: &PgConfig,
+    statements: Option<&Statements>,
+) -> Result<PgMeasurement, BenchError> {
+    let n = config.tasks;
+    let prefix = Arc::new(prefix_of(run, mode));
+    if let Some(statements) = statements {
+        statements.reset(pool).await?;
+    }
+    let shared = SharedStore::new(store.clone());
+    let measuring = pool.clone();
+    let (pool, store) = (pool.clone(), store.clone());
+    let mut timings = match mode {
+        "pg-fresh" | "pg-duplicate" => {
+            drive(n, config.concurrency, move |id| {
+                let (shared, prefix) = (shared.clone(), Arc::clone(&prefix));
+                async move {
+                    let _: u64 = FRESH
+                        .call(format!("{prefix}-{id}"))
+                        .store(shared)
+                        .run(async { Ok::<_, idempotask::Error>(7) })
+                        .await?;
+                    Ok(())
+                }
+            })
+            .await?
+        }
+        "pg-handwritten-fresh" | "pg-handwritten-duplicate" => {
+            drive(n, config.concurrency, move |id| {
+                let (pool, prefix) = (pool.clone(), Arc::clone(&prefix));
+                async move { handwritten(&pool, &format!("{prefix}-{id}")).await }
+            })
+            .await?
+        }
+        "pg-transactional" => {
+            drive(n, config.concurrency, move |id| {
+                let (store, prefix) = (store.clone(), Arc::clone(&prefix));
+                async move {
+                    let key = format!("{prefix}-{id}");
+                    let transaction = store.pool().begin().await?;
+                    let _: u64 = TRANSFER
+                        .call(key.as_str())
+                        .run_in_transaction(&store, transaction, async |db| {
+                            effect(db, &key).await?;
+                            Ok::<_, BenchError>(7)
+                        })
+                        .await?;
+                    Ok(())
+                }
+            })
+            .await?
+        }
+        _ => {
+            drive(n, config.concurrency, move |id| {
+                let (pool, prefix) = (pool.clone(), Arc::clone(&prefix));
+                async move { handwritten_transactional(&pool, &format!("{prefix}-{id}")).await }
+            })
+            .await?
+        }
+    };
+    let elapsed = timings.elapsed.as_secs_f64().max(1e-9);
+    let statements_run = match statements {
+        Some(statements) => statements.count(&measuring).await?,
+        None => None,
+    };
+    let rows_written: i64 = if mode.ends_with("transactional") {
+        sqlx::query_scalar("SELECT count(*) FROM bench_effects WHERE left(key, length($1)) = $1")
+            .bind(format!("{}-", prefix_of(run, mode)))
+            .fetch_one(&measuring)
+            .await?
+    } else {
+        0
+    };
+    #[allow(clippy::cast_precision_loss, reason = "task counts are far below 2^52")]
+    let per_task = |count: i64| count as f64 / n.max(1) as f64;
+    #[allow(clippy::cast_precision_loss, reason = "task counts are far below 2^52")]
+    let tasks_per_sec = n as f64 / elapsed;
+    Ok(PgMeasurement {
+        mode,
+        round: 0,
+        tasks: n,
+        concurrency: config.concurrency,
+        tasks_per_sec,
+        statements_per_task: statements_run.map(per_task),
+        p50_us: percentile_us(&mut timings.latencies, 50),
+        p99_us: percentile_us(&mut timings.latencies, 99),
+        rows_written,
+    })
+}
+
+/// The keys' prefix of `mode` in `run`: a duplicate mode reuses its fresh pass's keys.
+fn prefix_of(run: &str, mode: &str) -> String {
+    format!("{run}-{mode}")
+}
+
+/// One side effect of a transactional task: a row.
+async fn effect(db: &mut sqlx::PgConnection, key: &str) -> Result<(), BenchError> {
+    sqlx::query("INSERT INTO bench_effects (key) VALUES ($1)")
+        .bind(key)
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+/// The hand-written pattern: claim the key, or read what the first delivery stored.
+async fn handwritten(pool: &PgPool, key: &str) -> Result<(), BenchError> {
+    let token = format!("{:032x}", rand::random::<u128>());
+    let claimed = sqlx::query(
+        "INSERT INTO bench_handwritten (key, token, done, expires_at)
+         VALUES ($1, $2, false, now() + interval '30 seconds') ON CONFLICT (key) DO NOTHING",
+    )
+    .bind(key)
+    .bind(&token)
+    .execute(pool)
+    .await?;
+    if claimed.rows_affected() == 1 {
+        sqlx::query(
+            "UPDATE bench_handwritten SET done = true, result = '7', token = NULL,
+                 expires_at = now() + interval '1 day'
+             WHERE key = $1 AND token = $2",
+        )
+        .bind(key)
+        .bind(&token)
+        .execute(pool)
+        .await?;
+    } else {
+        let (done, _result): (bool, Option<String>) =
+            sqlx::query_as("SELECT done, result FROM bench_handwritten WHERE key = $1")
+                .bind(key)
+                .fetch_one(pool)
+                .await?;
+        if !done {
+            return Err(BenchError(format!("{key} is still locked")));
+        }
+    }
+    Ok(())
+}
+
+/// The hand-written pattern inside one transaction with the side effect.
+async fn handwritten_transactional(pool: &PgPool, key: &str) -> Result<(), BenchError> {
+    let mut transaction = pool.begin().await?;
+    let claimed = sqlx::query(
+        "INSERT INTO bench_handwritten (key, token, done, expires_at)
+         VALUES ($1, NULL, false, now() + interval '30 seconds') ON CONFLICT (key) DO NOTHING",
+    )
+    .bind(key)
+    .execute(&mut *transaction)
+    .await?;
+    if claimed.rows_affected() == 1 {
+        effect(&mut transaction, key).await?;
+        sqlx::query(
+            "UPDATE bench_handwritten SET done = true, result = '7',
+                 expires_at = now() + interval '1 day' WHERE key = $1",
+        )
+        .bind(key)
+        .execute(&mut *transaction)
+        .await?;
+        transaction.commit().await?;
+    } else {
+        let _: Option<String> =
+            sqlx::query_scalar("SELECT result FROM bench_handwritten WHERE key = $1")
+                .bind(key)
+                .fetch_one(&mut *transaction)
+                .await?;
+        transaction.rollback().await?;
+    }
+    Ok(())
+}
+
+impl From<sqlx::Error> for BenchError {
+    fn from(err: sqlx::Error) -> Self {
+        Self(format!("postgres: {err}"))
+    }
+}
+
+/// Input: every measurement of one run. Output: the Markdown table of `docs/performance.md`'s
+/// PostgreSQL section, and each idempotask mode's median ratio to its hand-written counterpart.
+pub fn markdown(measurements: &[PgMeasurement]) -> String {
+    let mut out = String::from(
+        "| mode | round | C | keys | tasks/s | statements/task | p50 µs | p99 µs | rows written |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for m in measurements {
+        let statements = m
+            .statements_per_task
+            .map_or_else(|| "–".to_owned(), |s| format!("{s:.2}"));
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {:.0} | {statements} | {} | {} | {} |",
+            m.mode,
+            m.round,
+            m.concurrency,
+            m.tasks,
+            m.tasks_per_sec,
+            m.p50_us,
+            m.p99_us,
+            m.rows_written
+        );
+    }
+    out.push_str(
+        "\n| idempotask ÷ hand-written, tasks/s | median over rounds | rounds |\n|---|---:|---|\n",
+    );
+    for pair in MODES.chunks(2) {
+        let [baseline, ours] = [pair[0], pair[1]];
+        let mut ratios: Vec<f64> = measurements
+            .iter()
+            .filter(|m| m.mode == ours)
+            .filter_map(|m| {
+                let base = measurements
+                    .iter()
+                    .find(|b| b.mode == baseline && b.round == m.round)?;
+                Some(m.tasks_per_sec / base.tasks_per_sec.max(1e-9))
+            })
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        let median = ratios.get(ratios.len() / 2).copied().unwrap_or(0.0);
+        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        let _ = writeln!(out, "| {ours} | {median:.2} | {} |", each.join(" / "));
+    }
+    out
+}
