@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::{DAY, LONG, acquire, marker, unit};
 use crate::store::{Finish, LockToken, SharedStore, Store};
-use crate::{Error, Fingerprint, Task};
+use crate::{Error, Fingerprint, InvalidKey, Task};
 
 /// Checks that a reused key with other arguments is rejected.
 ///
@@ -107,31 +107,30 @@ pub async fn a_marker_of_another_key_is_never_replayed(store: SharedStore) {
 /// # Panics
 /// When the store does not.
 pub async fn invalid_keys_are_rejected_before_the_store(store: SharedStore) {
-    let empty: Result<u8, Error> = Task::new("t")
-        .call("")
-        .store(store.clone())
-        .run(async { Ok(1) })
-        .await;
+    let rejection = |task: &'static str, key: String| {
+        let store = store.clone();
+        async move {
+            let result: Result<u8, Error> = Task::new(task)
+                .call(key)
+                .store(store)
+                .run(async { Ok(1) })
+                .await;
+            match result {
+                Err(Error::InvalidKey(invalid)) => invalid,
+                other => panic!("expected an invalid key, got {other:?}"),
+            }
+        }
+    };
     assert!(matches!(
-        empty,
-        Err(Error::InvalidKey(crate::InvalidKey::EmptyKey { .. }))
+        rejection("t", String::new()).await,
+        InvalidKey::EmptyKey { .. }
     ));
-    let long: Result<u8, Error> = Task::new("t")
-        .call("x".repeat(1025))
-        .store(store.clone())
-        .run(async { Ok(1) })
-        .await;
     assert!(matches!(
-        long,
-        Err(Error::InvalidKey(crate::InvalidKey::KeyTooLong { .. }))
+        rejection("t", "x".repeat(1025)).await,
+        InvalidKey::KeyTooLong { .. }
     ));
-    let bad_name: Result<u8, Error> = Task::new("a:b")
-        .call("k")
-        .store(store)
-        .run(async { Ok(1) })
-        .await;
     assert!(matches!(
-        bad_name,
-        Err(Error::InvalidKey(crate::InvalidKey::TaskName { .. }))
+        rejection("a:b", "k".to_owned()).await,
+        InvalidKey::TaskName { .. }
     ));
 }
