@@ -2,7 +2,8 @@
 //! a Redis Cluster.
 //!
 //! The parent test starts Redis and re-runs this test binary as worker processes (the
-//! `worker_process` test, which does nothing unless the parent set its environment).
+//! `worker_process` test, which does nothing unless the parent gave it a config; see
+//! `support::workers`).
 
 use idempotask_test_support as support;
 
@@ -12,95 +13,65 @@ use std::time::Duration;
 use idempotask::store::SharedStore;
 use idempotask::{Error, RedisClusterStore, RedisStore, Task};
 use redis::aio::ConnectionLike;
+use serde::{Deserialize, Serialize};
 use support::RedisServer;
 use support::cluster::RedisCluster;
+use support::workers::{self, Workers};
 
 const PROCESSES: usize = 2;
 const KEYS: usize = 25;
 const DELIVERIES_PER_KEY: usize = 64;
-/// The URL of the server the workers use.
-const WORKER_ENV: &str = "IDEMPOTASK_TEST_WORKER_REDIS";
-/// The URLs of the cluster nodes the workers use, comma-separated.
-const WORKER_CLUSTER_ENV: &str = "IDEMPOTASK_TEST_WORKER_CLUSTER";
 
 static SHIP: Task = Task::new("ship_order");
+
+/// Where the workers find Redis.
+#[derive(Serialize, Deserialize)]
+enum Servers {
+    /// One server's URL.
+    Single(String),
+    /// The URLs of the cluster's nodes.
+    Cluster(Vec<String>),
+}
+
+/// One delivery, as a worker reports it.
+#[derive(Serialize, Deserialize)]
+struct Delivery {
+    key: String,
+    value: String,
+    executed: bool,
+    /// The delivery found the lock held by the other process and got its result after waiting.
+    waited_on_other: bool,
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deliveries_from_several_processes_run_each_key_once() {
     let server = RedisServer::start();
-    deliver_from_processes((WORKER_ENV, server.url()), server.connection().await).await;
+    deliver_from_processes(&Servers::Single(server.url()), server.connection().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deliveries_from_several_processes_run_each_key_once_on_a_cluster() {
     let cluster = RedisCluster::start();
-    let env = (WORKER_CLUSTER_ENV, cluster.urls().join(","));
-    deliver_from_processes(env, cluster.connection().await).await;
+    let servers = Servers::Cluster(cluster.urls());
+    deliver_from_processes(&servers, cluster.connection().await).await;
 }
 
-/// Starts the workers with `env` naming the Redis to use; `conn` is a plain connection to it.
-async fn deliver_from_processes<C: ConnectionLike>(env: (&str, String), mut conn: C) {
-    let exe = std::env::current_exe().unwrap();
-    let workers: Vec<_> = (0..PROCESSES)
-        .map(|_| {
-            tokio::process::Command::new(&exe)
-                .args([
-                    "--exact",
-                    "worker_process",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(env.0, &env.1)
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::inherit())
-                .kill_on_drop(true)
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-
-    // Start every worker at once: each reports ready, then waits for the go signal.
-    for _ in 0..PROCESSES {
-        let ready: Option<(String, String)> = redis::cmd("BLPOP")
-            .arg("test:ready")
-            .arg(30)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        assert!(ready.is_some(), "a worker process did not start");
-    }
-    let _: i64 = redis::cmd("RPUSH")
-        .arg("test:go")
-        .arg(vec!["go"; PROCESSES])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+/// Starts the workers on `servers` all at once; `conn` is a plain connection to them.
+async fn deliver_from_processes<C: ConnectionLike>(servers: &Servers, mut conn: C) {
+    let mut workers = Workers::spawn(PROCESSES, "worker_process", servers);
+    workers.start_together(Duration::from_secs(30)).await;
+    let reports: Vec<Vec<Delivery>> = workers.reports(Duration::from_secs(120)).await;
 
     let mut results: HashMap<String, Vec<String>> = HashMap::new();
     let mut executed = 0;
     let mut waited_on_another_process = 0;
-    for worker in workers {
-        let output = worker.wait_with_output().await.unwrap();
-        assert!(
-            output.status.success(),
-            "a worker failed: {:?}",
-            output.status
-        );
-        for line in String::from_utf8(output.stdout).unwrap().lines() {
-            // libtest may print "test worker_process ... " on the same line as the first result.
-            if let Some(rest) = line.split_once("RESULT ").map(|(_, rest)| rest) {
-                let fields: Vec<&str> = rest.split(' ').collect();
-                let [key, value, ran, waited_on_other] = fields[..] else {
-                    panic!("bad worker line {line:?}");
-                };
-                results
-                    .entry(key.to_owned())
-                    .or_default()
-                    .push(value.to_owned());
-                executed += usize::from(ran == "true");
-                waited_on_another_process += usize::from(waited_on_other == "true");
-            }
-        }
+    for delivery in reports.into_iter().flatten() {
+        executed += usize::from(delivery.executed);
+        waited_on_another_process += usize::from(delivery.waited_on_other);
+        results
+            .entry(delivery.key)
+            .or_default()
+            .push(delivery.value);
     }
 
     assert_eq!(results.len(), KEYS);
@@ -126,37 +97,28 @@ async fn deliver_from_processes<C: ConnectionLike>(env: (&str, String), mut conn
 /// A worker process: delivers every key `DELIVERIES_PER_KEY / PROCESSES` times concurrently.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_process() {
-    if let Ok(url) = std::env::var(WORKER_ENV) {
-        let store = SharedStore::new(RedisStore::connect(&url).await.unwrap());
-        let client = redis::Client::open(url).unwrap();
-        work(
-            store,
-            client.get_multiplexed_async_connection().await.unwrap(),
-        )
-        .await;
-    } else if let Ok(urls) = std::env::var(WORKER_CLUSTER_ENV) {
-        let urls: Vec<&str> = urls.split(',').collect();
-        let store = SharedStore::new(RedisClusterStore::connect(urls.clone()).await.unwrap());
-        let client = redis::cluster::ClusterClient::new(urls).unwrap();
-        work(store, client.get_async_connection().await.unwrap()).await;
+    // Run as an ordinary test, this does nothing: only the parents above start workers.
+    match workers::config::<Servers>() {
+        Some(Servers::Single(url)) => {
+            let store = SharedStore::new(RedisStore::connect(&url).await.unwrap());
+            let client = redis::Client::open(url).unwrap();
+            work(
+                store,
+                client.get_multiplexed_async_connection().await.unwrap(),
+            )
+            .await;
+        }
+        Some(Servers::Cluster(urls)) => {
+            let store = SharedStore::new(RedisClusterStore::connect(urls.clone()).await.unwrap());
+            let client = redis::cluster::ClusterClient::new(urls).unwrap();
+            work(store, client.get_async_connection().await.unwrap()).await;
+        }
+        None => {}
     }
-    // Otherwise this runs as an ordinary test: only the parents above start workers.
 }
 
-async fn work<C: ConnectionLike + Clone + Send + 'static>(store: SharedStore, mut conn: C) {
-    let _: i64 = redis::cmd("RPUSH")
-        .arg("test:ready")
-        .arg(std::process::id())
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let _: Option<(String, String)> = redis::cmd("BLPOP")
-        .arg("test:go")
-        .arg(30)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-
+async fn work<C: ConnectionLike + Clone + Send + 'static>(store: SharedStore, conn: C) {
+    workers::wait_for_start().await;
     let mut deliveries = Vec::new();
     for round in 0..DELIVERIES_PER_KEY / PROCESSES {
         for key in 0..KEYS {
@@ -187,11 +149,16 @@ async fn work<C: ConnectionLike + Clone + Send + 'static>(store: SharedStore, mu
             }));
         }
     }
+    let mut report = Vec::with_capacity(deliveries.len());
     for delivery in deliveries {
-        let (key, report) = delivery.await.unwrap();
-        let executed = report.outcome == idempotask::Outcome::Executed;
-        let executor = report.value.split('/').next().unwrap_or_default();
-        let waited_on_other = report.attempts > 1 && executor != std::process::id().to_string();
-        println!("RESULT {key} {} {executed} {waited_on_other}", report.value);
+        let (key, outcome) = delivery.await.unwrap();
+        let executor = outcome.value.split('/').next().unwrap_or_default();
+        report.push(Delivery {
+            key,
+            executed: outcome.outcome == idempotask::Outcome::Executed,
+            waited_on_other: outcome.attempts > 1 && executor != std::process::id().to_string(),
+            value: outcome.value,
+        });
     }
+    workers::report(&report);
 }

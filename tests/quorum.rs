@@ -2,9 +2,9 @@
 //! racing processes, servers killed, a majority down, a partition, restarts with and without
 //! persistence.
 //!
-//! A sixth server, the ledger, is not part of the quorum: it counts side effects and carries the
-//! signals between this test and its worker processes, so killing quorum servers never loses a
-//! count. Every scenario prints a `FIGURES` line.
+//! A sixth server, the ledger, is not part of the quorum: it counts side effects and tells this
+//! test how far its worker processes are, so killing quorum servers never loses a count. Every
+//! scenario prints a `FIGURES` line.
 
 use idempotask_test_support as support;
 
@@ -18,6 +18,7 @@ use idempotask::{Error, Outcome, RedlockStore, Report, RetryPolicy, Task};
 use serde::{Deserialize, Serialize};
 use support::RedisServer;
 use support::quorum::Quorum;
+use support::workers::{self, Workers};
 
 const SERVERS: usize = 5;
 const KEYS: u32 = 200;
@@ -25,9 +26,6 @@ const DELIVERIES_PER_KEY: u32 = 16;
 const PROCESSES: u32 = 2;
 /// Executions the parent waits for before it kills servers in the middle of the race.
 const KILL_AFTER: usize = 60;
-
-const WORKER_URLS: &str = "IDEMPOTASK_QUORUM_URLS";
-const WORKER_LEDGER: &str = "IDEMPOTASK_QUORUM_LEDGER";
 
 fn figures(scenario: &str, figures: &str) {
     println!("FIGURES | {scenario} | {figures} |");
@@ -95,7 +93,14 @@ where
     }
 }
 
-/// What one worker process reports, as one JSON line.
+/// Where a worker process finds the quorum and the ledger.
+#[derive(Serialize, Deserialize)]
+struct WorkerConfig {
+    urls: Vec<String>,
+    ledger: String,
+}
+
+/// What one worker process reports.
 #[derive(Debug, Serialize, Deserialize)]
 struct WorkerSummary {
     deliveries: u32,
@@ -108,25 +113,13 @@ struct WorkerSummary {
 /// A worker process; does nothing when run as an ordinary test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker() {
-    let (Ok(urls), Ok(ledger)) = (std::env::var(WORKER_URLS), std::env::var(WORKER_LEDGER)) else {
+    let Some(WorkerConfig { urls, ledger }) = workers::config() else {
         return;
     };
-    let urls: Vec<String> = urls.split(',').map(str::to_owned).collect();
     let store = store(urls, Duration::from_millis(500)).await;
     let ledger = redis::Client::open(ledger).unwrap();
-    let mut conn = ledger.get_multiplexed_async_connection().await.unwrap();
-    let _: i64 = redis::cmd("RPUSH")
-        .arg("race:ready")
-        .arg(1)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let _: Option<(String, String)> = redis::cmd("BLPOP")
-        .arg("race:go")
-        .arg(60)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let conn = ledger.get_multiplexed_async_connection().await.unwrap();
+    workers::wait_for_start().await;
     let task = Arc::new(
         Task::new("race")
             .lock_ttl(Duration::from_secs(5))
@@ -193,7 +186,7 @@ async fn worker() {
             .or_insert_with(|| report.value.clone());
         assert_eq!(*first, report.value, "two results for key {key}");
     }
-    println!("SUMMARY {}", serde_json::to_string(&summary).unwrap());
+    workers::report(&summary);
 }
 
 /// Races two worker processes over `KEYS` keys, `DELIVERIES_PER_KEY` deliveries each; with
@@ -202,35 +195,12 @@ async fn worker() {
 async fn race(quorum: &Quorum, kill: &[usize]) -> String {
     let ledger = RedisServer::start();
     let mut conn = ledger.connection().await;
-    let exe = std::env::current_exe().unwrap();
-    let workers: Vec<_> = (0..PROCESSES)
-        .map(|_| {
-            tokio::process::Command::new(&exe)
-                .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
-                .env(WORKER_URLS, quorum.urls().join(","))
-                .env(WORKER_LEDGER, ledger.url())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::inherit())
-                .kill_on_drop(true)
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    for _ in 0..PROCESSES {
-        let ready: Option<(String, String)> = redis::cmd("BLPOP")
-            .arg("race:ready")
-            .arg(60)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        assert!(ready.is_some(), "a worker did not start");
-    }
-    let _: i64 = redis::cmd("RPUSH")
-        .arg("race:go")
-        .arg(vec![1; PROCESSES as usize])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let config = WorkerConfig {
+        urls: quorum.urls(),
+        ledger: ledger.url(),
+    };
+    let mut workers = Workers::spawn(PROCESSES as usize, "worker", &config);
+    workers.start_together(Duration::from_secs(60)).await;
     let started = Instant::now();
     if !kill.is_empty() {
         for _ in 0..KILL_AFTER {
@@ -246,18 +216,7 @@ async fn race(quorum: &Quorum, kill: &[usize]) -> String {
             quorum.signal(index, "KILL");
         }
     }
-    let mut summaries = Vec::new();
-    for worker in workers {
-        let output = worker.wait_with_output().await.unwrap();
-        assert!(output.status.success(), "a worker failed");
-        let stdout = String::from_utf8(output.stdout).unwrap();
-        let line = stdout
-            .split("SUMMARY ")
-            .nth(1)
-            .and_then(|rest| rest.lines().next())
-            .expect("a summary line");
-        summaries.push(serde_json::from_str::<WorkerSummary>(line).unwrap());
-    }
+    let summaries: Vec<WorkerSummary> = workers.reports(Duration::from_secs(300)).await;
     let took = started.elapsed();
     let effects: HashMap<u32, u32> = redis::cmd("HGETALL")
         .arg("race:effects")

@@ -8,6 +8,7 @@
 
 use idempotask_test_support as support;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -16,8 +17,10 @@ use idempotask::store::{
     Begin, Fencing, LockToken, SharedStore, Store, StoreErrorKind, UnitOfWork,
 };
 use idempotask::{Error, Outcome, RedisStore, RetryPolicy, Task};
+use serde::{Deserialize, Serialize};
 use support::proxy::Proxy;
 use support::report::record;
+use support::workers::{self, Worker, Workers};
 use support::{Flavor, RedisServer, scan_keys};
 
 #[path = "reliability/gate.rs"]
@@ -92,31 +95,22 @@ mod server_faults;
 
 // ---- scenarios with several OS processes: this binary re-runs itself as a worker ----
 
-const WORKER_ROLE: &str = "IDEMPOTASK_RELIABILITY_WORKER";
-const WORKER_REDIS: &str = "IDEMPOTASK_RELIABILITY_REDIS";
-
-fn spawn_worker(role: &str, redis_url: &str) -> tokio::process::Child {
-    tokio::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
-        .env(WORKER_ROLE, role)
-        .env(WORKER_REDIS, redis_url)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
+/// What a worker process does, and on which server.
+#[derive(Serialize, Deserialize)]
+enum Role {
+    /// Runs one task whose body makes its side effect and then hangs until it is killed.
+    DiesAfterSideEffect { url: String },
+    /// Floods the server with `FLOOD_DELIVERIES_PER_KEY / FLOOD_PROCESSES` deliveries per key.
+    Floods { url: String },
 }
 
 /// A worker process; does nothing when run as an ordinary test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker() {
-    let (Ok(role), Ok(url)) = (std::env::var(WORKER_ROLE), std::env::var(WORKER_REDIS)) else {
-        return;
-    };
-    match role.as_str() {
-        "dies-after-side-effect" => worker_dies_after_side_effect(&url).await,
-        "floods" => worker_floods(&url).await,
-        other => panic!("unknown worker role {other}"),
+    match workers::config::<Role>() {
+        Some(Role::DiesAfterSideEffect { url }) => worker_dies_after_side_effect(&url).await,
+        Some(Role::Floods { url }) => worker_floods(&url).await,
+        None => {}
     }
 }
 
@@ -151,7 +145,7 @@ async fn worker_dies_after_side_effect(url: &str) {
 on_both_servers!(s04_a_killed_worker_is_rerun_only_after_its_lock_expires);
 async fn s04_a_killed_worker_is_rerun_only_after_its_lock_expires(server_flavor: Flavor) {
     let server = RedisServer::start_flavor(server_flavor, &[]);
-    let mut child = spawn_worker("dies-after-side-effect", &server.url());
+    let child = Worker::spawn("worker", &Role::DiesAfterSideEffect { url: server.url() });
     let mut conn = server.connection().await;
     let done: Option<(String, String)> = redis::cmd("BLPOP")
         .arg("s04:effect-done")
@@ -160,15 +154,7 @@ async fn s04_a_killed_worker_is_rerun_only_after_its_lock_expires(server_flavor:
         .await
         .unwrap();
     assert!(done.is_some(), "the worker never reached its side effect");
-    let pid = child.id().unwrap().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-KILL", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let _ = child.wait().await;
+    child.kill().await;
     let killed_at = Instant::now();
 
     let store = server.store().await;
@@ -303,23 +289,25 @@ const FLOOD_KEYS: u32 = 1_000;
 const FLOOD_PROCESSES: usize = 2;
 const FLOOD_DELIVERIES_PER_KEY: usize = 64;
 
+/// What a flooding worker reports.
+#[derive(Serialize, Deserialize)]
+struct FloodSummary {
+    /// Deliveries whose body ran in this process.
+    executed: u32,
+    /// How long the deliveries that did not run waited for the result, in µs.
+    wait_p50: u64,
+    wait_p99: u64,
+    /// The value each key's deliveries got (all the same within the process).
+    values: BTreeMap<u32, String>,
+    /// Typed errors retried on the way.
+    retries: u32,
+}
+
 async fn worker_floods(url: &str) {
-    use std::hash::{Hash, Hasher};
     let store = RedisStore::connect(url).await.unwrap();
     let client = redis::Client::open(url).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let _: i64 = redis::cmd("RPUSH")
-        .arg("s01:ready")
-        .arg(1)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let _: Option<(String, String)> = redis::cmd("BLPOP")
-        .arg("s01:go")
-        .arg(60)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let conn = client.get_multiplexed_async_connection().await.unwrap();
+    workers::wait_for_start().await;
     let task = Arc::new(Task::new("s01"));
     // All deliveries of a key at once, 40 keys at a time: one multiplexed connection per
     // process, like a worker's.
@@ -358,7 +346,7 @@ async fn worker_floods(url: &str) {
             }));
         }
     }
-    let mut values: std::collections::BTreeMap<u32, String> = std::collections::BTreeMap::new();
+    let mut values: BTreeMap<u32, String> = BTreeMap::new();
     let mut waits = Vec::new();
     let mut executed = 0;
     let mut retries = 0;
@@ -379,58 +367,32 @@ async fn worker_floods(url: &str) {
     waits.sort();
     let percentile = |p: usize| {
         let at = (waits.len() * p / 100).min(waits.len().saturating_sub(1));
-        waits.get(at).map_or(0, Duration::as_micros)
+        waits
+            .get(at)
+            .map_or(0, |wait| u64::try_from(wait.as_micros()).unwrap())
     };
-    let mut digest = std::collections::hash_map::DefaultHasher::new();
-    values.hash(&mut digest);
-    println!(
-        "SUMMARY {} {executed} {} {} {:x} {retries}",
-        FLOOD_KEYS as usize * FLOOD_DELIVERIES_PER_KEY / FLOOD_PROCESSES,
-        percentile(50),
-        percentile(99),
-        digest.finish()
-    );
+    workers::report(&FloodSummary {
+        executed,
+        wait_p50: percentile(50),
+        wait_p99: percentile(99),
+        values,
+        retries,
+    });
 }
 
 // 1. 64 concurrent deliveries per key, 1,000 keys, across 2 processes.
 on_both_servers!(s01_concurrent_deliveries_across_processes_run_each_key_once);
 async fn s01_concurrent_deliveries_across_processes_run_each_key_once(server_flavor: Flavor) {
     let server = RedisServer::start_flavor(server_flavor, &[]);
-    let workers: Vec<_> = (0..FLOOD_PROCESSES)
-        .map(|_| spawn_worker("floods", &server.url()))
-        .collect();
+    let mut workers = Workers::spawn(
+        FLOOD_PROCESSES,
+        "worker",
+        &Role::Floods { url: server.url() },
+    );
     let mut conn = server.connection().await;
-    for _ in 0..FLOOD_PROCESSES {
-        let ready: Option<(String, String)> = redis::cmd("BLPOP")
-            .arg("s01:ready")
-            .arg(60)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        assert!(ready.is_some(), "a worker did not start");
-    }
-    let _: i64 = redis::cmd("RPUSH")
-        .arg("s01:go")
-        .arg(vec![1; FLOOD_PROCESSES])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    workers.start_together(Duration::from_secs(60)).await;
     let started = Instant::now();
-    let mut summaries = Vec::new();
-    for worker in workers {
-        let output = worker.wait_with_output().await.unwrap();
-        assert!(output.status.success(), "a worker failed");
-        let stdout = String::from_utf8(output.stdout).unwrap();
-        let line = stdout
-            .split("SUMMARY ")
-            .nth(1)
-            .expect("a summary")
-            .lines()
-            .next()
-            .unwrap()
-            .to_owned();
-        summaries.push(line.split(' ').map(str::to_owned).collect::<Vec<_>>());
-    }
+    let summaries: Vec<FloodSummary> = workers.reports(Duration::from_secs(600)).await;
     let took = started.elapsed();
     let effects: std::collections::HashMap<u32, u32> = redis::cmd("HGETALL")
         .arg("s01:effects")
@@ -440,23 +402,15 @@ async fn s01_concurrent_deliveries_across_processes_run_each_key_once(server_fla
     assert_eq!(effects.len(), FLOOD_KEYS as usize);
     let duplicates: u32 = effects.values().map(|n| n - 1).sum();
     assert_eq!(duplicates, 0, "a side effect ran twice");
-    let executed: u32 = summaries.iter().map(|s| s[1].parse::<u32>().unwrap()).sum();
+    let executed: u32 = summaries.iter().map(|s| s.executed).sum();
     assert_eq!(executed, FLOOD_KEYS);
     assert!(
-        summaries.iter().all(|s| s[4] == summaries[0][4]),
+        summaries.iter().all(|s| s.values == summaries[0].values),
         "the processes saw different results"
     );
-    let p50 = summaries
-        .iter()
-        .map(|s| s[2].parse::<u64>().unwrap())
-        .max()
-        .unwrap();
-    let p99 = summaries
-        .iter()
-        .map(|s| s[3].parse::<u64>().unwrap())
-        .max()
-        .unwrap();
-    let retries: u32 = summaries.iter().map(|s| s[5].parse::<u32>().unwrap()).sum();
+    let p50 = summaries.iter().map(|s| s.wait_p50).max().unwrap();
+    let p99 = summaries.iter().map(|s| s.wait_p99).max().unwrap();
+    let retries: u32 = summaries.iter().map(|s| s.retries).sum();
     record_on(
         server_flavor,
         "1. 64 concurrent deliveries × 1,000 keys, 2 processes",

@@ -11,6 +11,7 @@ pub mod postgres;
 pub mod proxy;
 pub mod quorum;
 pub mod report;
+pub mod workers;
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::PathBuf;

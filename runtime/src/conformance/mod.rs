@@ -19,9 +19,11 @@
 //! The checks use short TTLs (100–300 ms) and wait them out, so a store must honour
 //! expiries to the tens of milliseconds; the whole list takes a few seconds.
 
+mod refusals;
 mod runner;
 mod store;
 
+pub use refusals::*;
 pub use runner::*;
 pub use store::*;
 
@@ -149,10 +151,14 @@ mod tests {
             .map(|line| line.trim().trim_end_matches(','))
             .filter(|name| !name.is_empty())
             .collect();
-        let defined: BTreeSet<&str> = checks_in(include_str!("store.rs"))
-            .union(&checks_in(include_str!("runner.rs")))
-            .copied()
-            .collect();
+        let defined: BTreeSet<&str> = [
+            include_str!("store.rs"),
+            include_str!("runner.rs"),
+            include_str!("refusals.rs"),
+        ]
+        .into_iter()
+        .flat_map(checks_in)
+        .collect();
         assert_eq!(listed, defined);
     }
 }

@@ -11,6 +11,7 @@ use protocol::{Protocol, check_namespace, connect_within, store_error};
 
 mod cluster;
 mod healing;
+mod lock;
 mod protocol;
 mod quorum;
 mod reply;

@@ -23,6 +23,7 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::keys::{PREFIX, unit_key};
+use super::lock::{LOCK_TAG, RELEASED_TAG, lock_value};
 pub(super) use super::reply::store_error;
 use super::reply::{foreign, is_out_of_memory, is_syntax_error, parse_flag, pttl, unexpected};
 use crate::error::{StoreError, StoreErrorKind};
@@ -37,36 +38,6 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("re
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("renew.lua")));
 static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("inspect.lua")));
 static FORGET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("forget.lua")));
-
-pub(super) const LOCK_TAG: u8 = b'L';
-pub(super) const RELEASED_TAG: u8 = b'T';
-
-/// The value of `token`'s lock: `L<token>`, or `L<token>.<fencing token>` once granted with one.
-pub(super) fn lock_value(token: &LockToken) -> String {
-    let mut value = String::with_capacity(54);
-    value.push(char::from(LOCK_TAG));
-    value.push_str(token.as_str());
-    if let Some(fence) = token.fencing_token() {
-        value.push('.');
-        value.push_str(&fence.to_string());
-    }
-    value
-}
-
-/// `Acquired` when the stored `value` is a lock taken with `token` (a repeated call whose first
-/// reply was lost), with the fencing token it was granted.
-pub(super) fn own_lock(value: &[u8], token: &LockToken) -> Option<Begin> {
-    let rest = value
-        .strip_prefix(&[LOCK_TAG])?
-        .strip_prefix(token.as_str().as_bytes())?;
-    let fencing_token = if rest.is_empty() {
-        None
-    } else {
-        let fence = std::str::from_utf8(rest.strip_prefix(b".")?).ok()?;
-        Some(fence.parse().ok()?)
-    };
-    Some(Begin::Acquired { fencing_token })
-}
 
 /// A namespace check with the error `connect` reports.
 pub(super) fn check_namespace(namespace: &str) -> Result<(), StoreError> {
@@ -425,29 +396,6 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for Protocol<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn lock_values_carry_the_token_and_the_fencing_token() {
-        let token = LockToken::generate();
-        let plain = lock_value(&token);
-        assert_eq!(plain, format!("L{}", token.as_str()));
-        let acquired = |fencing_token| Some(Begin::Acquired { fencing_token });
-        assert_eq!(own_lock(plain.as_bytes(), &token), acquired(None));
-        let fenced = lock_value(&token.clone().with_fencing_token(1_764_460_000_123));
-        assert_eq!(fenced, format!("L{}.1764460000123", token.as_str()));
-        assert_eq!(
-            own_lock(fenced.as_bytes(), &token),
-            acquired(Some(1_764_460_000_123))
-        );
-        let other = LockToken::generate();
-        assert_eq!(own_lock(plain.as_bytes(), &other), None);
-        for damaged in [
-            format!("L{}.", token.as_str()),
-            format!("L{}x", token.as_str()),
-        ] {
-            assert_eq!(own_lock(damaged.as_bytes(), &token), None, "{damaged}");
-        }
-    }
 
     #[test]
     fn replies_other_than_the_protocols_are_typed_errors() {

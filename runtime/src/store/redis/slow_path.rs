@@ -4,7 +4,8 @@
 use redis::Value;
 use redis::aio::ConnectionLike;
 
-use super::protocol::{BEGIN_FENCED, LOCK_TAG, Protocol, RELEASED_TAG, own_lock};
+use super::lock::{LOCK_TAG, RELEASED_TAG, own_lock};
+use super::protocol::{BEGIN_FENCED, Protocol};
 use super::reply::{foreign, is_out_of_memory, pttl, unexpected};
 use crate::error::{StoreError, StoreErrorKind};
 use crate::marker;

@@ -11,7 +11,8 @@ use redis::Value;
 use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
-use super::super::protocol::{Protocol, lock_value};
+use super::super::lock::lock_value;
+use super::super::protocol::Protocol;
 use super::{DOWN_PAUSE, EXPIRY_PRECISION, Inner, RAISE_FENCE, Server};
 use crate::error::{StoreError, StoreErrorKind};
 use crate::store::Store;

@@ -12,18 +12,17 @@ use tracing::Instrument;
 use crate::context::{Lease, TaskContext};
 use crate::error::{CodecErrorKind, Error};
 use crate::fingerprint::Fingerprint;
-use crate::guard::{
-    ReleaseOnDrop, Renewal, catching_panics, release, release_in_background, renewing,
-};
+use crate::guard::{ReleaseOnDrop, Renewal, catching_panics, release, renewing};
 use crate::install::installed;
 use crate::marker::{Marker, StoredResult};
 use crate::observe::{Ending, Observation};
-use crate::store::{Begin, Finish, SharedStore, Store};
+use crate::store::{Finish, SharedStore, Store};
 use crate::task::Task;
 use crate::unit::{LockToken, UnitOfWork};
+use begin::{Start, begin};
 
-/// How many times a failing store call is tried before the task call gives up.
-const STORE_ATTEMPTS: u32 = 3;
+mod begin;
+
 /// The first pause between tries of a failing store call; it doubles each time.
 const STORE_RETRY_PAUSE: Duration = Duration::from_millis(25);
 
@@ -181,7 +180,7 @@ impl Call<'_> {
         observation.key(&unit, logging);
         let token = LockToken::generate();
         let waiting = Instant::now();
-        let start = self.start(&store, &unit, &token).await;
+        let start = begin(self.task, &store, &unit, &token).await;
         if let Ok(Start::Replay { attempts, .. } | Start::Run { attempts, .. })
         | Err(Error::Contended { attempts, .. }) = &start
         {
@@ -249,82 +248,6 @@ impl Call<'_> {
                             attempts,
                         })
                     }
-                }
-            }
-        }
-    }
-
-    /// Asks for the lock until it is granted, the unit turns out done, or waiting is over.
-    async fn start(
-        &self,
-        store: &SharedStore,
-        unit: &UnitOfWork,
-        token: &LockToken,
-    ) -> Result<Start, Error> {
-        let policy = self.task.retry;
-        let started = Instant::now();
-        let mut attempts = 0;
-        let mut failures = 0;
-        // A begin whose reply was lost may have taken the lock already: the lease then started
-        // when that request was sent, not when a later one was.
-        let mut first_unconfirmed: Option<Instant> = None;
-        loop {
-            let sent = Instant::now();
-            match store
-                .begin(unit, token, self.task.lock_ttl, self.task.fencing)
-                .await
-            {
-                Ok(Begin::Done(bytes)) => {
-                    attempts += 1;
-                    let marker = Marker::decode(&bytes).map_err(|err| {
-                        codec(
-                            unit,
-                            CodecErrorKind::Unreadable,
-                            format!("the stored marker cannot be read: {err}"),
-                        )
-                    })?;
-                    check_marker_key(unit, &marker)?;
-                    return Ok(Start::Replay { marker, attempts });
-                }
-                Ok(Begin::Acquired { fencing_token }) => {
-                    attempts += 1;
-                    let lease_start = first_unconfirmed.unwrap_or(sent).min(sent);
-                    return Ok(Start::Run {
-                        fencing_token,
-                        attempts,
-                        lease: Arc::new(Lease::new(lease_start, self.task.lock_ttl)),
-                    });
-                }
-                Ok(Begin::Busy { lock_ttl_remaining }) => {
-                    attempts += 1;
-                    let Some(pause) = policy.pause_after_busy(
-                        self.task.lock_ttl,
-                        attempts,
-                        started.elapsed(),
-                        lock_ttl_remaining,
-                    ) else {
-                        return Err(contended(unit, lock_ttl_remaining, attempts));
-                    };
-                    sleep(pause).await;
-                }
-                Err(err) => {
-                    failures += 1;
-                    if err.is_ambiguous() {
-                        first_unconfirmed.get_or_insert(sent);
-                    }
-                    if !err.is_retryable() || failures >= STORE_ATTEMPTS {
-                        if first_unconfirmed.is_some() {
-                            // The lock may be ours with nobody running the body: free it.
-                            release_in_background(
-                                Some(store.clone()),
-                                unit,
-                                token,
-                                self.task.log_key,
-                            );
-                        }
-                        return Err(err.into());
-                    }
-                    sleep(store_retry_pause(failures)).await;
                 }
             }
         }
@@ -484,16 +407,4 @@ pub(crate) fn codec(unit: &UnitOfWork, kind: CodecErrorKind, reason: String) -> 
         kind,
         reason,
     }
-}
-
-enum Start {
-    Replay {
-        marker: Marker,
-        attempts: u32,
-    },
-    Run {
-        fencing_token: Option<u64>,
-        attempts: u32,
-        lease: Arc<Lease>,
-    },
 }

@@ -1,0 +1,98 @@
+//! Asking the store for the lock or the stored result: waiting while another delivery holds
+//! the unit, and trying again when the store fails.
+
+use std::sync::Arc;
+
+use tokio::time::{Instant, sleep};
+
+use super::{check_marker_key, codec, contended, store_retry_pause};
+use crate::context::Lease;
+use crate::error::{CodecErrorKind, Error};
+use crate::guard::release_in_background;
+use crate::marker::Marker;
+use crate::store::{Begin, SharedStore, Store};
+use crate::task::Task;
+use crate::unit::{LockToken, UnitOfWork};
+
+/// How many times a failing store call is tried before the task call gives up.
+const STORE_ATTEMPTS: u32 = 3;
+
+/// What asking for the lock came to.
+pub(super) enum Start {
+    /// The unit is done: its marker, for a replay.
+    Replay { marker: Marker, attempts: u32 },
+    /// The lock is ours: run the body.
+    Run {
+        fencing_token: Option<u64>,
+        attempts: u32,
+        lease: Arc<Lease>,
+    },
+}
+
+/// Asks for the lock until it is granted, the unit turns out done, or waiting is over.
+pub(super) async fn begin(
+    task: &Task,
+    store: &SharedStore,
+    unit: &UnitOfWork,
+    token: &LockToken,
+) -> Result<Start, Error> {
+    let policy = task.retry;
+    let started = Instant::now();
+    let mut attempts = 0;
+    let mut failures = 0;
+    // A begin whose reply was lost may have taken the lock already: the lease then started
+    // when that request was sent, not when a later one was.
+    let mut first_unconfirmed: Option<Instant> = None;
+    loop {
+        let sent = Instant::now();
+        match store.begin(unit, token, task.lock_ttl, task.fencing).await {
+            Ok(Begin::Done(bytes)) => {
+                attempts += 1;
+                let marker = Marker::decode(&bytes).map_err(|err| {
+                    codec(
+                        unit,
+                        CodecErrorKind::Unreadable,
+                        format!("the stored marker cannot be read: {err}"),
+                    )
+                })?;
+                check_marker_key(unit, &marker)?;
+                return Ok(Start::Replay { marker, attempts });
+            }
+            Ok(Begin::Acquired { fencing_token }) => {
+                attempts += 1;
+                let lease_start = first_unconfirmed.unwrap_or(sent).min(sent);
+                return Ok(Start::Run {
+                    fencing_token,
+                    attempts,
+                    lease: Arc::new(Lease::new(lease_start, task.lock_ttl)),
+                });
+            }
+            Ok(Begin::Busy { lock_ttl_remaining }) => {
+                attempts += 1;
+                let Some(pause) = policy.pause_after_busy(
+                    task.lock_ttl,
+                    attempts,
+                    started.elapsed(),
+                    lock_ttl_remaining,
+                ) else {
+                    return Err(contended(unit, lock_ttl_remaining, attempts));
+                };
+                sleep(pause).await;
+            }
+            Err(err) => {
+                failures += 1;
+                if err.is_ambiguous() {
+                    first_unconfirmed.get_or_insert(sent);
+                }
+                if !err.is_retryable() || failures >= STORE_ATTEMPTS {
+                    if first_unconfirmed.is_some() {
+                        // The lock may be ours with nobody running the body: free it.
+                        release_in_background(Some(store.clone()), unit, token, task.log_key);
+                    }
+                    return Err(err.into());
+                }
+                sleep(store_retry_pause(failures)).await;
+            }
+        }
+    }
+}
