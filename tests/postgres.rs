@@ -1,6 +1,7 @@
-//! What is particular to `PostgresStore` and transactional completion: concurrent deliveries,
-//! bodies that fail or are dropped inside their transaction, a waiting delivery that replays
-//! or runs depending on how the first one ended, and a server restart mid-run.
+//! What is particular to `PostgresStore` and transactional completion: concurrent deliveries
+//! from one process and from two, bodies that fail or are dropped inside their transaction, a
+//! waiting delivery that replays or runs depending on how the first one ended, and a server
+//! restart mid-run.
 //! (The conformance suite runs in `conformance_postgres.rs`; a worker killed with `kill -9`
 //! mid-transaction in the `ledger_transfer` example's test.)
 
@@ -14,9 +15,11 @@ use std::time::Duration;
 use idempotask::store::{Store, StoreErrorKind, UnitOfWork};
 use idempotask::testing::deliver_concurrently;
 use idempotask::{Error, PostgresStore, Task};
+use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use sqlx::postgres::PgConnection;
 use support::postgres::PostgresServer;
+use support::workers::{self, Workers};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -46,6 +49,21 @@ async fn effects(pool: &PgPool, key: &str) -> i64 {
         .fetch_one(pool)
         .await
         .unwrap()
+}
+
+/// Asserts that the effects table holds `keys` keys, each written once.
+async fn assert_each_key_written_once(pool: &PgPool, keys: usize) {
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT key, count(*) FROM effects GROUP BY key HAVING count(*) <> 1")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    assert!(rows.is_empty(), "keys written other than once: {rows:?}");
+    let written: i64 = sqlx::query_scalar("SELECT count(DISTINCT key) FROM effects")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(written, i64::try_from(keys).unwrap());
 }
 
 /// The store and a pool big enough for every delivery to hold a connection at once.
@@ -283,88 +301,107 @@ async fn a_missing_table_is_a_configuration_error_naming_the_migration() {
     assert_eq!(builder.connect().await.unwrap().table(), "jobs.units");
 }
 
-/// Deliveries keep coming while the server goes through a fast shutdown and comes back: calls
-/// fail closed while it is down, and every unit that committed before is still done after.
+/// A transactional delivery in flight goes through a fast shutdown: its transaction is rolled
+/// back. Deliveries while the server is down fail closed and run nothing. After the restart,
+/// every unit that committed before replays and the others run, once each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn committed_units_survive_a_fast_shutdown_restart() {
-    const KEYS: usize = 300;
+    const COMMITTED: usize = 100;
+    const WHILE_DOWN: usize = 16;
     let mut server = PostgresServer::start();
-    let (store, pool) = setup(&server).await;
-    let (progress_tx, mut progress) = tokio::sync::watch::channel(0_usize);
-    let deliveries = {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(32)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let builder = PostgresStore::builder(pool.clone());
+    builder.migrate().await.unwrap();
+    effects_table(&pool).await;
+    let store = builder.connect().await.unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let deliver = |key: String| {
+        let (store, runs) = (store.clone(), Arc::clone(&runs));
+        async move {
+            let transaction = store.pool().begin().await?;
+            WRITE
+                .call(key.as_str())
+                .run_in_transaction(&store, transaction, async |db| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    write_effect(db, &key, 1).await
+                })
+                .await
+        }
+    };
+    for index in 0..COMMITTED {
+        let done: Result<i64, BoxError> = deliver(format!("restart-{index}")).await;
+        done.unwrap();
+    }
+
+    // One delivery inside its transaction when the server shuts down.
+    let (inside_tx, inside) = tokio::sync::oneshot::channel();
+    let (resume_tx, resume) = tokio::sync::oneshot::channel::<()>();
+    let in_flight = {
         let store = store.clone();
+        let transaction = pool.begin().await.unwrap();
         tokio::spawn(async move {
-            let mut committed = BTreeSet::new();
-            let mut failed = 0;
-            for index in 0..KEYS {
-                let key = format!("restart-{index}");
-                let delivered: Result<i64, BoxError> = async {
-                    let transaction = store.pool().begin().await?;
-                    WRITE
-                        .call(key.as_str())
-                        .run_in_transaction(&store, transaction, async |db| {
-                            write_effect(db, &key, 1).await
-                        })
-                        .await
-                }
-                .await;
-                match delivered {
-                    Ok(_) => {
-                        committed.insert(key);
-                    }
-                    Err(_) => failed += 1,
-                }
-                let _ = progress_tx.send(index + 1);
-            }
-            (committed, failed)
+            WRITE
+                .call("restart-in-flight")
+                .run_in_transaction(&store, transaction, async |db| {
+                    write_effect(db, "restart-in-flight", 1).await?;
+                    let _ = inside_tx.send(());
+                    resume.await?;
+                    write_effect(db, "restart-in-flight", 2).await
+                })
+                .await
         })
     };
-    progress.wait_for(|done| *done >= KEYS / 3).await.unwrap();
+    inside.await.unwrap();
     server = tokio::task::spawn_blocking(move || {
         server.stop();
+        server
+    })
+    .await
+    .unwrap();
+    resume_tx.send(()).unwrap();
+    let in_flight: Result<i64, BoxError> = in_flight.await.unwrap();
+    assert!(in_flight.is_err(), "{in_flight:?}");
+
+    // While the server is down: every delivery fails, none runs its body.
+    let ran_before = runs.load(Ordering::SeqCst);
+    let down =
+        deliver_concurrently(WHILE_DOWN, |index| deliver(format!("restart-down-{index}"))).await;
+    assert!(down.iter().all(Result::is_err));
+    let plain: Result<u32, Error> = CHARGE
+        .call("restart-plain")
+        .store(store.clone())
+        .run(async { Ok(1) })
+        .await;
+    assert!(matches!(plain, Err(Error::Store(_))), "{plain:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), ran_before);
+
+    server = tokio::task::spawn_blocking(move || {
         server.restart();
         server
     })
     .await
     .unwrap();
-    let (committed, failed) = deliveries.await.unwrap();
-    assert!(committed.len() >= KEYS / 3, "{} committed", committed.len());
-    assert!(
-        failed > 0,
-        "no delivery met the server down: the restart proved nothing"
-    );
-
     // Every key again, as the queue would redeliver: committed ones replay, the rest run.
-    let reran = Arc::new(AtomicUsize::new(0));
-    for index in 0..KEYS {
-        let key = format!("restart-{index}");
-        let ran = Arc::clone(&reran);
-        let transaction = store.pool().begin().await.unwrap();
-        let again: Result<i64, BoxError> = WRITE
-            .call(key.as_str())
-            .run_in_transaction(&store, transaction, async |db| {
-                ran.fetch_add(1, Ordering::SeqCst);
-                assert!(
-                    !committed.contains(&key),
-                    "{key} committed before and ran again"
-                );
-                write_effect(db, &key, 1).await
-            })
-            .await;
+    let keys: Vec<String> = (0..COMMITTED)
+        .map(|index| format!("restart-{index}"))
+        .chain((0..WHILE_DOWN).map(|index| format!("restart-down-{index}")))
+        .chain(["restart-in-flight".to_owned()])
+        .collect();
+    for key in &keys {
+        let again: Result<i64, BoxError> = deliver(key.clone()).await;
         again.unwrap();
     }
-    assert_eq!(reran.load(Ordering::SeqCst), KEYS - committed.len());
-    let rows: Vec<(String, i64)> =
-        sqlx::query_as("SELECT key, count(*) FROM effects GROUP BY key HAVING count(*) <> 1")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-    assert!(rows.is_empty(), "keys written other than once: {rows:?}");
-    let written: i64 = sqlx::query_scalar("SELECT count(DISTINCT key) FROM effects")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(written, i64::try_from(KEYS).unwrap());
+    assert_eq!(
+        runs.load(Ordering::SeqCst) - ran_before,
+        WHILE_DOWN + 1,
+        "only the units that never committed ran again"
+    );
+    assert_each_key_written_once(&pool, keys.len()).await;
     drop(server);
 }
 
@@ -405,4 +442,130 @@ async fn purge_expired_deletes_expired_rows_only() {
     assert_eq!(rows, 20);
     let live = UnitOfWork::new("pg_long", "k3").unwrap();
     assert!(store.inspect(&live).await.unwrap().is_done());
+}
+
+/// Waiters on a busy key keep asking for as long as the slowest holder may take.
+static PLAIN_RACE: Task = Task::new("pg_plain_race").retry(
+    idempotask::RetryPolicy::new()
+        .max_attempts(1000)
+        .max_wait(Duration::from_secs(60)),
+);
+
+const PROCESSES: usize = 2;
+const KEYS: usize = 25;
+const DELIVERIES_PER_KEY: usize = 64;
+
+/// What a worker process is told: where PostgreSQL is.
+#[derive(Serialize, Deserialize)]
+struct WorkerConfig {
+    url: String,
+}
+
+/// What a worker process ran: bodies executed through the plain store and in transactions.
+#[derive(Debug, Serialize, Deserialize)]
+struct WorkerReport {
+    plain_executions: usize,
+    transactional_executions: usize,
+    deliveries: usize,
+}
+
+/// Two processes, started together, each deliver every one of 25 keys 64 times at once, through
+/// the plain store and in transactions: 25 executions each way in all, one row per key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_deliver_25_keys_64_times_and_each_runs_once() {
+    let server = PostgresServer::start();
+    let (_store, pool) = setup(&server).await;
+    let mut processes = Workers::spawn(
+        PROCESSES,
+        "postgres_worker",
+        &WorkerConfig { url: server.url() },
+    );
+    processes.start_together(Duration::from_secs(60)).await;
+    let reports: Vec<WorkerReport> = processes.reports(Duration::from_secs(300)).await;
+    let sum = |count: fn(&WorkerReport) -> usize| reports.iter().map(count).sum::<usize>();
+    assert_eq!(
+        sum(|r| r.deliveries),
+        PROCESSES * KEYS * DELIVERIES_PER_KEY * 2,
+        "{reports:?}"
+    );
+    assert_eq!(sum(|r| r.plain_executions), KEYS, "{reports:?}");
+    assert_eq!(sum(|r| r.transactional_executions), KEYS, "{reports:?}");
+    assert_each_key_written_once(&pool, KEYS * 2).await;
+}
+
+/// The worker side of the test above; does nothing when run as an ordinary test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_worker() {
+    let Some(config) = workers::config::<WorkerConfig>() else {
+        return;
+    };
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(24)
+        .connect(&config.url)
+        .await
+        .unwrap();
+    let store = PostgresStore::builder(pool.clone())
+        .connect()
+        .await
+        .unwrap();
+    workers::wait_for_start().await;
+    let plain_runs = Arc::new(AtomicUsize::new(0));
+    let transactional_runs = Arc::new(AtomicUsize::new(0));
+    let mut deliveries = 0;
+    for key in 0..KEYS {
+        let plain_key = format!("plain-{key}");
+        let done = deliver_concurrently(DELIVERIES_PER_KEY, |_| {
+            let (store, pool, runs, key) = (
+                store.clone(),
+                pool.clone(),
+                Arc::clone(&plain_runs),
+                plain_key.clone(),
+            );
+            async move {
+                PLAIN_RACE
+                    .call(key.as_str())
+                    .store(store)
+                    // sqlx's acquire future is large; boxed, the call's future stays small.
+                    .run(Box::pin(async {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        let mut db = pool.acquire().await?;
+                        write_effect(&mut db, &key, 1).await
+                    }))
+                    .await
+            }
+        })
+        .await;
+        for result in done {
+            let _: i64 = result.unwrap();
+            deliveries += 1;
+        }
+        let tx_key = format!("transactional-{key}");
+        let done = deliver_concurrently(DELIVERIES_PER_KEY, |_| {
+            let (store, runs, key) = (
+                store.clone(),
+                Arc::clone(&transactional_runs),
+                tx_key.clone(),
+            );
+            async move {
+                let transaction = store.pool().begin().await?;
+                WRITE
+                    .call(key.as_str())
+                    .run_in_transaction(&store, transaction, async |db| {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        write_effect(db, &key, 1).await
+                    })
+                    .await
+            }
+        })
+        .await;
+        for result in done {
+            let _: i64 = result.unwrap();
+            deliveries += 1;
+        }
+    }
+    workers::report(&WorkerReport {
+        plain_executions: plain_runs.load(Ordering::SeqCst),
+        transactional_executions: transactional_runs.load(Ordering::SeqCst),
+        deliveries,
+    });
 }

@@ -1,9 +1,12 @@
 //! [`PostgresStore`]: locks and completion markers in one PostgreSQL table, and transactional
 //! completion for work that is itself a database write.
 
+mod builder;
 mod errors;
 mod statements;
 mod transactional;
+
+pub use builder::PostgresStoreBuilder;
 
 use std::time::Duration;
 
@@ -14,7 +17,7 @@ use super::{Begin, Fencing, Finish, Inspection, Store, ttl_millis};
 use crate::error::{StoreError, StoreErrorKind};
 use crate::unit::{LockToken, MAX_KEY_LEN, UnitOfWork};
 use errors::{store_error, unexpected};
-use statements::{DEFAULT_TABLE, Statements, TableName};
+use statements::{DEFAULT_TABLE, Statements};
 
 /// How many times `begin` asks again when a concurrent writer committed between its snapshot
 /// and its insert (the statement then sees neither its own row nor the other's).
@@ -67,16 +70,6 @@ pub struct PostgresStore {
     pool: PgPool,
     table: String,
     statements: Statements,
-    response_timeout: Duration,
-    max_key_len: usize,
-}
-
-/// Configures a [`PostgresStore`]: see [`PostgresStore::builder`].
-#[derive(Debug, Clone)]
-#[must_use]
-pub struct PostgresStoreBuilder {
-    pool: PgPool,
-    table: String,
     response_timeout: Duration,
     max_key_len: usize,
 }
@@ -197,87 +190,6 @@ impl PostgresStore {
             }
         }
         Ok(Begin::busy(None))
-    }
-}
-
-impl PostgresStoreBuilder {
-    /// The table (`name` or `schema.name`, lower-case letters, digits and `_`; default
-    /// [`DEFAULT_TABLE`](PostgresStore::DEFAULT_TABLE)). Several applications can share a
-    /// database with a table each.
-    pub fn table(mut self, name: &str) -> Self {
-        name.clone_into(&mut self.table);
-        self
-    }
-
-    /// How long one statement may take, waiting for a pooled connection included (default
-    /// [`DEFAULT_RESPONSE_TIMEOUT`](PostgresStore::DEFAULT_RESPONSE_TIMEOUT)).
-    pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
-        self
-    }
-
-    /// The longest caller key accepted, in bytes (default [`MAX_KEY_LEN`]).
-    pub fn max_key_len(mut self, max: usize) -> Self {
-        self.max_key_len = max;
-        self
-    }
-
-    /// The SQL that creates the table and the fencing sequence (and the
-    /// schema, for a `schema.table` name), for a migration tool of your own. Every statement
-    /// is `IF NOT EXISTS`, so running it again changes nothing.
-    ///
-    /// # Errors
-    /// `Configuration` for an unusable table name.
-    pub fn migration_sql(&self) -> Result<String, StoreError> {
-        Ok(TableName::parse(&self.table)?.migration())
-    }
-
-    /// Runs [`migration_sql`](Self::migration_sql) in one transaction.
-    ///
-    /// # Errors
-    /// `Configuration` for an unusable table name or missing rights; `Unreachable` when the
-    /// server cannot be reached.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        let name = TableName::parse(&self.table)?;
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(|err| store_error("migrate", &name.display(), err))?;
-        // A simple-query batch: several statements, no parameters.
-        sqlx::raw_sql(sqlx::AssertSqlSafe(name.migration()))
-            .execute(&mut *tx)
-            .await
-            .map_err(|err| store_error("migrate", &name.display(), err))?;
-        tx.commit()
-            .await
-            .map_err(|err| store_error("migrate", &name.display(), err))
-    }
-
-    /// Checks that the table exists and builds the store.
-    ///
-    /// # Errors
-    /// `Configuration` for an unusable table name or a table that does not exist yet (run
-    /// [`migrate`](Self::migrate) first); `Unreachable` or `Timeout` when the server does not
-    /// answer.
-    pub async fn connect(self) -> Result<PostgresStore, StoreError> {
-        let name = TableName::parse(&self.table)?;
-        let store = PostgresStore {
-            statements: Statements::new(&name),
-            table: name.display(),
-            pool: self.pool,
-            response_timeout: self.response_timeout,
-            max_key_len: self.max_key_len,
-        };
-        // Any unit will do: the statement fails on a missing table or sequence.
-        let probe = UnitOfWork::new("idempotask", "connect-probe").map_err(|err| {
-            StoreError::new("connect", StoreErrorKind::Configuration, err.to_string())
-        })?;
-        store
-            .inspect(&probe)
-            .await
-            .map_err(|err| StoreError::classified("connect", err.kind(), false, err.to_string()))?;
-        Ok(store)
     }
 }
 

@@ -70,7 +70,7 @@ impl Call<'_> {
     ///
     /// static TRANSFER: Task = Task::new("transfer");
     ///
-    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     /// # let store = PostgresStore::connect("postgres://app@db/app").await?;
     /// let transaction = store.pool().begin().await?;
     /// let moved: u64 = TRANSFER
