@@ -121,7 +121,8 @@ CREATE SEQUENCE IF NOT EXISTS {sequence};
 pub(super) struct Statements {
     /// `$1` task, `$2` key, `$3` token, `$4` lock TTL in ms, `$5` fencing: one row
     /// `(state, fence, marker, left_ms)`, where state `acquired` means the lock is the caller's.
-    /// No row: a concurrent writer committed after this statement's snapshot; ask again.
+    /// No row: a concurrent writer committed after this statement's snapshot (or the caller's
+    /// own lock row lapsed in between); ask again.
     pub(super) begin: SqlStr,
     /// `$1` task, `$2` key, `$3` token, `$4` fence, `$5` marker, `$6` result TTL in ms: the
     /// marker over the caller's live lock, as a plain `UPDATE` (the common case).
@@ -216,14 +217,27 @@ impl Statements {
     }
 }
 
-/// Takes an absent or expired unit, or repeats the holder's grant; otherwise reads what is
-/// there. The second branch runs only when the first took nothing.
+/// Takes an absent or expired unit, or repeats the holder's grant; otherwise answers what is
+/// there.
+///
+/// The unit's row is read first, and the `INSERT` is tried only when nothing live (other than
+/// the caller's own lock) is there: a duplicate or a busy answer then writes nothing, locks
+/// nothing and commits without a WAL flush, as a plain `SELECT` would. (An `ON CONFLICT DO
+/// UPDATE` that skips the row still locks it, which costs a transaction id and a flush.)
 fn begin(t: &str, seq: &str) -> String {
     format!(
-        "WITH taken AS (
+        "WITH existing AS (
+            SELECT u.state, u.token, u.marker, u.expires_at > statement_timestamp() AS live,
+                   {LEFT_MS} AS left_ms
+            FROM {t} u WHERE u.task = $1 AND u.key = $2
+        ), taken AS (
             INSERT INTO {t} AS u (task, key, state, token, fence, marker, expires_at)
-            VALUES ($1, $2, 'locked', $3, CASE WHEN $5 THEN nextval('{seq}') END, NULL,
-                    statement_timestamp() + $4::bigint * interval '1 millisecond')
+            SELECT $1, $2, 'locked', $3, CASE WHEN $5 THEN nextval('{seq}') END, NULL,
+                   statement_timestamp() + $4::bigint * interval '1 millisecond'
+            WHERE NOT EXISTS (
+                SELECT 1 FROM existing e
+                WHERE e.live AND NOT (e.state = 'locked' AND e.token = $3)
+            )
             ON CONFLICT (task, key) DO UPDATE SET
                 state = 'locked',
                 token = excluded.token,
@@ -240,10 +254,9 @@ fn begin(t: &str, seq: &str) -> String {
         SELECT 'acquired' AS state, fence, NULL::bytea AS marker, NULL::bigint AS left_ms
         FROM taken
         UNION ALL
-        SELECT u.state, NULL, u.marker, {LEFT_MS}
-        FROM {t} u
-        WHERE u.task = $1 AND u.key = $2 AND u.expires_at > statement_timestamp()
-          AND NOT EXISTS (SELECT 1 FROM taken)"
+        SELECT e.state, NULL, e.marker, e.left_ms
+        FROM existing e
+        WHERE e.live AND NOT EXISTS (SELECT 1 FROM taken)"
     )
 }
 

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The PostgreSQL modes of the bench (PostgresStore, transactional completion, and the
+# hand-written insert-on-conflict pattern they replace), next to RedisStore's fresh and duplicate
+# modes on a redis-server started alongside, in one run. Starts both servers on free loopback
+# ports (PostgreSQL with pg_stat_statements, for statements per task; Redis with persistence
+# off) and writes docs/performance-postgres.md.
+#
+#   ./scripts/bench-postgres.sh [TASKS] [ROUNDS]      # defaults: 10000 tasks, 3 rounds
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tasks=${1:-10000}
+rounds=${2:-3}
+out=docs/performance-postgres.md
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -INT "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+# PostgreSQL refuses to run as root: the cluster belongs to the postgres user then.
+as_postgres=()
+if [ "$(id -u)" -eq 0 ]; then
+  chown postgres:postgres "$work"
+  as_postgres=(setpriv --reuid=postgres --regid=postgres --init-groups --)
+fi
+"${as_postgres[@]}" "$bin/initdb" -D "$work/pg" -U postgres --auth=trust -E UTF8 >/dev/null
+pg_port=$((20000 + RANDOM % 40000))
+"${as_postgres[@]}" "$bin/postgres" -D "$work/pg" -p "$pg_port" -c listen_addresses=127.0.0.1 \
+  -c "unix_socket_directories=$work" -c shared_preload_libraries=pg_stat_statements \
+  -c max_connections=200 >"$work/pg.log" 2>&1 &
+pids+=($!)
+until "$bin/pg_isready" -q -h 127.0.0.1 -p "$pg_port"; do sleep 0.1; done
+
+redis_port=$((20000 + RANDOM % 40000))
+redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" \
+  >"$work/redis.log" 2>&1 &
+pids+=($!)
+until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.05; done
+
+cargo build --release --locked -p idempotask-bench
+bench=target/release/bench
+echo "==> PostgreSQL: $tasks tasks, C = 64, $rounds rounds"
+"$bench" --database-url "postgres://postgres@127.0.0.1:$pg_port/postgres" --tasks "$tasks" \
+  --concurrency 64 --rounds "$rounds" --markdown "$work/pg.md" | tee "$work/pg.jsonl"
+echo "==> Redis: fresh and duplicate, $tasks tasks, C = 64"
+for mode in fresh duplicate; do
+  "$bench" --redis-url "redis://127.0.0.1:$redis_port" --mode "$mode" --tasks "$tasks" \
+    --concurrency 64 | tee -a "$work/redis.jsonl"
+done
+
+mkdir -p docs
+{
+  echo "# Performance on PostgreSQL"
+  echo
+  echo "Written by \`scripts/bench-postgres.sh $tasks $rounds\` on $(date -u '+%Y-%m-%d %H:%M UTC'); do not edit by hand."
+  echo
+  echo "- Machine: $(nproc) cores ($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), $(uname -sr)"
+  echo "- Load while measuring: $(cut -d' ' -f1-3 /proc/loadavg) (the cores are shared with other work)"
+  echo "- $("$bin/postgres" --version); loopback; \`fsync\` on, default settings, \`pg_stat_statements\` loaded"
+  echo "- $(rustc --version), release profile; one sqlx pool of 64 connections"
+  echo
+  echo "Each round runs every idempotask mode right after its hand-written counterpart, so each"
+  echo "ratio compares runs that saw the same machine. The hand-written pattern is"
+  echo "\`INSERT … ON CONFLICT DO NOTHING\`, then an \`UPDATE\` with the result (fresh) or a \`SELECT\`"
+  echo "of it (duplicate); transactional, the same inside one transaction with the side effect (an"
+  echo "\`INSERT\` into another table). statements/task counts what the server ran"
+  echo "(\`pg_stat_statements\`), \`BEGIN\` and \`COMMIT\` included."
+  echo
+  cat "$work/pg.md"
+  echo
+  echo "## RedisStore on the same machine, same run ($(redis-server --version | awk '{ print $1, $2, $3 }'), persistence off)"
+  echo
+  echo "| mode | C | keys | tasks/s | cmds/task | p50 µs | p99 µs |"
+  echo "|---|---:|---:|---:|---:|---:|---:|"
+  python3 - "$work/redis.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    print("| {mode} | {concurrency} | {tasks} | {tasks_per_sec:.0f} | {redis_commands_per_task:.2f} | {p50_us} | {p99_us} |".format(**m))
+PY
+} >"$out"
+echo "wrote $out"
