@@ -48,13 +48,17 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # it by default, and with the apalis integration alone.
 cargo clippy -p idempotask --all-targets --locked -- -D warnings
 cargo clippy -p idempotask --features apalis --all-targets --locked -- -D warnings
-echo "==> apalis only with the feature"
+echo "==> apalis and sqlx only with their features"
 # The default build of idempotask must not pull apalis in; the feature must. (The trees are read
 # whole before grep looks: under pipefail an early `grep -q` would fail the pipeline.)
 default_tree=$(cargo tree -p idempotask -e normal,build --target all --locked)
 if grep -q apalis <<<"$default_tree"; then
   echo "the default build of idempotask depends on apalis:" >&2
   grep apalis <<<"$default_tree" >&2
+  exit 1
+fi
+if grep -q sqlx <<<"$default_tree"; then
+  echo "the default build of idempotask depends on sqlx (the postgres feature is off by default):" >&2
   exit 1
 fi
 apalis_tree=$(cargo tree -p idempotask -e normal --features apalis --locked)

@@ -40,7 +40,9 @@
 //! Most code uses the [`idempotent_task`] attribute, which turns an `async fn` into such a task;
 //! [`Task`] is the same without the attribute. The stores: [`RedisStore`] for production,
 //! [`RedisClusterStore`] for a Redis Cluster, [`RedlockStore`] for a majority of
-//! independent Redis servers, [`MemoryStore`] for one process; all implement
+//! independent Redis servers, `PostgresStore` (feature `postgres`) for services without Redis
+//! and for database work that must commit with its marker, [`MemoryStore`] for one process;
+//! all implement
 //! [`Store`](store::Store), which other backends can implement too. [`testing::deliver_concurrently`] fires
 //! duplicate deliveries at your own tasks in tests.
 //!

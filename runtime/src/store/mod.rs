@@ -68,8 +68,10 @@ pub use shared::SharedStore;
 /// or delete someone else's), which is what lets the task runner retry store calls at all.
 ///
 /// The stores shipped are [`RedisStore`](crate::RedisStore) (the production one),
-/// [`RedisClusterStore`](crate::RedisClusterStore) (the same on a Redis Cluster) and
-/// [`MemoryStore`](crate::MemoryStore) (one process only). All pass the same conformance suite.
+/// [`RedisClusterStore`](crate::RedisClusterStore) (the same on a Redis Cluster),
+/// `RedlockStore` (a majority of independent servers), `PostgresStore` (feature `postgres`)
+/// and [`MemoryStore`](crate::MemoryStore) (one process only). All pass the same conformance
+/// suite.
 ///
 /// Implement it with `async fn`s (see the [module](self) docs); their futures must be `Send`,
 /// because a call may be released in the background.
