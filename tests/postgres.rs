@@ -164,24 +164,9 @@ async fn an_err_body_writes_nothing_and_the_next_delivery_runs() {
 async fn a_dropped_delivery_rolls_back_and_the_next_one_runs() {
     let server = PostgresServer::start();
     let (store, pool) = setup(&server).await;
-    let (inside_tx, inside) = tokio::sync::oneshot::channel();
-    let dropped = {
-        let store = store.clone();
-        let transaction = pool.begin().await.unwrap();
-        tokio::spawn(async move {
-            WRITE
-                .call("write-dropped")
-                .run_in_transaction(&store, transaction, async |db| {
-                    write_effect(db, "write-dropped", 1).await?;
-                    let _ = inside_tx.send(());
-                    std::future::pending::<Result<i64, BoxError>>().await
-                })
-                .await
-        })
-    };
-    inside.await.unwrap();
-    dropped.abort();
-    assert!(dropped.await.unwrap_err().is_cancelled());
+    let held = HeldDelivery::start(&store, "write-dropped").await;
+    held.delivery.abort();
+    assert!(held.delivery.await.unwrap_err().is_cancelled());
     let ran: Result<i64, BoxError> = WRITE
         .call("write-dropped")
         .run_in_transaction(&store, pool.begin().await.unwrap(), async |db| {
@@ -195,6 +180,41 @@ async fn a_dropped_delivery_rolls_back_and_the_next_one_runs() {
         .await
         .unwrap();
     assert_eq!(values, [2], "the dropped delivery's write never committed");
+}
+
+/// A transactional delivery of `key` held open: it wrote one effect inside its transaction and
+/// waits until [`resume`](Self::resume) tells it how to end.
+struct HeldDelivery {
+    resume: tokio::sync::oneshot::Sender<Result<i64, &'static str>>,
+    delivery: tokio::task::JoinHandle<Result<i64, BoxError>>,
+}
+
+impl HeldDelivery {
+    /// Starts the delivery and returns once it is inside its transaction.
+    async fn start(store: &PostgresStore, key: &'static str) -> Self {
+        let (inside_tx, inside) = tokio::sync::oneshot::channel();
+        let (resume, ends) = tokio::sync::oneshot::channel::<Result<i64, &'static str>>();
+        let store = store.clone();
+        let transaction = store.pool().begin().await.unwrap();
+        let delivery = tokio::spawn(async move {
+            WRITE
+                .call(key)
+                .run_in_transaction(&store, transaction, async |db| {
+                    write_effect(db, key, 1).await?;
+                    let _ = inside_tx.send(());
+                    ends.await?.map_err(BoxError::from)
+                })
+                .await
+        });
+        inside.await.unwrap();
+        Self { resume, delivery }
+    }
+
+    /// Lets the body return `ends`; answers how the delivery ended.
+    async fn resume(self, ends: Result<i64, &'static str>) -> Result<i64, BoxError> {
+        self.resume.send(ends).unwrap();
+        self.delivery.await.unwrap()
+    }
 }
 
 /// How many backends wait on a lock: a second delivery blocked on the first one's row.
@@ -212,24 +232,7 @@ async fn second_delivery_after(
 ) -> (Result<i64, String>, bool, i64) {
     let server = PostgresServer::start();
     let (store, pool) = setup(&server).await;
-    let (inside_tx, inside) = tokio::sync::oneshot::channel();
-    let (end_tx, end) = tokio::sync::oneshot::channel::<()>();
-    let first = {
-        let store = store.clone();
-        let transaction = pool.begin().await.unwrap();
-        tokio::spawn(async move {
-            WRITE
-                .call("write-waited")
-                .run_in_transaction(&store, transaction, async |db| {
-                    write_effect(db, "write-waited", 1).await?;
-                    let _ = inside_tx.send(());
-                    end.await?;
-                    first_ends.map_err(BoxError::from)
-                })
-                .await
-        })
-    };
-    inside.await.unwrap();
+    let first = HeldDelivery::start(&store, "write-waited").await;
     let second_ran = Arc::new(AtomicUsize::new(0));
     let second = {
         let (store, ran) = (store.clone(), Arc::clone(&second_ran));
@@ -252,8 +255,7 @@ async fn second_delivery_after(
         0,
         "the second ran while the first held the row"
     );
-    end_tx.send(()).unwrap();
-    let _ = first.await.unwrap();
+    let _ = first.resume(first_ends).await;
     let second = second
         .await
         .unwrap()
@@ -339,32 +341,15 @@ async fn committed_units_survive_a_fast_shutdown_restart() {
     }
 
     // One delivery inside its transaction when the server shuts down.
-    let (inside_tx, inside) = tokio::sync::oneshot::channel();
-    let (resume_tx, resume) = tokio::sync::oneshot::channel::<()>();
-    let in_flight = {
-        let store = store.clone();
-        let transaction = pool.begin().await.unwrap();
-        tokio::spawn(async move {
-            WRITE
-                .call("restart-in-flight")
-                .run_in_transaction(&store, transaction, async |db| {
-                    write_effect(db, "restart-in-flight", 1).await?;
-                    let _ = inside_tx.send(());
-                    resume.await?;
-                    write_effect(db, "restart-in-flight", 2).await
-                })
-                .await
-        })
-    };
-    inside.await.unwrap();
+    let in_flight = HeldDelivery::start(&store, "restart-in-flight").await;
     server = tokio::task::spawn_blocking(move || {
         server.stop();
         server
     })
     .await
     .unwrap();
-    resume_tx.send(()).unwrap();
-    let in_flight: Result<i64, BoxError> = in_flight.await.unwrap();
+    // Its marker cannot be written any more: the transaction went with the server.
+    let in_flight = in_flight.resume(Ok(1)).await;
     assert!(in_flight.is_err(), "{in_flight:?}");
 
     // While the server is down: every delivery fails, none runs its body.
