@@ -554,3 +554,86 @@ async fn postgres_worker() {
         deliveries,
     });
 }
+
+/// A transactional delivery that meets a plain call's lock gives up at once and rolls back, so
+/// whatever row lock its statement took cannot keep the plain holder from recording its result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transactional_delivery_meeting_a_plain_holder_is_contended_and_lets_it_finish() {
+    let server = PostgresServer::start();
+    let (store, pool) = setup(&server).await;
+    let (inside_tx, inside) = tokio::sync::oneshot::channel();
+    let (end_tx, end) = tokio::sync::oneshot::channel::<()>();
+    let plain = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            WRITE
+                .call("mixed")
+                .store(store)
+                .run_reported(async {
+                    let _ = inside_tx.send(());
+                    end.await.map_err(|_| Error::NotConfigured)?;
+                    Ok::<_, Error>(1_i64)
+                })
+                .await
+        })
+    };
+    inside.await.unwrap();
+    let transactional: Result<i64, BoxError> = WRITE
+        .call("mixed")
+        .run_in_transaction(&store, pool.begin().await.unwrap(), async |db| {
+            write_effect(db, "mixed", 2).await
+        })
+        .await;
+    let err = transactional.unwrap_err();
+    assert!(
+        matches!(err.downcast_ref::<Error>(), Some(Error::Contended { .. })),
+        "{err}"
+    );
+    end_tx.send(()).unwrap();
+    let report = plain.await.unwrap().unwrap();
+    assert_eq!(report.outcome, idempotask::Outcome::Executed);
+    assert_eq!(effects(&pool, "mixed").await, 0);
+}
+
+/// "Keep it for ever" (`Duration::MAX`) is stored as about a century, on both paths, and
+/// fencing tokens start at the clock in milliseconds, like the Redis stores'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_ttls_are_kept_long_and_fencing_tokens_follow_the_clock() {
+    let server = PostgresServer::start();
+    let (store, pool) = setup(&server).await;
+    let forever = Task::new("pg_forever")
+        .lock_ttl(Duration::MAX)
+        .result_ttl(Duration::MAX)
+        .fencing(true);
+    let report = forever
+        .call("k")
+        .store(store.clone())
+        .run_reported(async { Ok::<_, Error>(1_u32) })
+        .await
+        .unwrap();
+    assert_eq!(report.outcome, idempotask::Outcome::Executed);
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let now_ms = u64::try_from(since_epoch.as_millis()).unwrap();
+    let fence = report.fencing_token.unwrap();
+    assert!(
+        fence >= now_ms - 600_000,
+        "fencing token {fence} is behind the clock ({now_ms})"
+    );
+    let seen = store
+        .inspect(&UnitOfWork::new("pg_forever", "k").unwrap())
+        .await
+        .unwrap();
+    assert!(
+        seen.marker_ttl.unwrap() > Duration::from_secs(90 * 365 * 24 * 3600),
+        "{seen:?}"
+    );
+    let kept: Result<i64, BoxError> = forever
+        .call("t")
+        .run_in_transaction(&store, pool.begin().await.unwrap(), async |db| {
+            write_effect(db, "t", 1).await
+        })
+        .await;
+    assert_eq!(kept.unwrap(), 1);
+}

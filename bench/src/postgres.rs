@@ -76,7 +76,9 @@ pub async fn run(
     config: &PgConfig,
     mut emit: impl FnMut(&PgMeasurement),
 ) -> Result<Vec<PgMeasurement>, BenchError> {
+    // No ping before each statement, for idempotask and the hand-written pattern alike.
     let pool = PgPoolOptions::new()
+        .test_before_acquire(false)
         .max_connections(u32::try_from(config.concurrency.max(1)).unwrap_or(u32::MAX))
         .connect(&config.database_url)
         .await?;

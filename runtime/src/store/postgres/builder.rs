@@ -37,9 +37,12 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// The longest caller key accepted, in bytes (default [`MAX_KEY_LEN`](crate::store::MAX_KEY_LEN)).
+    /// The longest caller key accepted, in bytes (default
+    /// [`MAX_KEY_LEN`](crate::store::MAX_KEY_LEN)), at most
+    /// [`LONGEST_KEY`](PostgresStore::LONGEST_KEY): a primary key entry must fit in a third of
+    /// a PostgreSQL page.
     pub fn max_key_len(mut self, max: usize) -> Self {
-        self.max_key_len = max;
+        self.max_key_len = max.min(PostgresStore::LONGEST_KEY);
         self
     }
 
@@ -90,7 +93,7 @@ impl PostgresStoreBuilder {
             response_timeout: self.response_timeout,
             max_key_len: self.max_key_len,
         };
-        // Any unit will do: the statement fails on a missing table or sequence.
+        // Any unit will do: the statement fails on a missing table.
         let probe = UnitOfWork::new("idempotask", "connect-probe").map_err(|err| {
             StoreError::new("connect", StoreErrorKind::Configuration, err.to_string())
         })?;

@@ -32,7 +32,8 @@ pub(super) fn store_error(operation: &'static str, table: &str, err: sqlx::Error
     StoreError::classified(operation, kind, ambiguous, message).with_source(err)
 }
 
-/// A statement the server refused ran to no effect, so none of these is ambiguous.
+/// A statement the server refused ran to no effect, so these are not ambiguous, except where
+/// the server is shutting down.
 fn database(db: &dyn sqlx::error::DatabaseError, table: &str) -> (StoreErrorKind, bool, String) {
     let code = db.code().unwrap_or_default();
     match &*code {
@@ -51,11 +52,11 @@ fn database(db: &dyn sqlx::error::DatabaseError, table: &str) -> (StoreErrorKind
             false,
             db.message().to_owned(),
         ),
-        // admin_shutdown, crash_shutdown, cannot_connect_now: the server is going away or not
-        // yet back; the statement was aborted, and another connection may do better later.
-        "57P01" | "57P02" | "57P03" => {
-            (StoreErrorKind::Unreachable, false, db.message().to_owned())
-        }
+        // admin_shutdown, crash_shutdown: the server is going away, and may say so after the
+        // statement's commit reached the log, so its fate is unknown.
+        "57P01" | "57P02" => (StoreErrorKind::Unreachable, true, db.message().to_owned()),
+        // cannot_connect_now: not yet back; nothing ran.
+        "57P03" => (StoreErrorKind::Unreachable, false, db.message().to_owned()),
         // query_canceled (statement_timeout).
         "57014" => (StoreErrorKind::Timeout, false, db.message().to_owned()),
         _ => (

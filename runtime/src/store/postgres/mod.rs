@@ -29,9 +29,10 @@ const PURGE_BLOCKS: i64 = 4096;
 /// A store in one PostgreSQL table, for services that have PostgreSQL and no Redis.
 ///
 /// One row per unit of work holds either the lock (token, lease expiry, fencing token) or the
-/// completion marker; every operation is one statement, so a fresh task costs two round trips
-/// and a duplicate one, as on Redis. Fencing tokens come from a sequence, so they increase
-/// across all units, not only per unit. It passes the same conformance suite as the Redis
+/// completion marker; every operation is one statement in the common case, so a fresh task
+/// costs two statements and a duplicate one, as on Redis (a `finish` after a lost lock, or a
+/// `begin` that raced another writer, adds one). Fencing tokens come from a sequence that
+/// starts at the clock in milliseconds, so they increase across all units, not only per unit. It passes the same conformance suite as the Redis
 /// stores and works with every [`Task`](crate::Task).
 ///
 /// For work that is itself a write to the same database,
@@ -43,6 +44,13 @@ const PURGE_BLOCKS: i64 = 4096;
 /// [`PostgresStoreBuilder::migrate`], or apply [`PostgresStoreBuilder::migration_sql`] with the
 /// migration tool you already use; [`connect`](PostgresStoreBuilder::connect) checks it is
 /// there. The connection pool is sqlx's [`PgPool`], yours to configure (size, TLS, timeouts).
+///
+/// Two pool settings matter. sqlx pings each connection before handing it out unless told
+/// otherwise (`PgPoolOptions::test_before_acquire(false)`): one more round trip per statement.
+/// And the store's [response timeout](PostgresStoreBuilder::response_timeout) ends the wait
+/// on the client only: the statement goes on in the server, holding its connection, until it
+/// finishes. Give the pool's connections a `lock_timeout` (or `statement_timeout`) a little
+/// under the response timeout, with `PgConnectOptions::options`, so that both end together.
 ///
 /// # Expiry
 /// Expired rows count as absent on every read, and a new lock takes an expired row's place.
@@ -77,16 +85,22 @@ pub struct PostgresStore {
 impl PostgresStore {
     /// The table's name when none is configured.
     pub const DEFAULT_TABLE: &str = DEFAULT_TABLE;
+    /// The longest caller key a store accepts, in bytes, whatever
+    /// [`max_key_len`](PostgresStoreBuilder::max_key_len) asks.
+    pub const LONGEST_KEY: usize = 2048;
     /// How long one statement may take, connection checkout included, by default.
     pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 
-    /// Connects a pool with sqlx's defaults and checks that the default table exists.
+    /// Connects a pool with sqlx's defaults, except that connections are not pinged before each
+    /// statement, and checks that the default table exists.
     ///
     /// # Errors
     /// As [`PostgresStoreBuilder::connect`], and `Unreachable` when the server cannot be
     /// reached.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let pool = PgPool::connect(url)
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .test_before_acquire(false)
+            .connect(url)
             .await
             .map_err(|err| store_error("connect", DEFAULT_TABLE, err))?;
         Self::builder(pool).connect().await
@@ -389,9 +403,13 @@ where
         .map_err(|err| store_error(operation, table, err))
 }
 
-/// A TTL as the statements take it: whole milliseconds, at least 1.
+/// The longest TTL the statements use, about 100 years: PostgreSQL's timestamps end in the year
+/// 294276, so `Duration::MAX` (meaning "keep it") must not reach the server as it is.
+const LONGEST_TTL_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
+
+/// A TTL as the statements take it: whole milliseconds, at least 1, at most about 100 years.
 fn millis(ttl: Duration) -> i64 {
-    i64::try_from(ttl_millis(ttl)).unwrap_or(i64::MAX)
+    i64::try_from(ttl_millis(ttl)).map_or(LONGEST_TTL_MS, |ms| ms.min(LONGEST_TTL_MS))
 }
 
 fn left_duration(millis: i64) -> Duration {

@@ -1,6 +1,7 @@
 //! The SQL of the PostgreSQL store: the table, and one statement per store operation.
 //!
-//! Every operation is a single statement, so it is atomic on its own and costs one round trip.
+//! Every operation is a single statement (two for a `finish` whose plain `UPDATE` found no lock
+//! of the caller's), each atomic on its own.
 //! Times are the server's `statement_timestamp()`: one clock for every worker, and inside a
 //! long transaction it is still the time of the statement, not of `BEGIN`.
 
@@ -23,7 +24,7 @@ pub(super) struct TableName {
 }
 
 impl TableName {
-    /// Accepts lower-case identifiers only (`[a-z_][a-z0-9_]*`, at most 52 bytes each), so the
+    /// Accepts lower-case identifiers only (`[a-z_][a-z0-9_]*`, at most 56 bytes each), so the
     /// name reads the same quoted and unquoted and can never carry SQL.
     pub(super) fn parse(name: &str) -> Result<Self, StoreError> {
         let valid = |part: &str| {
@@ -79,7 +80,8 @@ impl TableName {
         }
     }
 
-    /// The migration: the table and the fencing sequence. Safe to run again.
+    /// The migration: the table and the fencing sequence, which starts at the clock in
+    /// milliseconds. Safe to run again.
     ///
     /// There is no index on `expires_at`: it would be updated by every `begin` and `finish` and
     /// keep PostgreSQL from updating rows in place (HOT), while only the occasional purge
@@ -87,6 +89,7 @@ impl TableName {
     pub(super) fn migration(&self) -> String {
         let table = self.table();
         let sequence = self.sequence();
+        let sequence_literal = sequence.replace('\'', "''");
         let schema = self
             .schema
             .as_ref()
@@ -111,6 +114,14 @@ CREATE TABLE IF NOT EXISTS {table} (
     PRIMARY KEY (task, key)
 );
 CREATE SEQUENCE IF NOT EXISTS {sequence};
+-- Fencing tokens start at the clock in milliseconds, like those of the Redis stores, so a
+-- database that remembers the highest token it saw keeps accepting writers after a move from
+-- Redis; running this again (after a logical-replication cut-over, which does not copy
+-- sequences) never moves the sequence back.
+SELECT setval('{sequence_literal}', greatest(
+    (SELECT last_value FROM {sequence}),
+    (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+));
 "
         )
     }
@@ -157,15 +168,16 @@ impl Statements {
         let t = name.table();
         let seq = name.sequence();
         let sql = |text: String| AssertSqlSafe(text).into_sql_str();
-        // A fenced release or forget keeps the row (expired) for its `fence`, so that the next
-        // grant goes on counting even for a task without fencing; other rows are deleted.
+        // A fenced release or forget keeps the row for its `fence`, so that the next grant goes
+        // on counting even for a task without fencing; other rows are deleted. The kept row
+        // expires at the epoch, not now, so that no clock step can make it live again.
         let free_or_drop = |condition: &str, ours: &str| {
             sql(format!(
                 "WITH dropped AS (
                     DELETE FROM {t} u WHERE u.task = $1 AND u.key = $2 AND {condition} AND u.fence IS NULL
                     RETURNING 1
                 ), freed AS (
-                    UPDATE {t} u SET token = NULL, marker = NULL, expires_at = statement_timestamp()
+                    UPDATE {t} u SET token = NULL, marker = NULL, expires_at = 'epoch'
                     WHERE u.task = $1 AND u.key = $2 AND {condition} AND u.fence IS NOT NULL
                     RETURNING 1
                 )
@@ -202,12 +214,17 @@ impl Statements {
                 "u.state = 'done' AND u.expires_at > statement_timestamp()",
                 "forgotten",
             ),
-            // A TID range scan (PostgreSQL 14+) reads only the blocks of the range.
+            // A TID range scan (PostgreSQL 14+) reads only the blocks of the range; rows that
+            // another transaction holds (taking an expired unit over, say) are skipped rather
+            // than waited for, so the purge never queues behind a long transaction.
             purge: sql(format!(
-                "DELETE FROM {t}
-                 WHERE ctid >= format('(%s,0)', $1::bigint)::tid
-                   AND ctid < format('(%s,0)', $2::bigint)::tid
-                   AND expires_at <= statement_timestamp()"
+                "DELETE FROM {t} WHERE ctid IN (
+                    SELECT ctid FROM {t}
+                    WHERE ctid >= format('(%s,0)', $1::bigint)::tid
+                      AND ctid < format('(%s,0)', $2::bigint)::tid
+                      AND expires_at <= statement_timestamp()
+                    FOR UPDATE SKIP LOCKED
+                 )"
             )),
             blocks: sql(format!(
                 "SELECT (pg_relation_size('{}') / current_setting('block_size')::bigint)::bigint",

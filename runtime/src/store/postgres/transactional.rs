@@ -1,9 +1,10 @@
 //! Transactional completion: the body's database writes and the unit's marker commit together.
 //!
-//! The lock is the unit's row, inserted inside the caller's transaction: every other delivery
-//! of the same key (transactional or not) inserts the same primary key and so waits on it until
-//! this transaction ends. Commit makes the writes and the marker visible at once; a rollback,
-//! an `Err`, a panic, a dropped future or a dead worker leaves neither.
+//! The lock is the unit's row, inserted inside the caller's transaction: every other
+//! transactional delivery of the same key inserts the same primary key and so waits on it until
+//! this transaction ends (a plain one waits up to the store's response timeout). Commit makes
+//! the writes and the marker visible at once; a rollback, an `Err`, a panic, a dropped future or
+//! a dead worker leaves neither.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,10 +12,10 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::postgres::{PgConnection, Postgres};
-use tokio::time::{Instant, sleep};
+use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::errors::{store_error, unexpected};
+use super::errors::store_error;
 use super::{PostgresStore, fence_param, millis};
 use crate::call::{Call, check_marker_key, codec, contended, failed};
 use crate::context::{Lease, TaskContext};
@@ -46,8 +47,10 @@ impl Call<'_> {
     ///   [`run`](Self::run), with a database constraint behind it).
     /// - Done already: the stored value, decoded; the transaction is rolled back and the body
     ///   does not run.
-    /// - Locked by a plain (non-transactional) call of the same task: waits as the task's
-    ///   [`RetryPolicy`](crate::RetryPolicy) says, then [`Error::Contended`].
+    /// - Locked by a plain (non-transactional) call of the same task: [`Error::Contended`] at
+    ///   once, and the transaction is rolled back: waiting inside it could keep a row lock that
+    ///   stops the plain holder from recording its result. Redeliver later; better, do not mix
+    ///   the two paths for one task.
     /// - `Ok`: the marker is written and the transaction committed; the value is returned only
     ///   once the commit succeeded.
     /// - `Err`, a panic, or this future dropped: the transaction is rolled back (sqlx rolls
@@ -55,9 +58,12 @@ impl Call<'_> {
     /// - A crash anywhere before the commit: PostgreSQL aborts the transaction when the
     ///   connection drops, with the same effect.
     ///
-    /// The transaction must be at the default isolation level, `READ COMMITTED`: under
-    /// `REPEATABLE READ` or `SERIALIZABLE` a delivery that waited on another's row fails with
-    /// a serialization error ([`Error::Store`]) instead of replaying; its redelivery replays.
+    /// The transaction comes from a pool (`pool.begin()`), so that a dropped one is rolled back
+    /// as its connection returns to the pool. Use the default isolation level, `READ
+    /// COMMITTED`: under `REPEATABLE READ` or `SERIALIZABLE` a delivery that waited on
+    /// another's row fails with a serialization error ([`Error::Store`]) instead of replaying;
+    /// its redelivery replays. The marker and the commit get the store's response timeout;
+    /// waiting for another delivery's transaction does not.
     ///
     /// # Errors
     /// The body's own error, or an [`Error`] converted into `E`: [`Error::Store`] when a
@@ -90,7 +96,7 @@ impl Call<'_> {
     pub async fn run_in_transaction<T, E, F>(
         self,
         store: &PostgresStore,
-        transaction: sqlx::Transaction<'_, Postgres>,
+        transaction: sqlx::Transaction<'static, Postgres>,
         body: F,
     ) -> Result<T, E>
     where
@@ -119,7 +125,7 @@ impl Call<'_> {
     async fn run_transaction<T, E, F>(
         self,
         store: &PostgresStore,
-        mut transaction: sqlx::Transaction<'_, Postgres>,
+        mut transaction: sqlx::Transaction<'static, Postgres>,
         body: F,
         observation: &Observation<'_>,
     ) -> Result<(T, Ending), (E, Ending)>
@@ -139,7 +145,16 @@ impl Call<'_> {
         {
             observation.waited(*attempts, waiting.elapsed());
         }
-        match claimed.map_err(failed)? {
+        let claimed = match claimed {
+            Ok(claimed) => claimed,
+            Err(err) => {
+                // Whatever the statement locked goes now, not when the pool gets the
+                // connection back.
+                let _ = transaction.rollback().await;
+                return Err(failed(err));
+            }
+        };
+        match claimed {
             Claim::Replay { marker, .. } => {
                 observation.fencing_token(marker.fencing_token());
                 // Nothing of this delivery's may commit; the body did not run.
@@ -166,25 +181,28 @@ impl Call<'_> {
                 };
                 let marker = self.marker_for(&unit, fencing_token, &value);
                 let token = token.granted(fencing_token);
-                complete(
-                    store,
-                    &mut transaction,
-                    &unit,
-                    &token,
-                    &marker,
-                    self.task.result_ttl,
-                )
-                .await
-                .map_err(|err| failed(Error::from(err)))?;
-                transaction.commit().await.map_err(|err| {
-                    failed(Error::from(store_error("commit", store.table(), err)))
-                })?;
+                let result_ttl = self.task.result_ttl;
+                let recorded = store
+                    .run(
+                        "complete",
+                        complete(store, &mut transaction, &unit, &token, &marker, result_ttl),
+                    )
+                    .await;
+                if let Err(err) = recorded {
+                    let _ = transaction.rollback().await;
+                    return Err(failed(Error::from(err)));
+                }
+                store
+                    .run("commit", transaction.commit())
+                    .await
+                    .map_err(|err| failed(Error::from(err)))?;
                 Ok((value, Ending::Executed))
             }
         }
     }
 
-    /// Inserts the unit's row in the transaction, waiting out plain holders.
+    /// Inserts the unit's row in the transaction, or finds the unit done or held by a plain
+    /// call.
     async fn claim(
         &self,
         store: &PostgresStore,
@@ -192,50 +210,35 @@ impl Call<'_> {
         unit: &UnitOfWork,
         token: &LockToken,
     ) -> Result<Claim, Error> {
-        let policy = self.task.retry;
-        let started = Instant::now();
-        let mut attempts = 0;
-        loop {
-            let answer = PostgresStore::begin_on(
-                &store.statements,
-                connection,
-                unit,
-                token,
-                self.task.lock_ttl,
-                self.task.fencing,
-            )
-            .await
-            .map_err(|err| store_error("begin", store.table(), err))?;
-            attempts += 1;
-            match answer {
-                Begin::Acquired { fencing_token } => {
-                    return Ok(Claim::Run {
-                        fencing_token,
-                        attempts,
-                    });
-                }
-                Begin::Done(bytes) => {
-                    let marker = Marker::decode(&bytes).map_err(|err| {
-                        codec(
-                            unit,
-                            CodecErrorKind::Unreadable,
-                            format!("the stored marker cannot be read: {err}"),
-                        )
-                    })?;
-                    check_marker_key(unit, &marker)?;
-                    return Ok(Claim::Replay { marker, attempts });
-                }
-                Begin::Busy { lock_ttl_remaining } => {
-                    let pause = policy
-                        .pause_after_busy(
-                            self.task.lock_ttl,
-                            attempts,
-                            started.elapsed(),
-                            lock_ttl_remaining,
-                        )
-                        .ok_or_else(|| contended(unit, lock_ttl_remaining, attempts))?;
-                    sleep(pause).await;
-                }
+        let attempts = 1;
+        let answer = PostgresStore::begin_on(
+            &store.statements,
+            connection,
+            unit,
+            token,
+            self.task.lock_ttl,
+            self.task.fencing,
+        )
+        .await
+        .map_err(|err| store_error("begin", store.table(), err))?;
+        match answer {
+            Begin::Acquired { fencing_token } => Ok(Claim::Run {
+                fencing_token,
+                attempts,
+            }),
+            Begin::Done(bytes) => {
+                let marker = Marker::decode(&bytes).map_err(|err| {
+                    codec(
+                        unit,
+                        CodecErrorKind::Unreadable,
+                        format!("the stored marker cannot be read: {err}"),
+                    )
+                })?;
+                check_marker_key(unit, &marker)?;
+                Ok(Claim::Replay { marker, attempts })
+            }
+            Begin::Busy { lock_ttl_remaining } => {
+                Err(contended(unit, lock_ttl_remaining, attempts))
             }
         }
     }
@@ -249,9 +252,9 @@ async fn complete(
     token: &LockToken,
     marker: &[u8],
     result_ttl: Duration,
-) -> Result<(), crate::store::StoreError> {
-    let fence =
-        fence_param(token).map_err(|_| unexpected("complete", "a fencing token beyond bigint"))?;
+) -> Result<(), sqlx::Error> {
+    let fence = fence_param(token)
+        .map_err(|_| sqlx::Error::Protocol("a fencing token beyond bigint".to_owned()))?;
     let done = sqlx::query(store.statements.complete_in_transaction.clone())
         .bind(unit.task())
         .bind(unit.key().as_bytes())
@@ -260,15 +263,13 @@ async fn complete(
         .bind(marker)
         .bind(millis(result_ttl))
         .execute(connection)
-        .await
-        .map_err(|err| store_error("complete", store.table(), err))?;
+        .await?;
     if done.rows_affected() == 1 {
         Ok(())
     } else {
         // Nobody else can change a row this transaction wrote and has not committed.
-        Err(unexpected(
-            "complete",
-            "the transaction's own lock row is gone",
+        Err(sqlx::Error::Protocol(
+            "the transaction's own lock row is gone".to_owned(),
         ))
     }
 }
