@@ -43,6 +43,22 @@ async fn write_effect(db: &mut PgConnection, key: &str, value: i64) -> Result<i6
     Ok(value)
 }
 
+/// One transactional delivery of `key` that writes one effect row and counts its run.
+async fn deliver_write(
+    store: PostgresStore,
+    key: String,
+    runs: Arc<AtomicUsize>,
+) -> Result<i64, BoxError> {
+    let transaction = store.pool().begin().await?;
+    WRITE
+        .call(key.as_str())
+        .run_in_transaction(&store, transaction, async |db| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            write_effect(db, &key, 1).await
+        })
+        .await
+}
+
 async fn effects(pool: &PgPool, key: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM effects WHERE key = $1")
         .bind(key)
@@ -322,19 +338,7 @@ async fn committed_units_survive_a_fast_shutdown_restart() {
     effects_table(&pool).await;
     let store = builder.connect().await.unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
-    let deliver = |key: String| {
-        let (store, runs) = (store.clone(), Arc::clone(&runs));
-        async move {
-            let transaction = store.pool().begin().await?;
-            WRITE
-                .call(key.as_str())
-                .run_in_transaction(&store, transaction, async |db| {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    write_effect(db, &key, 1).await
-                })
-                .await
-        }
-    };
+    let deliver = |key: String| deliver_write(store.clone(), key, Arc::clone(&runs));
     for index in 0..COMMITTED {
         let done: Result<i64, BoxError> = deliver(format!("restart-{index}")).await;
         done.unwrap();
@@ -526,21 +530,11 @@ async fn postgres_worker() {
         }
         let tx_key = format!("transactional-{key}");
         let done = deliver_concurrently(DELIVERIES_PER_KEY, |_| {
-            let (store, runs, key) = (
+            deliver_write(
                 store.clone(),
-                Arc::clone(&transactional_runs),
                 tx_key.clone(),
-            );
-            async move {
-                let transaction = store.pool().begin().await?;
-                WRITE
-                    .call(key.as_str())
-                    .run_in_transaction(&store, transaction, async |db| {
-                        runs.fetch_add(1, Ordering::SeqCst);
-                        write_effect(db, &key, 1).await
-                    })
-                    .await
-            }
+                Arc::clone(&transactional_runs),
+            )
         })
         .await;
         for result in done {
