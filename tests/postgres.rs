@@ -313,10 +313,23 @@ async fn a_missing_table_is_a_configuration_error_naming_the_migration() {
         .unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Configuration);
     // A table of one's own name, in a schema of its own, migrated twice.
-    let builder = PostgresStore::builder(pool).table("jobs.units");
+    let builder = PostgresStore::builder(pool.clone()).table("jobs.units");
     builder.migrate().await.unwrap();
     builder.migrate().await.unwrap();
-    assert_eq!(builder.connect().await.unwrap().table(), "jobs.units");
+    assert_eq!(
+        builder.clone().connect().await.unwrap().table(),
+        "jobs.units"
+    );
+    // Half a migration (the sequence gone) is found at connect, not at the first fenced task.
+    sqlx::raw_sql("DROP SEQUENCE jobs.units_fence")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let err = builder.clone().connect().await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Configuration);
+    assert!(err.to_string().contains("PostgresStore::migrate"), "{err}");
+    builder.migrate().await.unwrap();
+    builder.connect().await.unwrap();
 }
 
 /// A transactional delivery in flight goes through a fast shutdown: its transaction is rolled

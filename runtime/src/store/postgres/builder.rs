@@ -78,7 +78,7 @@ impl PostgresStoreBuilder {
             .map_err(|err| store_error("migrate", &name.display(), err))
     }
 
-    /// Checks that the table exists and builds the store.
+    /// Checks that the table and its fencing sequence exist, and builds the store.
     ///
     /// # Errors
     /// `Configuration` for an unusable table name or a table that does not exist yet (run
@@ -97,8 +97,16 @@ impl PostgresStoreBuilder {
         let probe = UnitOfWork::new("idempotask", "connect-probe").map_err(|err| {
             StoreError::new("connect", StoreErrorKind::Configuration, err.to_string())
         })?;
-        store
-            .inspect(&probe)
+        let checked = async {
+            store.inspect(&probe).await?;
+            store
+                .run(
+                    "connect",
+                    sqlx::query(store.statements.sequence_probe.clone()).execute(&store.pool),
+                )
+                .await
+        };
+        checked
             .await
             .map_err(|err| StoreError::classified("connect", err.kind(), false, err.to_string()))?;
         Ok(store)

@@ -157,6 +157,8 @@ pub(super) struct Statements {
     pub(super) purge: SqlStr,
     /// How many blocks the table has now.
     pub(super) blocks: SqlStr,
+    /// Reads the fencing sequence: fails when the migration has not created it.
+    pub(super) sequence_probe: SqlStr,
 }
 
 /// Milliseconds left until `expires_at`, rounded up so a live entry never reads as 0 ms.
@@ -226,6 +228,7 @@ impl Statements {
                     FOR UPDATE SKIP LOCKED
                  )"
             )),
+            sequence_probe: sql(format!("SELECT last_value FROM {seq}")),
             blocks: sql(format!(
                 "SELECT (pg_relation_size('{}') / current_setting('block_size')::bigint)::bigint",
                 t.replace('\'', "''")
