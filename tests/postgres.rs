@@ -644,3 +644,33 @@ async fn huge_ttls_are_kept_long_and_fencing_tokens_follow_the_clock() {
         .await;
     assert_eq!(kept.unwrap(), 1);
 }
+
+/// With the `lock_timeout` the store's docs recommend, a plain call that meets a transaction's
+/// uncommitted row gives up in the server too, as a typed timeout, and nothing runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_timeout_ends_a_plain_wait_on_a_transaction_as_a_timeout() {
+    let server = PostgresServer::start();
+    let (store, pool) = setup(&server).await;
+    let options: sqlx::postgres::PgConnectOptions = server.url().parse().unwrap();
+    let bounded_pool = sqlx::postgres::PgPoolOptions::new()
+        .test_before_acquire(false)
+        .connect_with(options.options([("lock_timeout", "200ms")]))
+        .await
+        .unwrap();
+    let bounded = PostgresStore::builder(bounded_pool)
+        .connect()
+        .await
+        .unwrap();
+    let held = HeldDelivery::start(&store, "write-bounded").await;
+    let plain: Result<i64, Error> = WRITE
+        .call("write-bounded")
+        .store(bounded)
+        .run(async { Ok(2) })
+        .await;
+    match plain {
+        Err(Error::Store(err)) => assert_eq!(err.kind(), StoreErrorKind::Timeout, "{err}"),
+        other => panic!("expected a store timeout, got {other:?}"),
+    }
+    assert_eq!(held.resume(Ok(1)).await.unwrap(), 1);
+    assert_eq!(effects(&pool, "write-bounded").await, 1);
+}

@@ -57,8 +57,8 @@ fn database(db: &dyn sqlx::error::DatabaseError, table: &str) -> (StoreErrorKind
         "57P01" | "57P02" => (StoreErrorKind::Unreachable, true, db.message().to_owned()),
         // cannot_connect_now: not yet back; nothing ran.
         "57P03" => (StoreErrorKind::Unreachable, false, db.message().to_owned()),
-        // query_canceled (statement_timeout).
-        "57014" => (StoreErrorKind::Timeout, false, db.message().to_owned()),
+        // query_canceled (statement_timeout), lock_not_available (lock_timeout).
+        "57014" | "55P03" => (StoreErrorKind::Timeout, false, db.message().to_owned()),
         _ => (
             StoreErrorKind::Rejected,
             false,
