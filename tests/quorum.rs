@@ -20,6 +20,9 @@ use support::RedisServer;
 use support::quorum::Quorum;
 use support::workers::{self, Workers};
 
+/// The pause between redeliveries of `support::deliver_until_done`.
+const RETRY_PAUSE: Duration = Duration::from_millis(10);
+
 const SERVERS: usize = 5;
 const KEYS: u32 = 200;
 const DELIVERIES_PER_KEY: u32 = 16;
@@ -74,25 +77,6 @@ async fn store(urls: Vec<String>, server_timeout: Duration) -> RedlockStore {
         .unwrap()
 }
 
-/// Delivers until the call returns something other than a retryable idempotask error, as a
-/// queue would; answers the report and how many typed errors were seen on the way.
-async fn deliver_until_done<T, F, Fut>(deliver: F) -> (T, u32)
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = Result<T, Error>>,
-{
-    let mut errors = 0;
-    loop {
-        match deliver().await {
-            Ok(value) => return (value, errors),
-            Err(Error::Store(err)) if err.is_retryable() => errors += 1,
-            Err(Error::Contended { .. }) => errors += 1,
-            Err(other) => panic!("an error a queue cannot retry: {other:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Where a worker process finds the quorum and the ledger.
 #[derive(Serialize, Deserialize)]
 struct WorkerConfig {
@@ -134,7 +118,7 @@ async fn worker() {
             let (task, store, conn, permit) =
                 (task.clone(), store.clone(), conn.clone(), permit.clone());
             deliveries.push(tokio::spawn(async move {
-                let (report, typed_errors) = deliver_until_done(|| {
+                let (report, typed_errors) = support::deliver_until_done(RETRY_PAUSE, || {
                     let mut conn = conn.clone();
                     task.call(format!("k{key}"))
                         .store(store.clone())
@@ -383,7 +367,7 @@ async fn a_partition_never_makes_a_second_holder() {
     holder.release.send(()).unwrap();
     let report = holder.report.await.unwrap().unwrap();
     assert_eq!(report.outcome, Outcome::Executed);
-    let (value, _) = deliver_until_done(intrude).await;
+    let (value, _) = support::deliver_until_done(RETRY_PAUSE, intrude).await;
     assert_eq!(value, "holder");
     assert_eq!(holder_ran.load(Ordering::SeqCst), 1);
     assert_eq!(
@@ -472,10 +456,12 @@ async fn restart_while_held(
     let value = match early {
         Ok(report) => report.value,
         Err(Error::Store(_) | Error::Contended { .. }) => {
-            let (report, _) =
-                tokio::time::timeout(Duration::from_secs(10), deliver_until_done(redeliver))
-                    .await
-                    .expect("the redelivery never got an answer");
+            let (report, _) = tokio::time::timeout(
+                Duration::from_secs(10),
+                support::deliver_until_done(RETRY_PAUSE, redeliver),
+            )
+            .await
+            .expect("the redelivery never got an answer");
             report.value
         }
         Err(other) => panic!("{other:?}"),

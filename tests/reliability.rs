@@ -26,6 +26,9 @@ use support::{Flavor, RedisServer, scan_keys};
 #[path = "reliability/gate.rs"]
 mod gate;
 
+/// The pause between redeliveries of `support::deliver_until_done`.
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
+
 /// A scenario that needs no Redis-only feature, as one test per server: Redis 7 (`finish` as a
 /// script) and Valkey 8.1 (`finish` as `SET … IFEQ`). The heaviest ones (restarts, a stalled
 /// server, TLS) run once, on Redis.
@@ -61,25 +64,6 @@ async fn store_with_timeout(url: &str, timeout: Duration) -> RedisStore {
         .connect()
         .await
         .unwrap()
-}
-
-/// Delivers until the call returns something other than a retryable idempotask error, as a
-/// queue would; answers the value and how many typed errors were seen on the way.
-async fn deliver_until_done<T, F, Fut>(deliver: F) -> (T, u32)
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = Result<T, Error>>,
-{
-    let mut errors = 0;
-    loop {
-        match deliver().await {
-            Ok(value) => return (value, errors),
-            Err(Error::Store(err)) if err.is_retryable() => errors += 1,
-            Err(Error::Contended { .. }) => errors += 1,
-            Err(other) => panic!("an error a queue cannot retry: {other:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[path = "reliability/bad_input.rs"]
@@ -228,7 +212,7 @@ async fn restarts_during_a_run(aof: bool) -> (u32, u32, u64) {
             );
             deliveries.push(tokio::spawn(async move {
                 let _permit = limit.acquire().await.unwrap();
-                let (value, errors) = deliver_until_done(|| {
+                let (value, errors) = support::deliver_until_done(RETRY_PAUSE, || {
                     let executions = executions.clone();
                     task.call(format!("k{key}"))
                         .store(store.clone())
@@ -320,7 +304,7 @@ async fn worker_floods(url: &str) {
                 (task.clone(), store.clone(), conn.clone(), permit.clone());
             deliveries.push(tokio::spawn(async move {
                 let started = Instant::now();
-                let (report, retries) = deliver_until_done(|| {
+                let (report, retries) = support::deliver_until_done(RETRY_PAUSE, || {
                     let mut conn = conn.clone();
                     task.call(format!("k{key}"))
                         .store(store.clone())

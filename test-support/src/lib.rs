@@ -235,3 +235,23 @@ pub async fn scan_keys(conn: &mut redis::aio::MultiplexedConnection, pattern: &s
         cursor = next;
     }
 }
+
+/// Delivers until the call returns something other than a retryable idempotask error, as a
+/// queue would, pausing `pause` between deliveries; answers the value and how many typed
+/// errors (retryable store errors, `Contended`) were seen on the way. Panics on any other error.
+pub async fn deliver_until_done<T, F, Fut>(pause: Duration, deliver: F) -> (T, u32)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, idempotask::Error>>,
+{
+    let mut errors = 0;
+    loop {
+        match deliver().await {
+            Ok(value) => return (value, errors),
+            Err(idempotask::Error::Store(err)) if err.is_retryable() => errors += 1,
+            Err(idempotask::Error::Contended { .. }) => errors += 1,
+            Err(other) => panic!("an error a queue cannot retry: {other:?}"),
+        }
+        tokio::time::sleep(pause).await;
+    }
+}

@@ -48,7 +48,7 @@ async fn s09_script_flush_and_client_kill_under_load_cost_only_typed_retries(
             for key in waves * keys..(waves + 1) * keys {
                 let (task, store, executions) = (task.clone(), store.clone(), executions.clone());
                 deliveries.push(tokio::spawn(async move {
-                    let (report, errors) = deliver_until_done(|| {
+                    let (report, errors) = support::deliver_until_done(RETRY_PAUSE, || {
                         let executions = executions.clone();
                         task.call(format!("k{key}"))
                             .store(store.clone())
