@@ -10,7 +10,10 @@
 //! The ledger has no `UNIQUE` constraint of its own: the unit's row in idempotask's table,
 //! written in the same transaction as the transfer, is what keeps a transfer from being written
 //! twice. The last line of output is one JSON summary; `rows_written` equals `transfers`,
-//! `duplicates` is 0 and `balance_ok` is true.
+//! `duplicates` is 0 and `balance_ok` is true. `executed` counts the `executed` lines the
+//! processes printed; `written_by_killed` counts the transfers the killed worker committed, read
+//! from the ledger since it may have died before printing them; `executed_by_survivors` and
+//! `written_by_killed` add up to `transfers`.
 //!
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1/postgres cargo run --example ledger_transfer
@@ -93,9 +96,11 @@ async fn prepare(pool: &PgPool, run: i64) -> Result<(), BoxError> {
              run bigint NOT NULL, id bigint NOT NULL, balance bigint NOT NULL,
              PRIMARY KEY (run, id));
          -- No UNIQUE constraint on (run, transfer): the point of the example.
+         -- `writer`: the process that committed the row (a worker's index, or -1 for the last
+         -- pass), so what a killed worker committed is counted from here, not from its output.
          CREATE TABLE IF NOT EXISTS ledger_transfers (
              run bigint NOT NULL, transfer bigint NOT NULL, from_account bigint NOT NULL,
-             to_account bigint NOT NULL, amount bigint NOT NULL);
+             to_account bigint NOT NULL, amount bigint NOT NULL, writer bigint NOT NULL);
          CREATE TABLE IF NOT EXISTS ledger_crashes (
              run bigint NOT NULL, transfer bigint NOT NULL, PRIMARY KEY (run, transfer));",
     )
@@ -113,8 +118,18 @@ async fn prepare(pool: &PgPool, run: i64) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// The process a delivery runs in: a worker's index, or [`LAST_PASS`].
+type Writer = i64;
+/// The parent's redelivery pass after the workers are done.
+const LAST_PASS: Writer = -1;
+
 /// The transfer's writes, inside the delivery's transaction.
-async fn apply(db: &mut PgConnection, run: i64, transfer: Transfer) -> Result<i64, BoxError> {
+async fn apply(
+    db: &mut PgConnection,
+    run: i64,
+    writer: Writer,
+    transfer: Transfer,
+) -> Result<i64, BoxError> {
     // Both accounts are updated in id order, so two transfers over the same pair cannot
     // deadlock.
     let mut legs = [
@@ -131,15 +146,16 @@ async fn apply(db: &mut PgConnection, run: i64, transfer: Transfer) -> Result<i6
             .await?;
     }
     let row = sqlx::query(
-        "INSERT INTO ledger_transfers (run, transfer, from_account, to_account, amount)
-         VALUES ($1, $2, $3, $4, $5) RETURNING (SELECT balance FROM ledger_accounts
-                                                WHERE run = $1 AND id = $3)",
+        "INSERT INTO ledger_transfers (run, transfer, from_account, to_account, amount, writer)
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING (SELECT balance FROM ledger_accounts
+                                                    WHERE run = $1 AND id = $3)",
     )
     .bind(run)
     .bind(i64::try_from(transfer.id)?)
     .bind(transfer.from)
     .bind(transfer.to)
     .bind(transfer.amount)
+    .bind(writer)
     .fetch_one(&mut *db)
     .await?;
     Ok(row.try_get(0)?)
@@ -162,6 +178,7 @@ async fn first_to_crash(pool: &PgPool, run: i64, transfer: u64) -> Result<bool, 
 async fn deliver(
     store: &PostgresStore,
     run: i64,
+    writer: Writer,
     transfer: Transfer,
 ) -> Result<Delivery, BoxError> {
     let pool = store.pool().clone();
@@ -176,7 +193,7 @@ async fn deliver(
             // workers are not waiting on them for the connection it needs.
             let dying =
                 transfer.id == CRASH_TRANSFER && first_to_crash(&pool, run, transfer.id).await?;
-            let balance = apply(db, run, transfer).await?;
+            let balance = apply(db, run, writer, transfer).await?;
             if dying {
                 // The money has moved inside the transaction; the parent kills this process
                 // on this line, before the commit.
@@ -205,13 +222,13 @@ fn report(delivery: &Delivery) {
 }
 
 /// A worker process: every transfer, `COPIES` deliveries at once.
-async fn worker(store: PostgresStore, run: i64) -> Result<(), BoxError> {
+async fn worker(store: PostgresStore, run: i64, writer: Writer) -> Result<(), BoxError> {
     let mut deliveries = tokio::task::JoinSet::new();
     for transfer in transfers() {
         for _ in 0..COPIES {
             let store = store.clone();
             deliveries.spawn(async move {
-                let delivery = deliver(&store, run, transfer).await;
+                let delivery = deliver(&store, run, writer, transfer).await;
                 report(&delivery.unwrap_or_else(|err| {
                     eprintln!("transfer {}: {err}", transfer.id);
                     Delivery {
@@ -227,12 +244,15 @@ async fn worker(store: PostgresStore, run: i64) -> Result<(), BoxError> {
 }
 
 /// Starts the workers, kills the one that reports it is dying, and collects every delivery.
-async fn run_workers(url: &str, run: i64) -> Result<(Vec<Delivery>, usize), BoxError> {
+async fn run_workers(
+    url: &str,
+    run: i64,
+) -> Result<(Vec<(Writer, Delivery)>, Vec<Writer>), BoxError> {
     let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
     let mut children = Vec::new();
     for index in 0..WORKERS {
         let mut child = Command::new(std::env::current_exe()?)
-            .args(["--worker", &run.to_string()])
+            .args(["--worker", &run.to_string(), &index.to_string()])
             .env("DATABASE_URL", url)
             .stdout(Stdio::piped())
             .kill_on_drop(true)
@@ -257,17 +277,17 @@ async fn run_workers(url: &str, run: i64) -> Result<(Vec<Delivery>, usize), BoxE
         if delivery.outcome == "dying" {
             // SIGKILL, as `kill -9`: the connection drops mid-transaction.
             children[index].start_kill()?;
-            killed.push(index);
+            killed.push(Writer::try_from(index)?);
         }
-        deliveries.push(delivery);
+        deliveries.push((Writer::try_from(index)?, delivery));
     }
     for (index, child) in children.iter_mut().enumerate() {
         let status = child.wait().await?;
-        if !status.success() && !killed.contains(&index) {
+        if !status.success() && !killed.contains(&Writer::try_from(index)?) {
             return Err(format!("worker {index} failed: {status}").into());
         }
     }
-    Ok((deliveries, killed.len()))
+    Ok((deliveries, killed))
 }
 
 #[tokio::main]
@@ -280,10 +300,10 @@ async fn main() -> Result<(), BoxError> {
         .await?;
     let builder = PostgresStore::builder(pool.clone());
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if let [flag, run] = args.as_slice()
+    if let [flag, run, writer] = args.as_slice()
         && flag == "--worker"
     {
-        return worker(builder.connect().await?, run.parse()?).await;
+        return worker(builder.connect().await?, run.parse()?, writer.parse()?).await;
     }
 
     let started = Instant::now();
@@ -301,7 +321,7 @@ async fn main() -> Result<(), BoxError> {
             .map_err(|_| "the workers did not finish within 120 s")??;
     // The queue redelivers what the dead worker had in flight; here, everything once more.
     for transfer in transfers() {
-        deliveries.push(deliver(&store, run, transfer).await?);
+        deliveries.push((LAST_PASS, deliver(&store, run, LAST_PASS, transfer).await?));
     }
 
     let written: Vec<(i64, i64)> = sqlx::query_as(
@@ -312,6 +332,14 @@ async fn main() -> Result<(), BoxError> {
     .await?;
     let rows_written: i64 = written.iter().map(|(_, rows)| rows).sum();
     let duplicates: i64 = written.iter().map(|(_, rows)| rows - 1).sum();
+    // A killed worker may have committed transfers whose `executed` line it never printed.
+    let written_by_killed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM ledger_transfers WHERE run = $1 AND writer = ANY($2)",
+    )
+    .bind(run)
+    .bind(&killed)
+    .fetch_one(&pool)
+    .await?;
     let balances: BTreeMap<i64, i64> =
         sqlx::query_as("SELECT id, balance FROM ledger_accounts WHERE run = $1")
             .bind(run)
@@ -324,14 +352,25 @@ async fn main() -> Result<(), BoxError> {
         *expected.entry(transfer.from).or_default() -= transfer.amount;
         *expected.entry(transfer.to).or_default() += transfer.amount;
     }
-    let count = |outcome: &str| deliveries.iter().filter(|d| d.outcome == outcome).count();
+    let count = |outcome: &str| {
+        deliveries
+            .iter()
+            .filter(|(_, d)| d.outcome == outcome)
+            .count()
+    };
+    let executed_by_survivors = deliveries
+        .iter()
+        .filter(|(writer, d)| d.outcome == "executed" && !killed.contains(writer))
+        .count();
     let summary = json!({
         "transfers": TRANSFERS,
         "deliveries": deliveries.len(),
         "executed": count("executed"),
         "replayed": count("replayed"),
         "failed": count("failed"),
-        "killed_mid_transaction": killed,
+        "killed_mid_transaction": killed.len(),
+        "written_by_killed": written_by_killed,
+        "executed_by_survivors": executed_by_survivors,
         "rows_written": rows_written,
         "duplicates": duplicates,
         "balance_ok": balances == expected,

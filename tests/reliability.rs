@@ -98,12 +98,16 @@ async fn worker() {
     }
 }
 
+/// Long enough that the immediate redelivery, which follows the kill, the reaping and a new
+/// connection, still finds the dead worker's lock on a loaded machine.
+const S04_LOCK_TTL: Duration = Duration::from_secs(3);
+
 async fn worker_dies_after_side_effect(url: &str) {
     let store = RedisStore::connect(url).await.unwrap();
     let client = redis::Client::open(url).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let _: Result<u8, Error> = Task::new("s04")
-        .lock_ttl(Duration::from_secs(1))
+        .lock_ttl(S04_LOCK_TTL)
         .call("order-1")
         .store(store)
         .run(async move {
@@ -142,7 +146,7 @@ async fn s04_a_killed_worker_is_rerun_only_after_its_lock_expires(server_flavor:
     let killed_at = Instant::now();
 
     let store = server.store().await;
-    let task = Task::new("s04").lock_ttl(Duration::from_secs(1));
+    let task = Task::new("s04").lock_ttl(S04_LOCK_TTL);
     // Still locked by the dead worker: an immediate redelivery must not run.
     let early: Result<u8, Error> = Task::new("s04")
         .retry(RetryPolicy::no_wait())
@@ -154,7 +158,7 @@ async fn s04_a_killed_worker_is_rerun_only_after_its_lock_expires(server_flavor:
     // A redelivery that waits runs once the dead worker's lock has expired.
     let mut rerun_conn = conn.clone();
     let late = task
-        .retry(RetryPolicy::new().max_wait(Duration::from_secs(5)))
+        .retry(RetryPolicy::new().max_wait(S04_LOCK_TTL * 3))
         .call("order-1")
         .store(store)
         .run_reported(async move {
@@ -177,7 +181,7 @@ async fn s04_a_killed_worker_is_rerun_only_after_its_lock_expires(server_flavor:
     assert_eq!(effects, 2, "the documented window: one duplicate");
     record_on(
         server_flavor,
-        "4. worker `kill -9` after the side effect, before the marker (lock TTL 1 s)",
+        "4. worker `kill -9` after the side effect, before the marker (lock TTL 3 s)",
         &format!(
             "immediate redelivery: `Contended`, nothing ran; the waiting redelivery ran after {} ms; side effects: 2 (1 duplicate: the documented window, covered by the database constraint)",
             waited.as_millis()
