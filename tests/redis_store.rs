@@ -197,9 +197,13 @@ async fn one_key_per_unit_holds_no_caller_text_and_reads_as_text() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(marker, format!("D{}|{key}|1", key.len()).into_bytes());
+    let text = String::from_utf8(marker.clone()).unwrap();
+    let prefix = format!("D{},d", key.len());
+    assert!(text.starts_with(&prefix), "{text:?}");
+    assert!(text.ends_with(&format!("|{key}|1")), "{text:?}");
     let marker = idempotask::ops::Marker::decode(&marker).unwrap();
     assert_eq!(marker.key(), key);
+    assert_eq!(marker.delivery().map(str::len), Some(4));
 }
 
 #[tokio::test]
@@ -237,7 +241,8 @@ async fn a_flushed_script_cache_heals_itself() {
 async fn acl_users_authenticate_and_bad_credentials_are_a_configuration_error() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
-    // Only its own keys, and only reading, writing and scripts: no `@dangerous` `INFO`.
+    // Only its own keys, and only reading, writing, scripts and the clock: no `@dangerous`
+    // `INFO`.
     let _: String = redis::cmd("ACL")
         .arg(
             &[
@@ -250,6 +255,7 @@ async fn acl_users_authenticate_and_bad_credentials_are_a_configuration_error() 
                 "+@write",
                 "+@scripting",
                 "+@connection",
+                "+time",
             ][..],
         )
         .query_async(&mut conn)

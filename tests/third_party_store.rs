@@ -2,6 +2,7 @@
 //! no `async-trait`, only idempotask's public API. It passes the shipped conformance suite.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -19,6 +20,8 @@ enum State {
     },
     Done {
         marker: Vec<u8>,
+        /// Written after its delivery's lock expired: a repeated finish says so again.
+        late: bool,
         until: Instant,
     },
     /// A released fenced lock's counter.
@@ -38,9 +41,10 @@ impl State {
     }
 }
 
-/// A `HashMap` behind a mutex, keyed by task and plain key.
+/// A `HashMap` behind a mutex, keyed by task and plain key, and the highest fencing token the
+/// store granted: units' counters expire, and tokens must still never go back.
 #[derive(Debug, Clone, Default)]
-struct MapStore(Arc<Mutex<HashMap<(String, String), State>>>);
+struct MapStore(Arc<Mutex<HashMap<(String, String), State>>>, Arc<AtomicU64>);
 
 impl MapStore {
     fn with<R>(&self, unit: &UnitOfWork, op: impl FnOnce(&mut Option<State>, Instant) -> R) -> R {
@@ -56,18 +60,18 @@ impl MapStore {
     }
 }
 
-fn clock_ms() -> u64 {
+fn clock_us() -> u64 {
     let since = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
-    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+    u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
 }
 
 fn counter(fence: u64, now: Instant) -> State {
-    let ahead = fence.saturating_sub(clock_ms());
+    let ahead = fence.saturating_sub(clock_us());
     State::Counter {
         fence,
-        until: now + Duration::from_millis(ahead + 1000),
+        until: now + Duration::from_micros(ahead) + Duration::from_secs(1),
     }
 }
 
@@ -95,8 +99,15 @@ impl Store for MapStore {
                 Some(State::Counter { fence, .. }) => Some(*fence),
                 None => None,
             };
-            let fence = (fencing == Fencing::On || last.is_some())
-                .then(|| last.unwrap_or(0).saturating_add(1).max(clock_ms()));
+            let fence = (fencing == Fencing::On || last.is_some()).then(|| {
+                let floor = last
+                    .unwrap_or(0)
+                    .max(clock_us())
+                    .max(self.1.load(Ordering::Acquire));
+                let fence = floor.saturating_add(1);
+                self.1.fetch_max(fence, Ordering::AcqRel);
+                fence
+            });
             let granted = match fence {
                 Some(fence) => token.clone().with_fencing_token(fence),
                 None => token.clone(),
@@ -119,8 +130,16 @@ impl Store for MapStore {
         Ok(self.with(unit, |slot, now| {
             let answer = match slot.as_ref() {
                 _ if holds(slot.as_ref(), token) => Finish::Completed,
-                Some(State::Done { marker: stored, .. }) if stored == marker => {
-                    return Finish::Completed;
+                Some(State::Done {
+                    marker: stored,
+                    late,
+                    ..
+                }) if stored == marker => {
+                    return if *late {
+                        Finish::lost_marker_written()
+                    } else {
+                        Finish::Completed
+                    };
                 }
                 Some(State::Done { .. } | State::Locked { .. }) => {
                     return Finish::lost_nothing_written();
@@ -129,6 +148,7 @@ impl Store for MapStore {
             };
             *slot = Some(State::Done {
                 marker: marker.to_vec(),
+                late: answer != Finish::Completed,
                 until: now + result_ttl,
             });
             answer
@@ -137,11 +157,16 @@ impl Store for MapStore {
 
     async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
         Ok(self.with(unit, |slot, now| {
-            let held = holds(slot.as_ref(), token);
-            if held {
-                *slot = token.fencing_token().map(|fence| counter(fence, now));
+            // The token alone: the fencing token may not be known to a caller whose grant's
+            // reply was lost.
+            let Some(State::Locked { token: held, .. }) = slot.as_ref() else {
+                return false;
+            };
+            if held.as_str() != token.as_str() {
+                return false;
             }
-            held
+            *slot = held.fencing_token().map(|fence| counter(fence, now));
+            true
         }))
     }
 
@@ -162,7 +187,7 @@ impl Store for MapStore {
 
     async fn inspect(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError> {
         Ok(self.with(unit, |slot, now| match slot.as_ref() {
-            Some(State::Done { marker, until }) => {
+            Some(State::Done { marker, until, .. }) => {
                 Inspection::done(marker.clone(), Some(until.saturating_duration_since(now)))
             }
             Some(State::Locked { until, .. }) => {

@@ -138,9 +138,9 @@ impl Target {
     }
 
     /// How long ago the current lock was granted, for a lock with a fencing token: a token is
-    /// never below the server's clock in milliseconds when it is granted, so `now - token` is
-    /// the age (or a little less when several grants shared one millisecond). `None` for a lock
-    /// without one (its task does not use fencing) or when the lock is gone.
+    /// the server's clock in microseconds when it is granted (or one more than the last token,
+    /// when grants came faster), so `now - token` is the age. `None` for a lock without one
+    /// (its task does not use fencing) or when the lock is gone.
     pub(crate) async fn token_age_ms(&self, unit: &UnitOfWork) -> Result<Option<u64>, Failure> {
         async fn ask(
             connection: &mut impl redis::aio::ConnectionLike,
@@ -157,11 +157,11 @@ impl Target {
             Backend::Cluster(_, connection) => ask(&mut connection.clone(), key).await,
         };
         let (value, (secs, micros)) = reply.map_err(|err| self.redis_failure("token age", &err))?;
-        let now_ms = secs.saturating_mul(1000).saturating_add(micros / 1000);
+        let now_us = secs.saturating_mul(1_000_000).saturating_add(micros);
         Ok(value
             .as_deref()
             .and_then(lock_fencing_token)
-            .map(|token| now_ms.saturating_sub(token)))
+            .map(|token| now_us.saturating_sub(token) / 1000))
     }
 
     /// The servers that hold keys: the one server, or every master of the cluster.

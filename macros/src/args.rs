@@ -277,6 +277,9 @@ fn literal(value: &Expr) -> Option<&Lit> {
 }
 
 /// `30` (seconds) or `"750ms"`, `"30s"`, `"2m"`, `"1h"`, `"7d"`: a positive duration.
+/// The runtime's `MAX_TTL` in milliseconds: 100 years of 365 days.
+const MAX_TTL_MS: u64 = 100 * 365 * 86_400_000;
+
 fn duration(option: &str, value: &Expr) -> syn::Result<Millis> {
     let span = value.span();
     let expected = || {
@@ -308,6 +311,14 @@ fn duration(option: &str, value: &Expr) -> syn::Result<Millis> {
         return Err(syn::Error::new(
             span,
             format!("`{option}` must be greater than zero"),
+        ));
+    }
+    if ms > MAX_TTL_MS {
+        return Err(syn::Error::new(
+            span,
+            format!(
+                "`{option}` must be at most `\"36500d\"` (100 years), the longest TTL stores keep"
+            ),
         ));
     }
     Ok(Millis { ms, span })

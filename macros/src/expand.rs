@@ -130,7 +130,7 @@ pub(crate) fn function(function: &ItemFn, shape: &Shape<'_>, checked: &Checked<'
         // see it.
         let #task: &'static #rt::__private::Task = {
             static TASK: #rt::__private::Task =
-                #rt::__private::Task::new(#name) #settings;
+                #rt::__private::defined_here(#rt::__private::Task::new(#name) #settings);
             &TASK
         };
         let #key: #rt::__private::String = #key_value;

@@ -71,6 +71,13 @@ pub trait TaskError: From<Error> {}
 #[diagnostic::do_not_recommend]
 impl<E: From<Error>> TaskError for E {}
 
+/// The attribute's task, marked as defined where the attribute is expanded, so that two
+/// attribute tasks with one name are refused at their first call.
+#[track_caller]
+pub const fn defined_here(task: Task) -> Task {
+    task.defined_by_attribute()
+}
+
 /// Gives the body's `async` block the task's return type, so that `?` inside it converts
 /// errors as it would in the function itself.
 pub fn expect_output<R, F: Future<Output = R>>(body: F) -> F {

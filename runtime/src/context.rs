@@ -76,7 +76,8 @@ impl Lease {
     }
 
     pub(crate) fn expires_at(&self) -> Instant {
-        self.start + Duration::from_millis(self.valid_for_ms.load(Ordering::Acquire))
+        let valid_for = Duration::from_millis(self.valid_for_ms.load(Ordering::Acquire));
+        expiry(self.start, valid_for)
     }
 
     pub(crate) fn held(&self) -> bool {
@@ -86,6 +87,16 @@ impl Lease {
 
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `start + ttl` with `ttl` at most [`MAX_TTL`](crate::MAX_TTL): never an overflow, whatever TTL
+/// a caller passed.
+pub(crate) fn expiry(start: Instant, ttl: Duration) -> Instant {
+    let ttl = crate::task::clamp_ttl(ttl);
+    start
+        .checked_add(ttl)
+        .or_else(|| start.checked_add(Duration::from_secs(365 * 24 * 3600)))
+        .unwrap_or(start)
 }
 
 impl TaskContext {

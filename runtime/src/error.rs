@@ -111,6 +111,26 @@ pub enum Error {
     #[error(transparent)]
     InvalidKey(#[from] InvalidKey),
 
+    /// Two different `#[idempotent_task]` functions of this program have the same task name
+    /// (the default name is the bare function name, so `billing::notify` and
+    /// `shipping::notify` would collide), and would share their units of work: one's body would
+    /// be skipped and answered with the other's result.
+    ///
+    /// Nothing ran. The task that was used first keeps the name; give the other its own with
+    /// `name = "…"` (a stable name survives moving the function, too).
+    #[error(
+        "task name `{task}` is taken: the idempotent tasks defined at {first} and at {second} would share their results; nothing ran, give one of them its own `name = \"…\"`"
+    )]
+    #[non_exhaustive]
+    TaskNameTaken {
+        /// The name both tasks have.
+        task: String,
+        /// Where the task that was used first is defined (`file:line:column`).
+        first: String,
+        /// Where this task is defined.
+        second: String,
+    },
+
     /// No store was installed and the task names none.
     ///
     /// Call [`install`](crate::install) at start-up, or give the task a store. idempotask never

@@ -85,6 +85,7 @@ mod fingerprint;
 mod guard;
 mod install;
 mod marker;
+mod names;
 pub mod observe;
 pub mod ops;
 mod retry;
@@ -109,7 +110,7 @@ pub use store::redis::{
     RedisClusterStore, RedisClusterStoreBuilder, RedisStore, RedisStoreBuilder, RedlockStore,
     RedlockStoreBuilder,
 };
-pub use task::{DEFAULT_LOCK_TTL, DEFAULT_RESULT_TTL, Settings, Task};
+pub use task::{DEFAULT_LOCK_TTL, DEFAULT_RESULT_TTL, MAX_TTL, Settings, Task};
 pub use unit::InvalidKey;
 
 #[doc = include_str!("attribute.md")]

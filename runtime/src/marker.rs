@@ -3,6 +3,7 @@
 use serde_json::value::RawValue;
 
 use crate::fingerprint::Fingerprint;
+use crate::unit::LockToken;
 
 /// The first byte of every marker: it tells a marker from a lock in a store that keeps both
 /// under one key.
@@ -13,18 +14,25 @@ pub(crate) const TAG: u8 = b'D';
 /// Stored as one line of text that an operator can read with `redis-cli GET`:
 ///
 /// ```text
-/// D<key length>[,f<fencing token>][,p<fingerprint>][,u]|<caller key>|<result>
+/// D<key length>,d<delivery>[,f<fencing token>][,p<fingerprint>][,u][,l]|<caller key>|<result>
 /// ```
 ///
 /// `<result>` is the task's `Ok` value as JSON, or with `,u` the reason it could not be
-/// encoded. The key's length comes first, so a key that contains `|` reads back unchanged. A
-/// `()` result for a 29-character key is 38 bytes. Duplicates get [`result`](Self::result)
-/// back instead of running the task again.
+/// encoded. The key's length comes first, so a key that contains `|` reads back unchanged.
+/// `<delivery>` is 24 bits of the lock token of the delivery that ran the body, in 4 base64url
+/// characters:
+/// two executions of one unit (a lock that expired while its holder ran) never write the same
+/// bytes, even when their results are equal, so a store can tell a repeated `finish` of the
+/// same delivery from another delivery's marker. `,l` says the marker was written after its
+/// delivery's lock had expired (stores that keep it add it). A `()` result for a 29-character
+/// key is 44 bytes, the most Redis keeps inside the key's own allocation. Duplicates get
+/// [`result`](Self::result) back instead of running the task again.
 ///
 /// ```
 /// use idempotask::ops::{Marker, StoredResult};
-/// let marker = Marker::decode(br#"D8,f7|order-42|{"id":"ch_1"}"#)?;
+/// let marker = Marker::decode(br#"D8,dH-3x,f7|order-42|{"id":"ch_1"}"#)?;
 /// assert_eq!(marker.key(), "order-42");
+/// assert_eq!(marker.delivery(), Some("H-3x"));
 /// assert_eq!(marker.fencing_token(), Some(7));
 /// assert!(matches!(marker.result(), StoredResult::Json(json) if json.get() == r#"{"id":"ch_1"}"#));
 /// # Ok::<(), idempotask::ops::MarkerError>(())
@@ -32,6 +40,8 @@ pub(crate) const TAG: u8 = b'D';
 #[derive(Debug, Clone)]
 pub struct Marker {
     key: String,
+    delivery: Option<String>,
+    lock_lost: bool,
     fencing_token: Option<u64>,
     fingerprint: Option<String>,
     result: StoredResult,
@@ -51,10 +61,11 @@ pub enum StoredResult {
 }
 
 impl Marker {
-    /// Encodes the marker for a successful execution whose value serialised to `result`
-    /// (or failed to, with the reason).
+    /// Encodes the marker for a successful execution by the delivery holding `token`, whose
+    /// value serialised to `result` (or failed to, with the reason).
     pub(crate) fn encode(
         key: &str,
+        token: &LockToken,
         fencing_token: Option<u64>,
         fingerprint: Option<&Fingerprint>,
         result: Result<&RawValue, &str>,
@@ -68,6 +79,8 @@ impl Marker {
             Vec::with_capacity(key.len() + body.len() + fingerprint.map_or(0, str::len) + 32);
         out.push(TAG);
         out.extend_from_slice(key.len().to_string().as_bytes());
+        out.extend_from_slice(b",d");
+        out.extend_from_slice(delivery_of(token).as_bytes());
         if let Some(fence) = fencing_token {
             out.extend_from_slice(b",f");
             out.extend_from_slice(fence.to_string().as_bytes());
@@ -108,8 +121,13 @@ impl Marker {
             .and_then(|len| len.parse().ok())
             .ok_or_else(|| invalid("the header does not start with the key's length"))?;
         let (mut fencing_token, mut fingerprint, mut unstorable) = (None, None, false);
+        let (mut delivery, mut lock_lost) = (None, false);
         for field in fields {
             match field.split_at_checked(1) {
+                Some(("d", id)) if delivery.is_none() && is_delivery(id) => {
+                    delivery = Some(id.to_owned());
+                }
+                Some(("l", "")) if !lock_lost => lock_lost = true,
                 Some(("f", fence)) if fencing_token.is_none() => {
                     fencing_token = Some(
                         fence
@@ -143,6 +161,8 @@ impl Marker {
         };
         Ok(Self {
             key: key.to_owned(),
+            delivery,
+            lock_lost,
             fencing_token,
             fingerprint,
             result,
@@ -152,6 +172,18 @@ impl Marker {
     /// The caller key the work was done for.
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// The delivery that stored this marker: 24 bits of its lock token in base64url (`None`
+    /// for a marker written without one).
+    pub fn delivery(&self) -> Option<&str> {
+        self.delivery.as_deref()
+    }
+
+    /// Whether the marker was written after its delivery's lock had expired: another delivery
+    /// may have run the body too.
+    pub fn written_after_lock_lost(&self) -> bool {
+        self.lock_lost
     }
 
     /// The fencing token of the execution that stored this marker, if its task uses fencing.
@@ -168,6 +200,44 @@ impl Marker {
     pub fn result(&self) -> &StoredResult {
         &self.result
     }
+}
+
+/// The delivery field of markers written by the holder of `token`: its first 24 bits in 4
+/// base64url characters.
+///
+/// Two executions of one unit overlap only when a lock expired under its holder, and then their
+/// markers differ but for a 1 in 16.7 million chance; 4 characters keep a `()` marker of a
+/// 29-character key at 44 bytes, which Redis stores inside the key's allocation (one more byte
+/// costs a second allocation, 16 bytes of memory per unit).
+pub(crate) fn delivery_of(token: &LockToken) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let bits = token
+        .as_str()
+        .get(..6)
+        .and_then(|hex| u32::from_str_radix(hex, 16).ok())
+        .unwrap_or_default();
+    [18, 12, 6, 0]
+        .iter()
+        .map(|shift| char::from(ALPHABET[(bits >> shift & 0x3f) as usize]))
+        .collect()
+}
+
+fn is_delivery(text: &str) -> bool {
+    !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// `marker` as it is stored when its delivery's lock had expired: `,l` added to its header.
+/// `None` for bytes that are not a marker.
+pub(crate) fn lock_lost_variant(marker: &[u8]) -> Option<Vec<u8>> {
+    let header_end = marker.iter().position(|&b| b == b'|')?;
+    let mut out = Vec::with_capacity(marker.len() + 2);
+    out.extend_from_slice(&marker[..header_end]);
+    out.extend_from_slice(b",l");
+    out.extend_from_slice(&marker[header_end..]);
+    Some(out)
 }
 
 fn is_hex(text: &str) -> bool {
@@ -192,10 +262,13 @@ mod tests {
         let json = RawValue::from_string(r#"{"id":"ch_1","cents":1200}"#.to_owned()).unwrap();
         let fp = Fingerprint::of(&(1200_u64,)).unwrap();
         // A key with the separator and a newline in it reads back unchanged.
-        let bytes = Marker::encode("order:|{42}\n", Some(17), Some(&fp), Ok(&json));
+        let token = LockToken::generate();
+        let bytes = Marker::encode("order:|{42}\n", &token, Some(17), Some(&fp), Ok(&json));
         let marker = Marker::decode(&bytes).unwrap();
         assert_eq!(marker.key(), "order:|{42}\n");
         assert_eq!(marker.fencing_token(), Some(17));
+        assert_eq!(marker.delivery(), Some(delivery_of(&token).as_str()));
+        assert!(!marker.written_after_lock_lost());
         assert_eq!(marker.fingerprint(), Some(fp.as_str()));
         match marker.result() {
             StoredResult::Json(stored) => assert_eq!(stored.get(), json.get()),
@@ -205,14 +278,22 @@ mod tests {
 
     #[test]
     fn a_null_result_is_a_result() {
-        let marker = Marker::decode(&Marker::encode("k", None, None, Ok(&null()))).unwrap();
+        let marker = Marker::decode(&Marker::encode(
+            "k",
+            &LockToken::generate(),
+            None,
+            None,
+            Ok(&null()),
+        ))
+        .unwrap();
         assert!(matches!(marker.result(), StoredResult::Json(json) if json.get() == "null"));
         assert_eq!(marker.fencing_token(), None);
     }
 
     #[test]
     fn keeps_the_reason_a_result_was_not_stored() {
-        let bytes = Marker::encode("k", Some(1), None, Err("map key must be a string"));
+        let token = LockToken::generate();
+        let bytes = Marker::encode("k", &token, Some(1), None, Err("map key must be a string"));
         let marker = Marker::decode(&bytes).unwrap();
         assert!(
             matches!(marker.result(), StoredResult::Unstorable(why) if why == "map key must be a string")
@@ -220,11 +301,49 @@ mod tests {
     }
 
     #[test]
-    fn unit_result_marker_for_a_29_character_key_is_38_bytes() {
+    fn unit_result_marker_for_a_29_character_key_is_44_bytes() {
         let key = "order-charge-2026-11-30-00042";
         assert_eq!(key.len(), 29);
-        let bytes = Marker::encode(key, None, None, Ok(&null()));
-        assert_eq!(bytes, format!("D29|{key}|null").as_bytes());
+        let token = LockToken::generate();
+        let bytes = Marker::encode(key, &token, None, None, Ok(&null()));
+        let delivery = delivery_of(&token);
+        assert_eq!(bytes, format!("D29,d{delivery}|{key}|null").as_bytes());
+        assert_eq!(bytes.len(), 44);
+    }
+
+    #[test]
+    fn the_delivery_is_24_bits_of_the_token_in_base64url() {
+        let token = LockToken::generate();
+        let bits = u32::from_str_radix(&token.as_str()[..6], 16).unwrap();
+        let delivery = delivery_of(&token);
+        assert_eq!(delivery.len(), 4);
+        let alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        let decoded = delivery.chars().fold(0, |acc, c| {
+            acc << 6 | u32::try_from(alphabet.find(c).unwrap()).unwrap()
+        });
+        assert_eq!(decoded, bits);
+    }
+
+    // Two deliveries of one unit that both ran (the first one's lock expired) and returned
+    // the same value must not write the same bytes: a store takes "my marker is already there"
+    // for a repeated finish of its own and would report the double run as `Executed`.
+    #[test]
+    fn two_deliveries_with_equal_results_write_different_markers() {
+        let (a, b) = (LockToken::generate(), LockToken::generate());
+        let first = Marker::encode("k", &a, None, None, Ok(&null()));
+        let second = Marker::encode("k", &b, None, None, Ok(&null()));
+        assert_ne!(first, second);
+        assert_eq!(first, Marker::encode("k", &a, None, None, Ok(&null())));
+    }
+
+    #[test]
+    fn the_lock_lost_variant_reads_back_with_its_flag() {
+        let marker = Marker::encode("a|b", &LockToken::generate(), Some(3), None, Ok(&null()));
+        let lost = lock_lost_variant(&marker).unwrap();
+        let decoded = Marker::decode(&lost).unwrap();
+        assert!(decoded.written_after_lock_lost());
+        assert_eq!((decoded.key(), decoded.fencing_token()), ("a|b", Some(3)));
+        assert!(lock_lost_variant(b"no separator").is_none());
     }
 
     #[test]
@@ -245,6 +364,11 @@ mod tests {
             b"D1,f-1|k|1",
             b"D1,q|k|1",
             b"D1,f1,f2|k|1",
+            b"D1,d|k|1",
+            b"D1,d+/|k|1",
+            b"D1,d1,d2|k|1",
+            b"D1,l,l|k|1",
+            b"D1,lx|k|1",
             b"D1,pzz|k|1",
             b"Labcdef",
             b"T123",

@@ -1,6 +1,7 @@
 //! [`Task`]: a stable name and the settings every call of it uses.
 
 use std::borrow::Cow;
+use std::panic::Location;
 use std::time::Duration;
 
 use crate::call::Call;
@@ -12,6 +13,13 @@ use crate::store::Fencing;
 pub const DEFAULT_LOCK_TTL: Duration = Duration::from_secs(30);
 /// How long a completion marker (and the result in it) is kept, by default.
 pub const DEFAULT_RESULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// The longest lock or result TTL: 100 years of 365 days, "for ever" in practice.
+///
+/// Stores keep nothing longer: Redis refuses an expiry past about `i64::MAX` milliseconds from
+/// now, PostgreSQL's timestamps end in the year 294276, and a `tokio` `Instant` overflows. A
+/// longer TTL given to [`Task`] is kept as `MAX_TTL`; the attribute refuses one; every store
+/// shipped clamps what reaches it to this.
+pub const MAX_TTL: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
 
 /// What a [`Task`] is set to, as [`Task::settings`] reads it; the builder methods of [`Task`]
 /// set each field.
@@ -57,6 +65,9 @@ pub struct Settings {
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct Task {
+    /// Where `#[idempotent_task]` defined this task; `None` for tasks built by hand, whose
+    /// name the author chose and may share on purpose (a replay tool naming a worker's task).
+    pub(crate) defined_at: Option<&'static Location<'static>>,
     pub(crate) name: Cow<'static, str>,
     pub(crate) lock_ttl: Duration,
     pub(crate) result_ttl: Duration,
@@ -74,6 +85,7 @@ impl Task {
     /// longer found and the work runs again.
     pub const fn new(name: &'static str) -> Self {
         Self {
+            defined_at: None,
             name: Cow::Borrowed(name),
             lock_ttl: DEFAULT_LOCK_TTL,
             result_ttl: DEFAULT_RESULT_TTL,
@@ -93,15 +105,37 @@ impl Task {
     }
 
     /// How long the lock lasts (unless renewed). A holder that runs longer loses it and a
-    /// duplicate may start.
+    /// duplicate may start. Longer than [`MAX_TTL`] is kept as [`MAX_TTL`].
+    ///
+    /// # Panics
+    /// When `ttl` is zero: a lock that expires at once protects nothing. In a `static` this is
+    /// a compile-time error.
+    ///
+    /// ```compile_fail
+    /// static NO_LOCK: idempotask::Task =
+    ///     idempotask::Task::new("t").lock_ttl(std::time::Duration::ZERO);
+    /// ```
     pub const fn lock_ttl(mut self, ttl: Duration) -> Self {
-        self.lock_ttl = ttl;
+        assert!(
+            !ttl.is_zero(),
+            "a task's lock TTL must be greater than zero: a lock that expires at once protects nothing"
+        );
+        self.lock_ttl = clamp_ttl(ttl);
         self
     }
 
-    /// How long the completion marker and the stored result are kept.
+    /// How long the completion marker and the stored result are kept. Longer than
+    /// [`MAX_TTL`] (`Duration::MAX` for "keep it") is kept as [`MAX_TTL`].
+    ///
+    /// # Panics
+    /// When `ttl` is zero: a result kept for no time makes every delivery run. In a `static`
+    /// this is a compile-time error.
     pub const fn result_ttl(mut self, ttl: Duration) -> Self {
-        self.result_ttl = ttl;
+        assert!(
+            !ttl.is_zero(),
+            "a task's result TTL must be greater than zero: a result kept for no time makes every delivery run"
+        );
+        self.result_ttl = clamp_ttl(ttl);
         self
     }
 
@@ -150,6 +184,14 @@ impl Task {
         self
     }
 
+    /// Marks the task as the one `#[idempotent_task]` defines where it is expanded, so that
+    /// two such tasks with one name are refused ([`Error::TaskNameTaken`](crate::Error)).
+    #[track_caller]
+    pub(crate) const fn defined_by_attribute(mut self) -> Self {
+        self.defined_at = Some(Location::caller());
+        self
+    }
+
     /// The stable name.
     pub fn name(&self) -> &str {
         &self.name
@@ -182,5 +224,14 @@ impl Task {
             fingerprint: None,
             store: None,
         }
+    }
+}
+
+/// `ttl`, at most [`MAX_TTL`].
+pub(crate) const fn clamp_ttl(ttl: Duration) -> Duration {
+    if ttl.as_secs() > MAX_TTL.as_secs() {
+        MAX_TTL
+    } else {
+        ttl
     }
 }

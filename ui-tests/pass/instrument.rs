@@ -38,14 +38,15 @@ struct Charge {
 
 #[async_trait]
 impl Job for Charge {
+    // The free functions above own these names: each task of a program has its own.
     #[instrument(skip(self))]
-    #[idempotent_task(key = "trait-outer-{order_id}", store = self.store)]
+    #[idempotent_task(key = "trait-outer-{order_id}", store = self.store, name = "trait_instrument_first")]
     async fn instrument_first(&self, order_id: u64, note: String) -> Result<u64, Error> {
         RUNS.fetch_add(1, Ordering::SeqCst);
         Ok(order_id + u64::try_from(note.len()).unwrap_or_default())
     }
 
-    #[idempotent_task(key = "trait-inner-{order_id}", store = self.store)]
+    #[idempotent_task(key = "trait-inner-{order_id}", store = self.store, name = "trait_idempotent_first")]
     #[instrument(skip(self))]
     async fn idempotent_first(&self, order_id: u64, note: String) -> Result<u64, Error> {
         RUNS.fetch_add(1, Ordering::SeqCst);

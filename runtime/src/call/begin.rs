@@ -2,13 +2,14 @@
 //! the unit, and trying again when the store fails.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
 
 use super::{check_marker_key, codec, contended, store_retry_pause};
 use crate::context::Lease;
-use crate::error::{CodecErrorKind, Error};
-use crate::guard::release_in_background;
+use crate::error::{CodecErrorKind, Error, StoreError, StoreErrorKind};
+use crate::guard::{release, release_in_background};
 use crate::marker::Marker;
 use crate::store::{Begin, SharedStore, Store};
 use crate::task::Task;
@@ -16,6 +17,10 @@ use crate::unit::{LockToken, UnitOfWork};
 
 /// How many times a failing store call is tried before the task call gives up.
 const STORE_ATTEMPTS: u32 = 3;
+
+/// The least time a granted lock must have left for the body to start; `RedlockStore` uses the
+/// same floor for its own rounds.
+const MIN_LEASE: Duration = Duration::from_millis(10);
 
 /// What asking for the lock came to.
 pub(super) enum Start {
@@ -61,10 +66,30 @@ pub(super) async fn begin(
             Ok(Begin::Acquired { fencing_token }) => {
                 attempts += 1;
                 let lease_start = first_unconfirmed.unwrap_or(sent).min(sent);
+                let lease = Lease::new(lease_start, task.lock_ttl);
+                // A grant whose reply came late (a stalled network, a statement that waited on
+                // a row lock) may have expired on the server already, and another delivery may
+                // hold the unit now: running the body would run it twice.
+                let left = lease.expires_at().saturating_duration_since(Instant::now());
+                if left < MIN_LEASE {
+                    let granted = token.clone().granted(fencing_token);
+                    release(store, unit, &granted, task.log_key).await;
+                    return Err(Error::Store(StoreError::ambiguous(
+                        "begin",
+                        StoreErrorKind::Timeout,
+                        format!(
+                            "the lock was granted {} ms after it was asked for, with {} ms of its {} ms TTL left (less than {} ms); it was released and the body did not run",
+                            sent.elapsed().as_millis(),
+                            left.as_millis(),
+                            task.lock_ttl.as_millis(),
+                            MIN_LEASE.as_millis()
+                        ),
+                    )));
+                }
                 return Ok(Start::Run {
                     fencing_token,
                     attempts,
-                    lease: Arc::new(Lease::new(lease_start, task.lock_ttl)),
+                    lease: Arc::new(lease),
                 });
             }
             Ok(Begin::Busy { lock_ttl_remaining }) => {

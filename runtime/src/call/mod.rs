@@ -169,6 +169,7 @@ impl Call<'_> {
         E: From<Error>,
         F: Future<Output = Result<T, E>>,
     {
+        crate::names::claim(self.task).map_err(failed)?;
         let store = self
             .store
             .clone()
@@ -290,9 +291,10 @@ impl Call<'_> {
     pub(crate) fn marker_for<T: Serialize>(
         &self,
         unit: &UnitOfWork,
-        fencing_token: Option<u64>,
+        token: &LockToken,
         value: &T,
     ) -> Vec<u8> {
+        let fencing_token = token.fencing_token();
         let encoded = serde_json::value::to_raw_value(value);
         if let Err(err) = &encoded {
             tracing::warn!(
@@ -308,7 +310,13 @@ impl Call<'_> {
             (Err(_), Some(reason)) => Err(reason.as_str()),
             (Err(_), None) => Err("unknown encoding error"),
         };
-        Marker::encode(unit.key(), fencing_token, self.fingerprint.as_ref(), result)
+        Marker::encode(
+            unit.key(),
+            token,
+            fencing_token,
+            self.fingerprint.as_ref(),
+            result,
+        )
     }
 
     /// Stores the marker for a successful execution, retrying while the lock is still ours.
@@ -321,7 +329,7 @@ impl Call<'_> {
         lease: &Lease,
         value: &T,
     ) -> Outcome {
-        let marker = self.marker_for(unit, fencing_token, value);
+        let marker = self.marker_for(unit, token, value);
         let mut failures = 0;
         loop {
             match store

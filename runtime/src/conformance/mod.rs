@@ -19,10 +19,14 @@
 //! The checks use short TTLs (100–300 ms) and wait them out, so a store must honour
 //! expiries to the tens of milliseconds; the whole list takes a few seconds.
 
+mod fencing;
+mod overruns;
 mod refusals;
 mod runner;
 mod store;
 
+pub use fencing::*;
+pub use overruns::*;
 pub use refusals::*;
 pub use runner::*;
 pub use store::*;
@@ -41,7 +45,7 @@ pub(super) fn unit(key: &str) -> UnitOfWork {
 
 pub(super) fn marker(key: &str, fence: Option<u64>, text: &str) -> Vec<u8> {
     // Stores see a marker as bytes that start with `D`; the real layout keeps the data
-    // realistic.
+    // realistic. `text` tells deliveries apart, as the delivery field of a real marker does.
     let fence = fence.map_or_else(String::new, |fence| format!(",f{fence}"));
     format!(r#"D{}{fence}|{key}|"{text}""#, key.len()).into_bytes()
 }
@@ -116,6 +120,11 @@ macro_rules! conformance_tests {
             renewal_keeps_a_short_lock_through_a_long_body,
             an_expired_lock_is_reported_as_lost,
             invalid_keys_are_rejected_before_the_store,
+            the_longest_ttls_are_kept,
+            fencing_tokens_never_go_back_after_a_burst_and_an_expiry,
+            a_release_without_the_fencing_token_frees_the_lock,
+            a_double_run_with_equal_results_is_reported_as_lost,
+            a_grant_that_arrives_after_its_lock_expired_does_not_run,
         );
     };
     (@each $make:expr; $($check:ident,)*) => {$(
@@ -155,6 +164,8 @@ mod tests {
             include_str!("store.rs"),
             include_str!("runner.rs"),
             include_str!("refusals.rs"),
+            include_str!("fencing.rs"),
+            include_str!("overruns.rs"),
         ]
         .into_iter()
         .flat_map(checks_in)

@@ -164,12 +164,22 @@ pub async fn a_late_finish_keeps_the_result_when_nobody_holds_the_unit(store: Sh
                 marker_written: true
             }
         );
-        // Its reply lost, the same finish is repeated: it finds its own marker.
+        // Its reply lost, the same finish is repeated (by the runner, or by a client that
+        // re-sends): it finds its own marker and answers as the first one did.
         assert_eq!(
             store.finish(&unit, &holder, &bytes, DAY).await.unwrap(),
-            Finish::Completed
+            Finish::LockLost {
+                marker_written: true
+            },
+            "a repeated late finish must still say the lock was lost"
         );
-        assert_eq!(store.inspect(&unit).await.unwrap().marker, Some(bytes));
+        // Stored as it was given, or flagged as written after the lock expired.
+        let stored = store.inspect(&unit).await.unwrap().marker.unwrap();
+        assert!(
+            stored == bytes || Some(&stored) == crate::marker::lock_lost_variant(&bytes).as_ref(),
+            "{:?}",
+            String::from_utf8_lossy(&stored)
+        );
     }
 }
 
@@ -181,9 +191,9 @@ pub async fn only_the_holder_releases_or_renews(store: SharedStore) {
     let unit = unit("order-5");
     let (holder, other) = (LockToken::generate(), LockToken::generate());
     acquire(&store, &unit, &holder, Duration::from_secs(2)).await;
-    // The right token with a fencing token the grant did not have is someone else's lock.
+    // The right token with a fencing token the grant did not have does not renew (a release
+    // goes by the token alone: see `a_release_without_the_fencing_token_frees_the_lock`).
     let forged = holder.clone().with_fencing_token(u64::MAX);
-    assert!(!store.release(&unit, &forged).await.unwrap());
     assert!(!store.renew(&unit, &forged, LONG).await.unwrap());
     assert!(!store.release(&unit, &other).await.unwrap());
     assert!(!store.renew(&unit, &other, LONG).await.unwrap());
@@ -322,4 +332,51 @@ pub async fn look_alike_keys_are_separate_units(store: SharedStore) {
         UnitOfWork::new("conformance", format!("{long}k")),
         Err(crate::InvalidKey::KeyTooLong { .. })
     ));
+}
+
+/// Checks that the longest TTL a task can have, [`MAX_TTL`](crate::MAX_TTL) (what
+/// `result_ttl(Duration::MAX)`, "keep it", becomes), is kept rather than refused.
+///
+/// # Panics
+/// When the store does not.
+pub async fn the_longest_ttls_are_kept(store: SharedStore) {
+    let year = Duration::from_secs(365 * 24 * 3600);
+    let unit = unit("for-ever");
+    let token = LockToken::generate();
+    acquire(&store, &unit, &token, crate::MAX_TTL).await;
+    let seen = store.inspect(&unit).await.unwrap();
+    assert!(seen.lock_ttl.is_some_and(|left| left > year), "{seen:?}");
+    let done = marker(unit.key(), None, "kept");
+    assert_eq!(
+        store
+            .finish(&unit, &token, &done, crate::MAX_TTL)
+            .await
+            .unwrap(),
+        Finish::Completed
+    );
+    let seen = store.inspect(&unit).await.unwrap();
+    assert!(seen.marker_ttl.is_none_or(|left| left > year), "{seen:?}");
+    assert_eq!(
+        store
+            .begin(&unit, &LockToken::generate(), LONG, Fencing::Off)
+            .await
+            .unwrap(),
+        Begin::Done(done)
+    );
+    // Through the runner, with "keep it" as users say it.
+    let task = crate::Task::new("for-ever").result_ttl(Duration::MAX);
+    let runs = std::sync::atomic::AtomicUsize::new(0);
+    for _ in 0..3 {
+        let value: u32 = task
+            .call("k")
+            .store(store.clone())
+            .run(async {
+                runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok::<_, crate::Error>(7)
+            })
+            .await
+            .unwrap();
+        assert_eq!(value, 7);
+    }
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
 }

@@ -1,14 +1,16 @@
 //! [`MemoryStore`]: the store semantics in one process, with real expiry.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
 use super::{Begin, Fencing, Finish, Inspection, Store};
+use crate::context::expiry;
 use crate::error::StoreError;
-use crate::marker::Marker;
+use crate::marker::{Marker, lock_lost_variant};
 use crate::unit::{LockToken, UnitOfWork};
 
 /// How many operations pass between sweeps of expired entries.
@@ -73,7 +75,7 @@ impl<T> Expiring<T> {
     fn new(value: T, ttl: Duration, now: Instant) -> Self {
         Self {
             value,
-            until: now + ttl,
+            until: expiry(now, ttl),
         }
     }
 
@@ -116,26 +118,41 @@ impl MemoryStore {
     }
 }
 
-/// The next fencing token after `last`: never below the wall clock in milliseconds, so tokens
-/// keep increasing even after an idle unit's lock expired and its counter with it.
-pub(crate) fn next_fencing_token(last: u64, now_millis: u64) -> u64 {
-    last.saturating_add(1).max(now_millis)
+/// The highest fencing token any `MemoryStore` of this process granted.
+///
+/// Entries expire by `tokio` time, which a test can pause or advance, while the clock below is
+/// the wall clock: with a per-unit counter alone, a unit whose lock expired early by `tokio`
+/// time could be granted the token it had a moment ago. One counter for the process makes
+/// every token higher than every earlier one, whatever expired.
+static HIGHEST_FENCING_TOKEN: AtomicU64 = AtomicU64::new(0);
+
+/// The next fencing token after `last` (the unit's kept counter): above every token granted
+/// before in this process and never below the wall clock in microseconds, so tokens keep
+/// increasing across releases, expiries and stores.
+fn next_fencing_token(last: u64) -> u64 {
+    let floor = last.max(unix_micros());
+    let previous = HIGHEST_FENCING_TOKEN
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |highest| {
+            Some(highest.max(floor).saturating_add(1))
+        })
+        .unwrap_or_else(|highest| highest);
+    previous.max(floor).saturating_add(1)
 }
 
-fn unix_millis() -> u64 {
+fn unix_micros() -> u64 {
     let since = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
-    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+    u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// What a released fenced lock, or a forgotten fenced marker, leaves: its counter, until the
 /// clock has passed it.
 fn released(fencing_token: u64, now: Instant) -> Expiring<Entry> {
-    let ahead = fencing_token.saturating_sub(unix_millis());
+    let ahead = fencing_token.saturating_sub(unix_micros());
     Expiring::new(
         Entry::Released { fencing_token },
-        RELEASED_FOR + Duration::from_millis(ahead),
+        RELEASED_FOR + Duration::from_micros(ahead),
         now,
     )
 }
@@ -194,8 +211,8 @@ impl Store for MemoryStore {
             };
             // Like Redis: a unit whose counter is still kept goes on counting even when this
             // task did not ask for fencing.
-            let fencing_token = (fencing == Fencing::On || last > 0)
-                .then(|| next_fencing_token(last, unix_millis()));
+            let fencing_token =
+                (fencing == Fencing::On || last > 0).then(|| next_fencing_token(last));
             *slot = Some(Expiring::new(
                 Entry::Locked {
                     token: token.clone(),
@@ -215,19 +232,22 @@ impl Store for MemoryStore {
         marker: &[u8],
         result_ttl: Duration,
     ) -> Result<Finish, StoreError> {
+        // Written after the lock expired, the marker says so.
+        let lost_marker = || lock_lost_variant(marker).unwrap_or_else(|| marker.to_vec());
         Ok(self.with_entry(unit, |slot, now| {
             let answer = match slot.as_ref() {
                 _ if holds(slot.as_ref(), token) => Finish::Completed,
+                // Markers name their delivery: this delivery's, so a repeated finish.
                 Some(Expiring {
                     value: Entry::Done(existing),
                     ..
                 }) => {
                     return if **existing == *marker {
                         Finish::Completed
+                    } else if **existing == *lost_marker() {
+                        Finish::lost_marker_written()
                     } else {
-                        Finish::LockLost {
-                            marker_written: false,
-                        }
+                        Finish::lost_nothing_written()
                     };
                 }
                 Some(Expiring {
@@ -246,23 +266,35 @@ impl Store for MemoryStore {
                     marker_written: true,
                 },
             };
-            *slot = Some(Expiring::new(
-                Entry::Done(Arc::from(marker)),
-                result_ttl,
-                now,
-            ));
+            let stored: Arc<[u8]> = if answer == Finish::Completed {
+                Arc::from(marker)
+            } else {
+                Arc::from(lost_marker())
+            };
+            *slot = Some(Expiring::new(Entry::Done(stored), result_ttl, now));
             answer
         }))
     }
 
     async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
         Ok(self.with_entry(unit, |slot, now| {
-            if !holds(slot.as_ref(), token) {
+            // The holder's token alone, whatever fencing token the lock was granted with: a
+            // caller whose grant's reply was lost never learned it.
+            let Some(Expiring {
+                value:
+                    Entry::Locked {
+                        token: held,
+                        fencing_token,
+                    },
+                ..
+            }) = slot.as_ref()
+            else {
+                return false;
+            };
+            if held.as_str() != token.as_str() {
                 return false;
             }
-            *slot = token
-                .fencing_token()
-                .map(|fencing_token| released(fencing_token, now));
+            *slot = fencing_token.map(|fencing_token| released(fencing_token, now));
             true
         }))
     }
@@ -276,7 +308,7 @@ impl Store for MemoryStore {
         Ok(self.with_entry(unit, |slot, now| {
             let held = holds(slot.as_ref(), token);
             if let (true, Some(lock)) = (held, slot.as_mut()) {
-                lock.until = now + lock_ttl;
+                lock.until = expiry(now, lock_ttl);
             }
             held
         }))
@@ -335,10 +367,20 @@ mod tests {
 
     #[test]
     fn fencing_tokens_follow_the_clock_and_never_go_back() {
-        assert_eq!(next_fencing_token(0, 1_000), 1_000);
-        assert_eq!(next_fencing_token(1_000, 1_000), 1_001);
-        assert_eq!(next_fencing_token(5_000, 1_000), 5_001);
-        assert_eq!(next_fencing_token(u64::MAX, 1), u64::MAX);
+        let first = next_fencing_token(0);
+        assert!(
+            first > unix_micros() - 1_000_000,
+            "{first} is not the clock in µs"
+        );
+        let mut last = first;
+        for _ in 0..10_000 {
+            let next = next_fencing_token(0);
+            assert!(next > last);
+            last = next;
+        }
+        // A unit's own counter ahead of the clock is honoured too.
+        let ahead = last + 60_000_000;
+        assert_eq!(next_fencing_token(ahead), ahead + 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -109,7 +109,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         result_ttl: Duration,
     ) -> impl Future<Output = Result<Finish, StoreError>> + Send;
 
-    /// Deletes the lock if it still holds `token`; answers whether it did.
+    /// Deletes the lock if it still holds `token`, whatever fencing token it was granted with
+    /// (the random token alone identifies the holder, and a caller whose grant's reply was lost
+    /// releases without knowing the fencing token); answers whether it did. A fenced lock keeps
+    /// its counter, so the next grant's fencing token is still higher.
     fn release(
         &self,
         unit: &UnitOfWork,
@@ -309,7 +312,11 @@ impl<S: Store> Store for Arc<S> {
     }
 }
 
-/// Milliseconds for a store command, at least 1 (a zero TTL would mean "no expiry" or an error).
+/// Milliseconds for a store command: at least 1 (a zero TTL would mean "no expiry" or an
+/// error), at most [`MAX_TTL`](crate::MAX_TTL) (past it, Redis refuses the expiry and
+/// idempotency would silently stop).
 pub(crate) fn ttl_millis(ttl: Duration) -> u64 {
-    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+    u64::try_from(crate::task::clamp_ttl(ttl).as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
 }

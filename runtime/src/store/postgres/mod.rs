@@ -15,6 +15,7 @@ use sqlx::{Row, SqlStr};
 
 use super::{Begin, Fencing, Finish, Inspection, Store, ttl_millis};
 use crate::error::{StoreError, StoreErrorKind};
+use crate::marker;
 use crate::unit::{LockToken, MAX_KEY_LEN, UnitOfWork};
 use errors::{store_error, unexpected};
 use statements::{DEFAULT_TABLE, Statements};
@@ -264,29 +265,31 @@ impl Store for PostgresStore {
         if held.rows_affected() == 1 {
             return Ok(Finish::Completed);
         }
+        let lost_marker = marker::lock_lost_variant(marker).unwrap_or_else(|| marker.to_vec());
         let row = self
             .run(
                 "finish",
-                bind(&self.statements.finish).fetch_one(&self.pool),
+                bind(&self.statements.finish)
+                    .bind(lost_marker)
+                    .fetch_one(&self.pool),
             )
             .await?;
         let flag = |name: &str| {
             row.try_get::<bool, _>(name)
                 .map_err(|err| store_error("finish", &self.table, err))
         };
-        let (written, held, repeated) = (flag("written")?, flag("held")?, flag("repeated")?);
+        let (written, held) = (flag("written")?, flag("held")?);
+        let (repeated, repeated_late) = (flag("repeated")?, flag("repeated_late")?);
         Ok(match (written, held) {
             (true, true) => Finish::Completed,
             (true, false) => Finish::lost_marker_written(),
             (false, _) if repeated => Finish::Completed,
+            (false, _) if repeated_late => Finish::lost_marker_written(),
             (false, _) => Finish::lost_nothing_written(),
         })
     }
 
     async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
-        let Ok(fence) = fence_param(token) else {
-            return Ok(false);
-        };
         let released: i64 = self
             .run(
                 "release",
@@ -294,7 +297,6 @@ impl Store for PostgresStore {
                     .bind(unit.task())
                     .bind(unit.key().as_bytes())
                     .bind(token.as_str())
-                    .bind(fence)
                     .fetch_one(&self.pool),
             )
             .await?;
@@ -403,13 +405,11 @@ where
         .map_err(|err| store_error(operation, table, err))
 }
 
-/// The longest TTL the statements use, about 100 years: PostgreSQL's timestamps end in the year
-/// 294276, so `Duration::MAX` (meaning "keep it") must not reach the server as it is.
-const LONGEST_TTL_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
-
-/// A TTL as the statements take it: whole milliseconds, at least 1, at most about 100 years.
+/// A TTL as the statements take it: whole milliseconds, at least 1, at most
+/// [`MAX_TTL`](crate::MAX_TTL) (PostgreSQL's timestamps end in the year 294276, so
+/// `Duration::MAX` must not reach the server as it is).
 fn millis(ttl: Duration) -> i64 {
-    i64::try_from(ttl_millis(ttl)).map_or(LONGEST_TTL_MS, |ms| ms.min(LONGEST_TTL_MS))
+    i64::try_from(ttl_millis(ttl)).unwrap_or(i64::MAX)
 }
 
 fn left_duration(millis: i64) -> Duration {

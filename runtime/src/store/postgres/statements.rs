@@ -203,7 +203,12 @@ impl Statements {
                  WHERE u.task = $1 AND u.key = $2 AND u.state = 'locked' AND u.token = $3
                    AND u.fence IS NOT DISTINCT FROM $4"
             )),
-            release: free_or_drop(held, "released"),
+            // The holder's token alone, whatever fencing token the lock was granted with: a
+            // caller whose grant's reply was lost never learned it.
+            release: free_or_drop(
+                "u.state = 'locked' AND u.token = $3 AND u.expires_at > statement_timestamp()",
+                "released",
+            ),
             renew: sql(format!(
                 "UPDATE {t} u SET expires_at = statement_timestamp() + $5::bigint * interval '1 millisecond'
                  WHERE u.task = $1 AND u.key = $2 AND {held}"
@@ -280,8 +285,9 @@ fn begin(t: &str, seq: &str) -> String {
     )
 }
 
-/// Stores the marker where the caller's lock is, or where nothing live is; says which, and
-/// whether the same marker was already there (a repeated finish).
+/// Stores the marker where the caller's lock is (`$5`), or where nothing live is (`$7`, the
+/// marker flagged as written after its lock expired); says which, and whether this delivery's
+/// marker was already there (a repeated finish, answered as the first one was).
 fn finish(t: &str) -> String {
     format!(
         "WITH old AS (
@@ -289,7 +295,10 @@ fn finish(t: &str) -> String {
             WHERE u.task = $1 AND u.key = $2 AND u.expires_at > statement_timestamp()
         ), written AS (
             INSERT INTO {t} AS u (task, key, state, token, fence, marker, expires_at)
-            VALUES ($1, $2, 'done', NULL, $4, $5,
+            VALUES ($1, $2, 'done', NULL, $4,
+                    CASE WHEN EXISTS (SELECT 1 FROM old WHERE old.state = 'locked'
+                                      AND old.token = $3 AND old.fence IS NOT DISTINCT FROM $4)
+                         THEN $5 ELSE $7 END,
                     statement_timestamp() + $6::bigint * interval '1 millisecond')
             ON CONFLICT (task, key) DO UPDATE SET
                 state = 'done',
@@ -305,7 +314,9 @@ fn finish(t: &str) -> String {
                EXISTS (SELECT 1 FROM old WHERE old.state = 'locked' AND old.token = $3
                        AND old.fence IS NOT DISTINCT FROM $4) AS held,
                EXISTS (SELECT 1 FROM old WHERE old.state = 'done' AND old.marker = $5)
-                   AS repeated"
+                   AS repeated,
+               EXISTS (SELECT 1 FROM old WHERE old.state = 'done' AND old.marker = $7)
+                   AS repeated_late"
     )
 }
 

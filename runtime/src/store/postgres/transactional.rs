@@ -134,6 +134,7 @@ impl Call<'_> {
         E: From<Error>,
         F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
     {
+        crate::names::claim(self.task).map_err(failed)?;
         let unit = UnitOfWork::with_limit(self.task.name(), self.key.as_str(), store.max_key_len())
             .map_err(|err| failed(Error::from(err)))?;
         observation.key(&unit, self.task.log_key);
@@ -179,8 +180,8 @@ impl Call<'_> {
                         return Err((err, Ending::Failed));
                     }
                 };
-                let marker = self.marker_for(&unit, fencing_token, &value);
                 let token = token.granted(fencing_token);
+                let marker = self.marker_for(&unit, &token, &value);
                 let result_ttl = self.task.result_ttl;
                 let recorded = store
                     .run(

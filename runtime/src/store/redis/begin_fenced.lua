@@ -23,9 +23,11 @@ if value then
     return {4}
   end
 end
--- Tokens never fall below the server clock in ms, so they keep increasing after a lock expired
--- with its counter; the released lock's counter keeps them strictly increasing in between.
+-- Tokens never fall below the server clock in microseconds. No key is granted a lock more than
+-- once per microsecond, so the counter cannot run ahead of the clock, and tokens keep increasing
+-- after a lock expired with its counter; the released lock's counter keeps them strictly
+-- increasing in between. (Doubles hold these integers exactly until the year 2255.)
 local now = redis.call('TIME')
-local fence = math.max(last + 1, tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
+local fence = math.max(last + 1, tonumber(now[1]) * 1000000 + tonumber(now[2]))
 redis.call('SET', KEYS[1], 'L' .. ARGV[1] .. '.' .. string.format('%.0f', fence), 'PX', ARGV[2])
 return {2, fence}

@@ -11,6 +11,6 @@ if not fence then
   return redis.call('DEL', KEYS[1])
 end
 local now = redis.call('TIME')
-local ahead = tonumber(fence) - (tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
-redis.call('SET', KEYS[1], 'T' .. fence, 'PX', math.max(ahead, 0) + 1000)
+local ahead = tonumber(fence) - (tonumber(now[1]) * 1000000 + tonumber(now[2]))
+redis.call('SET', KEYS[1], 'T' .. fence, 'PX', math.max(math.floor(ahead / 1000), 0) + 1000)
 return 1

@@ -21,6 +21,15 @@ pub(super) fn lock_value(token: &LockToken) -> String {
     value
 }
 
+/// The part of `token`'s lock value that names its holder, `L<token>`, whatever fencing token
+/// the lock was granted with.
+pub(super) fn holder_value(token: &LockToken) -> String {
+    let mut value = String::with_capacity(33);
+    value.push(char::from(LOCK_TAG));
+    value.push_str(token.as_str());
+    value
+}
+
 /// `Acquired` when the stored `value` is a lock taken with `token` (a repeated call whose first
 /// reply was lost), with the fencing token it was granted.
 pub(super) fn own_lock(value: &[u8], token: &LockToken) -> Option<Begin> {

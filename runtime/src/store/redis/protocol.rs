@@ -23,7 +23,7 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::keys::{PREFIX, unit_key};
-use super::lock::{LOCK_TAG, RELEASED_TAG, lock_value};
+use super::lock::{LOCK_TAG, RELEASED_TAG, holder_value, lock_value};
 pub(super) use super::reply::store_error;
 use super::reply::{foreign, is_out_of_memory, is_syntax_error, parse_flag, pttl, unexpected};
 use crate::error::{StoreError, StoreErrorKind};
@@ -38,6 +38,8 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("re
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("renew.lua")));
 static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("inspect.lua")));
 static FORGET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("forget.lua")));
+/// The server clock, as the scripts read it: what `connect` checks the user's rights with.
+static CLOCK: LazyLock<Script> = LazyLock::new(|| Script::new("return redis.call('TIME')"));
 
 /// A namespace check with the error `connect` reports.
 pub(super) fn check_namespace(namespace: &str) -> Result<(), StoreError> {
@@ -111,6 +113,26 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
                 .load_async(&mut connection)
                 .await
                 .map_err(|err| store_error("connect", &err, resends))?;
+        }
+        // Fenced grants, releases and `forget` read the server clock from their scripts, and
+        // `TIME` is in none of the categories an ACL user is usually given (`@fast` only): a
+        // user without it would fail every fenced task, so `connect` says so now.
+        if let Err(err) = CLOCK
+            .prepare_invoke()
+            .invoke_async::<Value>(&mut connection)
+            .await
+        {
+            let err = store_error("connect", &err, resends);
+            if err.kind() == StoreErrorKind::Configuration {
+                return Err(StoreError::new(
+                    "connect",
+                    StoreErrorKind::Configuration,
+                    format!(
+                        "the Redis user may not run `TIME` from a script, which fenced tasks, releases and `forget` do; grant it with `+time` ({err})"
+                    ),
+                ));
+            }
+            return Err(err);
         }
         // `INFO` would tell the version, but it is `@dangerous` in ACL terms; a conditional SET
         // of a key that does not exist writes nothing and needs only the rights the store
@@ -314,12 +336,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for Protocol<C> {
 
     async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
         let key = self.key(unit);
-        let fence = token
-            .fencing_token()
-            .map_or_else(String::new, |fence| fence.to_string());
         let reply = self
             .invoke("release", &RELEASE, &key, |cmd| {
-                cmd.arg(lock_value(token)).arg(fence);
+                cmd.arg(holder_value(token));
             })
             .await?;
         parse_flag("release", &key, &reply)

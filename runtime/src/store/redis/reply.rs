@@ -98,8 +98,11 @@ pub(super) fn store_error(operation: &'static str, err: &RedisError, resends: bo
         (StoreErrorKind::Unreachable, false)
     } else if err.is_io_error() || err.is_connection_dropped() {
         (StoreErrorKind::Unreachable, true)
-    } else if matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM")) {
-        // Missing or wrong credentials, or an ACL user without the rights: fix the settings.
+    } else if matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+        || is_permanent_refusal(err)
+    {
+        // Missing or wrong credentials, an ACL user without the rights, or an argument the
+        // server will refuse every time: fix the settings, trying again changes nothing.
         (StoreErrorKind::Configuration, false)
     } else {
         match err.kind() {
@@ -114,4 +117,18 @@ pub(super) fn store_error(operation: &'static str, err: &RedisError, resends: bo
     };
     let ambiguous = ambiguous || (resends && kind != StoreErrorKind::Configuration);
     StoreError::classified(operation, kind, ambiguous, err.to_string()).with_source(err.clone())
+}
+
+/// Whether the server refused a command in a way no retry can change: a script that calls a
+/// command the ACL user may not run (reported as a script error, not `NOPERM`), or an expiry
+/// the server does not accept.
+fn is_permanent_refusal(err: &RedisError) -> bool {
+    const REFUSALS: [&str; 4] = [
+        "can't run this command",
+        "ACL failure in script",
+        "invalid expire time",
+        "value is not an integer or out of range",
+    ];
+    let text = err.to_string();
+    REFUSALS.iter().any(|refusal| text.contains(refusal))
 }

@@ -121,11 +121,20 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         marker: &[u8],
         ttl: u64,
     ) -> Result<Finish, StoreError> {
+        // What this delivery stores once its lock is gone says so, and tells a repeated finish
+        // whether the first one completed or came too late.
+        let lost_marker = marker::lock_lost_variant(marker).ok_or_else(|| {
+            StoreError::new(
+                "finish",
+                StoreErrorKind::Protocol,
+                "the marker to store has no `|` after its header",
+            )
+        })?;
         let reply = self
             .query(
                 redis::cmd("SET")
                     .arg(key)
-                    .arg(marker)
+                    .arg(&lost_marker)
                     .arg("NX")
                     .arg("GET")
                     .arg("PX")
@@ -137,6 +146,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         match reply {
             Value::Nil => lost(true),
             Value::BulkString(value) if value == marker => Ok(Finish::Completed),
+            Value::BulkString(value) if value == lost_marker => lost(true),
             Value::BulkString(value) if value.first() == Some(&RELEASED_TAG) => {
                 // A released fenced lock holds only a counter: the result replaces it, unless
                 // someone took the unit in between.
@@ -146,7 +156,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
                         key,
                         redis::cmd("SET")
                             .arg(key)
-                            .arg(marker)
+                            .arg(&lost_marker)
                             .arg("IFEQ")
                             .arg(&value)
                             .arg("PX")

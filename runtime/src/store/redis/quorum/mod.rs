@@ -21,6 +21,7 @@ use servers::join_all;
 
 static RAISE_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("raise_fence.lua")));
+static RETRACT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("retract.lua")));
 
 /// How long one server may take to answer one operation, by default.
 pub(crate) const DEFAULT_SERVER_TIMEOUT: Duration = Duration::from_millis(250);

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::super::lock::lock_value;
 use super::super::protocol::Protocol;
-use super::{DOWN_PAUSE, EXPIRY_PRECISION, Inner, RAISE_FENCE, Server};
+use super::{DOWN_PAUSE, EXPIRY_PRECISION, Inner, RAISE_FENCE, RETRACT, Server};
 use crate::error::{StoreError, StoreErrorKind};
 use crate::store::Store;
 use crate::unit::{LockToken, UnitOfWork};
@@ -201,6 +201,29 @@ impl Inner {
 
     /// Gives up the grants of one `begin` (server index and the lock value's token there),
     /// answering nothing: a release that fails leaves the lock to expire.
+    /// Takes this delivery's marker back from the servers at `indices`, where it was stored
+    /// without a majority; a server that cannot be reached keeps it until its TTL (a `begin`
+    /// that finds a marker on a minority next to a majority's lock waits rather than replays).
+    pub(super) async fn retract(&self, unit: &UnitOfWork, indices: &[usize], marker: &[u8]) {
+        let Some(lost_marker) = crate::marker::lock_lost_variant(marker) else {
+            return;
+        };
+        let lost_marker = &lost_marker;
+        let answers = self
+            .some("finish", indices, |_, protocol| async move {
+                let key = protocol.key(unit);
+                protocol
+                    .invoke("finish", &RETRACT, &key, |cmd| {
+                        cmd.arg(marker).arg(lost_marker);
+                    })
+                    .await
+            })
+            .await;
+        for err in answers.into_iter().filter_map(Result::err) {
+            tracing::warn!(error = %err, "could not take back a marker that no majority stored; duplicates that meet it wait for its TTL or for the unit's majority");
+        }
+    }
+
     pub(super) async fn release_grants(&self, unit: &UnitOfWork, grants: &[(usize, LockToken)]) {
         let indices: Vec<usize> = grants.iter().map(|(index, _)| *index).collect();
         let answers = self

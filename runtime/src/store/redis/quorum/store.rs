@@ -30,7 +30,7 @@ impl Store for RedlockStore {
             })
             .await;
         let mut grants: Vec<(usize, LockToken)> = Vec::new();
-        let mut done = None;
+        let mut markers = Vec::new();
         let mut busy = Vec::new();
         let mut errors = Vec::new();
         for (index, answer) in answers.into_iter().enumerate() {
@@ -38,16 +38,18 @@ impl Store for RedlockStore {
                 Ok(Begin::Acquired { fencing_token }) => {
                     grants.push((index, token.clone().granted(fencing_token)));
                 }
-                Ok(Begin::Done(marker)) => {
-                    done.get_or_insert(marker);
-                }
+                Ok(Begin::Done(marker)) => markers.push(marker),
                 Ok(Begin::Busy { lock_ttl_remaining }) => busy.push(lock_ttl_remaining),
                 Err(err) => errors.push(err),
             }
         }
-        if let Some(marker) = done {
+        // A marker on any server counts as done (a server that restarted may have lost its
+        // copy), unless a majority is locked by another delivery: then the marker is a stale
+        // holder's that no majority stored, and replaying it would answer for work that is
+        // still running.
+        if !markers.is_empty() && busy.len() < inner.quorum() {
             inner.release_grants(unit, &grants).await;
-            return Ok(Begin::Done(marker));
+            return Ok(Begin::Done(most_common(markers)));
         }
         // A server that held a released fenced lock continues its counter even for a task
         // without fencing, so the grants of one round may carry counters or not.
@@ -111,16 +113,21 @@ impl Store for RedlockStore {
             })
             .await;
         let (mut completed, mut stored) = (0, 0);
+        let mut stored_on = Vec::new();
         let mut errors = Vec::new();
-        for answer in answers {
+        for (index, answer) in answers.into_iter().enumerate() {
             match answer {
                 Ok(Finish::Completed) => {
                     completed += 1;
                     stored += 1;
+                    stored_on.push(index);
                 }
                 Ok(Finish::LockLost {
                     marker_written: true,
-                }) => stored += 1,
+                }) => {
+                    stored += 1;
+                    stored_on.push(index);
+                }
                 Ok(Finish::LockLost { .. }) => {}
                 Err(err) => errors.push(err),
             }
@@ -137,6 +144,9 @@ impl Store for RedlockStore {
             // A repeat may still reach a majority; the runner repeats while its lock lasts.
             return Err(inner.no_quorum("finish", errors));
         }
+        // Another delivery holds or finished the unit on a majority: a marker of ours on a
+        // minority would answer duplicates with a result the quorum never agreed on.
+        inner.retract(unit, &stored_on, marker).await;
         Ok(Finish::LockLost {
             marker_written: false,
         })
@@ -208,19 +218,27 @@ impl Store for RedlockStore {
             )
             .await;
         let mut seen = Inspection::default();
+        let mut markers = Vec::new();
         let mut locks = Vec::new();
         let mut errors = Vec::new();
         for answer in answers {
             match answer {
                 Ok(inspection) => {
-                    if seen.marker.is_none() && inspection.marker.is_some() {
-                        seen.marker = inspection.marker;
-                        seen.marker_ttl = inspection.marker_ttl;
+                    if let Some(marker) = inspection.marker {
+                        markers.push((marker, inspection.marker_ttl));
                     }
                     locks.extend(inspection.lock_ttl);
                 }
                 Err(err) => errors.push(err),
             }
+        }
+        if !markers.is_empty() {
+            let chosen = most_common(markers.iter().map(|(marker, _)| marker.clone()).collect());
+            seen.marker_ttl = markers
+                .iter()
+                .find(|(marker, _)| same_delivery(marker, &chosen))
+                .and_then(|(_, ttl)| *ttl);
+            seen.marker = Some(chosen);
         }
         if inner.servers.len() - errors.len() < inner.quorum() {
             return Err(inner.no_quorum("inspect", errors));
@@ -256,4 +274,31 @@ impl Store for RedlockStore {
             Err(inner.no_quorum("forget", errors))
         }
     }
+}
+
+/// The marker stored by the most servers (the first one seen among equals), counting a marker
+/// written after its lock expired (`,l`) as the same delivery's.
+///
+/// Two deliveries can each have stored a marker on some servers (a stale holder on a minority
+/// it could not take back, its successor on a majority); the majority's is the agreed result.
+fn most_common(markers: Vec<Vec<u8>>) -> Vec<u8> {
+    let mut best = 0;
+    let mut best_count = 0;
+    for (index, marker) in markers.iter().enumerate() {
+        let count = markers
+            .iter()
+            .filter(|other| same_delivery(marker, other))
+            .count();
+        if count > best_count {
+            (best, best_count) = (index, count);
+        }
+    }
+    markers.into_iter().nth(best).unwrap_or_default()
+}
+
+/// Whether two stored markers are one delivery's, with or without the `,l` flag.
+fn same_delivery(a: &[u8], b: &[u8]) -> bool {
+    a == b
+        || crate::marker::lock_lost_variant(a).as_deref() == Some(b)
+        || crate::marker::lock_lost_variant(b).as_deref() == Some(a)
 }

@@ -1,0 +1,155 @@
+//! What the runner on top of a store must do when a lock runs out under a delivery: a grant
+//! whose reply came too late, and two executions whose results are equal.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use super::outlive;
+use crate::store::{Begin, Fencing, Finish, Inspection, SharedStore, Store};
+use crate::store::{LockToken, StoreError, StoreErrorKind, UnitOfWork};
+use crate::{Error, Outcome, Task};
+
+/// Checks that two executions of one unit whose results are equal are told apart: the one whose
+/// lock ran out hears `LockLost`, not `Executed`.
+///
+/// A holder overruns its lock, a second delivery takes the unit over and stores `()`, then the
+/// first returns `()` too. Its marker must not pass for a repeat of its own finish.
+///
+/// # Panics
+/// When the store or the runner does not.
+pub async fn a_double_run_with_equal_results_is_reported_as_lost(store: SharedStore) {
+    let ttl = Duration::from_millis(150);
+    let task = Arc::new(Task::new("overrun-equal").lock_ttl(ttl));
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (successor_done_tx, successor_done_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = {
+        let (task, store) = (Arc::clone(&task), store.clone());
+        tokio::spawn(async move {
+            task.call("k")
+                .store(store)
+                .run_reported(async move {
+                    started_tx.send(()).unwrap();
+                    // Runs on until the successor has stored its own (equal) result.
+                    successor_done_rx.await.unwrap();
+                    Ok::<(), Error>(())
+                })
+                .await
+        })
+    };
+    started_rx.await.unwrap();
+    outlive(ttl).await;
+    let second = task
+        .call("k")
+        .store(store.clone())
+        .run_reported(async { Ok::<(), Error>(()) })
+        .await
+        .unwrap();
+    assert_eq!(second.outcome, Outcome::Executed);
+    successor_done_tx.send(()).unwrap();
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(
+        first.outcome,
+        Outcome::LockLost {
+            marker_written: false
+        },
+        "the body ran twice, and the delivery whose lock ran out was told it executed"
+    );
+}
+
+/// A store whose `begin` replies arrive `delay` after the store applied them, as over a stalled
+/// network.
+#[derive(Debug)]
+struct LateReplies {
+    inner: SharedStore,
+    delay: Duration,
+}
+
+impl Store for LateReplies {
+    async fn begin(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        lock_ttl: Duration,
+        fencing: Fencing,
+    ) -> Result<Begin, StoreError> {
+        let answer = self.inner.begin(unit, token, lock_ttl, fencing).await;
+        tokio::time::sleep(self.delay).await;
+        answer
+    }
+
+    async fn finish(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        marker: &[u8],
+        result_ttl: Duration,
+    ) -> Result<Finish, StoreError> {
+        self.inner.finish(unit, token, marker, result_ttl).await
+    }
+
+    async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
+        self.inner.release(unit, token).await
+    }
+
+    async fn renew(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        lock_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.inner.renew(unit, token, lock_ttl).await
+    }
+
+    async fn inspect(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError> {
+        self.inner.inspect(unit).await
+    }
+
+    async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
+        self.inner.forget(unit).await
+    }
+}
+
+/// Checks that a grant whose reply arrives after its lock expired does not run the body: the
+/// unit may already be another delivery's.
+///
+/// # Panics
+/// When the store or the runner does not.
+pub async fn a_grant_that_arrives_after_its_lock_expired_does_not_run(store: SharedStore) {
+    let ttl = Duration::from_millis(100);
+    let late = SharedStore::new(LateReplies {
+        inner: store.clone(),
+        delay: ttl * 2,
+    });
+    let runs = AtomicUsize::new(0);
+    let result: Result<u32, Error> = Task::new("late-grant")
+        .lock_ttl(ttl)
+        .call("k")
+        .store(late)
+        .run(async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok(1)
+        })
+        .await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "the body ran on an expired grant"
+    );
+    match result {
+        Err(Error::Store(err)) => {
+            assert_eq!(err.kind(), StoreErrorKind::Timeout, "{err}");
+            assert!(err.is_ambiguous(), "{err}");
+        }
+        other => panic!("expected an ambiguous timeout, got {other:?}"),
+    }
+    // Nothing is left behind: the next delivery runs.
+    let next: u32 = Task::new("late-grant")
+        .lock_ttl(ttl)
+        .call("k")
+        .store(store)
+        .run(async { Ok::<_, Error>(2) })
+        .await
+        .unwrap();
+    assert_eq!(next, 2);
+}

@@ -1,0 +1,151 @@
+//! The least-privilege ACL users the README recommends, exactly as written there, against every
+//! operation of the store: fenced tasks, releases, `forget`, a plain task on a unit that keeps a
+//! fencing counter; and a user missing one right is refused at `connect`, by name.
+
+use idempotask_test_support as support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use idempotask::store::{Store, StoreErrorKind, UnitOfWork};
+use idempotask::{Error, Outcome, RedisClusterStore, RedisStore, Task};
+use support::cluster::RedisCluster;
+use support::{Flavor, RedisServer};
+
+/// The README's rights for `RedisStore` (and each server of `RedlockStore`).
+const SERVER_RIGHTS: &[&str] = &[
+    "~idempotask:*",
+    "+@read",
+    "+@write",
+    "+@scripting",
+    "+@connection",
+    "+time",
+];
+
+/// The README's rights for `RedisClusterStore`: the server's, and the slot map.
+const CLUSTER_RIGHTS: &[&str] = &[
+    "~idempotask:*",
+    "+@read",
+    "+@write",
+    "+@scripting",
+    "+@connection",
+    "+time",
+    "+cluster|slots",
+];
+
+fn set_user(connection: &mut redis::Connection, rights: &[&str]) {
+    let mut cmd = redis::cmd("ACL");
+    cmd.arg("SETUSER")
+        .arg("worker")
+        .arg("reset")
+        .arg("on")
+        .arg(">s3cret");
+    for right in rights {
+        cmd.arg(*right);
+    }
+    let _: () = cmd.query(connection).unwrap();
+}
+
+/// Every path of a task through the store, with whatever rights the store was connected with.
+async fn every_operation(store: impl Store + Clone) {
+    let fenced = Task::new("acl-fenced").fencing(true);
+    let first = fenced
+        .call("k")
+        .store(store.clone())
+        .run_reported(async { Ok::<_, Error>(1_u8) })
+        .await
+        .unwrap();
+    assert_eq!(first.outcome, Outcome::Executed);
+    assert!(first.fencing_token.is_some());
+    let replay = fenced
+        .call("k")
+        .store(store.clone())
+        .run_reported(async { Ok::<_, Error>(2_u8) })
+        .await
+        .unwrap();
+    assert_eq!((replay.value, replay.outcome), (1, Outcome::Replayed));
+
+    // A failing fenced body releases its lock (the release keeps the counter), so the next
+    // delivery runs at once; so does a task without fencing on the unit that keeps it.
+    let runs = AtomicUsize::new(0);
+    let failed: Result<u8, Error> = fenced
+        .call("released")
+        .store(store.clone())
+        .run(async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Err(Error::NotConfigured)
+        })
+        .await;
+    assert!(matches!(failed, Err(Error::NotConfigured)), "{failed:?}");
+    let plain: u8 = Task::new("acl-fenced")
+        .call("released")
+        .store(store.clone())
+        .run(async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Error>(3)
+        })
+        .await
+        .unwrap();
+    assert_eq!((plain, runs.load(Ordering::SeqCst)), (3, 2));
+
+    // `forget` of a fenced marker keeps its counter, and the unit runs again.
+    let unit = UnitOfWork::new("acl-fenced", "k").unwrap();
+    assert!(store.forget(&unit).await.unwrap());
+    let again: u8 = fenced
+        .call("k")
+        .store(store.clone())
+        .run(async { Ok::<_, Error>(4) })
+        .await
+        .unwrap();
+    assert_eq!(again, 4);
+    assert!(matches!(
+        fenced.status("k", &store).await.unwrap(),
+        idempotask::ops::Status::Done(_)
+    ));
+}
+
+async fn documented_user_runs_everything(flavor: Flavor) {
+    let server = RedisServer::start_flavor(flavor, &[]);
+    let mut admin = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    set_user(&mut admin, SERVER_RIGHTS);
+    let url = format!("redis://worker:s3cret@127.0.0.1:{}", server.port());
+    every_operation(RedisStore::connect(&url).await.unwrap()).await;
+
+    // Without `TIME` no fenced task could start: `connect` says so instead, once.
+    let without_time: Vec<&str> = SERVER_RIGHTS
+        .iter()
+        .copied()
+        .filter(|right| *right != "+time")
+        .collect();
+    set_user(&mut admin, &without_time);
+    let err = RedisStore::connect(&url).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Configuration, "{err}");
+    assert!(err.to_string().contains("+time"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_user_runs_every_operation_on_redis() {
+    documented_user_runs_everything(Flavor::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_user_runs_every_operation_on_valkey() {
+    documented_user_runs_everything(Flavor::Valkey).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_cluster_user_runs_every_operation() {
+    let cluster = RedisCluster::start();
+    for port in cluster.ports() {
+        set_user(&mut support::cluster::node(port), CLUSTER_RIGHTS);
+    }
+    let urls: Vec<String> = cluster
+        .ports()
+        .iter()
+        .map(|port| format!("redis://worker:s3cret@127.0.0.1:{port}"))
+        .collect();
+    let store = RedisClusterStore::connect(urls).await.unwrap();
+    every_operation(store).await;
+}
