@@ -111,6 +111,30 @@ pub enum Error {
     #[error(transparent)]
     InvalidKey(#[from] InvalidKey),
 
+    /// The body of this very unit called it again (a task that calls itself with the same
+    /// key): the inner call would wait on the outer call's lock until it expired, then run a
+    /// second time.
+    ///
+    /// Nothing ran for the inner call. Call the work directly, or give the inner call a key
+    /// of its own.
+    #[error(
+        "task `{task}` with key `{key}` was called from its own body; nothing ran, call the work directly or give the inner call its own key"
+    )]
+    #[non_exhaustive]
+    Reentered {
+        /// The task's stable name.
+        task: String,
+        /// The caller's key.
+        key: String,
+    },
+
+    /// The call was polled outside a `tokio` runtime, which idempotask needs for its timers,
+    /// renewals and background releases. Nothing ran.
+    #[error(
+        "an idempotent task was run outside a tokio runtime; nothing ran, run it inside one (`#[tokio::main]`, `Runtime::block_on`)"
+    )]
+    NoRuntime,
+
     /// Two different `#[idempotent_task]` functions of this program have the same task name
     /// (the default name is the bare function name, so `billing::notify` and
     /// `shipping::notify` would collide), and would share their units of work: one's body would

@@ -1,20 +1,21 @@
 //! What keeps a running body's lock honest: released after an error, a panic or a drop, and
 //! renewed while the body runs when the task asks for it.
 
-use std::convert::Infallible;
 use std::future::{Future, poll_fn};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::pin;
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
 use tracing::Instrument;
 
+use crate::call::Outcome;
 use crate::context::Lease;
 use crate::error::StoreError;
-use crate::observe::{KeyLogging, renewal};
-use crate::store::{SharedStore, Store};
+use crate::observe::{KeyLogging, renewal as observe_renewal};
+use crate::store::{Finish, SharedStore, Store};
 use crate::unit::{LockToken, UnitOfWork};
 
 pub(crate) type Panic = Box<dyn std::any::Any + Send>;
@@ -33,19 +34,38 @@ pub(crate) async fn catching_panics<F: Future>(body: F) -> Result<F::Output, Pan
     .await
 }
 
-/// What the watchdog needs to renew one lock.
-pub(crate) struct Renewal<'a> {
-    pub(crate) store: &'a SharedStore,
-    pub(crate) unit: &'a UnitOfWork,
-    pub(crate) token: &'a LockToken,
-    pub(crate) lease: &'a Lease,
+/// What the watchdog needs to renew one lock; owned, since it runs as a task of its own.
+pub(crate) struct Renewal {
+    pub(crate) store: SharedStore,
+    pub(crate) unit: UnitOfWork,
+    pub(crate) token: LockToken,
+    pub(crate) lease: Arc<Lease>,
     pub(crate) lock_ttl: Duration,
     pub(crate) logging: KeyLogging,
 }
 
 /// Input: the guarded body. Output: the same, while a watchdog renews the lock every third of
 /// its TTL and marks the lease lost when a renewal finds the lock gone.
-pub(crate) async fn renewing<F: Future>(body: F, renewal_of: Renewal<'_>) -> F::Output {
+///
+/// The watchdog is a task of its own on the runtime, not a branch polled next to the body: a
+/// body that blocks its thread (a synchronous call, `std::thread::sleep`) would otherwise
+/// starve it, and its lock would expire under it. It stops when the body is done or the call
+/// is dropped. What it cannot do is run on a `current_thread` runtime whose only thread the
+/// body blocks.
+pub(crate) async fn renewing<F: Future>(body: F, renewal: Renewal) -> F::Output {
+    let span = tracing::Span::current();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let watchdog = tokio::spawn(renew_until_lost(renewal, started_tx).instrument(span));
+    let _stop = AbortOnDrop(watchdog);
+    // A task spawned from a worker waits in that worker's own slot, which other workers do not
+    // take: were the body to block this thread first, the watchdog would never start. Once it
+    // has been polled, its timer wakes it on whichever worker is free.
+    let _ = started_rx.await;
+    body.await
+}
+
+async fn renew_until_lost(renewal: Renewal, started: tokio::sync::oneshot::Sender<()>) {
+    let _ = started.send(());
     let Renewal {
         store,
         unit,
@@ -53,43 +73,44 @@ pub(crate) async fn renewing<F: Future>(body: F, renewal_of: Renewal<'_>) -> F::
         lease,
         lock_ttl,
         logging,
-    } = renewal_of;
-    let renewals = async {
-        let interval = (lock_ttl / 3).max(Duration::from_millis(1));
-        loop {
-            sleep(interval).await;
-            let sent = Instant::now();
-            match store.renew(unit, token, lock_ttl).await {
-                Ok(true) => {
-                    lease.renewed(sent, lock_ttl);
-                    renewal(unit.task(), "renewed");
-                }
-                Ok(false) => {
+    } = renewal;
+    let interval = (lock_ttl / 3).max(Duration::from_millis(1));
+    loop {
+        sleep(interval).await;
+        let sent = Instant::now();
+        match store.renew(&unit, &token, lock_ttl).await {
+            Ok(true) => {
+                lease.renewed(sent, lock_ttl);
+                observe_renewal(unit.task(), "renewed");
+            }
+            Ok(false) => {
+                lease.lose();
+                observe_renewal(unit.task(), "lost");
+                tracing::warn!(
+                    task = unit.task(),
+                    key = logging.show(&unit),
+                    "the lock was lost while the task ran; another delivery may run it too"
+                );
+                return;
+            }
+            Err(err) => {
+                observe_renewal(unit.task(), "failed");
+                tracing::warn!(task = unit.task(), key = logging.show(&unit), error = %err, "could not renew the lock; trying again");
+                if !lease.held() {
                     lease.lose();
-                    renewal(unit.task(), "lost");
-                    tracing::warn!(
-                        task = unit.task(),
-                        key = logging.show(unit),
-                        "the lock was lost while the task ran; another delivery may run it too"
-                    );
-                    break;
-                }
-                Err(err) => {
-                    renewal(unit.task(), "failed");
-                    tracing::warn!(task = unit.task(), key = logging.show(unit), error = %err, "could not renew the lock; trying again");
-                    if !lease.held() {
-                        lease.lose();
-                        break;
-                    }
+                    return;
                 }
             }
         }
-        std::future::pending::<Infallible>().await
-    };
-    tokio::select! {
-        biased;
-        output = body => output,
-        never = renewals => match never {},
+    }
+}
+
+/// Aborts a spawned task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -134,21 +155,178 @@ pub(crate) fn release_in_background(
     );
 }
 
-/// Releases the lock in the background if the call is dropped while its body runs.
-pub(crate) struct ReleaseOnDrop {
-    pub(crate) store: Option<(SharedStore, UnitOfWork, LockToken, KeyLogging)>,
+/// What a call that is dropped leaves to the background: nothing, the release of a lock it may
+/// hold, or the recording of a result its body already produced.
+pub(crate) struct OnDrop {
+    pending: Pending,
 }
 
-impl ReleaseOnDrop {
+enum Pending {
+    Nothing,
+    /// From before the first `begin` is sent until the body's outcome is known: a `begin`
+    /// still in flight when the call is dropped may take the lock after all (the store applies
+    /// it, its reply goes nowhere), so the release follows it on the same connection.
+    Release {
+        store: SharedStore,
+        unit: UnitOfWork,
+        token: LockToken,
+        logging: KeyLogging,
+    },
+    /// Once the body succeeded: its marker is stored even if the caller stops waiting, so the
+    /// work is not run again by the next delivery.
+    Finish {
+        store: SharedStore,
+        unit: UnitOfWork,
+        token: LockToken,
+        logging: KeyLogging,
+        marker: Vec<u8>,
+        result_ttl: Duration,
+        lease: Arc<Lease>,
+    },
+}
+
+impl OnDrop {
+    /// Releases `token`'s lock on `unit` if dropped.
+    pub(crate) fn release(
+        store: &SharedStore,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        logging: KeyLogging,
+    ) -> Self {
+        Self {
+            pending: Pending::Release {
+                store: store.clone(),
+                unit: unit.clone(),
+                token: token.clone(),
+                logging,
+            },
+        }
+    }
+
+    /// From now on, stores `marker` in the background if dropped (the body succeeded).
+    pub(crate) fn finish_instead(
+        &mut self,
+        marker: Vec<u8>,
+        result_ttl: Duration,
+        lease: &Arc<Lease>,
+    ) {
+        if let Pending::Release {
+            store,
+            unit,
+            token,
+            logging,
+        } = std::mem::replace(&mut self.pending, Pending::Nothing)
+        {
+            self.pending = Pending::Finish {
+                store,
+                unit,
+                token,
+                logging,
+                marker,
+                result_ttl,
+                lease: Arc::clone(lease),
+            };
+        }
+    }
+
+    /// The call took care of everything itself.
     pub(crate) fn disarm(&mut self) {
-        self.store = None;
+        self.pending = Pending::Nothing;
     }
 }
 
-impl Drop for ReleaseOnDrop {
+impl Drop for OnDrop {
     fn drop(&mut self) {
-        if let Some((store, unit, token, logging)) = self.store.take() {
-            release_in_background(Some(store), &unit, &token, logging);
+        match std::mem::replace(&mut self.pending, Pending::Nothing) {
+            Pending::Nothing => {}
+            Pending::Release {
+                store,
+                unit,
+                token,
+                logging,
+            } => release_in_background(Some(store), &unit, &token, logging),
+            Pending::Finish {
+                store,
+                unit,
+                token,
+                logging,
+                marker,
+                result_ttl,
+                lease,
+            } => {
+                let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                    return;
+                };
+                runtime.spawn(
+                    async move {
+                        let recording = Recording {
+                            store: &store,
+                            unit: &unit,
+                            token: &token,
+                            logging,
+                            lease: &lease,
+                        };
+                        recording.record(&marker, result_ttl).await;
+                    }
+                    .in_current_span(),
+                );
+            }
+        }
+    }
+}
+
+/// Storing the marker of a successful execution, retrying while the lock is still ours.
+pub(crate) struct Recording<'a> {
+    pub(crate) store: &'a SharedStore,
+    pub(crate) unit: &'a UnitOfWork,
+    pub(crate) token: &'a LockToken,
+    pub(crate) logging: KeyLogging,
+    pub(crate) lease: &'a Lease,
+}
+
+/// The first pause between tries of a failing `finish`; it doubles each time.
+const FINISH_RETRY_PAUSE: Duration = Duration::from_millis(25);
+
+impl Recording<'_> {
+    pub(crate) async fn record(&self, marker: &[u8], result_ttl: Duration) -> Outcome {
+        let Self {
+            store,
+            unit,
+            token,
+            logging,
+            lease,
+        } = *self;
+        let fencing_token = token.fencing_token();
+        let mut failures: u32 = 0;
+        loop {
+            match store.finish(unit, token, marker, result_ttl).await {
+                Ok(Finish::Completed) => return Outcome::Executed,
+                Ok(Finish::LockLost { marker_written }) => {
+                    tracing::warn!(
+                        task = unit.task(),
+                        key = logging.show(unit),
+                        fencing_token,
+                        marker_written,
+                        "the lock expired before the task finished; another delivery may have run it too"
+                    );
+                    return Outcome::LockLost { marker_written };
+                }
+                Err(err) => {
+                    failures += 1;
+                    let pause = FINISH_RETRY_PAUSE * (1 << failures.min(5));
+                    if !err.is_retryable() || Instant::now() + pause >= lease.expires_at() {
+                        tracing::warn!(
+                            task = unit.task(),
+                            key = logging.show(unit),
+                            fencing_token,
+                            error = %err,
+                            "the task succeeded but its completion could not be recorded; a redelivery after the lock expires will run it again"
+                        );
+                        return Outcome::MarkerNotWritten;
+                    }
+                    sleep(pause).await;
+                }
+            }
         }
     }
 }

@@ -146,6 +146,12 @@ impl Task {
     }
 
     /// Whether a watchdog renews the lock every third of its TTL while the body runs.
+    ///
+    /// The watchdog is a task of its own on the runtime, so a body that blocks its thread (a
+    /// synchronous call) does not starve it on a multi-thread runtime with another worker free.
+    /// What it cannot renew through: a `current_thread` runtime whose only thread the body
+    /// blocks, or a network store whose client needs the blocked thread for its own I/O task.
+    /// Run blocking work with `tokio::task::spawn_blocking` and await it from the body.
     pub const fn renew(mut self, renew: bool) -> Self {
         self.renew = renew;
         self

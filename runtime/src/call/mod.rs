@@ -6,17 +6,17 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::time::{Instant, sleep};
+use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::context::{Lease, TaskContext};
+use crate::context::TaskContext;
 use crate::error::{CodecErrorKind, Error};
 use crate::fingerprint::Fingerprint;
-use crate::guard::{ReleaseOnDrop, Renewal, catching_panics, release, renewing};
+use crate::guard::{OnDrop, Recording, Renewal, catching_panics, release, renewing};
 use crate::install::installed;
 use crate::marker::{Marker, StoredResult};
 use crate::observe::{Ending, Observation};
-use crate::store::{Finish, SharedStore, Store};
+use crate::store::{SharedStore, Store};
 use crate::task::Task;
 use crate::unit::{LockToken, UnitOfWork};
 use begin::{Start, begin};
@@ -179,7 +179,11 @@ impl Call<'_> {
             .map_err(|err| failed(Error::from(err)))?;
         let logging = self.task.log_key;
         observation.key(&unit, logging);
+        refuse_misuse(&unit).map_err(failed)?;
         let token = LockToken::generate();
+        // Armed before the first `begin` is sent: dropped while one is in flight, the call may
+        // hold a lock nobody else knows of.
+        let mut on_drop = OnDrop::release(&store, &unit, &token, logging);
         let waiting = Instant::now();
         let start = begin(self.task, &store, &unit, &token).await;
         if let Ok(Start::Replay { attempts, .. } | Start::Run { attempts, .. })
@@ -187,8 +191,14 @@ impl Call<'_> {
         {
             observation.waited(*attempts, waiting.elapsed());
         }
-        match start.map_err(failed)? {
+        let start = start.map_err(|err| {
+            // A failed `begin` cleans up after itself (see `begin`).
+            on_drop.disarm();
+            failed(err)
+        })?;
+        match start {
             Start::Replay { marker, attempts } => {
+                on_drop.disarm();
                 observation.fencing_token(marker.fencing_token());
                 let value = self.replay(&unit, &marker).map_err(failed)?;
                 Ok(Report {
@@ -206,19 +216,16 @@ impl Call<'_> {
                 observation.fencing_token(fencing_token);
                 // From here on the store recognises our lock by its token and fencing token.
                 let token = token.granted(fencing_token);
-                let mut guard = ReleaseOnDrop {
-                    store: Some((store.clone(), unit.clone(), token.clone(), logging)),
-                };
                 let context =
                     TaskContext::new(unit.clone(), fencing_token, attempts, Arc::clone(&lease));
                 let guarded = context.scope(catching_panics(body));
                 let running = Instant::now();
                 let result = if self.task.renew {
                     let renewal = Renewal {
-                        store: &store,
-                        unit: &unit,
-                        token: &token,
-                        lease: &lease,
+                        store: store.clone(),
+                        unit: unit.clone(),
+                        token: token.clone(),
+                        lease: Arc::clone(&lease),
                         lock_ttl: self.task.lock_ttl,
                         logging,
                     };
@@ -227,21 +234,33 @@ impl Call<'_> {
                     guarded.await
                 };
                 observation.body_ran(running.elapsed());
-                guard.disarm();
                 match result {
                     Err(panic) => {
+                        on_drop.disarm();
                         observation.ended(Ending::Failed);
                         release(&store, &unit, &token, logging).await;
                         resume_unwind(panic)
                     }
                     Ok(Err(err)) => {
+                        on_drop.disarm();
                         release(&store, &unit, &token, logging).await;
                         Err((err, Ending::Failed))
                     }
                     Ok(Ok(value)) => {
-                        let outcome = self
-                            .record(&store, &unit, &token, fencing_token, &lease, &value)
-                            .await;
+                        // Encoded while a drop (or a panic in `Serialize`) still releases.
+                        let marker = self.marker_for(&unit, &token, &value);
+                        // From here a dropped call still records the result in the
+                        // background: the side effect happened.
+                        on_drop.finish_instead(marker.clone(), self.task.result_ttl, &lease);
+                        let recording = Recording {
+                            store: &store,
+                            unit: &unit,
+                            token: &token,
+                            logging,
+                            lease: &lease,
+                        };
+                        let outcome = recording.record(&marker, self.task.result_ttl).await;
+                        on_drop.disarm();
                         Ok(Report {
                             value,
                             outcome,
@@ -260,13 +279,24 @@ impl Call<'_> {
         unit: &UnitOfWork,
         marker: &Marker,
     ) -> Result<T, Error> {
-        if let Some(expected) = &self.fingerprint
-            && marker.fingerprint() != Some(expected.as_str())
-        {
-            return Err(Error::KeyReuse {
-                task: unit.task().to_owned(),
-                key: unit.key().to_owned(),
-            });
+        if let Some(expected) = &self.fingerprint {
+            match marker.fingerprint() {
+                Some(stored) if stored == expected.as_str() => {}
+                Some(_) => {
+                    return Err(Error::KeyReuse {
+                        task: unit.task().to_owned(),
+                        key: unit.key().to_owned(),
+                    });
+                }
+                // Stored before the task declared a fingerprint (a deploy added it): there is
+                // nothing to compare, and refusing would turn every redelivery of work done
+                // before the deploy into an error.
+                None => tracing::warn!(
+                    task = unit.task(),
+                    key = self.task.log_key.show(unit),
+                    "the stored result has no fingerprint to compare the arguments with; it is replayed as it is"
+                ),
+            }
         }
         match marker.result() {
             StoredResult::Json(json) => serde_json::from_str(json.get()).map_err(|err| {
@@ -318,53 +348,25 @@ impl Call<'_> {
             result,
         )
     }
+}
 
-    /// Stores the marker for a successful execution, retrying while the lock is still ours.
-    async fn record<T: Serialize>(
-        &self,
-        store: &SharedStore,
-        unit: &UnitOfWork,
-        token: &LockToken,
-        fencing_token: Option<u64>,
-        lease: &Lease,
-        value: &T,
-    ) -> Outcome {
-        let marker = self.marker_for(unit, token, value);
-        let mut failures = 0;
-        loop {
-            match store
-                .finish(unit, token, &marker, self.task.result_ttl)
-                .await
-            {
-                Ok(Finish::Completed) => return Outcome::Executed,
-                Ok(Finish::LockLost { marker_written }) => {
-                    tracing::warn!(
-                        task = unit.task(),
-                        key = self.task.log_key.show(unit),
-                        fencing_token,
-                        marker_written,
-                        "the lock expired before the task finished; another delivery may have run it too"
-                    );
-                    return Outcome::LockLost { marker_written };
-                }
-                Err(err) => {
-                    failures += 1;
-                    let pause = store_retry_pause(failures);
-                    if !err.is_retryable() || Instant::now() + pause >= lease.expires_at() {
-                        tracing::warn!(
-                            task = unit.task(),
-                            key = self.task.log_key.show(unit),
-                            fencing_token,
-                            error = %err,
-                            "the task succeeded but its completion could not be recorded; a redelivery after the lock expires will run it again"
-                        );
-                        return Outcome::MarkerNotWritten;
-                    }
-                    sleep(pause).await;
-                }
-            }
-        }
+/// Misuse that would otherwise fail late with a lock held: a call from the body of the very
+/// unit it names (it would wait on its own lock until it expired, then run again), and a call
+/// outside a tokio runtime (its timers and background releases would panic).
+fn refuse_misuse(unit: &UnitOfWork) -> Result<(), Error> {
+    if let Some(running) = crate::context::context()
+        && running.task() == unit.task()
+        && running.key() == unit.key()
+    {
+        return Err(Error::Reentered {
+            task: unit.task().to_owned(),
+            key: unit.key().to_owned(),
+        });
     }
+    if tokio::runtime::Handle::try_current().is_err() {
+        return Err(Error::NoRuntime);
+    }
+    Ok(())
 }
 
 /// The error of a call that found the unit locked for as long as its retry policy waits.

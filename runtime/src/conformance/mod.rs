@@ -19,12 +19,14 @@
 //! The checks use short TTLs (100–300 ms) and wait them out, so a store must honour
 //! expiries to the tens of milliseconds; the whole list takes a few seconds.
 
+mod cancellation;
 mod fencing;
 mod overruns;
 mod refusals;
 mod runner;
 mod store;
 
+pub use cancellation::*;
 pub use fencing::*;
 pub use overruns::*;
 pub use refusals::*;
@@ -125,6 +127,9 @@ macro_rules! conformance_tests {
             a_release_without_the_fencing_token_frees_the_lock,
             a_double_run_with_equal_results_is_reported_as_lost,
             a_grant_that_arrives_after_its_lock_expired_does_not_run,
+            a_call_dropped_while_begin_is_in_flight_leaves_no_lock,
+            a_call_dropped_while_recording_still_stores_the_result,
+            a_panic_while_encoding_the_result_frees_the_lock,
         );
     };
     (@each $make:expr; $($check:ident,)*) => {$(
@@ -166,6 +171,7 @@ mod tests {
             include_str!("refusals.rs"),
             include_str!("fencing.rs"),
             include_str!("overruns.rs"),
+            include_str!("cancellation.rs"),
         ]
         .into_iter()
         .flat_map(checks_in)

@@ -1,0 +1,228 @@
+//! What the runner must do when a call stops half-way: dropped while its `begin` is in flight,
+//! dropped while its result is being recorded, a panic while encoding the result.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::time::{Instant, sleep};
+
+use super::LONG;
+use crate::store::{Begin, Fencing, Finish, Inspection, SharedStore, Store};
+use crate::store::{LockToken, StoreError, UnitOfWork};
+use crate::{Error, Task};
+
+/// A store whose commands travel one connection, in order, and take their time: a `begin` is
+/// applied `begin_delay` after it was sent, whether or not anyone still waits for its reply,
+/// and a `finish` `finish_delay` after it was sent.
+#[derive(Debug)]
+struct SlowConnection {
+    inner: SharedStore,
+    begin_delay: Duration,
+    finish_delay: Duration,
+    order: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl SlowConnection {
+    fn new(inner: &SharedStore, begin_delay: Duration, finish_delay: Duration) -> Self {
+        Self {
+            inner: inner.clone(),
+            begin_delay,
+            finish_delay,
+            order: Arc::default(),
+        }
+    }
+}
+
+impl Store for SlowConnection {
+    async fn begin(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        lock_ttl: Duration,
+        fencing: Fencing,
+    ) -> Result<Begin, StoreError> {
+        let (inner, unit, token) = (self.inner.clone(), unit.clone(), token.clone());
+        let (order, delay) = (Arc::clone(&self.order), self.begin_delay);
+        // Sent: it is applied even if the caller stops waiting.
+        let sent = tokio::spawn(async move {
+            let _turn = order.lock().await;
+            sleep(delay).await;
+            inner.begin(&unit, &token, lock_ttl, fencing).await
+        });
+        sent.await.expect("the begin task panicked")
+    }
+
+    async fn finish(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        marker: &[u8],
+        result_ttl: Duration,
+    ) -> Result<Finish, StoreError> {
+        sleep(self.finish_delay).await;
+        let _turn = self.order.lock().await;
+        self.inner.finish(unit, token, marker, result_ttl).await
+    }
+
+    async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
+        let _turn = self.order.lock().await;
+        self.inner.release(unit, token).await
+    }
+
+    async fn renew(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        lock_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let _turn = self.order.lock().await;
+        self.inner.renew(unit, token, lock_ttl).await
+    }
+
+    async fn inspect(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError> {
+        self.inner.inspect(unit).await
+    }
+
+    async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
+        self.inner.forget(unit).await
+    }
+}
+
+/// Polls `unit` until `done` says yes, for at most `within` (far less than any lock TTL here).
+async fn eventually(
+    store: &SharedStore,
+    unit: &UnitOfWork,
+    within: Duration,
+    what: &str,
+    done: impl Fn(&Inspection) -> bool,
+) {
+    let deadline = Instant::now() + within;
+    loop {
+        let seen = store.inspect(unit).await.unwrap();
+        if done(&seen) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {seen:?}");
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Checks that a call dropped while its `begin` is in flight does not leave the lock that
+/// `begin` takes afterwards for the whole lock TTL.
+///
+/// # Panics
+/// When the runner does not.
+pub async fn a_call_dropped_while_begin_is_in_flight_leaves_no_lock(store: SharedStore) {
+    let slow = SharedStore::new(SlowConnection::new(
+        &store,
+        Duration::from_millis(200),
+        Duration::ZERO,
+    ));
+    let runs = AtomicUsize::new(0);
+    let task = Task::new("dropped-in-begin").lock_ttl(LONG);
+    let call = task.call("k").store(slow).run(async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok::<u8, Error>(1)
+    });
+    // A caller's own timeout, shorter than the stalled `begin`.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), call)
+            .await
+            .is_err()
+    );
+    let unit = UnitOfWork::new("dropped-in-begin", "k").unwrap();
+    eventually(
+        &store,
+        &unit,
+        Duration::from_secs(5),
+        "the lock a dropped call's begin took outlived it",
+        |seen| !seen.is_locked() && !seen.is_done(),
+    )
+    .await;
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+/// Checks that a call dropped after its body succeeded, while the result is being recorded,
+/// still leaves the result: the next delivery replays it instead of running again.
+///
+/// # Panics
+/// When the runner does not.
+pub async fn a_call_dropped_while_recording_still_stores_the_result(store: SharedStore) {
+    let slow = SharedStore::new(SlowConnection::new(
+        &store,
+        Duration::ZERO,
+        Duration::from_millis(300),
+    ));
+    let task = Task::new("dropped-in-finish").lock_ttl(LONG);
+    let runs = AtomicUsize::new(0);
+    let call = task.call("k").store(slow).run(async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok::<u8, Error>(1)
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), call)
+            .await
+            .is_err()
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the body did not run");
+    let unit = UnitOfWork::new("dropped-in-finish", "k").unwrap();
+    eventually(
+        &store,
+        &unit,
+        Duration::from_secs(5),
+        "the result of a call dropped while recording was never stored",
+        Inspection::is_done,
+    )
+    .await;
+    let again: u8 = task
+        .call("k")
+        .store(store)
+        .run(async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<u8, Error>(2)
+        })
+        .await
+        .unwrap();
+    assert_eq!((again, runs.load(Ordering::SeqCst)), (1, 1));
+}
+
+/// A result whose `Serialize` panics.
+#[derive(Debug, Deserialize)]
+struct Explosive;
+
+impl Serialize for Explosive {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+        panic!("this result cannot be serialised");
+    }
+}
+
+/// Checks that a panic while the result is encoded (after the body succeeded) frees the lock
+/// at once, as a panic in the body does.
+///
+/// # Panics
+/// When the runner does not.
+pub async fn a_panic_while_encoding_the_result_frees_the_lock(store: SharedStore) {
+    let call = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            Task::new("explosive")
+                .lock_ttl(LONG)
+                .call("k")
+                .store(store)
+                .run(async { Ok::<_, Error>(Explosive) })
+                .await
+        })
+    };
+    assert!(call.await.unwrap_err().is_panic());
+    let unit = UnitOfWork::new("explosive", "k").unwrap();
+    eventually(
+        &store,
+        &unit,
+        Duration::from_secs(5),
+        "a panic while encoding the result kept the lock",
+        |seen| !seen.is_locked() && !seen.is_done(),
+    )
+    .await;
+}

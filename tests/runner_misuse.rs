@@ -1,0 +1,193 @@
+//! Misuse the runner refuses up front instead of failing later with a lock held: a task that
+//! calls itself with its own key, a call outside a tokio runtime, a zero lock TTL. And what it
+//! bears: a marker written before a deploy added a fingerprint, which is replayed rather than
+//! refused; a body that blocks its thread while its lock is renewed.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use idempotask::{Error, Fingerprint, MemoryStore, Task};
+
+#[tokio::test]
+async fn a_task_that_calls_itself_with_its_own_key_is_refused_at_once() {
+    let store = MemoryStore::new();
+    let task = Task::new("recursive").lock_ttl(Duration::from_secs(2));
+    let runs = AtomicUsize::new(0);
+    let started = Instant::now();
+    let outer: Result<String, Error> = task
+        .call("k")
+        .store(store.clone())
+        .run(async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            // Boxed: a task future holding another task future is large.
+            let inner: Result<String, Error> = Box::pin(
+                task.call("k")
+                    .store(store.clone())
+                    .run(async { Ok("inner".to_owned()) }),
+            )
+            .await;
+            assert!(
+                matches!(&inner, Err(Error::Reentered { task, key, .. }) if task == "recursive" && key == "k"),
+                "{inner:?}"
+            );
+            // Another key of the same task is another unit: it runs.
+            let other: String = Box::pin(
+                task.call("other")
+                    .store(store.clone())
+                    .run(async { Ok::<_, Error>("other".to_owned()) }),
+            )
+            .await?;
+            Ok(format!("outer, {other}"))
+        })
+        .await;
+    assert_eq!(outer.unwrap(), "outer, other");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // Refused at once, not after waiting out the outer call's 2 s lock.
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// The smallest executor that is not tokio: polls on one thread, parks between wake-ups.
+fn block_on<F: Future>(future: F) -> F::Output {
+    struct Signal(Mutex<bool>, Condvar);
+    impl Wake for Signal {
+        fn wake(self: Arc<Self>) {
+            *self.0.lock().unwrap() = true;
+            self.1.notify_one();
+        }
+    }
+    let signal = Arc::new(Signal(Mutex::new(false), Condvar::new()));
+    let waker = Waker::from(Arc::clone(&signal));
+    let mut cx = Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        let mut woken = signal.0.lock().unwrap();
+        while !*woken {
+            woken = signal.1.wait(woken).unwrap();
+        }
+        *woken = false;
+    }
+}
+
+#[test]
+fn a_call_outside_a_tokio_runtime_is_refused_before_the_store() {
+    let store = MemoryStore::new();
+    let runs = AtomicUsize::new(0);
+    let task = Task::new("no-runtime").renew(true);
+    let result: Result<u8, Error> = block_on(task.call("k").store(store.clone()).run(async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok(1)
+    }));
+    assert!(matches!(result, Err(Error::NoRuntime)), "{result:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // Nothing was taken: inside a runtime the unit runs at once.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let value: u8 = runtime
+        .block_on(task.call("k").store(store).run(async { Ok::<_, Error>(2) }))
+        .unwrap();
+    assert_eq!(value, 2);
+}
+
+#[test]
+#[should_panic(expected = "lock TTL must be greater than zero")]
+fn a_zero_lock_ttl_is_refused() {
+    let _ = Task::new("zero").lock_ttl(Duration::ZERO);
+}
+
+#[tokio::test]
+async fn a_result_stored_before_a_fingerprint_was_declared_is_replayed() {
+    let store = MemoryStore::new();
+    let task = Task::new("deployed");
+    // Before the deploy: no fingerprint.
+    let first: u32 = task
+        .call("order-1")
+        .store(store.clone())
+        .run(async { Ok::<_, Error>(10) })
+        .await
+        .unwrap();
+    // After it: the same arguments, now fingerprinted, get the stored result.
+    let runs = AtomicUsize::new(0);
+    let after: u32 = task
+        .call("order-1")
+        .fingerprint(Fingerprint::of(&(1200_u64,)).unwrap())
+        .store(store.clone())
+        .run(async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Error>(20)
+        })
+        .await
+        .unwrap();
+    assert_eq!((first, after, runs.load(Ordering::SeqCst)), (10, 10, 0));
+    // A result stored with a fingerprint still refuses other arguments.
+    let fingerprinted = Task::new("deployed-later");
+    let _: u32 = fingerprinted
+        .call("order-2")
+        .fingerprint(Fingerprint::of(&(1200_u64,)).unwrap())
+        .store(store.clone())
+        .run(async { Ok::<_, Error>(1) })
+        .await
+        .unwrap();
+    let other: Result<u32, Error> = fingerprinted
+        .call("order-2")
+        .fingerprint(Fingerprint::of(&(1300_u64,)).unwrap())
+        .store(store)
+        .run(async { Ok(2) })
+        .await;
+    assert!(matches!(other, Err(Error::KeyReuse { .. })), "{other:?}");
+}
+
+/// `renew(true)` keeps the lock of a body that blocks its thread (a synchronous call) past its
+/// TTL: the watchdog is a task of its own, on another worker. A second delivery meanwhile finds
+/// the unit busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_keeps_the_lock_of_a_body_that_blocks_its_thread() {
+    let store = MemoryStore::new();
+    let ttl = Duration::from_millis(600);
+    let task = Arc::new(Task::new("blocking").lock_ttl(ttl).renew(true));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let holder = {
+        let (task, store, runs) = (Arc::clone(&task), store.clone(), Arc::clone(&runs));
+        tokio::spawn(async move {
+            task.call("k")
+                .store(store)
+                .run(async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    started_tx.send(()).unwrap();
+                    // Blocks this worker thread for more than three lock TTLs.
+                    std::thread::sleep(ttl * 3);
+                    Ok::<u8, Error>(1)
+                })
+                .await
+        })
+    };
+    started_rx.await.unwrap();
+    tokio::time::sleep(ttl + ttl / 2).await;
+    let second: Result<u8, Error> = Task::new("blocking")
+        .lock_ttl(ttl)
+        .retry(idempotask::RetryPolicy::no_wait())
+        .call("k")
+        .store(store.clone())
+        .run(async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok(2)
+        })
+        .await;
+    assert!(
+        matches!(second, Err(Error::Contended { .. })),
+        "the blocked holder's lock was not renewed: {second:?}"
+    );
+    assert_eq!(holder.await.unwrap().unwrap(), 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "both bodies ran");
+}
