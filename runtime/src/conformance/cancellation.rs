@@ -22,6 +22,8 @@ struct SlowConnection {
     begin_delay: Duration,
     finish_delay: Duration,
     order: Arc<tokio::sync::Mutex<()>>,
+    /// Signalled each time a `begin` has been applied to the store.
+    begun: Arc<tokio::sync::Notify>,
 }
 
 impl SlowConnection {
@@ -31,6 +33,7 @@ impl SlowConnection {
             begin_delay,
             finish_delay,
             order: Arc::default(),
+            begun: Arc::default(),
         }
     }
 }
@@ -45,11 +48,14 @@ impl Store for SlowConnection {
     ) -> Result<Begin, StoreError> {
         let (inner, unit, token) = (self.inner.clone(), unit.clone(), token.clone());
         let (order, delay) = (Arc::clone(&self.order), self.begin_delay);
+        let begun = Arc::clone(&self.begun);
         // Sent: it is applied even if the caller stops waiting.
         let sent = tokio::spawn(async move {
             let _turn = order.lock().await;
             sleep(delay).await;
-            inner.begin(&unit, &token, lock_ttl, fencing).await
+            let answer = inner.begin(&unit, &token, lock_ttl, fencing).await;
+            begun.notify_one();
+            answer
         });
         sent.await.expect("the begin task panicked")
     }
@@ -115,11 +121,9 @@ async fn eventually(
 /// # Panics
 /// When the runner does not.
 pub async fn a_call_dropped_while_begin_is_in_flight_leaves_no_lock(store: SharedStore) {
-    let slow = SharedStore::new(SlowConnection::new(
-        &store,
-        Duration::from_millis(200),
-        Duration::ZERO,
-    ));
+    let slow = SlowConnection::new(&store, Duration::from_millis(200), Duration::ZERO);
+    let begun = Arc::clone(&slow.begun);
+    let slow = SharedStore::new(slow);
     let runs = AtomicUsize::new(0);
     let task = Task::new("dropped-in-begin").lock_ttl(LONG);
     let call = task.call("k").store(slow).run(async {
@@ -132,6 +136,8 @@ pub async fn a_call_dropped_while_begin_is_in_flight_leaves_no_lock(store: Share
             .await
             .is_err()
     );
+    // The stalled `begin` is applied after the caller gave up, and takes the lock.
+    begun.notified().await;
     let unit = UnitOfWork::new("dropped-in-begin", "k").unwrap();
     eventually(
         &store,
