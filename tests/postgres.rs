@@ -603,7 +603,7 @@ async fn a_transactional_delivery_meeting_a_plain_holder_is_contended_and_lets_i
 }
 
 /// "Keep it for ever" (`Duration::MAX`) is stored as about a century, on both paths, and
-/// fencing tokens start at the clock in milliseconds, like the Redis stores'.
+/// fencing tokens start at the clock in microseconds, like the Redis stores'.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn huge_ttls_are_kept_long_and_fencing_tokens_follow_the_clock() {
     let server = PostgresServer::start();
@@ -622,11 +622,11 @@ async fn huge_ttls_are_kept_long_and_fencing_tokens_follow_the_clock() {
     let since_epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap();
-    let now_ms = u64::try_from(since_epoch.as_millis()).unwrap();
+    let now_us = u64::try_from(since_epoch.as_micros()).unwrap();
     let fence = report.fencing_token.unwrap();
     assert!(
-        fence >= now_ms - 600_000,
-        "fencing token {fence} is behind the clock ({now_ms})"
+        fence >= now_us - 600_000_000,
+        "fencing token {fence} is behind the clock in µs ({now_us})"
     );
     let seen = store
         .inspect(&UnitOfWork::new("pg_forever", "k").unwrap())
@@ -673,4 +673,35 @@ async fn a_lock_timeout_ends_a_plain_wait_on_a_transaction_as_a_timeout() {
     }
     assert_eq!(held.resume(Ok(1)).await.unwrap(), 1);
     assert_eq!(effects(&pool, "write-bounded").await, 1);
+}
+
+/// Replicas that deploy together each run the migration at once on a fresh database: every
+/// one succeeds (`CREATE … IF NOT EXISTS` alone fails with `23505` under concurrency).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_replicas_migrating_at_once_all_succeed() {
+    let server = PostgresServer::start();
+    let pool = server.pool(12).await;
+    for table in ["idempotask_units", "jobs.units"] {
+        let migrations: Vec<_> = (0..6)
+            .map(|_| {
+                let builder = PostgresStore::builder(pool.clone()).table(table);
+                tokio::spawn(async move { builder.migrate().await })
+            })
+            .collect();
+        for migration in migrations {
+            migration.await.unwrap().unwrap();
+        }
+        let store = PostgresStore::builder(pool.clone())
+            .table(table)
+            .connect()
+            .await
+            .unwrap();
+        let ran: u8 = Task::new("migrated")
+            .call(table)
+            .store(store)
+            .run(async { Ok::<_, Error>(1) })
+            .await
+            .unwrap();
+        assert_eq!(ran, 1);
+    }
 }

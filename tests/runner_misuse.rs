@@ -191,3 +191,42 @@ async fn renewal_keeps_the_lock_of_a_body_that_blocks_its_thread() {
     assert_eq!(holder.await.unwrap().unwrap(), 1);
     assert_eq!(runs.load(Ordering::SeqCst), 1, "both bodies ran");
 }
+
+/// A result JSON cannot carry (`NaN` is written as `null`, which does not read back as a
+/// float) is found at the first execution: duplicates get the unstorable error, not a decoding
+/// error that reads like a changed return type, and the body does not run again.
+#[tokio::test]
+async fn a_result_that_does_not_survive_json_is_stored_as_unstorable() {
+    let store = MemoryStore::new();
+    let task = Task::new("not-a-number");
+    let runs = AtomicUsize::new(0);
+    let first: f64 = task
+        .call("k")
+        .store(store.clone())
+        .run(async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Error>(f64::NAN)
+        })
+        .await
+        .unwrap();
+    assert!(first.is_nan());
+    let again: Result<f64, Error> = task
+        .call("k")
+        .store(store)
+        .run(async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok(1.0)
+        })
+        .await;
+    assert!(
+        matches!(
+            &again,
+            Err(Error::Codec {
+                kind: idempotask::CodecErrorKind::Unstorable,
+                ..
+            })
+        ),
+        "{again:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

@@ -318,27 +318,25 @@ impl Call<'_> {
 
     /// The completion marker of a successful execution that returned `value`. A value that
     /// cannot be encoded is recorded as such, so duplicates get an error instead of running.
-    pub(crate) fn marker_for<T: Serialize>(
+    pub(crate) fn marker_for<T: Serialize + DeserializeOwned>(
         &self,
         unit: &UnitOfWork,
         token: &LockToken,
         value: &T,
     ) -> Vec<u8> {
         let fencing_token = token.fencing_token();
-        let encoded = serde_json::value::to_raw_value(value);
-        if let Err(err) = &encoded {
+        let encoded = encode_result(value);
+        if let Err(reason) = &encoded {
             tracing::warn!(
                 task = unit.task(),
                 key = self.task.log_key.show(unit),
-                error = %err,
-                "the task succeeded but its result cannot be encoded; duplicates will get an error instead of running it again"
+                error = %reason,
+                "the task succeeded but its result cannot be stored; duplicates will get an error instead of running it again"
             );
         }
-        let reason = encoded.as_ref().err().map(ToString::to_string);
-        let result = match (&encoded, &reason) {
-            (Ok(json), _) => Ok(&**json),
-            (Err(_), Some(reason)) => Err(reason.as_str()),
-            (Err(_), None) => Err("unknown encoding error"),
+        let result = match &encoded {
+            Ok(json) => Ok(&**json),
+            Err(reason) => Err(reason.as_str()),
         };
         Marker::encode(
             unit.key(),
@@ -347,6 +345,26 @@ impl Call<'_> {
             self.fingerprint.as_ref(),
             result,
         )
+    }
+}
+
+/// `value` as the JSON a duplicate will decode, or why it cannot be stored.
+///
+/// JSON cannot carry everything a type can hold: a float that is `NaN` or infinite is written
+/// as `null` and does not read back as a float. Such a result is found here, at the first
+/// execution, and stored as unstorable, so every duplicate gets the same clear error rather
+/// than a decoding error that reads like a changed return type. (Some losses do read back, as
+/// another value: `Some(None)` in an `Option<Option<T>>` comes back as `None`.)
+fn encode_result<T: Serialize + DeserializeOwned>(
+    value: &T,
+) -> Result<Box<serde_json::value::RawValue>, String> {
+    let json = serde_json::value::to_raw_value(value).map_err(|err| err.to_string())?;
+    match serde_json::from_str::<T>(json.get()) {
+        Ok(_) => Ok(json),
+        Err(err) => Err(format!(
+            "its JSON form `{}` does not read back into the task's return type: {err}",
+            json.get().chars().take(80).collect::<String>()
+        )),
     }
 }
 

@@ -81,7 +81,9 @@ impl TableName {
     }
 
     /// The migration: the table and the fencing sequence, which starts at the clock in
-    /// milliseconds. Safe to run again.
+    /// microseconds. Safe to run again, and by several processes at once: a transaction-scoped
+    /// advisory lock, per table, makes concurrent runs wait for each other (`CREATE … IF NOT
+    /// EXISTS` alone is not safe under concurrency in PostgreSQL).
     ///
     /// There is no index on `expires_at`: it would be updated by every `begin` and `finish` and
     /// keep PostgreSQL from updating rows in place (HOT), while only the occasional purge
@@ -95,8 +97,11 @@ impl TableName {
             .as_ref()
             .map(|schema| format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\";\n"))
             .unwrap_or_default();
+        let lock_name = format!("idempotask migration {table}").replace('\'', "''");
         format!(
-            "{schema}\
+            "-- Replicas that deploy together run this at once: one at a time, until the commit.
+SELECT pg_advisory_xact_lock(hashtextextended('{lock_name}', 0));
+{schema}\
 CREATE TABLE IF NOT EXISTS {table} (
     -- The unit of work: the task's name and the caller's key (bytes: a key may hold any text,
     -- NUL included).
@@ -114,13 +119,13 @@ CREATE TABLE IF NOT EXISTS {table} (
     PRIMARY KEY (task, key)
 );
 CREATE SEQUENCE IF NOT EXISTS {sequence};
--- Fencing tokens start at the clock in milliseconds, like those of the Redis stores, so a
+-- Fencing tokens start at the clock in microseconds, like those of the Redis stores, so a
 -- database that remembers the highest token it saw keeps accepting writers after a move from
 -- Redis; running this again (after a logical-replication cut-over, which does not copy
 -- sequences) never moves the sequence back.
 SELECT setval('{sequence_literal}', greatest(
     (SELECT last_value FROM {sequence}),
-    (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+    (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
 ));
 "
         )
@@ -350,9 +355,10 @@ mod tests {
         assert_eq!(name.table(), r#""jobs"."units""#);
         assert_eq!(name.sequence(), r#""jobs"."units_fence""#);
         assert_eq!(name.display(), "jobs.units");
-        assert!(
-            name.migration()
-                .starts_with("CREATE SCHEMA IF NOT EXISTS \"jobs\";\nCREATE TABLE")
-        );
+        let migration = name.migration();
+        assert!(migration.starts_with("-- Replicas"), "{migration}");
+        assert!(migration.contains(
+            "pg_advisory_xact_lock(hashtextextended('idempotask migration \"jobs\".\"units\"', 0));\nCREATE SCHEMA IF NOT EXISTS \"jobs\";\nCREATE TABLE"
+        ), "{migration}");
     }
 }
