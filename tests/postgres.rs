@@ -705,3 +705,46 @@ async fn six_replicas_migrating_at_once_all_succeed() {
         assert_eq!(ran, 1);
     }
 }
+
+/// A store whose pool is exhausted (the bodies hold every connection) fails a call with a
+/// timeout that says nothing was sent: not ambiguous, so no clean-up is started on the pool
+/// that has no connection to spare, and the body does not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_a_pooled_connection_is_a_timeout_that_sent_nothing() {
+    let server = PostgresServer::start();
+    let pool = server.pool(1).await;
+    let builder = PostgresStore::builder(pool.clone()).response_timeout(Duration::from_millis(200));
+    builder.migrate().await.unwrap();
+    let store = builder.connect().await.unwrap();
+    let held = pool.acquire().await.unwrap();
+    let ran = std::sync::atomic::AtomicUsize::new(0);
+    let result: Result<u8, Error> = Task::new("pg_starved")
+        .call("k")
+        .store(store.clone())
+        .run(async {
+            ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(1)
+        })
+        .await;
+    match result {
+        Err(Error::Store(err)) => {
+            assert_eq!(
+                err.kind(),
+                idempotask::store::StoreErrorKind::Timeout,
+                "{err}"
+            );
+            assert!(!err.is_ambiguous(), "{err}");
+            assert!(err.to_string().contains("nothing was sent"), "{err}");
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 0);
+    drop(held);
+    let value: u8 = Task::new("pg_starved")
+        .call("k")
+        .store(store)
+        .run(async { Ok::<_, Error>(2) })
+        .await
+        .unwrap();
+    assert_eq!(value, 2);
+}

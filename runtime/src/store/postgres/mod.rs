@@ -167,6 +167,26 @@ impl PostgresStore {
     }
 
     /// Runs one statement under the response timeout.
+    /// A connection of the pool, waited for at most the response timeout. Nothing has been sent
+    /// while waiting, so running out of time here is not ambiguous: the caller knows the
+    /// statement never ran (and a release after it would find nothing to free).
+    async fn acquire(
+        &self,
+        operation: &'static str,
+    ) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, StoreError> {
+        match tokio::time::timeout(self.response_timeout, self.pool.acquire()).await {
+            Ok(connection) => connection.map_err(|err| store_error(operation, &self.table, err)),
+            Err(_) => Err(StoreError::new(
+                operation,
+                StoreErrorKind::Timeout,
+                format!(
+                    "no connection of the pool became free within {} ms; nothing was sent (give the store a pool of its own, so the tasks' bodies cannot take every connection)",
+                    self.response_timeout.as_millis()
+                ),
+            )),
+        }
+    }
+
     async fn run<T>(
         &self,
         operation: &'static str,
@@ -220,8 +240,8 @@ impl Store for PostgresStore {
         lock_ttl: Duration,
         fencing: Fencing,
     ) -> Result<Begin, StoreError> {
+        let mut connection = self.acquire("begin").await?;
         self.run("begin", async {
-            let mut connection = self.pool.acquire().await?;
             Self::begin_on(
                 &self.statements,
                 &mut connection,
@@ -256,10 +276,11 @@ impl Store for PostgresStore {
         };
         // The common case is a plain UPDATE of the caller's own live lock; the statement that
         // tells a lost lock from a repeated finish runs only when that found nothing.
+        let mut connection = self.acquire("finish").await?;
         let held = self
             .run(
                 "finish",
-                bind(&self.statements.finish_held).execute(&self.pool),
+                bind(&self.statements.finish_held).execute(&mut *connection),
             )
             .await?;
         if held.rows_affected() == 1 {
@@ -271,7 +292,7 @@ impl Store for PostgresStore {
                 "finish",
                 bind(&self.statements.finish)
                     .bind(lost_marker)
-                    .fetch_one(&self.pool),
+                    .fetch_one(&mut *connection),
             )
             .await?;
         let flag = |name: &str| {
@@ -290,6 +311,7 @@ impl Store for PostgresStore {
     }
 
     async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
+        let mut connection = self.acquire("release").await?;
         let released: i64 = self
             .run(
                 "release",
@@ -297,7 +319,7 @@ impl Store for PostgresStore {
                     .bind(unit.task())
                     .bind(unit.key().as_bytes())
                     .bind(token.as_str())
-                    .fetch_one(&self.pool),
+                    .fetch_one(&mut *connection),
             )
             .await?;
         Ok(released > 0)
@@ -312,6 +334,7 @@ impl Store for PostgresStore {
         let Ok(fence) = fence_param(token) else {
             return Ok(false);
         };
+        let mut connection = self.acquire("renew").await?;
         let renewed = self
             .run(
                 "renew",
@@ -321,20 +344,21 @@ impl Store for PostgresStore {
                     .bind(token.as_str())
                     .bind(fence)
                     .bind(millis(lock_ttl))
-                    .execute(&self.pool),
+                    .execute(&mut *connection),
             )
             .await?;
         Ok(renewed.rows_affected() > 0)
     }
 
     async fn inspect(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError> {
+        let mut connection = self.acquire("inspect").await?;
         let row = self
             .run(
                 "inspect",
                 sqlx::query(self.statements.inspect.clone())
                     .bind(unit.task())
                     .bind(unit.key().as_bytes())
-                    .fetch_optional(&self.pool),
+                    .fetch_optional(&mut *connection),
             )
             .await?;
         let Some(row) = row else {
@@ -356,13 +380,14 @@ impl Store for PostgresStore {
     }
 
     async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
+        let mut connection = self.acquire("forget").await?;
         let forgotten: i64 = self
             .run(
                 "forget",
                 sqlx::query_scalar(self.statements.forget.clone())
                     .bind(unit.task())
                     .bind(unit.key().as_bytes())
-                    .fetch_one(&self.pool),
+                    .fetch_one(&mut *connection),
             )
             .await?;
         Ok(forgotten > 0)
