@@ -1,6 +1,6 @@
 //! [`MemoryStore`]: the store semantics in one process, with real expiry.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -13,8 +13,12 @@ use crate::error::StoreError;
 use crate::marker::{Marker, lock_lost_variant};
 use crate::unit::{LockToken, UnitOfWork};
 
-/// How many operations pass between sweeps of expired entries.
-const SWEEP_EVERY: u64 = 4096;
+/// How many expired entries one operation sweeps at most: the work under the lock stays small
+/// whatever the size of the store.
+const SWEEP_BUDGET: usize = 64;
+
+/// How many operations pass between checks whether the map should give memory back.
+const SHRINK_EVERY: u64 = 4096;
 
 /// A store that lives in this process's memory.
 ///
@@ -24,8 +28,10 @@ const SWEEP_EVERY: u64 = 4096;
 /// nothing across processes, and its markers are gone when the process exits.
 ///
 /// # Behaviour
-/// Operations never fail and never wait on I/O; expired entries are dropped when touched and
-/// swept every few thousand operations. Clones share the same data.
+/// Operations never fail and never wait on I/O. Expired entries are dropped when touched, and
+/// each operation sweeps a few of those whose expiry has passed (indexed by the second they
+/// expire in, so the work is what expired, never a walk over the whole store); after many have
+/// expired the map gives its memory back. Clones share the same data.
 ///
 /// ```
 /// use idempotask::{MemoryStore, Task};
@@ -45,10 +51,62 @@ pub struct MemoryStore {
     state: Arc<Mutex<State>>,
 }
 
+/// A unit's entry in the map: the task name and the full caller key.
+type UnitId = (Box<str>, Box<str>);
+
 #[derive(Debug, Default)]
 struct State {
-    units: HashMap<(Box<str>, Box<str>), Expiring<Entry>>,
+    units: HashMap<UnitId, Expiring<Entry>>,
+    /// When each entry expires, by whole second since `epoch`: a second's units are swept once
+    /// it has passed, so expiry costs what expired, not what the store holds. An entry whose
+    /// expiry moved is listed again under its new second; the old listing finds it alive and
+    /// drops only itself.
+    expiries: BTreeMap<u64, Vec<UnitId>>,
+    epoch: Option<Instant>,
     operations: u64,
+}
+
+impl State {
+    /// The second of `expiries` that `instant` falls in.
+    fn second(&mut self, instant: Instant) -> u64 {
+        let epoch = *self.epoch.get_or_insert(instant);
+        instant.saturating_duration_since(epoch).as_secs()
+    }
+
+    /// Drops up to [`SWEEP_BUDGET`] entries of seconds that have passed.
+    fn sweep(&mut self, now: Instant) {
+        let current = self.second(now);
+        let mut budget = SWEEP_BUDGET;
+        while budget > 0 {
+            let Some(mut listed) = self.expiries.first_entry() else {
+                return;
+            };
+            if *listed.key() >= current {
+                return;
+            }
+            while budget > 0 {
+                let Some(id) = listed.get_mut().pop() else {
+                    break;
+                };
+                budget -= 1;
+                if self.units.get(&id).is_some_and(|entry| entry.until <= now) {
+                    self.units.remove(&id);
+                }
+            }
+            if listed.get().is_empty() {
+                listed.remove();
+            }
+        }
+    }
+
+    /// Gives memory back after many entries expired: a map never shrinks by itself.
+    fn shrink_if_sparse(&mut self) {
+        let (len, capacity) = (self.units.len(), self.units.capacity());
+        if capacity > 1024 && capacity > 4 * len {
+            self.units.shrink_to(2 * len);
+            self.expiries.retain(|_, ids| !ids.is_empty());
+        }
+    }
 }
 
 /// What one unit holds: like the single Redis key of a unit, one of three states.
@@ -103,15 +161,21 @@ impl MemoryStore {
         let now = Instant::now();
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         state.operations += 1;
-        if state.operations.is_multiple_of(SWEEP_EVERY) {
-            state.units.retain(|_, entry| entry.until > now);
+        state.sweep(now);
+        if state.operations.is_multiple_of(SHRINK_EVERY) {
+            state.shrink_if_sparse();
         }
         // The full caller key, not the digest: in memory there is no reason to accept even a
         // detectable collision.
-        let id = (Box::from(unit.task()), Box::from(unit.key()));
+        let id: UnitId = (Box::from(unit.task()), Box::from(unit.key()));
         let mut slot = state.units.remove(&id).filter(|entry| entry.until > now);
+        let before = slot.as_ref().map(|entry| entry.until);
         let answer = op(&mut slot, now);
         if let Some(entry) = slot {
+            if before != Some(entry.until) {
+                let second = state.second(entry.until);
+                state.expiries.entry(second).or_default().push(id.clone());
+            }
             state.units.insert(id, entry);
         }
         answer
@@ -386,19 +450,90 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn entries_expire_and_are_swept() {
         let store = MemoryStore::new();
-        let unit = UnitOfWork::new("t", "k").unwrap();
-        let token = LockToken::generate();
         let ttl = Duration::from_secs(1);
-        store.begin(&unit, &token, ttl, Fencing::Off).await.unwrap();
+        for key in 0..1000 {
+            let unit = UnitOfWork::new("t", key.to_string()).unwrap();
+            store
+                .begin(&unit, &LockToken::generate(), ttl, Fencing::Off)
+                .await
+                .unwrap();
+        }
+        let kept = UnitOfWork::new("t", "kept").unwrap();
+        store
+            .begin(
+                &kept,
+                &LockToken::generate(),
+                Duration::from_secs(60),
+                Fencing::Off,
+            )
+            .await
+            .unwrap();
         tokio::time::advance(Duration::from_secs(3)).await;
         let other = UnitOfWork::new("t", "other").unwrap();
-        for _ in 0..SWEEP_EVERY {
+        // Each operation sweeps a bounded number: enough of them sweep all.
+        for _ in 0..1000 / SWEEP_BUDGET + 2 {
             store.inspect(&other).await.unwrap();
         }
         let state = store.state.lock().unwrap();
+        assert_eq!(state.units.len(), 1, "the expired units are still held");
+        assert!(state.units.keys().any(|(_, key)| &**key == "kept"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn memory_comes_back_after_a_fill_expires() {
+        let store = MemoryStore::new();
+        for key in 0..20_000 {
+            let unit = UnitOfWork::new("t", key.to_string()).unwrap();
+            store
+                .begin(
+                    &unit,
+                    &LockToken::generate(),
+                    Duration::from_secs(1),
+                    Fencing::Off,
+                )
+                .await
+                .unwrap();
+        }
+        let full = store.state.lock().unwrap().units.capacity();
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let other = UnitOfWork::new("t", "other").unwrap();
+        for _ in 0..2 * SHRINK_EVERY {
+            store.inspect(&other).await.unwrap();
+        }
+        let state = store.state.lock().unwrap();
+        assert_eq!(state.units.len(), 0);
         assert!(
-            !state.units.keys().any(|(_, key)| &**key == unit.key()),
-            "the expired unit is still held"
+            state.units.capacity() * 8 < full,
+            "capacity {} after the fill expired, {full} full",
+            state.units.capacity()
         );
+        assert!(
+            state.expiries.is_empty(),
+            "{} seconds still listed",
+            state.expiries.len()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_entry_whose_expiry_moved_is_not_swept_at_its_old_one() {
+        let store = MemoryStore::new();
+        let unit = UnitOfWork::new("t", "renewed").unwrap();
+        let token = LockToken::generate();
+        store
+            .begin(&unit, &token, Duration::from_secs(1), Fencing::Off)
+            .await
+            .unwrap();
+        assert!(
+            store
+                .renew(&unit, &token, Duration::from_secs(60))
+                .await
+                .unwrap()
+        );
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let other = UnitOfWork::new("t", "other").unwrap();
+        for _ in 0..4 {
+            store.inspect(&other).await.unwrap();
+        }
+        assert!(store.inspect(&unit).await.unwrap().is_locked());
     }
 }
