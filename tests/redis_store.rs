@@ -362,3 +362,50 @@ async fn no_lock_keys_remain_after_many_calls() {
     }
     assert_eq!(locks, Vec::<String>::new());
 }
+
+/// A Valkey replaced by a Redis 7.0 at the same address and back again: the store falls back
+/// to the scripts while Redis answers, and returns to the native compare-and-set once Valkey is
+/// back, instead of staying on the scripts for its whole life.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_native_compare_and_set_comes_back_after_a_fallback() {
+    let mut server = RedisServer::start_valkey();
+    let store = server.store().await;
+    assert!(store.native_compare_and_set());
+    let task =
+        Task::new("swapped").retry(idempotask::RetryPolicy::new().max_wait(Duration::from_secs(5)));
+    let deliver = |key: String| {
+        let (task, store) = (task.clone(), store.clone());
+        async move {
+            task.call(key)
+                .store(store)
+                .run(async { Ok::<_, Error>(1_u8) })
+                .await
+        }
+    };
+    server.restart_as(support::Flavor::Redis);
+    let mut key = 0;
+    // The first finish on Redis 7.0 finds no `SET … IFEQ` and falls back; the work is done
+    // either way (a call may fail while the connection comes back).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while store.native_compare_and_set() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the store never fell back to the scripts on Redis 7.0"
+        );
+        key += 1;
+        let _ = deliver(format!("redis-{key}")).await;
+    }
+    assert_eq!(deliver("on-redis".to_owned()).await.unwrap(), 1);
+    server.restart_as(support::Flavor::Valkey);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !store.native_compare_and_set() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the store never tried SET … IFEQ again after Valkey came back"
+        );
+        key += 1;
+        let _ = deliver(format!("valkey-{key}")).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(deliver("on-valkey".to_owned()).await.unwrap(), 1);
+}

@@ -90,6 +90,13 @@ impl RedisServer {
         panic!("{program} did not come up: {last_error}");
     }
 
+    /// Like [`restart`](Self::restart), with the server of `flavor` coming back at the same
+    /// address: a failover or an upgrade to another server behind one name.
+    pub fn restart_as(&mut self, flavor: Flavor) {
+        self.program = flavor.program();
+        self.restart();
+    }
+
     /// Stops the server gracefully (SIGTERM: it finishes the command at hand and flushes its
     /// append-only file) and starts it again on the same port with the same data directory.
     pub fn restart(&mut self) {

@@ -15,9 +15,9 @@
 //! | renew | `SET key <lock> IFEQ <lock> PX lock_ttl`, else script `renew.lua` |
 //! | release, inspect, forget | scripts |
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
@@ -40,6 +40,9 @@ static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("in
 static FORGET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("forget.lua")));
 /// The server clock, as the scripts read it: what `connect` checks the user's rights with.
 static CLOCK: LazyLock<Script> = LazyLock::new(|| Script::new("return redis.call('TIME')"));
+
+/// How often a store whose server had no `SET … IFEQ` tries it again.
+const PROBE_AGAIN_AFTER_MS: u64 = 5_000;
 
 /// A namespace check with the error `connect` reports.
 pub(super) fn check_namespace(namespace: &str) -> Result<(), StoreError> {
@@ -79,6 +82,10 @@ pub(super) struct Protocol<C> {
     pub(super) resends: bool,
     /// Whether the server has a native compare-and-set (`SET … IFEQ`).
     native_cas: Arc<AtomicBool>,
+    /// While it has not: when to try it again, in ms since `created` (a failover, a rolling
+    /// upgrade or a restart can put a server that has it behind the same address).
+    probe_again_at: Arc<AtomicU64>,
+    created: Instant,
 }
 
 impl<C> std::fmt::Debug for Protocol<C> {
@@ -167,12 +174,40 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
             max_key_len,
             resends,
             native_cas: Arc::new(AtomicBool::new(native_cas)),
+            probe_again_at: Arc::new(AtomicU64::new(PROBE_AGAIN_AFTER_MS)),
+            created: Instant::now(),
         })
     }
 
-    /// Whether `finish` and `renew` run as plain `SET … IFEQ` commands.
+    /// Whether `finish` and `renew` run as plain `SET … IFEQ` commands, as last found out.
     pub(super) fn native_cas(&self) -> bool {
         self.native_cas.load(Ordering::Relaxed)
+    }
+
+    /// Whether the next `finish` or `renew` tries `SET … IFEQ`: yes where the server has it,
+    /// and once every few seconds where it had not (one caller at a time), since another
+    /// server may answer at the same address now. A server without it refuses the command
+    /// before doing anything, so a try costs one round trip.
+    fn try_native_cas(&self) -> bool {
+        if self.native_cas() {
+            return true;
+        }
+        let now = self.elapsed_ms();
+        let due = self.probe_again_at.load(Ordering::Relaxed);
+        now >= due
+            && self
+                .probe_again_at
+                .compare_exchange(
+                    due,
+                    now + PROBE_AGAIN_AFTER_MS,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.created.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     pub(super) fn key(&self, unit: &UnitOfWork) -> String {
@@ -239,10 +274,16 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         cmd: &Cmd,
     ) -> Result<Option<Value>, StoreError> {
         match self.query(cmd).await {
-            Ok(reply) => Ok(Some(reply)),
             Err(err) if is_syntax_error(&err) => {
                 self.native_cas.store(false, Ordering::Relaxed);
+                self.probe_again_at
+                    .store(self.elapsed_ms() + PROBE_AGAIN_AFTER_MS, Ordering::Relaxed);
                 Ok(None)
+            }
+            Ok(reply) => {
+                // Tried again after a fallback, and the server has it now.
+                self.native_cas.store(true, Ordering::Relaxed);
+                Ok(Some(reply))
             }
             Err(err) => Err(self.error(operation, key, &err)),
         }
@@ -301,7 +342,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for Protocol<C> {
         let key = self.key(unit);
         let lock = lock_value(token);
         let ttl = ttl_millis(result_ttl);
-        if self.native_cas() {
+        if self.try_native_cas() {
             let mut cmd = Cmd::with_capacity(7, key.len() + marker.len() + lock.len() + 32);
             cmd.arg("SET")
                 .arg(&key)
@@ -353,7 +394,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for Protocol<C> {
         let key = self.key(unit);
         let lock = lock_value(token);
         let ttl = ttl_millis(lock_ttl);
-        if self.native_cas() {
+        if self.try_native_cas() {
             let mut cmd = redis::cmd("SET");
             cmd.arg(&key)
                 .arg(&lock)
