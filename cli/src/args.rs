@@ -44,8 +44,12 @@ pub(crate) enum Command {
         /// Do not ask for confirmation.
         #[arg(long, short = 'y')]
         yes: bool,
+        /// Also delete a marker that cannot be read or was written for another key (the remedy
+        /// for `Error::Codec` and `Error::MarkerKeyMismatch`); never a lock.
+        #[arg(long)]
+        force: bool,
     },
-    /// Every done and locked key of a task, found with SCAN, with counts.
+    /// Every done and locked key of a task, found with SCAN, with counts; odd keys are flagged.
     List {
         /// The task's stable name.
         #[arg(long)]

@@ -2,15 +2,17 @@
 
 use std::io::{BufRead, IsTerminal, Write};
 
-use idempotask::ops::Status;
+use std::time::Duration;
+
 use idempotask::store::UnitOfWork;
 use serde_json::{Value, json};
 
 use crate::exit::{Exit, Failure};
-use crate::render::{self, result_json};
+use crate::render::{self, Counts, result_json};
 use crate::scan::{Listing, list_node};
+use crate::stored::{Forgot, Stored, preview};
 use crate::target::Target;
-use crate::time::millis;
+use crate::time::{human, millis};
 
 /// What a command found: the JSON document, the text for people, and the exit code.
 pub(crate) struct Found {
@@ -34,31 +36,39 @@ async fn task_exists(target: &Target, task: &str) -> Result<bool, Failure> {
     Ok(false)
 }
 
-/// `status`: done (exit 0), locked (3) or unknown (4).
+/// `status`: done (exit 0), locked (3) or unknown (4); a key that holds something no delivery
+/// can use is an error (1) that names it.
 pub(crate) async fn status(target: &Target, task: &str, key: &str) -> Result<Found, Failure> {
     let unit = target.unit(task, key)?;
+    let redis_key = target.keys.unit(&unit);
     let mut json = json!({
         "namespace": target.keys.namespace(),
         "task": task,
         "key": key,
         "digest": unit.digest(),
     });
-    let (text, exit) = match target.status(&unit).await? {
-        Status::Done(done) => {
+    let read = target.read(&redis_key).await?;
+    let (text, exit) = match &read.stored {
+        Stored::Marker {
+            marker: Ok(marker),
+            ttl,
+            ..
+        } if marker.key() == unit.key() => {
             json["state"] = json!("done");
-            json["fencing_token"] = json!(done.marker.fencing_token());
-            json["result"] = result_json(&done.marker);
-            json["ttl_ms"] = json!(done.ttl.map(millis));
-            (render::done(&unit, &done), Exit::Ok)
+            json["fencing_token"] = json!(marker.fencing_token());
+            json["result"] = result_json(marker);
+            json["ttl_ms"] = json!(ttl.map(millis));
+            (render::done(&unit, marker, *ttl), Exit::Ok)
         }
-        Status::Locked { lock_ttl, .. } => {
-            let age = target.token_age_ms(&unit).await?;
+        Stored::Lock { fencing_token, ttl } => {
+            let age = fencing_token.map(|token| read.now_us.saturating_sub(token) / 1000);
             json["state"] = json!("locked");
-            json["lock_ttl_ms"] = json!(millis(lock_ttl));
+            json["lock_ttl_ms"] = json!(ttl.map(millis));
+            json["lock_expires"] = json!(ttl.is_some());
             json["token_age_ms"] = json!(age);
-            (render::locked(&unit, lock_ttl, age), Exit::Locked)
+            (render::locked(&unit, *ttl, age), Exit::Locked)
         }
-        _ => {
+        Stored::Missing | Stored::Released => {
             let known = task_exists(target, task).await?;
             json["state"] = json!("unknown");
             json["task_has_keys"] = json!(known);
@@ -67,22 +77,99 @@ pub(crate) async fn status(target: &Target, task: &str, key: &str) -> Result<Fou
                 Exit::Unknown,
             )
         }
+        unusable => return Err(unusable_failure(&unit, &redis_key, unusable, false)),
     };
     Ok(Found { json, text, exit })
 }
 
-/// `forget`: deletes a done key's marker after a confirmation; refuses while it is locked.
+/// Input: a unit and what its key holds, which no delivery can use. Output: the failure that
+/// says so and what to do; `forgetting` when `forget` refuses it without `--force`.
+fn unusable_failure(
+    unit: &UnitOfWork,
+    redis_key: &str,
+    stored: &Stored,
+    forgetting: bool,
+) -> Failure {
+    let (task, key) = (unit.task(), unit.key());
+    let remedy = if forgetting {
+        "; pass --force to delete it (deliveries fail on it until it is gone)".to_owned()
+    } else {
+        format!(
+            "; deliveries fail on it until it is gone: `idempotask forget --force --task {task} --key {key:?}` deletes it"
+        )
+    };
+    match stored {
+        Stored::Marker {
+            marker: Ok(marker), ..
+        } => Failure::new(
+            Exit::Error,
+            "key_mismatch",
+            format!(
+                "the marker found for key `{key}` of task `{task}` belongs to key `{}` (a forged value or a digest collision){remedy}",
+                marker.key()
+            ),
+        ),
+        Stored::Marker {
+            marker: Err(err), ..
+        } => Failure::new(
+            Exit::Error,
+            "unreadable",
+            format!(
+                "task `{task}` with key `{key}`: the stored marker cannot be read: {err}{remedy}"
+            ),
+        ),
+        Stored::Foreign { bytes } => Failure::new(
+            Exit::Error,
+            "unreadable",
+            format!(
+                "task `{task}` with key `{key}`: `{redis_key}` holds {}, which is not idempotask's{remedy}",
+                preview(bytes)
+            ),
+        ),
+        Stored::OtherType(kind) => Failure::new(
+            Exit::Error,
+            "wrong_type",
+            format!(
+                "task `{task}` with key `{key}`: `{redis_key}` is a {kind} key, and idempotask writes only strings: something else uses this name; rename that data, or delete it with `redis-cli DEL` once nothing needs it"
+            ),
+        ),
+        // Only unusable values reach here.
+        Stored::Missing | Stored::Released | Stored::Lock { .. } => Failure::new(
+            Exit::Error,
+            "unreadable",
+            format!("`{redis_key}`: {stored:?}"),
+        ),
+    }
+}
+
+/// `forget`: deletes a done key's marker after a confirmation; refuses while it is locked. With
+/// `force`, also a marker that is unreadable or was written for another key (never a lock). The
+/// delete happens only if the key still holds the bytes that were checked and shown.
 pub(crate) async fn forget(
     target: &Target,
     task: &str,
     key: &str,
     yes: bool,
+    force: bool,
 ) -> Result<Found, Failure> {
     let unit = target.unit(task, key)?;
-    let done = match target.status(&unit).await? {
-        Status::Done(done) => done,
-        Status::Locked { lock_ttl, .. } => return Err(locked_refusal(&unit, lock_ttl)),
-        _ => {
+    let redis_key = target.keys.unit(&unit);
+    let read = target.read(&redis_key).await?;
+    // What the operator is shown, the exact bytes behind it, and whether only `--force` lets
+    // them go.
+    let (shown, bytes, fencing_token, forced) = match &read.stored {
+        Stored::Marker {
+            bytes,
+            ttl,
+            marker: Ok(marker),
+        } if marker.key() == unit.key() => (
+            render::done(&unit, marker, *ttl),
+            bytes,
+            marker.fencing_token(),
+            false,
+        ),
+        Stored::Lock { ttl, .. } => return Err(locked_refusal(&unit, &redis_key, *ttl)),
+        Stored::Missing | Stored::Released => {
             return Err(Failure::new(
                 Exit::Unknown,
                 "unknown",
@@ -92,18 +179,51 @@ pub(crate) async fn forget(
                 ),
             ));
         }
+        Stored::OtherType(_) => {
+            return Err(unusable_failure(&unit, &redis_key, &read.stored, true));
+        }
+        Stored::Marker { bytes, .. } | Stored::Foreign { bytes } => {
+            if !force {
+                return Err(unusable_failure(&unit, &redis_key, &read.stored, true));
+            }
+            let (what, fencing_token) = match &read.stored {
+                Stored::Marker {
+                    marker: Ok(marker), ..
+                } => (
+                    format!("a marker written for key {:?}", marker.key()),
+                    marker.fencing_token(),
+                ),
+                _ => ("a value no delivery can read".to_owned(), None),
+            };
+            let shown = format!(
+                "{task} {key:?}: {what}\n  stored         {}",
+                preview(bytes)
+            );
+            (shown, bytes, fencing_token, true)
+        }
     };
     if !yes {
-        confirm(&render::done(&unit, &done))?;
+        confirm(&shown)?;
     }
-    let deleted = target.forget(&unit).await?;
+    let forgot = target.forget_exact(&redis_key, bytes).await?;
+    if forgot == Forgot::Changed {
+        return Err(Failure::new(
+            Exit::Error,
+            "changed",
+            format!(
+                "nothing deleted: the value of {task} {key:?} changed after it was read (a delivery wrote it meanwhile); see it with `idempotask status --task {task} --key {key:?}` and forget again if you still mean to"
+            ),
+        ));
+    }
+    let deleted = forgot == Forgot::Deleted;
     let json = json!({
         "namespace": target.keys.namespace(),
         "task": task,
         "key": key,
         "digest": unit.digest(),
         "forgotten": deleted,
-        "fencing_token": done.marker.fencing_token(),
+        "forced": forced,
+        "fencing_token": fencing_token,
     });
     let text = if deleted {
         format!("forgot {task} {key:?}; the next delivery runs it again")
@@ -117,17 +237,18 @@ pub(crate) async fn forget(
     })
 }
 
-fn locked_refusal(unit: &UnitOfWork, lock_ttl: std::time::Duration) -> Failure {
-    Failure::new(
-        Exit::Locked,
-        "locked",
-        format!(
-            "refusing to forget {} {:?}: it is locked (a delivery is running it; the lock expires in {}); try again once it has finished",
-            unit.task(),
-            unit.key(),
-            crate::time::human(lock_ttl)
+fn locked_refusal(unit: &UnitOfWork, redis_key: &str, lock_ttl: Option<Duration>) -> Failure {
+    let (task, key) = (unit.task(), unit.key());
+    let message = match lock_ttl {
+        Some(ttl) => format!(
+            "refusing to forget {task} {key:?}: it is locked (a delivery is running it; the lock expires in {}); try again once it has finished",
+            human(ttl)
         ),
-    )
+        None => format!(
+            "refusing to forget {task} {key:?}: it is locked, and the lock never expires (it has no TTL, which idempotask always sets: something else changed it); `--force` never deletes a lock: once no delivery runs it, delete it with `redis-cli DEL {redis_key}`"
+        ),
+    };
+    Failure::new(Exit::Locked, "locked", message)
 }
 
 /// Asks on the terminal; without one, refuses (a script must say `--yes`).
@@ -160,7 +281,8 @@ fn confirm(what: &str) -> Result<(), Failure> {
     }
 }
 
-/// `list`: every done and locked unit of a task, with counts; unknown task → exit 4.
+/// `list`: every done and locked unit of a task, and the odd keys under its pattern, with
+/// counts; unknown task → exit 4.
 pub(crate) async fn list(
     target: &Target,
     task: &str,
@@ -172,13 +294,18 @@ pub(crate) async fn list(
     let scanned = nodes.len();
     let mut listing = Listing::default();
     for mut node in nodes {
-        let found = list_node(&mut node, &target.keys, &pattern)
+        let found = list_node(&mut node, &target.keys, task, &pattern)
             .await
             .map_err(|err| target.redis_failure("scan", &err))?;
         listing.merge(found);
     }
     let done = listing.entries.values().filter(|e| e.done).count();
     let locked = listing.entries.values().filter(|e| e.locked).count();
+    let flagged = listing
+        .entries
+        .values()
+        .filter(|e| e.problem.is_some())
+        .count();
     let shown: Vec<_> = listing
         .entries
         .values()
@@ -201,6 +328,7 @@ pub(crate) async fn list(
         "servers_scanned": scanned,
         "done": done,
         "locked": locked,
+        "flagged": flagged,
         "entries": shown,
     });
     let cluster_masters = target.is_cluster().then_some(scanned);
@@ -208,8 +336,11 @@ pub(crate) async fn list(
         task,
         target.keys.namespace(),
         cluster_masters,
-        done,
-        locked,
+        Counts {
+            done,
+            locked,
+            flagged,
+        },
         &shown,
     );
     let exit = Exit::Ok;

@@ -3,6 +3,7 @@
 //! ```text
 //! idempotask status --task charge_customer --key order-charge-42   # exit 0 done, 3 locked, 4 unknown
 //! idempotask forget --task charge_customer --key order-charge-42 --yes
+//! idempotask forget --task charge_customer --key order-charge-42 --force   # an unreadable marker
 //! idempotask list --task charge_customer --locked --json
 //! ```
 //!
@@ -11,8 +12,10 @@
 mod args;
 mod commands;
 mod exit;
+mod kind;
 mod render;
 mod scan;
+mod stored;
 mod target;
 mod time;
 
@@ -73,8 +76,8 @@ async fn run(cli: &Cli) -> Result<Found, Failure> {
     let target = Target::connect(&cli.redis_url, &cli.namespace).await?;
     match &cli.command {
         Command::Status(unit) => commands::status(&target, &unit.task, &unit.key).await,
-        Command::Forget { unit, yes } => {
-            commands::forget(&target, &unit.task, &unit.key, *yes).await
+        Command::Forget { unit, yes, force } => {
+            commands::forget(&target, &unit.task, &unit.key, *yes, *force).await
         }
         Command::List { task, locked, done } => commands::list(&target, task, *locked, *done).await,
     }

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use idempotask::ops::{Done, Marker, StoredResult};
+use idempotask::ops::{Marker, StoredResult};
 use idempotask::store::UnitOfWork;
 use serde_json::Value;
 
@@ -21,25 +21,24 @@ pub(crate) fn result_json(marker: &Marker) -> Value {
     }
 }
 
-pub(crate) fn done(unit: &UnitOfWork, done: &Done) -> String {
+pub(crate) fn done(unit: &UnitOfWork, marker: &Marker, ttl: Option<Duration>) -> String {
     let mut text = format!("{} {:?}: done\n", unit.task(), unit.key());
-    if let Some(token) = done.marker.fencing_token() {
+    if let Some(token) = marker.fencing_token() {
         let _ = writeln!(text, "  fencing token  {token}");
     }
-    let _ = writeln!(text, "  result         {}", result_json(&done.marker));
-    let expiry = done
-        .ttl
-        .map_or_else(|| "never".to_owned(), |ttl| format!("in {}", human(ttl)));
+    let _ = writeln!(text, "  result         {}", result_json(marker));
+    let expiry = ttl.map_or_else(|| "never".to_owned(), |ttl| format!("in {}", human(ttl)));
     let _ = write!(text, "  expires        {expiry}");
     text
 }
 
-pub(crate) fn locked(unit: &UnitOfWork, lock_ttl: Duration, age_ms: Option<u64>) -> String {
+/// `lock_ttl` is `None` for a lock without an expiry.
+pub(crate) fn locked(unit: &UnitOfWork, lock_ttl: Option<Duration>, age_ms: Option<u64>) -> String {
     let mut text = format!(
-        "{} {:?}: locked (a delivery is running it)\n  lock expires   in {}",
+        "{} {:?}: locked (a delivery is running it)\n  lock expires   {}",
         unit.task(),
         unit.key(),
-        human(lock_ttl)
+        lock_expiry(lock_ttl)
     );
     if let Some(age) = age_ms {
         let _ = write!(
@@ -49,6 +48,17 @@ pub(crate) fn locked(unit: &UnitOfWork, lock_ttl: Duration, age_ms: Option<u64>)
         );
     }
     text
+}
+
+/// `in 29.9 s`, or `never (it has no TTL; …)`.
+pub(crate) fn lock_expiry(lock_ttl: Option<Duration>) -> String {
+    lock_ttl.map_or_else(
+        || {
+            "never (it has no TTL, which idempotask always sets: something else changed it)"
+                .to_owned()
+        },
+        |ttl| format!("in {}", human(ttl)),
+    )
 }
 
 pub(crate) fn unknown(unit: &UnitOfWork, namespace: &str, task_has_keys: bool) -> String {
@@ -67,20 +77,40 @@ pub(crate) fn unknown(unit: &UnitOfWork, namespace: &str, task_has_keys: bool) -
     text
 }
 
+/// A listing's counts: they are the task's, whatever the filter shows.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Counts {
+    pub(crate) done: usize,
+    pub(crate) locked: usize,
+    /// Keys with a problem: unreadable, written for another key, or of another type.
+    pub(crate) flagged: usize,
+}
+
 pub(crate) fn listing(
     task: &str,
     namespace: &str,
     cluster_masters: Option<usize>,
-    done: usize,
-    locked: usize,
+    counts: Counts,
     entries: &[&Entry],
 ) -> String {
+    let Counts {
+        done,
+        locked,
+        flagged,
+    } = counts;
     let mut text = format!("{task} in namespace {namespace}: {done} done, {locked} locked");
+    if flagged > 0 {
+        let _ = write!(text, ", {flagged} flagged");
+    }
     if let Some(masters) = cluster_masters {
         let _ = write!(text, " (on {masters} cluster masters)");
     }
     for entry in entries {
-        let state = if entry.done { "done" } else { "locked" };
+        let state = match (entry.done, entry.locked) {
+            (true, _) => "done",
+            (_, true) => "locked",
+            _ => "odd",
+        };
         let name = entry.key.as_ref().map_or_else(
             || format!("digest:{}", &entry.digest),
             |key| format!("{key:?}"),
@@ -95,9 +125,11 @@ pub(crate) fn listing(
                 "  lock expires in {}",
                 human(Duration::from_millis(ms))
             );
+        } else if entry.lock_expires == Some(false) {
+            let _ = write!(text, "  lock never expires (it has no TTL)");
         }
         if let Some(err) = &entry.error {
-            let _ = write!(text, "  unreadable marker: {err}");
+            let _ = write!(text, "  warning: {err}");
         }
     }
     text

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use idempotask::ops::{Marker, RedisKeys};
+use idempotask::ops::RedisKeys;
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
@@ -14,9 +14,10 @@ use redis::{RedisError, Value};
 use serde::Serialize;
 
 use crate::render::result_json;
-use crate::target::lock_fencing_token;
+use crate::stored::{READ, READ_LUA, Read, Stored, belongs_to, preview};
+use crate::time::millis;
 
-/// How many keys one SCAN call looks at, and how many units one pipeline describes.
+/// How many keys one SCAN call looks at, and how many units one batch of reads describes.
 const BATCH: usize = 1000;
 
 /// One server whose keys SCAN walks.
@@ -61,18 +62,20 @@ impl Node {
         }
     }
 
-    /// Input: the keys of some units. Output: `GET` and `PTTL` of each key, in order.
+    /// Input: the keys of some units. Output: the read script's reply for each key, in order;
+    /// each key is read on its own, so a key of another type is one odd reply, not an error
+    /// that fails the batch.
     async fn describe(&mut self, keys: &[&str]) -> Result<Vec<Value>, RedisError> {
         match self {
             Self::Server(connection) => {
                 let mut pipe = redis::pipe();
                 for key in keys {
-                    pipe.cmd("GET").arg(*key).cmd("PTTL").arg(*key);
+                    pipe.cmd("EVAL").arg(READ_LUA).arg(1).arg(*key);
                 }
                 pipe.query_async(connection).await
             }
             Self::Master { connection, .. } => {
-                // Single-key commands, units all in flight at once on the multiplexed
+                // Single-key scripts, units all in flight at once on the multiplexed
                 // connection: the cluster client refuses a pipeline that spans slots, and while
                 // a slot migrates a single command follows `ASK` (`ASKING` covers one command,
                 // not a pipeline).
@@ -81,28 +84,19 @@ impl Node {
                     let key = (*key).to_owned();
                     let mut connection = connection.clone();
                     in_flight.spawn(async move {
-                        let mut reply = Vec::with_capacity(2);
-                        for command in ["GET", "PTTL"] {
-                            let value: Result<Value, RedisError> = redis::cmd(command)
-                                .arg(&key)
-                                .query_async(&mut connection)
-                                .await;
-                            match value {
-                                Ok(value) => reply.push(value),
-                                Err(err) => return (index, Err(err)),
-                            }
-                        }
-                        (index, Ok(reply))
+                        let reply: Result<Value, RedisError> =
+                            READ.key(&key).invoke_async(&mut connection).await;
+                        (index, reply)
                     });
                 }
-                let mut replies = vec![Vec::new(); keys.len()];
+                let mut replies = vec![Value::Nil; keys.len()];
                 while let Some(joined) = in_flight.join_next().await {
                     // Nothing cancels these tasks; a panic in one is a bug to surface as such.
                     let (index, reply) =
                         joined.unwrap_or_else(|err| std::panic::resume_unwind(err.into_panic()));
                     replies[index] = reply?;
                 }
-                Ok(replies.concat())
+                Ok(replies)
             }
         }
     }
@@ -123,10 +117,11 @@ impl Node {
     }
 }
 
-/// One unit of a task that is done or locked.
+/// One unit of a task that is done or locked, or a key under the task's pattern that is odd.
 #[derive(Debug, Serialize)]
 pub(crate) struct Entry {
-    /// The plain caller key, read from the marker; locks alone do not know it.
+    /// The plain caller key, read from the marker; locks alone do not know it, and a marker
+    /// written for another key does not give its key to this one.
     pub(crate) key: Option<String>,
     /// The digest of the caller key, as in the Redis key.
     pub(crate) digest: String,
@@ -136,7 +131,17 @@ pub(crate) struct Entry {
     pub(crate) result: Option<serde_json::Value>,
     pub(crate) marker_ttl_ms: Option<u64>,
     pub(crate) lock_ttl_ms: Option<u64>,
-    /// Why the marker could not be read, if it could not.
+    /// For a lock: `false` when it has no expiry (and `lock_ttl_ms` is null).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) lock_expires: Option<bool>,
+    /// A stable word for what is wrong with the key: `unreadable`, `key_mismatch`,
+    /// `wrong_type`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) problem: Option<&'static str>,
+    /// For a `key_mismatch`: the caller key the marker names.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) stored_key: Option<String>,
+    /// What is wrong with the key, in words.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) error: Option<String>,
 }
@@ -144,7 +149,7 @@ pub(crate) struct Entry {
 /// What SCAN found for one task.
 #[derive(Debug, Default)]
 pub(crate) struct Listing {
-    /// Done or locked units, by digest.
+    /// Done or locked units and odd keys, by digest.
     pub(crate) entries: BTreeMap<String, Entry>,
     /// Every key of the task, released fenced locks included.
     pub(crate) keys_seen: usize,
@@ -162,11 +167,13 @@ impl Listing {
     }
 }
 
-/// Input: one server, the namespace's layout and a task's key pattern. Output: that server's
-/// done and locked units of the task, each described by a `GET` and a `PTTL` of its key.
+/// Input: one server, the namespace's layout and a task with its key pattern. Output: that
+/// server's done and locked units of the task, and its odd keys, each described by one read of
+/// its key.
 pub(crate) async fn list_node(
     node: &mut Node,
     keys: &RedisKeys,
+    task: &str,
     pattern: &str,
 ) -> Result<Listing, RedisError> {
     // digest → the unit's key
@@ -191,10 +198,9 @@ pub(crate) async fn list_node(
     for chunk in wanted.chunks(BATCH) {
         let names: Vec<&str> = chunk.iter().map(|(_, key)| key.as_str()).collect();
         let replies = node.describe(&names).await?;
-        for ((digest, _), reply) in chunk.iter().zip(replies.chunks(2)) {
+        for ((digest, _), reply) in chunk.iter().zip(&replies) {
             // A key seen by SCAN may have expired or changed since.
-            let entry = describe(digest, reply);
-            if entry.done || entry.locked {
+            if let Some(entry) = describe(task, digest, reply) {
                 listing.entries.insert((*digest).clone(), entry);
             }
         }
@@ -202,12 +208,9 @@ pub(crate) async fn list_node(
     Ok(listing)
 }
 
-/// Input: a digest and the `GET` and `PTTL` replies of its key. Output: its entry.
-fn describe(digest: &str, reply: &[Value]) -> Entry {
-    let ttl = match reply.get(1) {
-        Some(Value::Int(ms)) if *ms >= 0 => u64::try_from(*ms).ok(),
-        _ => None,
-    };
+/// Input: a task, a digest and the read script's reply for its key. Output: its entry, `None`
+/// for a key that holds neither a marker, a lock nor anything odd.
+fn describe(task: &str, digest: &str, reply: &Value) -> Option<Entry> {
     let mut entry = Entry {
         key: None,
         digest: digest.to_owned(),
@@ -217,31 +220,63 @@ fn describe(digest: &str, reply: &[Value]) -> Entry {
         result: None,
         marker_ttl_ms: None,
         lock_ttl_ms: None,
+        lock_expires: None,
+        problem: None,
+        stored_key: None,
         error: None,
     };
-    let Some(Value::BulkString(bytes)) = reply.first() else {
-        return entry;
-    };
-    match bytes.first() {
-        Some(b'L') => {
-            entry.locked = true;
-            entry.lock_ttl_ms = ttl;
-            entry.fencing_token = lock_fencing_token(bytes);
+    let read = match Read::from_reply(reply) {
+        Ok(read) => read,
+        Err(why) => {
+            entry.problem = Some("unreadable");
+            entry.error = Some(why);
+            return Some(entry);
         }
-        // A released fenced lock holds only its counter: the unit is neither done nor locked.
-        Some(b'T') => {}
-        _ => {
+    };
+    match read.stored {
+        Stored::Missing | Stored::Released => return None,
+        Stored::Lock { fencing_token, ttl } => {
+            entry.locked = true;
+            entry.lock_ttl_ms = ttl.map(millis);
+            entry.lock_expires = Some(ttl.is_some());
+            entry.fencing_token = fencing_token;
+        }
+        Stored::Marker { ttl, marker, .. } => {
             entry.done = true;
-            entry.marker_ttl_ms = ttl;
-            match Marker::decode(bytes) {
-                Ok(marker) => {
+            entry.marker_ttl_ms = ttl.map(millis);
+            match marker {
+                Ok(marker) if belongs_to(&marker, task, digest) => {
                     entry.key = Some(marker.key().to_owned());
                     entry.fencing_token = marker.fencing_token();
                     entry.result = Some(result_json(&marker));
                 }
-                Err(err) => entry.error = Some(err.to_string()),
+                Ok(marker) => {
+                    entry.problem = Some("key_mismatch");
+                    entry.error = Some(format!(
+                        "the marker names key `{}`, whose digest is not this key's; a forged value or a digest collision (`status` refuses it, `forget --force` deletes it)",
+                        marker.key()
+                    ));
+                    entry.stored_key = Some(marker.key().to_owned());
+                }
+                Err(err) => {
+                    entry.problem = Some("unreadable");
+                    entry.error = Some(format!("unreadable marker: {err}"));
+                }
             }
         }
+        Stored::Foreign { bytes } => {
+            entry.problem = Some("unreadable");
+            entry.error = Some(format!(
+                "holds {}, which is not idempotask's",
+                preview(&bytes)
+            ));
+        }
+        Stored::OtherType(kind) => {
+            entry.problem = Some("wrong_type");
+            entry.error = Some(format!(
+                "a {kind} key; idempotask writes only strings, so something else uses this name"
+            ));
+        }
     }
-    entry
+    Some(entry)
 }

@@ -1,18 +1,21 @@
 //! Where the commands look: one Redis server, or every master of a Redis Cluster.
 //!
-//! The URL names one server. If that server answers `CLUSTER INFO`, it is a seed of a cluster:
-//! the commands then use a [`RedisClusterStore`], which routes each unit to the master of its
-//! slot, and `list` scans every master. Nothing has to be told which kind it is.
+//! The URL names one server. If that server is a cluster node (see [`crate::kind`]), it is a
+//! seed of a cluster: the commands then use a [`RedisClusterStore`], which routes each unit to
+//! the master of its slot, and `list` scans every master. Nothing has to be told which kind it
+//! is.
 
-use idempotask::ops::{RedisKeys, Status};
+use idempotask::ops::RedisKeys;
 use idempotask::store::{SharedStore, Store, UnitOfWork};
-use idempotask::{RedisClusterStore, RedisStore, Task};
-use redis::RedisError;
+use idempotask::{RedisClusterStore, RedisStore};
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
+use redis::{RedisError, Value};
 
 use crate::exit::{Exit, Failure};
+use crate::kind::{ServerKind, detect};
 use crate::scan::Node;
+use crate::stored::{FORGET, Forgot, READ, Read};
 
 /// The store and the namespace's layout, with the URL for error messages.
 pub(crate) struct Target {
@@ -28,9 +31,6 @@ enum Backend {
     // Boxed: the cluster store is several times the size of the server one.
     Cluster(Box<RedisClusterStore>, ClusterConnection),
 }
-
-/// `{GET fencing counter, TIME}` on the server that owns the unit (its clock, its counter).
-const VALUE_AND_CLOCK: &str = "return {redis.call('GET', KEYS[1]), redis.call('TIME')}";
 
 /// The fencing token of a lock's value (`L<token>.<fencing token>`); `None` for anything else.
 pub(crate) fn lock_fencing_token(value: &[u8]) -> Option<u64> {
@@ -54,22 +54,7 @@ impl Target {
             .get_connection_manager()
             .await
             .map_err(|err| redis_failure(url, "connect", &err))?;
-        // A cluster node answers a plain client too, but only for its own slots: ask first.
-        // `CLUSTER INFO` rather than `INFO`, which ACL users without @dangerous may not run. A
-        // standalone server refuses it ("cluster support disabled"); so may an ACL user's rights
-        // on a standalone server, and on a cluster such a user would get typed `MOVED` errors
-        // later rather than wrong answers, so any refusal means standalone.
-        let cluster_info: Result<String, RedisError> = redis::cmd("CLUSTER")
-            .arg("INFO")
-            .query_async(&mut connection)
-            .await;
-        let is_cluster = match cluster_info {
-            Ok(info) => info.contains("cluster_state:"),
-            Err(err) if err.is_io_error() || err.is_timeout() || err.is_connection_dropped() => {
-                return Err(redis_failure(url, "cluster info", &err));
-            }
-            Err(_) => false,
-        };
+        let is_cluster = detect(&mut connection, url).await? == ServerKind::Cluster;
         let backend = if is_cluster {
             let cluster = RedisClusterStore::builder([url])
                 .namespace(namespace)
@@ -119,49 +104,41 @@ impl Target {
             .map_err(|err| Failure::usage(err.to_string()))
     }
 
-    pub(crate) async fn status(&self, unit: &UnitOfWork) -> Result<Status, Failure> {
-        Task::named(unit.task())
-            .status(unit.key(), &self.store())
-            .await
-            .map_err(|err| match err {
-                idempotask::Error::Store(err) => Failure::store(&err, &self.url),
-                other => Failure::new(Exit::Error, "unreadable", other.to_string()),
-            })
-    }
-
-    /// Deletes the unit's marker; `false` when there was none left to delete.
-    pub(crate) async fn forget(&self, unit: &UnitOfWork) -> Result<bool, Failure> {
-        self.store()
-            .forget(unit)
-            .await
-            .map_err(|err| Failure::store(&err, &self.url))
-    }
-
-    /// How long ago the current lock was granted, for a lock with a fencing token: a token is
-    /// the server's clock in microseconds when it is granted (or one more than the last token,
-    /// when grants came faster), so `now - token` is the age. `None` for a lock without one
-    /// (its task does not use fencing) or when the lock is gone.
-    pub(crate) async fn token_age_ms(&self, unit: &UnitOfWork) -> Result<Option<u64>, Failure> {
-        async fn ask(
-            connection: &mut impl redis::aio::ConnectionLike,
-            key: String,
-        ) -> Result<(Option<Vec<u8>>, (u64, u64)), RedisError> {
-            redis::Script::new(VALUE_AND_CLOCK)
-                .key(key)
-                .invoke_async(connection)
-                .await
-        }
-        let key = self.keys.unit(unit);
-        let reply = match &self.backend {
-            Backend::Server(_, connection) => ask(&mut connection.clone(), key).await,
-            Backend::Cluster(_, connection) => ask(&mut connection.clone(), key).await,
+    /// What the unit's key holds, and the clock of the server that owns it.
+    pub(crate) async fn read(&self, key: &str) -> Result<Read, Failure> {
+        let invocation = READ.key(key);
+        let reply: Result<Value, RedisError> = match &self.backend {
+            Backend::Server(_, connection) => {
+                invocation.invoke_async(&mut connection.clone()).await
+            }
+            Backend::Cluster(_, connection) => {
+                invocation.invoke_async(&mut connection.clone()).await
+            }
         };
-        let (value, (secs, micros)) = reply.map_err(|err| self.redis_failure("token age", &err))?;
-        let now_us = secs.saturating_mul(1_000_000).saturating_add(micros);
-        Ok(value
-            .as_deref()
-            .and_then(lock_fencing_token)
-            .map(|token| now_us.saturating_sub(token) / 1000))
+        let reply = reply.map_err(|err| self.redis_failure("read", &err))?;
+        Read::from_reply(&reply).map_err(|why| Failure::new(Exit::Error, "redis", why))
+    }
+
+    /// Forgets the unit's key if it still holds exactly `shown`.
+    pub(crate) async fn forget_exact(&self, key: &str, shown: &[u8]) -> Result<Forgot, Failure> {
+        let mut invocation = FORGET.key(key);
+        invocation.arg(shown);
+        let reply: Result<i64, RedisError> = match &self.backend {
+            Backend::Server(_, connection) => {
+                invocation.invoke_async(&mut connection.clone()).await
+            }
+            Backend::Cluster(_, connection) => {
+                invocation.invoke_async(&mut connection.clone()).await
+            }
+        };
+        let reply = reply.map_err(|err| self.redis_failure("forget", &err))?;
+        Forgot::from_reply(reply).ok_or_else(|| {
+            Failure::new(
+                Exit::Error,
+                "redis",
+                format!("unexpected reply {reply} to the forget script for `{key}`"),
+            )
+        })
     }
 
     /// The servers that hold keys: the one server, or every master of the cluster.
@@ -187,7 +164,7 @@ impl Target {
 }
 
 /// A failed Redis command as the CLI reports it, kind and all.
-fn redis_failure(url: &str, operation: &'static str, err: &RedisError) -> Failure {
+pub(crate) fn redis_failure(url: &str, operation: &'static str, err: &RedisError) -> Failure {
     let kind = if err.is_timeout() {
         idempotask::store::StoreErrorKind::Timeout
     } else if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {

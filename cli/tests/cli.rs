@@ -522,3 +522,384 @@ fn status_and_forget_on_a_cluster(master_url: &str, replica_url: &str) {
         4
     );
 }
+
+/// The Redis key of `task`/`key` in the default namespace.
+fn redis_key(task: &str, key: &str) -> String {
+    idempotask::ops::RedisKeys::new("default")
+        .unwrap()
+        .unit(&UnitOfWork::new(task, key).unwrap())
+}
+
+/// Runs one command on `server` with a plain connection; answers its reply.
+fn redis(server: &RedisServer, args: &[&[u8]]) -> redis::Value {
+    runtime().block_on(async {
+        let mut command = redis::cmd(std::str::from_utf8(args[0]).unwrap());
+        for arg in &args[1..] {
+            command.arg(*arg);
+        }
+        command
+            .query_async(&mut server.connection().await)
+            .await
+            .unwrap()
+    })
+}
+
+fn value_of(server: &RedisServer, key: &str) -> Option<Vec<u8>> {
+    match redis(server, &[b"GET", key.as_bytes()]) {
+        redis::Value::BulkString(bytes) => Some(bytes),
+        redis::Value::Nil => None,
+        other => panic!("GET {key}: {other:?}"),
+    }
+}
+
+// The ACL user a worker of `RedisClusterStore` needs: no `cluster|info`. The CLI used to take
+// the refusal of `CLUSTER INFO` for a standalone server and listed one master's keys, exit 0.
+const WORKER_ACL: &[&str] = &[
+    "reset",
+    "on",
+    ">s3cret",
+    "~idempotask:*",
+    "+@read",
+    "+@write",
+    "+@scripting",
+    "+@connection",
+    "+time",
+    "+cluster|slots",
+];
+
+#[test]
+fn list_finds_a_cluster_whose_user_may_not_run_cluster_info() {
+    let cluster = RedisCluster::start();
+    for port in cluster.ports() {
+        let () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("worker")
+            .arg(WORKER_ACL)
+            .query(&mut support::cluster::node(port))
+            .unwrap();
+    }
+    let keys: Vec<String> = (0..30).map(|i| format!("order-{i}")).collect();
+    let unit_keys = fill_cluster(&cluster, &keys);
+    let masters = cluster.masters();
+    assert!(
+        masters.iter().all(|master| unit_keys
+            .iter()
+            .any(|key| master.owns(cluster.slot_of(key)))),
+        "the units are spread over every master"
+    );
+    let url = format!("redis://worker:s3cret@127.0.0.1:{}", masters[0].port);
+    let (code, out, err) = idempotask(&url, &["list", "--task", "charge", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let listing = json(&out);
+    assert_eq!(listing["cluster"], true, "{listing}");
+    assert_eq!(listing["servers_scanned"], 3);
+    assert_eq!(
+        (listing["done"].as_u64(), listing["locked"].as_u64()),
+        (Some(30), Some(1))
+    );
+}
+
+// With none of its probes allowed the CLI cannot know whether one server holds every key; it
+// says so rather than listing what might be a third of them.
+#[test]
+fn a_server_whose_kind_cannot_be_told_is_an_error_not_a_partial_listing() {
+    let server = RedisServer::start();
+    complete(&server, "default", "charge", &["order-1"]);
+    let acl = |user: &str, rights: &[&str]| {
+        let mut args: Vec<&[u8]> = vec![b"ACL", b"SETUSER", user.as_bytes()];
+        args.extend(rights.iter().map(|right| right.as_bytes()));
+        redis(&server, &args);
+    };
+    acl("worker", WORKER_ACL);
+    let blind: Vec<&str> = WORKER_ACL
+        .iter()
+        .copied()
+        .filter(|right| *right != "+cluster|slots")
+        .chain(["-readwrite"])
+        .collect();
+    acl("blind", &blind);
+
+    let worker = format!("redis://worker:s3cret@127.0.0.1:{}", server.port());
+    let (code, out, _) = idempotask(&worker, &["list", "--task", "charge", "--json"]);
+    assert_eq!(code, 0);
+    assert_eq!(json(&out)["cluster"], false);
+
+    let blind = format!("redis://blind:s3cret@127.0.0.1:{}", server.port());
+    let (code, out, err) = idempotask(&blind, &["list", "--task", "charge", "--json"]);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(json(&out)["error"]["kind"], "server_kind");
+    assert!(
+        err.contains("cannot tell whether Redis at redis://blind:***@")
+            && err.contains("+cluster|slots"),
+        "{err}"
+    );
+}
+
+// A hash under a task's pattern made the one pipeline of `list` fail with `WRONGTYPE`.
+#[test]
+fn list_flags_a_key_of_another_type_and_lists_the_rest() {
+    let server = RedisServer::start();
+    let url = server.url();
+    complete(&server, "default", "charge", &["order-1", "order-2"]);
+    let odd = redis_key("charge", "order-3");
+    redis(&server, &[b"HSET", odd.as_bytes(), b"field", b"value"]);
+
+    let (code, out, err) = idempotask(&url, &["list", "--task", "charge", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let listing = json(&out);
+    assert_eq!(
+        (listing["done"].as_u64(), listing["flagged"].as_u64()),
+        (Some(2), Some(1))
+    );
+    let entries = listing["entries"].as_array().unwrap();
+    let flagged: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["problem"].is_string())
+        .collect();
+    assert_eq!(flagged.len(), 1, "{listing}");
+    assert_eq!(flagged[0]["problem"], "wrong_type");
+    assert!(flagged[0]["error"].as_str().unwrap().contains("a hash key"));
+
+    let (code, out, _) = idempotask(&url, &["list", "--task", "charge"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with("charge in namespace default: 2 done, 0 locked, 1 flagged"),
+        "{out}"
+    );
+    assert!(
+        out.contains("\"order-1\"") && out.contains("warning: a hash key"),
+        "{out}"
+    );
+
+    let (code, out, _) = idempotask(
+        &url,
+        &["status", "--json", "--task", "charge", "--key", "order-3"],
+    );
+    assert_eq!(code, 1);
+    assert_eq!(json(&out)["error"]["kind"], "wrong_type");
+    let (code, _, _) = idempotask(
+        &url,
+        &[
+            "forget", "--task", "charge", "--key", "order-3", "--yes", "--force",
+        ],
+    );
+    assert_eq!(code, 1, "--force deletes markers, not other data");
+}
+
+// A lock without a TTL showed "expires in 0 ms", and `forget` told the operator to wait for it.
+#[test]
+fn a_lock_without_a_ttl_never_expires() {
+    let server = RedisServer::start();
+    let url = server.url();
+    lock(&server, "charge", "order-1");
+    redis(
+        &server,
+        &[b"PERSIST", redis_key("charge", "order-1").as_bytes()],
+    );
+
+    let status = ["status", "--task", "charge", "--key", "order-1"];
+    let (code, out, _) = idempotask(&url, &status);
+    assert_eq!(code, 3);
+    assert!(
+        out.contains("lock expires   never") && !out.contains("0 ms"),
+        "{out}"
+    );
+    let (_, out, _) = idempotask(&url, &[&status[..], &["--json"]].concat());
+    let locked = json(&out);
+    assert_eq!(locked["lock_ttl_ms"], Value::Null, "{locked}");
+    assert_eq!(locked["lock_expires"], false);
+
+    let listing = json(&idempotask(&url, &["list", "--task", "charge", "--json"]).1);
+    let entry = &listing["entries"][0];
+    assert_eq!(
+        (&entry["lock_ttl_ms"], &entry["lock_expires"]),
+        (&Value::Null, &Value::Bool(false))
+    );
+    let (_, out, _) = idempotask(&url, &["list", "--task", "charge"]);
+    assert!(out.contains("lock never expires"), "{out}");
+
+    let (code, _, err) = idempotask(
+        &url,
+        &[
+            "forget", "--task", "charge", "--key", "order-1", "--yes", "--force",
+        ],
+    );
+    assert_eq!(code, 3);
+    assert!(
+        err.contains("the lock never expires") && err.contains("redis-cli DEL"),
+        "{err}"
+    );
+}
+
+// `forget` refused unreadable and mismatched markers, so the documented remedy for
+// `Error::Codec` was not available from the CLI.
+#[test]
+fn forget_force_deletes_unreadable_and_mismatched_markers_but_never_a_lock() {
+    let server = RedisServer::start();
+    let url = server.url();
+    complete(
+        &server,
+        "default",
+        "charge",
+        &["order-1", "order-2", "order-9"],
+    );
+    lock(&server, "charge", "order-4");
+    let junk = redis_key("charge", "order-1");
+    redis(
+        &server,
+        &[b"SET", junk.as_bytes(), b"D7,zz|order-1|{not json"],
+    );
+    let forged = value_of(&server, &redis_key("charge", "order-9")).unwrap();
+    let mismatched = redis_key("charge", "order-2");
+    redis(&server, &[b"SET", mismatched.as_bytes(), &forged]);
+
+    for (key, kind) in [("order-1", "unreadable"), ("order-2", "key_mismatch")] {
+        let command = [
+            "forget", "--json", "--task", "charge", "--key", key, "--yes",
+        ];
+        let (code, out, err) = idempotask(&url, &command);
+        assert_eq!(code, 1);
+        assert_eq!(json(&out)["error"]["kind"], kind);
+        assert!(err.contains("pass --force"), "{err}");
+        let (code, out, err) = idempotask(
+            &url,
+            &["status", "--json", "--task", "charge", "--key", key],
+        );
+        assert_eq!(code, 1);
+        assert_eq!(json(&out)["error"]["kind"], kind);
+        assert!(err.contains("forget --force"), "{err}");
+
+        let (code, out, err) = idempotask(&url, &[&command[..], &["--force"]].concat());
+        assert_eq!(code, 0, "{err}");
+        let forgotten = json(&out);
+        assert_eq!(
+            (&forgotten["forgotten"], &forgotten["forced"]),
+            (&Value::Bool(true), &Value::Bool(true))
+        );
+        let (code, _, _) = idempotask(&url, &["status", "--task", "charge", "--key", key]);
+        assert!(code == 4, "{key} is unknown now, so a delivery runs it");
+    }
+    assert_eq!(
+        value_of(&server, &redis_key("charge", "order-9")),
+        Some(forged),
+        "the key whose marker was copied is untouched"
+    );
+    let (code, _, _) = idempotask(
+        &url,
+        &[
+            "forget", "--task", "charge", "--key", "order-4", "--yes", "--force",
+        ],
+    );
+    assert_eq!(code, 3, "--force never deletes a lock");
+}
+
+// `list` showed a marker copied under another key's name as that key's, with no warning.
+#[test]
+fn list_flags_a_marker_written_for_another_key() {
+    let server = RedisServer::start();
+    let url = server.url();
+    complete(&server, "default", "charge", &["order-1", "order-9"]);
+    let forged = value_of(&server, &redis_key("charge", "order-9")).unwrap();
+    redis(
+        &server,
+        &[b"SET", redis_key("charge", "order-1").as_bytes(), &forged],
+    );
+
+    let listing = json(&idempotask(&url, &["list", "--task", "charge", "--json"]).1);
+    assert_eq!(listing["flagged"], 1, "{listing}");
+    let digest = UnitOfWork::new("charge", "order-1")
+        .unwrap()
+        .digest()
+        .to_owned();
+    let entries = listing["entries"].as_array().unwrap();
+    let entry = entries
+        .iter()
+        .find(|e| e["digest"] == digest.as_str())
+        .unwrap();
+    assert_eq!(entry["problem"], "key_mismatch");
+    assert_eq!(entry["stored_key"], "order-9");
+    assert_eq!(
+        entry["key"],
+        Value::Null,
+        "the forged marker does not name this unit"
+    );
+    assert_eq!(
+        entry["result"],
+        Value::Null,
+        "nor does its result belong to it"
+    );
+
+    let (_, out, _) = idempotask(&url, &["list", "--task", "charge"]);
+    assert!(
+        out.contains(&format!("digest:{digest}"))
+            && out.contains("warning: the marker names key `order-9`"),
+        "{out}"
+    );
+}
+
+// `forget` checked, asked, then deleted whatever was there by then: a marker that a newer
+// delivery wrote while the operator read the question was lost.
+#[test]
+fn forget_deletes_only_the_value_it_showed() {
+    use std::io::{Read, Write};
+
+    let server = RedisServer::start();
+    let url = server.url();
+    complete(&server, "default", "charge", &["order-1"]);
+    complete(&server, "other", "charge", &["order-1"]);
+    let key = redis_key("charge", "order-1");
+    let newer = runtime().block_on(async {
+        let other = idempotask::ops::RedisKeys::new("other")
+            .unwrap()
+            .unit(&UnitOfWork::new("charge", "order-1").unwrap());
+        redis::cmd("GET")
+            .arg(other)
+            .query_async::<Vec<u8>>(&mut server.connection().await)
+            .await
+            .unwrap()
+    });
+    assert_ne!(Some(&newer), value_of(&server, &key).as_ref());
+
+    // `script` gives the command a terminal, so that it asks.
+    let command = format!(
+        "{} --redis-url {url} forget --task charge --key order-1",
+        env!("CARGO_BIN_EXE_idempotask")
+    );
+    let mut child = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env("SHELL", "/bin/sh")
+        .env_remove("REDIS_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("`script` (util-linux) runs the command on a terminal");
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let mut byte = [0_u8; 1];
+    while !String::from_utf8_lossy(&seen).contains("[y/N]") {
+        assert_eq!(
+            stdout.read(&mut byte).unwrap(),
+            1,
+            "{}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.push(byte[0]);
+    }
+    // A newer delivery writes its marker while the operator reads the question.
+    redis(&server, &[b"SET", key.as_bytes(), &newer]);
+    child.stdin.take().unwrap().write_all(b"y\n").unwrap();
+    let status = child.wait().unwrap();
+    stdout.read_to_end(&mut seen).unwrap();
+    let seen = String::from_utf8_lossy(&seen);
+    println!("{seen}");
+    assert_eq!(status.code(), Some(1), "{seen}");
+    assert!(
+        seen.contains("nothing deleted: the value of charge \"order-1\" changed"),
+        "{seen}"
+    );
+    assert_eq!(
+        value_of(&server, &key),
+        Some(newer),
+        "the newer marker stays"
+    );
+}
