@@ -276,10 +276,10 @@ fn literal(value: &Expr) -> Option<&Lit> {
     }
 }
 
-/// `30` (seconds) or `"750ms"`, `"30s"`, `"2m"`, `"1h"`, `"7d"`: a positive duration.
 /// The runtime's `MAX_TTL` in milliseconds: 100 years of 365 days.
 const MAX_TTL_MS: u64 = 100 * 365 * 86_400_000;
 
+/// `30` (seconds) or `"750ms"`, `"30s"`, `"2m"`, `"1h"`, `"7d"`: a positive duration.
 fn duration(option: &str, value: &Expr) -> syn::Result<Millis> {
     let span = value.span();
     let expected = || {

@@ -43,7 +43,12 @@ impl Fingerprint {
     /// `Serialize` implementation).
     pub fn of<T: Serialize + ?Sized>(value: &T) -> Result<Self, serde_json::Error> {
         let mut hasher = HashWriter(Sha256::new());
-        write_canonical(&mut hasher, &serde_json::to_value(value)?)?;
+        match serde_json::to_value(value) {
+            Ok(tree) => write_canonical(&mut hasher, &tree)?,
+            // A value the tree cannot hold (an integer beyond 64 bits) is hashed as it
+            // serialises, which is canonical unless it holds a map.
+            Err(_) => serde_json::to_writer(&mut hasher, value)?,
+        }
         Ok(Self(hex(&hasher.0.finalize())))
     }
 
@@ -131,6 +136,13 @@ mod tests {
             );
             assert_eq!(Fingerprint::of(&map).unwrap(), expected);
         }
+    }
+
+    #[test]
+    fn integers_beyond_64_bits_have_fingerprints() {
+        let big = Fingerprint::of(&(u128::MAX,)).unwrap();
+        assert_eq!(big, Fingerprint::of(&(u128::MAX,)).unwrap());
+        assert_ne!(big, Fingerprint::of(&(u128::MAX - 1,)).unwrap());
     }
 
     #[test]

@@ -203,9 +203,12 @@ impl OnDrop {
         }
     }
 
-    /// From now on, stores `marker` in the background if dropped (the body succeeded).
+    /// From now on, stores `marker` in the background if dropped (the body succeeded), as the
+    /// holder of `granted`: the lock as it was granted, with its fencing token, which `finish`
+    /// compares whole.
     pub(crate) fn finish_instead(
         &mut self,
+        granted: &LockToken,
         marker: Vec<u8>,
         result_ttl: Duration,
         lease: &Arc<Lease>,
@@ -213,14 +216,14 @@ impl OnDrop {
         if let Pending::Release {
             store,
             unit,
-            token,
             logging,
+            ..
         } = std::mem::replace(&mut self.pending, Pending::Nothing)
         {
             self.pending = Pending::Finish {
                 store,
                 unit,
-                token,
+                token: granted.clone(),
                 logging,
                 marker,
                 result_ttl,
@@ -281,7 +284,7 @@ pub(crate) struct Recording<'a> {
     pub(crate) unit: &'a UnitOfWork,
     pub(crate) token: &'a LockToken,
     pub(crate) logging: KeyLogging,
-    pub(crate) lease: &'a Lease,
+    pub(crate) lease: &'a Arc<Lease>,
 }
 
 /// The first pause between tries of a failing `finish`; it doubles each time.

@@ -136,7 +136,10 @@ fn to_apalis(err: Error, lock_ttl: Duration) -> BoxDynError {
         Error::KeyReuse { .. }
         | Error::Codec { .. }
         | Error::InvalidKey(_)
-        | Error::MarkerKeyMismatch { .. } => Box::new(AbortError::new(err)),
+        | Error::MarkerKeyMismatch { .. }
+        | Error::Reentered { .. }
+        | Error::NoRuntime
+        | Error::TaskNameTaken { .. } => Box::new(AbortError::new(err)),
         _ => Box::new(err),
     }
 }

@@ -247,11 +247,6 @@ impl Call<'_> {
                         Err((err, Ending::Failed))
                     }
                     Ok(Ok(value)) => {
-                        // Encoded while a drop (or a panic in `Serialize`) still releases.
-                        let marker = self.marker_for(&unit, &token, &value);
-                        // From here a dropped call still records the result in the
-                        // background: the side effect happened.
-                        on_drop.finish_instead(marker.clone(), self.task.result_ttl, &lease);
                         let recording = Recording {
                             store: &store,
                             unit: &unit,
@@ -259,8 +254,7 @@ impl Call<'_> {
                             logging,
                             lease: &lease,
                         };
-                        let outcome = recording.record(&marker, self.task.result_ttl).await;
-                        on_drop.disarm();
+                        let outcome = self.record(&recording, &mut on_drop, &value).await;
                         Ok(Report {
                             value,
                             outcome,
@@ -271,6 +265,28 @@ impl Call<'_> {
                 }
             }
         }
+    }
+
+    /// Stores the marker of a successful execution that returned `value`.
+    async fn record<T: Serialize + DeserializeOwned>(
+        &self,
+        recording: &Recording<'_>,
+        on_drop: &mut OnDrop,
+        value: &T,
+    ) -> Outcome {
+        // Encoded while a drop (or a panic in `Serialize`) still releases.
+        let marker = self.marker_for(recording.unit, recording.token, value);
+        // From here a dropped call still records the result in the background: the side
+        // effect happened.
+        on_drop.finish_instead(
+            recording.token,
+            marker.clone(),
+            self.task.result_ttl,
+            recording.lease,
+        );
+        let outcome = recording.record(&marker, self.task.result_ttl).await;
+        on_drop.disarm();
+        outcome
     }
 
     /// Decodes a stored result for a duplicate delivery.

@@ -156,14 +156,24 @@ pub async fn a_call_dropped_while_begin_is_in_flight_leaves_no_lock(store: Share
 /// # Panics
 /// When the runner does not.
 pub async fn a_call_dropped_while_recording_still_stores_the_result(store: SharedStore) {
+    // A fenced lock is compared with its fencing token: the background finish must carry it.
+    for fencing in [false, true] {
+        dropped_while_recording(&store, fencing).await;
+    }
+}
+
+async fn dropped_while_recording(store: &SharedStore, fencing: bool) {
     let slow = SharedStore::new(SlowConnection::new(
-        &store,
+        store,
         Duration::ZERO,
         Duration::from_millis(300),
     ));
-    let task = Task::new("dropped-in-finish").lock_ttl(LONG);
+    let task = Task::new("dropped-in-finish")
+        .lock_ttl(LONG)
+        .fencing(fencing);
+    let key = format!("fenced-{fencing}");
     let runs = AtomicUsize::new(0);
-    let call = task.call("k").store(slow).run(async {
+    let call = task.call(key.as_str()).store(slow).run(async {
         runs.fetch_add(1, Ordering::SeqCst);
         Ok::<u8, Error>(1)
     });
@@ -173,18 +183,20 @@ pub async fn a_call_dropped_while_recording_still_stores_the_result(store: Share
             .is_err()
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the body did not run");
-    let unit = UnitOfWork::new("dropped-in-finish", "k").unwrap();
+    let unit = UnitOfWork::new("dropped-in-finish", key.as_str()).unwrap();
     eventually(
-        &store,
+        store,
         &unit,
         Duration::from_secs(5),
-        "the result of a call dropped while recording was never stored",
+        &format!(
+            "the result of a call dropped while recording was never stored (fencing {fencing})"
+        ),
         Inspection::is_done,
     )
     .await;
     let again: u8 = task
-        .call("k")
-        .store(store)
+        .call(key.as_str())
+        .store(store.clone())
         .run(async {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok::<u8, Error>(2)

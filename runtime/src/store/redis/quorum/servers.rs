@@ -199,8 +199,6 @@ impl Inner {
         err
     }
 
-    /// Gives up the grants of one `begin` (server index and the lock value's token there),
-    /// answering nothing: a release that fails leaves the lock to expire.
     /// Takes this delivery's marker back from the servers at `indices`, where it was stored
     /// without a majority; a server that cannot be reached keeps it until its TTL (a `begin`
     /// that finds a marker on a minority next to a majority's lock waits rather than replays).
@@ -224,6 +222,8 @@ impl Inner {
         }
     }
 
+    /// Gives up the grants of one `begin` (server index and the lock value's token there),
+    /// answering nothing: a release that fails leaves the lock to expire.
     pub(super) async fn release_grants(&self, unit: &UnitOfWork, grants: &[(usize, LockToken)]) {
         let indices: Vec<usize> = grants.iter().map(|(index, _)| *index).collect();
         let answers = self

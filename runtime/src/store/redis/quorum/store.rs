@@ -47,7 +47,8 @@ impl Store for RedlockStore {
         // copy), unless a majority is locked by another delivery: then the marker is a stale
         // holder's that no majority stored, and replaying it would answer for work that is
         // still running.
-        if !markers.is_empty() && busy.len() < inner.quorum() {
+        // Servers that did not answer may be among that majority.
+        if !markers.is_empty() && busy.len() + errors.len() < inner.quorum() {
             inner.release_grants(unit, &grants).await;
             return Ok(Begin::Done(most_common(markers)));
         }
@@ -281,18 +282,23 @@ impl Store for RedlockStore {
 ///
 /// Two deliveries can each have stored a marker on some servers (a stale holder on a minority
 /// it could not take back, its successor on a majority); the majority's is the agreed result.
+///
+/// Among equals, a marker written while its lock was held wins over one written after the lock
+/// expired (`,l`, whose caller may have been told nothing was stored), whatever order the
+/// servers answered in.
 fn most_common(markers: Vec<Vec<u8>>) -> Vec<u8> {
-    let mut best = 0;
-    let mut best_count = 0;
-    for (index, marker) in markers.iter().enumerate() {
+    let rank = |marker: &Vec<u8>| {
         let count = markers
             .iter()
             .filter(|other| same_delivery(marker, other))
             .count();
-        if count > best_count {
-            (best, best_count) = (index, count);
-        }
-    }
+        let in_time = crate::ops::Marker::decode(marker)
+            .is_ok_and(|decoded| !decoded.written_after_lock_lost());
+        (count, in_time)
+    };
+    let best = (0..markers.len())
+        .max_by_key(|&index| (rank(&markers[index]), std::cmp::Reverse(index)))
+        .unwrap_or(0);
     markers.into_iter().nth(best).unwrap_or_default()
 }
 
