@@ -26,6 +26,24 @@ pub fn idempotent_task(attr: TokenStream, item: TokenStream) -> TokenStream {
     expanded.into()
 }
 
+/// Input: an item that is not a function syn can read. Output: whether it is one all the same,
+/// a signature followed by a `{ … }` body, so that only the body failed to parse.
+fn is_function_with_unparsable_body(item: &proc_macro2::TokenStream) -> bool {
+    use syn::parse::{ParseStream, Parser};
+    let function_shape = |input: ParseStream| -> syn::Result<()> {
+        input.call(syn::Attribute::parse_outer)?;
+        input.parse::<syn::Visibility>()?;
+        input.parse::<syn::Signature>()?;
+        let body: proc_macro2::Group = input.parse()?;
+        if body.delimiter() == proc_macro2::Delimiter::Brace && input.is_empty() {
+            Ok(())
+        } else {
+            Err(input.error("not a function body"))
+        }
+    };
+    function_shape.parse2(item.clone()).is_ok()
+}
+
 /// Input: the attribute and the item. Output: the rewritten function, or the original item next
 /// to every error found, so that one mistake does not bury the crate under follow-up errors.
 fn rewrite(
@@ -33,6 +51,11 @@ fn rewrite(
     item: &proc_macro2::TokenStream,
 ) -> proc_macro2::TokenStream {
     let Ok(function) = syn::parse2::<ItemFn>(item.clone()) else {
+        if is_function_with_unparsable_body(item) {
+            // The body's own syntax error is the one to read: handed back as it is, the item
+            // gets rustc's error, once, and no second one from here.
+            return item.clone();
+        }
         let message = if syn::parse2::<syn::TraitItemFn>(item.clone()).is_ok() {
             "`#[idempotent_task]` needs a function body; put it on the trait's implementation, not its declaration"
         } else {
