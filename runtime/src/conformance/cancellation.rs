@@ -9,92 +9,9 @@ use serde::{Deserialize, Serialize};
 use tokio::time::{Instant, sleep};
 
 use super::LONG;
-use crate::store::{Begin, Fencing, Finish, Inspection, SharedStore, Store};
-use crate::store::{LockToken, StoreError, UnitOfWork};
+use super::slow::SlowConnection;
+use crate::store::{Inspection, SharedStore, Store, UnitOfWork};
 use crate::{Error, Task};
-
-/// A store whose commands travel one connection, in order, and take their time: a `begin` is
-/// applied `begin_delay` after it was sent, whether or not anyone still waits for its reply,
-/// and a `finish` `finish_delay` after it was sent.
-#[derive(Debug)]
-struct SlowConnection {
-    inner: SharedStore,
-    begin_delay: Duration,
-    finish_delay: Duration,
-    order: Arc<tokio::sync::Mutex<()>>,
-    /// Signalled each time a `begin` has been applied to the store.
-    begun: Arc<tokio::sync::Notify>,
-}
-
-impl SlowConnection {
-    fn new(inner: &SharedStore, begin_delay: Duration, finish_delay: Duration) -> Self {
-        Self {
-            inner: inner.clone(),
-            begin_delay,
-            finish_delay,
-            order: Arc::default(),
-            begun: Arc::default(),
-        }
-    }
-}
-
-impl Store for SlowConnection {
-    async fn begin(
-        &self,
-        unit: &UnitOfWork,
-        token: &LockToken,
-        lock_ttl: Duration,
-        fencing: Fencing,
-    ) -> Result<Begin, StoreError> {
-        let (inner, unit, token) = (self.inner.clone(), unit.clone(), token.clone());
-        let (order, delay) = (Arc::clone(&self.order), self.begin_delay);
-        let begun = Arc::clone(&self.begun);
-        // Sent: it is applied even if the caller stops waiting.
-        let sent = tokio::spawn(async move {
-            let _turn = order.lock().await;
-            sleep(delay).await;
-            let answer = inner.begin(&unit, &token, lock_ttl, fencing).await;
-            begun.notify_one();
-            answer
-        });
-        sent.await.expect("the begin task panicked")
-    }
-
-    async fn finish(
-        &self,
-        unit: &UnitOfWork,
-        token: &LockToken,
-        marker: &[u8],
-        result_ttl: Duration,
-    ) -> Result<Finish, StoreError> {
-        sleep(self.finish_delay).await;
-        let _turn = self.order.lock().await;
-        self.inner.finish(unit, token, marker, result_ttl).await
-    }
-
-    async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
-        let _turn = self.order.lock().await;
-        self.inner.release(unit, token).await
-    }
-
-    async fn renew(
-        &self,
-        unit: &UnitOfWork,
-        token: &LockToken,
-        lock_ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        let _turn = self.order.lock().await;
-        self.inner.renew(unit, token, lock_ttl).await
-    }
-
-    async fn inspect(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError> {
-        self.inner.inspect(unit).await
-    }
-
-    async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
-        self.inner.forget(unit).await
-    }
-}
 
 /// Polls `unit` until `done` says yes, for at most `within` (far less than any lock TTL here).
 async fn eventually(
@@ -121,7 +38,10 @@ async fn eventually(
 /// # Panics
 /// When the runner does not.
 pub async fn a_call_dropped_while_begin_is_in_flight_leaves_no_lock(store: SharedStore) {
-    let slow = SlowConnection::new(&store, Duration::from_millis(200), Duration::ZERO);
+    let slow = SlowConnection {
+        begin_delay: Duration::from_millis(200),
+        ..SlowConnection::new(&store)
+    };
     let begun = Arc::clone(&slow.begun);
     let slow = SharedStore::new(slow);
     let runs = AtomicUsize::new(0);
@@ -163,11 +83,10 @@ pub async fn a_call_dropped_while_recording_still_stores_the_result(store: Share
 }
 
 async fn dropped_while_recording(store: &SharedStore, fencing: bool) {
-    let slow = SharedStore::new(SlowConnection::new(
-        store,
-        Duration::ZERO,
-        Duration::from_millis(300),
-    ));
+    let slow = SharedStore::new(SlowConnection {
+        finish_delay: Duration::from_millis(300),
+        ..SlowConnection::new(store)
+    });
     let task = Task::new("dropped-in-finish")
         .lock_ttl(LONG)
         .fencing(fencing);

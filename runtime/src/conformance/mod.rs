@@ -24,6 +24,7 @@ mod fencing;
 mod overruns;
 mod refusals;
 mod runner;
+mod slow;
 mod store;
 
 pub use cancellation::*;

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::outlive;
-use crate::store::{Begin, Fencing, Finish, Inspection, SharedStore, Store};
-use crate::store::{LockToken, StoreError, StoreErrorKind, UnitOfWork};
+use super::slow::SlowConnection;
+use crate::store::{SharedStore, StoreErrorKind};
 use crate::{Error, Outcome, Task};
 
 /// Checks that two executions of one unit whose results are equal are told apart: the one whose
@@ -57,59 +57,6 @@ pub async fn a_double_run_with_equal_results_is_reported_as_lost(store: SharedSt
     );
 }
 
-/// A store whose `begin` replies arrive `delay` after the store applied them, as over a stalled
-/// network.
-#[derive(Debug)]
-struct LateReplies {
-    inner: SharedStore,
-    delay: Duration,
-}
-
-impl Store for LateReplies {
-    async fn begin(
-        &self,
-        unit: &UnitOfWork,
-        token: &LockToken,
-        lock_ttl: Duration,
-        fencing: Fencing,
-    ) -> Result<Begin, StoreError> {
-        let answer = self.inner.begin(unit, token, lock_ttl, fencing).await;
-        tokio::time::sleep(self.delay).await;
-        answer
-    }
-
-    async fn finish(
-        &self,
-        unit: &UnitOfWork,
-        token: &LockToken,
-        marker: &[u8],
-        result_ttl: Duration,
-    ) -> Result<Finish, StoreError> {
-        self.inner.finish(unit, token, marker, result_ttl).await
-    }
-
-    async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
-        self.inner.release(unit, token).await
-    }
-
-    async fn renew(
-        &self,
-        unit: &UnitOfWork,
-        token: &LockToken,
-        lock_ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        self.inner.renew(unit, token, lock_ttl).await
-    }
-
-    async fn inspect(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError> {
-        self.inner.inspect(unit).await
-    }
-
-    async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
-        self.inner.forget(unit).await
-    }
-}
-
 /// Checks that a grant whose reply arrives after its lock expired does not run the body: the
 /// unit may already be another delivery's.
 ///
@@ -117,9 +64,10 @@ impl Store for LateReplies {
 /// When the store or the runner does not.
 pub async fn a_grant_that_arrives_after_its_lock_expired_does_not_run(store: SharedStore) {
     let ttl = Duration::from_millis(100);
-    let late = SharedStore::new(LateReplies {
-        inner: store.clone(),
-        delay: ttl * 2,
+    // Applied at once, answered after the lock expired.
+    let late = SharedStore::new(SlowConnection {
+        reply_delay: ttl * 2,
+        ..SlowConnection::new(&store)
     });
     let runs = AtomicUsize::new(0);
     let result: Result<u32, Error> = Task::new("late-grant")
