@@ -187,7 +187,7 @@ async fn deliver(
     let _balance: i64 = TRANSFER
         .call(format!("transfer-{run}-{}", transfer.id))
         .fingerprint_of(&transfer)?
-        .run_in_transaction(store, transaction, async |db| {
+        .run_in_transaction(store.transaction(transaction), async |db| {
             executed.store(true, std::sync::atomic::Ordering::Relaxed);
             // Asked before the transfer takes its account locks, so this delivery's own
             // workers are not waiting on them for the connection it needs.

@@ -1,5 +1,9 @@
-//! The conformance suite on `PostgresStore`, each check against a PostgreSQL server of its own.
+//! The conformance suite on `PostgresStore`, each check against a PostgreSQL server of its own:
+//! the plain checks, and the transaction checks on `PostgresTransaction`.
 
+use idempotask::conformance::OpensTransactions;
+use idempotask::store::SharedStore;
+use idempotask::{PostgresStore, PostgresTransaction};
 use idempotask_test_support as support;
 
 use support::postgres::PostgresServer;
@@ -9,3 +13,28 @@ idempotask::conformance_tests!({
     let store = server.store().await;
     (server, store)
 });
+
+mod transactions {
+    use super::*;
+
+    /// The store, opening each transaction from its own pool.
+    struct Transactions(PostgresStore);
+
+    impl OpensTransactions for Transactions {
+        type Transaction<'a> = PostgresTransaction<'a>;
+
+        fn plain(&self) -> SharedStore {
+            SharedStore::new(self.0.clone())
+        }
+
+        async fn open(&self) -> PostgresTransaction<'_> {
+            self.0.transaction(self.0.pool().begin().await.unwrap())
+        }
+    }
+
+    idempotask::transaction_conformance_tests!({
+        let server = PostgresServer::start();
+        let store = server.store().await;
+        (server, Transactions(store))
+    });
+}

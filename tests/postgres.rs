@@ -52,7 +52,7 @@ async fn deliver_write(
     let transaction = store.pool().begin().await?;
     WRITE
         .call(key.as_str())
-        .run_in_transaction(&store, transaction, async |db| {
+        .run_in_transaction(store.transaction(transaction), async |db| {
             runs.fetch_add(1, Ordering::SeqCst);
             write_effect(db, &key, 1).await
         })
@@ -127,7 +127,7 @@ async fn sixty_four_concurrent_transactional_deliveries_commit_once() {
             let transaction = store.pool().begin().await?;
             WRITE
                 .call("write-1")
-                .run_in_transaction(&store, transaction, async |db| {
+                .run_in_transaction(store.transaction(transaction), async |db| {
                     runs.fetch_add(1, Ordering::SeqCst);
                     write_effect(db, "write-1", i64::try_from(delivery)?).await
                 })
@@ -150,7 +150,7 @@ async fn an_err_body_writes_nothing_and_the_next_delivery_runs() {
     let (store, pool) = setup(&server).await;
     let failed: Result<i64, BoxError> = WRITE
         .call("write-err")
-        .run_in_transaction(&store, pool.begin().await.unwrap(), async |db| {
+        .run_in_transaction(store.transaction(pool.begin().await.unwrap()), async |db| {
             write_effect(db, "write-err", 1).await?;
             Err("the gateway said no".into())
         })
@@ -167,7 +167,7 @@ async fn an_err_body_writes_nothing_and_the_next_delivery_runs() {
 
     let ran: Result<i64, BoxError> = WRITE
         .call("write-err")
-        .run_in_transaction(&store, pool.begin().await.unwrap(), async |db| {
+        .run_in_transaction(store.transaction(pool.begin().await.unwrap()), async |db| {
             write_effect(db, "write-err", 2).await
         })
         .await;
@@ -185,7 +185,7 @@ async fn a_dropped_delivery_rolls_back_and_the_next_one_runs() {
     assert!(held.delivery.await.unwrap_err().is_cancelled());
     let ran: Result<i64, BoxError> = WRITE
         .call("write-dropped")
-        .run_in_transaction(&store, pool.begin().await.unwrap(), async |db| {
+        .run_in_transaction(store.transaction(pool.begin().await.unwrap()), async |db| {
             write_effect(db, "write-dropped", 2).await
         })
         .await;
@@ -215,7 +215,7 @@ impl HeldDelivery {
         let delivery = tokio::spawn(async move {
             WRITE
                 .call(key)
-                .run_in_transaction(&store, transaction, async |db| {
+                .run_in_transaction(store.transaction(transaction), async |db| {
                     write_effect(db, key, 1).await?;
                     let _ = inside_tx.send(());
                     ends.await?.map_err(BoxError::from)
@@ -256,7 +256,7 @@ async fn second_delivery_after(
         tokio::spawn(async move {
             WRITE
                 .call("write-waited")
-                .run_in_transaction(&store, transaction, async |db| {
+                .run_in_transaction(store.transaction(transaction), async |db| {
                     ran.fetch_add(1, Ordering::SeqCst);
                     write_effect(db, "write-waited", 2).await
                 })
@@ -587,7 +587,7 @@ async fn a_transactional_delivery_meeting_a_plain_holder_is_contended_and_lets_i
     inside.await.unwrap();
     let transactional: Result<i64, BoxError> = WRITE
         .call("mixed")
-        .run_in_transaction(&store, pool.begin().await.unwrap(), async |db| {
+        .run_in_transaction(store.transaction(pool.begin().await.unwrap()), async |db| {
             write_effect(db, "mixed", 2).await
         })
         .await;
@@ -638,7 +638,7 @@ async fn huge_ttls_are_kept_long_and_fencing_tokens_follow_the_clock() {
     );
     let kept: Result<i64, BoxError> = forever
         .call("t")
-        .run_in_transaction(&store, pool.begin().await.unwrap(), async |db| {
+        .run_in_transaction(store.transaction(pool.begin().await.unwrap()), async |db| {
             write_effect(db, "t", 1).await
         })
         .await;
@@ -747,4 +747,131 @@ async fn a_wait_for_a_pooled_connection_is_a_timeout_that_sent_nothing() {
         .await
         .unwrap();
     assert_eq!(value, 2);
+}
+
+/// A plain delivery of a key that a transactional delivery holds, on a pool without a
+/// `lock_timeout`.
+static PLAIN_WRITE: Task = Task::new("pg_write")
+    .lock_ttl(Duration::from_secs(20))
+    .retry(idempotask::RetryPolicy::no_wait());
+
+/// Backends other than the caller's still running a statement on the store's table.
+async fn statements_in_flight(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE state = 'active' AND pid <> pg_backend_pid() AND query LIKE '%idempotask_units%'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// A plain call that gives up on a transaction's row leaves nothing running in the server:
+/// once the transaction rolls back, the next delivery runs at once. (A `begin` the client had
+/// abandoned used to go on waiting in the server, after the release had found nothing to free,
+/// and take the lock for a token nobody held: the next deliveries were `Contended` for the
+/// whole lock TTL.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_call_that_gave_up_on_a_transactions_row_leaves_no_lock_behind() {
+    let server = PostgresServer::start();
+    let (store, pool) = setup(&server).await;
+    let impatient = PostgresStore::builder(pool.clone())
+        .response_timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap();
+    let held = HeldDelivery::start(&store, "write-abandoned").await;
+    let ran = AtomicUsize::new(0);
+    let gave_up: Result<i64, Error> = PLAIN_WRITE
+        .call("write-abandoned")
+        .store(impatient)
+        .run(async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok(2)
+        })
+        .await;
+    match gave_up {
+        Err(Error::Store(err)) => {
+            assert_eq!(err.kind(), StoreErrorKind::Timeout, "{err}");
+            // The server ended the wait before the client stopped listening: the caller knows
+            // that nothing was taken.
+            assert!(!err.is_ambiguous(), "{err}");
+        }
+        other => panic!("expected a store timeout, got {other:?}"),
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+    assert!(held.resume(Err("declined")).await.is_err());
+    // Whatever statement was still waiting on the row has had its chance to take it.
+    while lock_waiters(&pool).await > 0 || statements_in_flight(&pool).await > 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let next = PLAIN_WRITE
+        .call("write-abandoned")
+        .store(store.clone())
+        .run_reported(async { Ok::<_, Error>(3_i64) })
+        .await;
+    match next {
+        Ok(report) => {
+            assert_eq!(report.outcome, idempotask::Outcome::Executed);
+            assert_eq!(report.value, 3);
+        }
+        Err(err) => panic!("the next delivery could not run: {err}"),
+    }
+}
+
+static POOL_BODIES: Task = Task::new("pg_pool_bodies");
+
+/// Bodies that hold connections of the application's pool do not keep the store from
+/// recording their results: the store's statements run on connections of their own. The
+/// scenario, scaled down: a pool of 2, 40 keys delivered twice at once, each body holding a
+/// pooled connection for 100 ms, so that the bodies keep the pool busy four times as long as
+/// the store's response timeout. (Sharing the pool, most successful bodies ended
+/// `MarkerNotWritten` and ran again on redelivery.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_holding_the_pool_do_not_keep_their_results_from_being_recorded() {
+    const KEYS: usize = 40;
+    let server = PostgresServer::start();
+    let pool = server.pool(2).await;
+    let builder = PostgresStore::builder(pool.clone()).response_timeout(Duration::from_millis(500));
+    builder.migrate().await.unwrap();
+    let store = builder.connect().await.unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let deliver = |index: usize| {
+        let (store, pool, runs) = (store.clone(), pool.clone(), Arc::clone(&runs));
+        async move {
+            POOL_BODIES
+                .call(format!("k{index}"))
+                .store(store)
+                .run_reported(Box::pin(async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    let connection = pool.acquire().await?;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    drop(connection);
+                    Ok::<_, BoxError>(index)
+                }))
+                .await
+        }
+    };
+    let first = deliver_concurrently(KEYS * 2, |delivery| deliver(delivery % KEYS)).await;
+    let not_recorded = first
+        .iter()
+        .filter(|result| {
+            matches!(result, Ok(report) if report.outcome == idempotask::Outcome::MarkerNotWritten)
+        })
+        .count();
+    let failed: Vec<String> = first
+        .iter()
+        .filter_map(|result| result.as_ref().err().map(ToString::to_string))
+        .collect();
+    assert_eq!(not_recorded, 0, "successful bodies whose result was not recorded");
+    assert!(failed.is_empty(), "{failed:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), KEYS);
+    // The queue redelivers every key: each one replays.
+    let again = deliver_concurrently(KEYS, deliver).await;
+    for (index, result) in again.into_iter().enumerate() {
+        let report = result.unwrap();
+        assert_eq!(report.outcome, idempotask::Outcome::Replayed, "k{index}");
+        assert_eq!(report.value, index);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), KEYS, "bodies ran again on redelivery");
 }

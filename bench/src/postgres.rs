@@ -208,7 +208,7 @@ async fn measure(
                     let transaction = store.pool().begin().await?;
                     let _: u64 = TRANSFER
                         .call(key.as_str())
-                        .run_in_transaction(&store, transaction, async |db| {
+                        .run_in_transaction(store.transaction(transaction), async |db| {
                             effect(db, &key).await?;
                             Ok::<_, BenchError>(7)
                         })

@@ -104,7 +104,7 @@ pub use observe::KeyLogging;
 pub use retry::{DEFAULT_INITIAL_BACKOFF, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BACKOFF, RetryPolicy};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
-pub use store::postgres::{PostgresStore, PostgresStoreBuilder};
+pub use store::postgres::{PostgresStore, PostgresStoreBuilder, PostgresTransaction};
 #[cfg(feature = "redis")]
 pub use store::redis::{
     RedisClusterStore, RedisClusterStoreBuilder, RedisStore, RedisStoreBuilder, RedlockStore,

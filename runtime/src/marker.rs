@@ -229,9 +229,17 @@ fn is_delivery(text: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-/// `marker` as it is stored when its delivery's lock had expired: `,l` added to its header.
-/// `None` for bytes that are not a marker.
-pub(crate) fn lock_lost_variant(marker: &[u8]) -> Option<Vec<u8>> {
+/// `marker` as a store keeps it when it writes it after the delivery's lock had expired: `,l`
+/// added to its header, so that a repeated [`finish`](crate::store::Store::finish) (a re-send
+/// after a lost reply) can still answer that the lock was lost. `None` for bytes that are not
+/// a marker.
+///
+/// ```
+/// use idempotask::store::lock_lost_marker;
+/// assert_eq!(lock_lost_marker(b"D1|k|{}").as_deref(), Some(&b"D1,l|k|{}"[..]));
+/// assert_eq!(lock_lost_marker(b"not a marker"), None);
+/// ```
+pub fn lock_lost_marker(marker: &[u8]) -> Option<Vec<u8>> {
     let header_end = marker.iter().position(|&b| b == b'|')?;
     let mut out = Vec::with_capacity(marker.len() + 2);
     out.extend_from_slice(&marker[..header_end]);
@@ -337,13 +345,13 @@ mod tests {
     }
 
     #[test]
-    fn the_lock_lost_variant_reads_back_with_its_flag() {
+    fn the_lock_lost_marker_reads_back_with_its_flag() {
         let marker = Marker::encode("a|b", &LockToken::generate(), Some(3), None, Ok(&null()));
-        let lost = lock_lost_variant(&marker).unwrap();
+        let lost = lock_lost_marker(&marker).unwrap();
         let decoded = Marker::decode(&lost).unwrap();
         assert!(decoded.written_after_lock_lost());
         assert_eq!((decoded.key(), decoded.fencing_token()), ("a|b", Some(3)));
-        assert!(lock_lost_variant(b"no separator").is_none());
+        assert!(lock_lost_marker(b"no separator").is_none());
     }
 
     #[test]

@@ -139,6 +139,34 @@ pub(crate) fn validate_name(name: &str, kind: NameKind) -> Result<(), InvalidKey
     }
 }
 
+/// Checks a store's namespace as task names are checked: 1 to [`MAX_NAME_LEN`] characters of
+/// `A-Z a-z 0-9 _ - .`, which reach store keys in plain text.
+///
+/// ```
+/// assert!(idempotask::store::check_namespace("billing.eu-1").is_ok());
+/// assert!(idempotask::store::check_namespace("billing:*").is_err());
+/// ```
+///
+/// # Errors
+/// [`InvalidKey::Namespace`] when it is not such a name.
+pub fn check_namespace(namespace: &str) -> Result<(), InvalidKey> {
+    validate_name(namespace, NameKind::Namespace)
+}
+
+/// Checks a task name: 1 to [`MAX_NAME_LEN`] characters of `A-Z a-z 0-9 _ - .` (for a store
+/// that parses its own keys back into units).
+///
+/// ```
+/// assert!(idempotask::store::check_task_name("charge_customer").is_ok());
+/// assert!(idempotask::store::check_task_name("charge customer").is_err());
+/// ```
+///
+/// # Errors
+/// [`InvalidKey::TaskName`] when it is not such a name.
+pub fn check_task_name(name: &str) -> Result<(), InvalidKey> {
+    validate_name(name, NameKind::Task)
+}
+
 /// The first 96 bits of the SHA-256 of `key`, in unpadded base64url.
 ///
 /// 96 bits keep a Redis key short (the whole unit fits a small allocation) while an accidental
@@ -245,8 +273,10 @@ impl LockToken {
         self
     }
 
-    /// The same holder once its lock was granted, with the fencing token if there is one.
-    pub(crate) fn granted(self, fencing_token: Option<u64>) -> Self {
+    /// The same holder once its lock was granted, with the fencing token if there is one (a
+    /// store that grants in several steps, as a quorum does, builds the holder it answers for).
+    #[must_use]
+    pub fn granted(self, fencing_token: Option<u64>) -> Self {
         match fencing_token {
             Some(fence) => self.with_fencing_token(fence),
             None => self,

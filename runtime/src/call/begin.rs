@@ -53,14 +53,7 @@ pub(super) async fn begin(
         match store.begin(unit, token, task.lock_ttl, task.fencing).await {
             Ok(Begin::Done(bytes)) => {
                 attempts += 1;
-                let marker = Marker::decode(&bytes).map_err(|err| {
-                    codec(
-                        unit,
-                        CodecErrorKind::Unreadable,
-                        format!("the stored marker cannot be read: {err}"),
-                    )
-                })?;
-                check_marker_key(unit, &marker)?;
+                let marker = stored_marker(unit, &bytes)?;
                 return Ok(Start::Replay { marker, attempts });
             }
             Ok(Begin::Acquired { fencing_token }) => {
@@ -122,4 +115,18 @@ pub(super) async fn begin(
             }
         }
     }
+}
+
+/// The marker a store answered for `unit`, once it is known to be readable and this key's own
+/// (stores find a unit by a digest of its key, and a marker holds the key it was written for).
+pub(super) fn stored_marker(unit: &UnitOfWork, bytes: &[u8]) -> Result<Marker, Error> {
+    let marker = Marker::decode(bytes).map_err(|err| {
+        codec(
+            unit,
+            CodecErrorKind::Unreadable,
+            format!("the stored marker cannot be read: {err}"),
+        )
+    })?;
+    check_marker_key(unit, &marker)?;
+    Ok(marker)
 }

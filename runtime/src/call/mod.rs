@@ -22,6 +22,7 @@ use crate::unit::{LockToken, UnitOfWork};
 use begin::{Start, begin};
 
 mod begin;
+mod transaction;
 
 /// The first pause between tries of a failing store call; it doubles each time.
 const STORE_RETRY_PAUSE: Duration = Duration::from_millis(25);
@@ -140,22 +141,7 @@ impl Call<'_> {
         let observation = Observation::start(&self.task.name);
         let span = observation.span().clone();
         let result = self.run_observed(body, &observation).instrument(span).await;
-        // The call's outcome is recorded once, here, from how it ended.
-        match result {
-            Ok(report) => {
-                observation.ended(match report.outcome {
-                    Outcome::Executed => Ending::Executed,
-                    Outcome::Replayed => Ending::Replayed,
-                    Outcome::LockLost { .. } => Ending::LockLost,
-                    Outcome::MarkerNotWritten => Ending::MarkerNotWritten,
-                });
-                Ok(report)
-            }
-            Err((err, ending)) => {
-                observation.ended(ending);
-                Err(err)
-            }
-        }
+        concluded(&observation, result)
     }
 
     /// Runs the call; an error comes with how the call ended, for the observation.
@@ -169,17 +155,15 @@ impl Call<'_> {
         E: From<Error>,
         F: Future<Output = Result<T, E>>,
     {
-        crate::names::claim(self.task).map_err(failed)?;
         let store = self
             .store
             .clone()
             .or_else(installed)
             .ok_or_else(|| failed(Error::NotConfigured))?;
-        let unit = UnitOfWork::with_limit(self.task.name(), self.key.as_str(), store.max_key_len())
-            .map_err(|err| failed(Error::from(err)))?;
+        let unit = self
+            .unit(store.max_key_len(), observation)
+            .map_err(failed)?;
         let logging = self.task.log_key;
-        observation.key(&unit, logging);
-        refuse_misuse(&unit).map_err(failed)?;
         let token = LockToken::generate();
         // Armed before the first `begin` is sent: dropped while one is in flight, the call may
         // hold a lock nobody else knows of.
@@ -265,6 +249,17 @@ impl Call<'_> {
                 }
             }
         }
+    }
+
+    /// The unit this call runs, once the call is known to be allowed: its task's name is its
+    /// own, its key valid for a store that takes keys up to `max_key_len` bytes, and the call
+    /// neither made from inside the same unit nor outside a tokio runtime.
+    fn unit(&self, max_key_len: usize, observation: &Observation<'_>) -> Result<UnitOfWork, Error> {
+        crate::names::claim(self.task)?;
+        let unit = UnitOfWork::with_limit(self.task.name(), self.key.as_str(), max_key_len)?;
+        observation.key(&unit, self.task.log_key);
+        refuse_misuse(&unit)?;
+        Ok(unit)
     }
 
     /// Stores the marker of a successful execution that returned `value`.
@@ -361,6 +356,29 @@ impl Call<'_> {
             self.fingerprint.as_ref(),
             result,
         )
+    }
+}
+
+/// Input: how a call ended. Output: its result for the caller, once the ending is recorded on
+/// the call's span and metrics (here, and only here, for every way of running a call).
+fn concluded<T, E>(
+    observation: &Observation<'_>,
+    result: Result<Report<T>, (E, Ending)>,
+) -> Result<Report<T>, E> {
+    match result {
+        Ok(report) => {
+            observation.ended(match report.outcome {
+                Outcome::Executed => Ending::Executed,
+                Outcome::Replayed => Ending::Replayed,
+                Outcome::LockLost { .. } => Ending::LockLost,
+                Outcome::MarkerNotWritten => Ending::MarkerNotWritten,
+            });
+            Ok(report)
+        }
+        Err((err, ending)) => {
+            observation.ended(ending);
+            Err(err)
+        }
     }
 }
 

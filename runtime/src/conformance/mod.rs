@@ -26,6 +26,7 @@ mod refusals;
 mod runner;
 mod slow;
 mod store;
+mod transactions;
 
 pub use cancellation::*;
 pub use fencing::*;
@@ -33,6 +34,7 @@ pub use overruns::*;
 pub use refusals::*;
 pub use runner::*;
 pub use store::*;
+pub use transactions::*;
 
 use std::time::Duration;
 
@@ -151,21 +153,24 @@ mod tests {
         source
             .lines()
             .filter_map(|line| line.strip_prefix("pub async fn "))
-            .filter_map(|rest| rest.split('(').next())
+            .filter_map(|rest| rest.split(['(', '<']).next())
+            .collect()
+    }
+
+    /// The checks a macro's `@each` list in `source` runs.
+    fn listed_in(source: &str) -> BTreeSet<&str> {
+        let start = source.find("@each $make;").expect("the macro's list");
+        let end = start + source[start..].find(");").expect("the end of the list");
+        source[start..end]
+            .lines()
+            .skip(1)
+            .map(|line| line.trim().trim_end_matches(','))
+            .filter(|name| !name.is_empty())
             .collect()
     }
 
     #[test]
     fn every_check_is_run_by_the_macro() {
-        let source = include_str!("mod.rs");
-        let start = source.find("@each $make;").expect("the macro's list");
-        let end = start + source[start..].find(");").expect("the end of the list");
-        let listed: BTreeSet<&str> = source[start..end]
-            .lines()
-            .skip(1)
-            .map(|line| line.trim().trim_end_matches(','))
-            .filter(|name| !name.is_empty())
-            .collect();
         let defined: BTreeSet<&str> = [
             include_str!("store.rs"),
             include_str!("runner.rs"),
@@ -177,6 +182,12 @@ mod tests {
         .into_iter()
         .flat_map(checks_in)
         .collect();
-        assert_eq!(listed, defined);
+        assert_eq!(listed_in(include_str!("mod.rs")), defined);
+    }
+
+    #[test]
+    fn every_transaction_check_is_run_by_its_macro() {
+        let source = include_str!("transactions.rs");
+        assert_eq!(listed_in(source), checks_in(source));
     }
 }

@@ -176,7 +176,7 @@ pub async fn a_late_finish_keeps_the_result_when_nobody_holds_the_unit(store: Sh
         // Stored as it was given, or flagged as written after the lock expired.
         let stored = store.inspect(&unit).await.unwrap().marker.unwrap();
         assert!(
-            stored == bytes || Some(&stored) == crate::marker::lock_lost_variant(&bytes).as_ref(),
+            stored == bytes || Some(&stored) == crate::marker::lock_lost_marker(&bytes).as_ref(),
             "{:?}",
             String::from_utf8_lossy(&stored)
         );

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::{Begin, Fencing, Finish, Inspection, Store};
 use crate::context::expiry;
 use crate::error::StoreError;
-use crate::marker::{Marker, lock_lost_variant};
+use crate::marker::{Marker, lock_lost_marker};
 use crate::unit::{LockToken, UnitOfWork};
 
 /// How many expired entries one operation sweeps at most: the work under the lock stays small
@@ -297,7 +297,7 @@ impl Store for MemoryStore {
         result_ttl: Duration,
     ) -> Result<Finish, StoreError> {
         // Written after the lock expired, the marker says so.
-        let lost_marker = || lock_lost_variant(marker).unwrap_or_else(|| marker.to_vec());
+        let lost_marker = || lock_lost_marker(marker).unwrap_or_else(|| marker.to_vec());
         Ok(self.with_entry(unit, |slot, now| {
             let answer = match slot.as_ref() {
                 _ if holds(slot.as_ref(), token) => Finish::Completed,

@@ -55,10 +55,15 @@ pub(crate) mod postgres;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 mod shared;
+mod transaction;
 
 pub use crate::error::{StoreError, StoreErrorKind};
-pub use crate::unit::{LockToken, MAX_KEY_LEN, MAX_NAME_LEN, UnitOfWork};
+pub use crate::marker::lock_lost_marker;
+pub use crate::unit::{
+    LockToken, MAX_KEY_LEN, MAX_NAME_LEN, UnitOfWork, check_namespace, check_task_name,
+};
 pub use shared::SharedStore;
+pub use transaction::TransactionScope;
 
 /// A place that keeps, for each unit of work, either a lock or a completion marker (and, for
 /// tasks that use fencing, the last fencing token granted).
@@ -315,7 +320,13 @@ impl<S: Store> Store for Arc<S> {
 /// Milliseconds for a store command: at least 1 (a zero TTL would mean "no expiry" or an
 /// error), at most [`MAX_TTL`](crate::MAX_TTL) (past it, Redis refuses the expiry and
 /// idempotency would silently stop).
-pub(crate) fn ttl_millis(ttl: Duration) -> u64 {
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(idempotask::store::ttl_millis(Duration::from_micros(10)), 1);
+/// assert_eq!(idempotask::store::ttl_millis(Duration::from_secs(2)), 2000);
+/// ```
+pub fn ttl_millis(ttl: Duration) -> u64 {
     u64::try_from(crate::task::clamp_ttl(ttl).as_millis())
         .unwrap_or(u64::MAX)
         .max(1)

@@ -7,6 +7,7 @@ mod statements;
 mod transactional;
 
 pub use builder::PostgresStoreBuilder;
+pub use transactional::PostgresTransaction;
 
 use std::time::Duration;
 
@@ -286,7 +287,7 @@ impl Store for PostgresStore {
         if held.rows_affected() == 1 {
             return Ok(Finish::Completed);
         }
-        let lost_marker = marker::lock_lost_variant(marker).unwrap_or_else(|| marker.to_vec());
+        let lost_marker = marker::lock_lost_marker(marker).unwrap_or_else(|| marker.to_vec());
         let row = self
             .run(
                 "finish",

@@ -123,7 +123,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
     ) -> Result<Finish, StoreError> {
         // What this delivery stores once its lock is gone says so, and tells a repeated finish
         // whether the first one completed or came too late.
-        let lost_marker = marker::lock_lost_variant(marker).ok_or_else(|| {
+        let lost_marker = marker::lock_lost_marker(marker).ok_or_else(|| {
             StoreError::new(
                 "finish",
                 StoreErrorKind::Protocol,

@@ -203,7 +203,7 @@ impl Inner {
     /// without a majority; a server that cannot be reached keeps it until its TTL (a `begin`
     /// that finds a marker on a minority next to a majority's lock waits rather than replays).
     pub(super) async fn retract(&self, unit: &UnitOfWork, indices: &[usize], marker: &[u8]) {
-        let Some(lost_marker) = crate::marker::lock_lost_variant(marker) else {
+        let Some(lost_marker) = crate::marker::lock_lost_marker(marker) else {
             return;
         };
         let lost_marker = &lost_marker;

@@ -305,6 +305,6 @@ fn most_common(markers: Vec<Vec<u8>>) -> Vec<u8> {
 /// Whether two stored markers are one delivery's, with or without the `,l` flag.
 fn same_delivery(a: &[u8], b: &[u8]) -> bool {
     a == b
-        || crate::marker::lock_lost_variant(a).as_deref() == Some(b)
-        || crate::marker::lock_lost_variant(b).as_deref() == Some(a)
+        || crate::marker::lock_lost_marker(a).as_deref() == Some(b)
+        || crate::marker::lock_lost_marker(b).as_deref() == Some(a)
 }

@@ -1,0 +1,144 @@
+//! A call whose body, lock and marker share one database transaction.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::begin::stored_marker;
+use super::{Call, Outcome, Report, concluded, contended, failed};
+use crate::context::{Lease, TaskContext};
+use crate::error::Error;
+use crate::observe::{Ending, Observation};
+use crate::store::{Begin, TransactionScope};
+use crate::unit::LockToken;
+
+/// The validity a transactional execution's context reports: its lock is the transaction's,
+/// held until the transaction ends, whatever the task's lock TTL.
+const HELD_UNTIL_THE_TRANSACTION_ENDS: Duration = crate::task::MAX_TTL;
+
+impl Call<'_> {
+    /// Runs `body` inside `transaction` at most once for this key, and commits the body's
+    /// writes together with the unit's completion marker: exactly once for work that is a
+    /// write to the database the transaction belongs to.
+    ///
+    /// `transaction` is a [`TransactionScope`]; `idempotask-postgres` makes one of a
+    /// PostgreSQL transaction (`PostgresStore::transaction`). The call owns it: it commits
+    /// when the body succeeds and rolls back otherwise, so start a fresh one for each call.
+    /// The store set with [`store`](Self::store) or installed is not used.
+    ///
+    /// # Behaviour
+    /// - The unit's lock is taken first, inside the transaction. Another transactional
+    ///   delivery of the same key waits on it until this transaction ends, then replays the
+    ///   stored result if it committed, or runs if it rolled back. Keep the body to database
+    ///   work: an outbound call inside an open transaction holds its locks as long as it takes.
+    /// - Done already: the stored value, decoded; the transaction is rolled back and the body
+    ///   does not run.
+    /// - Locked by a plain ([`run`](Self::run)) call of the same task: [`Error::Contended`] at
+    ///   once, and the transaction is rolled back. Redeliver later; better, do not mix the two
+    ///   paths for one task.
+    /// - `Ok`: the marker is written and the transaction committed; the value is returned only
+    ///   once the commit succeeded.
+    /// - `Err`, a panic, or this future dropped: the transaction is rolled back, nothing is
+    ///   stored, and the next delivery runs. A crash before the commit has the same effect.
+    ///
+    /// # Errors
+    /// The body's own error, or an [`Error`] converted into `E`: [`Error::Store`] when the
+    /// lock, the marker or the commit fails (after a failed commit nothing was stored, unless
+    /// the error is ambiguous), [`Error::Contended`], [`Error::KeyReuse`] and the decoding
+    /// errors of [`run`](Self::run).
+    ///
+    /// See [`TransactionScope`] for an example with a transaction of one's own.
+    pub async fn run_in_transaction<X, T, E, F>(self, transaction: X, body: F) -> Result<T, E>
+    where
+        X: TransactionScope,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: AsyncFnOnce(&mut X::Handle) -> Result<T, E>,
+    {
+        let observation = Observation::start(&self.task.name);
+        let span = observation.span().clone();
+        let result = self
+            .run_transaction(transaction, body, &observation)
+            .instrument(span)
+            .await;
+        concluded(&observation, result).map(|report| report.value)
+    }
+
+    async fn run_transaction<X, T, E, F>(
+        self,
+        mut transaction: X,
+        body: F,
+        observation: &Observation<'_>,
+    ) -> Result<Report<T>, (E, Ending)>
+    where
+        X: TransactionScope,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: AsyncFnOnce(&mut X::Handle) -> Result<T, E>,
+    {
+        let unit = self
+            .unit(transaction.max_key_len(), observation)
+            .map_err(failed)?;
+        let token = LockToken::generate();
+        let attempts = 1;
+        let waiting = Instant::now();
+        let begun = transaction
+            .begin(&unit, &token, self.task.lock_ttl, self.task.fencing)
+            .await;
+        observation.waited(attempts, waiting.elapsed());
+        let fencing_token = match begun {
+            Ok(Begin::Acquired { fencing_token }) => fencing_token,
+            Ok(Begin::Done(bytes)) => {
+                // Nothing of this delivery's may commit; the body does not run.
+                transaction.abort().await;
+                let marker = stored_marker(&unit, &bytes).map_err(failed)?;
+                observation.fencing_token(marker.fencing_token());
+                let value = self.replay(&unit, &marker).map_err(failed)?;
+                return Ok(Report {
+                    value,
+                    outcome: Outcome::Replayed,
+                    fencing_token: marker.fencing_token(),
+                    attempts,
+                });
+            }
+            Ok(Begin::Busy { lock_ttl_remaining }) => {
+                transaction.abort().await;
+                return Err(failed(contended(&unit, lock_ttl_remaining, attempts)));
+            }
+            Err(err) => {
+                // Whatever the statement locked goes now, not when the connection is recycled.
+                transaction.abort().await;
+                return Err(failed(err.into()));
+            }
+        };
+        observation.fencing_token(fencing_token);
+        let lease = Arc::new(Lease::new(Instant::now(), HELD_UNTIL_THE_TRANSACTION_ENDS));
+        let context = TaskContext::new(unit.clone(), fencing_token, attempts, lease);
+        let running = Instant::now();
+        let result = context.scope(body(transaction.handle())).await;
+        observation.body_ran(running.elapsed());
+        let value = match result {
+            Ok(value) => value,
+            Err(err) => {
+                transaction.abort().await;
+                return Err((err, Ending::Failed));
+            }
+        };
+        let token = token.granted(fencing_token);
+        let marker = self.marker_for(&unit, &token, &value);
+        transaction
+            .commit(&unit, &token, &marker, self.task.result_ttl)
+            .await
+            .map_err(|err| failed(err.into()))?;
+        Ok(Report {
+            value,
+            outcome: Outcome::Executed,
+            fencing_token,
+            attempts,
+        })
+    }
+}
