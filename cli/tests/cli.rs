@@ -226,6 +226,48 @@ fn list_of_an_unknown_task_fails_with_exit_4() {
     );
 }
 
+// The receipt a store's `forget` leaves next to the unit's key is no unit: `list` counts no odd
+// key and `status` finds nothing, as after any forget.
+#[test]
+fn a_forget_receipt_is_no_unit_to_list_or_status() {
+    let server = RedisServer::start();
+    let url = server.url();
+    complete(&server, "default", "charge", &["order-1", "order-2"]);
+    let forgot = runtime().block_on(async {
+        let store = server.store().await;
+        store
+            .forget(&UnitOfWork::new("charge", "order-1").unwrap())
+            .await
+            .unwrap()
+    });
+    assert!(forgot);
+    let receipt = format!(
+        "idempotask:v2:default:{{{}}}:forgotten",
+        redis_key("charge", "order-1")
+    );
+    assert_eq!(
+        redis(&server, &[b"EXISTS", receipt.as_bytes()]),
+        redis::Value::Int(1),
+        "the receipt is there"
+    );
+
+    let listing = json(&idempotask(&url, &["list", "--task", "charge", "--json"]).1);
+    assert_eq!(
+        (listing["done"].as_u64(), listing["locked"].as_u64()),
+        (Some(1), Some(0)),
+        "{listing}"
+    );
+    let entries = listing["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{listing}");
+    assert_eq!(entries[0]["key"], "order-2");
+    let (code, out, _) = idempotask(
+        &url,
+        &["status", "--task", "charge", "--key", "order-1", "--json"],
+    );
+    assert_eq!(code, 4, "{out}");
+    assert_eq!(json(&out)["state"], "unknown");
+}
+
 #[test]
 fn forget_deletes_a_marker_only_when_confirmed_and_not_locked() {
     let server = RedisServer::start();

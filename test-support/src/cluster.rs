@@ -461,6 +461,46 @@ pub fn masters_seen_by(port: u16) -> Vec<Master> {
     parse_masters(&nodes)
 }
 
+/// Makes the server on `port`, started with `--cluster-enabled yes`, a cluster of one master
+/// that serves every slot and names itself at `announced_port`, and waits until it says
+/// `cluster_state:ok`.
+///
+/// A cluster client connects to the addresses the nodes give for themselves: announcing the
+/// port of a [`Proxy`](crate::proxy::Proxy) in front of the node sends every command of the
+/// client through that proxy, so that a test can lose the reply to one of them.
+pub fn serve_every_slot(port: u16, announced_port: u16) {
+    let mut conn = node(port);
+    let () = redis::cmd("CLUSTER")
+        .arg("ADDSLOTSRANGE")
+        .arg(0)
+        .arg(16383)
+        .query(&mut conn)
+        .unwrap();
+    for (name, value) in [
+        ("cluster-announce-ip", "127.0.0.1".to_owned()),
+        ("cluster-announce-port", announced_port.to_string()),
+    ] {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query(&mut conn)
+            .unwrap();
+    }
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut conn).unwrap();
+        if info.contains("cluster_state:ok") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a one-node cluster did not come up:\n{info}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A plain connection to the node on `port`, for cluster administration.
 pub fn node(port: u16) -> redis::Connection {
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();

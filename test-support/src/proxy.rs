@@ -51,6 +51,12 @@ impl Proxy {
         format!("redis://{}", self.addr)
     }
 
+    /// The proxy's port, for a cluster node to announce (see
+    /// [`serve_every_slot`](crate::cluster::serve_every_slot)).
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
     /// Loses the next reply from Redis and closes that client connection.
     pub fn swallow_next_reply(&self) {
         self.swallow.store(true, Ordering::SeqCst);

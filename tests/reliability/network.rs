@@ -1,6 +1,8 @@
-//! Replies lost on the way, and a server too slow to answer.
+//! Replies lost on the way, a server too slow to answer, and one that is gone.
 
 use super::*;
+
+use idempotask::RedisClusterStore;
 
 // 6. A reply lost after Redis applied the command.
 on_both_servers!(s06_a_lost_reply_on_begin_or_finish_runs_nothing_twice);
@@ -58,6 +60,66 @@ async fn s06_a_lost_reply_on_begin_or_finish_runs_nothing_twice(server_flavor: F
         server_flavor,
         "6. reply lost on begin and on finish",
         "2 replies swallowed after Redis applied the command; 0 extra executions; both units done, no lock left",
+    );
+}
+
+// 6b. A reply lost after Redis applied a `forget`, which the cluster client re-sends.
+on_both_servers!(s06b_a_forget_whose_reply_was_lost_still_reports_the_delete);
+async fn s06b_a_forget_whose_reply_was_lost_still_reports_the_delete(server_flavor: Flavor) {
+    // A one-node cluster that gives the proxy's port as its address: the cluster client sends
+    // every command through the proxy, and re-sends one whose connection dropped before its
+    // reply came, as it does on a real cluster.
+    let server = RedisServer::start_flavor(server_flavor, &["--cluster-enabled", "yes"]);
+    let proxy = Proxy::start(server.addr()).await;
+    tokio::task::block_in_place(|| {
+        support::cluster::serve_every_slot(server.port(), proxy.port());
+    });
+    let cluster = RedisClusterStore::builder([proxy.url()])
+        .response_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap();
+    for (key, fencing) in [("plain", false), ("fenced", true)] {
+        let task = Task::new("s06b").fencing(fencing);
+        task.call(key)
+            .store(cluster.clone())
+            .run(async { Ok::<_, Error>(1) })
+            .await
+            .unwrap();
+        let unit = UnitOfWork::new("s06b", key).unwrap();
+        let swallowed = proxy.swallowed();
+        proxy.swallow_next_reply();
+        let forgot = cluster.forget(&unit).await;
+        assert_eq!(proxy.swallowed(), swallowed + 1, "{key}: no reply was lost");
+        // The first run deleted the marker; the re-send must not say that nothing was there.
+        assert!(matches!(forgot, Ok(true)), "{key}: {forgot:?}");
+        assert!(!cluster.inspect(&unit).await.unwrap().is_done(), "{key}");
+        let rerun = task
+            .call(key)
+            .store(cluster.clone())
+            .run_reported(async { Ok::<_, Error>(2) })
+            .await
+            .unwrap();
+        assert_eq!(
+            (rerun.value, rerun.outcome),
+            (2, Outcome::Executed),
+            "{key}"
+        );
+    }
+
+    // `RedisStore`'s connection manager re-sends nothing: the lost reply is an ambiguous error.
+    let store = store_with_timeout(&proxy.url(), Duration::from_millis(500)).await;
+    let unit = UnitOfWork::new("s06b", "plain").unwrap();
+    let swallowed = proxy.swallowed();
+    proxy.swallow_next_reply();
+    let err = store.forget(&unit).await.unwrap_err();
+    assert_eq!(proxy.swallowed(), swallowed + 1, "no reply was lost");
+    assert!(err.is_ambiguous(), "{err}");
+    assert!(!store.inspect(&unit).await.unwrap().is_done());
+    record_on(
+        server_flavor,
+        "6b. reply lost on forget",
+        "Cluster client (re-sends): forget of a plain and of a fenced marker reported as deleted, and the next delivery ran; RedisStore (no re-send): an ambiguous error, the marker gone",
     );
 }
 
@@ -178,5 +240,118 @@ async fn s07_a_slow_redis_never_hangs_a_call_or_runs_an_unlocked_body() {
             "{}; 0 bodies ran unconfirmed; no orphan lock",
             figures.join("; ")
         ),
+    );
+}
+
+/// Three store calls and a task call on a store whose server was just killed, each failing
+/// within its bound; with `refused`, every store call after the first (which may meet the
+/// dropped connection) fails as a refusal, which proves that nothing was sent. Answers the
+/// figures.
+async fn calls_after_a_kill(
+    store: impl Store + Clone,
+    call_bound: Duration,
+    task_bound: Duration,
+    refused: bool,
+) -> String {
+    let unit = UnitOfWork::new("s07b", "k").unwrap();
+    let mut figures = Vec::new();
+    for call in 0..3 {
+        let started = Instant::now();
+        let result = tokio::time::timeout(Duration::from_secs(10), store.inspect(&unit))
+            .await
+            .expect("a store call hung past every deadline");
+        let took = started.elapsed();
+        let err = result.expect_err("the server is gone");
+        assert!(err.is_retryable(), "{err}");
+        assert!(
+            took < call_bound,
+            "a store call failed after {took:?}: {err}"
+        );
+        if refused && call > 0 {
+            assert_eq!(err.kind(), StoreErrorKind::Unreachable, "{err}");
+            assert!(!err.is_ambiguous(), "{err}");
+        }
+        figures.push(format!("{:?} in {} ms", err.kind(), took.as_millis()));
+    }
+    let ran = AtomicU64::new(0);
+    let started = Instant::now();
+    let result = tokio::time::timeout(
+        Duration::from_secs(10),
+        Task::new("s07b").call("k").store(store).run(async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Error>(1_u8)
+        }),
+    )
+    .await
+    .expect("a task call hung past every deadline");
+    let took = started.elapsed();
+    assert!(matches!(result, Err(Error::Store(_))), "{result:?}");
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "a body ran without a lock");
+    assert!(took < task_bound, "a task call failed after {took:?}");
+    format!(
+        "store calls: {}; a task call (3 tries of begin): failed in {} ms",
+        figures.join(", "),
+        took.as_millis()
+    )
+}
+
+// 7b. Redis killed: each call fails within its response timeout, reconnecting included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s07b_a_killed_redis_fails_each_call_within_its_response_timeout() {
+    let response_timeout = Duration::from_millis(500);
+    let connection_timeout = Duration::from_millis(200);
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .response_timeout(response_timeout)
+        .connection_timeout(connection_timeout)
+        .connect()
+        .await
+        .unwrap();
+    drop(server);
+    // A dead server refuses connections at once, so a call ends with the connection manager's
+    // reconnection round, whose back-off takes at most half the response timeout: the three
+    // tries of a task's `begin` and the runner's pauses between them fit well within two
+    // response timeouts and a connection timeout.
+    let figures = calls_after_a_kill(
+        store,
+        response_timeout + Duration::from_millis(150),
+        response_timeout * 2 + connection_timeout,
+        true,
+    )
+    .await;
+    record(
+        "7b. Redis killed (response timeout 500 ms, connection timeout 200 ms)",
+        &figures,
+    );
+}
+
+// 7b. The same on a Redis Cluster, whose client bounds each command itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s07b_a_killed_cluster_node_fails_each_call_within_its_response_timeout() {
+    let response_timeout = Duration::from_millis(500);
+    let connection_timeout = Duration::from_millis(200);
+    let server = RedisServer::start_with(&["--cluster-enabled", "yes"]);
+    tokio::task::block_in_place(|| {
+        support::cluster::serve_every_slot(server.port(), server.port());
+    });
+    let store = RedisClusterStore::builder([server.url()])
+        .response_timeout(response_timeout)
+        .connection_timeout(connection_timeout)
+        .connect()
+        .await
+        .unwrap();
+    drop(server);
+    // Each try of a task's `begin` waits at most the response timeout; the cluster client
+    // re-sends on its own, so its failures are all ambiguous.
+    let figures = calls_after_a_kill(
+        store,
+        response_timeout + Duration::from_millis(150),
+        response_timeout * 4,
+        false,
+    )
+    .await;
+    record(
+        "7b. Redis killed, one-node Cluster (response timeout 500 ms, connection timeout 200 ms)",
+        &figures,
     );
 }

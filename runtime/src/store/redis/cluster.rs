@@ -42,11 +42,15 @@ pub(crate) const DEFAULT_CLUSTER_RETRIES: u32 = 4;
 ///   and uses it from then on, so that a connection stuck on a stale slot map cannot time out
 ///   every later call: without it, a slot migration under load leaves some finished bodies
 ///   with their marker not written (`tests/cluster_events.rs`).
-/// - One call of the store waits at most the response timeout
-///   ([`DEFAULT_RESPONSE_TIMEOUT`](crate::RedisStore::DEFAULT_RESPONSE_TIMEOUT)), redirects and re-sends included; a cluster that lost a
-///   master fails calls for that master's slots with kind `Timeout`, `Unreachable` or
-///   `Rejected` (`CLUSTERDOWN`) until a replica takes over. Nothing hangs and the body never
-///   runs without a confirmed lock.
+/// - Each command waits at most the response timeout
+///   ([`DEFAULT_RESPONSE_TIMEOUT`](crate::RedisStore::DEFAULT_RESPONSE_TIMEOUT)), redirects,
+///   re-sends and reconnecting included (see [`RedisClusterStoreBuilder::response_timeout`]);
+///   a cluster that lost a master fails calls for that master's slots with kind `Timeout`,
+///   `Unreachable` or `Rejected` (`CLUSTERDOWN`) until a replica takes over. Nothing hangs and
+///   the body never runs without a confirmed lock.
+/// - `forget` leaves a receipt for a minute in the unit's slot (see
+///   [`RedisKeys`](crate::ops::RedisKeys)): a `forget` the client re-sent after losing the
+///   reply is answered as the first run was (deleted), and deletes nothing more.
 /// - The lock is as strong as one master: replication is asynchronous, so a lock or marker
 ///   written just before its master died may be missing on the promoted replica. The fencing
 ///   token, checked by the database the task writes to, is what stops the second holder.
@@ -224,8 +228,16 @@ impl RedisClusterStoreBuilder {
         self
     }
 
-    /// How long one store call may take, redirects and re-sends included (default
-    /// [`DEFAULT_RESPONSE_TIMEOUT`](crate::RedisStore::DEFAULT_RESPONSE_TIMEOUT)).
+    /// How long one command may take, redirects, re-sends and reconnecting included (default
+    /// [`DEFAULT_RESPONSE_TIMEOUT`](crate::RedisStore::DEFAULT_RESPONSE_TIMEOUT)): the cluster
+    /// client's overall response timeout. A store call is one command in the common case; the
+    /// slow paths send more (a `begin` that finds the unit locked reads the lock's TTL, a
+    /// script the node lost is loaded again).
+    ///
+    /// A command still waiting then fails with kind `Timeout`; a node that is down and refuses
+    /// connections fails its calls sooner. Every failure is ambiguous, since the client may
+    /// have sent the command before the failure it reports. A task's `begin` tries a failing
+    /// call three times, 50 and 100 ms apart, before the task call returns the error.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
@@ -275,7 +287,11 @@ impl RedisClusterStoreBuilder {
         let connection = connect_within(deadline, client.get_async_connection(), false).await?;
         let connection = HealingConnection::new(client, connection, deadline);
         Ok(RedisClusterStore {
-            protocol: Protocol::new(connection, self.namespace, self.max_key_len, true).await?,
+            // The client's overall response timeout bounds each command; a timeout of the
+            // protocol's own around it would cut the call short before the healing
+            // connection sees the client's timeout.
+            protocol: Protocol::new(connection, self.namespace, self.max_key_len, true, None)
+                .await?,
         })
     }
 }

@@ -12,6 +12,11 @@ use crate::unit::{InvalidKey, NameKind, UnitOfWork, validate_name};
 /// tools use it to find a unit's key, to `SCAN` one task's keys, and to read a key they found
 /// back into its parts. Nothing here connects to Redis.
 ///
+/// A store's `forget` also leaves a receipt for a minute,
+/// `idempotask:v2:<namespace>:{<unit's key>}:forgotten`, so that a client that re-sends the
+/// command after losing its reply is told what the first one did. The hash tag puts it in the
+/// unit's slot; no task's pattern matches it and [`parse`](RedisKeys::parse) reads it as no unit.
+///
 /// ```
 /// use idempotask::ops::RedisKeys;
 /// use idempotask::store::UnitOfWork;
@@ -48,6 +53,19 @@ pub(super) const PREFIX: &str = "idempotask:v2:";
 /// Names are built on every call, so they go into a string of the exact size.
 pub(super) fn unit_key(namespace: &str, unit: &UnitOfWork) -> String {
     let parts = [PREFIX, namespace, ":", unit.task(), ":", unit.digest()];
+    let mut name = String::with_capacity(parts.iter().map(|part| part.len()).sum());
+    for part in parts {
+        name.push_str(part);
+    }
+    name
+}
+
+/// The receipt a `forget` of `unit` leaves under `namespace`: in the unit's hash slot (its
+/// key, which has no braces, is the hash tag), under the namespace's prefix (so the ACL
+/// patterns that cover the namespace cover it), and with a `{` where a task name starts (so
+/// that no task's `SCAN` pattern matches it).
+pub(super) fn forget_receipt_key(namespace: &str, unit_key: &str) -> String {
+    let parts = [PREFIX, namespace, ":{", unit_key, "}:forgotten"];
     let mut name = String::with_capacity(parts.iter().map(|part| part.len()).sum());
     for part in parts {
         name.push_str(part);
@@ -140,6 +158,29 @@ mod tests {
         let keys = RedisKeys::new("default").unwrap();
         let key = keys.unit(&UnitOfWork::new("t", "order-{1}:x").unwrap());
         assert!(!key.contains('{') && !key.contains('}'), "{key}");
+    }
+
+    #[test]
+    fn a_forget_receipt_is_in_the_units_slot_and_under_no_tasks_pattern() {
+        let keys = RedisKeys::new("billing").unwrap();
+        let unit = UnitOfWork::new("charge", "order-{1}").unwrap();
+        let key = keys.unit(&unit);
+        let receipt = forget_receipt_key("billing", &key);
+        assert_eq!(
+            receipt,
+            format!("idempotask:v2:billing:{{{key}}}:forgotten")
+        );
+        // The first `{…}` is the hash tag: the unit's whole key.
+        let tag = receipt
+            .split_once('{')
+            .and_then(|(_, rest)| rest.split_once('}'))
+            .map(|(tag, _)| tag);
+        assert_eq!(tag, Some(key.as_str()));
+        assert!(keys.parse(&receipt).is_none());
+        // Where a task's pattern has the task name, the receipt has a `{`, which no name has.
+        let after_namespace = receipt.strip_prefix("idempotask:v2:billing:").unwrap();
+        assert!(after_namespace.starts_with('{'));
+        assert!(keys.task_pattern("{idempotask").is_err());
     }
 
     #[test]

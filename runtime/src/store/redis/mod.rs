@@ -26,8 +26,13 @@ pub use quorum::{RedlockStore, RedlockStoreBuilder};
 pub(crate) const DEFAULT_NAMESPACE: &str = "default";
 /// How long connecting to Redis may take before it fails, by default.
 pub(crate) const DEFAULT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long one command may wait for its reply before it fails, by default.
+/// How long one store call may take before it fails, by default.
 pub(crate) const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The first pause of the connection manager's reconnection back-off, at most.
+const RECONNECT_FIRST_PAUSE: Duration = Duration::from_millis(100);
+/// How many times the connection manager tries again to reconnect before the calls waiting
+/// for it fail (the next call starts another round).
+const RECONNECT_RETRIES: usize = 2;
 
 /// Implements [`Store`](crate::store::Store) for a wrapper of a [`Protocol`] in its `protocol` field.
 macro_rules! delegate_store {
@@ -107,10 +112,16 @@ use delegate_store;
 /// - One multiplexed [`ConnectionManager`] per store (clones share it): it reconnects by itself
 ///   after a dropped connection; the command that saw the drop fails with a
 ///   [`StoreError`] of kind `Unreachable`.
-/// - Every command has a response timeout ([`DEFAULT_RESPONSE_TIMEOUT`](RedisStore::DEFAULT_RESPONSE_TIMEOUT)); a stalled Redis fails
-///   the call with kind `Timeout` and `is_ambiguous() == true` instead of hanging the task.
+/// - Every store call has a response timeout
+///   ([`DEFAULT_RESPONSE_TIMEOUT`](RedisStore::DEFAULT_RESPONSE_TIMEOUT)) that bounds the whole
+///   call: its commands, a wait for the connection manager to reconnect, a reloaded script. A
+///   stalled Redis fails the call with kind `Timeout` and `is_ambiguous() == true` instead of
+///   hanging the task; a Redis that is down and refuses connections fails it sooner, with kind
+///   `Unreachable` and not ambiguous (see [`RedisStoreBuilder::response_timeout`]).
 /// - Scripts are loaded when the store connects; after a `SCRIPT FLUSH` or a restart the next
 ///   call reloads them by itself (one extra round trip).
+/// - `forget` leaves a receipt for a minute next to the unit's key (see [`RedisKeys`]), so that
+///   a client that re-sends it after losing the reply is told that the marker was deleted.
 /// - `redis://user:password@host:port/db` authenticates with an ACL user; `rediss://` needs the
 ///   `tls` feature.
 ///
@@ -156,7 +167,7 @@ impl RedisStore {
     pub const DEFAULT_NAMESPACE: &str = DEFAULT_NAMESPACE;
     /// How long connecting to Redis may take before it fails, by default.
     pub const DEFAULT_CONNECTION_TIMEOUT: Duration = DEFAULT_CONNECTION_TIMEOUT;
-    /// How long one command may wait for its reply before it fails, by default.
+    /// How long one store call may take before it fails, by default.
     pub const DEFAULT_RESPONSE_TIMEOUT: Duration = DEFAULT_RESPONSE_TIMEOUT;
 
     /// Connects with the default settings.
@@ -214,7 +225,17 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How long one command may wait for its reply (default [`DEFAULT_RESPONSE_TIMEOUT`](RedisStore::DEFAULT_RESPONSE_TIMEOUT)).
+    /// How long one store call may take (default
+    /// [`DEFAULT_RESPONSE_TIMEOUT`](RedisStore::DEFAULT_RESPONSE_TIMEOUT)): its commands, a
+    /// wait for a reconnection and a reloaded script included. A call still waiting then fails
+    /// with kind `Timeout`, ambiguous (the command may have run).
+    ///
+    /// After a dropped connection the manager reconnects in the background, with a back-off of
+    /// at most half this timeout (and at most 0.6 s), and a call waits for that round. So while
+    /// Redis is down and refuses connections, a call fails within the round, with kind
+    /// `Unreachable` and not ambiguous; a server that does not answer at all (a dropped network)
+    /// takes up to this timeout. A task's `begin` tries a failing call three times, 50 and
+    /// 100 ms apart, before the task call returns the error.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
@@ -244,10 +265,16 @@ impl RedisStoreBuilder {
         let client = self
             .client()
             .map_err(|err| store_error("connect", &err, false))?;
+        // A call that arrives while the manager reconnects waits for that round: its pauses
+        // (jittered, doubling: at most 6 × the first one) take at most half the response
+        // timeout, so that during an outage the call learns that connections are refused, a
+        // failure that proves nothing was sent, before its response timeout runs out.
+        let first_pause = RECONNECT_FIRST_PAUSE.min(self.response_timeout / 12);
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.connection_timeout))
             .set_response_timeout(Some(self.response_timeout))
-            .set_number_of_retries(2)
+            .set_number_of_retries(RECONNECT_RETRIES)
+            .set_min_delay(first_pause)
             .set_max_delay(Duration::from_secs(1));
         // The manager retries its first connection; the whole attempt still gets one deadline.
         let deadline = self.connection_timeout.saturating_mul(3);
@@ -258,7 +285,14 @@ impl RedisStoreBuilder {
         )
         .await?;
         Ok(RedisStore {
-            protocol: Protocol::new(connection, self.namespace, self.max_key_len, false).await?,
+            protocol: Protocol::new(
+                connection,
+                self.namespace,
+                self.max_key_len,
+                false,
+                Some(self.response_timeout),
+            )
+            .await?,
         })
     }
 }

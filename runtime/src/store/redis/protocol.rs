@@ -14,6 +14,9 @@
 //! | finish | `SET key <marker> IFEQ <lock> PX result_ttl` where the server has it (Valkey 8.1+, Redis 8.4+), else script `finish.lua` (GET, SET) |
 //! | renew | `SET key <lock> IFEQ <lock> PX lock_ttl`, else script `renew.lua` |
 //! | release, inspect, forget | scripts |
+//!
+//! `forget` also writes a receipt next to the unit's key (see `forget.lua`), so that a re-sent
+//! `forget` answers as the first one did.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -22,7 +25,7 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
-use super::keys::{PREFIX, unit_key};
+use super::keys::{PREFIX, forget_receipt_key, unit_key};
 use super::lock::{LOCK_TAG, RELEASED_TAG, holder_value, lock_value};
 pub(super) use super::reply::store_error;
 use super::reply::{foreign, is_out_of_memory, is_syntax_error, parse_flag, pttl, unexpected};
@@ -43,6 +46,8 @@ static CLOCK: LazyLock<Script> = LazyLock::new(|| Script::new("return redis.call
 
 /// How often a store whose server had no `SET … IFEQ` tries it again.
 const PROBE_AGAIN_AFTER_MS: u64 = 5_000;
+/// How long a `forget` receipt lasts: far longer than a client goes on re-sending one command.
+const FORGET_RECEIPT_MS: u64 = 60_000;
 
 /// A namespace check with the error `connect` reports.
 pub(super) fn check_namespace(namespace: &str) -> Result<(), StoreError> {
@@ -80,6 +85,10 @@ pub(super) struct Protocol<C> {
     /// Whether the connection re-sends commands by itself (the cluster client does, after a
     /// redirect or a lost connection): then no failure proves that nothing was applied.
     pub(super) resends: bool,
+    /// How long one store call may take, its commands, a wait for a connection and reloaded
+    /// scripts included; `None` where the connection bounds its calls itself (the cluster
+    /// client's overall response timeout).
+    call_timeout: Option<Duration>,
     /// Whether the server has a native compare-and-set (`SET … IFEQ`).
     native_cas: Arc<AtomicBool>,
     /// While it has not: when to try it again, in ms since `created` (a failover, a rolling
@@ -106,6 +115,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         namespace: String,
         max_key_len: usize,
         resends: bool,
+        call_timeout: Option<Duration>,
     ) -> Result<Self, StoreError> {
         for script in [
             &*BEGIN_FENCED,
@@ -173,6 +183,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
             namespace: namespace.into(),
             max_key_len,
             resends,
+            call_timeout,
             native_cas: Arc::new(AtomicBool::new(native_cas)),
             probe_again_at: Arc::new(AtomicU64::new(PROBE_AGAIN_AFTER_MS)),
             created: Instant::now(),
@@ -214,6 +225,32 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         unit_key(&self.namespace, unit)
     }
 
+    /// Runs one store call within the call timeout.
+    ///
+    /// Input: the future of a whole store call. Output: its answer, or an ambiguous `Timeout`
+    /// once the call timeout passed. The wait it cuts short may have been for a reconnection
+    /// (nothing sent yet) or for a reply (the command may have run): nothing tells them apart
+    /// from here, so it is ambiguous, as a response timeout is.
+    async fn bounded<T>(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let Some(limit) = self.call_timeout else {
+            return call.await;
+        };
+        tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+            Err(StoreError::ambiguous(
+                operation,
+                StoreErrorKind::Timeout,
+                format!(
+                    "no answer within the response timeout of {} ms (reconnecting included)",
+                    limit.as_millis()
+                ),
+            ))
+        })
+    }
+
     /// Sends one plain command.
     pub(super) async fn query(&self, cmd: &Cmd) -> Result<Value, RedisError> {
         let mut connection = self.connection.clone();
@@ -233,8 +270,25 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         key: &str,
         args: impl FnOnce(&mut Cmd),
     ) -> Result<Value, StoreError> {
-        let mut cmd = Cmd::with_capacity(8, key.len() + 160);
-        cmd.arg("EVALSHA").arg(script.get_hash()).arg(1).arg(key);
+        self.invoke_on(operation, script, &[key], args).await
+    }
+
+    /// [`invoke`](Self::invoke) of a script on several `keys` (one hash slot); errors name the
+    /// first.
+    pub(super) async fn invoke_on(
+        &self,
+        operation: &'static str,
+        script: &Script,
+        keys: &[&str],
+        args: impl FnOnce(&mut Cmd),
+    ) -> Result<Value, StoreError> {
+        let key = keys.first().copied().unwrap_or_default();
+        let keys_len: usize = keys.iter().map(|key| key.len()).sum();
+        let mut cmd = Cmd::with_capacity(7 + keys.len(), keys_len + 160);
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
+        for key in keys {
+            cmd.arg(*key);
+        }
         args(&mut cmd);
         let mut connection = self.connection.clone();
         let reply = match cmd.query_async(&mut connection).await {
@@ -302,6 +356,54 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for Protocol<C> {
         lock_ttl: Duration,
         fencing: Fencing,
     ) -> Result<Begin, StoreError> {
+        self.bounded("begin", self.begin_call(unit, token, lock_ttl, fencing))
+            .await
+    }
+
+    async fn finish(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        marker: &[u8],
+        result_ttl: Duration,
+    ) -> Result<Finish, StoreError> {
+        self.bounded("finish", self.finish_call(unit, token, marker, result_ttl))
+            .await
+    }
+
+    async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
+        self.bounded("release", self.release_call(unit, token))
+            .await
+    }
+
+    async fn renew(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        lock_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.bounded("renew", self.renew_call(unit, token, lock_ttl))
+            .await
+    }
+
+    async fn inspect(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError> {
+        self.bounded("inspect", self.inspect_call(unit)).await
+    }
+
+    async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
+        self.bounded("forget", self.forget_call(unit)).await
+    }
+}
+
+/// The store calls, each without the call timeout that [`Store`] puts around it.
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
+    async fn begin_call(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        lock_ttl: Duration,
+        fencing: Fencing,
+    ) -> Result<Begin, StoreError> {
         let key = self.key(unit);
         let lock_ms = ttl_millis(lock_ttl);
         if fencing == Fencing::On {
@@ -332,7 +434,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for Protocol<C> {
         }
     }
 
-    async fn finish(
+    async fn finish_call(
         &self,
         unit: &UnitOfWork,
         token: &LockToken,
@@ -375,7 +477,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for Protocol<C> {
         }
     }
 
-    async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
+    async fn release_call(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
         let key = self.key(unit);
         let reply = self
             .invoke("release", &RELEASE, &key, |cmd| {
@@ -385,7 +487,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for Protocol<C> {
         parse_flag("release", &key, &reply)
     }
 
-    async fn renew(
+    async fn renew_call(
         &self,
         unit: &UnitOfWork,
         token: &LockToken,
@@ -417,7 +519,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for Protocol<C> {
         parse_flag("renew", &key, &reply)
     }
 
-    async fn inspect(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError> {
+    async fn inspect_call(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError> {
         let key = self.key(unit);
         let reply = self.invoke("inspect", &INSPECT, &key, |_| {}).await?;
         let Value::Array(items) = &reply else {
@@ -446,9 +548,17 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for Protocol<C> {
         }
     }
 
-    async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
+    /// A nonce per call, not per command: a re-sent command carries the same one, and the
+    /// receipt that its first run left tells the re-send that this call deleted the marker.
+    async fn forget_call(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
         let key = self.key(unit);
-        let reply = self.invoke("forget", &FORGET, &key, |_| {}).await?;
+        let receipt = forget_receipt_key(&self.namespace, &key);
+        let nonce = format!("{:016x}", rand::random::<u64>());
+        let reply = self
+            .invoke_on("forget", &FORGET, &[&key, &receipt], |cmd| {
+                cmd.arg(&nonce).arg(FORGET_RECEIPT_MS);
+            })
+            .await?;
         parse_flag("forget", &key, &reply)
     }
 }
