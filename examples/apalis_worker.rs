@@ -7,14 +7,14 @@
 //! the queue hears of it (its process gets SIGKILL, `kill -9`); once its heartbeat is overdue,
 //! the queue puts the job back and another worker runs it again.
 //!
-//! With the handler wrapped in `idempotask::apalis::Idempotent`, that redelivery gets the stored
+//! With the handler wrapped in `idempotask_apalis::Idempotent`, that redelivery gets the stored
 //! receipt and the order is charged once; with `--without-idempotask` it is charged twice. The
 //! last line of output is one JSON summary; each delivery is shown on stderr as it happens.
 //!
 //! ```text
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example apalis_worker -- redis
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example apalis_worker --features apalis -- redis
 //! REDIS_URL=redis://127.0.0.1:6379 DATABASE_URL=postgres://postgres@127.0.0.1/postgres \
-//!     cargo run --example apalis_worker -- postgres [--without-idempotask]
+//!     cargo run --example apalis_worker --features apalis -- postgres [--without-idempotask]
 //! ```
 //! The idempotask store is the Redis at `REDIS_URL` in both cases.
 
@@ -29,8 +29,8 @@ use apalis::prelude::{
 };
 use apalis_postgres::{PgPool, PostgresStorage};
 use apalis_redis::{ConnectionManager, RedisStorage};
-use idempotask::RedisStore;
-use idempotask::apalis::Idempotent;
+use idempotask_apalis::Idempotent;
+use idempotask_redis::RedisStore;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};

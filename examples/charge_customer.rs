@@ -12,7 +12,7 @@
 //!
 //! ```text
 //! REDIS_URL=redis://127.0.0.1:6379 DATABASE_URL=postgres://postgres@127.0.0.1/postgres \
-//!     cargo run --example charge_customer
+//!     cargo run --example charge_customer --features redis
 //! ```
 //!
 //! It needs, next to `idempotask`:
@@ -20,6 +20,7 @@
 //! ```toml
 //! [dependencies]
 //! idempotask = "0.1"
+//! idempotask-redis = "0.1"
 //! serde = { version = "1", features = ["derive"] }
 //! thiserror = "2"
 //! tokio = { version = "1", features = ["macros", "rt-multi-thread", "time"] }
@@ -34,7 +35,7 @@ use std::time::Duration;
 
 use idempotask::idempotent_task;
 use idempotask::store::{SharedStore, StoreError};
-use idempotask::{RedisClusterStore, RedisStore};
+use idempotask_redis::{RedisClusterStore, RedisStore};
 use serde::{Deserialize, Serialize};
 use tokio_postgres::NoTls;
 

@@ -9,8 +9,8 @@
 //! for later, unknown → replay. No customer is charged twice.
 //!
 //! ```text
-//! cargo run --example dlq_replay                                     # in-memory store
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example dlq_replay
+//! cargo run --example dlq_replay --features redis           # in-memory store
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example dlq_replay --features redis
 //! ```
 //!
 //! It needs, next to `idempotask`:
@@ -18,6 +18,7 @@
 //! ```toml
 //! [dependencies]
 //! idempotask = "0.1"
+//! idempotask-redis = "0.1"
 //! thiserror = "2"
 //! tokio = { version = "1", features = ["macros", "rt-multi-thread", "sync", "time"] }
 //! ```
@@ -27,10 +28,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use idempotask::MemoryStore;
 use idempotask::ops::{Status, StoredResult};
 use idempotask::store::{SharedStore, StoreError};
 use idempotask::{Error, Task, idempotent_task};
-use idempotask::{MemoryStore, RedisClusterStore, RedisStore};
+use idempotask_redis::{RedisClusterStore, RedisStore};
 use tokio::sync::oneshot;
 
 /// Charges per order at the payment gateway: what the customers' statements show.

@@ -16,7 +16,7 @@
 //! `written_by_killed` add up to `transfers`.
 //!
 //! ```text
-//! DATABASE_URL=postgres://postgres@127.0.0.1/postgres cargo run --example ledger_transfer
+//! DATABASE_URL=postgres://postgres@127.0.0.1/postgres cargo run --example ledger_transfer --features postgres
 //! ```
 //!
 //! It needs, next to `idempotask`:
@@ -34,7 +34,8 @@ use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use idempotask::{PostgresStore, Task};
+use idempotask::PostgresStore;
+use idempotask::Task;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::postgres::{PgConnection, PgPoolOptions};

@@ -5,8 +5,8 @@
 //! confirmation back and the outbox still holds one mail.
 //!
 //! ```text
-//! cargo run --example send_order_confirmation                        # in-memory store
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example send_order_confirmation
+//! cargo run --example send_order_confirmation --features redis   # in-memory store
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example send_order_confirmation --features redis
 //! ```
 //!
 //! It needs, next to `idempotask`:
@@ -14,6 +14,7 @@
 //! ```toml
 //! [dependencies]
 //! idempotask = "0.1"
+//! idempotask-redis = "0.1"
 //! serde = { version = "1", features = ["derive"] }
 //! tokio = { version = "1", features = ["macros", "rt-multi-thread", "time"] }
 //! ```
@@ -21,9 +22,10 @@
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use idempotask::MemoryStore;
 use idempotask::store::{SharedStore, StoreError};
 use idempotask::{Error, idempotent_task};
-use idempotask::{MemoryStore, RedisClusterStore, RedisStore};
+use idempotask_redis::{RedisClusterStore, RedisStore};
 use serde::{Deserialize, Serialize};
 
 /// An e-mail as handed to the mail server.

@@ -7,7 +7,7 @@
 //! result: side effects equal messages.
 //!
 //! ```text
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example stream_worker
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example stream_worker --features redis
 //! ```
 //!
 //! It needs, next to `idempotask`:
@@ -15,7 +15,8 @@
 //! ```toml
 //! [dependencies]
 //! idempotask = "0.1"
-//! redis = { version = "1", features = ["tokio-comp"] }
+//! idempotask-redis = "0.1"
+//! redis = { version = "1", default-features = false, features = ["tokio-comp"] }
 //! tokio = { version = "1", features = ["macros", "rt-multi-thread", "time"] }
 //! ```
 
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use idempotask::store::{SharedStore, StoreError};
 use idempotask::{Error, idempotent_task};
-use idempotask::{RedisClusterStore, RedisStore};
+use idempotask_redis::{RedisClusterStore, RedisStore};
 use redis::Value;
 use redis::aio::MultiplexedConnection;
 

@@ -7,7 +7,8 @@ use idempotask_test_support as support;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idempotask::store::{Store, StoreErrorKind, UnitOfWork};
-use idempotask::{Error, Outcome, RedisClusterStore, RedisStore, Task};
+use idempotask::{Error, Outcome, Task};
+use idempotask_redis::{RedisClusterStore, RedisStore};
 use support::cluster::RedisCluster;
 use support::{Flavor, RedisServer};
 

@@ -11,8 +11,8 @@ use apalis::prelude::{
     AbortError, BoxDynError, Event, EventListenerExt, MemoryStorage, RetryAfterError, Service,
     Task as Job, TaskBuilder, TaskSink, WorkerBuilder,
 };
-use idempotask::apalis::{IdempotencyKey, Idempotent, MissingKey};
 use idempotask::{MemoryStore, RetryPolicy, Task};
+use idempotask_apalis::{IdempotencyKey, Idempotent, MissingKey};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idempotask::{Error, RedisStore, idempotent_task};
+use idempotask::{Error, idempotent_task};
+use idempotask_redis::RedisStore;
 use support::RedisServer;
 use tokio::sync::Barrier;
 

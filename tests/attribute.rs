@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idempotask::store::{Store, UnitOfWork};
-use idempotask::{Error, RedisStore, idempotent_task};
+use idempotask::{Error, idempotent_task};
+use idempotask_redis::RedisStore;
 use support::RedisServer;
 
 #[derive(Debug, thiserror::Error)]

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use idempotask::store::SharedStore;
 use idempotask::store::{Store, UnitOfWork};
-use idempotask::{Error, Outcome, RedisClusterStore, Report, RetryPolicy, Task};
+use idempotask::{Error, Outcome, Report, RetryPolicy, Task};
+use idempotask_redis::RedisClusterStore;
 use rand::seq::SliceRandom as _;
 use support::cluster::{RedisCluster, SlotMove};
 

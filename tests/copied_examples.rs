@@ -2,13 +2,20 @@
 //! crate that depends on `idempotask` and on the dependencies its own header lists (the
 //! ```` ```toml ```` block), and on nothing of this workspace.
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The `[dependencies]` block an example's header lists, with `idempotask` pointing at this
-/// checkout instead of the registry.
-fn listed_dependencies(source: &str, runtime: &Path) -> String {
+/// Where each crate of this workspace that an example may name lives, from the root.
+const WORKSPACE_CRATES: &[(&str, &str)] = &[
+    ("idempotask", "runtime"),
+    ("idempotask-redis", "stores/redis"),
+    ("idempotask-postgres", "stores/postgres"),
+    ("idempotask-apalis", "integrations/apalis"),
+];
+
+/// The `[dependencies]` block an example's header lists, with the crates of this workspace
+/// pointing at this checkout instead of the registry.
+fn listed_dependencies(source: &str, root: &Path) -> String {
     let mut inside = false;
     let mut block = String::new();
     for line in source
@@ -18,19 +25,8 @@ fn listed_dependencies(source: &str, runtime: &Path) -> String {
         match line {
             "```toml" => inside = true,
             "```" if inside => break,
-            _ if inside && line.starts_with("idempotask =") => {
-                // `idempotask = "0.1"` or `idempotask = { version = "0.1", features = … }`:
-                // the same features, from this checkout.
-                let path = format!("path = {:?}", runtime.display());
-                let line = if line.contains('{') {
-                    line.replace(r#"version = "0.1""#, &path)
-                } else {
-                    format!("idempotask = {{ {path} }}")
-                };
-                let _ = writeln!(block, "{line}");
-            }
             _ if inside => {
-                block.push_str(line);
+                block.push_str(&from_checkout(line, root));
                 block.push('\n');
             }
             _ => {}
@@ -41,6 +37,26 @@ fn listed_dependencies(source: &str, runtime: &Path) -> String {
         "no ```toml block in the header"
     );
     block
+}
+
+/// `line` of a `[dependencies]` block, with a crate of this workspace taken from `root`:
+/// `idempotask = "0.1"` or `idempotask = { version = "0.1", features = … }` keeps its features.
+fn from_checkout(line: &str, root: &Path) -> String {
+    let Some((name, _)) = line.split_once(" =") else {
+        return line.to_owned();
+    };
+    let Some((_, dir)) = WORKSPACE_CRATES
+        .iter()
+        .find(|(crate_name, _)| *crate_name == name)
+    else {
+        return line.to_owned();
+    };
+    let path = format!("path = {:?}", root.join(dir).display());
+    if line.contains('{') {
+        line.replace(r#"version = "0.1""#, &path)
+    } else {
+        format!("{name} = {{ {path} }}")
+    }
 }
 
 fn compiles_alone(example: &str) {
@@ -59,7 +75,7 @@ fn compiles_alone(example: &str) {
     let manifest = format!(
         "[package]\nname = \"copied-{}\"\nversion = \"0.0.0\"\nedition = \"2024\"\npublish = false\n\n{}\n[workspace]\n",
         example.replace('_', "-"),
-        listed_dependencies(&source, &root.join("runtime"))
+        listed_dependencies(&source, &root)
     );
     std::fs::write(crate_dir.join("Cargo.toml"), manifest).unwrap();
     std::fs::write(crate_dir.join("src/main.rs"), &source).unwrap();
@@ -99,4 +115,14 @@ fn dlq_replay_compiles_alone() {
 #[test]
 fn ledger_transfer_compiles_alone() {
     compiles_alone("ledger_transfer");
+}
+
+#[test]
+fn send_order_confirmation_compiles_alone() {
+    compiles_alone("send_order_confirmation");
+}
+
+#[test]
+fn stream_worker_compiles_alone() {
+    compiles_alone("stream_worker");
 }

@@ -11,7 +11,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use idempotask::store::SharedStore;
-use idempotask::{Error, RedisClusterStore, RedisStore, Task};
+use idempotask::{Error, Task};
+use idempotask_redis::{RedisClusterStore, RedisStore};
 use redis::aio::ConnectionLike;
 use serde::{Deserialize, Serialize};
 use support::RedisServer;

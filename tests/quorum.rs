@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use idempotask::store::{Store, StoreErrorKind};
-use idempotask::{Error, Outcome, RedlockStore, Report, RetryPolicy, Task};
+use idempotask::{Error, Outcome, Report, RetryPolicy, Task};
+use idempotask_redis::RedlockStore;
 use serde::{Deserialize, Serialize};
 use support::RedisServer;
 use support::quorum::Quorum;

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use idempotask::ops::{Marker, StoredResult};
 use idempotask::store::{Begin, Fencing, LockToken, Store, UnitOfWork};
-use idempotask::{Error, Outcome, RedlockStore, RetryPolicy, Task};
+use idempotask::{Error, Outcome, RetryPolicy, Task};
+use idempotask_redis::RedlockStore;
 use support::quorum::Quorum;
 
 const LOCK_TTL: Duration = Duration::from_secs(1);

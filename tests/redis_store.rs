@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idempotask::store::{StoreErrorKind, UnitOfWork};
-use idempotask::{Error, RedisStore, Task};
+use idempotask::{Error, Task};
+use idempotask_redis::RedisStore;
 use support::{RedisServer, scan_keys};
 
 /// Calls per command since the last `CONFIG RESETSTAT`, from `INFO commandstats`.

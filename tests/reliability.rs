@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use idempotask::store::{
     Begin, Fencing, LockToken, SharedStore, Store, StoreErrorKind, UnitOfWork,
 };
-use idempotask::{Error, Outcome, RedisStore, RetryPolicy, Task};
+use idempotask::{Error, Outcome, RetryPolicy, Task};
+use idempotask_redis::RedisStore;
 use serde::{Deserialize, Serialize};
 use support::proxy::Proxy;
 use support::report::record;

@@ -19,9 +19,9 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use idempotask::ops::RedisKeys;
 use idempotask::store::UnitOfWork;
-use idempotask::{RedisClusterStore, RedisStore, RedlockStore};
+use idempotask_redis::RedisKeys;
+use idempotask_redis::{RedisClusterStore, RedisStore, RedlockStore};
 use redis::aio::ConnectionManager;
 use serde::Serialize;
 

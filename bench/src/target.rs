@@ -1,6 +1,6 @@
 //! What the bench runs against: one Redis server, or a Redis Cluster (`--cluster`).
 
-use idempotask::RedisClusterStore;
+use idempotask_redis::RedisClusterStore;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use idempotask::ops::RedisKeys;
+use idempotask_redis::RedisKeys;
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};

@@ -5,9 +5,9 @@
 //! the master of its slot, and `list` scans every master. Nothing has to be told which kind it
 //! is.
 
-use idempotask::ops::RedisKeys;
 use idempotask::store::{SharedStore, Store, UnitOfWork};
-use idempotask::{RedisClusterStore, RedisStore};
+use idempotask_redis::RedisKeys;
+use idempotask_redis::{RedisClusterStore, RedisStore};
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Value};

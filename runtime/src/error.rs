@@ -244,8 +244,25 @@ impl StoreError {
         }
     }
 
+    /// The same error, [ambiguous](Self::is_ambiguous) when `ambiguous` is true: for a store
+    /// that carries the ambiguity over from its client's errors (a command that may have been
+    /// sent, or re-sent by the client).
+    ///
+    /// ```
+    /// use idempotask::store::{StoreError, StoreErrorKind};
+    /// let resent = true;
+    /// let err = StoreError::new("finish", StoreErrorKind::Timeout, "no answer").ambiguous_if(resent);
+    /// assert!(err.is_ambiguous());
+    /// ```
+    #[must_use]
+    pub fn ambiguous_if(mut self, ambiguous: bool) -> Self {
+        self.ambiguous = ambiguous;
+        self
+    }
+
     /// [`new`](Self::new) or [`ambiguous`](Self::ambiguous), as `ambiguous` says: for code that
     /// carries the ambiguity over from other errors.
+    #[cfg(feature = "postgres")]
     pub(crate) fn classified(
         operation: &'static str,
         kind: StoreErrorKind,

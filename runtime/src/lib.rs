@@ -38,8 +38,8 @@
 //! ```
 //!
 //! Most code uses the [`idempotent_task`] attribute, which turns an `async fn` into such a task;
-//! [`Task`] is the same without the attribute. The stores: [`RedisStore`] for production,
-//! [`RedisClusterStore`] for a Redis Cluster, [`RedlockStore`] for a majority of
+//! [`Task`] is the same without the attribute. The stores: `RedisStore` for production,
+//! `RedisClusterStore` for a Redis Cluster, `RedlockStore` for a majority of
 //! independent Redis servers, `PostgresStore` (feature `postgres`) for services without Redis
 //! and for database work that must commit with its marker, [`MemoryStore`] for one process;
 //! all implement
@@ -74,8 +74,6 @@
 //! See the README's "Guarantees and limits" for exactly what holds when workers crash, pause or
 //! lose Redis.
 
-#[cfg(feature = "apalis")]
-pub mod apalis;
 mod call;
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -105,11 +103,6 @@ pub use retry::{DEFAULT_INITIAL_BACKOFF, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BACKO
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use store::postgres::{PostgresStore, PostgresStoreBuilder, PostgresTransaction};
-#[cfg(feature = "redis")]
-pub use store::redis::{
-    RedisClusterStore, RedisClusterStoreBuilder, RedisStore, RedisStoreBuilder, RedlockStore,
-    RedlockStoreBuilder,
-};
 pub use task::{DEFAULT_LOCK_TTL, DEFAULT_RESULT_TTL, MAX_TTL, Settings, Task};
 pub use unit::InvalidKey;
 

@@ -61,6 +61,10 @@ pub enum StoredResult {
 }
 
 impl Marker {
+    /// The first byte of every stored marker: a store that keeps other values under a unit's
+    /// key (a lock, a fencing counter) tells a marker by it.
+    pub const TAG: u8 = TAG;
+
     /// Encodes the marker for a successful execution by the delivery holding `token`, whose
     /// value serialised to `result` (or failed to, with the reason).
     pub(crate) fn encode(

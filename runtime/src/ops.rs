@@ -1,8 +1,6 @@
-//! For operators: what a store holds for a unit ([`Status`], [`Marker`]) and where Redis keeps it
-//! ([`RedisKeys`]). [`Task::status`](crate::Task::status) answers the first question; the
-//! `idempotask` command line tool is built on these.
+//! For operators: what a store holds for a unit ([`Status`], [`Marker`]).
+//! [`Task::status`](crate::Task::status) answers it for one unit; the `idempotask` command line
+//! tool is built on these and on each store crate's own layout (`idempotask_redis::RedisKeys`).
 
 pub use crate::marker::{Marker, MarkerError, StoredResult};
 pub use crate::status::{Done, Status};
-#[cfg(feature = "redis")]
-pub use crate::store::redis::{ParsedKey, RedisKeys};

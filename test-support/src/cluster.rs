@@ -118,8 +118,8 @@ impl RedisCluster {
     }
 
     /// A store on this cluster under `namespace`.
-    pub async fn store_in(&self, namespace: &str) -> idempotask::RedisClusterStore {
-        idempotask::RedisClusterStore::builder(self.urls())
+    pub async fn store_in(&self, namespace: &str) -> idempotask_redis::RedisClusterStore {
+        idempotask_redis::RedisClusterStore::builder(self.urls())
             .namespace(namespace)
             .connect()
             .await
@@ -127,7 +127,7 @@ impl RedisCluster {
     }
 
     /// A store under a namespace of its own, so that tests sharing the cluster never meet.
-    pub async fn fresh_store(&self) -> idempotask::RedisClusterStore {
+    pub async fn fresh_store(&self) -> idempotask_redis::RedisClusterStore {
         self.store_in(&format!("t{:016x}", rand::random::<u64>()))
             .await
     }

@@ -148,8 +148,10 @@ impl RedisServer {
     }
 
     /// A store on this server.
-    pub async fn store(&self) -> idempotask::RedisStore {
-        idempotask::RedisStore::connect(&self.url()).await.unwrap()
+    pub async fn store(&self) -> idempotask_redis::RedisStore {
+        idempotask_redis::RedisStore::connect(&self.url())
+            .await
+            .unwrap()
     }
 }
 

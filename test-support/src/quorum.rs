@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use idempotask::RedlockStore;
+use idempotask_redis::RedlockStore;
 
 use super::{Flavor, RedisServer};
 

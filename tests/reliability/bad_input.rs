@@ -13,7 +13,7 @@ fn s11_random_keys_never_collide_and_never_reach_the_key_name() {
         ..Config::default()
     });
     let keys = "(?s)[a-z:{}\\n\\r\\t \\x00-\\x7f\\u{80}-\\u{10ffff}]{1,300}";
-    let layout = idempotask::ops::RedisKeys::new("ns").unwrap();
+    let layout = idempotask_redis::RedisKeys::new("ns").unwrap();
     let redis_key = |key: &str| layout.unit(&UnitOfWork::new("task", key).unwrap());
     runner
         .run(&(keys, keys), |(a, b)| {

@@ -6,9 +6,9 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use idempotask::RedisStore;
 use idempotask::store::Fencing;
 use idempotask::store::{Begin, Finish, Inspection, LockToken, Store, StoreError, UnitOfWork};
+use idempotask_redis::RedisStore;
 use tokio::sync::oneshot;
 
 /// Where the call stops.

@@ -2,7 +2,7 @@
 
 use super::*;
 
-use idempotask::RedisClusterStore;
+use idempotask_redis::RedisClusterStore;
 
 // 6. A reply lost after Redis applied the command.
 on_both_servers!(s06_a_lost_reply_on_begin_or_finish_runs_nothing_twice);

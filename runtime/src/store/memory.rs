@@ -22,7 +22,7 @@ const SHRINK_EVERY: u64 = 4096;
 
 /// A store that lives in this process's memory.
 ///
-/// Same semantics as [`RedisStore`](crate::RedisStore), including lock, marker and fencing
+/// Same semantics as [`RedisStore`](https://docs.rs/idempotask-redis/latest/idempotask_redis/struct.RedisStore.html), including lock, marker and fencing
 /// counter expiry (measured with `tokio::time`, so tests with a paused clock can advance it).
 /// It is the embedded default for examples, tests and single-process programs; it protects
 /// nothing across processes, and its markers are gone when the process exits.

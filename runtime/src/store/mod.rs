@@ -52,8 +52,6 @@ use std::time::Duration;
 pub(crate) mod memory;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
-#[cfg(feature = "redis")]
-pub(crate) mod redis;
 mod shared;
 mod transaction;
 
@@ -72,10 +70,10 @@ pub use transaction::TransactionScope;
 /// safe to repeat with the same arguments (a retry after a lost reply cannot take a second lock
 /// or delete someone else's), which is what lets the task runner retry store calls at all.
 ///
-/// The stores shipped are [`RedisStore`](crate::RedisStore) (the production one),
-/// [`RedisClusterStore`](crate::RedisClusterStore) (the same on a Redis Cluster),
-/// `RedlockStore` (a majority of independent servers), `PostgresStore` (feature `postgres`)
-/// and [`MemoryStore`](crate::MemoryStore) (one process only). All pass the same conformance
+/// The stores shipped are `MemoryStore` (one process only, in this crate), `RedisStore`,
+/// `RedisClusterStore` and `RedlockStore` (a majority of independent servers) in
+/// [idempotask-redis](https://docs.rs/idempotask-redis), and `PostgresStore` in
+/// [idempotask-postgres](https://docs.rs/idempotask-postgres). All pass the same conformance
 /// suite.
 ///
 /// Implement it with `async fn`s (see the [module](self) docs); their futures must be `Send`,

@@ -1,10 +1,10 @@
 //! What a unit's key holds while it is not done: the lock of one delivery, `L<token>` or
 //! `L<token>.<fencing token>`, and after a fenced lock was released, `T<fencing token>`, which
 //! keeps the last fencing token so that the next grant's is higher. The marker (`D…`) is
-//! [`crate::marker`]'s.
+//! [`Marker`](idempotask::ops::Marker)'s.
 
-use crate::store::Begin;
-use crate::unit::LockToken;
+use idempotask::store::Begin;
+use idempotask::store::LockToken;
 
 pub(super) const LOCK_TAG: u8 = b'L';
 pub(super) const RELEASED_TAG: u8 = b'T';
@@ -42,7 +42,7 @@ pub(super) fn own_lock(value: &[u8], token: &LockToken) -> Option<Begin> {
         let fence = std::str::from_utf8(rest.strip_prefix(b".")?).ok()?;
         Some(fence.parse().ok()?)
     };
-    Some(Begin::Acquired { fencing_token })
+    Some(Begin::acquired(fencing_token))
 }
 
 #[cfg(test)]
@@ -54,7 +54,7 @@ mod tests {
         let token = LockToken::generate();
         let plain = lock_value(&token);
         assert_eq!(plain, format!("L{}", token.as_str()));
-        let acquired = |fencing_token| Some(Begin::Acquired { fencing_token });
+        let acquired = |fencing_token| Some(Begin::acquired(fencing_token));
         assert_eq!(own_lock(plain.as_bytes(), &token), acquired(None));
         let fenced = lock_value(&token.clone().with_fencing_token(1_764_460_000_123));
         assert_eq!(fenced, format!("L{}.1764460000123", token.as_str()));

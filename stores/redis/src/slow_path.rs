@@ -7,9 +7,10 @@ use redis::aio::ConnectionLike;
 use super::lock::{LOCK_TAG, RELEASED_TAG, own_lock};
 use super::protocol::{BEGIN_FENCED, Protocol};
 use super::reply::{foreign, is_out_of_memory, pttl, unexpected};
-use crate::error::{StoreError, StoreErrorKind};
-use crate::marker;
-use crate::store::{Begin, Finish, LockToken};
+use idempotask::ops::Marker;
+use idempotask::store::lock_lost_marker;
+use idempotask::store::{Begin, Finish, LockToken};
+use idempotask::store::{StoreError, StoreErrorKind};
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
     /// Reads the unit's state after `begin` found something there.
@@ -21,7 +22,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         value: Vec<u8>,
     ) -> Result<Begin, StoreError> {
         match value.first() {
-            Some(&marker::TAG) => Ok(Begin::Done(value)),
+            Some(&Marker::TAG) => Ok(Begin::Done(value)),
             Some(&LOCK_TAG) => {
                 if let Some(acquired) = own_lock(&value, token) {
                     return Ok(acquired);
@@ -32,9 +33,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
                     .query(redis::cmd("PTTL").arg(key))
                     .await
                     .map_err(|err| self.error("begin", key, &err))?;
-                Ok(Begin::Busy {
-                    lock_ttl_remaining: pttl("begin", key, &reply)?,
-                })
+                Ok(Begin::busy(pttl("begin", key, &reply)?))
             }
             // A released fenced lock: its counter must go on, which takes the script.
             Some(&RELEASED_TAG) => self.begin_fenced(key, token, lock_ms).await,
@@ -66,15 +65,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
                 }
                 [Value::Int(2), Value::Int(fence)] => {
                     if let Ok(fence) = u64::try_from(*fence) {
-                        return Ok(Begin::Acquired {
-                            fencing_token: Some(fence),
-                        });
+                        return Ok(Begin::acquired(Some(fence)));
                     }
                 }
                 [Value::Int(3), pttl_value] => {
-                    return Ok(Begin::Busy {
-                        lock_ttl_remaining: pttl("begin", key, pttl_value)?,
-                    });
+                    return Ok(Begin::busy(pttl("begin", key, pttl_value)?));
                 }
                 [Value::Int(4)] => {
                     return Err(StoreError::new(
@@ -103,7 +98,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
             .await
             .map_err(|err| self.error("begin", key, &err))?;
         if let Value::BulkString(value) = reply {
-            if value.first() == Some(&marker::TAG) {
+            if value.first() == Some(&Marker::TAG) {
                 return Ok(Begin::Done(value));
             }
             if let Some(acquired) = own_lock(&value, token) {
@@ -123,7 +118,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
     ) -> Result<Finish, StoreError> {
         // What this delivery stores once its lock is gone says so, and tells a repeated finish
         // whether the first one completed or came too late.
-        let lost_marker = marker::lock_lost_marker(marker).ok_or_else(|| {
+        let lost_marker = lock_lost_marker(marker).ok_or_else(|| {
             StoreError::new(
                 "finish",
                 StoreErrorKind::Protocol,
@@ -142,7 +137,13 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
             )
             .await
             .map_err(|err| self.error("finish", key, &err))?;
-        let lost = |marker_written| Ok(Finish::LockLost { marker_written });
+        let lost = |marker_written| {
+            Ok(if marker_written {
+                Finish::lost_marker_written()
+            } else {
+                Finish::lost_nothing_written()
+            })
+        };
         match reply {
             Value::Nil => lost(true),
             Value::BulkString(value) if value == marker => Ok(Finish::Completed),

@@ -14,9 +14,9 @@ use tokio::time::Instant;
 use super::super::lock::lock_value;
 use super::super::protocol::Protocol;
 use super::{DOWN_PAUSE, EXPIRY_PRECISION, Inner, RAISE_FENCE, RETRACT, Server};
-use crate::error::{StoreError, StoreErrorKind};
-use crate::store::Store;
-use crate::unit::{LockToken, UnitOfWork};
+use idempotask::store::Store;
+use idempotask::store::{LockToken, UnitOfWork};
+use idempotask::store::{StoreError, StoreErrorKind};
 
 impl Server {
     /// The server's protocol, connecting first if it has not been reached yet; fails at once
@@ -53,10 +53,9 @@ impl Server {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         match down_until {
-            Some(until) if Instant::now() < until => Err(StoreError::classified(
+            Some(until) if Instant::now() < until => Err(StoreError::new(
                 operation,
                 StoreErrorKind::Unreachable,
-                false,
                 format!(
                     "{} failed to answer less than {} ms ago and is left out until then",
                     self.name,
@@ -75,12 +74,8 @@ impl Server {
     }
 
     pub(super) fn named(&self, operation: &'static str, err: &StoreError) -> StoreError {
-        StoreError::classified(
-            operation,
-            err.kind(),
-            err.is_ambiguous(),
-            format!("{}: {err}", self.name),
-        )
+        StoreError::new(operation, err.kind(), format!("{}: {err}", self.name))
+            .ambiguous_if(err.is_ambiguous())
     }
 
     pub(super) fn timed_out(
@@ -89,16 +84,16 @@ impl Server {
         timeout: Duration,
         sent: bool,
     ) -> StoreError {
-        StoreError::classified(
+        StoreError::new(
             operation,
             StoreErrorKind::Timeout,
-            sent,
             format!(
                 "{} did not answer within {} ms",
                 self.name,
                 timeout.as_millis()
             ),
         )
+        .ambiguous_if(sent)
     }
 
     /// Runs `operation` on this server within the per-server timeout.
@@ -181,10 +176,9 @@ impl Inner {
         };
         let ambiguous = errors.iter().any(StoreError::is_ambiguous);
         let failed: Vec<String> = errors.iter().map(ToString::to_string).collect();
-        let mut err = StoreError::classified(
+        let mut err = StoreError::new(
             operation,
             kind,
-            ambiguous,
             format!(
                 "no majority: {} of {} servers failed, {} needed to agree ({})",
                 errors.len(),
@@ -192,7 +186,8 @@ impl Inner {
                 self.quorum(),
                 failed.join("; ")
             ),
-        );
+        )
+        .ambiguous_if(ambiguous);
         if let Some(first) = errors.into_iter().next() {
             err = err.with_source(first);
         }
@@ -203,7 +198,7 @@ impl Inner {
     /// without a majority; a server that cannot be reached keeps it until its TTL (a `begin`
     /// that finds a marker on a minority next to a majority's lock waits rather than replays).
     pub(super) async fn retract(&self, unit: &UnitOfWork, indices: &[usize], marker: &[u8]) {
-        let Some(lost_marker) = crate::marker::lock_lost_marker(marker) else {
+        let Some(lost_marker) = idempotask::store::lock_lost_marker(marker) else {
             return;
         };
         let lost_marker = &lost_marker;

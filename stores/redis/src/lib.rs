@@ -1,12 +1,47 @@
-//! Stores in Redis: [`RedisStore`] for one server, [`cluster::RedisClusterStore`] for a Redis
-//! Cluster, [`RedlockStore`] for a majority of independent servers.
+//! Redis stores for [idempotask](idempotask): where locks and completion markers live when the
+//! work runs on more than one process.
+//!
+//! - [`RedisStore`]: one Redis (7.0 or later) or Valkey (7.2 or later) server. A fresh
+//!   execution costs two commands, a duplicate one.
+//! - [`RedisClusterStore`]: a Redis Cluster; each unit of work is one key, in one slot.
+//! - [`RedlockStore`]: a majority of independent servers, so that the loss of any minority
+//!   loses no lock and no result.
+//!
+//! Each implements [`Store`](idempotask::store::Store) and passes the core's conformance suite;
+//! [`RedisKeys`] is the key layout, for operators and tools.
+//!
+//! ```no_run
+//! use idempotask::Task;
+//!
+//! static SEND_RECEIPT: Task = Task::new("send_receipt");
+//!
+//! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! idempotask::install(idempotask_redis::RedisStore::connect("redis://127.0.0.1:6379").await?);
+//! let receipt: u32 = SEND_RECEIPT
+//!     .call("order-42")
+//!     .run(async { Ok::<_, idempotask::Error>(1001) })
+//!     .await?;
+//! # let _ = receipt; Ok(()) }
+//! ```
+//!
+//! # Features
+//! - `tls`: `rediss://` URLs, through rustls with the ring provider; the system's roots are
+//!   trusted, or a private CA given with [`RedisStoreBuilder::tls_root_certificate`].
+//!
+//! # Rights
+//! An ACL user needs `~idempotask:* +@read +@write +@scripting +@connection +time`;
+//! [`RedisClusterStore`] also `+cluster|slots` (the slot map). `TIME` is there because fenced
+//! grants, releases and `forget` read the server's clock from their scripts. A store checks at
+//! connect that its scripts may run, and fails with a configuration error (not retryable) when
+//! they may not.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use crate::error::StoreError;
-use crate::unit::{MAX_KEY_LEN, UnitOfWork};
+use idempotask::store::StoreError;
+use idempotask::store::{MAX_KEY_LEN, UnitOfWork};
 use protocol::{Protocol, check_namespace, connect_within, store_error};
 
 mod cluster;
@@ -34,56 +69,56 @@ const RECONNECT_FIRST_PAUSE: Duration = Duration::from_millis(100);
 /// for it fail (the next call starts another round).
 const RECONNECT_RETRIES: usize = 2;
 
-/// Implements [`Store`](crate::store::Store) for a wrapper of a [`Protocol`] in its `protocol` field.
+/// Implements [`Store`](idempotask::store::Store) for a wrapper of a [`Protocol`] in its `protocol` field.
 macro_rules! delegate_store {
     ($ty:ty) => {
-        impl $crate::store::Store for $ty {
+        impl ::idempotask::store::Store for $ty {
             fn max_key_len(&self) -> usize {
                 self.protocol.max_key_len
             }
             async fn begin(
                 &self,
-                unit: &$crate::unit::UnitOfWork,
-                token: &$crate::unit::LockToken,
+                unit: &::idempotask::store::UnitOfWork,
+                token: &::idempotask::store::LockToken,
                 lock_ttl: ::std::time::Duration,
-                fencing: $crate::store::Fencing,
-            ) -> Result<$crate::store::Begin, $crate::error::StoreError> {
+                fencing: ::idempotask::store::Fencing,
+            ) -> Result<::idempotask::store::Begin, ::idempotask::store::StoreError> {
                 self.protocol.begin(unit, token, lock_ttl, fencing).await
             }
             async fn finish(
                 &self,
-                unit: &$crate::unit::UnitOfWork,
-                token: &$crate::unit::LockToken,
+                unit: &::idempotask::store::UnitOfWork,
+                token: &::idempotask::store::LockToken,
                 marker: &[u8],
                 result_ttl: ::std::time::Duration,
-            ) -> Result<$crate::store::Finish, $crate::error::StoreError> {
+            ) -> Result<::idempotask::store::Finish, ::idempotask::store::StoreError> {
                 self.protocol.finish(unit, token, marker, result_ttl).await
             }
             async fn release(
                 &self,
-                unit: &$crate::unit::UnitOfWork,
-                token: &$crate::unit::LockToken,
-            ) -> Result<bool, $crate::error::StoreError> {
+                unit: &::idempotask::store::UnitOfWork,
+                token: &::idempotask::store::LockToken,
+            ) -> Result<bool, ::idempotask::store::StoreError> {
                 self.protocol.release(unit, token).await
             }
             async fn renew(
                 &self,
-                unit: &$crate::unit::UnitOfWork,
-                token: &$crate::unit::LockToken,
+                unit: &::idempotask::store::UnitOfWork,
+                token: &::idempotask::store::LockToken,
                 lock_ttl: ::std::time::Duration,
-            ) -> Result<bool, $crate::error::StoreError> {
+            ) -> Result<bool, ::idempotask::store::StoreError> {
                 self.protocol.renew(unit, token, lock_ttl).await
             }
             async fn inspect(
                 &self,
-                unit: &$crate::unit::UnitOfWork,
-            ) -> Result<$crate::store::Inspection, $crate::error::StoreError> {
+                unit: &::idempotask::store::UnitOfWork,
+            ) -> Result<::idempotask::store::Inspection, ::idempotask::store::StoreError> {
                 self.protocol.inspect(unit).await
             }
             async fn forget(
                 &self,
-                unit: &$crate::unit::UnitOfWork,
-            ) -> Result<bool, $crate::error::StoreError> {
+                unit: &::idempotask::store::UnitOfWork,
+            ) -> Result<bool, ::idempotask::store::StoreError> {
                 self.protocol.forget(unit).await
             }
         }
@@ -103,7 +138,7 @@ use delegate_store;
 ///   servers that have it (Valkey 8.1+, Redis 8.4+), otherwise a small script (one `GET`, one
 ///   `SET`). Which one is found out once at connect, without `INFO` (an ACL user limited to
 ///   `~idempotask:*` with read, write and scripting rights is enough).
-/// - Tasks with fencing ([`Task::fencing`](crate::Task::fencing)) begin with a script that
+/// - Tasks with fencing ([`Task::fencing`](idempotask::Task::fencing)) begin with a script that
 ///   keeps the counter in the lock's value.
 ///
 /// Redis 7.0 or later, or Valkey 7.2 or later, is needed (`SET … NX GET`).
@@ -127,7 +162,7 @@ use delegate_store;
 ///
 /// ```no_run
 /// # async fn start() -> Result<(), idempotask::store::StoreError> {
-/// let store = idempotask::RedisStore::builder("redis://127.0.0.1:6379")
+/// let store = idempotask_redis::RedisStore::builder("redis://127.0.0.1:6379")
 ///     .namespace("billing")
 ///     .response_timeout(std::time::Duration::from_millis(500))
 ///     .connect()

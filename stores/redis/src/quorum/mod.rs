@@ -11,8 +11,8 @@ use tokio::time::Instant;
 
 use super::protocol::{Protocol, check_namespace, store_error};
 use super::{DEFAULT_CONNECTION_TIMEOUT, DEFAULT_NAMESPACE, RedisStore, RedisStoreBuilder};
-use crate::error::{StoreError, StoreErrorKind};
-use crate::unit::{MAX_KEY_LEN, UnitOfWork};
+use idempotask::store::{MAX_KEY_LEN, UnitOfWork};
+use idempotask::store::{StoreError, StoreErrorKind};
 
 mod servers;
 mod store;
@@ -48,7 +48,7 @@ const DOWN_PAUSE: Duration = Duration::from_millis(500);
 /// - `finish` stores the marker on every server; it is complete when a majority confirm, so
 ///   that every later majority includes a server that holds it. Fewer than a majority after the
 ///   body succeeded is a [`StoreError`]: the task runner retries while the lock lasts and then
-///   reports [`Outcome::MarkerNotWritten`](crate::Outcome::MarkerNotWritten) with a warning,
+///   reports [`Outcome::MarkerNotWritten`](idempotask::Outcome::MarkerNotWritten) with a warning,
 ///   never a silent success.
 /// - `release` and `renew` go to every server and touch only a lock that holds the caller's
 ///   token; `renew` succeeds when a majority renewed.
@@ -97,7 +97,7 @@ const DOWN_PAUSE: Duration = Duration::from_millis(500);
 ///
 /// ```no_run
 /// # async fn start() -> Result<(), idempotask::store::StoreError> {
-/// let store = idempotask::RedlockStore::builder([
+/// let store = idempotask_redis::RedlockStore::builder([
 ///     "redis://redis-a.internal:6379",
 ///     "redis://redis-b.internal:6379",
 ///     "redis://redis-c.internal:6379",
@@ -217,7 +217,7 @@ impl RedlockStore {
         self.inner.quorum()
     }
 
-    /// The Redis key of `unit` on each server (the layout of [`RedisKeys`](crate::ops::RedisKeys)).
+    /// The Redis key of `unit` on each server (the layout of [`RedisKeys`](crate::RedisKeys)).
     pub fn key(&self, unit: &UnitOfWork) -> String {
         super::keys::unit_key(&self.inner.namespace, unit)
     }
@@ -362,7 +362,7 @@ impl RedlockStoreBuilder {
 }
 
 fn configuration(message: String) -> StoreError {
-    StoreError::classified("connect", StoreErrorKind::Configuration, false, message)
+    StoreError::new("connect", StoreErrorKind::Configuration, message)
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 
 use super::Idempotent;
 use super::key::JobKey;
-use crate::error::Error;
+use idempotask::Error;
 
 /// A handler service whose jobs run at most once per key; made by [`Idempotent`].
 ///
@@ -27,7 +27,7 @@ use crate::error::Error;
 /// use apalis_core::error::BoxDynError;
 /// use apalis_core::layers::Service;
 /// use apalis_core::task::Task as Job;
-/// use idempotask::apalis::Idempotent;
+/// use idempotask_apalis::Idempotent;
 /// use idempotask::{MemoryStore, Task};
 ///
 /// async fn issue_refund(order: u64) -> Result<String, BoxDynError> {

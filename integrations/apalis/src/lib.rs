@@ -1,5 +1,5 @@
-//! Run [apalis](https://docs.rs/apalis) 1.0 jobs through a [`Task`]: each job at most once per
-//! key, its `Ok` value stored and handed to every redelivery (feature `apalis`).
+//! Run [apalis](https://docs.rs/apalis) 1.0 jobs through an idempotask [`Task`]: each job at most once per
+//! key, its `Ok` value stored and handed to every redelivery.
 //!
 //! apalis delivers at least once: a worker whose heartbeat stops has its jobs put back
 //! (`reenqueue_orphaned`), and failed jobs are retried. [`Idempotent`] wraps the job handler so a
@@ -13,7 +13,7 @@
 //! use apalis_core::worker::builder::WorkerBuilder;
 //! use apalis_core::worker::event::Event;
 //! use apalis_core::worker::ext::event_listener::EventListenerExt;
-//! use idempotask::apalis::Idempotent;
+//! use idempotask_apalis::Idempotent;
 //! use idempotask::{MemoryStore, Task};
 //! use std::sync::atomic::{AtomicU32, Ordering};
 //!
@@ -75,9 +75,9 @@
 //! | the handler's `Ok`, stored | the value | acks it as done |
 //! | a stored value (a duplicate) | the stored value; the handler does not run | acks it as done |
 //! | the handler's `Err` | that error, untouched (an `AbortError` stays one); the lock is released and nothing is stored | retries or kills it, as for any handler error |
-//! | the key is busy after the task's [`RetryPolicy`](crate::RetryPolicy) ([`Error::Contended`](crate::Error::Contended)) | a `RetryAfterError` whose source is that error, with the holder's remaining lock time | retries it later (status `Pending`); nothing ran |
-//! | the store failed ([`Error::Store`](crate::Error::Store)) or none is installed | that [`Error`](crate::Error) | retries it (status `Failed`) |
-//! | the key cannot be used ([`MissingKey`], [`Error::InvalidKey`](crate::Error::InvalidKey), [`Error::KeyReuse`](crate::Error::KeyReuse), [`Error::Codec`](crate::Error::Codec)) | an `AbortError` whose source is that error | kills it: no retry can succeed |
+//! | the key is busy after the task's [`RetryPolicy`](idempotask::RetryPolicy) ([`Error::Contended`](idempotask::Error::Contended)) | a `RetryAfterError` whose source is that error, with the holder's remaining lock time | retries it later (status `Pending`); nothing ran |
+//! | the store failed ([`Error::Store`](idempotask::Error::Store)) or none is installed | that [`Error`](idempotask::Error) | retries it (status `Failed`) |
+//! | the key cannot be used ([`MissingKey`], [`Error::InvalidKey`](idempotask::Error::InvalidKey), [`Error::KeyReuse`](idempotask::Error::KeyReuse), [`Error::Codec`](idempotask::Error::Codec)) | an `AbortError` whose source is that error | kills it: no retry can succeed |
 //!
 //! Keep the lock TTL well under the backend's orphan timeout (apalis-redis and apalis-postgres:
 //! `heartbeat_interval × missed_heartbeats`, 300 s by default), or turn on
@@ -95,8 +95,8 @@ use apalis_core::task::task_fn::{TaskFn, task_fn};
 pub use key::{IdempotencyKey, JobKey, MissingKey};
 pub use service::IdempotentService;
 
-use crate::Task;
-use crate::store::{SharedStore, Store};
+use idempotask::Task;
+use idempotask::store::{SharedStore, Store};
 
 /// Runs each apalis job through a [`Task`]: the key comes from the job through `K` (a
 /// `Fn(&Args) -> String`, or [`IdempotencyKey`]).
@@ -110,7 +110,7 @@ use crate::store::{SharedStore, Store};
 /// use apalis_core::backend::memory::MemoryStorage;
 /// use apalis_core::error::BoxDynError;
 /// use apalis_core::worker::builder::WorkerBuilder;
-/// use idempotask::apalis::{IdempotencyKey, Idempotent};
+/// use idempotask_apalis::{IdempotencyKey, Idempotent};
 /// use idempotask::Task;
 ///
 /// #[derive(serde::Serialize, serde::Deserialize)]
@@ -158,7 +158,7 @@ impl<K> Idempotent<K> {
     /// Uses `store` instead of the installed one.
     ///
     /// ```
-    /// use idempotask::apalis::Idempotent;
+    /// use idempotask_apalis::Idempotent;
     /// use idempotask::{MemoryStore, Task};
     ///
     /// let layer = Idempotent::new(Task::new("refund"), |order: &u64| format!("refund-{order}"))

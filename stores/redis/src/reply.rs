@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
-use crate::error::{StoreError, StoreErrorKind};
+use idempotask::store::{StoreError, StoreErrorKind};
 
 /// Whether the server refused a write for `maxmemory` (`OOM`), directly or from a script.
 pub(super) fn is_out_of_memory(err: &StoreError) -> bool {
@@ -116,7 +116,9 @@ pub(super) fn store_error(operation: &'static str, err: &RedisError, resends: bo
         }
     };
     let ambiguous = ambiguous || (resends && kind != StoreErrorKind::Configuration);
-    StoreError::classified(operation, kind, ambiguous, err.to_string()).with_source(err.clone())
+    StoreError::new(operation, kind, err.to_string())
+        .ambiguous_if(ambiguous)
+        .with_source(err.clone())
 }
 
 /// Whether the server refused a command in a way no retry can change: a script that calls a

@@ -29,10 +29,10 @@ use super::keys::{PREFIX, forget_receipt_key, unit_key};
 use super::lock::{LOCK_TAG, RELEASED_TAG, holder_value, lock_value};
 pub(super) use super::reply::store_error;
 use super::reply::{foreign, is_out_of_memory, is_syntax_error, parse_flag, pttl, unexpected};
-use crate::error::{StoreError, StoreErrorKind};
-use crate::marker;
-use crate::store::{Begin, Fencing, Finish, Inspection, Store, ttl_millis};
-use crate::unit::{LockToken, NameKind, UnitOfWork, validate_name};
+use idempotask::ops::Marker;
+use idempotask::store::{Begin, Fencing, Finish, Inspection, Store, ttl_millis};
+use idempotask::store::{LockToken, UnitOfWork};
+use idempotask::store::{StoreError, StoreErrorKind};
 
 pub(super) static BEGIN_FENCED: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("begin_fenced.lua")));
@@ -51,7 +51,7 @@ const FORGET_RECEIPT_MS: u64 = 60_000;
 
 /// A namespace check with the error `connect` reports.
 pub(super) fn check_namespace(namespace: &str) -> Result<(), StoreError> {
-    validate_name(namespace, NameKind::Namespace)
+    idempotask::store::check_namespace(namespace)
         .map_err(|err| StoreError::new("connect", StoreErrorKind::Configuration, err.to_string()))
 }
 
@@ -418,9 +418,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
             .arg("PX")
             .arg(lock_ms);
         match self.query(&cmd).await {
-            Ok(Value::Nil) => Ok(Begin::Acquired {
-                fencing_token: None,
-            }),
+            Ok(Value::Nil) => Ok(Begin::acquired(None)),
             Ok(Value::BulkString(value)) => self.begin_found(&key, token, lock_ms, value).await,
             Ok(other) => Err(unexpected("begin", &key, &other)),
             Err(err) => {
@@ -467,12 +465,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
             .await?;
         match reply {
             Value::Int(1) => Ok(Finish::Completed),
-            Value::Int(2) => Ok(Finish::LockLost {
-                marker_written: true,
-            }),
-            Value::Int(3) => Ok(Finish::LockLost {
-                marker_written: false,
-            }),
+            Value::Int(2) => Ok(Finish::lost_marker_written()),
+            Value::Int(3) => Ok(Finish::lost_nothing_written()),
             other => Err(unexpected("finish", &key, &other)),
         }
     }
@@ -532,15 +526,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         match value {
             Value::Nil => Ok(Inspection::default()),
             Value::BulkString(value) => match value.first() {
-                Some(&marker::TAG) => Ok(Inspection {
-                    marker: Some(value.clone()),
-                    marker_ttl: ttl,
-                    lock_ttl: None,
-                }),
-                Some(&LOCK_TAG) => Ok(Inspection {
-                    lock_ttl: Some(ttl.unwrap_or_default()),
-                    ..Inspection::default()
-                }),
+                Some(&Marker::TAG) => Ok(Inspection::done(value.clone(), ttl)),
+                Some(&LOCK_TAG) => Ok(Inspection::locked(ttl.unwrap_or_default())),
                 Some(&RELEASED_TAG) => Ok(Inspection::default()),
                 _ => Err(foreign("inspect", &key, value)),
             },

@@ -12,7 +12,7 @@ use apalis_core::task::Task as Job;
 /// worker, the job's attempt) defeats the point.
 ///
 /// ```
-/// use idempotask::apalis::JobKey;
+/// use idempotask_apalis::JobKey;
 /// use apalis_core::task::Task as Job;
 ///
 /// struct Order { id: u64 }
@@ -48,7 +48,7 @@ where
 ///
 /// ```
 /// use apalis_core::task::builder::TaskBuilder;
-/// use idempotask::apalis::{IdempotencyKey, JobKey};
+/// use idempotask_apalis::{IdempotencyKey, JobKey};
 ///
 /// let job = TaskBuilder::new(42_u64).idempotency_key("order-charge-42").build();
 /// assert_eq!(IdempotencyKey.key(&job).unwrap(), "order-charge-42");
@@ -73,7 +73,7 @@ impl<Args> JobKey<Args> for IdempotencyKey {
 /// job's arguments instead of [`IdempotencyKey`].
 ///
 /// ```
-/// use idempotask::apalis::MissingKey;
+/// use idempotask_apalis::MissingKey;
 /// let err = MissingKey::new(Some("01J9ZQ".to_owned()));
 /// assert_eq!(err.job_id(), Some("01J9ZQ"));
 /// ```

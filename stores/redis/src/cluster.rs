@@ -12,8 +12,8 @@ use super::protocol::{Protocol, check_namespace, connect_within, store_error};
 use super::{
     DEFAULT_CONNECTION_TIMEOUT, DEFAULT_NAMESPACE, DEFAULT_RESPONSE_TIMEOUT, delegate_store,
 };
-use crate::error::{StoreError, StoreErrorKind};
-use crate::unit::{MAX_KEY_LEN, UnitOfWork};
+use idempotask::store::{MAX_KEY_LEN, UnitOfWork};
+use idempotask::store::{StoreError, StoreErrorKind};
 
 /// How many times the cluster client re-sends one command, by default, after a redirect it
 /// could not follow at once, a `TRYAGAIN` during a slot migration, or a lost node.
@@ -49,7 +49,7 @@ pub(crate) const DEFAULT_CLUSTER_RETRIES: u32 = 4;
 ///   `Unreachable` or `Rejected` (`CLUSTERDOWN`) until a replica takes over. Nothing hangs and
 ///   the body never runs without a confirmed lock.
 /// - `forget` leaves a receipt for a minute in the unit's slot (see
-///   [`RedisKeys`](crate::ops::RedisKeys)): a `forget` the client re-sent after losing the
+///   [`RedisKeys`](crate::RedisKeys)): a `forget` the client re-sent after losing the
 ///   reply is answered as the first run was (deleted), and deletes nothing more.
 /// - The lock is as strong as one master: replication is asynchronous, so a lock or marker
 ///   written just before its master died may be missing on the promoted replica. The fencing
@@ -59,7 +59,7 @@ pub(crate) const DEFAULT_CLUSTER_RETRIES: u32 = 4;
 ///
 /// ```no_run
 /// # async fn start() -> Result<(), idempotask::store::StoreError> {
-/// use idempotask::RedisClusterStore;
+/// use idempotask_redis::RedisClusterStore;
 ///
 /// let store = RedisClusterStore::builder([
 ///     "redis://10.0.0.1:6379",
@@ -141,7 +141,7 @@ impl RedisClusterStore {
         &self.protocol.namespace
     }
 
-    /// The Redis key of `unit` (the layout of [`RedisKeys`](crate::ops::RedisKeys)).
+    /// The Redis key of `unit` (the layout of [`RedisKeys`](crate::RedisKeys)).
     pub fn key(&self, unit: &UnitOfWork) -> String {
         self.protocol.key(unit)
     }
@@ -161,7 +161,7 @@ impl RedisClusterStore {
     /// its substitutions for an empty, unknown or wildcard endpoint already made.
     ///
     /// ```no_run
-    /// # async fn run(store: idempotask::RedisClusterStore) -> Result<(), idempotask::store::StoreError> {
+    /// # async fn run(store: idempotask_redis::RedisClusterStore) -> Result<(), idempotask::store::StoreError> {
     /// for (host, port) in store.masters().await? {
     ///     println!("master at {host}:{port}");
     /// }

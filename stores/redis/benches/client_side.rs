@@ -12,10 +12,11 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use idempotask::ops::{Marker, RedisKeys, StoredResult};
+use idempotask::ops::{Marker, StoredResult};
 use idempotask::store::Store;
 use idempotask::store::{LockToken, UnitOfWork};
 use idempotask::{Error, MemoryStore, Task};
+use idempotask_redis::RedisKeys;
 
 const TASK: &str = "charge_customer";
 const KEY: &str = "order-charge-1764460000123";

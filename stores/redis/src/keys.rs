@@ -1,13 +1,14 @@
 //! [`RedisKeys`]: the Redis key layout of one namespace, built and parsed without a connection.
 
-use crate::unit::{InvalidKey, NameKind, UnitOfWork, validate_name};
+use idempotask::InvalidKey;
+use idempotask::store::{UnitOfWork, check_namespace, check_task_name};
 
 /// The Redis keys that idempotask uses in one namespace.
 ///
 /// Each unit of work has one key, `idempotask:v2:<namespace>:<task>:<digest>`, where the digest
 /// is [`UnitOfWork::digest`] (16 characters of `A-Z a-z 0-9 - _`). The key holds the unit's
 /// whole state: a lock (`L<token>`, `L<token>.<fencing token>`), a released fenced lock
-/// (`T<fencing token>`) or a completion [`Marker`](crate::ops::Marker) (`D…`). One key is one Redis
+/// (`T<fencing token>`) or a completion [`Marker`](idempotask::ops::Marker) (`D…`). One key is one Redis
 /// Cluster slot, so no hash tag is needed. [`RedisStore`](crate::RedisStore) uses this layout;
 /// tools use it to find a unit's key, to `SCAN` one task's keys, and to read a key they found
 /// back into its parts. Nothing here connects to Redis.
@@ -18,7 +19,7 @@ use crate::unit::{InvalidKey, NameKind, UnitOfWork, validate_name};
 /// unit's slot; no task's pattern matches it and [`parse`](RedisKeys::parse) reads it as no unit.
 ///
 /// ```
-/// use idempotask::ops::RedisKeys;
+/// use idempotask_redis::RedisKeys;
 /// use idempotask::store::UnitOfWork;
 ///
 /// let keys = RedisKeys::new("billing")?;
@@ -80,7 +81,7 @@ impl RedisKeys {
     /// [`InvalidKey::Namespace`] unless the namespace is 1 to 128 characters of
     /// `A-Z a-z 0-9 _ - .`.
     pub fn new(namespace: &str) -> Result<Self, InvalidKey> {
-        validate_name(namespace, NameKind::Namespace)?;
+        check_namespace(namespace)?;
         Ok(Self {
             namespace: namespace.to_owned(),
         })
@@ -104,7 +105,7 @@ impl RedisKeys {
     /// # Errors
     /// [`InvalidKey::TaskName`] for a name no task can have.
     pub fn task_pattern(&self, task: &str) -> Result<String, InvalidKey> {
-        validate_name(task, NameKind::Task)?;
+        check_task_name(task)?;
         Ok(format!("{PREFIX}{}:{task}:*", self.namespace))
     }
 
@@ -116,8 +117,7 @@ impl RedisKeys {
             && digest
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'));
-        (is_digest && validate_name(task, NameKind::Task).is_ok())
-            .then_some(ParsedKey { task, digest })
+        (is_digest && check_task_name(task).is_ok()).then_some(ParsedKey { task, digest })
     }
 }
 

@@ -6,9 +6,9 @@ use tokio::time::Instant;
 
 use super::RedlockStore;
 use super::servers::busy_until;
-use crate::error::{StoreError, StoreErrorKind};
-use crate::store::{Begin, Fencing, Finish, Inspection, Store};
-use crate::unit::{LockToken, UnitOfWork};
+use idempotask::store::{Begin, Fencing, Finish, Inspection, Store};
+use idempotask::store::{LockToken, UnitOfWork};
+use idempotask::store::{StoreError, StoreErrorKind};
 
 impl Store for RedlockStore {
     fn max_key_len(&self) -> usize {
@@ -35,11 +35,14 @@ impl Store for RedlockStore {
         let mut errors = Vec::new();
         for (index, answer) in answers.into_iter().enumerate() {
             match answer {
-                Ok(Begin::Acquired { fencing_token }) => {
+                Ok(Begin::Acquired { fencing_token, .. }) => {
                     grants.push((index, token.clone().granted(fencing_token)));
                 }
                 Ok(Begin::Done(marker)) => markers.push(marker),
-                Ok(Begin::Busy { lock_ttl_remaining }) => busy.push(lock_ttl_remaining),
+                Ok(Begin::Busy {
+                    lock_ttl_remaining, ..
+                }) => busy.push(lock_ttl_remaining),
+                Ok(_) => errors.push(unknown_answer("begin")),
                 Err(err) => errors.push(err),
             }
         }
@@ -70,18 +73,15 @@ impl Store for RedlockStore {
             if !left.is_empty() {
                 inner.release_grants(unit, &left).await;
             }
-            return Ok(Begin::Acquired {
-                fencing_token: fence,
-            });
+            return Ok(Begin::acquired(fence));
         }
         grants.append(&mut left);
         let granted_count = grants.len();
         inner.release_grants(unit, &grants).await;
         if granted_count >= inner.quorum() {
-            return Err(StoreError::classified(
+            return Err(StoreError::new(
                 "begin",
                 StoreErrorKind::Timeout,
-                false,
                 format!(
                     "a majority granted the lock, but the round took {} ms and left {} ms of its {} ms TTL, less than the {} ms floor; the grants were released",
                     started.elapsed().as_millis(),
@@ -95,9 +95,11 @@ impl Store for RedlockStore {
             // The servers that failed could have made the majority: that is the failure.
             return Err(inner.no_quorum("begin", errors));
         }
-        Ok(Begin::Busy {
-            lock_ttl_remaining: busy_until(busy, inner.servers.len(), inner.quorum()),
-        })
+        Ok(Begin::busy(busy_until(
+            busy,
+            inner.servers.len(),
+            inner.quorum(),
+        )))
     }
 
     async fn finish(
@@ -125,11 +127,14 @@ impl Store for RedlockStore {
                 }
                 Ok(Finish::LockLost {
                     marker_written: true,
+                    ..
                 }) => {
                     stored += 1;
                     stored_on.push(index);
                 }
                 Ok(Finish::LockLost { .. }) => {}
+                // An answer this build does not know stores nothing it can count on.
+                Ok(_) => errors.push(unknown_answer("finish")),
                 Err(err) => errors.push(err),
             }
         }
@@ -137,9 +142,7 @@ impl Store for RedlockStore {
             return Ok(Finish::Completed);
         }
         if stored >= inner.quorum() {
-            return Ok(Finish::LockLost {
-                marker_written: true,
-            });
+            return Ok(Finish::lost_marker_written());
         }
         if stored + errors.len() >= inner.quorum() {
             // A repeat may still reach a majority; the runner repeats while its lock lasts.
@@ -148,9 +151,7 @@ impl Store for RedlockStore {
         // Another delivery holds or finished the unit on a majority: a marker of ours on a
         // minority would answer duplicates with a result the quorum never agreed on.
         inner.retract(unit, &stored_on, marker).await;
-        Ok(Finish::LockLost {
-            marker_written: false,
-        })
+        Ok(Finish::lost_nothing_written())
     }
 
     async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
@@ -292,7 +293,7 @@ fn most_common(markers: Vec<Vec<u8>>) -> Vec<u8> {
             .iter()
             .filter(|other| same_delivery(marker, other))
             .count();
-        let in_time = crate::ops::Marker::decode(marker)
+        let in_time = idempotask::ops::Marker::decode(marker)
             .is_ok_and(|decoded| !decoded.written_after_lock_lost());
         (count, in_time)
     };
@@ -305,6 +306,16 @@ fn most_common(markers: Vec<Vec<u8>>) -> Vec<u8> {
 /// Whether two stored markers are one delivery's, with or without the `,l` flag.
 fn same_delivery(a: &[u8], b: &[u8]) -> bool {
     a == b
-        || crate::marker::lock_lost_marker(a).as_deref() == Some(b)
-        || crate::marker::lock_lost_marker(b).as_deref() == Some(a)
+        || idempotask::store::lock_lost_marker(a).as_deref() == Some(b)
+        || idempotask::store::lock_lost_marker(b).as_deref() == Some(a)
+}
+
+/// A server's answer that this build of the quorum store has no rule for (a variant the core
+/// added later): counted as a failed server, never as agreement.
+fn unknown_answer(operation: &'static str) -> StoreError {
+    StoreError::new(
+        operation,
+        StoreErrorKind::Protocol,
+        "a server answered in a way this version of the quorum store does not know",
+    )
 }
