@@ -1,4 +1,5 @@
-//! [`PostgresStoreBuilder`]: the table's name, the migration, and the check that it ran.
+//! [`PostgresStoreBuilder`]: the table's name, the store's own pool, the migration, and the
+//! check that it ran.
 
 use std::time::Duration;
 
@@ -19,6 +20,14 @@ pub struct PostgresStoreBuilder {
     pub(super) table: String,
     pub(super) response_timeout: Duration,
     pub(super) max_key_len: usize,
+    pub(super) max_connections: Option<u32>,
+}
+
+/// How long a statement of the store's may wait on a row lock in the server: four fifths of
+/// the response timeout, so that the server ends the wait, and answers that nothing was taken,
+/// before the client stops listening (the rest covers the round trip and the statement).
+fn lock_timeout(response_timeout: Duration) -> Duration {
+    response_timeout.saturating_sub(response_timeout / 5)
 }
 
 impl PostgresStoreBuilder {
@@ -30,10 +39,37 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// How long one statement may take, waiting for a pooled connection included (default
-    /// [`DEFAULT_RESPONSE_TIMEOUT`](PostgresStore::DEFAULT_RESPONSE_TIMEOUT)).
+    /// How long one statement may take, waiting for a connection of the store's pool included
+    /// (default [`DEFAULT_RESPONSE_TIMEOUT`](PostgresStore::DEFAULT_RESPONSE_TIMEOUT)). A
+    /// statement's wait on a row lock ends in the server at four fifths of it.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
+        self
+    }
+
+    /// How many connections the store's own pool opens at most (at least 1; default: the
+    /// `max_connections` of the application's pool).
+    ///
+    /// The store's statements run on a pool of their own, opened with the application's
+    /// pool's settings, so that bodies using the application's pool cannot starve them: a
+    /// `begin` stuck behind the bodies fails, and a successful body whose `finish` cannot get
+    /// a connection is not recorded and runs again on redelivery. Each call needs one
+    /// connection at a time, for a statement of a few milliseconds; the default keeps the
+    /// store's statements as free to run at once as they were on the application's pool. The
+    /// connections are opened when needed, and the server's `max_connections` must allow for
+    /// them next to the application's.
+    ///
+    /// ```no_run
+    /// # async fn f(pool: sqlx::PgPool) -> Result<(), idempotask::store::StoreError> {
+    /// // 64 connections for the bodies, 16 for the store's statements.
+    /// let store = idempotask::PostgresStore::builder(pool) // max_connections(64)
+    ///     .max_connections(16)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn max_connections(mut self, max: u32) -> Self {
+        self.max_connections = Some(max.max(1));
         self
     }
 
@@ -78,7 +114,8 @@ impl PostgresStoreBuilder {
             .map_err(|err| store_error("migrate", &name.display(), err))
     }
 
-    /// Checks that the table and its fencing sequence exist, and builds the store.
+    /// Opens the store's pool, checks through it that the table and its fencing sequence
+    /// exist, and builds the store.
     ///
     /// # Errors
     /// `Configuration` for an unusable table name or a table that does not exist yet (run
@@ -86,10 +123,20 @@ impl PostgresStoreBuilder {
     /// answer.
     pub async fn connect(self) -> Result<PostgresStore, StoreError> {
         let name = TableName::parse(&self.table)?;
+        let settings = self.pool.options();
+        let max = self
+            .max_connections
+            .unwrap_or_else(|| settings.get_max_connections());
+        let connections = settings
+            .clone()
+            .max_connections(max)
+            .min_connections(settings.get_min_connections().min(max))
+            .connect_lazy_with(self.pool.connect_options().as_ref().clone());
         let store = PostgresStore {
-            statements: Statements::new(&name),
+            statements: Statements::new(&name, lock_timeout(self.response_timeout)),
             table: name.display(),
             pool: self.pool,
+            connections,
             response_timeout: self.response_timeout,
             max_key_len: self.max_key_len,
         };
@@ -102,7 +149,8 @@ impl PostgresStoreBuilder {
             store
                 .run(
                     "connect",
-                    sqlx::query(store.statements.sequence_probe.clone()).execute(&store.pool),
+                    sqlx::query(store.statements.sequence_probe.clone())
+                        .execute(&store.connections),
                 )
                 .await
         };

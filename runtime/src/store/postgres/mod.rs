@@ -45,14 +45,37 @@ const PURGE_BLOCKS: i64 = 4096;
 /// The table is never created behind your back. Create it once with
 /// [`PostgresStoreBuilder::migrate`], or apply [`PostgresStoreBuilder::migration_sql`] with the
 /// migration tool you already use; [`connect`](PostgresStoreBuilder::connect) checks it is
-/// there. The connection pool is sqlx's [`PgPool`], yours to configure (size, TLS, timeouts).
+/// there.
 ///
-/// Two pool settings matter. sqlx pings each connection before handing it out unless told
-/// otherwise (`PgPoolOptions::test_before_acquire(false)`): one more round trip per statement.
-/// And the store's [response timeout](PostgresStoreBuilder::response_timeout) ends the wait
-/// on the client only: the statement goes on in the server, holding its connection, until it
-/// finishes. Give the pool's connections a `lock_timeout` (or `statement_timeout`) a little
-/// under the response timeout, with `PgConnectOptions::options`, so that both end together.
+/// # Connections
+/// The builder takes your sqlx [`PgPool`], yours to configure (size, TLS, timeouts, hooks):
+/// the transactions of [`run_in_transaction`](crate::Call::run_in_transaction) begin on it, and
+/// [`migrate`](PostgresStoreBuilder::migrate) runs on it. The store's own statements run on a
+/// pool of the store's, opened with your pool's settings (connect options, `after_connect` and
+/// the other hooks, `test_before_acquire`, lifetimes) and at most
+/// [`max_connections`](PostgresStoreBuilder::max_connections) connections: bodies that hold
+/// every connection of your pool cannot keep a `begin` from running or a successful body's
+/// result from being recorded. Count those connections in the server's `max_connections`.
+///
+/// sqlx pings each connection before handing it out unless told otherwise
+/// (`PgPoolOptions::test_before_acquire(false)`): one more round trip per statement, on the
+/// store's pool too.
+///
+/// # Behaviour
+/// - Each statement gets the [response timeout](PostgresStoreBuilder::response_timeout),
+///   waiting for a connection of the store's pool included. A wait for a connection that
+///   runs out is a `Timeout` that sent nothing (not ambiguous); a statement that runs out is
+///   an ambiguous `Timeout` (it may have applied).
+/// - The response timeout ends the wait on the client only. So that no statement the client
+///   gave up on goes on in the server, each one that can wait on a row lock (a row that a
+///   [transactional delivery](crate::Call::run_in_transaction) holds until its transaction
+///   ends) bounds that wait itself to four fifths of the response timeout, whatever
+///   `lock_timeout` your connections have, and fails with a `Timeout` that is not ambiguous:
+///   nothing was taken. It sets `lock_timeout` for that statement alone, with no extra round
+///   trip. Maintenance that locks the whole table (`VACUUM FULL`, `CLUSTER`, `ALTER TABLE`)
+///   is not bounded this way; run it when no tasks run.
+/// - The statements of a transactional delivery run on its transaction and wait on another
+///   delivery's row for as long as that transaction lasts.
 ///
 /// # Expiry
 /// Expired rows count as absent on every read, and a new lock takes an expired row's place.
@@ -77,7 +100,10 @@ const PURGE_BLOCKS: i64 = 4096;
 /// ```
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
+    /// The application's pool, for the transactions of transactional deliveries.
     pool: PgPool,
+    /// The store's own connections, for its own statements.
+    connections: PgPool,
     table: String,
     statements: Statements,
     response_timeout: Duration,
@@ -108,21 +134,24 @@ impl PostgresStore {
         Self::builder(pool).connect().await
     }
 
-    /// A builder on `pool` with the defaults: table
+    /// A builder on the application's `pool` with the defaults: table
     /// [`DEFAULT_TABLE`](Self::DEFAULT_TABLE), timeout
     /// [`DEFAULT_RESPONSE_TIMEOUT`](Self::DEFAULT_RESPONSE_TIMEOUT), keys up to
-    /// [`MAX_KEY_LEN`] bytes.
+    /// [`MAX_KEY_LEN`] bytes, a pool of the store's own as large as `pool` (see
+    /// [Connections](Self#connections)).
     pub fn builder(pool: PgPool) -> PostgresStoreBuilder {
         PostgresStoreBuilder {
             pool,
             table: DEFAULT_TABLE.to_owned(),
             response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
             max_key_len: MAX_KEY_LEN,
+            max_connections: None,
         }
     }
 
-    /// The pool this store uses, for beginning the transactions of
-    /// [`Call::run_in_transaction`](crate::Call::run_in_transaction).
+    /// The application's pool the store was built on, for beginning the transactions of
+    /// [`Call::run_in_transaction`](crate::Call::run_in_transaction). The store's own
+    /// statements do not use it.
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
@@ -145,7 +174,7 @@ impl PostgresStore {
         let blocks: i64 = self
             .run(
                 "purge",
-                sqlx::query_scalar(self.statements.blocks.clone()).fetch_one(&self.pool),
+                sqlx::query_scalar(self.statements.blocks.clone()).fetch_one(&self.connections),
             )
             .await?;
         let mut purged = 0;
@@ -158,7 +187,7 @@ impl PostgresStore {
                     sqlx::query(self.statements.purge.clone())
                         .bind(start)
                         .bind(end)
-                        .execute(&self.pool),
+                        .execute(&self.connections),
                 )
                 .await?;
             purged += deleted.rows_affected();
@@ -167,27 +196,28 @@ impl PostgresStore {
         Ok(purged)
     }
 
-    /// Runs one statement under the response timeout.
-    /// A connection of the pool, waited for at most the response timeout. Nothing has been sent
-    /// while waiting, so running out of time here is not ambiguous: the caller knows the
-    /// statement never ran (and a release after it would find nothing to free).
+    /// A connection of the store's pool, waited for at most the response timeout. Nothing has
+    /// been sent while waiting, so running out of time here is not ambiguous: the caller knows
+    /// the statement never ran (and a release after it would find nothing to free).
     async fn acquire(
         &self,
         operation: &'static str,
     ) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, StoreError> {
-        match tokio::time::timeout(self.response_timeout, self.pool.acquire()).await {
+        match tokio::time::timeout(self.response_timeout, self.connections.acquire()).await {
             Ok(connection) => connection.map_err(|err| store_error(operation, &self.table, err)),
             Err(_) => Err(StoreError::new(
                 operation,
                 StoreErrorKind::Timeout,
                 format!(
-                    "no connection of the pool became free within {} ms; nothing was sent (give the store a pool of its own, so the tasks' bodies cannot take every connection)",
-                    self.response_timeout.as_millis()
+                    "no connection of the store's pool became free within {} ms; nothing was sent (more statements at once than its {} connections can take: raise `PostgresStoreBuilder::max_connections`)",
+                    self.response_timeout.as_millis(),
+                    self.connections.options().get_max_connections()
                 ),
             )),
         }
     }
 
+    /// Runs one statement under the response timeout.
     async fn run<T>(
         &self,
         operation: &'static str,
@@ -203,9 +233,10 @@ impl PostgresStore {
         }
     }
 
-    /// `begin`, on a pooled connection or on a transaction's.
+    /// `begin` with `statement` (`begin` on the store's connection, `begin_in_transaction` on
+    /// a transaction's).
     async fn begin_on(
-        statements: &Statements,
+        statement: &SqlStr,
         connection: &mut PgConnection,
         unit: &UnitOfWork,
         token: &LockToken,
@@ -213,7 +244,7 @@ impl PostgresStore {
         fencing: Fencing,
     ) -> Result<Begin, sqlx::Error> {
         for _ in 0..BEGIN_ATTEMPTS {
-            let row = sqlx::query(statements.begin.clone())
+            let row = sqlx::query(statement.clone())
                 .bind(unit.task())
                 .bind(unit.key().as_bytes())
                 .bind(token.as_str())
@@ -244,7 +275,7 @@ impl Store for PostgresStore {
         let mut connection = self.acquire("begin").await?;
         self.run("begin", async {
             Self::begin_on(
-                &self.statements,
+                &self.statements.begin,
                 &mut connection,
                 unit,
                 token,

@@ -2,7 +2,8 @@
 //!
 //! The lock is the unit's row, inserted inside the caller's transaction: every other
 //! transactional delivery of the same key inserts the same primary key and so waits on it until
-//! this transaction ends (a plain one waits up to the store's response timeout). Commit makes
+//! this transaction ends (a plain one waits at most four fifths of the store's response
+//! timeout). Commit makes
 //! the writes and the marker visible at once; a rollback, an `Err`, a panic, a dropped future or
 //! a dead worker leaves neither.
 
@@ -45,7 +46,8 @@ use crate::unit::{LockToken, UnitOfWork};
 /// # Behaviour
 /// - The lock is the unit's row, inserted inside the transaction: every other transactional
 ///   delivery of the same key inserts the same primary key and so waits on it until this
-///   transaction ends; a plain call waits at most the store's response timeout.
+///   transaction ends; a plain call waits at most four fifths of the store's response timeout,
+///   then fails with a `Timeout` that is not ambiguous.
 /// - Commit makes the writes and the marker visible at once; a rollback, an `Err`, a panic, a
 ///   dropped future or a dead worker leaves neither.
 /// - The transaction comes from a pool (`pool.begin()`), so that a dropped one is rolled back
@@ -90,7 +92,7 @@ impl TransactionScope for PostgresTransaction<'_> {
         fencing: Fencing,
     ) -> Result<Begin, StoreError> {
         PostgresStore::begin_on(
-            &self.store.statements,
+            &self.store.statements.begin_in_transaction,
             &mut self.transaction,
             unit,
             token,
