@@ -17,6 +17,21 @@
 //!     cargo run --example apalis_worker --features apalis -- postgres [--without-idempotask]
 //! ```
 //! The idempotask store is the Redis at `REDIS_URL` in both cases.
+//!
+//! It needs:
+//!
+//! ```toml
+//! [dependencies]
+//! idempotask = "0.1"
+//! idempotask-apalis = "0.1"
+//! idempotask-redis = "0.1"
+//! apalis = { version = "1.0.0", default-features = false, features = ["limit"] }
+//! apalis-postgres = "1.0.0"
+//! apalis-redis = "1.0.0"
+//! serde = { version = "1", features = ["derive"] }
+//! serde_json = "1"
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread", "process", "io-util", "io-std", "time"] }
+//! ```
 
 use std::collections::{BTreeMap, HashSet};
 use std::pin::Pin;

@@ -23,7 +23,8 @@
 //!
 //! ```toml
 //! [dependencies]
-//! idempotask = { version = "0.1", features = ["postgres"] }
+//! idempotask = "0.1"
+//! idempotask-postgres = "0.1"
 //! serde = { version = "1", features = ["derive"] }
 //! serde_json = "1"
 //! sqlx = { version = "0.9", default-features = false, features = ["postgres", "runtime-tokio"] }
@@ -34,8 +35,8 @@ use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use idempotask::PostgresStore;
 use idempotask::Task;
+use idempotask_postgres::PostgresStore;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::postgres::{PgConnection, PgPoolOptions};

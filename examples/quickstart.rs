@@ -1,12 +1,10 @@
 //! The main job: one task delivered eleven times (three in a row, eight at once) runs once.
 //!
-//! Runs on the embedded `MemoryStore`; with `REDIS_URL` set it uses Redis instead, and with
-//! `REDIS_CLUSTER_URLS` a Redis Cluster.
+//! Runs on the embedded `MemoryStore`, with no server; `quickstart_redis` is the same on Redis
+//! or a Redis Cluster.
 //!
 //! ```text
 //! cargo run --example quickstart
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example quickstart
-//! REDIS_CLUSTER_URLS=redis://10.0.0.1:6379,redis://10.0.0.2:6379 cargo run --example quickstart
 //! ```
 //!
 //! It needs, next to `idempotask`:
@@ -20,9 +18,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idempotask::store::{SharedStore, StoreError};
-use idempotask::{Error, idempotent_task};
-use idempotask::{MemoryStore, RedisClusterStore, RedisStore};
+use idempotask::{Error, MemoryStore, idempotent_task};
 
 /// Counts how often the side effect really happened.
 static EXECUTIONS: AtomicU32 = AtomicU32::new(0);
@@ -36,46 +32,10 @@ async fn charge_customer(order_id: u64, amount_cents: u64) -> Result<String, Err
     Ok(format!("ch_{order_id}_{amount_cents}"))
 }
 
-/// The Redis store the environment names, and which one it is: a Redis Cluster when
-/// `REDIS_CLUSTER_URLS` lists its seed nodes, Redis when `REDIS_URL` is set, `None` otherwise.
-async fn redis_from_env() -> Result<Option<(SharedStore, String)>, StoreError> {
-    if let Ok(urls) = std::env::var("REDIS_CLUSTER_URLS") {
-        let store = RedisClusterStore::connect(urls.split(',').map(str::trim)).await?;
-        return Ok(Some((
-            SharedStore::new(store),
-            format!("Redis Cluster at {urls}"),
-        )));
-    }
-    if let Ok(url) = std::env::var("REDIS_URL") {
-        let store = RedisStore::connect(&url).await?;
-        return Ok(Some((SharedStore::new(store), format!("Redis at {url}"))));
-    }
-    Ok(None)
-}
-
-/// Installs the Redis store the environment names, or the in-memory store when it names none
-/// (a Redis that cannot be reached is an error, never a quiet fallback); answers which.
-async fn install_store() -> Result<String, StoreError> {
-    let (store, backend) = match redis_from_env().await? {
-        Some(found) => found,
-        None => (
-            SharedStore::new(MemoryStore::new()),
-            "the in-memory store".to_owned(),
-        ),
-    };
-    idempotask::install(store);
-    Ok(backend)
-}
-
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // REDIS_CLUSTER_URLS or REDIS_URL when set, else in memory.
-    let backend = install_store().await?;
-    // A unique order per run, so that a shared Redis does not replay an earlier run's result.
-    let order_id = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_millis()
-        .try_into()?;
+    idempotask::install(MemoryStore::new());
+    let order_id = 42;
 
     let mut deliveries = 0;
     let mut results = Vec::new();
@@ -92,7 +52,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let executions = EXECUTIONS.load(Ordering::SeqCst);
-    println!("store:      {backend}");
+    println!("store:      the in-memory store");
     println!("deliveries: {deliveries} (3 in a row, 8 at once)");
     println!("executions: {executions}");
     println!("result:     {} (every delivery got the same)", results[0]);

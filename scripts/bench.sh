@@ -49,7 +49,7 @@ echo "==> bench: all modes, $tasks tasks, C = 64, $rounds rounds"
   --markdown "$work/tables.md" | tee "$work/bench.jsonl"
 
 echo "==> criterion"
-cargo bench --locked -p idempotask --bench client_side -- --warm-up-time 1 --measurement-time 3 \
+cargo bench --locked -p idempotask-redis --bench client_side -- --warm-up-time 1 --measurement-time 3 \
   | tee "$work/criterion.txt"
 # `name  time: [low median high]`, the name alone on the line before when it is long.
 criterion_table=$(awk '

@@ -1,4 +1,4 @@
-//! The least-privilege ACL users the README recommends, exactly as written there, against every
+//! The least-privilege ACL users docs/operations.md recommends, exactly as written there, against every
 //! operation of the store: fenced tasks, releases, `forget`, a plain task on a unit that keeps a
 //! fencing counter; and a user missing one right is refused at `connect`, by name.
 
@@ -12,7 +12,7 @@ use idempotask_redis::{RedisClusterStore, RedisStore};
 use support::cluster::RedisCluster;
 use support::{Flavor, RedisServer};
 
-/// The README's rights for `RedisStore` (and each server of `RedlockStore`).
+/// The rights in docs/operations.md for `RedisStore` (and each server of `RedlockStore`).
 const SERVER_RIGHTS: &[&str] = &[
     "~idempotask:*",
     "+@read",
@@ -22,7 +22,7 @@ const SERVER_RIGHTS: &[&str] = &[
     "+time",
 ];
 
-/// The README's rights for `RedisClusterStore`: the server's, and the slot map.
+/// The rights in docs/operations.md for `RedisClusterStore`: the server's, and the slot map.
 const CLUSTER_RIGHTS: &[&str] = &[
     "~idempotask:*",
     "+@read",
@@ -149,4 +149,36 @@ async fn the_documented_cluster_user_runs_every_operation() {
         .collect();
     let store = RedisClusterStore::connect(urls).await.unwrap();
     every_operation(store).await;
+}
+
+/// The rights tested here are the ones the operations guide gives, word for word: its table's
+/// row for each store, and the `ACL SETUSER` line it shows.
+#[test]
+fn the_tested_rights_are_the_documented_ones() {
+    let guide = include_str!("../docs/operations.md");
+    let table_row = |store: &str| {
+        guide
+            .lines()
+            .find(|line| line.starts_with(&format!("| `{store}`")))
+            .unwrap_or_else(|| panic!("docs/operations.md has no rights row for {store}"))
+    };
+    let server = SERVER_RIGHTS.join(" ");
+    assert!(
+        table_row("RedisStore").contains(&format!("`{server}`")),
+        "{server}"
+    );
+    assert!(
+        guide.contains(&format!("ACL SETUSER worker on >secret {server}\n")),
+        "{server}"
+    );
+    let cluster_only: Vec<_> = CLUSTER_RIGHTS
+        .iter()
+        .filter(|right| !SERVER_RIGHTS.contains(right))
+        .collect();
+    assert_eq!(cluster_only, [&"+cluster|slots"]);
+    let row = table_row("RedisClusterStore");
+    assert!(
+        row.contains("the same") && row.contains(r"`+cluster\|slots`"),
+        "{row}"
+    );
 }

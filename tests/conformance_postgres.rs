@@ -3,7 +3,7 @@
 
 use idempotask::conformance::OpensTransactions;
 use idempotask::store::SharedStore;
-use idempotask::{PostgresStore, PostgresTransaction};
+use idempotask_postgres::{PostgresStore, PostgresTransaction};
 use idempotask_test_support as support;
 
 use support::postgres::PostgresServer;

@@ -1,5 +1,6 @@
 //! Every example, run as its own process against servers this test starts, with its output
-//! checked. `cargo test` builds the examples before it runs this binary.
+//! checked. `cargo test --workspace` builds the examples (the package `idempotask-examples`,
+//! with every feature on, as this package asks) before it runs this binary.
 
 use idempotask_test_support as support;
 
@@ -22,7 +23,7 @@ fn example(name: &str) -> Command {
         .join(name);
     assert!(
         path.exists(),
-        "{} is not built; run through `cargo test`",
+        "{} is not built: run through `cargo test --workspace`, which builds the examples package with the features this package asks for",
         path.display()
     );
     let mut command = Command::new(path);
@@ -60,19 +61,19 @@ fn field<'a>(output: &'a str, label: &str) -> &'a str {
 }
 
 #[test]
-fn quickstart_runs_without_redis_and_with_it() {
+fn quickstart_runs_in_memory_and_on_redis() {
     let embedded = run(&mut example("quickstart"));
     assert_eq!(field(&embedded, "store:"), "the in-memory store");
     assert_eq!(field(&embedded, "executions:"), "1");
     assert!(field(&embedded, "deliveries:").starts_with("11"));
 
     let server = RedisServer::start();
-    let with_redis = run(example("quickstart").env("REDIS_URL", server.url()));
+    let with_redis = run(example("quickstart_redis").env("REDIS_URL", server.url()));
     assert!(field(&with_redis, "store:").starts_with("Redis at"));
     assert_eq!(field(&with_redis, "executions:"), "1");
 }
 
-/// The figures the README quotes for `charge_customer`: one charge with idempotask, several
+/// What the example's header says of `charge_customer`: one charge with idempotask, several
 /// with the constraint only, two when the lock expires mid-task; one table row each time.
 fn check_charge_customer(output: &str) {
     // run, deliveries, gateway charges, table rows, same result
@@ -189,7 +190,7 @@ fn every_example_runs_against_a_redis_cluster() {
         command.env("REDIS_CLUSTER_URLS", &seeds);
         command
     };
-    let quickstart = run(&mut on_cluster("quickstart"));
+    let quickstart = run(&mut on_cluster("quickstart_redis"));
     assert!(field(&quickstart, "store:").starts_with("Redis Cluster at"));
     assert_eq!(field(&quickstart, "executions:"), "1");
     check_send_order_confirmation(&run(&mut on_cluster("send_order_confirmation")));

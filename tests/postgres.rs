@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use idempotask::store::{Store, StoreErrorKind, UnitOfWork};
 use idempotask::testing::deliver_concurrently;
-use idempotask::{Error, PostgresStore, Task};
+use idempotask::{Error, Task};
+use idempotask_postgres::PostgresStore;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use sqlx::postgres::PgConnection;

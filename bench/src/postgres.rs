@@ -8,8 +8,9 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
+use idempotask::Task;
 use idempotask::store::SharedStore;
-use idempotask::{PostgresStore, Task};
+use idempotask_postgres::PostgresStore;
 use serde::Serialize;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;

@@ -160,7 +160,8 @@ impl Listing {
     ///
     /// While slots move the masters are not scanned at one instant: a unit whose key moves from
     /// a master not scanned yet to one already scanned is missed, and one seen on both sides is
-    /// counted once. The README tells operators to list again once a resharding is over.
+    /// counted once. The operations guide (docs/operations.md) tells operators to list again
+    /// once a resharding is over.
     pub(crate) fn merge(&mut self, other: Self) {
         self.entries.extend(other.entries);
         self.keys_seen += other.keys_seen;

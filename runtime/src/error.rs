@@ -260,21 +260,6 @@ impl StoreError {
         self
     }
 
-    /// [`new`](Self::new) or [`ambiguous`](Self::ambiguous), as `ambiguous` says: for code that
-    /// carries the ambiguity over from other errors.
-    #[cfg(feature = "postgres")]
-    pub(crate) fn classified(
-        operation: &'static str,
-        kind: StoreErrorKind,
-        ambiguous: bool,
-        message: impl Into<String>,
-    ) -> Self {
-        Self {
-            ambiguous,
-            ..Self::new(operation, kind, message)
-        }
-    }
-
     /// The same error with its underlying cause attached.
     #[must_use]
     pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {

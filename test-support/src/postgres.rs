@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use idempotask::PostgresStore;
+use idempotask_postgres::PostgresStore;
 
 use super::free_port;
 

@@ -99,6 +99,7 @@ pub(super) async fn outlive(ttl: Duration) {
 /// store from `$make`: an async expression giving `(guard, store)`, where the guard (a server,
 /// say) lives as long as the check and the store is any [`Store`](crate::store::Store).
 #[macro_export]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 macro_rules! conformance_tests {
     ($make:expr) => {
         $crate::conformance_tests!(@each $make;

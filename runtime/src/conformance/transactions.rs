@@ -202,6 +202,7 @@ fn unit_of(task: &Task, key: &str) -> crate::store::UnitOfWork {
 /// a fresh store from `$make`: an async expression giving `(guard, store)`, where the store
 /// implements [`OpensTransactions`](crate::conformance::OpensTransactions).
 #[macro_export]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 macro_rules! transaction_conformance_tests {
     ($make:expr) => {
         $crate::transaction_conformance_tests!(@each $make;

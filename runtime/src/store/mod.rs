@@ -50,8 +50,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) mod memory;
-#[cfg(feature = "postgres")]
-pub(crate) mod postgres;
 mod shared;
 mod transaction;
 

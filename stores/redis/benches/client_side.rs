@@ -5,7 +5,7 @@
 //! runner's own bookkeeping and the in-memory store's work).
 //!
 //! ```text
-//! cargo bench -p idempotask --bench client_side
+//! cargo bench -p idempotask-redis --bench client_side
 //! ```
 
 use std::hint::black_box;

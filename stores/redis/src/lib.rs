@@ -1,4 +1,4 @@
-//! Redis stores for [idempotask](idempotask): where locks and completion markers live when the
+//! Redis stores for [`idempotask`]: where locks and completion markers live when the
 //! work runs on more than one process.
 //!
 //! - [`RedisStore`]: one Redis (7.0 or later) or Valkey (7.2 or later) server. A fresh
@@ -26,7 +26,7 @@
 //!
 //! # Features
 //! - `tls`: `rediss://` URLs, through rustls with the ring provider; the system's roots are
-//!   trusted, or a private CA given with [`RedisStoreBuilder::tls_root_certificate`].
+//!   trusted, or a private CA given with `RedisStoreBuilder::tls_root_certificate`.
 //!
 //! # Rights
 //! An ACL user needs `~idempotask:* +@read +@write +@scripting +@connection +time`;
@@ -279,6 +279,7 @@ impl RedisStoreBuilder {
     /// Trusts this CA (PEM) for `rediss://` instead of the system's roots: for a Redis behind a
     /// private certificate authority.
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.root_certificate = Some(pem.into());
         self

@@ -268,6 +268,7 @@ impl RedlockStoreBuilder {
 
     /// Trusts this CA (PEM) for every `rediss://` server instead of the system's roots.
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.root_certificate = Some(pem.into());
         self

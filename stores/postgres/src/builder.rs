@@ -8,9 +8,9 @@ use sqlx::postgres::PgPool;
 use super::PostgresStore;
 use super::errors::store_error;
 use super::statements::{Statements, TableName};
-use crate::error::{StoreError, StoreErrorKind};
-use crate::store::Store;
-use crate::unit::UnitOfWork;
+use idempotask::store::Store;
+use idempotask::store::UnitOfWork;
+use idempotask::store::{StoreError, StoreErrorKind};
 
 /// Configures a [`PostgresStore`]: see [`PostgresStore::builder`].
 #[derive(Debug, Clone)]
@@ -62,7 +62,7 @@ impl PostgresStoreBuilder {
     /// ```no_run
     /// # async fn f(pool: sqlx::PgPool) -> Result<(), idempotask::store::StoreError> {
     /// // 64 connections for the bodies, 16 for the store's statements.
-    /// let store = idempotask::PostgresStore::builder(pool) // max_connections(64)
+    /// let store = idempotask_postgres::PostgresStore::builder(pool) // max_connections(64)
     ///     .max_connections(16)
     ///     .connect()
     ///     .await?;
@@ -74,7 +74,7 @@ impl PostgresStoreBuilder {
     }
 
     /// The longest caller key accepted, in bytes (default
-    /// [`MAX_KEY_LEN`](crate::store::MAX_KEY_LEN)), at most
+    /// [`MAX_KEY_LEN`](idempotask::store::MAX_KEY_LEN)), at most
     /// [`LONGEST_KEY`](PostgresStore::LONGEST_KEY): a primary key entry must fit in a third of
     /// a PostgreSQL page.
     pub fn max_key_len(mut self, max: usize) -> Self {
@@ -156,7 +156,7 @@ impl PostgresStoreBuilder {
         };
         checked
             .await
-            .map_err(|err| StoreError::classified("connect", err.kind(), false, err.to_string()))?;
+            .map_err(|err| StoreError::new("connect", err.kind(), err.to_string()))?;
         Ok(store)
     }
 }

@@ -1,7 +1,7 @@
 //! sqlx's errors as [`StoreError`]s: what kind of failure, and whether the statement may have
 //! taken effect.
 
-use crate::error::{StoreError, StoreErrorKind};
+use idempotask::store::{StoreError, StoreErrorKind};
 
 /// Classifies a failed statement of `operation` on table `table`.
 pub(super) fn store_error(operation: &'static str, table: &str, err: sqlx::Error) -> StoreError {
@@ -29,7 +29,9 @@ pub(super) fn store_error(operation: &'static str, table: &str, err: sqlx::Error
         | sqlx::Error::TypeNotFound { .. } => (StoreErrorKind::Protocol, true, err.to_string()),
         _ => (StoreErrorKind::Rejected, true, err.to_string()),
     };
-    StoreError::classified(operation, kind, ambiguous, message).with_source(err)
+    StoreError::new(operation, kind, message)
+        .ambiguous_if(ambiguous)
+        .with_source(err)
 }
 
 /// A statement the server refused ran to no effect, so these are not ambiguous, except where

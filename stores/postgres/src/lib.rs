@@ -1,5 +1,17 @@
-//! [`PostgresStore`]: locks and completion markers in one PostgreSQL table, and transactional
-//! completion for work that is itself a database write.
+//! A PostgreSQL store for [`idempotask`]: locks and completion markers in one table,
+//! for services that have PostgreSQL and no Redis, and transactional completion for work that is
+//! itself a write to the same database.
+//!
+//! - [`PostgresStore`] implements [`Store`]: every
+//!   [`Task`](idempotask::Task) runs on it as on any store, a fresh execution in two statements
+//!   and a duplicate in one.
+//! - [`PostgresStore::transaction`] makes a [`PostgresTransaction`] of a sqlx transaction, for
+//!   [`Call::run_in_transaction`](idempotask::Call::run_in_transaction): the body's writes and
+//!   the unit's marker commit together, so a crash between the two cannot happen.
+//!
+//! sqlx is part of this crate's public API (`PgPool`, `Transaction`, `PgConnection`): use the
+//! sqlx 0.9 your service already has.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod builder;
 mod errors;
@@ -14,11 +26,11 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnection, PgPool, PgRow};
 use sqlx::{Row, SqlStr};
 
-use super::{Begin, Fencing, Finish, Inspection, Store, ttl_millis};
-use crate::error::{StoreError, StoreErrorKind};
-use crate::marker;
-use crate::unit::{LockToken, MAX_KEY_LEN, UnitOfWork};
 use errors::{store_error, unexpected};
+use idempotask::store::lock_lost_marker;
+use idempotask::store::{Begin, Fencing, Finish, Inspection, Store, ttl_millis};
+use idempotask::store::{LockToken, MAX_KEY_LEN, UnitOfWork};
+use idempotask::store::{StoreError, StoreErrorKind};
 use statements::{DEFAULT_TABLE, Statements};
 
 /// How many times `begin` asks again when a concurrent writer committed between its snapshot
@@ -34,11 +46,11 @@ const PURGE_BLOCKS: i64 = 4096;
 /// completion marker; every operation is one statement in the common case, so a fresh task
 /// costs two statements and a duplicate one, as on Redis (a `finish` after a lost lock, or a
 /// `begin` that raced another writer, adds one). Fencing tokens come from a sequence that
-/// starts at the clock in milliseconds, so they increase across all units, not only per unit. It passes the same conformance suite as the Redis
-/// stores and works with every [`Task`](crate::Task).
+/// starts at the clock in microseconds, so they increase across all units, not only per unit. It passes the same conformance suite as the Redis
+/// stores and works with every [`Task`](idempotask::Task).
 ///
 /// For work that is itself a write to the same database,
-/// [`Call::run_in_transaction`](crate::Call::run_in_transaction) goes further: the body's
+/// [`Call::run_in_transaction`](idempotask::Call::run_in_transaction) goes further: the body's
 /// writes and the marker commit in one transaction, so a crash between the two cannot happen.
 ///
 /// # Setting up
@@ -49,7 +61,7 @@ const PURGE_BLOCKS: i64 = 4096;
 ///
 /// # Connections
 /// The builder takes your sqlx [`PgPool`], yours to configure (size, TLS, timeouts, hooks):
-/// the transactions of [`run_in_transaction`](crate::Call::run_in_transaction) begin on it, and
+/// the transactions of [`run_in_transaction`](idempotask::Call::run_in_transaction) begin on it, and
 /// [`migrate`](PostgresStoreBuilder::migrate) runs on it. The store's own statements run on a
 /// pool of the store's, opened with your pool's settings (connect options, `after_connect` and
 /// the other hooks, `test_before_acquire`, lifetimes) and at most
@@ -68,7 +80,7 @@ const PURGE_BLOCKS: i64 = 4096;
 ///   an ambiguous `Timeout` (it may have applied).
 /// - The response timeout ends the wait on the client only. So that no statement the client
 ///   gave up on goes on in the server, each one that can wait on a row lock (a row that a
-///   [transactional delivery](crate::Call::run_in_transaction) holds until its transaction
+///   [transactional delivery](idempotask::Call::run_in_transaction) holds until its transaction
 ///   ends) bounds that wait itself to four fifths of the response timeout, whatever
 ///   `lock_timeout` your connections have, and fails with a `Timeout` that is not ambiguous:
 ///   nothing was taken. It sets `lock_timeout` for that statement alone, with no extra round
@@ -83,7 +95,8 @@ const PURGE_BLOCKS: i64 = 4096;
 /// schedule it (every few minutes, say) as you would any cleanup job.
 ///
 /// ```no_run
-/// use idempotask::{PostgresStore, Task};
+/// use idempotask::Task;
+/// use idempotask_postgres::PostgresStore;
 ///
 /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let pool = sqlx::PgPool::connect("postgres://app@db/app").await?;
@@ -150,7 +163,7 @@ impl PostgresStore {
     }
 
     /// The application's pool the store was built on, for beginning the transactions of
-    /// [`Call::run_in_transaction`](crate::Call::run_in_transaction). The store's own
+    /// [`Call::run_in_transaction`](idempotask::Call::run_in_transaction). The store's own
     /// statements do not use it.
     pub fn pool(&self) -> &PgPool {
         &self.pool
@@ -318,7 +331,7 @@ impl Store for PostgresStore {
         if held.rows_affected() == 1 {
             return Ok(Finish::Completed);
         }
-        let lost_marker = marker::lock_lost_marker(marker).unwrap_or_else(|| marker.to_vec());
+        let lost_marker = lock_lost_marker(marker).unwrap_or_else(|| marker.to_vec());
         let row = self
             .run(
                 "finish",
@@ -463,7 +476,7 @@ where
 }
 
 /// A TTL as the statements take it: whole milliseconds, at least 1, at most
-/// [`MAX_TTL`](crate::MAX_TTL) (PostgreSQL's timestamps end in the year 294276, so
+/// [`MAX_TTL`](idempotask::MAX_TTL) (PostgreSQL's timestamps end in the year 294276, so
 /// `Duration::MAX` must not reach the server as it is).
 fn millis(ttl: Duration) -> i64 {
     i64::try_from(ttl_millis(ttl)).unwrap_or(i64::MAX)

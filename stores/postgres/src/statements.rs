@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
-use crate::error::{StoreError, StoreErrorKind};
+use idempotask::store::{StoreError, StoreErrorKind};
 
 /// The table's name when none is given.
 pub(super) const DEFAULT_TABLE: &str = "idempotask_units";

@@ -13,15 +13,16 @@ use sqlx::postgres::{PgConnection, Postgres};
 
 use super::errors::store_error;
 use super::{PostgresStore, fence_param, millis};
-use crate::store::{Begin, Fencing, StoreError, TransactionScope};
-use crate::unit::{LockToken, UnitOfWork};
+use idempotask::store::{Begin, Fencing, StoreError, TransactionScope};
+use idempotask::store::{LockToken, UnitOfWork};
 
 /// One PostgreSQL transaction in which a call takes its unit's row, runs its body and commits
-/// the marker: what [`Call::run_in_transaction`](crate::Call::run_in_transaction) is given.
+/// the marker: what [`Call::run_in_transaction`](idempotask::Call::run_in_transaction) is given.
 /// Made by [`PostgresStore::transaction`].
 ///
 /// ```no_run
-/// use idempotask::{PostgresStore, Task};
+/// use idempotask::Task;
+/// use idempotask_postgres::PostgresStore;
 ///
 /// static TRANSFER: Task = Task::new("transfer");
 ///
@@ -53,7 +54,7 @@ use crate::unit::{LockToken, UnitOfWork};
 /// - The transaction comes from a pool (`pool.begin()`), so that a dropped one is rolled back
 ///   as its connection returns to the pool. Use the default isolation level, `READ
 ///   COMMITTED`: under `REPEATABLE READ` or `SERIALIZABLE` a delivery that waited on another's
-///   row fails with a serialization error ([`Error::Store`](crate::Error::Store)) instead of
+///   row fails with a serialization error ([`Error::Store`](idempotask::Error::Store)) instead of
 ///   replaying; its redelivery replays.
 /// - The marker and the commit get the store's response timeout; waiting for another
 ///   delivery's transaction does not.
@@ -64,7 +65,7 @@ pub struct PostgresTransaction<'s> {
 }
 
 impl PostgresStore {
-    /// `transaction`, ready for [`Call::run_in_transaction`](crate::Call::run_in_transaction):
+    /// `transaction`, ready for [`Call::run_in_transaction`](idempotask::Call::run_in_transaction):
     /// the call's unit is kept in this store's table, inside `transaction`.
     pub fn transaction(
         &self,
@@ -81,7 +82,7 @@ impl TransactionScope for PostgresTransaction<'_> {
     type Handle = PgConnection;
 
     fn max_key_len(&self) -> usize {
-        crate::store::Store::max_key_len(self.store)
+        idempotask::store::Store::max_key_len(self.store)
     }
 
     async fn begin(
