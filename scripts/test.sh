@@ -69,8 +69,11 @@ for crate in "${published[@]}"; do
 done
 echo "==> cargo package"
 # Every published crate packages and builds from its own .crate, the workspace's crates taken
-# from the packages made alongside (not from crates.io, where they are not yet).
-cargo package --workspace --locked --offline
+# from the packages made alongside (not from crates.io, where they are not yet). The crates
+# with `publish = false` (tests, examples, benchmarks) are not packaged.
+package_args=()
+for crate in "${published[@]}"; do package_args+=(-p "$crate"); done
+cargo package "${package_args[@]}" --locked --offline
 echo "==> quickstart"
 cargo run --quiet --locked --example quickstart
 

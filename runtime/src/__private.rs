@@ -12,6 +12,7 @@ pub use crate::{Call, CodecErrorKind, Error, Fingerprint, KeyLogging, RetryPolic
 pub use std::format;
 pub use std::string::String;
 
+use crate::error::CallerKey;
 use crate::store::{SharedStore, Store};
 
 /// The return type of a task: a `Result`, whose parts the other checks look at.
@@ -115,11 +116,14 @@ pub fn fingerprint<T: Serialize + ?Sized>(
     key: &str,
     value: &T,
 ) -> Result<Fingerprint, Error> {
-    Fingerprint::of(value).map_err(|err| Error::Codec {
-        task: task.name().to_owned(),
-        key: key.to_owned(),
-        kind: CodecErrorKind::Fingerprint,
-        reason: format!("the `fingerprint` parameters cannot be serialised: {err}"),
+    Fingerprint::of(value).map_err(|err| {
+        Error::Codec {
+            task: task.name().to_owned(),
+            key: CallerKey::plain(key),
+            kind: CodecErrorKind::Fingerprint,
+            reason: format!("the `fingerprint` parameters cannot be serialised: {err}"),
+        }
+        .keys_shown_as(task.log_key)
     })
 }
 

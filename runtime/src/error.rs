@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::observe::KeyLogging;
 use crate::unit::InvalidKey;
 
 /// Everything that can keep an idempotent task from returning its body's value.
@@ -37,8 +38,8 @@ pub enum Error {
     Contended {
         /// The task's stable name.
         task: String,
-        /// The caller's key.
-        key: String,
+        /// The caller's key (shown as the task's [`KeyLogging`](crate::KeyLogging) says).
+        key: CallerKey,
         /// How long the holder's lock had left at the last look, when the store said.
         lock_ttl_remaining: Option<Duration>,
         /// How many times this call asked for the lock.
@@ -56,8 +57,8 @@ pub enum Error {
     KeyReuse {
         /// The task's stable name.
         task: String,
-        /// The caller's key.
-        key: String,
+        /// The caller's key (shown as the task's [`KeyLogging`](crate::KeyLogging) says).
+        key: CallerKey,
     },
 
     /// The store could not be reached or did not answer in time.
@@ -80,8 +81,8 @@ pub enum Error {
     Codec {
         /// The task's stable name.
         task: String,
-        /// The caller's key.
-        key: String,
+        /// The caller's key (shown as the task's [`KeyLogging`](crate::KeyLogging) says).
+        key: CallerKey,
         /// What could not be encoded or decoded.
         kind: CodecErrorKind,
         /// What went wrong, in words.
@@ -101,10 +102,10 @@ pub enum Error {
     MarkerKeyMismatch {
         /// The task's stable name.
         task: String,
-        /// The caller's key.
-        key: String,
-        /// The key the stored marker names.
-        stored_key: String,
+        /// The caller's key (shown as the task's [`KeyLogging`](crate::KeyLogging) says).
+        key: CallerKey,
+        /// The key the stored marker names (shown as the caller's key is).
+        stored_key: CallerKey,
     },
 
     /// The caller key (or task name) is not usable; fix it at the caller.
@@ -124,8 +125,8 @@ pub enum Error {
     Reentered {
         /// The task's stable name.
         task: String,
-        /// The caller's key.
-        key: String,
+        /// The caller's key (shown as the task's [`KeyLogging`](crate::KeyLogging) says).
+        key: CallerKey,
     },
 
     /// The call was polled outside a `tokio` runtime, which idempotask needs for its timers,
@@ -315,5 +316,137 @@ impl std::fmt::Display for StoreErrorKind {
             Self::Protocol => "unexpected reply",
             Self::Configuration => "misconfigured",
         })
+    }
+}
+
+/// A caller's key inside an [`Error`]. Its `Display` and `Debug` show it as the task's
+/// [`KeyLogging`] says: the key itself, or with [`KeyLogging::Hash`] its digest (the one spans and
+/// store keys show), so that an error logged anywhere carries no key a task hides.
+/// [`as_str`](Self::as_str) gives the key itself to code that asks.
+///
+/// ```
+/// use idempotask::{Error, KeyLogging, MemoryStore, Task};
+/// use idempotask::store::{Fencing, LockToken, Store, UnitOfWork};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let store = MemoryStore::new();
+/// let unit = UnitOfWork::new("statement", "jane@example.com").unwrap();
+/// let ttl = std::time::Duration::from_secs(30);
+/// store.begin(&unit, &LockToken::generate(), ttl, Fencing::Off).await.unwrap(); // held elsewhere
+///
+/// let task = Task::new("statement")
+///     .log_key(KeyLogging::Hash)
+///     .retry(idempotask::RetryPolicy::no_wait());
+/// let err = task.call("jane@example.com").store(store).run(async { Ok::<u8, Error>(1) }).await;
+/// let Err(Error::Contended { key, .. }) = err else { panic!("{err:?}") };
+/// assert_eq!(key.as_str(), "jane@example.com");
+/// assert_eq!(key.to_string(), unit.digest());
+/// assert!(!format!("{key:?}").contains("jane"));
+/// # }
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct CallerKey {
+    key: String,
+    /// What stands for the key in `Display` and `Debug`, when not the key itself.
+    shown: Option<String>,
+}
+
+impl CallerKey {
+    /// A key shown as it is.
+    pub(crate) fn plain(key: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            shown: None,
+        }
+    }
+
+    /// The key itself, whatever the task's key logging.
+    pub fn as_str(&self) -> &str {
+        &self.key
+    }
+
+    /// Whether `Display` and `Debug` show the key's digest instead of the key.
+    pub fn is_hidden(&self) -> bool {
+        self.shown.is_some()
+    }
+
+    fn shown_as(mut self, logging: KeyLogging) -> Self {
+        if logging == KeyLogging::Hash && self.shown.is_none() {
+            self.shown = Some(crate::unit::digest_of(&self.key));
+        }
+        self
+    }
+}
+
+impl std::fmt::Display for CallerKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.shown.as_deref().unwrap_or(&self.key))
+    }
+}
+
+impl std::fmt::Debug for CallerKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.shown.as_deref().unwrap_or(&self.key), f)
+    }
+}
+
+impl PartialEq<str> for CallerKey {
+    fn eq(&self, other: &str) -> bool {
+        self.key == other
+    }
+}
+
+impl PartialEq<&str> for CallerKey {
+    fn eq(&self, other: &&str) -> bool {
+        self.key == *other
+    }
+}
+
+impl Error {
+    /// The same error, its keys shown as `logging` says: the one place where a task's key
+    /// logging reaches its errors, on their way out of the runner.
+    pub(crate) fn keys_shown_as(self, logging: KeyLogging) -> Self {
+        match self {
+            Self::Contended {
+                task,
+                key,
+                lock_ttl_remaining,
+                attempts,
+            } => Self::Contended {
+                task,
+                key: key.shown_as(logging),
+                lock_ttl_remaining,
+                attempts,
+            },
+            Self::KeyReuse { task, key } => Self::KeyReuse {
+                task,
+                key: key.shown_as(logging),
+            },
+            Self::Codec {
+                task,
+                key,
+                kind,
+                reason,
+            } => Self::Codec {
+                task,
+                key: key.shown_as(logging),
+                kind,
+                reason,
+            },
+            Self::MarkerKeyMismatch {
+                task,
+                key,
+                stored_key,
+            } => Self::MarkerKeyMismatch {
+                task,
+                key: key.shown_as(logging),
+                stored_key: stored_key.shown_as(logging),
+            },
+            Self::Reentered { task, key } => Self::Reentered {
+                task,
+                key: key.shown_as(logging),
+            },
+            other => other,
+        }
     }
 }

@@ -32,9 +32,9 @@ mod unit;
 
 pub use call::{Call, Outcome, Report};
 pub use context::{TaskContext, context};
-pub use error::{CodecErrorKind, Error};
+pub use error::{CallerKey, CodecErrorKind, Error};
 pub use fingerprint::Fingerprint;
-pub use install::{install, installed};
+pub use install::{install, installed, with_store};
 pub use observe::KeyLogging;
 pub use retry::{DEFAULT_INITIAL_BACKOFF, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BACKOFF, RetryPolicy};
 pub use store::memory::MemoryStore;

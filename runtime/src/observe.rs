@@ -43,7 +43,9 @@ use crate::unit::UnitOfWork;
 /// Keys are chosen by the caller and sometimes carry what logs must not (an e-mail address, an
 /// account number). With [`Hash`](Self::Hash) the logs show the key's digest instead, the same
 /// digest that is part of the Redis key, so an operator can still find the unit with
-/// `idempotask list` or `redis-cli`.
+/// `idempotask list` or `redis-cli`. The choice holds for every output of the task: its span,
+/// its warnings, and the `Display` and `Debug` of the errors it returns (their keys are
+/// [`CallerKey`](crate::CallerKey)s; `as_str` still gives the key to code that asks).
 ///
 /// ```
 /// use idempotask::{KeyLogging, Task};

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::call::check_marker_key;
-use crate::error::{CodecErrorKind, Error};
+use crate::error::{CallerKey, CodecErrorKind, Error};
 use crate::marker::{Marker, MarkerError};
 use crate::store::{Inspection, Store};
 use crate::task::Task;
@@ -85,14 +85,17 @@ impl Task {
     ) -> Result<Status, Error> {
         let unit = UnitOfWork::with_limit(self.name(), key, store.max_key_len())?;
         let inspection = store.inspect(&unit).await?;
-        let status = inspection.status().map_err(|err| Error::Codec {
-            task: unit.task().to_owned(),
-            key: unit.key().to_owned(),
-            kind: CodecErrorKind::Unreadable,
-            reason: format!("the stored marker cannot be read: {err}"),
+        let status = inspection.status().map_err(|err| {
+            Error::Codec {
+                task: unit.task().to_owned(),
+                key: CallerKey::plain(unit.key()),
+                kind: CodecErrorKind::Unreadable,
+                reason: format!("the stored marker cannot be read: {err}"),
+            }
+            .keys_shown_as(self.log_key)
         })?;
         if let Status::Done(done) = &status {
-            check_marker_key(&unit, &done.marker)?;
+            check_marker_key(&unit, &done.marker).map_err(|err| err.keys_shown_as(self.log_key))?;
         }
         Ok(status)
     }

@@ -183,8 +183,9 @@ impl Task {
         self
     }
 
-    /// How the caller key appears in this task's span and warnings (default
-    /// [`KeyLogging::Plain`]); see [`observe`](crate::observe).
+    /// How the caller key appears in this task's span, its warnings and the `Display` and
+    /// `Debug` of its errors (default [`KeyLogging::Plain`]); see [`observe`](crate::observe)
+    /// and [`CallerKey`](crate::CallerKey).
     pub const fn log_key(mut self, logging: KeyLogging) -> Self {
         self.log_key = logging;
         self

@@ -19,8 +19,11 @@
 //! }
 //!
 //! # #[tokio::main] async fn main() {
-//! idempotask::install(MemoryStore::new());
-//! let results = deliver_concurrently(32, |_| send_welcome(7)).await;
+//! // In a `#[tokio::test]`: a store of this test's own, whatever the other tests do.
+//! let results = idempotask::with_store(MemoryStore::new(), async {
+//!     deliver_concurrently(32, |_| send_welcome(7)).await
+//! })
+//! .await;
 //! assert_eq!(EMAILS_SENT.load(Ordering::SeqCst), 1);
 //! assert!(results.iter().all(|r| matches!(r, Ok(7))));
 //! # }
@@ -47,13 +50,19 @@ where
     Fut::Output: Send + 'static,
 {
     let barrier = Arc::new(Barrier::new(deliveries));
+    // The caller's scoped store goes with each delivery onto its own task.
+    let scoped = crate::install::scoped();
     let handles: Vec<_> = (0..deliveries)
         .map(|i| {
             let barrier = Arc::clone(&barrier);
             let delivery = deliver(i);
+            let scoped = scoped.clone();
             tokio::spawn(async move {
                 barrier.wait().await;
-                delivery.await
+                match scoped {
+                    Some(store) => crate::with_store(store, delivery).await,
+                    None => delivery.await,
+                }
             })
         })
         .collect();

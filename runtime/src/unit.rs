@@ -185,6 +185,12 @@ fn digest(key: &[u8]) -> String {
     out
 }
 
+/// The digest of a key as [`UnitOfWork::digest`] gives it, for a key that may not make a unit
+/// (one too long for a store, or a stored marker's key).
+pub(crate) fn digest_of(key: &str) -> String {
+    digest(key.as_bytes())
+}
+
 /// Lowercase hex of `bytes`.
 pub(crate) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";

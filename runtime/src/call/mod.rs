@@ -10,10 +10,10 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::context::TaskContext;
-use crate::error::{CodecErrorKind, Error};
+use crate::error::{CallerKey, CodecErrorKind, Error};
 use crate::fingerprint::Fingerprint;
 use crate::guard::{OnDrop, Recording, Renewal, catching_panics, release, renewing};
-use crate::install::installed;
+use crate::install::current;
 use crate::marker::{Marker, StoredResult};
 use crate::observe::{Ending, Observation};
 use crate::store::{SharedStore, Store};
@@ -158,11 +158,11 @@ impl Call<'_> {
         let store = self
             .store
             .clone()
-            .or_else(installed)
-            .ok_or_else(|| failed(Error::NotConfigured))?;
+            .or_else(current)
+            .ok_or_else(|| self.failed(Error::NotConfigured))?;
         let unit = self
             .unit(store.max_key_len(), observation)
-            .map_err(failed)?;
+            .map_err(|err| self.failed(err))?;
         let logging = self.task.log_key;
         let token = LockToken::generate();
         // Armed before the first `begin` is sent: dropped while one is in flight, the call may
@@ -178,13 +178,15 @@ impl Call<'_> {
         let start = start.map_err(|err| {
             // A failed `begin` cleans up after itself (see `begin`).
             on_drop.disarm();
-            failed(err)
+            self.failed(err)
         })?;
         match start {
             Start::Replay { marker, attempts } => {
                 on_drop.disarm();
                 observation.fencing_token(marker.fencing_token());
-                let value = self.replay(&unit, &marker).map_err(failed)?;
+                let value = self
+                    .replay(&unit, &marker)
+                    .map_err(|err| self.failed(err))?;
                 Ok(Report {
                     value,
                     outcome: Outcome::Replayed,
@@ -251,6 +253,17 @@ impl Call<'_> {
         }
     }
 
+    /// An error of idempotask's own as the call's error, with how the call ended. Every error
+    /// of the runner's leaves through here, so this is where the task's key logging applies to
+    /// the keys it carries.
+    pub(crate) fn failed<E: From<Error>>(&self, err: Error) -> (E, Ending) {
+        let ending = match err {
+            Error::Contended { .. } => Ending::Contended,
+            _ => Ending::Failed,
+        };
+        (E::from(err.keys_shown_as(self.task.log_key)), ending)
+    }
+
     /// The unit this call runs, once the call is known to be allowed: its task's name is its
     /// own, its key valid for a store that takes keys up to `max_key_len` bytes, and the call
     /// neither made from inside the same unit nor outside a tokio runtime.
@@ -296,7 +309,7 @@ impl Call<'_> {
                 Some(_) => {
                     return Err(Error::KeyReuse {
                         task: unit.task().to_owned(),
-                        key: unit.key().to_owned(),
+                        key: CallerKey::plain(unit.key()),
                     });
                 }
                 // Stored before the task declared a fingerprint (a deploy added it): there is
@@ -412,7 +425,7 @@ fn refuse_misuse(unit: &UnitOfWork) -> Result<(), Error> {
     {
         return Err(Error::Reentered {
             task: unit.task().to_owned(),
-            key: unit.key().to_owned(),
+            key: CallerKey::plain(unit.key()),
         });
     }
     if tokio::runtime::Handle::try_current().is_err() {
@@ -429,7 +442,7 @@ pub(crate) fn contended(
 ) -> Error {
     Error::Contended {
         task: unit.task().to_owned(),
-        key: unit.key().to_owned(),
+        key: CallerKey::plain(unit.key()),
         lock_ttl_remaining,
         attempts,
     }
@@ -443,18 +456,9 @@ pub(crate) fn check_marker_key(unit: &UnitOfWork, marker: &Marker) -> Result<(),
     }
     Err(Error::MarkerKeyMismatch {
         task: unit.task().to_owned(),
-        key: unit.key().to_owned(),
-        stored_key: marker.key().to_owned(),
+        key: CallerKey::plain(unit.key()),
+        stored_key: CallerKey::plain(marker.key()),
     })
-}
-
-/// An error of idempotask's own as the call's error, with how the call ended.
-pub(crate) fn failed<E: From<Error>>(err: Error) -> (E, Ending) {
-    let ending = match err {
-        Error::Contended { .. } => Ending::Contended,
-        _ => Ending::Failed,
-    };
-    (E::from(err), ending)
 }
 
 /// The pause before trying a failing store call again: it doubles with each failure.
@@ -465,7 +469,7 @@ fn store_retry_pause(failures: u32) -> Duration {
 pub(crate) fn codec(unit: &UnitOfWork, kind: CodecErrorKind, reason: String) -> Error {
     Error::Codec {
         task: unit.task().to_owned(),
-        key: unit.key().to_owned(),
+        key: CallerKey::plain(unit.key()),
         kind,
         reason,
     }

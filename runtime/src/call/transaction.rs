@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::begin::stored_marker;
-use super::{Call, Outcome, Report, concluded, contended, failed};
+use super::{Call, Outcome, Report, concluded, contended};
 use crate::context::{Lease, TaskContext};
 use crate::error::Error;
 use crate::observe::{Ending, Observation};
@@ -82,7 +82,7 @@ impl Call<'_> {
     {
         let unit = self
             .unit(transaction.max_key_len(), observation)
-            .map_err(failed)?;
+            .map_err(|err| self.failed(err))?;
         let token = LockToken::generate();
         let attempts = 1;
         let waiting = Instant::now();
@@ -95,9 +95,11 @@ impl Call<'_> {
             Ok(Begin::Done(bytes)) => {
                 // Nothing of this delivery's may commit; the body does not run.
                 transaction.abort().await;
-                let marker = stored_marker(&unit, &bytes).map_err(failed)?;
+                let marker = stored_marker(&unit, &bytes).map_err(|err| self.failed(err))?;
                 observation.fencing_token(marker.fencing_token());
-                let value = self.replay(&unit, &marker).map_err(failed)?;
+                let value = self
+                    .replay(&unit, &marker)
+                    .map_err(|err| self.failed(err))?;
                 return Ok(Report {
                     value,
                     outcome: Outcome::Replayed,
@@ -107,12 +109,12 @@ impl Call<'_> {
             }
             Ok(Begin::Busy { lock_ttl_remaining }) => {
                 transaction.abort().await;
-                return Err(failed(contended(&unit, lock_ttl_remaining, attempts)));
+                return Err(self.failed(contended(&unit, lock_ttl_remaining, attempts)));
             }
             Err(err) => {
                 // Whatever the statement locked goes now, not when the connection is recycled.
                 transaction.abort().await;
-                return Err(failed(err.into()));
+                return Err(self.failed(err.into()));
             }
         };
         observation.fencing_token(fencing_token);
@@ -133,7 +135,7 @@ impl Call<'_> {
         transaction
             .commit(&unit, &token, &marker, self.task.result_ttl)
             .await
-            .map_err(|err| failed(err.into()))?;
+            .map_err(|err| self.failed(err.into()))?;
         Ok(Report {
             value,
             outcome: Outcome::Executed,
