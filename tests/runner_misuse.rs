@@ -1,7 +1,8 @@
 //! Misuse the runner refuses up front instead of failing later with a lock held: a task that
 //! calls itself with its own key, a call outside a tokio runtime, a zero lock TTL. And what it
 //! bears: a marker written before a deploy added a fingerprint, which is replayed rather than
-//! refused; a body that blocks its thread while its lock is renewed.
+//! refused; a body that blocks its thread while its lock is renewed; a result TTL shorter than
+//! the lock TTL.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -228,5 +229,29 @@ async fn a_result_that_does_not_survive_json_is_stored_as_unstorable() {
         ),
         "{again:?}"
     );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+// `Task::result_ttl` shorter than its lock TTL was taken as it was: the result expired while
+// a duplicate could still be waiting out the first delivery's lock, and the duplicate ran.
+#[tokio::test]
+async fn a_result_ttl_shorter_than_the_lock_ttl_is_kept_as_long_as_the_lock() {
+    let store = MemoryStore::new();
+    let lock_ttl = Duration::from_secs(3);
+    let task = Task::new("short_result")
+        .lock_ttl(lock_ttl)
+        .result_ttl(Duration::from_millis(20));
+    assert_eq!(task.settings().result_ttl, lock_ttl);
+    let runs = AtomicUsize::new(0);
+    let deliver = || {
+        task.call("k").store(store.clone()).run(async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Error>(7_u32)
+        })
+    };
+    assert_eq!(deliver().await.unwrap(), 7);
+    // Past the result TTL that was asked for, well within the lock TTL: the result is there.
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert_eq!(deliver().await.unwrap(), 7);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

@@ -127,6 +127,20 @@ impl Task {
     /// How long the completion marker and the stored result are kept. Longer than
     /// [`MAX_TTL`] (`Duration::MAX` for "keep it") is kept as [`MAX_TTL`].
     ///
+    /// Results are kept at least as long as the lock TTL, whatever the order of the two
+    /// settings: a result that expired before a lock of the same length would let a duplicate
+    /// that waited that long on the lock find neither and run again. The attribute refuses a
+    /// shorter `result_ttl` at compile time; a `Task` keeps the longer of the two, and
+    /// [`settings`](Self::settings) reports what is kept.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let task = idempotask::Task::new("t")
+    ///     .lock_ttl(Duration::from_secs(60))
+    ///     .result_ttl(Duration::from_secs(5));
+    /// assert_eq!(task.settings().result_ttl, Duration::from_secs(60));
+    /// ```
+    ///
     /// # Panics
     /// When `ttl` is zero: a result kept for no time makes every delivery run. In a `static`
     /// this is a compile-time error.
@@ -215,11 +229,20 @@ impl Task {
     pub const fn settings(&self) -> Settings {
         Settings {
             lock_ttl: self.lock_ttl,
-            result_ttl: self.result_ttl,
+            result_ttl: self.kept_for(),
             retry: self.retry,
             renew: self.renew,
             fencing: matches!(self.fencing, Fencing::On),
             log_key: self.log_key,
+        }
+    }
+
+    /// How long a result is kept: the result TTL, and at least the lock TTL.
+    pub(crate) const fn kept_for(&self) -> Duration {
+        if self.result_ttl.as_millis() < self.lock_ttl.as_millis() {
+            self.lock_ttl
+        } else {
+            self.result_ttl
         }
     }
 

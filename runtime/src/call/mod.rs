@@ -289,10 +289,10 @@ impl Call<'_> {
         on_drop.finish_instead(
             recording.token,
             marker.clone(),
-            self.task.result_ttl,
+            self.task.kept_for(),
             recording.lease,
         );
-        let outcome = recording.record(&marker, self.task.result_ttl).await;
+        let outcome = recording.record(&marker, self.task.kept_for()).await;
         on_drop.disarm();
         outcome
     }

@@ -133,7 +133,7 @@ impl Call<'_> {
         let token = token.granted(fencing_token);
         let marker = self.marker_for(&unit, &token, &value);
         transaction
-            .commit(&unit, &token, &marker, self.task.result_ttl)
+            .commit(&unit, &token, &marker, self.task.kept_for())
             .await
             .map_err(|err| self.failed(err.into()))?;
         Ok(Report {
