@@ -9,9 +9,8 @@ use serde_json::{Value, json};
 
 use crate::exit::{Exit, Failure};
 use crate::render::{self, Counts, result_json};
-use crate::scan::{Listing, list_node};
-use crate::stored::{Forgot, Stored, preview};
-use crate::target::Target;
+use crate::stored::{Seen, preview};
+use crate::target::{Forgot, Target};
 use crate::time::{human, millis};
 
 /// What a command found: the JSON document, the text for people, and the exit code.
@@ -21,35 +20,21 @@ pub(crate) struct Found {
     pub(crate) exit: Exit,
 }
 
-/// Whether `task` has any key at all, on any server.
-async fn task_exists(target: &Target, task: &str) -> Result<bool, Failure> {
-    let pattern = target.task_pattern(task)?;
-    for mut node in target.nodes().await? {
-        if node
-            .has_any(&pattern)
-            .await
-            .map_err(|err| target.redis_failure("scan", &err))?
-        {
-            return Ok(true);
-        }
-    }
-    Ok(false)
-}
-
 /// `status`: done (exit 0), locked (3) or unknown (4); a key that holds something no delivery
 /// can use is an error (1) that names it.
 pub(crate) async fn status(target: &Target, task: &str, key: &str) -> Result<Found, Failure> {
     let unit = target.unit(task, key)?;
-    let redis_key = target.keys.unit(&unit);
+    let location = target.location(&unit);
+    let (scope, name) = target.scope();
     let mut json = json!({
-        "namespace": target.keys.namespace(),
+        scope: name,
         "task": task,
         "key": key,
         "digest": unit.digest(),
     });
-    let read = target.read(&redis_key).await?;
-    let (text, exit) = match &read.stored {
-        Stored::Marker {
+    let seen = target.read(&unit).await?;
+    let (text, exit) = match &seen {
+        Seen::Marker {
             marker: Ok(marker),
             ttl,
             ..
@@ -60,36 +45,35 @@ pub(crate) async fn status(target: &Target, task: &str, key: &str) -> Result<Fou
             json["ttl_ms"] = json!(ttl.map(millis));
             (render::done(&unit, marker, *ttl), Exit::Ok)
         }
-        Stored::Lock { fencing_token, ttl } => {
-            let age = fencing_token.map(|token| read.now_us.saturating_sub(token) / 1000);
+        Seen::Lock {
+            fencing_token,
+            ttl,
+            age_ms,
+        } => {
             json["state"] = json!("locked");
+            json["fencing_token"] = json!(fencing_token);
             json["lock_ttl_ms"] = json!(ttl.map(millis));
             json["lock_expires"] = json!(ttl.is_some());
-            json["token_age_ms"] = json!(age);
-            (render::locked(&unit, *ttl, age), Exit::Locked)
+            json["token_age_ms"] = json!(age_ms);
+            (render::locked(&unit, *ttl, *age_ms), Exit::Locked)
         }
-        Stored::Missing | Stored::Released => {
-            let known = task_exists(target, task).await?;
+        Seen::Missing => {
+            let known = target.task_exists(task).await?;
             json["state"] = json!("unknown");
             json["task_has_keys"] = json!(known);
             (
-                render::unknown(&unit, target.keys.namespace(), known),
+                render::unknown(&unit, &target.scope_text(), target.scope_flag(), known),
                 Exit::Unknown,
             )
         }
-        unusable => return Err(unusable_failure(&unit, &redis_key, unusable, false)),
+        unusable => return Err(unusable_failure(&unit, &location, unusable, false)),
     };
     Ok(Found { json, text, exit })
 }
 
 /// Input: a unit and what its key holds, which no delivery can use. Output: the failure that
 /// says so and what to do; `forgetting` when `forget` refuses it without `--force`.
-fn unusable_failure(
-    unit: &UnitOfWork,
-    redis_key: &str,
-    stored: &Stored,
-    forgetting: bool,
-) -> Failure {
+fn unusable_failure(unit: &UnitOfWork, location: &str, stored: &Seen, forgetting: bool) -> Failure {
     let (task, key) = (unit.task(), unit.key());
     let remedy = if forgetting {
         "; pass --force to delete it (deliveries fail on it until it is gone)".to_owned()
@@ -99,7 +83,7 @@ fn unusable_failure(
         )
     };
     match stored {
-        Stored::Marker {
+        Seen::Marker {
             marker: Ok(marker), ..
         } => Failure::new(
             Exit::Error,
@@ -109,7 +93,7 @@ fn unusable_failure(
                 marker.key()
             ),
         ),
-        Stored::Marker {
+        Seen::Marker {
             marker: Err(err), ..
         } => Failure::new(
             Exit::Error,
@@ -118,26 +102,26 @@ fn unusable_failure(
                 "task `{task}` with key `{key}`: the stored marker cannot be read: {err}{remedy}"
             ),
         ),
-        Stored::Foreign { bytes } => Failure::new(
+        Seen::Foreign { bytes } => Failure::new(
             Exit::Error,
             "unreadable",
             format!(
-                "task `{task}` with key `{key}`: `{redis_key}` holds {}, which is not idempotask's{remedy}",
+                "task `{task}` with key `{key}`: `{location}` holds {}, which is not idempotask's{remedy}",
                 preview(bytes)
             ),
         ),
-        Stored::OtherType(kind) => Failure::new(
+        Seen::OtherType(kind) => Failure::new(
             Exit::Error,
             "wrong_type",
             format!(
-                "task `{task}` with key `{key}`: `{redis_key}` is a {kind} key, and idempotask writes only strings: something else uses this name; rename that data, or delete it with `redis-cli DEL` once nothing needs it"
+                "task `{task}` with key `{key}`: `{location}` is a {kind} key, and idempotask writes only strings: something else uses this name; rename that data, or delete it with `redis-cli DEL` once nothing needs it"
             ),
         ),
         // Only unusable values reach here.
-        Stored::Missing | Stored::Released | Stored::Lock { .. } => Failure::new(
+        Seen::Missing | Seen::Lock { .. } => Failure::new(
             Exit::Error,
             "unreadable",
-            format!("`{redis_key}`: {stored:?}"),
+            format!("`{location}`: {stored:?}"),
         ),
     }
 }
@@ -153,12 +137,12 @@ pub(crate) async fn forget(
     force: bool,
 ) -> Result<Found, Failure> {
     let unit = target.unit(task, key)?;
-    let redis_key = target.keys.unit(&unit);
-    let read = target.read(&redis_key).await?;
+    let location = target.location(&unit);
+    let seen = target.read(&unit).await?;
     // What the operator is shown, the exact bytes behind it, and whether only `--force` lets
     // them go.
-    let (shown, bytes, fencing_token, forced) = match &read.stored {
-        Stored::Marker {
+    let (shown, bytes, fencing_token, forced) = match &seen {
+        Seen::Marker {
             bytes,
             ttl,
             marker: Ok(marker),
@@ -168,26 +152,26 @@ pub(crate) async fn forget(
             marker.fencing_token(),
             false,
         ),
-        Stored::Lock { ttl, .. } => return Err(locked_refusal(&unit, &redis_key, *ttl)),
-        Stored::Missing | Stored::Released => {
+        Seen::Lock { ttl, .. } => return Err(locked_refusal(&unit, &location, *ttl)),
+        Seen::Missing => {
             return Err(Failure::new(
                 Exit::Unknown,
                 "unknown",
                 format!(
-                    "nothing to forget: task `{task}` has no marker for key `{key}` in namespace `{}`",
-                    target.keys.namespace()
+                    "nothing to forget: task `{task}` has no marker for key `{key}` in {}",
+                    target.scope_text()
                 ),
             ));
         }
-        Stored::OtherType(_) => {
-            return Err(unusable_failure(&unit, &redis_key, &read.stored, true));
+        Seen::OtherType(_) => {
+            return Err(unusable_failure(&unit, &location, &seen, true));
         }
-        Stored::Marker { bytes, .. } | Stored::Foreign { bytes } => {
+        Seen::Marker { bytes, .. } | Seen::Foreign { bytes } => {
             if !force {
-                return Err(unusable_failure(&unit, &redis_key, &read.stored, true));
+                return Err(unusable_failure(&unit, &location, &seen, true));
             }
-            let (what, fencing_token) = match &read.stored {
-                Stored::Marker {
+            let (what, fencing_token) = match &seen {
+                Seen::Marker {
                     marker: Ok(marker), ..
                 } => (
                     format!("a marker written for key {:?}", marker.key()),
@@ -205,7 +189,7 @@ pub(crate) async fn forget(
     if !yes {
         confirm(&shown)?;
     }
-    let forgot = target.forget_exact(&redis_key, bytes).await?;
+    let forgot = target.forget_exact(&unit, bytes).await?;
     if forgot == Forgot::Changed {
         return Err(Failure::new(
             Exit::Error,
@@ -216,8 +200,9 @@ pub(crate) async fn forget(
         ));
     }
     let deleted = forgot == Forgot::Deleted;
+    let (scope, name) = target.scope();
     let json = json!({
-        "namespace": target.keys.namespace(),
+        scope: name,
         "task": task,
         "key": key,
         "digest": unit.digest(),
@@ -237,7 +222,7 @@ pub(crate) async fn forget(
     })
 }
 
-fn locked_refusal(unit: &UnitOfWork, redis_key: &str, lock_ttl: Option<Duration>) -> Failure {
+fn locked_refusal(unit: &UnitOfWork, location: &str, lock_ttl: Option<Duration>) -> Failure {
     let (task, key) = (unit.task(), unit.key());
     let message = match lock_ttl {
         Some(ttl) => format!(
@@ -245,7 +230,7 @@ fn locked_refusal(unit: &UnitOfWork, redis_key: &str, lock_ttl: Option<Duration>
             human(ttl)
         ),
         None => format!(
-            "refusing to forget {task} {key:?}: it is locked, and the lock never expires (it has no TTL, which idempotask always sets: something else changed it); `--force` never deletes a lock: once no delivery runs it, delete it with `redis-cli DEL {redis_key}`"
+            "refusing to forget {task} {key:?}: it is locked, and the lock never expires (it has no TTL, which idempotask always sets: something else changed it); `--force` never deletes a lock: once no delivery runs it, delete it with `redis-cli DEL {location}`"
         ),
     };
     Failure::new(Exit::Locked, "locked", message)
@@ -289,16 +274,9 @@ pub(crate) async fn list(
     only_locked: bool,
     only_done: bool,
 ) -> Result<Found, Failure> {
-    let pattern = target.task_pattern(task)?;
-    let nodes = target.nodes().await?;
-    let scanned = nodes.len();
-    let mut listing = Listing::default();
-    for mut node in nodes {
-        let found = list_node(&mut node, &target.keys, task, &pattern)
-            .await
-            .map_err(|err| target.redis_failure("scan", &err))?;
-        listing.merge(found);
-    }
+    Target::check_task(task)?;
+    let listing = target.list(task).await?;
+    let scanned = listing.servers_scanned;
     let done = listing.entries.values().filter(|e| e.done).count();
     let locked = listing.entries.values().filter(|e| e.locked).count();
     let flagged = listing
@@ -316,13 +294,15 @@ pub(crate) async fn list(
             Exit::Unknown,
             "unknown_task",
             format!(
-                "unknown task: `{task}` has no keys in namespace `{}`; check --task and --namespace",
-                target.keys.namespace()
+                "unknown task: `{task}` has no keys in {}; check --task and {}",
+                target.scope_text(),
+                target.scope_flag()
             ),
         ));
     }
+    let (scope, name) = target.scope();
     let json = json!({
-        "namespace": target.keys.namespace(),
+        scope: name,
         "task": task,
         "cluster": target.is_cluster(),
         "servers_scanned": scanned,
@@ -334,7 +314,7 @@ pub(crate) async fn list(
     let cluster_masters = target.is_cluster().then_some(scanned);
     let text = render::listing(
         task,
-        target.keys.namespace(),
+        &format!("{scope} {name}"),
         cluster_masters,
         Counts {
             done,

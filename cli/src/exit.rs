@@ -16,7 +16,7 @@ pub(crate) enum Exit {
     Usage = 2,
     /// The key is locked: a delivery is running the work now.
     Locked = 3,
-    /// The key (or the whole task) is unknown to Redis.
+    /// The key (or the whole task) is unknown to the store.
     Unknown = 4,
 }
 
@@ -48,9 +48,9 @@ impl Failure {
         Self::new(Exit::Usage, "usage", message)
     }
 
-    /// Input: a store error from talking to the server at `url`. Output: the failure an
+    /// Input: a store error from talking to the Redis server at `url`. Output: the failure an
     /// operator can act on (the password is never shown).
-    pub(crate) fn store(err: &StoreError, url: &str) -> Self {
+    pub(crate) fn redis(err: &StoreError, url: &str) -> Self {
         let url = redact(url);
         if is_auth(err) {
             return Self::new(
@@ -79,6 +79,62 @@ impl Failure {
     }
 }
 
+impl Failure {
+    /// Input: a store error from talking to the PostgreSQL server at `url`. Output: the
+    /// failure an operator can act on (the password is never shown).
+    pub(crate) fn postgres(err: &StoreError, url: &str) -> Self {
+        let url = redact(url);
+        match err.kind() {
+            StoreErrorKind::Unreachable | StoreErrorKind::Timeout => Self::new(
+                Exit::Error,
+                "unreachable",
+                format!(
+                    "cannot reach PostgreSQL at {url} ({err}); check --database-url or DATABASE_URL and that the server is up"
+                ),
+            ),
+            StoreErrorKind::Configuration => Self::new(
+                Exit::Error,
+                "configuration",
+                format!("cannot use PostgreSQL at {url}: {err}"),
+            ),
+            _ => Self::new(
+                Exit::Error,
+                "postgres",
+                format!("PostgreSQL at {url}: {err}"),
+            ),
+        }
+    }
+
+    /// Input: why the first connection to PostgreSQL at `url` failed. Output: the failure.
+    pub(crate) fn postgres_connect(err: &sqlx::Error, url: &str) -> Self {
+        let shown = redact(url);
+        match err {
+            sqlx::Error::Configuration(_) => Self::usage(format!(
+                "--database-url {shown} is not a PostgreSQL URL ({err}); give postgres://user:password@host:5432/database"
+            )),
+            sqlx::Error::Database(db)
+                if matches!(db.code().as_deref(), Some("28P01" | "28000")) =>
+            {
+                Self::new(
+                    Exit::Error,
+                    "auth",
+                    format!(
+                        "PostgreSQL at {shown} refused the credentials ({}); put the right user and password in the URL: postgres://user:password@host:5432/database",
+                        db.message()
+                    ),
+                )
+            }
+            _ => Self::new(
+                Exit::Error,
+                "unreachable",
+                format!(
+                    "cannot reach PostgreSQL at {shown} ({err}); check --database-url or DATABASE_URL and that the server is up"
+                ),
+            ),
+        }
+    }
+}
+
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.message)
@@ -86,17 +142,10 @@ impl fmt::Display for Failure {
 }
 
 /// Whether the server refused to let us in: a wrong password, or none given to a server that
-/// wants one.
+/// wants one (the server's error codes, which the store's error carries in its message).
 fn is_auth(err: &StoreError) -> bool {
-    let source = std::error::Error::source(err).and_then(|s| s.downcast_ref::<redis::RedisError>());
-    if let Some(redis) = source
-        && (redis.kind() == redis::ErrorKind::AuthenticationFailed
-            || matches!(redis.code(), Some("NOAUTH" | "WRONGPASS")))
-    {
-        return true;
-    }
     let text = err.to_string();
-    text.contains("NOAUTH") || text.contains("WRONGPASS")
+    text.contains("NOAUTH") || text.contains("WRONGPASS") || text.contains("AuthenticationFailed")
 }
 
 /// The URL with its password replaced by `***`.

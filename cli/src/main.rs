@@ -5,6 +5,7 @@
 //! idempotask forget --task charge_customer --key order-charge-42 --yes
 //! idempotask forget --task charge_customer --key order-charge-42 --force   # an unreadable marker
 //! idempotask list --task charge_customer --locked --json
+//! idempotask --database-url postgres://app@db/app status --task charge_customer --key order-charge-42
 //! ```
 //!
 //! Exit codes: 0 done (or success), 1 error, 2 usage, 3 locked, 4 unknown key or task.
@@ -12,7 +13,6 @@
 mod args;
 mod commands;
 mod exit;
-mod kind;
 mod render;
 mod scan;
 mod stored;
@@ -21,17 +21,20 @@ mod time;
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use serde_json::json;
 
-use crate::args::{Cli, Command};
+use crate::args::{Cli, Command, Selected};
 use crate::commands::Found;
 use crate::exit::{Exit, Failure};
 use crate::target::Target;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let parsed = Cli::command()
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches).map(|cli| (cli, matches)));
+    let (cli, matches) = match parsed {
+        Ok(parsed) => parsed,
         Err(err) => {
             let _ = err.print();
             return if err.use_stderr() {
@@ -51,7 +54,8 @@ fn main() -> ExitCode {
             return Exit::Error.into();
         }
     };
-    match runtime.block_on(run(&cli)) {
+    let selected = args::select(&cli, &matches).map_err(Failure::usage);
+    match runtime.block_on(run(&cli, selected)) {
         Ok(found) => {
             if cli.json {
                 println!("{}", found.json);
@@ -72,8 +76,11 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: &Cli) -> Result<Found, Failure> {
-    let target = Target::connect(&cli.redis_url, &cli.namespace).await?;
+async fn run(cli: &Cli, selected: Result<Selected, Failure>) -> Result<Found, Failure> {
+    let target = match (selected?, &cli.database_url) {
+        (Selected::Postgres, Some(url)) => Target::postgres(url, &cli.table).await?,
+        _ => Target::redis(&cli.redis_url, &cli.namespace).await?,
+    };
     match &cli.command {
         Command::Status(unit) => commands::status(&target, &unit.task, &unit.key).await,
         Command::Forget { unit, yes, force } => {

@@ -61,7 +61,13 @@ pub(crate) fn lock_expiry(lock_ttl: Option<Duration>) -> String {
     )
 }
 
-pub(crate) fn unknown(unit: &UnitOfWork, namespace: &str, task_has_keys: bool) -> String {
+/// `scope` is "namespace `…`" or "table `…`"; `scope_flag` the option that changes it.
+pub(crate) fn unknown(
+    unit: &UnitOfWork,
+    scope: &str,
+    scope_flag: &str,
+    task_has_keys: bool,
+) -> String {
     let mut text = format!(
         "{} {:?}: unknown (never ran, failed, expired or forgotten); a delivery will run it",
         unit.task(),
@@ -70,7 +76,7 @@ pub(crate) fn unknown(unit: &UnitOfWork, namespace: &str, task_has_keys: bool) -
     if !task_has_keys {
         let _ = write!(
             text,
-            "\n  note: task `{}` has no keys at all in namespace `{namespace}`; check --task and --namespace",
+            "\n  note: task `{}` has no keys at all in {scope}; check --task and {scope_flag}",
             unit.task()
         );
     }
@@ -86,9 +92,10 @@ pub(crate) struct Counts {
     pub(crate) flagged: usize,
 }
 
+/// `scope` is "namespace `…`" or "table `…`".
 pub(crate) fn listing(
     task: &str,
-    namespace: &str,
+    scope: &str,
     cluster_masters: Option<usize>,
     counts: Counts,
     entries: &[&Entry],
@@ -98,7 +105,7 @@ pub(crate) fn listing(
         locked,
         flagged,
     } = counts;
-    let mut text = format!("{task} in namespace {namespace}: {done} done, {locked} locked");
+    let mut text = format!("{task} in {scope}: {done} done, {locked} locked");
     if flagged > 0 {
         let _ = write!(text, ", {flagged} flagged");
     }

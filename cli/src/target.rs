@@ -1,78 +1,113 @@
-//! Where the commands look: one Redis server, or every master of a Redis Cluster.
+//! Where the commands look: one Redis server, every master of a Redis Cluster, or a
+//! PostgreSQL table.
 //!
-//! The URL names one server. If that server is a cluster node (see [`crate::kind`]), it is a
-//! seed of a cluster: the commands then use a [`RedisClusterStore`], which routes each unit to
+//! A Redis URL names one server. If that server is a cluster node (as
+//! [`RedisStore::server_kind`] tells), it is a seed of a cluster: the commands then use a [`RedisClusterStore`], which routes each unit to
 //! the master of its slot, and `list` scans every master. Nothing has to be told which kind it
-//! is.
+//! is. A database URL selects a [`PostgresStore`] instead. Everything goes through the stores'
+//! public operator calls (`read_unit`, `forget_exact`, `list_task`).
 
-use idempotask::store::{SharedStore, Store, UnitOfWork};
-use idempotask_redis::RedisKeys;
+use std::time::Duration;
+
+use idempotask::store::{Store, StoreError, UnitOfWork, check_task_name};
+use idempotask_postgres::PostgresStore;
+use idempotask_postgres::ops::Forgot as PostgresForgot;
+use idempotask_redis::ops::{Forgot as RedisForgot, Listing as RedisListing, ServerKind};
 use idempotask_redis::{RedisClusterStore, RedisStore};
-use redis::aio::ConnectionManager;
-use redis::cluster_async::ClusterConnection;
-use redis::{RedisError, Value};
 
-use crate::exit::{Exit, Failure};
-use crate::kind::{ServerKind, detect};
-use crate::scan::Node;
-use crate::stored::{FORGET, Forgot, READ, Read};
+use crate::exit::{Exit, Failure, redact};
+use crate::scan::{Listing, describe, describe_row};
+use crate::stored::Seen;
 
-/// The store and the namespace's layout, with the URL for error messages.
+/// How many rows one page of a PostgreSQL listing reads.
+const PAGE: usize = 1000;
+
+/// The store, with the URL for error messages.
 pub(crate) struct Target {
     backend: Backend,
-    pub(crate) keys: RedisKeys,
     pub(crate) url: String,
 }
 
-/// The store, and a plain connection of the tool's own next to it for what the store does not
-/// do (`SCAN`, the server's clock).
 enum Backend {
-    Server(RedisStore, ConnectionManager),
-    // Boxed: the cluster store is several times the size of the server one.
-    Cluster(Box<RedisClusterStore>, ClusterConnection),
+    Server(RedisStore),
+    // Boxed: these stores are several times the size of the server one.
+    Cluster(Box<RedisClusterStore>),
+    Postgres(Box<PostgresStore>),
 }
 
-/// The fencing token of a lock's value (`L<token>.<fencing token>`); `None` for anything else.
-pub(crate) fn lock_fencing_token(value: &[u8]) -> Option<u64> {
-    let fence = value.strip_prefix(b"L")?.rsplit(|&b| b == b'.').next()?;
-    (fence.len() < value.len() - 1)
-        .then(|| std::str::from_utf8(fence).ok()?.parse().ok())
-        .flatten()
+/// What the compare-and-forget did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Forgot {
+    /// The value was still the one shown; it is gone.
+    Deleted,
+    /// The unit was gone already (expired, or forgotten by someone else).
+    Gone,
+    /// The unit holds another value now; nothing was deleted.
+    Changed,
 }
 
 impl Target {
-    /// Input: a URL and a namespace. Output: a target on that server, or on its cluster.
-    pub(crate) async fn connect(url: &str, namespace: &str) -> Result<Self, Failure> {
-        let keys = RedisKeys::new(namespace).map_err(|err| Failure::usage(err.to_string()))?;
+    /// Input: a Redis URL and a namespace. Output: a target on that server, or on its cluster.
+    pub(crate) async fn redis(url: &str, namespace: &str) -> Result<Self, Failure> {
+        idempotask::store::check_namespace(namespace)
+            .map_err(|err| Failure::usage(err.to_string()))?;
         let store = RedisStore::builder(url)
             .namespace(namespace)
             .connect()
             .await
-            .map_err(|err| Failure::store(&err, url))?;
-        let mut connection = redis::Client::open(url)
-            .map_err(|err| redis_failure(url, "connect", &err))?
-            .get_connection_manager()
+            .map_err(|err| Failure::redis(&err, url))?;
+        let kind = store
+            .server_kind()
             .await
-            .map_err(|err| redis_failure(url, "connect", &err))?;
-        let is_cluster = detect(&mut connection, url).await? == ServerKind::Cluster;
-        let backend = if is_cluster {
-            let cluster = RedisClusterStore::builder([url])
-                .namespace(namespace)
-                .connect()
-                .await
-                .map_err(|err| Failure::store(&err, url))?;
-            let connection = redis::cluster::ClusterClient::new(vec![url])
-                .map_err(|err| redis_failure(url, "connect", &err))?
-                .get_async_connection()
-                .await
-                .map_err(|err| redis_failure(url, "connect", &err))?;
-            Backend::Cluster(Box::new(cluster), connection)
-        } else {
-            Backend::Server(store, connection)
+            .map_err(|err| Failure::redis(&err, url))?;
+        let backend = match kind {
+            ServerKind::Standalone => Backend::Server(store),
+            ServerKind::ClusterNode => {
+                let cluster = RedisClusterStore::builder([url])
+                    .namespace(namespace)
+                    .connect()
+                    .await
+                    .map_err(|err| Failure::redis(&err, url))?;
+                Backend::Cluster(Box::new(cluster))
+            }
+            // A wrong guess would give a partial answer that looks complete.
+            undetermined => {
+                let refusals = match undetermined {
+                    ServerKind::Undetermined { refusals, .. } => refusals.join("; "),
+                    other => format!("{other:?}"),
+                };
+                return Err(Failure::new(
+                    Exit::Error,
+                    "server_kind",
+                    format!(
+                        "cannot tell whether Redis at {} is a cluster node or a standalone server, so a listing could miss keys: {refusals}; grant the user `+cluster|slots` (`RedisClusterStore` needs it too)",
+                        redact(url)
+                    ),
+                ));
+            }
         };
         Ok(Self {
             backend,
-            keys,
+            url: url.to_owned(),
+        })
+    }
+
+    /// Input: a PostgreSQL URL and the store's table. Output: a target on that table.
+    pub(crate) async fn postgres(url: &str, table: &str) -> Result<Self, Failure> {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(url)
+            .await
+            .map_err(|err| Failure::postgres_connect(&err, url))?;
+        let store = PostgresStore::builder(pool)
+            .table(table)
+            .max_connections(2)
+            .connect()
+            .await
+            .map_err(|err| Failure::postgres(&err, url))?;
+        Ok(Self {
+            backend: Backend::Postgres(Box::new(store)),
             url: url.to_owned(),
         })
     }
@@ -82,97 +117,163 @@ impl Target {
         matches!(self.backend, Backend::Cluster(..))
     }
 
-    fn store(&self) -> SharedStore {
-        match &self.backend {
-            Backend::Server(store, _) => SharedStore::new(store.clone()),
-            Backend::Cluster(store, _) => SharedStore::new((**store).clone()),
+    /// Whether the units live in PostgreSQL.
+    pub(crate) fn is_postgres(&self) -> bool {
+        matches!(self.backend, Backend::Postgres(..))
+    }
+
+    /// A failed store call as the CLI reports it.
+    pub(crate) fn failure(&self, err: &StoreError) -> Failure {
+        if self.is_postgres() {
+            Failure::postgres(err, &self.url)
+        } else {
+            Failure::redis(err, &self.url)
         }
     }
 
-    pub(crate) fn redis_failure(&self, operation: &'static str, err: &RedisError) -> Failure {
-        redis_failure(&self.url, operation, err)
+    /// Where the units live, for JSON: `("namespace", "default")` or `("table", "…")`.
+    pub(crate) fn scope(&self) -> (&'static str, &str) {
+        match &self.backend {
+            Backend::Server(store) => ("namespace", store.namespace()),
+            Backend::Cluster(store) => ("namespace", store.namespace()),
+            Backend::Postgres(store) => ("table", store.table()),
+        }
     }
 
-    pub(crate) fn task_pattern(&self, task: &str) -> Result<String, Failure> {
-        self.keys
-            .task_pattern(task)
-            .map_err(|err| Failure::usage(err.to_string()))
+    /// Where the units live, for people: "namespace `default`" or "table `idempotask_units`".
+    pub(crate) fn scope_text(&self) -> String {
+        let (what, name) = self.scope();
+        format!("{what} `{name}`")
+    }
+
+    /// The flag that selects another scope, for hints.
+    pub(crate) fn scope_flag(&self) -> &'static str {
+        if self.is_postgres() {
+            "--table"
+        } else {
+            "--namespace"
+        }
+    }
+
+    /// Where `unit` is stored, for messages: its Redis key, or its table's row.
+    pub(crate) fn location(&self, unit: &UnitOfWork) -> String {
+        match &self.backend {
+            Backend::Server(store) => store.key(unit),
+            Backend::Cluster(store) => store.key(unit),
+            Backend::Postgres(store) => format!("the row of table {}", store.table()),
+        }
+    }
+
+    pub(crate) fn check_task(task: &str) -> Result<(), Failure> {
+        check_task_name(task).map_err(|err| Failure::usage(err.to_string()))
     }
 
     pub(crate) fn unit(&self, task: &str, key: &str) -> Result<UnitOfWork, Failure> {
-        UnitOfWork::with_limit(task, key, self.store().max_key_len())
-            .map_err(|err| Failure::usage(err.to_string()))
-    }
-
-    /// What the unit's key holds, and the clock of the server that owns it.
-    pub(crate) async fn read(&self, key: &str) -> Result<Read, Failure> {
-        let invocation = READ.key(key);
-        let reply: Result<Value, RedisError> = match &self.backend {
-            Backend::Server(_, connection) => {
-                invocation.invoke_async(&mut connection.clone()).await
-            }
-            Backend::Cluster(_, connection) => {
-                invocation.invoke_async(&mut connection.clone()).await
-            }
+        let max = match &self.backend {
+            Backend::Server(store) => store.max_key_len(),
+            Backend::Cluster(store) => store.max_key_len(),
+            Backend::Postgres(store) => store.max_key_len(),
         };
-        let reply = reply.map_err(|err| self.redis_failure("read", &err))?;
-        Read::from_reply(&reply).map_err(|why| Failure::new(Exit::Error, "redis", why))
+        UnitOfWork::with_limit(task, key, max).map_err(|err| Failure::usage(err.to_string()))
     }
 
-    /// Forgets the unit's key if it still holds exactly `shown`.
-    pub(crate) async fn forget_exact(&self, key: &str, shown: &[u8]) -> Result<Forgot, Failure> {
-        let mut invocation = FORGET.key(key);
-        invocation.arg(shown);
-        let reply: Result<i64, RedisError> = match &self.backend {
-            Backend::Server(_, connection) => {
-                invocation.invoke_async(&mut connection.clone()).await
-            }
-            Backend::Cluster(_, connection) => {
-                invocation.invoke_async(&mut connection.clone()).await
-            }
+    /// What the unit holds now.
+    pub(crate) async fn read(&self, unit: &UnitOfWork) -> Result<Seen, Failure> {
+        let seen = match &self.backend {
+            Backend::Server(store) => store.read_unit(unit).await.map(Seen::from_reading),
+            Backend::Cluster(store) => store.read_unit(unit).await.map(Seen::from_reading),
+            Backend::Postgres(store) => store.read_unit(unit).await.map(Seen::from_postgres),
         };
-        let reply = reply.map_err(|err| self.redis_failure("forget", &err))?;
-        Forgot::from_reply(reply).ok_or_else(|| {
-            Failure::new(
-                Exit::Error,
-                "redis",
-                format!("unexpected reply {reply} to the forget script for `{key}`"),
-            )
-        })
+        seen.map_err(|err| self.failure(&err))
     }
 
-    /// The servers that hold keys: the one server, or every master of the cluster.
-    pub(crate) async fn nodes(&self) -> Result<Vec<Node>, Failure> {
-        match &self.backend {
-            Backend::Server(_, connection) => Ok(vec![Node::Server(connection.clone())]),
-            Backend::Cluster(store, connection) => {
-                let masters = store
-                    .masters()
+    /// Forgets the unit if it still holds exactly `shown`.
+    pub(crate) async fn forget_exact(
+        &self,
+        unit: &UnitOfWork,
+        shown: &[u8],
+    ) -> Result<Forgot, Failure> {
+        let redis = |forgot: RedisForgot| match forgot {
+            RedisForgot::Deleted => Forgot::Deleted,
+            RedisForgot::Gone => Forgot::Gone,
+            _ => Forgot::Changed,
+        };
+        let forgot = match &self.backend {
+            Backend::Server(store) => store.forget_exact(unit, shown).await.map(redis),
+            Backend::Cluster(store) => store.forget_exact(unit, shown).await.map(redis),
+            Backend::Postgres(store) => {
+                store
+                    .forget_exact(unit, shown)
                     .await
-                    .map_err(|err| Failure::store(&err, &self.url))?;
-                Ok(masters
-                    .into_iter()
-                    .map(|(host, port)| Node::Master {
-                        connection: connection.clone(),
-                        host,
-                        port,
+                    .map(|forgot| match forgot {
+                        PostgresForgot::Deleted => Forgot::Deleted,
+                        PostgresForgot::Gone => Forgot::Gone,
+                        _ => Forgot::Changed,
                     })
-                    .collect())
+            }
+        };
+        forgot.map_err(|err| self.failure(&err))
+    }
+
+    /// Whether `task` has anything stored at all.
+    pub(crate) async fn task_exists(&self, task: &str) -> Result<bool, Failure> {
+        let exists = match &self.backend {
+            Backend::Server(store) => store.task_has_keys(task).await,
+            Backend::Cluster(store) => store.task_has_keys(task).await,
+            Backend::Postgres(store) => store
+                .list_task(task, None, 1)
+                .await
+                .map(|page| !page.is_empty()),
+        };
+        exists.map_err(|err| self.failure(&err))
+    }
+
+    /// Every done and locked unit of `task`, and the odd keys.
+    pub(crate) async fn list(&self, task: &str) -> Result<Listing, Failure> {
+        let redis = |found: RedisListing| {
+            let mut listing = Listing {
+                keys_seen: found.keys_seen,
+                servers_scanned: found.servers_scanned,
+                ..Listing::default()
+            };
+            for (digest, stored) in found.units {
+                if let Some(entry) = describe(task, &digest, Seen::from_redis(stored, None)) {
+                    listing.entries.insert(digest, entry);
+                }
+            }
+            listing
+        };
+        let found = match &self.backend {
+            Backend::Server(store) => store.list_task(task).await,
+            Backend::Cluster(store) => store.list_task(task).await,
+            Backend::Postgres(store) => return self.list_rows(store, task).await,
+        };
+        found.map(redis).map_err(|err| self.failure(&err))
+    }
+
+    /// A PostgreSQL listing, page by page.
+    async fn list_rows(&self, store: &PostgresStore, task: &str) -> Result<Listing, Failure> {
+        let mut listing = Listing {
+            servers_scanned: 1,
+            ..Listing::default()
+        };
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let page = store
+                .list_task(task, after.as_deref(), PAGE)
+                .await
+                .map_err(|err| self.failure(&err))?;
+            let full = page.len() == PAGE;
+            after = page.last().map(|row| row.key.clone());
+            for row in page {
+                listing.keys_seen += 1;
+                if let Some((digest, entry)) = describe_row(task, row) {
+                    listing.entries.insert(digest, entry);
+                }
+            }
+            if !full {
+                return Ok(listing);
             }
         }
     }
-}
-
-/// A failed Redis command as the CLI reports it, kind and all.
-pub(crate) fn redis_failure(url: &str, operation: &'static str, err: &RedisError) -> Failure {
-    let kind = if err.is_timeout() {
-        idempotask::store::StoreErrorKind::Timeout
-    } else if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
-        idempotask::store::StoreErrorKind::Unreachable
-    } else {
-        idempotask::store::StoreErrorKind::Rejected
-    };
-    let store_err = idempotask::store::StoreError::new(operation, kind, err.to_string())
-        .with_source(err.clone());
-    Failure::store(&store_err, url)
 }

@@ -4,7 +4,7 @@
 
 use idempotask_test_support as support;
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use idempotask::Task;
@@ -17,37 +17,13 @@ use support::cluster::{RedisCluster, SlotMove};
 
 const LONG: Duration = Duration::from_secs(600);
 
-/// Runs the binary with `args` against `url`; stdin is empty, as in a script.
+mod common;
+
+use common::{json, runtime};
+
+/// Runs the binary with `args` against `url`.
 fn idempotask(url: &str, args: &[&str]) -> (i32, String, String) {
-    let Output {
-        status,
-        stdout,
-        stderr,
-    } = Command::new(env!("CARGO_BIN_EXE_idempotask"))
-        .env_remove("REDIS_URL")
-        .arg("--redis-url")
-        .arg(url)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8(stdout).unwrap(),
-        String::from_utf8(stderr).unwrap(),
-    );
-    println!("$ idempotask {}\n{stdout}{stderr}", args.join(" "));
-    (status.code().expect("exited"), stdout, stderr)
-}
-
-fn json(stdout: &str) -> Value {
-    serde_json::from_str(stdout).unwrap_or_else(|err| panic!("{err}: {stdout}"))
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
+    common::run("--redis-url", url, args)
 }
 
 /// Runs `task` for each key (the body returns `{"charge": "ch_<key>"}`), on `namespace`.
@@ -306,6 +282,20 @@ fn forget_deletes_a_marker_only_when_confirmed_and_not_locked() {
         idempotask(&url, &["status", "--task", "charge", "--key", "order-1"]).0,
         4
     );
+    // As the store's own `forget` does: the fenced marker leaves its counter, and a receipt
+    // tells a re-sent command that this call deleted the marker.
+    let key = redis_key("charge", "order-1");
+    let counter = value_of(&server, &key).expect("the fencing counter stays");
+    assert_eq!(counter.first(), Some(&b'T'), "{counter:?}");
+    let receipt = format!("idempotask:v2:default:{{{key}}}:forgotten");
+    assert!(
+        value_of(&server, &receipt).is_some(),
+        "no receipt at {receipt}"
+    );
+    let redis::Value::Int(receipt_ms) = redis(&server, &[b"PTTL", receipt.as_bytes()]) else {
+        panic!("PTTL {receipt}");
+    };
+    assert!((1..=60_000).contains(&receipt_ms), "{receipt_ms}");
 
     let (code, out, _) = idempotask(
         &url,
@@ -914,6 +904,7 @@ fn forget_deletes_only_the_value_it_showed() {
         .args(["-qec", &command, "/dev/null"])
         .env("SHELL", "/bin/sh")
         .env_remove("REDIS_URL")
+        .env_remove("DATABASE_URL")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()

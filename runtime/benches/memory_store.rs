@@ -52,7 +52,10 @@ fn rows(c: &mut Criterion) {
     let mut group = c.benchmark_group("memory store");
     for (name, store) in [
         ("empty", SharedStore::new(MemoryStore::new())),
-        ("1M live results", filled(&runtime, Duration::from_secs(3600))),
+        (
+            "1M live results",
+            filled(&runtime, Duration::from_secs(3600)),
+        ),
     ] {
         runtime.block_on(call(&store, "duplicate".to_owned()));
         group.bench_function(format!("fresh call, {name}"), |b| {

@@ -9,12 +9,16 @@
 //!   [`Call::run_in_transaction`](idempotask::Call::run_in_transaction): the body's writes and
 //!   the unit's marker commit together, so a crash between the two cannot happen.
 //!
+//! - [`ops`]: for operators, what one unit's row holds raw, a forget of exactly the marker that
+//!   was shown, and a task's units page by page (the `idempotask` command uses them).
+//!
 //! sqlx is part of this crate's public API (`PgPool`, `Transaction`, `PgConnection`): use the
 //! sqlx 0.9 your service already has.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod builder;
 mod errors;
+pub mod ops;
 mod statements;
 mod transactional;
 
@@ -207,6 +211,171 @@ impl PostgresStore {
             start = end;
         }
         Ok(purged)
+    }
+
+    /// The most rows one [`list_task`](Self::list_task) page answers.
+    pub const LIST_PAGE_MAX: usize = 10_000;
+
+    /// For operators: `unit`'s live row, raw (the marker's bytes, the lock's fencing token);
+    /// `None` when it has none (never ran, released, expired or forgotten). Changes nothing.
+    ///
+    /// ```no_run
+    /// # async fn run(store: idempotask_postgres::PostgresStore) -> Result<(), Box<dyn std::error::Error>> {
+    /// use idempotask::store::UnitOfWork;
+    /// use idempotask_postgres::ops::UnitState;
+    ///
+    /// let unit = UnitOfWork::new("charge", "order-42")?;
+    /// match store.read_unit(&unit).await? {
+    ///     Some(row) => match row.state {
+    ///         UnitState::Done { ttl, .. } => println!("done, kept for {ttl:?}"),
+    ///         UnitState::Locked { lock_ttl_remaining, .. } => println!("locked for {lock_ttl_remaining:?}"),
+    ///         _ => {}
+    ///     },
+    ///     None => println!("unknown"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A [`StoreError`] when the statement fails or its row is not one this store writes.
+    pub async fn read_unit(
+        &self,
+        unit: &UnitOfWork,
+    ) -> Result<Option<ops::StoredUnit>, StoreError> {
+        let mut connection = self.acquire("read").await?;
+        let row = self
+            .run(
+                "read",
+                sqlx::query(self.statements.read.clone())
+                    .bind(unit.task())
+                    .bind(unit.key().as_bytes())
+                    .fetch_optional(&mut *connection),
+            )
+            .await?;
+        row.map(|row| self.stored_unit(&row, "read")).transpose()
+    }
+
+    /// For operators: forgets `unit`'s marker only while it is still exactly `shown` (the
+    /// bytes of a [`UnitState::Done`](ops::UnitState::Done) an operator confirmed), in one
+    /// statement, so that a marker a delivery wrote meanwhile stays; never a lock. A fenced
+    /// unit's row keeps its fencing counter, as [`forget`](Store::forget) leaves it.
+    ///
+    /// ```no_run
+    /// # async fn run(store: idempotask_postgres::PostgresStore) -> Result<(), Box<dyn std::error::Error>> {
+    /// use idempotask::store::UnitOfWork;
+    /// use idempotask_postgres::ops::{Forgot, UnitState};
+    ///
+    /// let unit = UnitOfWork::new("charge", "order-42")?;
+    /// if let Some(row) = store.read_unit(&unit).await? {
+    ///     if let UnitState::Done { marker, .. } = &row.state {
+    ///         // … shown to the operator, who confirmed …
+    ///         assert_ne!(store.forget_exact(&unit, marker).await?, Forgot::Changed);
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A [`StoreError`] when the statement fails.
+    pub async fn forget_exact(
+        &self,
+        unit: &UnitOfWork,
+        shown: &[u8],
+    ) -> Result<ops::Forgot, StoreError> {
+        let mut connection = self.acquire("forget").await?;
+        let row = self
+            .run(
+                "forget",
+                sqlx::query(self.statements.forget_exact.clone())
+                    .bind(unit.task())
+                    .bind(unit.key().as_bytes())
+                    .bind(shown)
+                    .fetch_one(&mut *connection),
+            )
+            .await?;
+        let forgotten: i64 = get(&row, "forgotten", "forget", &self.table)?;
+        let present: bool = get(&row, "present", "forget", &self.table)?;
+        Ok(match (forgotten > 0, present) {
+            (true, _) => ops::Forgot::Deleted,
+            (false, true) => ops::Forgot::Changed,
+            (false, false) => ops::Forgot::Gone,
+        })
+    }
+
+    /// For operators: one page of `task`'s live units in key order, at most `limit` of them
+    /// (and at most [`LIST_PAGE_MAX`](Self::LIST_PAGE_MAX)), starting after the key `after`
+    /// (`None`: from the first). One statement on the primary key per page; pass the last key
+    /// of a page to get the next, until a page comes back shorter than asked. The pages are
+    /// not one snapshot: rows written meanwhile may or may not appear.
+    ///
+    /// ```no_run
+    /// # async fn run(store: idempotask_postgres::PostgresStore) -> Result<(), idempotask::store::StoreError> {
+    /// let mut after: Option<Vec<u8>> = None;
+    /// loop {
+    ///     let page = store.list_task("charge", after.as_deref(), 1000).await?;
+    ///     for unit in &page {
+    ///         println!("{:?}: {:?}", String::from_utf8_lossy(&unit.key), unit.state);
+    ///     }
+    ///     if page.len() < 1000 {
+    ///         break;
+    ///     }
+    ///     after = page.last().map(|unit| unit.key.clone());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A [`StoreError`] when the statement fails or a row is not one this store writes.
+    pub async fn list_task(
+        &self,
+        task: &str,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<ops::StoredUnit>, StoreError> {
+        let limit = i64::try_from(limit.clamp(1, Self::LIST_PAGE_MAX)).unwrap_or(1);
+        let mut connection = self.acquire("list").await?;
+        let rows = self
+            .run(
+                "list",
+                sqlx::query(self.statements.list.clone())
+                    .bind(task)
+                    .bind(after.unwrap_or_default())
+                    .bind(limit)
+                    .fetch_all(&mut *connection),
+            )
+            .await?;
+        rows.iter()
+            .map(|row| self.stored_unit(row, "list"))
+            .collect()
+    }
+
+    /// Input: a row `(key, state, fence, marker, left_ms)`. Output: the unit it describes.
+    fn stored_unit(
+        &self,
+        row: &PgRow,
+        operation: &'static str,
+    ) -> Result<ops::StoredUnit, StoreError> {
+        let key: Vec<u8> = get(row, "key", operation, &self.table)?;
+        let state: String = get(row, "state", operation, &self.table)?;
+        let fence: Option<i64> = get(row, "fence", operation, &self.table)?;
+        let left: Option<i64> = get(row, "left_ms", operation, &self.table)?;
+        let left = left.map(left_duration).unwrap_or_default();
+        let state = match state.as_str() {
+            "locked" => ops::UnitState::Locked {
+                fencing_token: fence.map(i64::unsigned_abs),
+                lock_ttl_remaining: left,
+            },
+            "done" => {
+                let marker: Option<Vec<u8>> = get(row, "marker", operation, &self.table)?;
+                ops::UnitState::Done {
+                    marker: marker
+                        .ok_or_else(|| unexpected(operation, "a done row without a marker"))?,
+                    ttl: left,
+                }
+            }
+            other => return Err(unexpected(operation, format!("a row in state `{other}`"))),
+        };
+        Ok(ops::StoredUnit { key, state })
     }
 
     /// A connection of the store's pool, waited for at most the response timeout. Nothing has

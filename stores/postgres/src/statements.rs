@@ -164,6 +164,15 @@ pub(super) struct Statements {
     pub(super) inspect: SqlStr,
     /// `$1` task, `$2` key: one row, how many markers were forgotten.
     pub(super) forget: SqlStr,
+    /// `$1` task, `$2` key: at most one live row `(key, state, fence, marker, left_ms)`.
+    pub(super) read: SqlStr,
+    /// `$1` task, `$2` the key a page starts after (empty for the first page: no caller key is
+    /// empty), `$3` how many: the task's live rows `(key, state, fence, marker, left_ms)` in
+    /// key order.
+    pub(super) list: SqlStr,
+    /// `$1` task, `$2` key, `$3` the marker an operator was shown: one row `(forgotten,
+    /// present)`, how many markers were forgotten and whether a live row was there before.
+    pub(super) forget_exact: SqlStr,
     /// `$1`, `$2`: the first block and the block after the last of a range: deletes the expired
     /// rows stored there.
     pub(super) purge: SqlStr,
@@ -217,7 +226,7 @@ impl Statements {
         // A fenced release or forget keeps the row for its `fence`, so that the next grant goes
         // on counting even for a task without fencing; other rows are deleted. The kept row
         // expires at the epoch, not now, so that no clock step can make it live again.
-        let free_or_drop = |condition: &str, ours: &str| {
+        let free_or_drop = |condition: &str, ours: &str, extra: &str| {
             sql(format!(
                 "WITH dropped AS (
                     DELETE FROM {t} u WHERE u.task = $1 AND u.key = $2 AND {condition} AND u.fence IS NULL
@@ -229,7 +238,7 @@ impl Statements {
                       AND {bound}
                     RETURNING 1
                 )
-                SELECT (SELECT count(*) FROM dropped) + (SELECT count(*) FROM freed) AS {ours}"
+                SELECT (SELECT count(*) FROM dropped) + (SELECT count(*) FROM freed) AS {ours}{extra}"
             ))
         };
         let held = "u.state = 'locked' AND u.token = $3 AND u.fence IS NOT DISTINCT FROM $4 \
@@ -256,6 +265,7 @@ impl Statements {
             release: free_or_drop(
                 "u.state = 'locked' AND u.token = $3 AND u.expires_at > statement_timestamp()",
                 "released",
+                "",
             ),
             renew: sql(format!(
                 "UPDATE {t} u SET expires_at = statement_timestamp() + $5::bigint * interval '1 millisecond'
@@ -268,6 +278,30 @@ impl Statements {
             forget: free_or_drop(
                 "u.state = 'done' AND u.expires_at > statement_timestamp()",
                 "forgotten",
+                "",
+            ),
+            read: sql(format!(
+                "SELECT u.key, u.state, u.fence, u.marker, {LEFT_MS} AS left_ms FROM {t} u
+                 WHERE u.task = $1 AND u.key = $2 AND u.expires_at > statement_timestamp()"
+            )),
+            // The primary key's order: one index range scan per page, from where the last
+            // page ended (a plain `key > $2`, so that a generic plan keeps the range too).
+            list: sql(format!(
+                "SELECT u.key, u.state, u.fence, u.marker, {LEFT_MS} AS left_ms FROM {t} u
+                 WHERE u.task = $1 AND u.key > $2
+                   AND u.expires_at > statement_timestamp()
+                 ORDER BY u.key LIMIT $3"
+            )),
+            // `present` reads the snapshot from before the statement's own changes (a
+            // data-modifying `WITH` is not visible to the rest of its statement): with nothing
+            // forgotten, it tells a row that changed from one that is gone.
+            forget_exact: free_or_drop(
+                "u.state = 'done' AND u.marker = $3 AND u.expires_at > statement_timestamp()",
+                "forgotten",
+                &format!(
+                    ", EXISTS (SELECT 1 FROM {t} u WHERE u.task = $1 AND u.key = $2
+                               AND u.expires_at > statement_timestamp()) AS present"
+                ),
             ),
             // A TID range scan (PostgreSQL 14+) reads only the blocks of the range; rows that
             // another transaction holds (taking an expired unit over, say) are skipped rather
@@ -417,6 +451,7 @@ mod tests {
             ("release", &statements.release),
             ("renew", &statements.renew),
             ("forget", &statements.forget),
+            ("forget_exact", &statements.forget_exact),
         ] {
             assert!(sql.as_str().contains(&bounded), "{name}");
         }

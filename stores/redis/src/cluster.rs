@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use redis::Value;
 use redis::cluster::ClusterClient;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
 
 use super::healing::HealingConnection;
+use super::ops::{Forgot, Listing, Reading};
 use super::protocol::{Protocol, check_namespace, connect_within, store_error};
 use super::{
     DEFAULT_CONNECTION_TIMEOUT, DEFAULT_NAMESPACE, DEFAULT_RESPONSE_TIMEOUT, delegate_store,
@@ -189,6 +190,123 @@ impl RedisClusterStore {
                 format!("unexpected reply to PING on every master: {replies:?}"),
             )
         })
+    }
+}
+
+/// The operator calls: as [`RedisStore`](crate::RedisStore)'s, and `list_task` scans every
+/// master.
+impl RedisClusterStore {
+    /// For operators: what `unit`'s key holds, raw, with the clock of the master that owns it;
+    /// see [`RedisStore::read_unit`](crate::RedisStore::read_unit).
+    ///
+    /// ```no_run
+    /// # async fn run(store: idempotask_redis::RedisClusterStore) -> Result<(), Box<dyn std::error::Error>> {
+    /// let unit = idempotask::store::UnitOfWork::new("charge", "order-42")?;
+    /// println!("{:?}", store.read_unit(&unit).await?.stored());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A [`StoreError`] when the cluster cannot be reached or answers out of protocol.
+    pub async fn read_unit(&self, unit: &UnitOfWork) -> Result<Reading, StoreError> {
+        self.protocol.read_unit(unit).await
+    }
+
+    /// For operators: deletes `unit`'s value only while it is still exactly `shown`; see
+    /// [`RedisStore::forget_exact`](crate::RedisStore::forget_exact). The client may re-send
+    /// the script; the receipt makes the second run answer as the first did.
+    ///
+    /// ```no_run
+    /// # async fn run(store: idempotask_redis::RedisClusterStore, shown: Vec<u8>) -> Result<(), Box<dyn std::error::Error>> {
+    /// let unit = idempotask::store::UnitOfWork::new("charge", "order-42")?;
+    /// let forgot = store.forget_exact(&unit, &shown).await?;
+    /// println!("{forgot:?}");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A [`StoreError`] when the cluster cannot be reached or answers out of protocol.
+    pub async fn forget_exact(
+        &self,
+        unit: &UnitOfWork,
+        shown: &[u8],
+    ) -> Result<Forgot, StoreError> {
+        self.protocol.forget_exact(unit, shown).await
+    }
+
+    /// For operators: every key of `task`, found with `SCAN` on each master in turn (a task's
+    /// keys spread over all slots) and each read once.
+    ///
+    /// While slots move the masters are not scanned at one instant: a unit whose key moves
+    /// from a master not scanned yet to one already scanned is missed, and one seen on both
+    /// sides is counted once. List again once a resharding is over.
+    ///
+    /// ```no_run
+    /// # async fn run(store: idempotask_redis::RedisClusterStore) -> Result<(), idempotask::store::StoreError> {
+    /// let listing = store.list_task("charge").await?;
+    /// println!("{} keys on {} masters", listing.keys_seen, listing.servers_scanned);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`masters`](Self::masters), and kind `Configuration` for a name no task can have.
+    pub async fn list_task(&self, task: &str) -> Result<Listing, StoreError> {
+        let mut listing = Listing::default();
+        for (host, port) in self.masters().await? {
+            let found = self
+                .protocol
+                .list_on(task, self.on_master(&host, port))
+                .await?;
+            listing.merge(found);
+        }
+        Ok(listing)
+    }
+
+    /// For operators: whether `task` has any key at all on any master.
+    ///
+    /// ```no_run
+    /// # async fn run(store: idempotask_redis::RedisClusterStore) -> Result<(), idempotask::store::StoreError> {
+    /// println!("{}", store.task_has_keys("charge").await?);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`list_task`](Self::list_task).
+    pub async fn task_has_keys(&self, task: &str) -> Result<bool, StoreError> {
+        for (host, port) in self.masters().await? {
+            if self
+                .protocol
+                .has_keys_on(task, self.on_master(&host, port))
+                .await?
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Sends a command to one master by its address, as the client names it.
+    fn on_master(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> impl FnMut(
+        redis::Cmd,
+    ) -> std::pin::Pin<Box<dyn Future<Output = redis::RedisResult<Value>> + Send>> {
+        let connection = self.protocol.connection.clone();
+        let host = host.to_owned();
+        move |cmd| {
+            let mut connection = connection.current();
+            let address = SingleNodeRoutingInfo::ByAddress {
+                host: host.clone(),
+                port,
+            };
+            Box::pin(async move {
+                connection
+                    .route_command(cmd, RoutingInfo::SingleNode(address))
+                    .await
+            })
+        }
     }
 }
 

@@ -8,7 +8,9 @@
 //!   loses no lock and no result.
 //!
 //! Each implements [`Store`](idempotask::store::Store) and passes the core's conformance suite;
-//! [`RedisKeys`] is the key layout, for operators and tools.
+//! [`RedisKeys`] is the key layout and [`ops`] the value layout, for operators and tools, with
+//! the operator calls of [`RedisStore`] and [`RedisClusterStore`]: read one unit raw, forget
+//! exactly what was shown, list one task's units.
 //!
 //! ```no_run
 //! use idempotask::Task;
@@ -47,6 +49,7 @@ use protocol::{Protocol, check_namespace, connect_within, store_error};
 mod cluster;
 mod healing;
 mod lock;
+pub mod ops;
 mod protocol;
 mod quorum;
 mod reply;
@@ -242,6 +245,128 @@ impl RedisStore {
     /// 8.4+), so that `finish` and `renew` run no script.
     pub fn native_compare_and_set(&self) -> bool {
         self.protocol.native_cas()
+    }
+
+    /// For operators: whether the server is standalone or a node of a Redis Cluster (which
+    /// answers this store only for its own slots). It asks with commands a worker's ACL user
+    /// may run (`CLUSTER SLOTS`, `CLUSTER INFO`, `READWRITE`), and answers
+    /// [`Undetermined`](ops::ServerKind::Undetermined) rather than guess when none tells.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idempotask::store::StoreError> {
+    /// use idempotask_redis::ops::ServerKind;
+    /// use idempotask_redis::{RedisClusterStore, RedisStore};
+    ///
+    /// let url = "redis://127.0.0.1:6379";
+    /// let store = RedisStore::connect(url).await?;
+    /// if store.server_kind().await? == ServerKind::ClusterNode {
+    ///     let cluster = RedisClusterStore::connect([url]).await?;
+    ///     # let _ = cluster;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A [`StoreError`] when the server cannot be reached.
+    pub async fn server_kind(&self) -> Result<ops::ServerKind, StoreError> {
+        self.protocol.server_kind().await
+    }
+
+    /// For operators: what `unit`'s key holds, raw (its bytes, a lock without an expiry, a key
+    /// of another type), with the server's clock; changes nothing.
+    ///
+    /// ```no_run
+    /// # async fn run(store: idempotask_redis::RedisStore) -> Result<(), Box<dyn std::error::Error>> {
+    /// use idempotask::store::UnitOfWork;
+    /// use idempotask_redis::ops::Stored;
+    ///
+    /// let unit = UnitOfWork::new("charge", "order-42")?;
+    /// match store.read_unit(&unit).await?.stored() {
+    ///     Stored::Marker { marker: Ok(marker), .. } => println!("done: {:?}", marker.result()),
+    ///     Stored::Lock { lock_ttl_remaining, .. } => println!("locked for {lock_ttl_remaining:?}"),
+    ///     other => println!("{other:?}"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A [`StoreError`] when Redis cannot be reached or answers out of protocol.
+    pub async fn read_unit(&self, unit: &UnitOfWork) -> Result<ops::Reading, StoreError> {
+        self.protocol.read_unit(unit).await
+    }
+
+    /// For operators: deletes `unit`'s value only while it is still exactly `shown` (the bytes
+    /// of a [`Stored::Marker`](ops::Stored::Marker) or [`Stored::Foreign`](ops::Stored::Foreign)
+    /// an operator confirmed), so that a marker a delivery wrote meanwhile stays. A fenced
+    /// marker leaves its counter, as [`forget`](idempotask::store::Store::forget) does, and the
+    /// same receipt: a call re-sent after a lost reply answers as the first one did.
+    ///
+    /// ```no_run
+    /// # async fn run(store: idempotask_redis::RedisStore) -> Result<(), Box<dyn std::error::Error>> {
+    /// use idempotask::store::UnitOfWork;
+    /// use idempotask_redis::ops::{Forgot, Stored};
+    ///
+    /// let unit = UnitOfWork::new("charge", "order-42")?;
+    /// if let Stored::Marker { bytes, .. } = store.read_unit(&unit).await?.stored() {
+    ///     // … shown to the operator, who confirmed …
+    ///     assert_ne!(store.forget_exact(&unit, bytes).await?, Forgot::Changed);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A [`StoreError`] when Redis cannot be reached or answers out of protocol.
+    pub async fn forget_exact(
+        &self,
+        unit: &UnitOfWork,
+        shown: &[u8],
+    ) -> Result<ops::Forgot, StoreError> {
+        self.protocol.forget_exact(unit, shown).await
+    }
+
+    /// For operators: every key of `task` in this namespace, found with `SCAN` (never `KEYS`)
+    /// and each read once. The listing is not one snapshot: keys written while it runs may or
+    /// may not be in it.
+    ///
+    /// ```no_run
+    /// # async fn run(store: idempotask_redis::RedisStore) -> Result<(), idempotask::store::StoreError> {
+    /// let listing = store.list_task("charge").await?;
+    /// println!("{} keys, {} still there", listing.keys_seen, listing.units.len());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A [`StoreError`] of kind `Configuration` for a name no task can have, or when Redis
+    /// cannot be reached.
+    pub async fn list_task(&self, task: &str) -> Result<ops::Listing, StoreError> {
+        self.protocol
+            .list_on(task, |cmd| {
+                let protocol = &self.protocol;
+                async move { protocol.query(&cmd).await }
+            })
+            .await
+    }
+
+    /// For operators: whether `task` has any key at all in this namespace (`SCAN` stops at the
+    /// first), released fenced locks included.
+    ///
+    /// ```no_run
+    /// # async fn run(store: idempotask_redis::RedisStore) -> Result<(), idempotask::store::StoreError> {
+    /// if !store.task_has_keys("charge").await? {
+    ///     println!("no such task in namespace {}", store.namespace());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`list_task`](Self::list_task).
+    pub async fn task_has_keys(&self, task: &str) -> Result<bool, StoreError> {
+        self.protocol
+            .has_keys_on(task, |cmd| {
+                let protocol = &self.protocol;
+                async move { protocol.query(&cmd).await }
+            })
+            .await
     }
 }
 

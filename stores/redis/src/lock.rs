@@ -30,19 +30,26 @@ pub(super) fn holder_value(token: &LockToken) -> String {
     value
 }
 
+/// A lock's value read back into its parts: the holder's token and the fencing token it was
+/// granted with; `None` for a value that is not a well-formed lock.
+///
+/// Input: `L<token>` or `L<token>.<fencing token>`. Output: `(token, fencing token)`.
+pub(super) fn lock_parts(value: &[u8]) -> Option<(&[u8], Option<u64>)> {
+    let rest = value.strip_prefix(&[LOCK_TAG])?;
+    match rest.iter().rposition(|&b| b == b'.') {
+        None => Some((rest, None)),
+        Some(dot) => {
+            let fence = std::str::from_utf8(&rest[dot + 1..]).ok()?.parse().ok()?;
+            Some((&rest[..dot], Some(fence)))
+        }
+    }
+}
+
 /// `Acquired` when the stored `value` is a lock taken with `token` (a repeated call whose first
 /// reply was lost), with the fencing token it was granted.
 pub(super) fn own_lock(value: &[u8], token: &LockToken) -> Option<Begin> {
-    let rest = value
-        .strip_prefix(&[LOCK_TAG])?
-        .strip_prefix(token.as_str().as_bytes())?;
-    let fencing_token = if rest.is_empty() {
-        None
-    } else {
-        let fence = std::str::from_utf8(rest.strip_prefix(b".")?).ok()?;
-        Some(fence.parse().ok()?)
-    };
-    Some(Begin::acquired(fencing_token))
+    let (holder, fencing_token) = lock_parts(value)?;
+    (holder == token.as_str().as_bytes()).then(|| Begin::acquired(fencing_token))
 }
 
 #[cfg(test)]
@@ -67,8 +74,12 @@ mod tests {
         for damaged in [
             format!("L{}.", token.as_str()),
             format!("L{}x", token.as_str()),
+            format!("L{}.7x", token.as_str()),
         ] {
             assert_eq!(own_lock(damaged.as_bytes(), &token), None, "{damaged}");
         }
+        assert_eq!(lock_parts(b"Labc.7"), Some((&b"abc"[..], Some(7))));
+        assert_eq!(lock_parts(b"Labc"), Some((&b"abc"[..], None)));
+        assert_eq!(lock_parts(b"Dabc.7"), None);
     }
 }

@@ -14,6 +14,7 @@
 //! | finish | `SET key <marker> IFEQ <lock> PX result_ttl` where the server has it (Valkey 8.1+, Redis 8.4+), else script `finish.lua` (GET, SET) |
 //! | renew | `SET key <lock> IFEQ <lock> PX lock_ttl`, else script `renew.lua` |
 //! | release, inspect, forget | scripts |
+//! | the operator calls of [`ops`](crate::ops): read, forget exactly, list | scripts `read.lua`, `forget_exact.lua`; `SCAN` |
 //!
 //! `forget` also writes a receipt next to the unit's key (see `forget.lua`), so that a re-sent
 //! `forget` answers as the first one did.
@@ -26,10 +27,10 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::keys::{PREFIX, forget_receipt_key, unit_key};
-use super::lock::{LOCK_TAG, RELEASED_TAG, holder_value, lock_value};
+use super::lock::{holder_value, lock_value};
+use super::ops::Stored;
 pub(super) use super::reply::store_error;
 use super::reply::{foreign, is_out_of_memory, is_syntax_error, parse_flag, pttl, unexpected};
-use idempotask::ops::Marker;
 use idempotask::store::{Begin, Fencing, Finish, Inspection, Store, ttl_millis};
 use idempotask::store::{LockToken, UnitOfWork};
 use idempotask::store::{StoreError, StoreErrorKind};
@@ -47,7 +48,7 @@ static CLOCK: LazyLock<Script> = LazyLock::new(|| Script::new("return redis.call
 /// How often a store whose server had no `SET … IFEQ` tries it again.
 const PROBE_AGAIN_AFTER_MS: u64 = 5_000;
 /// How long a `forget` receipt lasts: far longer than a client goes on re-sending one command.
-const FORGET_RECEIPT_MS: u64 = 60_000;
+pub(super) const FORGET_RECEIPT_MS: u64 = 60_000;
 
 /// A namespace check with the error `connect` reports.
 pub(super) fn check_namespace(namespace: &str) -> Result<(), StoreError> {
@@ -231,7 +232,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
     /// once the call timeout passed. The wait it cuts short may have been for a reconnection
     /// (nothing sent yet) or for a reply (the command may have run): nothing tells them apart
     /// from here, so it is ambiguous, as a response timeout is.
-    async fn bounded<T>(
+    pub(super) async fn bounded<T>(
         &self,
         operation: &'static str,
         call: impl Future<Output = Result<T, StoreError>>,
@@ -525,10 +526,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         let ttl = pttl("inspect", &key, ttl)?;
         match value {
             Value::Nil => Ok(Inspection::default()),
-            Value::BulkString(value) => match value.first() {
-                Some(&Marker::TAG) => Ok(Inspection::done(value.clone(), ttl)),
-                Some(&LOCK_TAG) => Ok(Inspection::locked(ttl.unwrap_or_default())),
-                Some(&RELEASED_TAG) => Ok(Inspection::default()),
+            Value::BulkString(value) => match Stored::parse(value, ttl) {
+                Stored::Marker { bytes, ttl, .. } => Ok(Inspection::done(bytes, ttl)),
+                Stored::Lock {
+                    lock_ttl_remaining, ..
+                } => Ok(Inspection::locked(lock_ttl_remaining.unwrap_or_default())),
+                Stored::Released { .. } => Ok(Inspection::default()),
                 _ => Err(foreign("inspect", &key, value)),
             },
             other => Err(unexpected("inspect", &key, other)),

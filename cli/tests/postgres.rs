@@ -1,0 +1,470 @@
+//! The `idempotask` binary against a PostgreSQL server this test starts: `status`, `forget`
+//! and `list` on a `PostgresStore`'s table, with the exit codes and the confirmation they have
+//! on Redis, and a `forget` that deletes only the marker it showed.
+
+use idempotask_test_support as support;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use idempotask::Task;
+use idempotask::store::{Fencing, LockToken, Store, UnitOfWork};
+use idempotask_postgres::PostgresStore;
+use idempotask_postgres::ops::{Forgot, UnitState};
+use support::postgres::PostgresServer;
+
+const LONG: Duration = Duration::from_secs(600);
+
+mod common;
+
+use common::{json, runtime};
+
+/// Runs the binary with `args` against `url`.
+fn idempotask(url: &str, args: &[&str]) -> (i32, String, String) {
+    common::run("--database-url", url, args)
+}
+
+/// Runs `task` for each key on `store` (the body returns `{"charge": "ch_<key>"}`).
+async fn complete(store: &PostgresStore, task: &str, keys: &[&str]) {
+    for key in keys {
+        Task::named(task)
+            .fencing(true)
+            .call(*key)
+            .store(store.clone())
+            .run(async {
+                Ok::<_, idempotask::Error>(serde_json::json!({ "charge": format!("ch_{key}") }))
+            })
+            .await
+            .unwrap();
+    }
+}
+
+/// Takes the lock of `task`/`key` as a running delivery would, and keeps it for `LONG`.
+async fn lock(store: &PostgresStore, task: &str, key: &str) {
+    let unit = UnitOfWork::new(task, key).unwrap();
+    store
+        .begin(&unit, &LockToken::generate(), LONG, Fencing::On)
+        .await
+        .unwrap();
+}
+
+/// The marker bytes stored for `task`/`key`, if it is done.
+async fn marker_of(store: &PostgresStore, task: &str, key: &str) -> Option<Vec<u8>> {
+    let unit = UnitOfWork::new(task, key).unwrap();
+    match store.read_unit(&unit).await.unwrap()?.state {
+        UnitState::Done { marker, .. } => Some(marker),
+        _ => None,
+    }
+}
+
+#[test]
+fn status_on_postgres_says_done_locked_or_unknown() {
+    let server = PostgresServer::start();
+    let url = server.url();
+    let rt = runtime();
+    rt.block_on(async {
+        let store = server.store().await;
+        complete(&store, "charge", &["order-1"]).await;
+        lock(&store, "charge", "order-2").await;
+    });
+
+    let (code, out, _) = idempotask(&url, &["status", "--task", "charge", "--key", "order-1"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("charge \"order-1\": done"), "{out}");
+    assert!(
+        out.contains(r#"result         {"charge":"ch_order-1"}"#),
+        "{out}"
+    );
+    let done = json(
+        &idempotask(
+            &url,
+            &["status", "--json", "--task", "charge", "--key", "order-1"],
+        )
+        .1,
+    );
+    assert_eq!(done["state"], "done");
+    assert_eq!(done["table"], "idempotask_units");
+    assert_eq!(done["result"]["charge"], "ch_order-1");
+    assert!(done["fencing_token"].as_u64().unwrap() > 0);
+    assert!(done["ttl_ms"].as_u64().unwrap() > 0);
+
+    let (code, out, _) = idempotask(&url, &["status", "--task", "charge", "--key", "order-2"]);
+    assert_eq!(code, 3);
+    assert!(out.contains("locked"), "{out}");
+    let locked = json(
+        &idempotask(
+            &url,
+            &["status", "--json", "--task", "charge", "--key", "order-2"],
+        )
+        .1,
+    );
+    assert_eq!(locked["state"], "locked");
+    assert_eq!(locked["lock_expires"], true);
+    assert!(locked["lock_ttl_ms"].as_u64().unwrap() > 500_000);
+    assert!(locked["fencing_token"].as_u64().unwrap() > 0);
+
+    let (code, out, _) = idempotask(&url, &["status", "--task", "charge", "--key", "order-3"]);
+    assert_eq!(code, 4);
+    assert!(out.contains("unknown"), "{out}");
+    let unknown = json(
+        &idempotask(
+            &url,
+            &["status", "--json", "--task", "charge", "--key", "order-3"],
+        )
+        .1,
+    );
+    assert_eq!(unknown["state"], "unknown");
+    assert_eq!(unknown["task_has_keys"], true);
+
+    let (code, out, _) = idempotask(&url, &["status", "--task", "nope", "--key", "order-1"]);
+    assert_eq!(code, 4);
+    assert!(
+        out.contains(
+            "task `nope` has no keys at all in table `idempotask_units`; check --task and --table"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
+fn forget_on_postgres_refuses_a_lock_and_deletes_a_confirmed_marker() {
+    let server = PostgresServer::start();
+    let url = server.url();
+    let rt = runtime();
+    let store = rt.block_on(async {
+        let store = server.store().await;
+        complete(&store, "charge", &["order-1"]).await;
+        lock(&store, "charge", "order-2").await;
+        store
+    });
+
+    let (code, _, err) = idempotask(
+        &url,
+        &[
+            "forget", "--yes", "--force", "--task", "charge", "--key", "order-2",
+        ],
+    );
+    assert_eq!(code, 3);
+    assert!(
+        err.contains("refusing to forget charge \"order-2\": it is locked"),
+        "{err}"
+    );
+    let (code, _, _) = idempotask(&url, &["status", "--task", "charge", "--key", "order-2"]);
+    assert_eq!(code, 3, "the lock stays");
+
+    // No terminal and no `--yes`: a usage error, nothing deleted.
+    let (code, _, err) = idempotask(&url, &["forget", "--task", "charge", "--key", "order-1"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("pass --yes"), "{err}");
+    let (code, _, _) = idempotask(&url, &["status", "--task", "charge", "--key", "order-1"]);
+    assert_eq!(code, 0);
+
+    let (code, out, _) = idempotask(
+        &url,
+        &[
+            "forget", "--yes", "--json", "--task", "charge", "--key", "order-1",
+        ],
+    );
+    assert_eq!(code, 0);
+    let forgot = json(&out);
+    assert_eq!(forgot["forgotten"], true);
+    assert_eq!(forgot["forced"], false);
+    assert!(forgot["fencing_token"].as_u64().unwrap() > 0);
+    let (code, _, _) = idempotask(&url, &["status", "--task", "charge", "--key", "order-1"]);
+    assert_eq!(code, 4);
+    let (code, _, err) = idempotask(
+        &url,
+        &["forget", "--yes", "--task", "charge", "--key", "order-1"],
+    );
+    assert_eq!(code, 4);
+    assert!(
+        err.contains("nothing to forget: task `charge` has no marker for key `order-1` in table `idempotask_units`"),
+        "{err}"
+    );
+
+    // The next delivery runs the work again, and the fencing counter went on.
+    rt.block_on(async {
+        let ran = Task::named("charge")
+            .fencing(true)
+            .call("order-1")
+            .store(store.clone())
+            .run(async { Ok::<_, idempotask::Error>(7) })
+            .await
+            .unwrap();
+        assert_eq!(ran, 7);
+    });
+}
+
+// `forget` shows a marker, asks, then deletes it only if the row still holds those bytes: a
+// marker that a newer delivery wrote while the operator read the question stays.
+#[test]
+fn forget_on_postgres_deletes_only_the_marker_it_showed() {
+    use std::io::{Read, Write};
+
+    let server = PostgresServer::start();
+    let url = server.url();
+    let rt = runtime();
+    let (store, newer) = rt.block_on(async {
+        let store = server.store().await;
+        complete(&store, "charge", &["order-1"]).await;
+        // A newer marker of the same unit: the same task run in a table of its own.
+        let builder = PostgresStore::builder(server.pool(2).await).table("other_units");
+        builder.migrate().await.unwrap();
+        let other = builder.connect().await.unwrap();
+        complete(&other, "charge", &["order-1"]).await;
+        let newer = marker_of(&other, "charge", "order-1").await.unwrap();
+        (store, newer)
+    });
+    let shown = rt.block_on(marker_of(&store, "charge", "order-1"));
+    assert_ne!(shown.as_ref(), Some(&newer));
+
+    // `script` gives the command a terminal, so that it asks.
+    let command = format!(
+        "{} --database-url {url} forget --task charge --key order-1",
+        env!("CARGO_BIN_EXE_idempotask")
+    );
+    let mut child = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env("SHELL", "/bin/sh")
+        .env_remove("REDIS_URL")
+        .env_remove("DATABASE_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("`script` (util-linux) runs the command on a terminal");
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let mut byte = [0_u8; 1];
+    while !String::from_utf8_lossy(&seen).contains("[y/N]") {
+        assert_eq!(
+            stdout.read(&mut byte).unwrap(),
+            1,
+            "{}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.push(byte[0]);
+    }
+    // A newer delivery writes its marker while the operator reads the question.
+    rt.block_on(async {
+        sqlx::query("UPDATE idempotask_units SET marker = $1 WHERE task = 'charge'")
+            .bind(&newer)
+            .execute(store.pool())
+            .await
+            .unwrap();
+    });
+    child.stdin.take().unwrap().write_all(b"y\n").unwrap();
+    let status = child.wait().unwrap();
+    stdout.read_to_end(&mut seen).unwrap();
+    let seen = String::from_utf8_lossy(&seen);
+    println!("{seen}");
+    assert_eq!(status.code(), Some(1), "{seen}");
+    assert!(
+        seen.contains("nothing deleted: the value of charge \"order-1\" changed"),
+        "{seen}"
+    );
+    assert_eq!(
+        rt.block_on(marker_of(&store, "charge", "order-1")),
+        Some(newer.clone()),
+        "the newer marker stays"
+    );
+
+    // The store's call itself: the shown bytes are gone, so nothing is deleted; the newer
+    // ones are; then the row is gone.
+    rt.block_on(async {
+        let unit = UnitOfWork::new("charge", "order-1").unwrap();
+        let forget = |bytes: Vec<u8>| {
+            let store = store.clone();
+            let unit = unit.clone();
+            async move { store.forget_exact(&unit, &bytes).await.unwrap() }
+        };
+        assert_eq!(forget(shown.unwrap()).await, Forgot::Changed);
+        assert_eq!(forget(newer.clone()).await, Forgot::Deleted);
+        assert_eq!(forget(newer).await, Forgot::Gone);
+    });
+}
+
+#[test]
+fn list_on_postgres_counts_and_filters_with_plain_keys() {
+    let server = PostgresServer::start();
+    let url = server.url();
+    let rt = runtime();
+    rt.block_on(async {
+        let store = server.store().await;
+        complete(&store, "charge", &["order-1", "order-3"]).await;
+        lock(&store, "charge", "order-2").await;
+        complete(&store, "refund", &["order-1"]).await;
+    });
+
+    let (code, out, _) = idempotask(&url, &["list", "--task", "charge"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with("charge in table idempotask_units: 2 done, 1 locked"),
+        "{out}"
+    );
+    assert!(out.contains("done    \"order-1\""), "{out}");
+    assert!(out.contains("locked  \"order-2\""), "{out}");
+
+    let listed = json(&idempotask(&url, &["list", "--json", "--task", "charge"]).1);
+    assert_eq!(listed["table"], "idempotask_units");
+    assert_eq!(
+        (listed["done"].as_u64(), listed["locked"].as_u64()),
+        (Some(2), Some(1))
+    );
+    let entries = listed["entries"].as_array().unwrap();
+    let keys: Vec<&str> = entries.iter().map(|e| e["key"].as_str().unwrap()).collect();
+    assert_eq!(keys.len(), 3);
+    for key in ["order-1", "order-2", "order-3"] {
+        assert!(keys.contains(&key), "{keys:?}");
+    }
+    let done = entries.iter().find(|e| e["key"] == "order-3").unwrap();
+    assert_eq!(done["result"]["charge"], "ch_order-3");
+
+    let locked = json(&idempotask(&url, &["list", "--json", "--locked", "--task", "charge"]).1);
+    let entries = locked["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0]["key"], "order-2");
+    assert_eq!(locked["done"], 2, "the counts are the task's");
+
+    let (code, _, err) = idempotask(&url, &["list", "--task", "nope"]);
+    assert_eq!(code, 4);
+    assert!(
+        err.contains(
+            "unknown task: `nope` has no keys in table `idempotask_units`; check --task and --table"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn list_pages_through_more_units_than_one_page_and_table_selects_the_table() {
+    let server = PostgresServer::start();
+    let url = server.url();
+    let rt = runtime();
+    rt.block_on(async {
+        let builder = PostgresStore::builder(server.pool(4).await).table("jobs.units");
+        builder.migrate().await.unwrap();
+        let store = builder.connect().await.unwrap();
+        // Rows written directly: a page is 1000 rows.
+        let marker = {
+            complete(&store, "charge", &["seed"]).await;
+            marker_of(&store, "charge", "seed").await.unwrap()
+        };
+        sqlx::query(
+            "INSERT INTO jobs.units (task, key, state, marker, expires_at)
+             SELECT 'bulk', convert_to('k' || i, 'UTF8'), 'done', $1, now() + interval '1 hour'
+             FROM generate_series(1, 2500) i",
+        )
+        .bind(&marker)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    });
+    let (code, out, _) = idempotask(
+        &url,
+        &["list", "--json", "--table", "jobs.units", "--task", "bulk"],
+    );
+    assert_eq!(code, 0);
+    let listed = json(&out);
+    // The markers name the key `seed`, not the rows' keys: every one is flagged, and counted.
+    assert_eq!(listed["done"], 2500);
+    assert_eq!(listed["flagged"], 2500);
+    assert_eq!(listed["entries"].as_array().unwrap().len(), 2500);
+    // The default table has no such task.
+    let (code, _, err) = idempotask(&url, &["list", "--task", "bulk"]);
+    assert_eq!(code, 1, "the default table was never created: {err}");
+    assert!(err.contains("PostgresStore::migrate"), "{err}");
+}
+
+// An application's environment often has `REDIS_URL` and `DATABASE_URL` both: the flag typed
+// decides, and with neither typed the command refuses to guess which store to inspect.
+#[test]
+fn database_url_selects_postgres_and_a_typed_flag_wins_over_the_environment() {
+    let server = PostgresServer::start();
+    let url = server.url();
+    let rt = runtime();
+    rt.block_on(async {
+        let store = server.store().await;
+        complete(&store, "charge", &["order-1"]).await;
+    });
+    let run = |env: &[(&str, &str)], args: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_idempotask"));
+        command
+            .env_remove("REDIS_URL")
+            .env_remove("DATABASE_URL")
+            .args(args)
+            .stdin(Stdio::null());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let output = command.output().unwrap();
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        (output.status.code().unwrap(), stderr)
+    };
+    let status = ["status", "--task", "charge", "--key", "order-1"];
+    assert_eq!(run(&[("DATABASE_URL", &url)], &status).0, 0);
+
+    let unreachable_redis = "redis://127.0.0.1:1";
+    let both = [
+        ("DATABASE_URL", url.as_str()),
+        ("REDIS_URL", unreachable_redis),
+    ];
+    let (code, err) = run(&both, &status);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("both REDIS_URL and DATABASE_URL are set"),
+        "{err}"
+    );
+
+    let mut typed = vec!["--database-url", url.as_str()];
+    typed.extend(status);
+    assert_eq!(run(&both, &typed).0, 0, "the typed flag decides");
+    let mut typed = vec!["--redis-url", unreachable_redis];
+    typed.extend(status);
+    let (code, err) = run(&[("DATABASE_URL", &url)], &typed);
+    assert_eq!(code, 1, "Redis was asked: {err}");
+    assert!(err.contains("cannot reach Redis"), "{err}");
+}
+
+#[test]
+fn forget_force_on_postgres_deletes_an_unreadable_marker_but_never_a_lock() {
+    let server = PostgresServer::start();
+    let url = server.url();
+    let rt = runtime();
+    rt.block_on(async {
+        let store = server.store().await;
+        complete(&store, "charge", &["order-1"]).await;
+        lock(&store, "charge", "order-2").await;
+        sqlx::query("UPDATE idempotask_units SET marker = 'Dnot a marker' WHERE key = 'order-1'")
+            .execute(store.pool())
+            .await
+            .unwrap();
+    });
+    let unit = ["--task", "charge", "--key", "order-1"];
+    let with = |first: &[&'static str]| {
+        let mut args = first.to_vec();
+        args.extend(unit);
+        args
+    };
+    let (code, out, err) = idempotask(&url, &with(&["status", "--json"]));
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(json(&out)["error"]["kind"], "unreadable");
+    let (code, _, err) = idempotask(&url, &with(&["forget", "--yes"]));
+    assert_eq!(code, 1);
+    assert!(err.contains("pass --force"), "{err}");
+    let (code, out, _) = idempotask(&url, &with(&["forget", "--yes", "--force", "--json"]));
+    assert_eq!(code, 0);
+    assert_eq!(json(&out)["forced"], true);
+    assert_eq!(idempotask(&url, &with(&["status"])).0, 4);
+
+    let (code, _, _) = idempotask(
+        &url,
+        &[
+            "forget", "--yes", "--force", "--task", "charge", "--key", "order-2",
+        ],
+    );
+    assert_eq!(code, 3, "never a lock");
+    assert_eq!(
+        idempotask(&url, &["status", "--task", "charge", "--key", "order-2"]).0,
+        3
+    );
+}

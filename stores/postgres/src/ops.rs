@@ -1,0 +1,90 @@
+//! For operators: what one unit's row holds, raw, the compare-and-forget of exactly the marker
+//! an operator was shown, and the listing of one task's units, page by page.
+//!
+//! [`PostgresStore::read_unit`](crate::PostgresStore::read_unit),
+//! [`PostgresStore::forget_exact`](crate::PostgresStore::forget_exact) and
+//! [`PostgresStore::list_task`](crate::PostgresStore::list_task) answer with these types; the
+//! `idempotask` command is built on them.
+
+use std::time::Duration;
+
+/// One live row of the store's table: a unit of work that is locked or done. Rows whose
+/// expiry has passed count as absent and are never answered.
+///
+/// ```no_run
+/// # async fn run(store: idempotask_postgres::PostgresStore) -> Result<(), idempotask::store::StoreError> {
+/// for unit in store.list_task("charge", None, 100).await? {
+///     println!("{}: {:?}", String::from_utf8_lossy(&unit.key), unit.state);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoredUnit {
+    /// The caller's key, as stored (bytes: a key may hold any text).
+    pub key: Vec<u8>,
+    /// Whether it is locked or done, and what that holds.
+    pub state: UnitState,
+}
+
+/// What a live row holds.
+///
+/// ```no_run
+/// # async fn run(store: idempotask_postgres::PostgresStore, unit: idempotask::store::UnitOfWork) -> Result<(), Box<dyn std::error::Error>> {
+/// use idempotask::ops::Marker;
+/// use idempotask_postgres::ops::UnitState;
+///
+/// if let Some(row) = store.read_unit(&unit).await? {
+///     match row.state {
+///         UnitState::Done { marker, .. } => println!("{:?}", Marker::decode(&marker)?.result()),
+///         UnitState::Locked { fencing_token, .. } => println!("locked, fence {fencing_token:?}"),
+///         _ => {}
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UnitState {
+    /// A delivery holds the lock.
+    #[non_exhaustive]
+    Locked {
+        /// The fencing token it was granted with, for a fenced task (from the table's
+        /// sequence: it increases, but tells no time).
+        fencing_token: Option<u64>,
+        /// How long the lock has left.
+        lock_ttl_remaining: Duration,
+    },
+    /// The unit is done.
+    #[non_exhaustive]
+    Done {
+        /// The completion marker's bytes, exactly as stored: what
+        /// [`forget_exact`](crate::PostgresStore::forget_exact) compares. Decode them with
+        /// [`Marker::decode`](idempotask::ops::Marker::decode).
+        marker: Vec<u8>,
+        /// How long the marker has left.
+        ttl: Duration,
+    },
+}
+
+/// What [`forget_exact`](crate::PostgresStore::forget_exact) did.
+///
+/// ```no_run
+/// # async fn run(store: idempotask_postgres::PostgresStore, unit: idempotask::store::UnitOfWork, shown: Vec<u8>) -> Result<(), idempotask::store::StoreError> {
+/// use idempotask_postgres::ops::Forgot;
+///
+/// if store.forget_exact(&unit, &shown).await? == Forgot::Changed {
+///     println!("a delivery wrote it meanwhile; nothing deleted");
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Forgot {
+    /// The marker was still the one shown; it is gone (a fenced unit's row keeps its counter).
+    Deleted,
+    /// The unit has no live row any more (it expired, or someone else forgot it).
+    Gone,
+    /// The unit holds something else now (another marker, a lock); nothing was deleted.
+    Changed,
+}

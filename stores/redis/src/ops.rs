@@ -1,0 +1,635 @@
+//! For operators: what one unit's key holds, read raw; the compare-and-forget of exactly the
+//! bytes an operator was shown; and the listing of one task's units with `SCAN`.
+//!
+//! [`Store::inspect`](idempotask::store::Store::inspect) answers what a delivery needs and
+//! folds away what an operator needs to see: a lock without an expiry reads as one about to
+//! expire, a key of another type fails the read, and the bytes themselves are not returned, so
+//! a `forget` after a confirmation could not tell whether the value it deletes is still the one
+//! it showed. [`Stored`] keeps all of that; [`RedisStore::read_unit`](crate::RedisStore::read_unit),
+//! [`RedisStore::forget_exact`](crate::RedisStore::forget_exact) and
+//! [`RedisStore::list_task`](crate::RedisStore::list_task) (and the same methods of
+//! [`RedisClusterStore`](crate::RedisClusterStore)) use it. The `idempotask` command is built
+//! on these.
+//!
+//! ```
+//! use idempotask_redis::ops::Stored;
+//!
+//! let lock = Stored::parse(b"L0123abcd.1764460000123456", None);
+//! assert!(matches!(lock, Stored::Lock { fencing_token: Some(1_764_460_000_123_456), lock_ttl_remaining: None, .. }));
+//! assert!(matches!(Stored::parse(b"T42", None), Stored::Released { fencing_token: Some(42), .. }));
+//! assert!(matches!(Stored::parse(b"OK", None), Stored::Foreign { .. }));
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use idempotask::ops::{Marker, MarkerError};
+use idempotask::store::{StoreError, StoreErrorKind, UnitOfWork};
+use redis::aio::ConnectionLike;
+use redis::{Cmd, RedisError, Script, Value};
+
+use super::keys::{RedisKeys, forget_receipt_key};
+use super::lock::{LOCK_TAG, RELEASED_TAG, lock_parts};
+use super::protocol::{FORGET_RECEIPT_MS, Protocol};
+use super::reply::unexpected;
+
+/// How many keys one `SCAN` call looks at, and how many keys are read at once.
+const BATCH: usize = 1000;
+
+/// Reads one key of any type, with the server's clock.
+pub(super) static READ: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("read.lua")));
+/// Deletes a key only while it holds the value given, and leaves a forget receipt.
+pub(super) static FORGET_EXACT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("forget_exact.lua")));
+
+/// What one unit's key holds: the value layout of the Redis stores, read in this one place.
+///
+/// A key holds a lock (`L<token>`, `L<token>.<fencing token>`), a released fenced lock's
+/// counter (`T<fencing token>`) or a completion [`Marker`] (`D…`); anything else was not
+/// written by idempotask.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Stored {
+    /// Nothing.
+    Missing,
+    /// A released fenced lock's counter: the unit is neither done nor locked.
+    #[non_exhaustive]
+    Released {
+        /// The last fencing token granted; `None` for a counter that does not read as one.
+        fencing_token: Option<u64>,
+    },
+    /// A lock: a delivery is running the work.
+    #[non_exhaustive]
+    Lock {
+        /// The fencing token it was granted with, for a fenced task.
+        fencing_token: Option<u64>,
+        /// How long the lock has left; `None` when the key has no expiry, which idempotask
+        /// never leaves on a lock (something else changed it).
+        lock_ttl_remaining: Option<Duration>,
+    },
+    /// A completion marker (a value that starts with `D`), readable or not.
+    #[non_exhaustive]
+    Marker {
+        /// The value, exactly as stored: what [`forget_exact`](crate::RedisStore::forget_exact)
+        /// compares.
+        bytes: Vec<u8>,
+        /// How long the marker has left; `None` when it has no expiry.
+        ttl: Option<Duration>,
+        /// The marker decoded, or why it cannot be.
+        marker: Result<Marker, MarkerError>,
+    },
+    /// A string that is neither a marker nor a lock: not idempotask's.
+    #[non_exhaustive]
+    Foreign {
+        /// The value, exactly as stored.
+        bytes: Vec<u8>,
+    },
+    /// A key of another type (`hash`, `list`, …); idempotask writes only strings.
+    #[non_exhaustive]
+    OtherType {
+        /// The type, as `TYPE` names it.
+        kind: String,
+    },
+}
+
+impl Stored {
+    /// Input: a string value of a unit's key and its expiry (`None`: none, or unknown).
+    /// Output: what the value is.
+    ///
+    /// ```
+    /// use idempotask_redis::ops::Stored;
+    /// use std::time::Duration;
+    ///
+    /// let ttl = Some(Duration::from_secs(30));
+    /// match Stored::parse(b"Labc", ttl) {
+    ///     Stored::Lock { fencing_token, lock_ttl_remaining, .. } => {
+    ///         assert_eq!((fencing_token, lock_ttl_remaining), (None, ttl));
+    ///     }
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// ```
+    pub fn parse(value: &[u8], ttl: Option<Duration>) -> Self {
+        match value.first() {
+            Some(&Marker::TAG) => Self::Marker {
+                bytes: value.to_vec(),
+                ttl,
+                marker: Marker::decode(value),
+            },
+            Some(&LOCK_TAG) => Self::Lock {
+                fencing_token: lock_parts(value).and_then(|(_, fence)| fence),
+                lock_ttl_remaining: ttl,
+            },
+            Some(&RELEASED_TAG) => Self::Released {
+                fencing_token: std::str::from_utf8(&value[1..])
+                    .ok()
+                    .and_then(|fence| fence.parse().ok()),
+            },
+            _ => Self::Foreign {
+                bytes: value.to_vec(),
+            },
+        }
+    }
+}
+
+/// One unit's key as [`read_unit`](crate::RedisStore::read_unit) saw it, with the server's
+/// clock at that instant (the clock fencing tokens are taken from).
+///
+/// ```no_run
+/// # async fn run(store: idempotask_redis::RedisStore, unit: idempotask::store::UnitOfWork) -> Result<(), idempotask::store::StoreError> {
+/// use idempotask_redis::ops::Stored;
+///
+/// let reading = store.read_unit(&unit).await?;
+/// if let Stored::Lock { fencing_token: Some(granted_us), .. } = reading.stored() {
+///     let age_ms = reading.server_time_us().saturating_sub(*granted_us) / 1000;
+///     println!("locked about {age_ms} ms ago");
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Reading {
+    stored: Stored,
+    server_time_us: u64,
+}
+
+impl Reading {
+    /// What the key holds.
+    pub fn stored(&self) -> &Stored {
+        &self.stored
+    }
+
+    /// What the key holds, taken out of the reading.
+    pub fn into_stored(self) -> Stored {
+        self.stored
+    }
+
+    /// The server's `TIME` when the key was read, in microseconds since the Unix epoch. A
+    /// fencing token is the same clock when it was granted, so the difference is about the
+    /// lock's age.
+    pub fn server_time_us(&self) -> u64 {
+        self.server_time_us
+    }
+
+    /// Input: the read script's reply. Output: what it says, or why the reply is not one.
+    pub(super) fn from_reply(reply: &Value) -> Result<Self, String> {
+        let unexpected = || format!("unexpected reply to the read script: {reply:?}");
+        let Value::Array(items) = reply else {
+            return Err(unexpected());
+        };
+        let [kind, value, pttl, time] = items.as_slice() else {
+            return Err(unexpected());
+        };
+        let kind = text(kind).ok_or_else(unexpected)?;
+        let ttl = match pttl {
+            Value::Int(ms) => u64::try_from(*ms).ok().map(Duration::from_millis),
+            _ => return Err(unexpected()),
+        };
+        let server_time_us = match time {
+            Value::Array(parts) => match parts.as_slice() {
+                [secs, micros] => number(secs)
+                    .zip(number(micros))
+                    .map(|(secs, micros)| secs.saturating_mul(1_000_000).saturating_add(micros))
+                    .ok_or_else(unexpected)?,
+                _ => return Err(unexpected()),
+            },
+            _ => return Err(unexpected()),
+        };
+        let stored = match (kind.as_str(), value) {
+            ("none", _) => Stored::Missing,
+            ("string", Value::BulkString(bytes)) => Stored::parse(bytes, ttl),
+            // Expired between `TYPE` and `GET` cannot happen inside a script; anything else is
+            // a reply this build does not know.
+            ("string", _) => return Err(unexpected()),
+            (other, _) => Stored::OtherType {
+                kind: other.to_owned(),
+            },
+        };
+        Ok(Self {
+            stored,
+            server_time_us,
+        })
+    }
+}
+
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(text) => Some(text.clone()),
+        _ => None,
+    }
+}
+
+fn number(value: &Value) -> Option<u64> {
+    match value {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        other => text(other)?.parse().ok(),
+    }
+}
+
+/// What [`forget_exact`](crate::RedisStore::forget_exact) did.
+///
+/// ```no_run
+/// # async fn run(store: idempotask_redis::RedisStore, unit: idempotask::store::UnitOfWork, shown: Vec<u8>) -> Result<(), idempotask::store::StoreError> {
+/// use idempotask_redis::ops::Forgot;
+///
+/// match store.forget_exact(&unit, &shown).await? {
+///     Forgot::Deleted => println!("forgotten; the next delivery runs it again"),
+///     Forgot::Gone => println!("expired or forgotten meanwhile"),
+///     _ => println!("it changed since it was shown; nothing deleted"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Forgot {
+    /// The value was still the one shown; it is gone (a fenced marker leaves its counter).
+    Deleted,
+    /// The key was gone already (expired, or forgotten by someone else).
+    Gone,
+    /// The key holds another value now; nothing was deleted.
+    Changed,
+}
+
+impl Forgot {
+    pub(super) fn from_reply(reply: &Value) -> Option<Self> {
+        match reply {
+            Value::Int(1) => Some(Self::Deleted),
+            Value::Int(0) => Some(Self::Gone),
+            Value::Int(-1) => Some(Self::Changed),
+            _ => None,
+        }
+    }
+}
+
+/// One task's keys as [`list_task`](crate::RedisStore::list_task) found them.
+///
+/// ```no_run
+/// # async fn run(store: idempotask_redis::RedisStore) -> Result<(), idempotask::store::StoreError> {
+/// use idempotask_redis::ops::Stored;
+///
+/// let listing = store.list_task("charge").await?;
+/// let locked = listing
+///     .units
+///     .values()
+///     .filter(|stored| matches!(stored, Stored::Lock { .. }))
+///     .count();
+/// println!("{locked} of {} keys locked", listing.keys_seen);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct Listing {
+    /// Each unit's key that still held something when it was read, by the digest in its name
+    /// (released fenced locks included; keys that expired after `SCAN` saw them are left out).
+    pub units: BTreeMap<String, Stored>,
+    /// How many of the task's keys `SCAN` found.
+    pub keys_seen: usize,
+    /// How many servers were scanned: 1, or the cluster's masters.
+    pub servers_scanned: usize,
+}
+
+impl Listing {
+    /// Adds another server's listing (a cluster has one per master; slots never overlap).
+    ///
+    /// While slots move the masters are not scanned at one instant: a unit whose key moves from
+    /// a master not scanned yet to one already scanned is missed, and one seen on both sides is
+    /// counted once. List again once a resharding is over.
+    pub(super) fn merge(&mut self, other: Self) {
+        self.units.extend(other.units);
+        self.keys_seen += other.keys_seen;
+        self.servers_scanned += other.servers_scanned;
+    }
+}
+
+/// What kind of server a URL names, as [`RedisStore::server_kind`](crate::RedisStore::server_kind)
+/// finds out: a cluster node answers a plain client too, but only for its own slots, so a
+/// tool that guesses wrong gives a partial answer that looks complete.
+///
+/// ```no_run
+/// # async fn run(store: idempotask_redis::RedisStore) -> Result<(), idempotask::store::StoreError> {
+/// use idempotask_redis::ops::ServerKind;
+///
+/// match store.server_kind().await? {
+///     ServerKind::Standalone => println!("one server holds every key"),
+///     ServerKind::ClusterNode => println!("a cluster: use RedisClusterStore"),
+///     other => println!("cannot tell: {other:?}"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ServerKind {
+    /// A standalone server (or a primary with replicas): it holds every key.
+    Standalone,
+    /// A node of a Redis Cluster: use a [`RedisClusterStore`](crate::RedisClusterStore) with
+    /// it as a seed.
+    ClusterNode,
+    /// The server did not say: every probe was refused, typically by the user's ACL rights
+    /// (granting `+cluster|slots` settles it).
+    #[non_exhaustive]
+    Undetermined {
+        /// What each probe answered.
+        refusals: Vec<String>,
+    },
+}
+
+/// One way of asking, and what its success means.
+struct Probe {
+    command: &'static str,
+    subcommand: Option<&'static str>,
+    /// Whether an answer other than an error proves a cluster. Valkey answers `READWRITE` with
+    /// `OK` on a standalone server too; only Redis's refusal of it is telling.
+    success_is_cluster: bool,
+}
+
+/// `CLUSTER SLOTS` first: `RedisClusterStore` needs it, so a worker's ACL user may run it.
+/// `READWRITE` is in `@connection`, which a restricted user usually has.
+const PROBES: [Probe; 3] = [
+    Probe {
+        command: "CLUSTER",
+        subcommand: Some("SLOTS"),
+        success_is_cluster: true,
+    },
+    Probe {
+        command: "CLUSTER",
+        subcommand: Some("INFO"),
+        success_is_cluster: true,
+    },
+    Probe {
+        command: "READWRITE",
+        subcommand: None,
+        success_is_cluster: false,
+    },
+];
+
+/// The operator calls, shared by both stores; each one within the call timeout.
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
+    /// What `key` holds, read by one script that fails on no type of key.
+    async fn read_key(&self, key: &str) -> Result<Reading, StoreError> {
+        let reply = self.invoke("read", &READ, key, |_| {}).await?;
+        Reading::from_reply(&reply)
+            .map_err(|why| StoreError::new("read", StoreErrorKind::Protocol, why))
+    }
+
+    /// Input: the connection to one server. Output: which kind it is; the probes need only
+    /// rights a worker's ACL user has anyway.
+    pub(super) async fn server_kind(&self) -> Result<ServerKind, StoreError> {
+        let mut refusals = Vec::new();
+        for probe in &PROBES {
+            let mut command = redis::cmd(probe.command);
+            if let Some(subcommand) = probe.subcommand {
+                command.arg(subcommand);
+            }
+            let name = match probe.subcommand {
+                Some(subcommand) => format!("{} {subcommand}", probe.command),
+                None => probe.command.to_owned(),
+            };
+            let reply = self
+                .bounded("server kind", async { Ok(self.query(&command).await) })
+                .await?;
+            match reply {
+                Ok(_) if probe.success_is_cluster => return Ok(ServerKind::ClusterNode),
+                Ok(_) => refusals.push(format!("`{name}` answered but does not tell")),
+                Err(err)
+                    if err.is_io_error() || err.is_timeout() || err.is_connection_dropped() =>
+                {
+                    return Err(self.error("server kind", "", &err));
+                }
+                Err(err) if err.to_string().contains("cluster support disabled") => {
+                    return Ok(ServerKind::Standalone);
+                }
+                Err(err) => refusals.push(format!("`{name}`: {err}")),
+            }
+        }
+        Ok(ServerKind::Undetermined { refusals })
+    }
+
+    pub(super) async fn read_unit(&self, unit: &UnitOfWork) -> Result<Reading, StoreError> {
+        self.bounded("read", self.read_key(&self.key(unit))).await
+    }
+
+    /// A nonce per call, as `forget` has: a re-sent command finds the receipt of its first run.
+    pub(super) async fn forget_exact(
+        &self,
+        unit: &UnitOfWork,
+        shown: &[u8],
+    ) -> Result<Forgot, StoreError> {
+        let key = self.key(unit);
+        let receipt = forget_receipt_key(&self.namespace, &key);
+        let nonce = format!("{:016x}", rand::random::<u64>());
+        let call = async {
+            let reply = self
+                .invoke_on("forget", &FORGET_EXACT, &[&key, &receipt], |cmd| {
+                    cmd.arg(shown).arg(&nonce).arg(FORGET_RECEIPT_MS);
+                })
+                .await?;
+            Forgot::from_reply(&reply).ok_or_else(|| unexpected("forget", &key, &reply))
+        };
+        self.bounded("forget", call).await
+    }
+
+    /// Input: the keys of some units. Output: each key's reading, in order; all in flight at
+    /// once on the multiplexed connection, each on its own (the cluster client refuses a
+    /// pipeline that spans slots, and during a slot migration a single command follows `ASK`,
+    /// which covers one command, not a pipeline).
+    async fn read_keys(&self, keys: &[String]) -> Result<Vec<Reading>, StoreError> {
+        let mut in_flight = tokio::task::JoinSet::new();
+        for (index, key) in keys.iter().enumerate() {
+            let protocol = self.clone();
+            let key = key.clone();
+            in_flight.spawn(async move {
+                let reading = protocol.bounded("read", protocol.read_key(&key)).await;
+                (index, reading)
+            });
+        }
+        let mut readings = vec![None; keys.len()];
+        while let Some(joined) = in_flight.join_next().await {
+            // Nothing cancels these tasks; a panic in one is a bug to surface as such.
+            let (index, reading) =
+                joined.unwrap_or_else(|err| std::panic::resume_unwind(err.into_panic()));
+            readings[index] = Some(reading?);
+        }
+        Ok(readings.into_iter().flatten().collect())
+    }
+
+    /// The `SCAN … MATCH` pattern of `task`'s keys, and the layout that reads them back.
+    fn task_layout(
+        &self,
+        operation: &'static str,
+        task: &str,
+    ) -> Result<(RedisKeys, String), StoreError> {
+        let configuration = |err: idempotask::InvalidKey| {
+            StoreError::new(operation, StoreErrorKind::Configuration, err.to_string())
+        };
+        let keys = RedisKeys::new(&self.namespace).map_err(configuration)?;
+        let pattern = keys.task_pattern(task).map_err(configuration)?;
+        Ok((keys, pattern))
+    }
+
+    /// One `SCAN` step from `cursor`, sent with `send` (to the one server, or to one master by
+    /// address): the next cursor and a page of matching keys.
+    async fn scan_step<F, Fut>(
+        &self,
+        send: &mut F,
+        cursor: u64,
+        pattern: &str,
+    ) -> Result<(u64, Vec<String>), StoreError>
+    where
+        F: FnMut(Cmd) -> Fut,
+        Fut: Future<Output = Result<Value, RedisError>>,
+    {
+        let mut scan = redis::cmd("SCAN");
+        scan.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(BATCH);
+        let page = self
+            .bounded("scan", async {
+                send(scan)
+                    .await
+                    .map_err(|err| self.error("scan", pattern, &err))
+            })
+            .await?;
+        redis::from_redis_value(page.clone()).map_err(|_| unexpected("scan", pattern, &page))
+    }
+
+    /// Whether any key of `task` is on the server `send` reaches (`SCAN` stops at the first).
+    pub(super) async fn has_keys_on<F, Fut>(
+        &self,
+        task: &str,
+        mut send: F,
+    ) -> Result<bool, StoreError>
+    where
+        F: FnMut(Cmd) -> Fut,
+        Fut: Future<Output = Result<Value, RedisError>>,
+    {
+        let (_, pattern) = self.task_layout("scan", task)?;
+        let mut cursor = 0;
+        loop {
+            let (next, page) = self.scan_step(&mut send, cursor, &pattern).await?;
+            if !page.is_empty() {
+                return Ok(true);
+            }
+            if next == 0 {
+                return Ok(false);
+            }
+            cursor = next;
+        }
+    }
+
+    /// Input: a task, and how to send `SCAN` to one server. Output: that server's keys of the
+    /// task, each read once; the reads are routed by key, which lands on the same master unless
+    /// a slot moves meanwhile (then the cluster client follows the redirection).
+    pub(super) async fn list_on<F, Fut>(
+        &self,
+        task: &str,
+        mut send: F,
+    ) -> Result<Listing, StoreError>
+    where
+        F: FnMut(Cmd) -> Fut,
+        Fut: Future<Output = Result<Value, RedisError>>,
+    {
+        let (keys, pattern) = self.task_layout("scan", task)?;
+        // digest → the unit's key
+        let mut found: BTreeMap<String, String> = BTreeMap::new();
+        let mut listing = Listing {
+            servers_scanned: 1,
+            ..Listing::default()
+        };
+        let mut cursor = 0;
+        loop {
+            let (next, page) = self.scan_step(&mut send, cursor, &pattern).await?;
+            for key in page {
+                let Some(digest) = keys.parse(&key).map(|parsed| parsed.digest.to_owned()) else {
+                    continue;
+                };
+                listing.keys_seen += 1;
+                found.insert(digest, key);
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        let found: Vec<(String, String)> = found.into_iter().collect();
+        for chunk in found.chunks(BATCH) {
+            let names: Vec<String> = chunk.iter().map(|(_, key)| key.clone()).collect();
+            let readings = self.read_keys(&names).await?;
+            for ((digest, _), reading) in chunk.iter().zip(readings) {
+                if !matches!(reading.stored, Stored::Missing) {
+                    listing.units.insert(digest.clone(), reading.stored);
+                }
+            }
+        }
+        Ok(listing)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(kind: &str, value: Value, pttl: i64) -> Value {
+        Value::Array(vec![
+            Value::SimpleString(kind.into()),
+            value,
+            Value::Int(pttl),
+            Value::Array(vec![
+                Value::BulkString(b"1700000000".to_vec()),
+                Value::BulkString(b"250".to_vec()),
+            ]),
+        ])
+    }
+
+    #[test]
+    fn a_lock_without_an_expiry_has_no_ttl() {
+        let read = Reading::from_reply(&reply("string", Value::BulkString(b"Labc.7".to_vec()), -1))
+            .unwrap();
+        assert!(matches!(
+            read.stored,
+            Stored::Lock {
+                fencing_token: Some(7),
+                lock_ttl_remaining: None
+            }
+        ));
+        assert_eq!(read.server_time_us, 1_700_000_000_000_250);
+    }
+
+    #[test]
+    fn values_are_read_by_their_tag() {
+        let marker = Stored::parse(b"Dgarbage", Some(Duration::from_secs(5)));
+        assert!(matches!(
+            marker,
+            Stored::Marker { ref bytes, ttl: Some(_), marker: Err(_) } if bytes == b"Dgarbage"
+        ));
+        assert!(matches!(
+            Stored::parse(b"T17", None),
+            Stored::Released {
+                fencing_token: Some(17)
+            }
+        ));
+        assert!(matches!(
+            Stored::parse(b"Labc.x", None),
+            Stored::Lock {
+                fencing_token: None,
+                ..
+            }
+        ));
+        assert!(matches!(Stored::parse(b"", None), Stored::Foreign { .. }));
+        assert_eq!(Forgot::from_reply(&Value::Int(-1)), Some(Forgot::Changed));
+        assert_eq!(Forgot::from_reply(&Value::Int(2)), None);
+    }
+
+    #[test]
+    fn other_types_and_foreign_strings_are_named() {
+        let hash = Reading::from_reply(&reply("hash", Value::Nil, -1)).unwrap();
+        assert!(matches!(hash.stored, Stored::OtherType { kind } if kind == "hash"));
+        let foreign =
+            Reading::from_reply(&reply("string", Value::BulkString(b"OK".to_vec()), 5)).unwrap();
+        assert!(matches!(foreign.stored, Stored::Foreign { .. }));
+        let gone = Reading::from_reply(&reply("none", Value::Nil, -2)).unwrap();
+        assert!(matches!(gone.stored, Stored::Missing));
+        assert!(Reading::from_reply(&Value::Int(1)).is_err());
+    }
+}
