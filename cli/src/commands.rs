@@ -4,13 +4,14 @@ use std::io::{BufRead, IsTerminal, Write};
 
 use std::time::Duration;
 
+use idempotask::ops::Forgot;
 use idempotask::store::UnitOfWork;
 use serde_json::{Value, json};
 
 use crate::exit::{Exit, Failure};
 use crate::render::{self, Counts, result_json};
 use crate::stored::{Seen, preview};
-use crate::target::{Forgot, Target};
+use crate::target::Target;
 use crate::time::{human, millis};
 
 /// What a command found: the JSON document, the text for people, and the exit code.
@@ -190,16 +191,21 @@ pub(crate) async fn forget(
         confirm(&shown)?;
     }
     let forgot = target.forget_exact(&unit, bytes).await?;
-    if forgot == Forgot::Changed {
-        return Err(Failure::new(
-            Exit::Error,
-            "changed",
-            format!(
-                "nothing deleted: the value of {task} {key:?} changed after it was read (a delivery wrote it meanwhile); see it with `idempotask status --task {task} --key {key:?}` and forget again if you still mean to"
-            ),
-        ));
-    }
-    let deleted = forgot == Forgot::Deleted;
+    // A variant newer than this binary is not known to have deleted anything: it answers as
+    // `Changed` does.
+    let deleted = match forgot {
+        Forgot::Deleted => true,
+        Forgot::Gone => false,
+        _ => {
+            return Err(Failure::new(
+                Exit::Error,
+                "changed",
+                format!(
+                    "nothing deleted: the value of {task} {key:?} changed after it was read (a delivery wrote it meanwhile); see it with `idempotask status --task {task} --key {key:?}` and forget again if you still mean to"
+                ),
+            ));
+        }
+    };
     let (scope, name) = target.scope();
     let json = json!({
         scope: name,

@@ -9,10 +9,10 @@
 
 use std::time::Duration;
 
+use idempotask::ops::Forgot;
 use idempotask::store::{Store, StoreError, UnitOfWork, check_task_name};
 use idempotask_postgres::PostgresStore;
-use idempotask_postgres::ops::Forgot as PostgresForgot;
-use idempotask_redis::ops::{Forgot as RedisForgot, Listing as RedisListing, ServerKind};
+use idempotask_redis::ops::{Listing as RedisListing, ServerKind};
 use idempotask_redis::{RedisClusterStore, RedisStore};
 
 use crate::exit::{Exit, Failure, redact};
@@ -33,17 +33,6 @@ enum Backend {
     // Boxed: these stores are several times the size of the server one.
     Cluster(Box<RedisClusterStore>),
     Postgres(Box<PostgresStore>),
-}
-
-/// What the compare-and-forget did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Forgot {
-    /// The value was still the one shown; it is gone.
-    Deleted,
-    /// The unit was gone already (expired, or forgotten by someone else).
-    Gone,
-    /// The unit holds another value now; nothing was deleted.
-    Changed,
 }
 
 impl Target {
@@ -193,24 +182,10 @@ impl Target {
         unit: &UnitOfWork,
         shown: &[u8],
     ) -> Result<Forgot, Failure> {
-        let redis = |forgot: RedisForgot| match forgot {
-            RedisForgot::Deleted => Forgot::Deleted,
-            RedisForgot::Gone => Forgot::Gone,
-            _ => Forgot::Changed,
-        };
         let forgot = match &self.backend {
-            Backend::Server(store) => store.forget_exact(unit, shown).await.map(redis),
-            Backend::Cluster(store) => store.forget_exact(unit, shown).await.map(redis),
-            Backend::Postgres(store) => {
-                store
-                    .forget_exact(unit, shown)
-                    .await
-                    .map(|forgot| match forgot {
-                        PostgresForgot::Deleted => Forgot::Deleted,
-                        PostgresForgot::Gone => Forgot::Gone,
-                        _ => Forgot::Changed,
-                    })
-            }
+            Backend::Server(store) => store.forget_exact(unit, shown).await,
+            Backend::Cluster(store) => store.forget_exact(unit, shown).await,
+            Backend::Postgres(store) => store.forget_exact(unit, shown).await,
         };
         forgot.map_err(|err| self.failure(&err))
     }

@@ -4,22 +4,16 @@
 
 use idempotask_test_support as support;
 
-use std::process::{Command, Stdio};
-use std::time::Duration;
-
 use idempotask::Task;
 use idempotask::store::Fencing;
 use idempotask::store::{LockToken, Store, UnitOfWork};
-use idempotask_redis::RedisStore;
 use serde_json::Value;
 use support::RedisServer;
 use support::cluster::{RedisCluster, SlotMove};
 
-const LONG: Duration = Duration::from_secs(600);
-
 mod common;
 
-use common::{json, runtime};
+use common::{Backend, LONG, Redis, json, runtime};
 
 /// Runs the binary with `args` against `url`.
 fn idempotask(url: &str, args: &[&str]) -> (i32, String, String) {
@@ -28,89 +22,28 @@ fn idempotask(url: &str, args: &[&str]) -> (i32, String, String) {
 
 /// Runs `task` for each key (the body returns `{"charge": "ch_<key>"}`), on `namespace`.
 fn complete(server: &RedisServer, namespace: &str, task: &str, keys: &[&str]) {
-    runtime().block_on(async {
-        let store = RedisStore::builder(server.url())
-            .namespace(namespace)
-            .connect()
-            .await
-            .unwrap();
-        for key in keys {
-            Task::named(task)
-                .fencing(true)
-                .call(*key)
-                .store(store.clone())
-                .run(async {
-                    Ok::<_, idempotask::Error>(serde_json::json!({ "charge": format!("ch_{key}") }))
-                })
-                .await
-                .unwrap();
-        }
-    });
+    Redis(server).complete_in(namespace, task, keys);
 }
 
 /// Takes the lock of `task`/`key` as a running delivery would, and keeps it for `LONG`.
 fn lock(server: &RedisServer, task: &str, key: &str) {
-    runtime().block_on(async {
-        let store = server.store().await;
-        let unit = UnitOfWork::new(task, key).unwrap();
-        store
-            .begin(&unit, &LockToken::generate(), LONG, Fencing::On)
-            .await
-            .unwrap();
-    });
+    Redis(server).lock(task, key);
 }
 
 #[test]
 fn status_says_done_locked_or_unknown_in_text_json_and_exit_code() {
     let server = RedisServer::start();
-    let url = server.url();
     complete(&server, "default", "charge", &["order-1"]);
     lock(&server, "charge", "order-2");
-
-    let (code, out, _) = idempotask(&url, &["status", "--task", "charge", "--key", "order-1"]);
-    assert_eq!(code, 0);
-    assert!(out.starts_with("charge \"order-1\": done"), "{out}");
-    assert!(
-        out.contains(r#"result         {"charge":"ch_order-1"}"#),
-        "{out}"
-    );
-    let done = json(
-        &idempotask(
-            &url,
-            &["status", "--json", "--task", "charge", "--key", "order-1"],
-        )
-        .1,
-    );
-    assert_eq!(done["state"], "done");
-    assert_eq!(done["result"]["charge"], "ch_order-1");
-    assert!(done["fencing_token"].as_u64().unwrap() > 0);
-    assert!(done["ttl_ms"].as_u64().unwrap() > 0);
-
-    let (code, out, _) = idempotask(&url, &["status", "--task", "charge", "--key", "order-2"]);
-    assert_eq!(code, 3);
-    assert!(out.contains("locked"), "{out}");
-    let (code, out, _) = idempotask(
-        &url,
-        &["status", "--task", "charge", "--key", "order-2", "--json"],
-    );
-    assert_eq!(code, 3);
-    let locked = json(&out);
-    assert_eq!(locked["state"], "locked");
-    assert!(locked["lock_ttl_ms"].as_u64().unwrap() > 0);
+    let (_, locked) = common::status_says_done_locked_or_unknown(&Redis(&server));
     assert!(locked["token_age_ms"].is_u64(), "{locked}");
-
-    let (code, out, _) = idempotask(&url, &["status", "--task", "charge", "--key", "order-3"]);
-    assert_eq!(code, 4);
-    assert!(out.contains("unknown") && !out.contains("note:"), "{out}");
-    let unknown = json(
-        &idempotask(
-            &url,
-            &["--json", "status", "--task", "charge", "--key", "order-3"],
-        )
-        .1,
+    // `--json` before the command as well as after it.
+    let (code, out, _) = idempotask(
+        &server.url(),
+        &["--json", "status", "--task", "charge", "--key", "order-3"],
     );
-    assert_eq!(unknown["state"], "unknown");
-    assert_eq!(unknown["task_has_keys"], true);
+    assert_eq!(code, 4);
+    assert_eq!(json(&out)["state"], "unknown");
 }
 
 #[test]
@@ -248,40 +181,9 @@ fn a_forget_receipt_is_no_unit_to_list_or_status() {
 #[test]
 fn forget_deletes_a_marker_only_when_confirmed_and_not_locked() {
     let server = RedisServer::start();
-    let url = server.url();
     complete(&server, "default", "charge", &["order-1"]);
     lock(&server, "charge", "order-2");
-
-    let (code, _, err) = idempotask(
-        &url,
-        &["forget", "--task", "charge", "--key", "order-2", "--yes"],
-    );
-    assert_eq!(code, 3);
-    assert!(
-        err.contains("refusing to forget charge \"order-2\": it is locked"),
-        "{err}"
-    );
-
-    let (code, _, err) = idempotask(&url, &["forget", "--task", "charge", "--key", "order-1"]);
-    assert_eq!(code, 2);
-    assert!(err.contains("pass --yes"), "{err}");
-    assert_eq!(
-        idempotask(&url, &["status", "--task", "charge", "--key", "order-1"]).0,
-        0
-    );
-
-    let (code, out, _) = idempotask(
-        &url,
-        &[
-            "forget", "--task", "charge", "--key", "order-1", "--yes", "--json",
-        ],
-    );
-    assert_eq!(code, 0);
-    assert_eq!(json(&out)["forgotten"], true);
-    assert_eq!(
-        idempotask(&url, &["status", "--task", "charge", "--key", "order-1"]).0,
-        4
-    );
+    common::forget_refuses_a_lock_and_deletes_a_confirmed_marker(&Redis(&server));
     // As the store's own `forget` does: the fenced marker leaves its counter, and a receipt
     // tells a re-sent command that this call deleted the marker.
     let key = redis_key("charge", "order-1");
@@ -296,15 +198,6 @@ fn forget_deletes_a_marker_only_when_confirmed_and_not_locked() {
         panic!("PTTL {receipt}");
     };
     assert!((1..=60_000).contains(&receipt_ms), "{receipt_ms}");
-
-    let (code, out, _) = idempotask(
-        &url,
-        &[
-            "forget", "--task", "charge", "--key", "order-1", "--yes", "--json",
-        ],
-    );
-    assert_eq!(code, 4);
-    assert_eq!(json(&out)["error"]["kind"], "unknown");
 }
 
 #[test]
@@ -876,10 +769,7 @@ fn list_flags_a_marker_written_for_another_key() {
 // delivery wrote while the operator read the question was lost.
 #[test]
 fn forget_deletes_only_the_value_it_showed() {
-    use std::io::{Read, Write};
-
     let server = RedisServer::start();
-    let url = server.url();
     complete(&server, "default", "charge", &["order-1"]);
     complete(&server, "other", "charge", &["order-1"]);
     let key = redis_key("charge", "order-1");
@@ -895,44 +785,9 @@ fn forget_deletes_only_the_value_it_showed() {
     });
     assert_ne!(Some(&newer), value_of(&server, &key).as_ref());
 
-    // `script` gives the command a terminal, so that it asks.
-    let command = format!(
-        "{} --redis-url {url} forget --task charge --key order-1",
-        env!("CARGO_BIN_EXE_idempotask")
-    );
-    let mut child = Command::new("script")
-        .args(["-qec", &command, "/dev/null"])
-        .env("SHELL", "/bin/sh")
-        .env_remove("REDIS_URL")
-        .env_remove("DATABASE_URL")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("`script` (util-linux) runs the command on a terminal");
-    let mut stdout = child.stdout.take().unwrap();
-    let mut seen = Vec::new();
-    let mut byte = [0_u8; 1];
-    while !String::from_utf8_lossy(&seen).contains("[y/N]") {
-        assert_eq!(
-            stdout.read(&mut byte).unwrap(),
-            1,
-            "{}",
-            String::from_utf8_lossy(&seen)
-        );
-        seen.push(byte[0]);
-    }
-    // A newer delivery writes its marker while the operator reads the question.
-    redis(&server, &[b"SET", key.as_bytes(), &newer]);
-    child.stdin.take().unwrap().write_all(b"y\n").unwrap();
-    let status = child.wait().unwrap();
-    stdout.read_to_end(&mut seen).unwrap();
-    let seen = String::from_utf8_lossy(&seen);
-    println!("{seen}");
-    assert_eq!(status.code(), Some(1), "{seen}");
-    assert!(
-        seen.contains("nothing deleted: the value of charge \"order-1\" changed"),
-        "{seen}"
-    );
+    common::forget_keeps_a_marker_written_while_it_asks(&Redis(&server), || {
+        redis(&server, &[b"SET", key.as_bytes(), &newer]);
+    });
     assert_eq!(
         value_of(&server, &key),
         Some(newer),

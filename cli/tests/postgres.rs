@@ -5,47 +5,21 @@
 use idempotask_test_support as support;
 
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use idempotask::Task;
-use idempotask::store::{Fencing, LockToken, Store, UnitOfWork};
+use idempotask::ops::Forgot;
+use idempotask::store::UnitOfWork;
 use idempotask_postgres::PostgresStore;
-use idempotask_postgres::ops::{Forgot, UnitState};
+use idempotask_postgres::ops::UnitState;
 use support::postgres::PostgresServer;
-
-const LONG: Duration = Duration::from_secs(600);
 
 mod common;
 
-use common::{json, runtime};
+use common::{Backend, Postgres, complete_on, json};
 
 /// Runs the binary with `args` against `url`.
 fn idempotask(url: &str, args: &[&str]) -> (i32, String, String) {
     common::run("--database-url", url, args)
-}
-
-/// Runs `task` for each key on `store` (the body returns `{"charge": "ch_<key>"}`).
-async fn complete(store: &PostgresStore, task: &str, keys: &[&str]) {
-    for key in keys {
-        Task::named(task)
-            .fencing(true)
-            .call(*key)
-            .store(store.clone())
-            .run(async {
-                Ok::<_, idempotask::Error>(serde_json::json!({ "charge": format!("ch_{key}") }))
-            })
-            .await
-            .unwrap();
-    }
-}
-
-/// Takes the lock of `task`/`key` as a running delivery would, and keeps it for `LONG`.
-async fn lock(store: &PostgresStore, task: &str, key: &str) {
-    let unit = UnitOfWork::new(task, key).unwrap();
-    store
-        .begin(&unit, &LockToken::generate(), LONG, Fencing::On)
-        .await
-        .unwrap();
 }
 
 /// The marker bytes stored for `task`/`key`, if it is done.
@@ -59,64 +33,16 @@ async fn marker_of(store: &PostgresStore, task: &str, key: &str) -> Option<Vec<u
 
 #[test]
 fn status_on_postgres_says_done_locked_or_unknown() {
-    let server = PostgresServer::start();
-    let url = server.url();
-    let rt = runtime();
-    rt.block_on(async {
-        let store = server.store().await;
-        complete(&store, "charge", &["order-1"]).await;
-        lock(&store, "charge", "order-2").await;
-    });
-
-    let (code, out, _) = idempotask(&url, &["status", "--task", "charge", "--key", "order-1"]);
-    assert_eq!(code, 0);
-    assert!(out.starts_with("charge \"order-1\": done"), "{out}");
-    assert!(
-        out.contains(r#"result         {"charge":"ch_order-1"}"#),
-        "{out}"
-    );
-    let done = json(
-        &idempotask(
-            &url,
-            &["status", "--json", "--task", "charge", "--key", "order-1"],
-        )
-        .1,
-    );
-    assert_eq!(done["state"], "done");
+    let pg = Postgres::start();
+    pg.complete("charge", &["order-1"]);
+    pg.lock("charge", "order-2");
+    let (done, locked) = common::status_says_done_locked_or_unknown(&pg);
     assert_eq!(done["table"], "idempotask_units");
-    assert_eq!(done["result"]["charge"], "ch_order-1");
-    assert!(done["fencing_token"].as_u64().unwrap() > 0);
-    assert!(done["ttl_ms"].as_u64().unwrap() > 0);
-
-    let (code, out, _) = idempotask(&url, &["status", "--task", "charge", "--key", "order-2"]);
-    assert_eq!(code, 3);
-    assert!(out.contains("locked"), "{out}");
-    let locked = json(
-        &idempotask(
-            &url,
-            &["status", "--json", "--task", "charge", "--key", "order-2"],
-        )
-        .1,
-    );
-    assert_eq!(locked["state"], "locked");
     assert_eq!(locked["lock_expires"], true);
     assert!(locked["lock_ttl_ms"].as_u64().unwrap() > 500_000);
     assert!(locked["fencing_token"].as_u64().unwrap() > 0);
 
-    let (code, out, _) = idempotask(&url, &["status", "--task", "charge", "--key", "order-3"]);
-    assert_eq!(code, 4);
-    assert!(out.contains("unknown"), "{out}");
-    let unknown = json(
-        &idempotask(
-            &url,
-            &["status", "--json", "--task", "charge", "--key", "order-3"],
-        )
-        .1,
-    );
-    assert_eq!(unknown["state"], "unknown");
-    assert_eq!(unknown["task_has_keys"], true);
-
-    let (code, out, _) = idempotask(&url, &["status", "--task", "nope", "--key", "order-1"]);
+    let (code, out, _) = pg.idempotask(&["status", "--task", "nope", "--key", "order-1"]);
     assert_eq!(code, 4);
     assert!(
         out.contains(
@@ -128,54 +54,14 @@ fn status_on_postgres_says_done_locked_or_unknown() {
 
 #[test]
 fn forget_on_postgres_refuses_a_lock_and_deletes_a_confirmed_marker() {
-    let server = PostgresServer::start();
-    let url = server.url();
-    let rt = runtime();
-    let store = rt.block_on(async {
-        let store = server.store().await;
-        complete(&store, "charge", &["order-1"]).await;
-        lock(&store, "charge", "order-2").await;
-        store
-    });
-
-    let (code, _, err) = idempotask(
-        &url,
-        &[
-            "forget", "--yes", "--force", "--task", "charge", "--key", "order-2",
-        ],
-    );
-    assert_eq!(code, 3);
-    assert!(
-        err.contains("refusing to forget charge \"order-2\": it is locked"),
-        "{err}"
-    );
-    let (code, _, _) = idempotask(&url, &["status", "--task", "charge", "--key", "order-2"]);
-    assert_eq!(code, 3, "the lock stays");
-
-    // No terminal and no `--yes`: a usage error, nothing deleted.
-    let (code, _, err) = idempotask(&url, &["forget", "--task", "charge", "--key", "order-1"]);
-    assert_eq!(code, 2);
-    assert!(err.contains("pass --yes"), "{err}");
-    let (code, _, _) = idempotask(&url, &["status", "--task", "charge", "--key", "order-1"]);
-    assert_eq!(code, 0);
-
-    let (code, out, _) = idempotask(
-        &url,
-        &[
-            "forget", "--yes", "--json", "--task", "charge", "--key", "order-1",
-        ],
-    );
-    assert_eq!(code, 0);
-    let forgot = json(&out);
-    assert_eq!(forgot["forgotten"], true);
+    let pg = Postgres::start();
+    pg.complete("charge", &["order-1"]);
+    pg.lock("charge", "order-2");
+    let forgot = common::forget_refuses_a_lock_and_deletes_a_confirmed_marker(&pg);
     assert_eq!(forgot["forced"], false);
     assert!(forgot["fencing_token"].as_u64().unwrap() > 0);
-    let (code, _, _) = idempotask(&url, &["status", "--task", "charge", "--key", "order-1"]);
-    assert_eq!(code, 4);
-    let (code, _, err) = idempotask(
-        &url,
-        &["forget", "--yes", "--task", "charge", "--key", "order-1"],
-    );
+    let (code, _, err) =
+        pg.idempotask(&["forget", "--yes", "--task", "charge", "--key", "order-1"]);
     assert_eq!(code, 4);
     assert!(
         err.contains("nothing to forget: task `charge` has no marker for key `order-1` in table `idempotask_units`"),
@@ -183,11 +69,11 @@ fn forget_on_postgres_refuses_a_lock_and_deletes_a_confirmed_marker() {
     );
 
     // The next delivery runs the work again, and the fencing counter went on.
-    rt.block_on(async {
+    pg.rt.block_on(async {
         let ran = Task::named("charge")
             .fencing(true)
             .call("order-1")
-            .store(store.clone())
+            .store(pg.store.clone())
             .run(async { Ok::<_, idempotask::Error>(7) })
             .await
             .unwrap();
@@ -199,71 +85,31 @@ fn forget_on_postgres_refuses_a_lock_and_deletes_a_confirmed_marker() {
 // marker that a newer delivery wrote while the operator read the question stays.
 #[test]
 fn forget_on_postgres_deletes_only_the_marker_it_showed() {
-    use std::io::{Read, Write};
-
-    let server = PostgresServer::start();
-    let url = server.url();
-    let rt = runtime();
-    let (store, newer) = rt.block_on(async {
-        let store = server.store().await;
-        complete(&store, "charge", &["order-1"]).await;
+    let pg = Postgres::start();
+    let (rt, store) = (&pg.rt, &pg.store);
+    pg.complete("charge", &["order-1"]);
+    let newer = rt.block_on(async {
         // A newer marker of the same unit: the same task run in a table of its own.
-        let builder = PostgresStore::builder(server.pool(2).await).table("other_units");
+        let builder = PostgresStore::builder(pg.server.pool(2).await).table("other_units");
         builder.migrate().await.unwrap();
         let other = builder.connect().await.unwrap();
-        complete(&other, "charge", &["order-1"]).await;
-        let newer = marker_of(&other, "charge", "order-1").await.unwrap();
-        (store, newer)
+        complete_on(&other, "charge", &["order-1"]).await;
+        marker_of(&other, "charge", "order-1").await.unwrap()
     });
-    let shown = rt.block_on(marker_of(&store, "charge", "order-1"));
+    let shown = rt.block_on(marker_of(store, "charge", "order-1"));
     assert_ne!(shown.as_ref(), Some(&newer));
 
-    // `script` gives the command a terminal, so that it asks.
-    let command = format!(
-        "{} --database-url {url} forget --task charge --key order-1",
-        env!("CARGO_BIN_EXE_idempotask")
-    );
-    let mut child = Command::new("script")
-        .args(["-qec", &command, "/dev/null"])
-        .env("SHELL", "/bin/sh")
-        .env_remove("REDIS_URL")
-        .env_remove("DATABASE_URL")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("`script` (util-linux) runs the command on a terminal");
-    let mut stdout = child.stdout.take().unwrap();
-    let mut seen = Vec::new();
-    let mut byte = [0_u8; 1];
-    while !String::from_utf8_lossy(&seen).contains("[y/N]") {
-        assert_eq!(
-            stdout.read(&mut byte).unwrap(),
-            1,
-            "{}",
-            String::from_utf8_lossy(&seen)
-        );
-        seen.push(byte[0]);
-    }
-    // A newer delivery writes its marker while the operator reads the question.
-    rt.block_on(async {
-        sqlx::query("UPDATE idempotask_units SET marker = $1 WHERE task = 'charge'")
-            .bind(&newer)
-            .execute(store.pool())
-            .await
-            .unwrap();
+    common::forget_keeps_a_marker_written_while_it_asks(&pg, || {
+        rt.block_on(async {
+            sqlx::query("UPDATE idempotask_units SET marker = $1 WHERE task = 'charge'")
+                .bind(&newer)
+                .execute(store.pool())
+                .await
+                .unwrap();
+        });
     });
-    child.stdin.take().unwrap().write_all(b"y\n").unwrap();
-    let status = child.wait().unwrap();
-    stdout.read_to_end(&mut seen).unwrap();
-    let seen = String::from_utf8_lossy(&seen);
-    println!("{seen}");
-    assert_eq!(status.code(), Some(1), "{seen}");
-    assert!(
-        seen.contains("nothing deleted: the value of charge \"order-1\" changed"),
-        "{seen}"
-    );
     assert_eq!(
-        rt.block_on(marker_of(&store, "charge", "order-1")),
+        rt.block_on(marker_of(store, "charge", "order-1")),
         Some(newer.clone()),
         "the newer marker stays"
     );
@@ -285,15 +131,11 @@ fn forget_on_postgres_deletes_only_the_marker_it_showed() {
 
 #[test]
 fn list_on_postgres_counts_and_filters_with_plain_keys() {
-    let server = PostgresServer::start();
-    let url = server.url();
-    let rt = runtime();
-    rt.block_on(async {
-        let store = server.store().await;
-        complete(&store, "charge", &["order-1", "order-3"]).await;
-        lock(&store, "charge", "order-2").await;
-        complete(&store, "refund", &["order-1"]).await;
-    });
+    let pg = Postgres::start();
+    let url = pg.url();
+    pg.complete("charge", &["order-1", "order-3"]);
+    pg.lock("charge", "order-2");
+    pg.complete("refund", &["order-1"]);
 
     let (code, out, _) = idempotask(&url, &["list", "--task", "charge"]);
     assert_eq!(code, 0);
@@ -339,14 +181,13 @@ fn list_on_postgres_counts_and_filters_with_plain_keys() {
 fn list_pages_through_more_units_than_one_page_and_table_selects_the_table() {
     let server = PostgresServer::start();
     let url = server.url();
-    let rt = runtime();
-    rt.block_on(async {
+    common::runtime().block_on(async {
         let builder = PostgresStore::builder(server.pool(4).await).table("jobs.units");
         builder.migrate().await.unwrap();
         let store = builder.connect().await.unwrap();
         // Rows written directly: a page is 1000 rows.
         let marker = {
-            complete(&store, "charge", &["seed"]).await;
+            complete_on(&store, "charge", &["seed"]).await;
             marker_of(&store, "charge", "seed").await.unwrap()
         };
         sqlx::query(
@@ -379,13 +220,9 @@ fn list_pages_through_more_units_than_one_page_and_table_selects_the_table() {
 // decides, and with neither typed the command refuses to guess which store to inspect.
 #[test]
 fn database_url_selects_postgres_and_a_typed_flag_wins_over_the_environment() {
-    let server = PostgresServer::start();
-    let url = server.url();
-    let rt = runtime();
-    rt.block_on(async {
-        let store = server.store().await;
-        complete(&store, "charge", &["order-1"]).await;
-    });
+    let pg = Postgres::start();
+    let url = pg.url();
+    pg.complete("charge", &["order-1"]);
     let run = |env: &[(&str, &str)], args: &[&str]| {
         let mut command = Command::new(env!("CARGO_BIN_EXE_idempotask"));
         command
@@ -427,15 +264,13 @@ fn database_url_selects_postgres_and_a_typed_flag_wins_over_the_environment() {
 
 #[test]
 fn forget_force_on_postgres_deletes_an_unreadable_marker_but_never_a_lock() {
-    let server = PostgresServer::start();
-    let url = server.url();
-    let rt = runtime();
-    rt.block_on(async {
-        let store = server.store().await;
-        complete(&store, "charge", &["order-1"]).await;
-        lock(&store, "charge", "order-2").await;
+    let pg = Postgres::start();
+    let url = pg.url();
+    pg.complete("charge", &["order-1"]);
+    pg.lock("charge", "order-2");
+    pg.rt.block_on(async {
         sqlx::query("UPDATE idempotask_units SET marker = 'Dnot a marker' WHERE key = 'order-1'")
-            .execute(store.pool())
+            .execute(pg.store.pool())
             .await
             .unwrap();
     });

@@ -8,6 +8,7 @@ pub mod conformance;
 mod context;
 mod error;
 mod fingerprint;
+mod forgot;
 mod guard;
 mod install;
 mod marker;

@@ -31,6 +31,7 @@ use sqlx::postgres::{PgConnection, PgPool, PgRow};
 use sqlx::{Row, SqlStr};
 
 use errors::{store_error, unexpected};
+use idempotask::ops::Forgot;
 use idempotask::store::lock_lost_marker;
 use idempotask::store::{Begin, Fencing, Finish, Inspection, Store, ttl_millis};
 use idempotask::store::{LockToken, MAX_KEY_LEN, UnitOfWork};
@@ -263,7 +264,8 @@ impl PostgresStore {
     /// ```no_run
     /// # async fn run(store: idempotask_postgres::PostgresStore) -> Result<(), Box<dyn std::error::Error>> {
     /// use idempotask::store::UnitOfWork;
-    /// use idempotask_postgres::ops::{Forgot, UnitState};
+    /// use idempotask::ops::Forgot;
+    /// use idempotask_postgres::ops::UnitState;
     ///
     /// let unit = UnitOfWork::new("charge", "order-42")?;
     /// if let Some(row) = store.read_unit(&unit).await? {
@@ -281,7 +283,7 @@ impl PostgresStore {
         &self,
         unit: &UnitOfWork,
         shown: &[u8],
-    ) -> Result<ops::Forgot, StoreError> {
+    ) -> Result<Forgot, StoreError> {
         let mut connection = self.acquire("forget").await?;
         let row = self
             .run(
@@ -296,9 +298,9 @@ impl PostgresStore {
         let forgotten: i64 = get(&row, "forgotten", "forget", &self.table)?;
         let present: bool = get(&row, "present", "forget", &self.table)?;
         Ok(match (forgotten > 0, present) {
-            (true, _) => ops::Forgot::Deleted,
-            (false, true) => ops::Forgot::Changed,
-            (false, false) => ops::Forgot::Gone,
+            (true, _) => Forgot::Deleted,
+            (false, true) => Forgot::Changed,
+            (false, false) => Forgot::Gone,
         })
     }
 

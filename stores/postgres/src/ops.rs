@@ -3,8 +3,9 @@
 //!
 //! [`PostgresStore::read_unit`](crate::PostgresStore::read_unit),
 //! [`PostgresStore::forget_exact`](crate::PostgresStore::forget_exact) and
-//! [`PostgresStore::list_task`](crate::PostgresStore::list_task) answer with these types; the
-//! `idempotask` command is built on them.
+//! [`PostgresStore::list_task`](crate::PostgresStore::list_task) answer with these types (and
+//! [`Forgot`](idempotask::ops::Forgot), the same on every backend); the `idempotask` command is
+//! built on them.
 
 use std::time::Duration;
 
@@ -65,26 +66,4 @@ pub enum UnitState {
         /// How long the marker has left.
         ttl: Duration,
     },
-}
-
-/// What [`forget_exact`](crate::PostgresStore::forget_exact) did.
-///
-/// ```no_run
-/// # async fn run(store: idempotask_postgres::PostgresStore, unit: idempotask::store::UnitOfWork, shown: Vec<u8>) -> Result<(), idempotask::store::StoreError> {
-/// use idempotask_postgres::ops::Forgot;
-///
-/// if store.forget_exact(&unit, &shown).await? == Forgot::Changed {
-///     println!("a delivery wrote it meanwhile; nothing deleted");
-/// }
-/// # Ok(()) }
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Forgot {
-    /// The marker was still the one shown; it is gone (a fenced unit's row keeps its counter).
-    Deleted,
-    /// The unit has no live row any more (it expired, or someone else forgot it).
-    Gone,
-    /// The unit holds something else now (another marker, a lock); nothing was deleted.
-    Changed,
 }

@@ -8,11 +8,12 @@ use redis::cluster::ClusterClient;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
 
 use super::healing::HealingConnection;
-use super::ops::{Forgot, Listing, Reading};
+use super::ops::{Listing, Reading};
 use super::protocol::{Protocol, check_namespace, connect_within, store_error};
 use super::{
     DEFAULT_CONNECTION_TIMEOUT, DEFAULT_NAMESPACE, DEFAULT_RESPONSE_TIMEOUT, delegate_store,
 };
+use idempotask::ops::Forgot;
 use idempotask::store::{MAX_KEY_LEN, UnitOfWork};
 use idempotask::store::{StoreError, StoreErrorKind};
 

@@ -15,6 +15,7 @@ local value = redis.call('GET', KEYS[1])
 if not value or string.sub(value, 1, 1) ~= 'D' then
   return 0
 end
+-- This tail (counter, then receipt) is the same in forget_exact.lua: change both together.
 local fence = string.match(value, '^D[^|]*,f(%d+)')
 if not fence then
   redis.call('DEL', KEYS[1])

@@ -42,6 +42,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use idempotask::ops::Forgot;
 use idempotask::store::StoreError;
 use idempotask::store::{MAX_KEY_LEN, UnitOfWork};
 use protocol::{Protocol, check_namespace, connect_within, store_error};
@@ -304,7 +305,8 @@ impl RedisStore {
     /// ```no_run
     /// # async fn run(store: idempotask_redis::RedisStore) -> Result<(), Box<dyn std::error::Error>> {
     /// use idempotask::store::UnitOfWork;
-    /// use idempotask_redis::ops::{Forgot, Stored};
+    /// use idempotask::ops::Forgot;
+    /// use idempotask_redis::ops::Stored;
     ///
     /// let unit = UnitOfWork::new("charge", "order-42")?;
     /// if let Stored::Marker { bytes, .. } = store.read_unit(&unit).await?.stored() {
@@ -320,7 +322,7 @@ impl RedisStore {
         &self,
         unit: &UnitOfWork,
         shown: &[u8],
-    ) -> Result<ops::Forgot, StoreError> {
+    ) -> Result<Forgot, StoreError> {
         self.protocol.forget_exact(unit, shown).await
     }
 

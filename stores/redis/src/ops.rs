@@ -21,10 +21,11 @@
 //! ```
 
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use idempotask::ops::{Marker, MarkerError};
+use idempotask::ops::{Forgot, Marker, MarkerError};
 use idempotask::store::{StoreError, StoreErrorKind, UnitOfWork};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, RedisError, Script, Value};
@@ -226,38 +227,14 @@ fn number(value: &Value) -> Option<u64> {
     }
 }
 
-/// What [`forget_exact`](crate::RedisStore::forget_exact) did.
-///
-/// ```no_run
-/// # async fn run(store: idempotask_redis::RedisStore, unit: idempotask::store::UnitOfWork, shown: Vec<u8>) -> Result<(), idempotask::store::StoreError> {
-/// use idempotask_redis::ops::Forgot;
-///
-/// match store.forget_exact(&unit, &shown).await? {
-///     Forgot::Deleted => println!("forgotten; the next delivery runs it again"),
-///     Forgot::Gone => println!("expired or forgotten meanwhile"),
-///     _ => println!("it changed since it was shown; nothing deleted"),
-/// }
-/// # Ok(()) }
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Forgot {
-    /// The value was still the one shown; it is gone (a fenced marker leaves its counter).
-    Deleted,
-    /// The key was gone already (expired, or forgotten by someone else).
-    Gone,
-    /// The key holds another value now; nothing was deleted.
-    Changed,
-}
-
-impl Forgot {
-    pub(super) fn from_reply(reply: &Value) -> Option<Self> {
-        match reply {
-            Value::Int(1) => Some(Self::Deleted),
-            Value::Int(0) => Some(Self::Gone),
-            Value::Int(-1) => Some(Self::Changed),
-            _ => None,
-        }
+/// Input: the reply of the forget scripts (1, 0 or -1). Output: what they did, or `None` for a
+/// reply they never give.
+fn forgot_from_reply(reply: &Value) -> Option<Forgot> {
+    match reply {
+        Value::Int(1) => Some(Forgot::Deleted),
+        Value::Int(0) => Some(Forgot::Gone),
+        Value::Int(-1) => Some(Forgot::Changed),
+        _ => None,
     }
 }
 
@@ -423,7 +400,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
                     cmd.arg(shown).arg(&nonce).arg(FORGET_RECEIPT_MS);
                 })
                 .await?;
-            Forgot::from_reply(&reply).ok_or_else(|| unexpected("forget", &key, &reply))
+            forgot_from_reply(&reply).ok_or_else(|| unexpected("forget", &key, &reply))
         };
         self.bounded("forget", call).await
     }
@@ -466,49 +443,37 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         Ok((keys, pattern))
     }
 
-    /// One `SCAN` step from `cursor`, sent with `send` (to the one server, or to one master by
-    /// address): the next cursor and a page of matching keys.
-    async fn scan_step<F, Fut>(
+    /// Input: how to send `SCAN` (to the one server, or to one master by address), a key
+    /// pattern, and what to do with each page of keys it matches. Output: whether `each`
+    /// stopped the walk (`Break`) before the cursor came round to 0.
+    async fn scan<F, Fut>(
         &self,
-        send: &mut F,
-        cursor: u64,
-        pattern: &str,
-    ) -> Result<(u64, Vec<String>), StoreError>
-    where
-        F: FnMut(Cmd) -> Fut,
-        Fut: Future<Output = Result<Value, RedisError>>,
-    {
-        let mut scan = redis::cmd("SCAN");
-        scan.arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(BATCH);
-        let page = self
-            .bounded("scan", async {
-                send(scan)
-                    .await
-                    .map_err(|err| self.error("scan", pattern, &err))
-            })
-            .await?;
-        redis::from_redis_value(page.clone()).map_err(|_| unexpected("scan", pattern, &page))
-    }
-
-    /// Whether any key of `task` is on the server `send` reaches (`SCAN` stops at the first).
-    pub(super) async fn has_keys_on<F, Fut>(
-        &self,
-        task: &str,
         mut send: F,
+        pattern: &str,
+        mut each: impl FnMut(Vec<String>) -> ControlFlow<()>,
     ) -> Result<bool, StoreError>
     where
         F: FnMut(Cmd) -> Fut,
         Fut: Future<Output = Result<Value, RedisError>>,
     {
-        let (_, pattern) = self.task_layout("scan", task)?;
         let mut cursor = 0;
         loop {
-            let (next, page) = self.scan_step(&mut send, cursor, &pattern).await?;
-            if !page.is_empty() {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(BATCH);
+            let page = self
+                .bounded("scan", async {
+                    send(scan)
+                        .await
+                        .map_err(|err| self.error("scan", pattern, &err))
+                })
+                .await?;
+            let (next, keys): (u64, Vec<String>) = redis::from_redis_value(page.clone())
+                .map_err(|_| unexpected("scan", pattern, &page))?;
+            if each(keys).is_break() {
                 return Ok(true);
             }
             if next == 0 {
@@ -518,14 +483,27 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         }
     }
 
+    /// Whether any key of `task` is on the server `send` reaches (`SCAN` stops at the first).
+    pub(super) async fn has_keys_on<F, Fut>(&self, task: &str, send: F) -> Result<bool, StoreError>
+    where
+        F: FnMut(Cmd) -> Fut,
+        Fut: Future<Output = Result<Value, RedisError>>,
+    {
+        let (_, pattern) = self.task_layout("scan", task)?;
+        self.scan(send, &pattern, |page| {
+            if page.is_empty() {
+                ControlFlow::Continue(())
+            } else {
+                ControlFlow::Break(())
+            }
+        })
+        .await
+    }
+
     /// Input: a task, and how to send `SCAN` to one server. Output: that server's keys of the
     /// task, each read once; the reads are routed by key, which lands on the same master unless
     /// a slot moves meanwhile (then the cluster client follows the redirection).
-    pub(super) async fn list_on<F, Fut>(
-        &self,
-        task: &str,
-        mut send: F,
-    ) -> Result<Listing, StoreError>
+    pub(super) async fn list_on<F, Fut>(&self, task: &str, send: F) -> Result<Listing, StoreError>
     where
         F: FnMut(Cmd) -> Fut,
         Fut: Future<Output = Result<Value, RedisError>>,
@@ -537,9 +515,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
             servers_scanned: 1,
             ..Listing::default()
         };
-        let mut cursor = 0;
-        loop {
-            let (next, page) = self.scan_step(&mut send, cursor, &pattern).await?;
+        self.scan(send, &pattern, |page| {
             for key in page {
                 let Some(digest) = keys.parse(&key).map(|parsed| parsed.digest.to_owned()) else {
                     continue;
@@ -547,11 +523,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
                 listing.keys_seen += 1;
                 found.insert(digest, key);
             }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
+            ControlFlow::Continue(())
+        })
+        .await?;
         let found: Vec<(String, String)> = found.into_iter().collect();
         for chunk in found.chunks(BATCH) {
             let names: Vec<String> = chunk.iter().map(|(_, key)| key.clone()).collect();
@@ -617,8 +591,8 @@ mod tests {
             }
         ));
         assert!(matches!(Stored::parse(b"", None), Stored::Foreign { .. }));
-        assert_eq!(Forgot::from_reply(&Value::Int(-1)), Some(Forgot::Changed));
-        assert_eq!(Forgot::from_reply(&Value::Int(2)), None);
+        assert_eq!(forgot_from_reply(&Value::Int(-1)), Some(Forgot::Changed));
+        assert_eq!(forgot_from_reply(&Value::Int(2)), None);
     }
 
     #[test]
