@@ -263,6 +263,11 @@ async fn no_error_span_or_event_shows_a_hashed_key() {
 
 #[tokio::test]
 async fn plain_key_logging_shows_the_key_as_it_is() {
+    // Every test of this binary runs under a subscriber of its own: tracing caches whether a
+    // callsite is enabled process-wide, and a callsite first reached on a thread with no
+    // subscriber could stay disabled for the other test's spans.
+    let captured = Everything::default();
+    let _guard = tracing::subscriber::set_default(Registry::default().with(captured.clone()));
     let task = Task::new("privacy_plain").retry(RetryPolicy::no_wait());
     let store = MemoryStore::new();
     let unit = UnitOfWork::new(task.name(), KEY).unwrap();
