@@ -28,8 +28,10 @@
 //! apalis = { version = "1.0.0", default-features = false, features = ["limit"] }
 //! apalis-postgres = "1.0.0"
 //! apalis-redis = "1.0.0"
+//! redis = { version = "1", default-features = false, features = ["tokio-comp", "connection-manager"] }
 //! serde = { version = "1", features = ["derive"] }
 //! serde_json = "1"
+//! sqlx = { version = "0.9", default-features = false, features = ["postgres", "runtime-tokio"] }
 //! tokio = { version = "1", features = ["macros", "rt-multi-thread", "process", "io-util", "io-std", "time"] }
 //! ```
 

@@ -52,6 +52,12 @@ for crate in "${published[@]}"; do
   cargo clippy -p "$crate" --no-default-features --all-targets --locked -- -D warnings
   cargo clippy -p "$crate" --all-features --all-targets --locked -- -D warnings
 done
+# Each server example builds with only the feature its header names, not just with the
+# workspace's union of features.
+for feature in redis postgres apalis; do
+  echo "==> examples with --features $feature"
+  cargo check -p idempotask-examples --examples --features "$feature" --locked
+done
 echo "==> cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

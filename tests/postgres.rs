@@ -414,7 +414,10 @@ async fn committed_units_survive_a_fast_shutdown_restart() {
 async fn purge_expired_deletes_expired_rows_only() {
     let server = PostgresServer::start();
     let (store, pool) = setup(&server).await;
-    let short = Task::new("pg_short").result_ttl(Duration::from_millis(200));
+    // Results are kept at least as long as the lock TTL: both short here.
+    let short = Task::new("pg_short")
+        .lock_ttl(Duration::from_millis(100))
+        .result_ttl(Duration::from_millis(200));
     let long = Task::new("pg_long");
     for index in 0..50 {
         let _: u32 = short
