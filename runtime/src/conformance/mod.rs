@@ -20,6 +20,7 @@
 //! expiries to the tens of milliseconds; the whole list takes a few seconds.
 
 mod cancellation;
+mod faults;
 mod fencing;
 mod overruns;
 mod refusals;
@@ -29,6 +30,7 @@ mod store;
 mod transactions;
 
 pub use cancellation::*;
+pub use faults::{FaultCensus, every_fault_point};
 pub use fencing::*;
 pub use overruns::*;
 pub use refusals::*;
@@ -134,6 +136,7 @@ macro_rules! conformance_tests {
             a_call_dropped_while_begin_is_in_flight_leaves_no_lock,
             a_call_dropped_while_recording_still_stores_the_result,
             a_panic_while_encoding_the_result_frees_the_lock,
+            every_fault_point,
         );
     };
     (@each $make:expr; $($check:ident,)*) => {$(
@@ -179,6 +182,7 @@ mod tests {
             include_str!("fencing.rs"),
             include_str!("overruns.rs"),
             include_str!("cancellation.rs"),
+            include_str!("faults/mod.rs"),
         ]
         .into_iter()
         .flat_map(checks_in)

@@ -1,0 +1,464 @@
+//! The shapes of call the harness faults, and one case: set the unit up, run the call under its
+//! plan, let the background settle, then hold what the caller saw against what the store holds
+//! and deliver again.
+
+use std::future::{Future, poll_fn};
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::probe::{Faulty, IN_CALL, Plan, Point, Probe};
+use crate::marker::{Marker, StoredResult};
+use crate::ops::Status;
+use crate::store::{Fencing, LockToken, SharedStore, Store, UnitOfWork};
+use crate::{Error, Outcome, Report, RetryPolicy, Task};
+
+/// Short enough to wait out in every case that leaves a lock behind, long enough that a
+/// renewal (every third of it) comes well before it expires.
+pub(super) const LOCK_TTL: Duration = Duration::from_millis(450);
+
+/// How much later than its lock TTL a unit may become runnable again: the background work of a
+/// dropped call, and a loaded machine.
+const SLACK: Duration = Duration::from_secs(2);
+
+/// What the unit holds before the call under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Prior {
+    Nothing,
+    /// A delivery with the same arguments succeeded.
+    Done,
+    /// Another delivery holds the lock for longer than the case lasts.
+    Held,
+}
+
+/// What the body of a delivery does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Body {
+    Succeeds,
+    Fails,
+    /// Succeeds once a renewal of its lock reached the store.
+    OutlastsARenewal,
+}
+
+/// Who calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Caller {
+    /// A delivery, with the arguments of the stored result, or with other ones.
+    Delivery { other_arguments: bool },
+    /// An operator reading the unit's status.
+    Operator,
+}
+
+/// One shape of call.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Shape {
+    pub(super) name: &'static str,
+    pub(super) prior: Prior,
+    pub(super) body: Body,
+    pub(super) fencing: bool,
+    pub(super) caller: Caller,
+}
+
+impl Shape {
+    pub(super) fn runs_a_body(&self) -> bool {
+        self.caller != Caller::Operator && self.prior == Prior::Nothing
+    }
+}
+
+const PLAIN: Shape = Shape {
+    name: "fresh",
+    prior: Prior::Nothing,
+    body: Body::Succeeds,
+    fencing: false,
+    caller: Caller::Delivery {
+        other_arguments: false,
+    },
+};
+
+pub(super) const SHAPES: [Shape; 8] = [
+    PLAIN,
+    Shape {
+        name: "fresh, fenced",
+        fencing: true,
+        ..PLAIN
+    },
+    Shape {
+        name: "the body fails",
+        body: Body::Fails,
+        ..PLAIN
+    },
+    Shape {
+        name: "renewed while it runs",
+        body: Body::OutlastsARenewal,
+        ..PLAIN
+    },
+    Shape {
+        name: "a duplicate",
+        prior: Prior::Done,
+        ..PLAIN
+    },
+    Shape {
+        name: "a duplicate with other arguments",
+        prior: Prior::Done,
+        caller: Caller::Delivery {
+            other_arguments: true,
+        },
+        ..PLAIN
+    },
+    Shape {
+        name: "the unit is held",
+        prior: Prior::Held,
+        ..PLAIN
+    },
+    Shape {
+        name: "an operator's status",
+        prior: Prior::Done,
+        caller: Caller::Operator,
+        ..PLAIN
+    },
+];
+
+/// What one case found.
+pub(super) struct Case {
+    /// The operations that reached the store, in order, and which of them the call awaited.
+    pub(super) trace: Vec<&'static str>,
+    pub(super) foreground: Vec<usize>,
+    /// Whether the plan happened (a drop point the call never reached does not count).
+    pub(super) fired: bool,
+    pub(super) violations: Vec<String>,
+}
+
+/// The body's error, next to the runner's.
+#[derive(Debug)]
+enum CaseError {
+    Body,
+    Call(Error),
+}
+
+impl From<Error> for CaseError {
+    fn from(err: Error) -> Self {
+        Self::Call(err)
+    }
+}
+
+/// What the call under test came to.
+enum Ended {
+    Delivered(Result<Report<u32>, CaseError>),
+    Status(Result<Status, Error>),
+    Dropped,
+}
+
+fn task(shape: &Shape, retry: RetryPolicy) -> Task {
+    Task::named(format!(
+        "faults-{}",
+        shape.name.replace([' ', ',', '\''], "-")
+    ))
+    .lock_ttl(LOCK_TTL)
+    .fencing(shape.fencing)
+    .renew(shape.body == Body::OutlastsARenewal)
+    .retry(retry)
+}
+
+/// A key no other case of this process used.
+fn fresh_key() -> String {
+    static CASES: AtomicU64 = AtomicU64::new(0);
+    format!("case-{}", CASES.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Runs one case of `shape` on `store` under `plan`.
+pub(super) async fn run(store: &SharedStore, shape: &Shape, plan: Plan) -> Case {
+    let key = fresh_key();
+    let probe = Probe::new(plan);
+    let faulty = Faulty {
+        inner: store.clone(),
+        probe: Arc::clone(&probe),
+    };
+    let retry = if shape.prior == Prior::Held {
+        RetryPolicy::no_wait()
+    } else {
+        RetryPolicy::new()
+    };
+    let task = task(shape, retry);
+    let unit = UnitOfWork::new(task.name(), key.as_str()).expect("a valid key");
+    let foreign = LockToken::generate();
+    let prior = prepare(store, shape, &task, &key, &unit, &foreign).await;
+    let (trace_start, _) = probe.trace();
+
+    let runtime = tokio::runtime::Handle::current();
+    let baseline = runtime.metrics().num_alive_tasks();
+    let ended = match shape.caller {
+        Caller::Operator => drive(&probe, task.status(key.as_str(), &faulty))
+            .await
+            .map_or(Ended::Dropped, Ended::Status),
+        Caller::Delivery { other_arguments } => {
+            let arguments = if other_arguments { "b" } else { "a" };
+            deliver(&faulty, &task, &key, arguments, shape.body)
+                .await
+                .map_or(Ended::Dropped, Ended::Delivered)
+        }
+    };
+    settle(&probe, baseline).await;
+    probe.flush(store).await;
+    probe.recover();
+    let settled = Instant::now();
+    let (trace, foreground) = probe.trace();
+    let fired = probe.fired();
+
+    let stored = stored_value(store, &unit).await;
+    check_ending(&probe, shape, &ended, stored, prior);
+    if shape.prior == Prior::Held {
+        match store.inspect(&unit).await {
+            Ok(seen) if seen.is_locked() => {}
+            seen => probe.violation(format!(
+                "the lock of the delivery that held the unit is gone after the call: {seen:?}"
+            )),
+        }
+        let _ = store.release(&unit, &foreign).await;
+        probe.held_by(None);
+    }
+    redeliver(&faulty, shape, &key, stored, settled).await;
+    let mut violations = probe.violations();
+    if !violations.is_empty() {
+        let shown: Vec<_> = trace.iter().skip(trace_start.len()).collect();
+        violations.insert(
+            0,
+            format!(
+                "case `{}`, plan {plan:?}, operations {shown:?}:",
+                shape.name
+            ),
+        );
+    }
+    Case {
+        trace: trace[trace_start.len()..].to_vec(),
+        foreground: foreground
+            .into_iter()
+            .filter_map(|index| index.checked_sub(trace_start.len()))
+            .collect(),
+        fired,
+        violations,
+    }
+}
+
+/// Sets the unit up as `shape` says, behind the wrapper's back; answers the stored value.
+async fn prepare(
+    store: &SharedStore,
+    shape: &Shape,
+    task: &Task,
+    key: &str,
+    unit: &UnitOfWork,
+    foreign: &LockToken,
+) -> Option<u32> {
+    match shape.prior {
+        Prior::Nothing => None,
+        Prior::Done => {
+            let done = task
+                .call(key)
+                .store(store.clone())
+                .fingerprint_of(&"a")
+                .expect("a string serialises")
+                .run(async { Ok::<u32, Error>(0) })
+                .await;
+            assert!(
+                matches!(done, Ok(0)),
+                "setting up a stored result: {done:?}"
+            );
+            Some(0)
+        }
+        Prior::Held => {
+            let taken = store.begin(unit, foreign, LONG, Fencing::Off).await;
+            assert!(
+                matches!(taken, Ok(crate::store::Begin::Acquired { .. })),
+                "setting up a held unit: {taken:?}"
+            );
+            None
+        }
+    }
+}
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// One delivery through the wrapper, polled by the harness so it can be dropped where the plan
+/// says.
+async fn deliver(
+    faulty: &Faulty,
+    task: &Task,
+    key: &str,
+    arguments: &str,
+    body: Body,
+) -> Option<Result<Report<u32>, CaseError>> {
+    let probe = &faulty.probe;
+    let delivery = probe.next_delivery();
+    let unit = UnitOfWork::new(task.name(), key).expect("a valid key");
+    let run = async {
+        probe.body_starts(&faulty.inner, &unit, delivery).await;
+        let _running = Running(probe);
+        probe.park(Point::BodyStarted).await;
+        if body == Body::OutlastsARenewal {
+            probe.renewal_after(probe.renewals()).await;
+        }
+        probe.park(Point::BodyDone).await;
+        if body == Body::Fails {
+            Err(CaseError::Body)
+        } else {
+            Ok(delivery)
+        }
+    };
+    let call = match task
+        .call(key)
+        .store(faulty.clone())
+        .fingerprint_of(&arguments)
+    {
+        Ok(call) => call,
+        Err(err) => return Some(Err(err.into())),
+    };
+    drive(probe, call.run_reported(run)).await
+}
+
+/// Marks the body as no longer running, however it ends.
+struct Running<'p>(&'p Probe);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.body_ends();
+    }
+}
+
+/// Polls `future` as the call under test; `None` when the plan dropped it.
+async fn drive<F: Future>(probe: &Probe, future: F) -> Option<F::Output> {
+    let mut future = pin!(IN_CALL.scope((), future));
+    poll_fn(|cx| match future.as_mut().poll(cx) {
+        Poll::Ready(output) => Poll::Ready(Some(output)),
+        Poll::Pending if probe.drop_now() => Poll::Ready(None),
+        Poll::Pending => Poll::Pending,
+    })
+    .await
+}
+
+/// Waits until the work the call left to the background (a release, a recording, a watchdog)
+/// is over: tokio counts the runtime's tasks, and there is no other signal for it.
+async fn settle(probe: &Probe, baseline: usize) {
+    let runtime = tokio::runtime::Handle::current();
+    let deadline = Instant::now() + LOCK_TTL + SLACK * 4;
+    while runtime.metrics().num_alive_tasks() > baseline {
+        if Instant::now() > deadline {
+            probe.violation("the call's background work was still running 8 s after it ended");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// The value of the result `store` holds for `unit`, if any.
+async fn stored_value(store: &SharedStore, unit: &UnitOfWork) -> Option<u32> {
+    let seen = store.inspect(unit).await.ok()?;
+    let marker = Marker::decode(seen.marker.as_deref()?).ok()?;
+    match marker.result() {
+        StoredResult::Json(json) => serde_json::from_str(json.get()).ok(),
+        StoredResult::Unstorable(_) => None,
+    }
+}
+
+/// Holds what the caller saw against what the store holds now.
+fn check_ending(
+    probe: &Probe,
+    shape: &Shape,
+    ended: &Ended,
+    stored: Option<u32>,
+    prior: Option<u32>,
+) {
+    let call = 1;
+    let ran = probe.started(call);
+    let wrong = |what: String| probe.violation(what);
+    match ended {
+        Ended::Dropped | Ended::Status(Err(Error::Store(_))) => {}
+        Ended::Status(Ok(Status::Done(_))) if stored.is_some() => {}
+        Ended::Status(Ok(status)) => wrong(format!(
+            "the status says {status:?} while the store holds {stored:?}"
+        )),
+        Ended::Status(Err(err)) => wrong(format!("the status failed with {err}")),
+        Ended::Delivered(Ok(report)) => {
+            let value = Some(report.value);
+            let fits = match report.outcome {
+                Outcome::Executed => ran && report.value == call && stored == value,
+                Outcome::Replayed => !ran && stored == value && value == prior,
+                Outcome::LockLost {
+                    marker_written: true,
+                } => ran && stored == value,
+                Outcome::LockLost { .. } | Outcome::MarkerNotWritten => ran,
+            };
+            if !fits {
+                wrong(format!(
+                    "the call answered {:?} {:?} (its body {}) while the store holds {stored:?}",
+                    report.outcome,
+                    report.value,
+                    if ran { "ran" } else { "did not run" },
+                ));
+            }
+        }
+        Ended::Delivered(Err(err)) => {
+            let fits = match err {
+                CaseError::Body => shape.body == Body::Fails && ran && stored.is_none(),
+                CaseError::Call(Error::Store(_)) => !ran && stored == prior,
+                CaseError::Call(Error::Contended { .. }) => shape.prior == Prior::Held && !ran,
+                CaseError::Call(Error::KeyReuse { .. }) => {
+                    shape.caller
+                        == Caller::Delivery {
+                            other_arguments: true,
+                        }
+                        && !ran
+                        && stored == prior
+                }
+                CaseError::Call(_) => false,
+            };
+            if !fits {
+                wrong(format!(
+                    "the call failed with {err:?} (its body {}) while the store holds {stored:?}",
+                    if ran { "ran" } else { "did not run" },
+                ));
+            }
+        }
+    }
+}
+
+/// A later delivery, with the store healthy: it must find the unit runnable (or done) within
+/// its lock TTL, and replay exactly what is stored.
+async fn redeliver(faulty: &Faulty, shape: &Shape, key: &str, stored: Option<u32>, since: Instant) {
+    let patient = RetryPolicy::new()
+        .max_attempts(u32::MAX)
+        .max_wait(LOCK_TTL + SLACK);
+    let task = task(shape, patient);
+    let again = deliver(faulty, &task, key, "a", Body::Succeeds).await;
+    let waited = since.elapsed();
+    let probe = &faulty.probe;
+    match again {
+        Some(Ok(report)) => {
+            let expected = if stored.is_some() {
+                Outcome::Replayed
+            } else {
+                Outcome::Executed
+            };
+            if report.outcome != expected || (stored.is_some() && Some(report.value) != stored) {
+                probe.violation(format!(
+                    "the next delivery answered {:?} {} while the store held {stored:?}",
+                    report.outcome, report.value
+                ));
+            }
+        }
+        other => probe.violation(format!(
+            "the next delivery, {} ms after the call, failed: {:?}",
+            waited.as_millis(),
+            other.map(|ended| ended.map(|report| report.value))
+        )),
+    }
+    if waited > LOCK_TTL + SLACK {
+        probe.violation(format!(
+            "the unit was runnable again only {} ms after the call, past its {} ms lock TTL",
+            waited.as_millis(),
+            LOCK_TTL.as_millis()
+        ));
+    }
+}

@@ -1,0 +1,549 @@
+//! The store wrapper of the fault harness: it injects one planned fault, parks the call at each
+//! operation so the harness can drop it there, and checks every operation that reaches the
+//! store against what the store held just before.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use crate::store::{Begin, Fencing, Finish, Inspection, SharedStore, Store, StoreErrorKind};
+use crate::store::{LockToken, StoreError, UnitOfWork};
+
+tokio::task_local! {
+    /// Set while the harness polls the call under test: an operation made from inside it is
+    /// the call's own (one it awaits), not one the call left to the background.
+    pub(super) static IN_CALL: ();
+}
+
+/// A fault injected at one operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Fault {
+    /// The store refuses the operation before applying it; the caller knows it did not apply.
+    Refused,
+    /// The operation times out without applying; the caller cannot know it did not.
+    Unconfirmed,
+    /// The operation applies and its reply is lost: the caller sees an ambiguous timeout.
+    ReplyLost,
+    /// The operation times out, and applies later: after the next operation (or once the call
+    /// is over, if there is none).
+    AppliedLate,
+    /// The store goes down: this operation and every later one of the call is refused.
+    Down,
+}
+
+impl Fault {
+    pub(super) const ALL: [Self; 5] = [
+        Self::Refused,
+        Self::Unconfirmed,
+        Self::ReplyLost,
+        Self::AppliedLate,
+        Self::Down,
+    ];
+
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Self::Refused => "refused",
+            Self::Unconfirmed => "timed out, not applied",
+            Self::ReplyLost => "reply lost",
+            Self::AppliedLate => "applied late",
+            Self::Down => "store down",
+        }
+    }
+}
+
+/// Where the call under test can be suspended, and so dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Point {
+    /// Its `n`th store operation is about to be sent.
+    Before(usize),
+    /// Its `n`th store operation applied; the reply has not reached the call yet.
+    After(usize),
+    /// Its body started and has not done its side effect yet.
+    BodyStarted,
+    /// Its body did its side effect and has not returned yet.
+    BodyDone,
+}
+
+/// What to do to one case's call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Plan {
+    Nothing,
+    Inject { at: usize, fault: Fault },
+    DropAt(Point),
+}
+
+/// One store operation, owned, so that a late one can be applied after its caller moved on.
+#[derive(Debug, Clone)]
+pub(super) enum Op {
+    Begin {
+        token: LockToken,
+        lock_ttl: Duration,
+        fencing: Fencing,
+    },
+    Finish {
+        token: LockToken,
+        marker: Vec<u8>,
+        result_ttl: Duration,
+    },
+    Release {
+        token: LockToken,
+    },
+    Renew {
+        token: LockToken,
+        lock_ttl: Duration,
+    },
+    Inspect,
+    Forget,
+}
+
+impl Op {
+    pub(super) fn name(&self) -> &'static str {
+        match self {
+            Self::Begin { .. } => "begin",
+            Self::Finish { .. } => "finish",
+            Self::Release { .. } => "release",
+            Self::Renew { .. } => "renew",
+            Self::Inspect => "inspect",
+            Self::Forget => "forget",
+        }
+    }
+
+    fn token(&self) -> Option<&LockToken> {
+        match self {
+            Self::Begin { token, .. }
+            | Self::Finish { token, .. }
+            | Self::Release { token }
+            | Self::Renew { token, .. } => Some(token),
+            Self::Inspect | Self::Forget => None,
+        }
+    }
+
+    async fn apply(&self, store: &SharedStore, unit: &UnitOfWork) -> Answer {
+        match self {
+            Self::Begin {
+                token,
+                lock_ttl,
+                fencing,
+            } => Answer::Begin(store.begin(unit, token, *lock_ttl, *fencing).await),
+            Self::Finish {
+                token,
+                marker,
+                result_ttl,
+            } => Answer::Finish(store.finish(unit, token, marker, *result_ttl).await),
+            Self::Release { token } => Answer::Flag(store.release(unit, token).await),
+            Self::Renew { token, lock_ttl } => {
+                Answer::Flag(store.renew(unit, token, *lock_ttl).await)
+            }
+            Self::Inspect => Answer::Inspect(store.inspect(unit).await),
+            Self::Forget => Answer::Flag(store.forget(unit).await),
+        }
+    }
+}
+
+/// What the wrapped store answered.
+#[derive(Debug)]
+enum Answer {
+    Begin(Result<Begin, StoreError>),
+    Finish(Result<Finish, StoreError>),
+    Flag(Result<bool, StoreError>),
+    Inspect(Result<Inspection, StoreError>),
+}
+
+/// What one case saw, shared by the wrapper, the body and the harness.
+#[derive(Debug)]
+pub(super) struct Probe {
+    state: Mutex<State>,
+    /// Counts the renewals that reached the store, for a body that waits for one.
+    renewals: tokio::sync::watch::Sender<u32>,
+    /// One operation at a time reaches the store, as on one connection, so that each one is
+    /// checked against the state it found.
+    order: tokio::sync::Mutex<()>,
+}
+
+#[derive(Debug)]
+struct State {
+    plan: Plan,
+    fired: bool,
+    down: bool,
+    trace: Vec<&'static str>,
+    foreground: Vec<usize>,
+    parked: Option<Point>,
+    late: Vec<(UnitOfWork, Op)>,
+    /// The token of the lock's holder, as the store's answers tell it.
+    holder: Option<String>,
+    deliveries: u32,
+    started: BTreeSet<u32>,
+    running: u32,
+    violations: Vec<String>,
+}
+
+impl Probe {
+    pub(super) fn new(plan: Plan) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(State {
+                plan,
+                fired: false,
+                down: false,
+                trace: Vec::new(),
+                foreground: Vec::new(),
+                parked: None,
+                late: Vec::new(),
+                holder: None,
+                deliveries: 0,
+                started: BTreeSet::new(),
+                running: 0,
+                violations: Vec::new(),
+            }),
+            renewals: tokio::sync::watch::Sender::new(0),
+            order: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn violation(&self, violation: impl fmt::Display) {
+        self.state().violations.push(violation.to_string());
+    }
+
+    pub(super) fn violations(&self) -> Vec<String> {
+        self.state().violations.clone()
+    }
+
+    /// The operations that reached the store, in order, and which of them the call awaited.
+    pub(super) fn trace(&self) -> (Vec<&'static str>, Vec<usize>) {
+        let state = self.state();
+        (state.trace.clone(), state.foreground.clone())
+    }
+
+    pub(super) fn fired(&self) -> bool {
+        self.state().fired
+    }
+
+    /// The store is back: the call under test is over.
+    pub(super) fn recover(&self) {
+        let mut state = self.state();
+        state.down = false;
+        state.plan = Plan::Nothing;
+    }
+
+    /// A lock taken behind the wrapper's back, by the harness.
+    pub(super) fn held_by(&self, token: Option<&LockToken>) {
+        self.state().holder = token.map(|token| token.as_str().to_owned());
+    }
+
+    pub(super) fn next_delivery(&self) -> u32 {
+        let mut state = self.state();
+        state.deliveries += 1;
+        state.deliveries
+    }
+
+    pub(super) fn started(&self, delivery: u32) -> bool {
+        self.state().started.contains(&delivery)
+    }
+
+    /// Whether the harness should drop the call now that it is suspended.
+    pub(super) fn drop_now(&self) -> bool {
+        let mut state = self.state();
+        match state.plan {
+            Plan::DropAt(point) if state.parked == Some(point) => {
+                state.fired = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Suspends the call under test once at `point`, where the harness may drop it.
+    pub(super) async fn park(&self, point: Point) {
+        if IN_CALL.try_with(|()| ()).is_err() {
+            return;
+        }
+        self.state().parked = Some(point);
+        tokio::task::yield_now().await;
+        self.state().parked = None;
+    }
+
+    /// The body of `delivery` starts: nothing may be stored and no other body may be running.
+    pub(super) async fn body_starts(&self, store: &SharedStore, unit: &UnitOfWork, delivery: u32) {
+        let seen = store.inspect(unit).await;
+        let mut state = self.state();
+        if let Ok(seen) = &seen
+            && seen.is_done()
+        {
+            state.violations.push(format!(
+                "delivery {delivery}'s body started while a result was stored"
+            ));
+        }
+        if state.running > 0 {
+            state.violations.push(format!(
+                "delivery {delivery}'s body started while another body was running"
+            ));
+        }
+        state.running += 1;
+        state.started.insert(delivery);
+    }
+
+    pub(super) fn body_ends(&self) {
+        self.state().running -= 1;
+    }
+
+    /// Waits until a renewal newer than the first `seen` ones reached the store.
+    pub(super) async fn renewal_after(&self, seen: u32) {
+        let mut renewals = self.renewals.subscribe();
+        let _ = renewals.wait_for(|count| *count > seen).await;
+    }
+
+    pub(super) fn renewals(&self) -> u32 {
+        *self.renewals.borrow()
+    }
+
+    /// Applies the operations whose fault made them late, once nothing else will come.
+    pub(super) async fn flush(&self, store: &SharedStore) {
+        let _turn = self.order.lock().await;
+        let late = std::mem::take(&mut self.state().late);
+        for (unit, op) in late {
+            self.checked(store, &unit, &op).await;
+        }
+    }
+
+    /// Input: one operation of the call on `store`. Output: what the call gets back: the
+    /// store's answer, or the planned fault.
+    async fn perform(
+        &self,
+        store: &SharedStore,
+        unit: &UnitOfWork,
+        op: Op,
+    ) -> Result<Answer, StoreError> {
+        let foreground = IN_CALL.try_with(|()| ()).is_ok();
+        let (index, fault) = {
+            let mut state = self.state();
+            let index = state.trace.len();
+            state.trace.push(op.name());
+            if foreground {
+                state.foreground.push(index);
+            }
+            let fault = match state.plan {
+                _ if state.down => Some(Fault::Refused),
+                Plan::Inject { at, fault } if at == index => {
+                    state.fired = true;
+                    state.down = fault == Fault::Down;
+                    Some(fault)
+                }
+                _ => None,
+            };
+            (index, fault)
+        };
+        if let Op::Renew { .. } = op {
+            self.renewals.send_modify(|count| *count += 1);
+        }
+        self.park(Point::Before(index)).await;
+        let injected = |kind, ambiguous, what: &str| {
+            StoreError::new(op.name(), kind, format!("injected: {what}")).ambiguous_if(ambiguous)
+        };
+        let answer = match fault {
+            Some(Fault::Refused | Fault::Down) => Err(injected(
+                StoreErrorKind::Unreachable,
+                false,
+                "refused before it applied",
+            )),
+            Some(Fault::Unconfirmed) => Err(injected(
+                StoreErrorKind::Timeout,
+                true,
+                "timed out; it did not apply",
+            )),
+            Some(Fault::AppliedLate) => {
+                let timeout =
+                    injected(StoreErrorKind::Timeout, true, "timed out; it applies later");
+                self.state().late.push((unit.clone(), op));
+                Err(timeout)
+            }
+            Some(Fault::ReplyLost) => {
+                self.apply(store, unit, &op).await;
+                Err(injected(
+                    StoreErrorKind::Timeout,
+                    true,
+                    "it applied and its reply was lost",
+                ))
+            }
+            None => Ok(self.apply(store, unit, &op).await),
+        };
+        self.park(Point::After(index)).await;
+        answer
+    }
+
+    /// Applies `op`, then the late operations waiting for the next one to pass.
+    async fn apply(&self, store: &SharedStore, unit: &UnitOfWork, op: &Op) -> Answer {
+        let _turn = self.order.lock().await;
+        let answer = self.checked(store, unit, op).await;
+        let late = std::mem::take(&mut self.state().late);
+        for (unit, op) in late {
+            self.checked(store, &unit, &op).await;
+        }
+        answer
+    }
+
+    /// Applies `op` and checks what it did against what the store held before.
+    async fn checked(&self, store: &SharedStore, unit: &UnitOfWork, op: &Op) -> Answer {
+        let before = store.inspect(unit).await;
+        let answer = op.apply(store, unit).await;
+        let after = store.inspect(unit).await;
+        let (Ok(before), Ok(after)) = (before, after) else {
+            self.violation(format!(
+                "the harness could not inspect the store around a {}",
+                op.name()
+            ));
+            return answer;
+        };
+        self.check(op, &before, &answer, &after);
+        answer
+    }
+
+    fn check(&self, op: &Op, before: &Inspection, answer: &Answer, after: &Inspection) {
+        let mut state = self.state();
+        if !before.is_locked() {
+            state.holder = None;
+        }
+        let by = op.token().map(LockToken::as_str);
+        let name = op.name();
+        let mut broken = Vec::new();
+        if let Some(stored) = &before.marker
+            && after.marker.as_ref() != Some(stored)
+        {
+            broken.push(format!(
+                "a {name} replaced or deleted the stored result (after it: {})",
+                shown(after)
+            ));
+        }
+        let foreign = before.is_locked() && state.holder.as_deref() != by;
+        if foreign && matches!(op, Op::Finish { .. } | Op::Release { .. }) && !after.is_locked() {
+            broken.push(format!(
+                "a {name} by a delivery that did not hold the lock deleted or overwrote it"
+            ));
+        }
+        if foreign && let Answer::Begin(Ok(Begin::Acquired { .. })) = answer {
+            broken.push("a begin was granted a lock another delivery held".to_owned());
+        }
+        if let Op::Forget = op {
+            broken.push("the call forgot the unit's result".to_owned());
+        }
+        match answer {
+            Answer::Begin(Ok(Begin::Acquired { .. })) => state.holder = by.map(str::to_owned),
+            Answer::Finish(Ok(Finish::Completed)) => state.holder = None,
+            Answer::Flag(Ok(true)) if matches!(op, Op::Release { .. }) => state.holder = None,
+            _ => {}
+        }
+        state.violations.extend(broken);
+    }
+}
+
+/// What a unit holds, in a few words.
+fn shown(seen: &Inspection) -> String {
+    match (&seen.marker, seen.lock_ttl) {
+        (Some(bytes), _) => match crate::marker::Marker::decode(bytes) {
+            Ok(marker) => format!("the result of delivery {:?}", marker.delivery()),
+            Err(err) => format!("an unreadable marker ({err})"),
+        },
+        (None, Some(left)) => format!("a lock with {} ms left", left.as_millis()),
+        (None, None) => "nothing".to_owned(),
+    }
+}
+
+/// A store that hands each operation to [`Probe`] on its way to the store under test.
+#[derive(Debug, Clone)]
+pub(super) struct Faulty {
+    pub(super) inner: SharedStore,
+    pub(super) probe: Arc<Probe>,
+}
+
+fn mismatched(op: &'static str) -> StoreError {
+    StoreError::new(
+        op,
+        StoreErrorKind::Protocol,
+        "the harness answered another operation",
+    )
+}
+
+impl Store for Faulty {
+    fn max_key_len(&self) -> usize {
+        self.inner.max_key_len()
+    }
+
+    async fn begin(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        lock_ttl: Duration,
+        fencing: Fencing,
+    ) -> Result<Begin, StoreError> {
+        let op = Op::Begin {
+            token: token.clone(),
+            lock_ttl,
+            fencing,
+        };
+        match self.probe.perform(&self.inner, unit, op).await? {
+            Answer::Begin(answer) => answer,
+            _ => Err(mismatched("begin")),
+        }
+    }
+
+    async fn finish(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        marker: &[u8],
+        result_ttl: Duration,
+    ) -> Result<Finish, StoreError> {
+        let op = Op::Finish {
+            token: token.clone(),
+            marker: marker.to_vec(),
+            result_ttl,
+        };
+        match self.probe.perform(&self.inner, unit, op).await? {
+            Answer::Finish(answer) => answer,
+            _ => Err(mismatched("finish")),
+        }
+    }
+
+    async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
+        let op = Op::Release {
+            token: token.clone(),
+        };
+        match self.probe.perform(&self.inner, unit, op).await? {
+            Answer::Flag(answer) => answer,
+            _ => Err(mismatched("release")),
+        }
+    }
+
+    async fn renew(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        lock_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let op = Op::Renew {
+            token: token.clone(),
+            lock_ttl,
+        };
+        match self.probe.perform(&self.inner, unit, op).await? {
+            Answer::Flag(answer) => answer,
+            _ => Err(mismatched("renew")),
+        }
+    }
+
+    async fn inspect(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError> {
+        match self.probe.perform(&self.inner, unit, Op::Inspect).await? {
+            Answer::Inspect(answer) => answer,
+            _ => Err(mismatched("inspect")),
+        }
+    }
+
+    async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
+        match self.probe.perform(&self.inner, unit, Op::Forget).await? {
+            Answer::Flag(answer) => answer,
+            _ => Err(mismatched("forget")),
+        }
+    }
+}
