@@ -92,14 +92,16 @@ pub fn expect_output<R, F: Future<Output = R>>(body: F) -> F {
 ///
 /// Only `R: TaskOutput` ties the body to a `Result`, so a task whose return type is not one gets
 /// that one message, not a second one about the body's future.
-pub async fn run<R, T, E, F>(call: Call<'_>, body: F) -> R
+pub fn run<R, T, E, F>(call: Call<'_>, body: F) -> impl Future<Output = R>
 where
     R: TaskOutput<Ok = T, Err = E>,
     T: StorableResult,
     E: TaskError,
     F: Future<Output = R>,
 {
-    R::from_result(call.run(async { body.await.into_result() }).await)
+    call.drive(Box::pin(body), |result| {
+        R::from_result(result.map(|report| report.value))
+    })
 }
 
 /// The key from a `key = parameter` option.

@@ -327,7 +327,8 @@ impl Recording<'_> {
                         );
                         return Outcome::MarkerNotWritten;
                     }
-                    sleep(pause).await;
+                    // Boxed: a timer is large, and most recordings never wait.
+                    Box::pin(sleep(pause)).await;
                 }
             }
         }

@@ -41,7 +41,7 @@ pub(super) async fn begin(
     unit: &UnitOfWork,
     token: &LockToken,
 ) -> Result<Start, Error> {
-    let policy = task.retry;
+    let policy = &task.retry;
     let started = Instant::now();
     let mut attempts = 0;
     let mut failures = 0;
@@ -50,7 +50,9 @@ pub(super) async fn begin(
     let mut first_unconfirmed: Option<Instant> = None;
     loop {
         let sent = Instant::now();
-        match store.begin(unit, token, task.lock_ttl, task.fencing).await {
+        // The answer is matched into a pause, and the pause slept after the `match`: a value
+        // matched on would stay in the call's future for as long as its arms await.
+        let pause = match store.begin(unit, token, task.lock_ttl, task.fencing).await {
             Ok(Begin::Done(bytes)) => {
                 attempts += 1;
                 let marker = stored_marker(unit, &bytes)?;
@@ -68,7 +70,8 @@ pub(super) async fn begin(
                 let floor = MIN_LEASE.min(task.lock_ttl / 2);
                 if left < floor {
                     let granted = token.clone().granted(fencing_token);
-                    release(store, unit, &granted, task.log_key).await;
+                    // Boxed: a rare path, which would otherwise enlarge every call's future.
+                    Box::pin(release(store, unit, &granted, task.log_key)).await;
                     return Err(Error::Store(StoreError::ambiguous(
                         "begin",
                         StoreErrorKind::Timeout,
@@ -97,7 +100,7 @@ pub(super) async fn begin(
                 ) else {
                     return Err(contended(unit, lock_ttl_remaining, attempts));
                 };
-                sleep(pause).await;
+                pause
             }
             Err(err) => {
                 failures += 1;
@@ -111,9 +114,11 @@ pub(super) async fn begin(
                     }
                     return Err(err.into());
                 }
-                sleep(store_retry_pause(failures)).await;
+                store_retry_pause(failures)
             }
-        }
+        };
+        // Boxed: a timer is large, and most calls never wait.
+        Box::pin(sleep(pause)).await;
     }
 }
 

@@ -1,6 +1,7 @@
 //! One call of a task: take the lock or the stored result, run the body, record the outcome.
 
 use std::panic::resume_unwind;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::__private::TaskOutput;
 use crate::context::TaskContext;
 use crate::error::{CallerKey, CodecErrorKind, Error};
 use crate::fingerprint::Fingerprint;
@@ -101,7 +103,9 @@ impl Call<'_> {
     /// Runs `body` at most once for this key and returns its value, or the stored value of the
     /// execution that already happened.
     ///
-    /// `body` is only polled once the lock is held, so creating it costs nothing.
+    /// `body` is only polled once the lock is held, so creating it costs nothing. It is moved
+    /// to the heap once, when `run` is called, so the call's own future stays small (about
+    /// 1 KiB) whatever the body holds across its awaits.
     ///
     /// # Behaviour
     /// - Done already: the stored value, decoded; the body does not run.
@@ -116,13 +120,13 @@ impl Call<'_> {
     ///
     /// # Errors
     /// The body's own error, or an [`Error`] converted into `E`.
-    pub async fn run<T, E, F>(self, body: F) -> Result<T, E>
+    pub fn run<T, E, F>(self, body: F) -> impl Future<Output = Result<T, E>>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
         F: Future<Output = Result<T, E>>,
     {
-        self.run_reported(body).await.map(|report| report.value)
+        self.drive(Box::pin(body), |result| result.map(|report| report.value))
     }
 
     /// Like [`run`](Self::run), and also says how the value came about.
@@ -132,28 +136,53 @@ impl Call<'_> {
     ///
     /// # Errors
     /// As [`run`](Self::run).
-    pub async fn run_reported<T, E, F>(self, body: F) -> Result<Report<T>, E>
+    pub fn run_reported<T, E, F>(self, body: F) -> impl Future<Output = Result<Report<T>, E>>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
         F: Future<Output = Result<T, E>>,
     {
-        let observation = Observation::start(&self.task.name);
-        let span = observation.span().clone();
-        let result = self.run_observed(body, &observation).instrument(span).await;
-        concluded(&observation, result)
+        self.drive(Box::pin(body), |result| result)
+    }
+
+    /// The one `async` part of every way of running a call. The body's future comes boxed,
+    /// once, before any state of the runner exists: each layer below holds a pointer to it,
+    /// where holding the future itself would store it once per layer that awaits it.
+    ///
+    /// An `async` block rather than an `async fn`: an `async fn` moves each argument into a
+    /// local of its own and keeps both.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an `async fn` would store the call twice in its future"
+    )]
+    pub(crate) fn drive<T, E, B, O>(
+        self,
+        body: Pin<Box<B>>,
+        finish: impl FnOnce(Result<Report<T>, E>) -> O,
+    ) -> impl Future<Output = O>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        B: Future<Output: TaskOutput<Ok = T, Err = E>>,
+    {
+        async move {
+            let observation = Observation::start(&self.task.name);
+            let span = observation.span().clone();
+            let result = self.run_observed(body, &observation).instrument(span).await;
+            finish(concluded(&observation, result))
+        }
     }
 
     /// Runs the call; an error comes with how the call ended, for the observation.
-    async fn run_observed<T, E, F>(
-        self,
-        body: F,
+    async fn run_observed<T, E, B>(
+        &self,
+        body: Pin<Box<B>>,
         observation: &Observation<'_>,
     ) -> Result<Report<T>, (E, Ending)>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
-        F: Future<Output = Result<T, E>>,
+        B: Future<Output: TaskOutput<Ok = T, Err = E>>,
     {
         let store = self
             .store
@@ -168,89 +197,103 @@ impl Call<'_> {
         // Armed before the first `begin` is sent: dropped while one is in flight, the call may
         // hold a lock nobody else knows of.
         let mut on_drop = OnDrop::release(&store, &unit, &token, logging);
-        let waiting = Instant::now();
-        let start = begin(self.task, &store, &unit, &token).await;
-        if let Ok(Start::Replay { attempts, .. } | Start::Run { attempts, .. })
-        | Err(Error::Contended { attempts, .. }) = &start
-        {
-            observation.waited(*attempts, waiting.elapsed());
-        }
-        let start = start.map_err(|err| {
-            // A failed `begin` cleans up after itself (see `begin`).
-            on_drop.disarm();
-            self.failed(err)
-        })?;
-        match start {
-            Start::Replay { marker, attempts } => {
-                on_drop.disarm();
-                observation.fencing_token(marker.fencing_token());
-                let value = self
-                    .replay(&unit, &marker)
-                    .map_err(|err| self.failed(err))?;
-                Ok(Report {
-                    value,
-                    outcome: Outcome::Replayed,
-                    fencing_token: marker.fencing_token(),
-                    attempts,
-                })
-            }
-            Start::Run {
-                fencing_token,
-                attempts,
-                lease,
-            } => {
-                observation.fencing_token(fencing_token);
-                // From here on the store recognises our lock by its token and fencing token.
-                let token = token.granted(fencing_token);
-                let context =
-                    TaskContext::new(unit.clone(), fencing_token, attempts, Arc::clone(&lease));
-                let guarded = context.scope(catching_panics(body));
-                let running = Instant::now();
-                let result = if self.task.renew {
-                    let renewal = Renewal {
-                        store: store.clone(),
-                        unit: unit.clone(),
-                        token: token.clone(),
-                        lease: Arc::clone(&lease),
-                        lock_ttl: self.task.lock_ttl,
-                        logging,
-                    };
-                    renewing(guarded, renewal).await
-                } else {
-                    guarded.await
-                };
-                observation.body_ran(running.elapsed());
-                match result {
-                    Err(panic) => {
-                        on_drop.disarm();
-                        observation.ended(Ending::Failed);
-                        release(&store, &unit, &token, logging).await;
-                        resume_unwind(panic)
+        // In a block of its own, so that the answer's storage ends with it instead of staying
+        // in the call's future through the body and the recording.
+        let (fencing_token, attempts, lease) = {
+            let waiting = Instant::now();
+            let start = match begin(self.task, &store, &unit, &token).await {
+                Ok(start) => start,
+                Err(err) => {
+                    if let Error::Contended { attempts, .. } = &err {
+                        observation.waited(*attempts, waiting.elapsed());
                     }
-                    Ok(Err(err)) => {
-                        on_drop.disarm();
-                        release(&store, &unit, &token, logging).await;
-                        Err((err, Ending::Failed))
-                    }
-                    Ok(Ok(value)) => {
-                        let recording = Recording {
-                            store: &store,
-                            unit: &unit,
-                            token: &token,
-                            logging,
-                            lease: &lease,
-                        };
-                        let outcome = self.record(&recording, &mut on_drop, &value).await;
-                        Ok(Report {
-                            value,
-                            outcome,
-                            fencing_token,
-                            attempts,
-                        })
-                    }
+                    // A failed `begin` cleans up after itself (see `begin`).
+                    on_drop.disarm();
+                    return Err(self.failed(err));
                 }
+            };
+            let (Start::Replay { attempts, .. } | Start::Run { attempts, .. }) = &start;
+            observation.waited(*attempts, waiting.elapsed());
+            match start {
+                Start::Replay { marker, attempts } => {
+                    on_drop.disarm();
+                    observation.fencing_token(marker.fencing_token());
+                    let value = self
+                        .replay(&unit, &marker)
+                        .map_err(|err| self.failed(err))?;
+                    return Ok(Report {
+                        value,
+                        outcome: Outcome::Replayed,
+                        fencing_token: marker.fencing_token(),
+                        attempts,
+                    });
+                }
+                Start::Run {
+                    fencing_token,
+                    attempts,
+                    lease,
+                } => (fencing_token, attempts, lease),
             }
-        }
+        };
+        observation.fencing_token(fencing_token);
+        // From here on the store recognises our lock by its token and fencing token.
+        let token = token.granted(fencing_token);
+        let context = TaskContext::new(unit.clone(), fencing_token, attempts, Arc::clone(&lease));
+        let guarded = context.scope(catching_panics(body));
+        let running = Instant::now();
+        let result = if self.task.renew {
+            let renewal = Renewal {
+                store: store.clone(),
+                unit: unit.clone(),
+                token: token.clone(),
+                lease: Arc::clone(&lease),
+                lock_ttl: self.task.lock_ttl,
+                logging,
+            };
+            // Boxed: the watchdog's state would otherwise be part of every call's future,
+            // renewed or not.
+            Box::pin(renewing(guarded, renewal)).await
+        } else {
+            guarded.await
+        };
+        observation.body_ran(running.elapsed());
+        // The `match` ends before the recording's await, so that its value does not stay in
+        // the call's future.
+        let value = match result.map(TaskOutput::into_result) {
+            Err(panic) => {
+                on_drop.disarm();
+                observation.ended(Ending::Failed);
+                release(&store, &unit, &token, logging).await;
+                resume_unwind(panic)
+            }
+            Ok(Err(err)) => {
+                on_drop.disarm();
+                release(&store, &unit, &token, logging).await;
+                return Err((err, Ending::Failed));
+            }
+            Ok(Ok(value)) => value,
+        };
+        // Encoded while a drop (or a panic in `Serialize`) still releases.
+        let marker = self.marker_for(&unit, &token, &value);
+        // From here a dropped call still records the result in the background: the side
+        // effect happened.
+        let kept_for = self.task.kept_for();
+        on_drop.finish_instead(&token, marker.clone(), kept_for, &lease);
+        let recording = Recording {
+            store: &store,
+            unit: &unit,
+            token: &token,
+            logging,
+            lease: &lease,
+        };
+        let outcome = recording.record(&marker, kept_for).await;
+        on_drop.disarm();
+        Ok(Report {
+            value,
+            outcome,
+            fencing_token,
+            attempts,
+        })
     }
 
     /// An error of idempotask's own as the call's error, with how the call ended. Every error
@@ -273,28 +316,6 @@ impl Call<'_> {
         observation.key(&unit, self.task.log_key);
         refuse_misuse(&unit)?;
         Ok(unit)
-    }
-
-    /// Stores the marker of a successful execution that returned `value`.
-    async fn record<T: Serialize + DeserializeOwned>(
-        &self,
-        recording: &Recording<'_>,
-        on_drop: &mut OnDrop,
-        value: &T,
-    ) -> Outcome {
-        // Encoded while a drop (or a panic in `Serialize`) still releases.
-        let marker = self.marker_for(recording.unit, recording.token, value);
-        // From here a dropped call still records the result in the background: the side
-        // effect happened.
-        on_drop.finish_instead(
-            recording.token,
-            marker.clone(),
-            self.task.kept_for(),
-            recording.lease,
-        );
-        let outcome = recording.record(&marker, self.task.kept_for()).await;
-        on_drop.disarm();
-        outcome
     }
 
     /// Decodes a stored result for a duplicate delivery.

@@ -121,7 +121,9 @@ impl Call<'_> {
         let lease = Arc::new(Lease::new(Instant::now(), HELD_UNTIL_THE_TRANSACTION_ENDS));
         let context = TaskContext::new(unit.clone(), fencing_token, attempts, lease);
         let running = Instant::now();
-        let result = context.scope(body(transaction.handle())).await;
+        // Boxed, as in `Call::drive`: held inline, the body's future would be stored again
+        // in every layer that awaits it.
+        let result = context.scope(Box::pin(body(transaction.handle()))).await;
         observation.body_ran(running.elapsed());
         let value = match result {
             Ok(value) => value,
