@@ -262,14 +262,9 @@ impl Drop for OnDrop {
                 };
                 runtime.spawn(
                     async move {
-                        let recording = Recording {
-                            store: &store,
-                            unit: &unit,
-                            token: &token,
-                            logging,
-                            lease: &lease,
-                        };
-                        recording.record(&marker, result_ttl).await;
+                        Recording::of(&store, &unit, &token, logging, &lease)
+                            .record(&marker, result_ttl)
+                            .await;
                     }
                     .in_current_span(),
                 );
@@ -290,7 +285,23 @@ pub(crate) struct Recording<'a> {
 /// The first pause between tries of a failing `finish`; it doubles each time.
 const FINISH_RETRY_PAUSE: Duration = Duration::from_millis(25);
 
-impl Recording<'_> {
+impl<'a> Recording<'a> {
+    pub(crate) fn of(
+        store: &'a SharedStore,
+        unit: &'a UnitOfWork,
+        token: &'a LockToken,
+        logging: KeyLogging,
+        lease: &'a Arc<Lease>,
+    ) -> Self {
+        Self {
+            store,
+            unit,
+            token,
+            logging,
+            lease,
+        }
+    }
+
     pub(crate) async fn record(&self, marker: &[u8], result_ttl: Duration) -> Outcome {
         let Self {
             store,

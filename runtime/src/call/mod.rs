@@ -217,16 +217,7 @@ impl Call<'_> {
             match start {
                 Start::Replay { marker, attempts } => {
                     on_drop.disarm();
-                    observation.fencing_token(marker.fencing_token());
-                    let value = self
-                        .replay(&unit, &marker)
-                        .map_err(|err| self.failed(err))?;
-                    return Ok(Report {
-                        value,
-                        outcome: Outcome::Replayed,
-                        fencing_token: marker.fencing_token(),
-                        attempts,
-                    });
+                    return self.replayed(&unit, &marker, attempts, observation);
                 }
                 Start::Run {
                     fencing_token,
@@ -279,14 +270,9 @@ impl Call<'_> {
         // effect happened.
         let kept_for = self.task.kept_for();
         on_drop.finish_instead(&token, marker.clone(), kept_for, &lease);
-        let recording = Recording {
-            store: &store,
-            unit: &unit,
-            token: &token,
-            logging,
-            lease: &lease,
-        };
-        let outcome = recording.record(&marker, kept_for).await;
+        let outcome = Recording::of(&store, &unit, &token, logging, &lease)
+            .record(&marker, kept_for)
+            .await;
         on_drop.disarm();
         Ok(Report {
             value,
@@ -316,6 +302,24 @@ impl Call<'_> {
         observation.key(&unit, self.task.log_key);
         refuse_misuse(&unit)?;
         Ok(unit)
+    }
+
+    /// The report of a duplicate delivery that found `marker` after `attempts` asks.
+    pub(crate) fn replayed<T: DeserializeOwned, E: From<Error>>(
+        &self,
+        unit: &UnitOfWork,
+        marker: &Marker,
+        attempts: u32,
+        observation: &Observation<'_>,
+    ) -> Result<Report<T>, (E, Ending)> {
+        observation.fencing_token(marker.fencing_token());
+        let value = self.replay(unit, marker).map_err(|err| self.failed(err))?;
+        Ok(Report {
+            value,
+            outcome: Outcome::Replayed,
+            fencing_token: marker.fencing_token(),
+            attempts,
+        })
     }
 
     /// Decodes a stored result for a duplicate delivery.

@@ -96,16 +96,7 @@ impl Call<'_> {
                 // Nothing of this delivery's may commit; the body does not run.
                 transaction.abort().await;
                 let marker = stored_marker(&unit, &bytes).map_err(|err| self.failed(err))?;
-                observation.fencing_token(marker.fencing_token());
-                let value = self
-                    .replay(&unit, &marker)
-                    .map_err(|err| self.failed(err))?;
-                return Ok(Report {
-                    value,
-                    outcome: Outcome::Replayed,
-                    fencing_token: marker.fencing_token(),
-                    attempts,
-                });
+                return self.replayed(&unit, &marker, attempts, observation);
             }
             Ok(Begin::Busy { lock_ttl_remaining }) => {
                 transaction.abort().await;
