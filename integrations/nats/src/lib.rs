@@ -265,17 +265,32 @@ impl<K: MessageKey> Idempotent<K> {
         T: Serialize + DeserializeOwned,
         F: Future<Output = Result<T, E>>,
     {
-        let handled = tokio::select! {
-            biased;
-            handled = self.decide(message, body) => handled,
-            never = progress::in_progress(message, self.progress_interval()) => match never {},
-        };
+        let handled = self.process(message, body).await;
         let kind = handled.ack_kind();
         message
             .ack_with(kind)
             .await
             .map_err(|source| AckError { kind, source })?;
         Ok(handled)
+    }
+
+    /// Like [`handle`](Self::handle), without sending the final acknowledgement: send
+    /// [`handled.ack_kind()`](Handled::ack_kind) yourself, for instance with `double_ack_with`
+    /// to wait until JetStream has it, or after writing the result somewhere first.
+    ///
+    /// Progress acks go out while this runs and stop when it returns, so acknowledge before
+    /// the consumer's `AckWait` has passed, or JetStream delivers the message again (which is
+    /// safe: a stored result is replayed).
+    pub async fn process<T, E, F>(&self, message: &Message, body: F) -> Handled<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        F: Future<Output = Result<T, E>>,
+    {
+        tokio::select! {
+            biased;
+            handled = self.decide(message, body) => handled,
+            never = progress::in_progress(message, self.progress_interval()) => match never {},
+        }
     }
 
     /// What `message` gets once `body` has run, or has not.
