@@ -1,7 +1,8 @@
 //! The NATS consumer on a real `nats-server` and a real Redis store, both started here: a
 //! duplicate replays, a busy key comes back after the holder's remaining lock time and replays,
 //! a message without a usable key is terminated to the dead-letter advisory, a body's `Err` is
-//! delivered again and not cached, and progress acks outlast an `AckWait` shorter than the body.
+//! delivered again and not cached, a store that is down fails closed with a growing delay, and
+//! progress acks outlast an `AckWait` shorter than the body.
 //! The kill -9 scenario is the `nats_worker` example, run by `tests/examples.rs`.
 
 use std::sync::Arc;
@@ -428,4 +429,63 @@ async fn progress_acks_keep_a_body_longer_than_ack_wait_from_being_redelivered()
         control >= 2,
         "without them JetStream redelivers: {control} deliveries"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_is_down_fails_closed_with_a_growing_delay_until_it_is_back() {
+    let mut queue = Queue::start().await;
+    let consumer = queue.consumer("charger", Duration::from_secs(30)).await;
+    let sequence = queue.publish(r#"{"id":4}"#, Some("order-4")).await;
+    let store = idempotask_redis::RedisStore::builder(queue.redis.url())
+        .response_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap();
+    let first = Duration::from_millis(100);
+    let charge_once = Idempotent::new(Task::new("nats_store_down"), MsgId)
+        .store(store)
+        .store_retry_delay(first, Duration::from_secs(1));
+    let charges = AtomicU32::new(0);
+    let charge = || async {
+        charges.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, std::io::Error>("ch_4".to_owned())
+    };
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &queue.redis.pid().to_string()])
+        .status();
+
+    let mut messages = consumer.messages().await.unwrap();
+    let mut delays = Vec::new();
+    for delivery in 1..=2 {
+        let message = messages.next().await.unwrap().unwrap();
+        assert_eq!(
+            (stream_sequence(&message), delivered(&message)),
+            (sequence, delivery)
+        );
+        let handled = charge_once.handle(&message, charge()).await.unwrap();
+        let Handled::Deferred { error, delay } = &handled else {
+            panic!("the store is down, yet {handled:?}")
+        };
+        assert!(matches!(error, Error::Store(_)), "{error}");
+        delays.push(*delay);
+    }
+    assert_eq!(
+        delays,
+        [first, first * 2],
+        "a backoff that grows per delivery"
+    );
+    assert_eq!(
+        charges.load(Ordering::SeqCst),
+        0,
+        "nothing ran without the store"
+    );
+
+    queue.redis.restart();
+    let again = messages.next().await.unwrap().unwrap();
+    assert_eq!(delivered(&again), 3);
+    let Handled::Acked(report) = charge_once.handle(&again, charge()).await.unwrap() else {
+        panic!("not acked once the store is back")
+    };
+    assert_eq!(report.outcome, Outcome::Executed);
+    assert_eq!(charges.load(Ordering::SeqCst), 1);
 }
