@@ -96,6 +96,19 @@ impl Queue {
         ack.sequence
     }
 
+    /// The `MSG_TERMINATED` advisories of consumer `name`: the dead-letter path.
+    async fn terminations(&self, name: &str) -> async_nats::Subscriber {
+        let advisories = self
+            .client
+            .subscribe(format!(
+                "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{STREAM}.{name}"
+            ))
+            .await
+            .unwrap();
+        self.client.flush().await.unwrap();
+        advisories
+    }
+
     async fn store(&self) -> idempotask_redis::RedisStore {
         self.redis.store().await
     }
@@ -116,6 +129,21 @@ async fn eventually(
         assert!(Instant::now() < deadline, "never reached: {info:#?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The stream sequences of the next `count` terminated messages, in order; panics after 10 s.
+async fn terminated(advisories: &mut async_nats::Subscriber, count: usize) -> Vec<u64> {
+    let mut sequences = Vec::new();
+    for _ in 0..count {
+        let advisory = tokio::time::timeout(Duration::from_secs(10), advisories.next())
+            .await
+            .expect("a MSG_TERMINATED advisory")
+            .unwrap();
+        let advisory: serde_json::Value = serde_json::from_slice(&advisory.payload).unwrap();
+        sequences.push(advisory["stream_seq"].as_u64().unwrap());
+    }
+    sequences.sort_unstable();
+    sequences
 }
 
 fn no_ack_pending(info: &jetstream::consumer::Info) -> bool {
@@ -264,14 +292,7 @@ async fn a_contended_message_comes_back_after_the_holders_lock_time_and_replays(
 async fn a_message_without_a_usable_key_is_terminated_to_the_dead_letter_advisory() {
     let queue = Queue::start().await;
     let mut consumer = queue.consumer("charger", Duration::from_secs(30)).await;
-    let mut advisories = queue
-        .client
-        .subscribe(format!(
-            "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{STREAM}.charger"
-        ))
-        .await
-        .unwrap();
-    queue.client.flush().await.unwrap();
+    let mut advisories = queue.terminations("charger").await;
     let unkeyed = queue.publish(r#"{"id":1}"#, None).await;
     let empty_key = queue.publish(r#"{"id":2}"#, None).await;
     let store = queue.store().await;
@@ -309,23 +330,51 @@ async fn a_message_without_a_usable_key_is_terminated_to_the_dead_letter_advisor
     assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran unprotected");
 
     // The dead-letter path: one advisory per terminated message, naming it.
-    let mut terminated = Vec::new();
-    for _ in 0..2 {
-        let advisory = tokio::time::timeout(Duration::from_secs(10), advisories.next())
-            .await
-            .expect("a MSG_TERMINATED advisory")
-            .unwrap();
-        let advisory: serde_json::Value = serde_json::from_slice(&advisory.payload).unwrap();
-        terminated.push(advisory["stream_seq"].as_u64().unwrap());
-    }
-    terminated.sort_unstable();
-    assert_eq!(terminated, [unkeyed, empty_key]);
+    assert_eq!(terminated(&mut advisories, 2).await, [unkeyed, empty_key]);
     let info = eventually(&mut consumer, no_ack_pending).await;
     assert_eq!(
         deliveries(&info),
         2,
         "terminated, never delivered again: {info:#?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_result_that_no_longer_decodes_is_terminated_not_run_again() {
+    let queue = Queue::start().await;
+    let mut consumer = queue.consumer("charger", Duration::from_secs(30)).await;
+    let mut advisories = queue.terminations("charger").await;
+    queue.publish(r#"{"id":8}"#, None).await;
+    let duplicate = queue.publish(r#"{"id":8}"#, None).await;
+    let charge_once = Idempotent::new(Task::new("nats_codec"), by_order).store(queue.store().await);
+    let mut messages = consumer.messages().await.unwrap();
+
+    let message = messages.next().await.unwrap().unwrap();
+    let first = async { Ok::<_, std::io::Error>("ch_8".to_owned()) };
+    let handled = charge_once.handle(&message, first).await.unwrap();
+    assert!(matches!(handled, Handled::Acked(_)), "{handled:?}");
+    // A deploy changed the task's return type; the duplicate's body must not charge again.
+    let runs = AtomicU32::new(0);
+    let changed = async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, std::io::Error>(8_u32)
+    };
+    let message = messages.next().await.unwrap().unwrap();
+    let handled = charge_once.handle(&message, changed).await.unwrap();
+    assert!(
+        matches!(
+            &handled,
+            Handled::Terminated(Rejection::Refused(Error::Codec {
+                kind: idempotask::CodecErrorKind::Undecodable,
+                ..
+            }))
+        ),
+        "{handled:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_eq!(terminated(&mut advisories, 1).await, [duplicate]);
+    let info = eventually(&mut consumer, no_ack_pending).await;
+    assert_eq!(deliveries(&info), 2, "{info:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
