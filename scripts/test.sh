@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit, integration, doc and UI tests, and the docs.
-# Installs redis-server, Redis 8.2, Valkey and PostgreSQL when missing; the tests start their
-# own servers on free loopback ports and stop them.
+# Installs redis-server, Redis 8.2, Valkey, PostgreSQL and nats-server when missing; the tests
+# start their own servers on free loopback ports and stop them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +13,7 @@ need_package() { # command package
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$2" >/dev/null
 }
 need_package redis-server redis-server
+need_package nats-server nats-server # JetStream 2.9; the NATS tests start their own
 need_package openssl openssl # the TLS test makes its own CA
 # PostgreSQL's binaries live off PATH on Debian; the examples' tests start their own cluster.
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
@@ -50,10 +51,11 @@ if ! command -v redis8-server >/dev/null 2>&1; then
   rm -rf "$wheel_dir"
 fi
 # The package starts a system-wide server on 6379; the tests never use it, so stop it.
-if command -v systemctl >/dev/null 2>&1; then systemctl stop redis-server postgresql >/dev/null 2>&1 || true; fi
+if command -v systemctl >/dev/null 2>&1; then systemctl stop redis-server postgresql nats-server >/dev/null 2>&1 || true; fi
 redis-server --version
 valkey-server --version
 redis8-server --version
+nats-server --version
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
@@ -61,7 +63,7 @@ echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The workspace build unifies features; each published crate must also build, lint and
 # document on its own with no features and with all of them, as users and docs.rs build it.
-published=(idempotask idempotask-macros idempotask-redis idempotask-postgres idempotask-apalis idempotask-cli)
+published=(idempotask idempotask-macros idempotask-redis idempotask-postgres idempotask-apalis idempotask-nats idempotask-cli)
 for crate in "${published[@]}"; do
   echo "==> $crate: no default features, all features"
   cargo clippy -p "$crate" --no-default-features --all-targets --locked -- -D warnings
@@ -69,7 +71,7 @@ for crate in "${published[@]}"; do
 done
 # Each server example builds with only the feature its header names, not just with the
 # workspace's union of features.
-for feature in redis postgres apalis; do
+for feature in redis postgres apalis nats; do
   echo "==> examples with --features $feature"
   cargo check -p idempotask-examples --examples --features "$feature" --locked
 done

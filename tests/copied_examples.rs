@@ -11,6 +11,7 @@ const WORKSPACE_CRATES: &[(&str, &str)] = &[
     ("idempotask-redis", "stores/redis"),
     ("idempotask-postgres", "stores/postgres"),
     ("idempotask-apalis", "integrations/apalis"),
+    ("idempotask-nats", "integrations/nats"),
 ];
 
 /// The `[dependencies]` block an example's header lists, with the crates of this workspace
@@ -275,6 +276,11 @@ fn quickstart_redis_compiles_alone() {
 #[test]
 fn apalis_worker_compiles_alone() {
     compiles_alone("apalis_worker");
+}
+
+#[test]
+fn nats_worker_compiles_alone() {
+    compiles_alone("nats_worker");
 }
 
 /// `cargo run --example quickstart`, the README's first command, builds the core and the

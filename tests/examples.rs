@@ -30,7 +30,8 @@ fn example(name: &str) -> Command {
     command
         .env_remove("REDIS_URL")
         .env_remove("REDIS_CLUSTER_URLS")
-        .env_remove("DATABASE_URL");
+        .env_remove("DATABASE_URL")
+        .env_remove("NATS_URL");
     command
 }
 
@@ -260,6 +261,44 @@ fn apalis_worker_on_postgres_charges_each_order_once_despite_a_kill_9() {
             .env("DATABASE_URL", postgres.url());
         command
     });
+}
+
+/// The `apalis_worker` scenario on a NATS stream: a worker killed with SIGKILL after a charge
+/// and before its ack, messages nak'd once; the redelivery after `AckWait` replays with
+/// idempotask and charges again without it.
+#[test]
+fn nats_worker_charges_each_order_once_despite_a_kill_9() {
+    let nats = support::nats::NatsServer::start();
+    let redis = RedisServer::start();
+    let command = || {
+        let mut command = example("nats_worker");
+        command
+            .env("NATS_URL", nats.url())
+            .env("REDIS_URL", redis.url());
+        command
+    };
+    let number = |summary: &serde_json::Value, field: &str| -> u64 {
+        summary[field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no `{field}` in {summary}"))
+    };
+    let with = apalis_summary(&run(&mut command()));
+    let jobs = number(&with, "jobs");
+    assert_eq!(with["idempotask"], true, "{with}");
+    assert_eq!(number(&with, "killed_workers"), 1, "{with}");
+    assert!(number(&with, "failed_deliveries") > 0, "{with}");
+    assert!(number(&with, "deliveries") > jobs, "{with}");
+    assert_eq!(number(&with, "side_effects"), jobs, "{with}");
+    assert_eq!(number(&with, "charged_twice"), 0, "{with}");
+    assert!(number(&with, "duplicates_prevented") >= 1, "{with}");
+    assert_eq!(number(&with, "acked"), jobs, "{with}");
+
+    let without = apalis_summary(&run(command().arg("--without-idempotask")));
+    assert_eq!(without["idempotask"], false, "{without}");
+    assert_eq!(number(&without, "killed_workers"), 1, "{without}");
+    assert!(number(&without, "charged_twice") >= 1, "{without}");
+    assert!(number(&without, "side_effects") > jobs, "{without}");
+    assert_eq!(number(&without, "duplicates_prevented"), 0, "{without}");
 }
 
 /// Transfers delivered several times at once, one worker killed with SIGKILL inside its

@@ -1,0 +1,386 @@
+//! Consume [NATS JetStream](https://docs.nats.io/nats-concepts/jetstream) messages through an
+//! idempotask [`Task`]: each message's work at most once per key, its `Ok` value stored and
+//! handed to every redelivery, and the message acked, nak'd with a delay or terminated by what
+//! happened.
+//!
+//! JetStream delivers at least once: a message whose ack does not arrive within the consumer's
+//! `AckWait` (a worker killed, a connection lost, an ack dropped) is delivered again, and a
+//! producer that retries a publish after the stream's duplicate window publishes it twice.
+//! [`Idempotent::handle`] runs the work under the task's lock and completion marker, so a
+//! redelivery whose work is done is acked with the stored value instead of doing it again.
+//!
+//! ```no_run
+//! use async_nats::jetstream::{self, consumer::pull};
+//! use idempotask::{RetryPolicy, Task};
+//! use idempotask_nats::{Idempotent, MsgId};
+//! use futures_util::StreamExt;
+//! use std::time::Duration;
+//!
+//! static CHARGE: Task = Task::new("order_charge").retry(RetryPolicy::no_wait()).renew(true);
+//!
+//! async fn charge(payload: &[u8]) -> Result<String, std::io::Error> {
+//!     Ok(format!("ch_{}", payload.len()))
+//! }
+//!
+//! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! # let store = idempotask::MemoryStore::new();
+//! idempotask::install(store); // idempotask_redis::RedisStore::connect(url).await? in production
+//! let client = async_nats::connect("nats://127.0.0.1:4222").await?;
+//! let stream = jetstream::new(client).get_stream("ORDERS").await?;
+//! let ack_wait = Duration::from_secs(30);
+//! let consumer = stream
+//!     .get_or_create_consumer("charger", pull::Config {
+//!         durable_name: Some("charger".into()),
+//!         ack_wait,
+//!         ..Default::default()
+//!     })
+//!     .await?;
+//!
+//! let charge_once = Idempotent::new(CHARGE.clone(), MsgId).ack_wait(ack_wait);
+//! let mut messages = consumer.messages().await?;
+//! while let Some(message) = messages.next().await {
+//!     let message = message?;
+//!     let handled = charge_once.handle(&message, charge(&message.payload)).await?;
+//!     println!("{:?}", handled.ack_kind());
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # Behaviour
+//! Every setting of the [`Task`] applies (lock TTL, result TTL, lock renewal, retry policy, key
+//! logging); the store is the installed one unless [`Idempotent::store`] names another.
+//!
+//! | the call ends with | [`Handled`] | JetStream gets |
+//! | --- | --- | --- |
+//! | the body's `Ok`, stored ([`Outcome::Executed`](idempotask::Outcome)) | `Acked` | `+ACK` |
+//! | a stored value: a duplicate, the body did not run (`Outcome::Replayed`) | `Acked` | `+ACK` |
+//! | the body's `Ok`, but its lock expired first or its marker could not be written (`LockLost`, `MarkerNotWritten`) | `Acked` | `+ACK`: the side effect happened; running it again would not undo it |
+//! | the body's `Err`: the lock is released, nothing is stored | `Failed` | `-NAK`, after [`failure_delay`](Idempotent::failure_delay) (none by default): the queue's retry runs the body again |
+//! | the key is busy after the task's [`RetryPolicy`](idempotask::RetryPolicy) ([`Error::Contended`]) | `Deferred` | `-NAK` with the holder's remaining lock time as the delay (the lock TTL when the store did not say); nothing ran |
+//! | the store failed ([`Error::Store`]) or none is installed | `Deferred` | `-NAK` with a bounded backoff ([`store_retry_delay`](Idempotent::store_retry_delay)); nothing ran, or the lock is released |
+//! | the key cannot be used ([`MissingKey`], [`Error::InvalidKey`], [`Error::KeyReuse`], [`Error::Codec`], [`Error::MarkerKeyMismatch`]) | `Terminated` | `+TERM`: no redelivery can succeed; JetStream stops delivering it and publishes a `$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.<stream>.<consumer>` advisory, the dead-letter path |
+//!
+//! A message is never run without its key: a key function that finds none, and [`MsgId`] on a
+//! message published without a `Nats-Msg-Id`, end in `+TERM`.
+//!
+//! # Redelivery clocks: `AckWait` against `lock_ttl`
+//! From the moment [`handle`](Idempotent::handle) is called until the message is acked, a
+//! progress ack (`+WPI`) goes to JetStream every third of the shorter of the consumer's
+//! `AckWait` (declare it with [`Idempotent::ack_wait`]; JetStream's default is 30 s) and the
+//! task's lock TTL: the cadence at which [`Task::renew`] renews the lock. So:
+//!
+//! - **While a worker runs a message, JetStream does not redeliver it**, however long the body
+//!   takes, as long as the declared `ack_wait` is no longer than the consumer's real one.
+//! - **A body may run longer than `lock_ttl` only with [`Task::renew`] on.** Without it the lock
+//!   expires under the body, and a second copy of the message (the producer's retry) may run
+//!   next to it.
+//! - **After a worker dies**, JetStream redelivers once `AckWait` has passed since its last
+//!   progress ack, and the dead worker's lock expires within `lock_ttl` of its last renewal.
+//!   With `AckWait ≥ lock_ttl` the redelivery finds the lock gone and runs (or replays) at once;
+//!   with a shorter `AckWait` it finds the lock still held, is nak'd with the time the lock has
+//!   left, and runs when it comes back. Both are correct; the first costs no extra delivery.
+//! - **Redeliveries count against `max_deliver`**: every `Contended` and store-failure nak is a
+//!   delivery. Leave `max_deliver` unlimited (JetStream's default) or well above the deliveries
+//!   a busy key can need, or a message may be dropped with a `MAX_DELIVERIES` advisory.
+//! - Give queue tasks [`RetryPolicy::no_wait`](idempotask::RetryPolicy::no_wait): a contended
+//!   delivery is then nak'd at once with the right delay, instead of holding a worker while it
+//!   waits for the lock.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+// `doc-valid-idents` in the workspace's clippy.toml is the better home for the product name.
+#![allow(
+    clippy::doc_markdown,
+    reason = "JetStream is a product name in these docs, not code"
+)]
+
+mod handled;
+mod key;
+mod progress;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{AckKind, Message};
+use idempotask::store::{SharedStore, Store};
+use idempotask::{Error, Task};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+pub use handled::{Handled, Rejection};
+pub use key::{MessageKey, MissingKey, MsgId};
+
+use handled::{Backoff, refused};
+
+/// JetStream's `AckWait` when a consumer sets none.
+pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
+/// The first delay of a message whose store call failed, by default; it doubles with each
+/// delivery.
+pub const DEFAULT_STORE_RETRY_FIRST: Duration = Duration::from_secs(1);
+/// The longest delay of a message whose store call failed, by default.
+pub const DEFAULT_STORE_RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// Runs JetStream messages through a [`Task`]: the key comes from each message through `K` (a
+/// `Fn(&Message) -> Option<String>`, or [`MsgId`]).
+///
+/// See the [crate docs](crate) for what each outcome becomes and how the redelivery clocks
+/// must agree.
+///
+/// ```
+/// use std::time::Duration;
+/// use idempotask::Task;
+/// use idempotask_nats::{Idempotent, MsgId};
+///
+/// let charge_once = Idempotent::new(Task::new("order_charge"), MsgId)
+///     .ack_wait(Duration::from_secs(9));
+/// // A third of the shorter of AckWait (9 s) and the lock TTL (30 s by default).
+/// assert_eq!(charge_once.progress_interval(), Duration::from_secs(3));
+/// ```
+pub struct Idempotent<K> {
+    task: Arc<Task>,
+    key: Arc<K>,
+    store: Option<SharedStore>,
+    ack_wait: Duration,
+    failure_delay: Option<Duration>,
+    store_backoff: Backoff,
+}
+
+impl<K> Idempotent<K> {
+    /// Messages run through `task`, keyed by `key`, for a consumer with JetStream's default
+    /// `AckWait` ([`DEFAULT_ACK_WAIT`]).
+    pub fn new(task: Task, key: K) -> Self {
+        Self {
+            task: Arc::new(task),
+            key: Arc::new(key),
+            store: None,
+            ack_wait: DEFAULT_ACK_WAIT,
+            failure_delay: None,
+            store_backoff: Backoff {
+                first: DEFAULT_STORE_RETRY_FIRST,
+                max: DEFAULT_STORE_RETRY_MAX,
+            },
+        }
+    }
+
+    /// Uses `store` instead of the installed one.
+    #[must_use]
+    pub fn store(mut self, store: impl Store) -> Self {
+        self.store = Some(SharedStore::new(store));
+        self
+    }
+
+    /// The consumer's `AckWait`, which progress acks must beat (default [`DEFAULT_ACK_WAIT`]).
+    /// Declaring a longer one than the consumer has lets JetStream redeliver a message while
+    /// its body still runs.
+    #[must_use]
+    pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
+        self.ack_wait = ack_wait;
+        self
+    }
+
+    /// The delay of the nak that follows a body's `Err` (default none: JetStream delivers it
+    /// again at once, or as the consumer's `backoff` says).
+    #[must_use]
+    pub fn failure_delay(mut self, delay: Duration) -> Self {
+        self.failure_delay = Some(delay);
+        self
+    }
+
+    /// The delays of a message whose store call failed: `first` after its first delivery,
+    /// doubling with each delivery, never more than `max` (default
+    /// [`DEFAULT_STORE_RETRY_FIRST`], [`DEFAULT_STORE_RETRY_MAX`]).
+    #[must_use]
+    pub fn store_retry_delay(mut self, first: Duration, max: Duration) -> Self {
+        self.store_backoff = Backoff {
+            first,
+            max: max.max(first),
+        };
+        self
+    }
+
+    /// The task every message runs through.
+    pub fn task(&self) -> &Task {
+        &self.task
+    }
+
+    /// How often a message being handled gets a progress ack: a third of the shorter of the
+    /// declared `AckWait` and the task's lock TTL, at least a millisecond.
+    pub fn progress_interval(&self) -> Duration {
+        (self.ack_wait.min(self.task.settings().lock_ttl) / 3).max(Duration::from_millis(1))
+    }
+}
+
+impl<K: MessageKey> Idempotent<K> {
+    /// Runs `body` for `message` at most once per key, then acks, naks or terminates the
+    /// message as its outcome says, and returns the outcome.
+    ///
+    /// `body` is only polled once the lock is held, so creating it costs nothing and a
+    /// duplicate never starts it. Until the acknowledgement is sent, progress acks keep
+    /// JetStream from redelivering the message (see [`progress_interval`](Self::progress_interval)).
+    /// The body's `Ok` type is stored as JSON, so it must implement `Serialize` and
+    /// `DeserializeOwned` (`()` does).
+    ///
+    /// ```
+    /// use idempotask::{MemoryStore, Outcome, Task};
+    /// use idempotask_nats::{Handled, Idempotent, MsgId};
+    /// # use async_nats::jetstream::Message;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    /// # // A delivery as a pull consumer hands it over, without a server: its acks queue up.
+    /// # let client = async_nats::ConnectOptions::new().retry_on_initial_connect().connect("127.0.0.1:9").await?;
+    /// # let mut headers = async_nats::HeaderMap::new();
+    /// # headers.insert("Nats-Msg-Id", "order-7");
+    /// # let message = Message {
+    /// #     message: async_nats::Message {
+    /// #         subject: "orders.new".into(),
+    /// #         reply: Some("$JS.ACK.ORDERS.charger.1.7.7.1764547200000000000.0".into()),
+    /// #         payload: "{}".into(), headers: Some(headers), status: None, description: None, length: 0,
+    /// #     },
+    /// #     context: async_nats::jetstream::new(client),
+    /// # };
+    /// let charge_once = Idempotent::new(Task::new("order_charge"), MsgId).store(MemoryStore::new());
+    /// let mut outcomes = Vec::new();
+    /// for _delivery in 0..2 {
+    ///     match charge_once.handle(&message, async { Ok::<_, std::io::Error>(42_u32) }).await? {
+    ///         Handled::Acked(report) => outcomes.push((report.value, report.outcome)),
+    ///         Handled::Failed { error, .. } => eprintln!("delivered again: {error}"),
+    ///         Handled::Deferred { error, delay } => eprintln!("back in {delay:?}: {error}"),
+    ///         Handled::Terminated(why) => eprintln!("dead-lettered: {why}"),
+    ///         _ => {}
+    ///     }
+    /// }
+    /// assert_eq!(outcomes, [(42, Outcome::Executed), (42, Outcome::Replayed)]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`AckError`] when the acknowledgement could not be sent (the connection is down). The
+    /// outcome is in the store all the same; JetStream delivers the message again after
+    /// `AckWait`, and that delivery is replayed or run as the store says.
+    pub async fn handle<T, E, F>(
+        &self,
+        message: &Message,
+        body: F,
+    ) -> Result<Handled<T, E>, AckError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: Future<Output = Result<T, E>>,
+    {
+        let handled = self.process(message, body).await;
+        let kind = handled.ack_kind();
+        message
+            .ack_with(kind)
+            .await
+            .map_err(|source| AckError { kind, source })?;
+        Ok(handled)
+    }
+
+    /// Like [`handle`](Self::handle), without sending the final acknowledgement: send
+    /// [`handled.ack_kind()`](Handled::ack_kind) yourself, for instance with `double_ack_with`
+    /// to wait until JetStream has it, or after writing the result somewhere first.
+    ///
+    /// Progress acks go out while this runs and stop when it returns, so acknowledge before
+    /// the consumer's `AckWait` has passed, or JetStream delivers the message again (which is
+    /// safe: a stored result is replayed).
+    pub async fn process<T, E, F>(&self, message: &Message, body: F) -> Handled<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        F: Future<Output = Result<T, E>>,
+    {
+        tokio::select! {
+            biased;
+            handled = self.decide(message, body) => handled,
+            never = progress::in_progress(message, self.progress_interval()) => match never {},
+        }
+    }
+
+    /// What `message` gets once `body` has run, or has not.
+    async fn decide<T, E, F>(&self, message: &Message, body: F) -> Handled<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        F: Future<Output = Result<T, E>>,
+    {
+        let key = match self.key.key(message) {
+            Ok(key) => key,
+            Err(missing) => return Handled::Terminated(Rejection::MissingKey(missing)),
+        };
+        let mut call = self.task.call(key);
+        if let Some(store) = &self.store {
+            call = call.store(store.clone());
+        }
+        let body = async move { body.await.map_err(Failure::Body) };
+        match call.run_reported(body).await {
+            Ok(report) => Handled::Acked(report),
+            Err(Failure::Body(error)) => Handled::Failed {
+                error,
+                delay: self.failure_delay,
+            },
+            Err(Failure::Idempotask(err)) => {
+                let delivered = message.info().map_or(1, |info| info.delivered);
+                refused(
+                    err,
+                    self.task.settings().lock_ttl,
+                    self.store_backoff,
+                    delivered,
+                )
+            }
+        }
+    }
+}
+
+impl<K> Clone for Idempotent<K> {
+    fn clone(&self) -> Self {
+        Self {
+            task: Arc::clone(&self.task),
+            key: Arc::clone(&self.key),
+            store: self.store.clone(),
+            ack_wait: self.ack_wait,
+            failure_delay: self.failure_delay,
+            store_backoff: self.store_backoff,
+        }
+    }
+}
+
+impl<K> std::fmt::Debug for Idempotent<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotent")
+            .field("task", &self.task)
+            .field("key", &std::any::type_name::<K>())
+            .field("store", &self.store.as_ref().map(|_| "own store"))
+            .field("ack_wait", &self.ack_wait)
+            .field("failure_delay", &self.failure_delay)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a message's call ended without a value: the body said so, or idempotask did.
+enum Failure<E> {
+    Body(E),
+    Idempotask(Error),
+}
+
+impl<E> From<Error> for Failure<E> {
+    fn from(err: Error) -> Self {
+        Self::Idempotask(err)
+    }
+}
+
+/// The acknowledgement of a handled message could not be sent.
+///
+/// What the message's outcome stored stays stored: JetStream delivers it again after `AckWait`
+/// and the redelivery is replayed (or run, if nothing was stored).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "could not send {kind:?} to JetStream; it delivers the message again after AckWait: {source}"
+)]
+pub struct AckError {
+    kind: AckKind,
+    #[source]
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl AckError {
+    /// The acknowledgement that was not sent.
+    pub fn ack_kind(&self) -> AckKind {
+        self.kind
+    }
+}

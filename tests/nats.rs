@@ -1,0 +1,540 @@
+//! The NATS consumer on a real `nats-server` and a real Redis store, both started here: a
+//! duplicate replays, a busy key comes back after the holder's remaining lock time and replays,
+//! a message without a usable key is terminated to the dead-letter advisory, a body's `Err` is
+//! delivered again and not cached, a store that is down fails closed with a growing delay, and
+//! progress acks outlast an `AckWait` shorter than the body.
+//! The kill -9 scenario is the `nats_worker` example, run by `tests/examples.rs`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{PullConsumer, pull};
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::stream::Stream;
+use async_nats::jetstream::{self, AckKind, Message};
+use futures_util::StreamExt;
+use idempotask::{Error, InvalidKey, Outcome, RetryPolicy, Task};
+use idempotask_nats::{Handled, Idempotent, MessageKey, MsgId, Rejection};
+use idempotask_test_support::RedisServer;
+use idempotask_test_support::nats::NatsServer;
+use serde::Deserialize;
+use tokio::time::Instant;
+
+const STREAM: &str = "ORDERS";
+
+#[derive(Deserialize)]
+struct Order {
+    id: u64,
+}
+
+/// The key of a message whose JSON payload is an order; none for any other payload.
+fn by_order(message: &Message) -> Option<String> {
+    let order: Order = serde_json::from_slice(&message.payload).ok()?;
+    Some(format!("order-charge-{}", order.id))
+}
+
+/// A server, a Redis for the store, and the `ORDERS` stream on `orders.>`.
+struct Queue {
+    _nats: NatsServer,
+    redis: RedisServer,
+    client: async_nats::Client,
+    js: jetstream::Context,
+    stream: Stream,
+}
+
+impl Queue {
+    async fn start() -> Self {
+        let nats = NatsServer::start();
+        let redis = RedisServer::start();
+        let client = async_nats::connect(nats.url()).await.unwrap();
+        let js = jetstream::new(client.clone());
+        let stream = js
+            .create_stream(jetstream::stream::Config {
+                name: STREAM.to_owned(),
+                subjects: vec!["orders.>".to_owned()],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        Self {
+            _nats: nats,
+            redis,
+            client,
+            js,
+            stream,
+        }
+    }
+
+    /// A durable pull consumer `name` with `ack_wait`.
+    async fn consumer(&self, name: &str, ack_wait: Duration) -> PullConsumer {
+        self.stream
+            .create_consumer(pull::Config {
+                durable_name: Some(name.to_owned()),
+                ack_wait,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+    }
+
+    /// Publishes `payload` on `orders.new`, with `Nats-Msg-Id: msg_id` when given; answers its
+    /// stream sequence.
+    async fn publish(&self, payload: &str, msg_id: Option<&str>) -> u64 {
+        let mut publish = PublishMessage::build().payload(payload.to_owned().into());
+        if let Some(id) = msg_id {
+            publish = publish.message_id(id);
+        }
+        let ack = self
+            .js
+            .send_publish("orders.new", publish)
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(!ack.duplicate, "the stream took message {payload} as new");
+        ack.sequence
+    }
+
+    /// The `MSG_TERMINATED` advisories of consumer `name`: the dead-letter path.
+    async fn terminations(&self, name: &str) -> async_nats::Subscriber {
+        let advisories = self
+            .client
+            .subscribe(format!(
+                "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{STREAM}.{name}"
+            ))
+            .await
+            .unwrap();
+        self.client.flush().await.unwrap();
+        advisories
+    }
+
+    async fn store(&self) -> idempotask_redis::RedisStore {
+        self.redis.store().await
+    }
+}
+
+/// Consumer info as the server has it once `done` holds; panics after 10 s. Acks are sent
+/// without waiting for a reply, so the server applies them a moment after `handle` returns.
+async fn eventually(
+    consumer: &mut PullConsumer,
+    done: impl Fn(&jetstream::consumer::Info) -> bool,
+) -> jetstream::consumer::Info {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info = consumer.info().await.unwrap().clone();
+        if done(&info) {
+            return info;
+        }
+        assert!(Instant::now() < deadline, "never reached: {info:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The stream sequences of the next `count` terminated messages, in order; panics after 10 s.
+async fn terminated(advisories: &mut async_nats::Subscriber, count: usize) -> Vec<u64> {
+    let mut sequences = Vec::new();
+    for _ in 0..count {
+        let advisory = tokio::time::timeout(Duration::from_secs(10), advisories.next())
+            .await
+            .expect("a MSG_TERMINATED advisory")
+            .unwrap();
+        let advisory: serde_json::Value = serde_json::from_slice(&advisory.payload).unwrap();
+        sequences.push(advisory["stream_seq"].as_u64().unwrap());
+    }
+    sequences.sort_unstable();
+    sequences
+}
+
+fn no_ack_pending(info: &jetstream::consumer::Info) -> bool {
+    info.num_ack_pending == 0
+}
+
+/// How many deliveries the consumer has made, redeliveries included (`num_redelivered` counts
+/// only the redelivered messages still waiting for their ack).
+fn deliveries(info: &jetstream::consumer::Info) -> u64 {
+    info.delivered.consumer_sequence
+}
+
+fn delivered(message: &Message) -> i64 {
+    message.info().unwrap().delivered
+}
+
+fn stream_sequence(message: &Message) -> u64 {
+    message.info().unwrap().stream_sequence
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_message_replays_and_the_body_runs_once() {
+    let queue = Queue::start().await;
+    let mut consumer = queue.consumer("charger", Duration::from_secs(30)).await;
+    // The producer retried after the duplicate window, or two services sent the same order.
+    queue.publish(r#"{"id":7}"#, Some("publish-1")).await;
+    queue.publish(r#"{"id":7}"#, Some("publish-2")).await;
+    let charge_once =
+        Idempotent::new(Task::new("nats_duplicate"), by_order).store(queue.store().await);
+    let charges = AtomicU32::new(0);
+    let charge = || async {
+        let n = charges.fetch_add(1, Ordering::SeqCst) + 1;
+        Ok::<_, std::io::Error>(format!("ch_{n}"))
+    };
+
+    let mut messages = consumer.messages().await.unwrap();
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let message = messages.next().await.unwrap().unwrap();
+        let Handled::Acked(report) = charge_once.handle(&message, charge()).await.unwrap() else {
+            panic!("not acked")
+        };
+        answers.push((report.value, report.outcome));
+    }
+    assert_eq!(
+        answers,
+        [
+            ("ch_1".to_owned(), Outcome::Executed),
+            ("ch_1".to_owned(), Outcome::Replayed)
+        ]
+    );
+    assert_eq!(charges.load(Ordering::SeqCst), 1);
+    let info = eventually(&mut consumer, no_ack_pending).await;
+    assert_eq!(deliveries(&info), 2, "no redelivery: {info:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contended_message_comes_back_after_the_holders_lock_time_and_replays() {
+    let queue = Queue::start().await;
+    let mut consumer = queue.consumer("charger", Duration::from_secs(30)).await;
+    queue.publish(r#"{"id":5}"#, None).await;
+    let second = queue.publish(r#"{"id":5}"#, None).await;
+    let lock_ttl = Duration::from_secs(2);
+    let task = Task::new("nats_contended")
+        .lock_ttl(lock_ttl)
+        .retry(RetryPolicy::no_wait());
+    let charge_once = Idempotent::new(task, by_order).store(queue.store().await);
+    let charges = Arc::new(AtomicU32::new(0));
+
+    let mut messages = consumer.messages().await.unwrap();
+    let first_message = messages.next().await.unwrap().unwrap();
+    let second_message = messages.next().await.unwrap().unwrap();
+    assert_eq!(stream_sequence(&second_message), second);
+
+    // The first delivery holds the lock until the test lets it finish.
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+    let holder = tokio::spawn({
+        let charge_once = charge_once.clone();
+        let charges = Arc::clone(&charges);
+        async move {
+            let body = async move {
+                started_tx.send(()).unwrap();
+                release_rx.await.unwrap();
+                charges.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, std::io::Error>("ch_5".to_owned())
+            };
+            charge_once.handle(&first_message, body).await.unwrap()
+        }
+    });
+    started_rx.await.unwrap();
+
+    let never = async {
+        charges.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, std::io::Error>("ch_wrong".to_owned())
+    };
+    let deferred = charge_once.handle(&second_message, never).await.unwrap();
+    let nakd_at = Instant::now();
+    let Handled::Deferred { error, delay } = &deferred else {
+        panic!("not deferred: {deferred:?}")
+    };
+    assert!(matches!(error, Error::Contended { .. }), "{error}");
+    assert!(
+        !delay.is_zero() && *delay <= lock_ttl,
+        "the delay is the holder's remaining lock time: {delay:?}"
+    );
+    assert!(matches!(deferred.ack_kind(), AckKind::Nak(Some(d)) if d == *delay));
+
+    release_tx.send(()).unwrap();
+    let held = holder.await.unwrap();
+    assert!(
+        matches!(&held, Handled::Acked(report) if report.outcome == Outcome::Executed),
+        "{held:?}"
+    );
+
+    let again = messages.next().await.unwrap().unwrap();
+    assert_eq!(
+        (stream_sequence(&again), delivered(&again)),
+        (second, 2),
+        "the nak'd message is what comes back"
+    );
+    // JetStream starts the delay when the nak arrives, after it was sent.
+    assert!(
+        nakd_at.elapsed() >= *delay,
+        "back after {:?}",
+        nakd_at.elapsed()
+    );
+    let wrong = async { Ok::<_, std::io::Error>("ch_wrong".to_owned()) };
+    let Handled::Acked(report) = charge_once.handle(&again, wrong).await.unwrap() else {
+        panic!("the redelivery was not acked")
+    };
+    assert_eq!(
+        (report.value.as_str(), report.outcome),
+        ("ch_5", Outcome::Replayed)
+    );
+    assert_eq!(charges.load(Ordering::SeqCst), 1);
+    let info = eventually(&mut consumer, no_ack_pending).await;
+    assert_eq!(
+        deliveries(&info),
+        3,
+        "two messages, one redelivery: {info:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_without_a_usable_key_is_terminated_to_the_dead_letter_advisory() {
+    let queue = Queue::start().await;
+    let mut consumer = queue.consumer("charger", Duration::from_secs(30)).await;
+    let mut advisories = queue.terminations("charger").await;
+    let unkeyed = queue.publish(r#"{"id":1}"#, None).await;
+    let empty_key = queue.publish(r#"{"id":2}"#, None).await;
+    let store = queue.store().await;
+    let by_msg_id = Idempotent::new(Task::new("nats_no_key"), MsgId).store(store.clone());
+    let empty = Idempotent::new(Task::new("nats_empty_key"), |_: &Message| {
+        Some(String::new())
+    })
+    .store(store);
+    let runs = AtomicU32::new(0);
+    let body = || async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, std::io::Error>(())
+    };
+
+    let mut messages = consumer.messages().await.unwrap();
+    let message = messages.next().await.unwrap().unwrap();
+    let handled = by_msg_id.handle(&message, body()).await.unwrap();
+    let Handled::Terminated(Rejection::MissingKey(missing)) = &handled else {
+        panic!("published without Nats-Msg-Id, yet {handled:?}")
+    };
+    assert_eq!(missing.stream_sequence(), Some(unkeyed));
+    assert!(matches!(handled.ack_kind(), AckKind::Term));
+
+    let message = messages.next().await.unwrap().unwrap();
+    let handled = empty.handle(&message, body()).await.unwrap();
+    assert!(
+        matches!(
+            &handled,
+            Handled::Terminated(Rejection::Refused(Error::InvalidKey(
+                InvalidKey::EmptyKey { .. }
+            )))
+        ),
+        "{handled:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran unprotected");
+
+    // The dead-letter path: one advisory per terminated message, naming it.
+    assert_eq!(terminated(&mut advisories, 2).await, [unkeyed, empty_key]);
+    let info = eventually(&mut consumer, no_ack_pending).await;
+    assert_eq!(
+        deliveries(&info),
+        2,
+        "terminated, never delivered again: {info:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_result_that_no_longer_decodes_is_terminated_not_run_again() {
+    let queue = Queue::start().await;
+    let mut consumer = queue.consumer("charger", Duration::from_secs(30)).await;
+    let mut advisories = queue.terminations("charger").await;
+    queue.publish(r#"{"id":8}"#, None).await;
+    let duplicate = queue.publish(r#"{"id":8}"#, None).await;
+    let charge_once = Idempotent::new(Task::new("nats_codec"), by_order).store(queue.store().await);
+    let mut messages = consumer.messages().await.unwrap();
+
+    let message = messages.next().await.unwrap().unwrap();
+    let first = async { Ok::<_, std::io::Error>("ch_8".to_owned()) };
+    let handled = charge_once.handle(&message, first).await.unwrap();
+    assert!(matches!(handled, Handled::Acked(_)), "{handled:?}");
+    // A deploy changed the task's return type; the duplicate's body must not charge again.
+    let runs = AtomicU32::new(0);
+    let changed = async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, std::io::Error>(8_u32)
+    };
+    let message = messages.next().await.unwrap().unwrap();
+    let handled = charge_once.handle(&message, changed).await.unwrap();
+    assert!(
+        matches!(
+            &handled,
+            Handled::Terminated(Rejection::Refused(Error::Codec {
+                kind: idempotask::CodecErrorKind::Undecodable,
+                ..
+            }))
+        ),
+        "{handled:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_eq!(terminated(&mut advisories, 1).await, [duplicate]);
+    let info = eventually(&mut consumer, no_ack_pending).await;
+    assert_eq!(deliveries(&info), 2, "{info:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_error_is_nakd_delivered_again_and_not_cached() {
+    let queue = Queue::start().await;
+    let mut consumer = queue.consumer("charger", Duration::from_secs(30)).await;
+    let sequence = queue.publish(r#"{"id":9}"#, Some("order-9")).await;
+    let charge_once = Idempotent::new(Task::new("nats_failing"), MsgId).store(queue.store().await);
+    let attempts = AtomicU32::new(0);
+    // Declined on the first delivery, charged on the second.
+    let charge = || async {
+        match attempts.fetch_add(1, Ordering::SeqCst) {
+            0 => Err("card declined"),
+            n => Ok(format!("ch_{n}")),
+        }
+    };
+
+    let mut messages = consumer.messages().await.unwrap();
+    let message = messages.next().await.unwrap().unwrap();
+    assert_eq!(MsgId.key(&message).unwrap(), "order-9");
+    let handled = charge_once.handle(&message, charge()).await.unwrap();
+    assert!(
+        matches!(
+            handled,
+            Handled::Failed {
+                error: "card declined",
+                delay: None
+            }
+        ),
+        "{handled:?}"
+    );
+    assert!(matches!(handled.ack_kind(), AckKind::Nak(None)));
+
+    let again = messages.next().await.unwrap().unwrap();
+    assert_eq!((stream_sequence(&again), delivered(&again)), (sequence, 2));
+    let Handled::Acked(report) = charge_once.handle(&again, charge()).await.unwrap() else {
+        panic!("the second delivery was not acked")
+    };
+    // Executed, not Replayed: the error was not stored as the result.
+    assert_eq!(
+        (report.value.as_str(), report.outcome),
+        ("ch_1", Outcome::Executed)
+    );
+    assert_eq!(attempts.load(Ordering::SeqCst), 2);
+    let info = eventually(&mut consumer, no_ack_pending).await;
+    assert_eq!(deliveries(&info), 2, "{info:#?}");
+}
+
+/// Handles the first message of `consumer` with a body three times its `AckWait` long while
+/// the consumer keeps pulling; answers the server's count of deliveries once it is acked.
+async fn long_body(
+    queue: &Queue,
+    mut consumer: PullConsumer,
+    charge_once: Idempotent<MsgId>,
+) -> u64 {
+    let mut messages = consumer.messages().await.unwrap();
+    let message = messages.next().await.unwrap().unwrap();
+    let ack_wait = consumer.cached_info().config.ack_wait;
+    // Keep a pull request waiting, as a worker's loop does, so a redelivery has somewhere to go.
+    let pulling =
+        tokio::spawn(async move { messages.next().await.map(|m| m.map(|m| delivered(&m))) });
+    // The body's length is what is under test, not a wait for something else.
+    let body = async {
+        tokio::time::sleep(ack_wait * 3).await;
+        Ok::<_, std::io::Error>(())
+    };
+    let handled = charge_once.handle(&message, body).await.unwrap();
+    assert!(matches!(handled, Handled::Acked(_)), "{handled:?}");
+    queue.client.flush().await.unwrap();
+    pulling.abort();
+    let info = consumer.info().await.unwrap();
+    deliveries(info)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_acks_keep_a_body_longer_than_ack_wait_from_being_redelivered() {
+    let queue = Queue::start().await;
+    let ack_wait = Duration::from_secs(1);
+    queue.publish(r#"{"id":3}"#, Some("order-3")).await;
+    let store = queue.store().await;
+    // Declared as the consumer has it: a progress ack every third of a second.
+    let declared = Idempotent::new(Task::new("nats_long"), MsgId)
+        .store(store.clone())
+        .ack_wait(ack_wait);
+    assert_eq!(declared.progress_interval(), ack_wait / 3);
+    // The control: declared as JetStream's default, so progress acks come every 10 s, too late.
+    let misdeclared = Idempotent::new(Task::new("nats_long_misdeclared"), MsgId).store(store);
+    let (kept, control) = tokio::join!(
+        async { long_body(&queue, queue.consumer("declared", ack_wait).await, declared).await },
+        async {
+            long_body(
+                &queue,
+                queue.consumer("misdeclared", ack_wait).await,
+                misdeclared,
+            )
+            .await
+        },
+    );
+    assert_eq!(kept, 1, "progress acks beat the 1 s AckWait: one delivery");
+    assert!(
+        control >= 2,
+        "without them JetStream redelivers: {control} deliveries"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_is_down_fails_closed_with_a_growing_delay_until_it_is_back() {
+    let mut queue = Queue::start().await;
+    let consumer = queue.consumer("charger", Duration::from_secs(30)).await;
+    let sequence = queue.publish(r#"{"id":4}"#, Some("order-4")).await;
+    let store = idempotask_redis::RedisStore::builder(queue.redis.url())
+        .response_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap();
+    let first = Duration::from_millis(100);
+    let charge_once = Idempotent::new(Task::new("nats_store_down"), MsgId)
+        .store(store)
+        .store_retry_delay(first, Duration::from_secs(1));
+    let charges = AtomicU32::new(0);
+    let charge = || async {
+        charges.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, std::io::Error>("ch_4".to_owned())
+    };
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &queue.redis.pid().to_string()])
+        .status();
+
+    let mut messages = consumer.messages().await.unwrap();
+    let mut delays = Vec::new();
+    for delivery in 1..=2 {
+        let message = messages.next().await.unwrap().unwrap();
+        assert_eq!(
+            (stream_sequence(&message), delivered(&message)),
+            (sequence, delivery)
+        );
+        let handled = charge_once.handle(&message, charge()).await.unwrap();
+        let Handled::Deferred { error, delay } = &handled else {
+            panic!("the store is down, yet {handled:?}")
+        };
+        assert!(matches!(error, Error::Store(_)), "{error}");
+        delays.push(*delay);
+    }
+    assert_eq!(
+        delays,
+        [first, first * 2],
+        "a backoff that grows per delivery"
+    );
+    assert_eq!(
+        charges.load(Ordering::SeqCst),
+        0,
+        "nothing ran without the store"
+    );
+
+    queue.redis.restart();
+    let again = messages.next().await.unwrap().unwrap();
+    assert_eq!(delivered(&again), 3);
+    let Handled::Acked(report) = charge_once.handle(&again, charge()).await.unwrap() else {
+        panic!("not acked once the store is back")
+    };
+    assert_eq!(report.outcome, Outcome::Executed);
+    assert_eq!(charges.load(Ordering::SeqCst), 1);
+}
