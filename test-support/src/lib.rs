@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod postgres;
 pub mod proxy;
 pub mod quorum;
+pub mod rabbitmq;
 pub mod report;
 pub mod workers;
 
