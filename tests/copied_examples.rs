@@ -278,6 +278,11 @@ fn apalis_worker_compiles_alone() {
     compiles_alone("apalis_worker");
 }
 
+#[test]
+fn rabbitmq_worker_compiles_alone() {
+    compiles_alone("rabbitmq_worker");
+}
+
 /// `cargo run --example quickstart`, the README's first command, builds the core and the
 /// in-memory examples' few dependencies, not the backends of the other examples.
 #[test]

@@ -124,10 +124,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 pub use key::{DeliveryKey, MessageId, MissingKey};
-pub use settle::{Cause, FAILURES_HEADER, STORE_ERRORS_HEADER, SettleError, Settled};
+pub use settle::{Cause, Decision, FAILURES_HEADER, STORE_ERRORS_HEADER, SettleError, Settled};
 pub use topology::{PublishError, RetryQueue, Topology};
 
-use settle::{Action, Backoff, count, settle};
+use settle::{Action, Backoff, count};
 
 /// The first delay after a store error or a body error, by default.
 pub const DEFAULT_INITIAL_BACKOFF: Duration = Duration::from_millis(100);
@@ -235,7 +235,8 @@ impl<K: DeliveryKey> Idempotent<K> {
     }
 
     /// Runs `body` for `delivery` at most once per key and settles the delivery on the broker:
-    /// acked, sent to the retry queue, or rejected to the dead-letter exchange.
+    /// acked, sent to the retry queue, or rejected to the dead-letter exchange. The same as
+    /// [`run`](Self::run) followed by [`Decision::settle`].
     ///
     /// `body` is called with the delivery only once the lock is held (a duplicate never calls
     /// it); the future it returns owns what it needs (clone the payload, or decode it, in the
@@ -255,11 +256,40 @@ impl<K: DeliveryKey> Idempotent<K> {
         F: FnOnce(&Delivery) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let key = match self.key.key(&delivery) {
+        self.run(&delivery, body).await.settle(&delivery).await
+    }
+
+    /// Runs `body` for `delivery` as [`process`](Self::process) does, and answers what to do
+    /// with the delivery without doing it yet: for a consumer that records or reports something
+    /// between the run and the ack. Until [`Decision::settle`], the delivery is unacked (a
+    /// crash here redelivers it, and the redelivery replays the stored result).
+    pub async fn run<T, E, F, Fut>(&self, delivery: &Delivery, body: F) -> Decision<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(&Delivery) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let (action, settled) = self.decide(delivery, body).await;
+        Decision {
+            action,
+            settled,
+            retries: self.retries.clone(),
+        }
+    }
+
+    async fn decide<T, E, F, Fut>(&self, delivery: &Delivery, body: F) -> (Action, Settled<T, E>)
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(&Delivery) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let key = match self.key.key(delivery) {
             Ok(key) => key,
             Err(missing) => {
-                settle(&delivery, &self.retries, Action::DeadLetter).await?;
-                return Ok(Settled::DeadLettered(Cause::MissingKey(missing)));
+                return (
+                    Action::DeadLetter,
+                    Settled::DeadLettered(Cause::MissingKey(missing)),
+                );
             }
         };
         let mut call = self.task.call(key);
@@ -269,18 +299,11 @@ impl<K: DeliveryKey> Idempotent<K> {
         if self.fingerprint_payload {
             call = match call.fingerprint_of(&delivery.data) {
                 Ok(call) => call,
-                Err(err) => {
-                    let (action, settled) = self.idempotask_action(&delivery, err);
-                    settle(&delivery, &self.retries, action).await?;
-                    return Ok(settled);
-                }
+                Err(err) => return self.idempotask_action(delivery, err),
             };
         }
-        let run = {
-            let delivery = &delivery;
-            async move { body(delivery).await.map_err(Failure::Body) }
-        };
-        let (action, settled) = match call.run_reported(run).await {
+        let run = async move { body(delivery).await.map_err(Failure::Body) };
+        match call.run_reported(run).await {
             Ok(report) => (Action::Ack, Settled::Acked(report)),
             Err(Failure::Body(err)) => {
                 let failures = count(&delivery.properties, FAILURES_HEADER).saturating_add(1);
@@ -297,10 +320,8 @@ impl<K: DeliveryKey> Idempotent<K> {
                     (action, Settled::Retrying { cause, delay })
                 }
             }
-            Err(Failure::Idempotask(err)) => self.idempotask_action(&delivery, err),
-        };
-        settle(&delivery, &self.retries, action).await?;
-        Ok(settled)
+            Err(Failure::Idempotask(err)) => self.idempotask_action(delivery, err),
+        }
     }
 
     /// Input: an error of idempotask's own for `delivery`. Output: what to do with the delivery:

@@ -40,6 +40,32 @@ pub enum Settled<T, E> {
     DeadLettered(Cause<E>),
 }
 
+/// What a run of a delivery calls for, not yet done: see [`Idempotent::run`](crate::Idempotent::run).
+#[derive(Debug)]
+#[must_use = "the delivery stays unacked until the decision is settled"]
+pub struct Decision<T, E> {
+    pub(crate) action: Action,
+    pub(crate) settled: Settled<T, E>,
+    pub(crate) retries: RetryQueue,
+}
+
+impl<T, E> Decision<T, E> {
+    /// What the delivery will become once settled.
+    pub fn settled(&self) -> &Settled<T, E> {
+        &self.settled
+    }
+
+    /// Settles `delivery` (the one that was run) on the broker: acks it, publishes its delayed
+    /// redelivery (confirmed by the broker) and then acks it, or rejects it without requeue.
+    ///
+    /// # Errors
+    /// [`SettleError`] when the broker could not be told; the delivery then comes back.
+    pub async fn settle(self, delivery: &Delivery) -> Result<Settled<T, E>, SettleError> {
+        settle(delivery, &self.retries, self.action).await?;
+        Ok(self.settled)
+    }
+}
+
 /// Why a delivery was not acked as done.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -50,6 +76,16 @@ pub enum Cause<E> {
     Idempotask(Error),
     /// The delivery carries no key.
     MissingKey(MissingKey),
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for Cause<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Body(err) => err.fmt(f),
+            Self::Idempotask(err) => err.fmt(f),
+            Self::MissingKey(err) => err.fmt(f),
+        }
+    }
 }
 
 /// The broker failed while a delivery was being settled.
@@ -97,6 +133,7 @@ impl Backoff {
 }
 
 /// How `settle` should end a delivery.
+#[derive(Debug)]
 pub(crate) enum Action {
     Ack,
     Retry {
@@ -109,7 +146,7 @@ pub(crate) enum Action {
 
 /// Input: a delivery and the action its outcome calls for. Output: the delivery settled on the
 /// broker (a delayed redelivery is confirmed by the broker before the original is acked).
-pub(crate) async fn settle(
+async fn settle(
     delivery: &Delivery,
     retries: &RetryQueue,
     action: Action,
