@@ -264,7 +264,7 @@ fn apalis_worker_on_postgres_charges_each_order_once_despite_a_kill_9() {
     });
 }
 
-/// RabbitMQ consumers, one killed with SIGKILL after a charge and before its ack (the broker
+/// AMQP consumers, one killed with SIGKILL after a charge and before its ack (the broker
 /// redelivers at once when its connection closes), and deliveries that fail once: with idempotask
 /// every order is charged once and nothing is left in the queues; without it the redelivery
 /// charges again.
