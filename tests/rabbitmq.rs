@@ -464,3 +464,37 @@ async fn a_store_that_is_down_fails_closed_and_the_delivery_comes_back() {
     let settled = consumer.process(back, charging(&runs)).await.unwrap();
     assert_eq!(acked(settled), ("ch_1".to_owned(), Outcome::Executed));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redelivery_that_cannot_be_published_leaves_the_original_in_the_queue() {
+    let fixture = Fixture::new("unroutable").await;
+    // A retry queue that does not exist: the broker returns the copy as unroutable.
+    let nowhere = RetryQueue::new(fixture.channel.clone(), "unroutable.no-such-queue")
+        .await
+        .unwrap();
+    let consumer = Idempotent::new(Task::new("lapin_unroutable"), MessageId, nowhere)
+        .store(MemoryStore::new());
+    fixture.publish(Some("order-7"), b"7").await;
+    let mut deliveries = fixture.consume(fixture.topology.queue()).await;
+    let failing = |_: &Delivery| std::future::ready(Err::<String, _>("declined".to_owned()));
+
+    let err = consumer
+        .process(fixture.next(&mut deliveries).await, failing)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            idempotask_lapin::SettleError::Retry(idempotask_lapin::PublishError::Unroutable)
+        ),
+        "{err:?}"
+    );
+    // Not acked away: nacked with requeue, so it is delivered again, as it was.
+    let again = fixture.next(&mut deliveries).await;
+    assert!(again.redelivered);
+    assert_eq!(
+        again.properties.message_id().as_ref().unwrap().as_str(),
+        "order-7"
+    );
+    assert_eq!(header(&again, FAILURES_HEADER), None);
+}
