@@ -66,6 +66,11 @@
 //! the [`FAILURES_HEADER`] header. The retry queue keeps the message's properties (its
 //! `message_id`, so the key is the same) and its headers.
 //!
+//! [`Idempotent::process`] runs and settles in one call; [`Idempotent::run`] answers a
+//! [`Decision`] that [`Decision::settle`] carries out later, for a consumer that records something
+//! between the two (the delivery stays unacked until then: a crash there redelivers it, and the
+//! redelivery replays the stored result).
+//!
 //! # The retry queue, and the at-least-once window
 //!
 //! RabbitMQ has no "deliver again in N seconds" for a delivery. A delayed redelivery is a copy
