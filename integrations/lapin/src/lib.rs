@@ -1,0 +1,410 @@
+//! Consume AMQP deliveries from a RabbitMQ broker ([lapin](https://docs.rs/lapin)) through an idempotask [`Task`]:
+//! each message at most once per key, its `Ok` value stored and handed to every redelivery, and
+//! each outcome settled on the broker the way that outcome calls for.
+//!
+//! RabbitMQ delivers at least once: a delivery that is not acked comes back when its consumer's
+//! channel or connection closes (a crash, a deploy, a network blip), and a requeued delivery comes
+//! back at once. [`Idempotent::process`] runs the body under the key's lock, so a redelivery whose
+//! work is done gets the stored value and is acked instead of doing the work again.
+//!
+//! ```no_run
+//! use futures_util::StreamExt; // lapin's `Consumer` is a `Stream`
+//! use idempotask::Task;
+//! use idempotask_lapin::{Idempotent, MessageId, Settled, Topology};
+//! use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+//! use lapin::types::FieldTable;
+//! use lapin::{Connection, ConnectionProperties};
+//! use std::time::Duration;
+//!
+//! static CHARGE: Task = Task::new("order_charge").lock_ttl(Duration::from_secs(60)).renew(true);
+//!
+//! async fn charge(order: &[u8]) -> Result<String, std::io::Error> {
+//!     Ok(format!("ch_{}", String::from_utf8_lossy(order)))
+//! }
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! // idempotask::install(RedisStore::connect(url).await?) at start-up.
+//! let connection = Connection::connect("amqp://127.0.0.1:5672/%2f", ConnectionProperties::default()).await?;
+//! let channel = connection.create_channel().await?;
+//! let topology = Topology::new("orders");
+//! let retries = topology.declare(&channel).await?;
+//! channel.basic_qos(8, BasicQosOptions::default()).await?;
+//! let charge_once = Idempotent::new(CHARGE.clone(), MessageId, retries);
+//!
+//! let mut deliveries = channel
+//!     .basic_consume("orders".into(), "charger".into(), BasicConsumeOptions::default(), FieldTable::default())
+//!     .await?;
+//! while let Some(delivery) = deliveries.next().await {
+//!     let settled = charge_once
+//!         .process(delivery?, |delivery| {
+//!             let order = delivery.data.clone();
+//!             async move { charge(&order).await }
+//!         })
+//!         .await?;
+//!     if let Settled::DeadLettered(cause) = settled {
+//!         eprintln!("dead-lettered: {cause:?}");
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # Behaviour: what each outcome becomes
+//!
+//! | the call ends with | the delivery | [`Settled`] |
+//! | --- | --- | --- |
+//! | the body's `Ok`, stored ([`Outcome::Executed`](idempotask::Outcome)) | acked | `Acked` |
+//! | a stored value: a duplicate ([`Outcome::Replayed`](idempotask::Outcome)); the body does not run | acked | `Acked` |
+//! | the body ran but its lock expired or its result could not be recorded (`LockLost`, `MarkerNotWritten`) | acked: the side effect happened, and a redelivery would only run it again | `Acked` |
+//! | the key is busy after the task's [`RetryPolicy`](idempotask::RetryPolicy) ([`Error::Contended`]) | published to the retry queue with `expiration` = the holder's remaining lock time, then acked | `Retrying` |
+//! | the store failed ([`Error::Store`]) or none is installed | published to the retry queue with a bounded backoff (doubling per store error of this message, from 100 ms up to 30 s by default), then acked | `Retrying` |
+//! | the body's `Err`; the lock is released and nothing is stored | published to the retry queue with the same kind of backoff (per failure of this message), then acked; after [`max_failures`](Idempotent::max_failures) failures (5 by default), rejected without requeue | `Retrying`, then `DeadLettered` |
+//! | the key cannot be used: [`MissingKey`], [`Error::InvalidKey`], [`Error::KeyReuse`], [`Error::Codec`], [`Error::MarkerKeyMismatch`] (and the misuse errors `Reentered`, `NoRuntime`, `TaskNameTaken`) | `basic.reject` without requeue: to the work queue's dead-letter exchange; nothing ran | `DeadLettered` |
+//!
+//! A body error is retried through the retry queue rather than `basic.nack` with requeue: a
+//! requeued message comes back at once, so a failing dependency would be hammered in a tight loop
+//! by every consumer; the delay gives it time, and the failure count travels with the message in
+//! the [`FAILURES_HEADER`] header. The retry queue keeps the message's properties (its
+//! `message_id`, so the key is the same) and its headers.
+//!
+//! [`Idempotent::process`] runs and settles in one call; [`Idempotent::run`] answers a
+//! [`Decision`] that [`Decision::settle`] carries out later, for a consumer that records something
+//! between the two (the delivery stays unacked until then: a crash there redelivers it, and the
+//! redelivery replays the stored result).
+//!
+//! # The retry queue, and the at-least-once window
+//!
+//! RabbitMQ has no "deliver again in N seconds" for a delivery. A delayed redelivery is a copy
+//! published to a retry queue that has no consumer, with a per-message `expiration`; once it
+//! expires, the retry queue dead-letters it through the default exchange back to the work queue
+//! ([`Topology`] declares exactly that). The copy is published with publisher confirms, and the
+//! original is acked only after the broker confirmed the copy: a crash between the confirm and
+//! the ack leaves both (the broker requeues the unacked original), which the key's lock and
+//! stored result absorb; a copy that cannot be published is never acked away. If the publish
+//! fails, the original is nacked with requeue and [`SettleError::Retry`] returned.
+//!
+//! RabbitMQ expires messages only at the head of a queue: a message behind one with a longer
+//! delay waits for it. The delay is therefore a lower bound, and the longest delay in use (the
+//! backoff's bound, or the task's lock TTL) is how much later a message may come back.
+//!
+//! # The redelivery clocks
+//!
+//! - **A closed channel redelivers at once.** RabbitMQ has no visibility timeout: an unacked
+//!   delivery goes back to the queue the moment its consumer's channel closes, and another
+//!   consumer gets it immediately, typically while the dead consumer's lock is still held. That
+//!   redelivery finds the key busy, waits as the task's `RetryPolicy` says (up to the lock TTL
+//!   by default), and then either replays the stored result or is sent to the retry queue for the
+//!   holder's remaining lock time: it never runs the body twice, and it does not spin.
+//! - **`consumer_timeout`** (30 minutes by default, RabbitMQ 3.8.15 and later): a delivery not
+//!   acked within it closes the consumer's channel with `PRECONDITION_FAILED`, and every unacked
+//!   delivery of that channel is redelivered at once. Keep the time a body runs, and the task's
+//!   lock TTL, well under it; for long bodies use [`Task::renew`](idempotask::Task::renew) (the
+//!   lock then lives as long as the body runs) rather than a lock TTL longer than the timeout.
+//!   A lock TTL longer than `consumer_timeout` only makes the redelivery wait longer for a
+//!   holder that is gone.
+//! - **The lock TTL bounds a crashed holder.** When a consumer dies mid-body, its lock stays until
+//!   it expires; redeliveries wait out the remaining time in the retry queue and then run. A short
+//!   lock TTL with renewal lets work resume sooner after a crash.
+//!
+//! Every setting of the [`Task`] applies (lock TTL, result TTL, lock renewal, retry policy, key
+//! logging); the store is the installed one unless [`Idempotent::store`] names another.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![allow(
+    clippy::doc_markdown,
+    reason = "RabbitMQ is a product name here, not code to put in backticks"
+)]
+
+mod key;
+mod settle;
+mod topology;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idempotask::store::{SharedStore, Store};
+use idempotask::{Error, Task};
+use lapin::message::Delivery;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+pub use key::{DeliveryKey, MessageId, MissingKey};
+pub use settle::{Cause, Decision, FAILURES_HEADER, STORE_ERRORS_HEADER, SettleError, Settled};
+pub use topology::{PublishError, RetryQueue, Topology};
+
+use settle::{Action, Backoff, count};
+
+/// The first delay after a store error or a body error, by default.
+pub const DEFAULT_INITIAL_BACKOFF: Duration = Duration::from_millis(100);
+/// The longest delay after store errors or body errors, by default.
+pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How many times a message's body may fail before it is dead-lettered, by default.
+pub const DEFAULT_MAX_FAILURES: u32 = 5;
+
+/// Runs each delivery through a [`Task`], keyed by `K` ([`MessageId`], or a
+/// `Fn(&Delivery) -> Option<String>`), and settles it on the broker; see the [crate docs](crate)
+/// for what each outcome becomes.
+///
+/// ```
+/// # async fn demo(retries: idempotask_lapin::RetryQueue) {
+/// use std::time::Duration;
+/// use idempotask::{MemoryStore, Task};
+/// use idempotask_lapin::{Idempotent, MessageId};
+///
+/// let consumer = Idempotent::new(Task::new("refund"), MessageId, retries)
+///     .store(MemoryStore::new())
+///     .backoff(Duration::from_millis(50), Duration::from_secs(5))
+///     .max_failures(3);
+/// assert_eq!(consumer.task().name(), "refund");
+/// # }
+/// ```
+pub struct Idempotent<K> {
+    task: Arc<Task>,
+    key: Arc<K>,
+    retries: RetryQueue,
+    store: Option<SharedStore>,
+    backoff: Backoff,
+    max_failures: u32,
+    fingerprint_payload: bool,
+}
+
+/// Why a call ended without a value: the body said so, or idempotask did.
+enum Failure<E> {
+    Body(E),
+    Idempotask(Error),
+}
+
+impl<E> From<Error> for Failure<E> {
+    fn from(err: Error) -> Self {
+        Self::Idempotask(err)
+    }
+}
+
+impl<K: DeliveryKey> Idempotent<K> {
+    /// Deliveries run through `task`, keyed by `key`; delayed redeliveries go to `retries`.
+    pub fn new(task: Task, key: K, retries: RetryQueue) -> Self {
+        Self {
+            task: Arc::new(task),
+            key: Arc::new(key),
+            retries,
+            store: None,
+            backoff: Backoff {
+                initial: DEFAULT_INITIAL_BACKOFF,
+                max: DEFAULT_MAX_BACKOFF,
+            },
+            max_failures: DEFAULT_MAX_FAILURES,
+            fingerprint_payload: false,
+        }
+    }
+
+    /// Checks that a key comes back with the same payload: a delivery whose key was used with
+    /// another payload gets [`Error::KeyReuse`] and is dead-lettered, and the first payload's
+    /// stored result stays (off by default; it hashes each payload).
+    ///
+    /// Turn it on when the key is a producer's `message_id`: a producer that reuses an id for a
+    /// different message is then caught instead of answered with the other message's result.
+    #[must_use]
+    pub fn fingerprint_payload(mut self, on: bool) -> Self {
+        self.fingerprint_payload = on;
+        self
+    }
+
+    /// Uses `store` instead of the installed one.
+    #[must_use]
+    pub fn store(mut self, store: impl Store) -> Self {
+        self.store = Some(SharedStore::new(store));
+        self
+    }
+
+    /// The delays of redeliveries after store errors and body errors: `initial` after the first,
+    /// doubling with each further one of the same message, at most `max` (defaults
+    /// [`DEFAULT_INITIAL_BACKOFF`], [`DEFAULT_MAX_BACKOFF`]).
+    #[must_use]
+    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.backoff = Backoff { initial, max };
+        self
+    }
+
+    /// How many body errors a message may have before it is dead-lettered instead of retried
+    /// (default [`DEFAULT_MAX_FAILURES`]; at least 1). Contention and store errors do not count:
+    /// they say nothing about the message.
+    #[must_use]
+    pub fn max_failures(mut self, failures: u32) -> Self {
+        self.max_failures = failures.max(1);
+        self
+    }
+
+    /// The task every delivery runs through.
+    pub fn task(&self) -> &Task {
+        &self.task
+    }
+
+    /// Runs `body` for `delivery` at most once per key and settles the delivery on the broker:
+    /// acked, sent to the retry queue, or rejected to the dead-letter exchange. The same as
+    /// [`run`](Self::run) followed by [`Decision::settle`].
+    ///
+    /// `body` is called with the delivery only once the lock is held (a duplicate never calls
+    /// it); the future it returns owns what it needs (clone the payload, or decode it, in the
+    /// closure). Its `Ok` type is stored as JSON, so it must implement `Serialize` and
+    /// `DeserializeOwned` (`()` does).
+    ///
+    /// # Errors
+    /// [`SettleError`] when the broker could not be told: the delivery then comes back (see
+    /// there). What the body and idempotask said is in the [`Settled`] value, not here.
+    pub async fn process<T, E, F, Fut>(
+        &self,
+        delivery: Delivery,
+        body: F,
+    ) -> Result<Settled<T, E>, SettleError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(&Delivery) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.run(&delivery, body).await.settle(&delivery).await
+    }
+
+    /// Runs `body` for `delivery` as [`process`](Self::process) does, and answers what to do
+    /// with the delivery without doing it yet: for a consumer that records or reports something
+    /// between the run and the ack. Until [`Decision::settle`], the delivery is unacked (a
+    /// crash here redelivers it, and the redelivery replays the stored result).
+    pub async fn run<T, E, F, Fut>(&self, delivery: &Delivery, body: F) -> Decision<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(&Delivery) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let (action, settled) = self.decide(delivery, body).await;
+        Decision {
+            action,
+            settled,
+            retries: self.retries.clone(),
+        }
+    }
+
+    async fn decide<T, E, F, Fut>(&self, delivery: &Delivery, body: F) -> (Action, Settled<T, E>)
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(&Delivery) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let key = match self.key.key(delivery) {
+            Ok(key) => key,
+            Err(missing) => {
+                return (
+                    Action::DeadLetter,
+                    Settled::DeadLettered(Cause::MissingKey(missing)),
+                );
+            }
+        };
+        let mut call = self.task.call(key);
+        if let Some(store) = &self.store {
+            call = call.store(store.clone());
+        }
+        if self.fingerprint_payload {
+            call = match call.fingerprint_of(&delivery.data) {
+                Ok(call) => call,
+                Err(err) => return self.idempotask_action(delivery, err),
+            };
+        }
+        let run = async move { body(delivery).await.map_err(Failure::Body) };
+        match call.run_reported(run).await {
+            Ok(report) => (Action::Ack, Settled::Acked(report)),
+            Err(Failure::Body(err)) => {
+                let failures = count(&delivery.properties, FAILURES_HEADER).saturating_add(1);
+                if failures >= self.max_failures {
+                    (Action::DeadLetter, Settled::DeadLettered(Cause::Body(err)))
+                } else {
+                    let delay = self.backoff.after(failures);
+                    let action = Action::Retry {
+                        delay,
+                        header: FAILURES_HEADER,
+                        count: failures,
+                    };
+                    let cause = Cause::Body(err);
+                    (action, Settled::Retrying { cause, delay })
+                }
+            }
+            Err(Failure::Idempotask(err)) => self.idempotask_action(delivery, err),
+        }
+    }
+
+    /// Input: an error of idempotask's own for `delivery`. Output: what to do with the delivery:
+    /// come back when the holder's lock runs out, come back after a backoff, or dead-letter it
+    /// when no redelivery can succeed.
+    fn idempotask_action<T, E>(&self, delivery: &Delivery, err: Error) -> (Action, Settled<T, E>) {
+        let delay = match &err {
+            Error::Contended {
+                lock_ttl_remaining, ..
+            } => Some((
+                lock_ttl_remaining
+                    .unwrap_or(self.task.settings().lock_ttl)
+                    .max(Duration::from_millis(10)),
+                None,
+            )),
+            Error::KeyReuse { .. }
+            | Error::Codec { .. }
+            | Error::InvalidKey(_)
+            | Error::MarkerKeyMismatch { .. }
+            | Error::Reentered { .. }
+            | Error::NoRuntime
+            | Error::TaskNameTaken { .. } => None,
+            // Store errors, no store installed, and anything newer: fail closed and come back.
+            _ => {
+                let errors = count(&delivery.properties, STORE_ERRORS_HEADER).saturating_add(1);
+                Some((self.backoff.after(errors), Some(errors)))
+            }
+        };
+        match delay {
+            None => (
+                Action::DeadLetter,
+                Settled::DeadLettered(Cause::Idempotask(err)),
+            ),
+            Some((delay, store_errors)) => {
+                let action = match store_errors {
+                    Some(count) => Action::Retry {
+                        delay,
+                        header: STORE_ERRORS_HEADER,
+                        count,
+                    },
+                    // A busy key says nothing about the message: its counts travel unchanged.
+                    None => Action::Retry {
+                        delay,
+                        header: FAILURES_HEADER,
+                        count: count(&delivery.properties, FAILURES_HEADER),
+                    },
+                };
+                let cause = Cause::Idempotask(err);
+                (action, Settled::Retrying { cause, delay })
+            }
+        }
+    }
+}
+
+impl<K> Clone for Idempotent<K> {
+    fn clone(&self) -> Self {
+        Self {
+            task: Arc::clone(&self.task),
+            key: Arc::clone(&self.key),
+            retries: self.retries.clone(),
+            store: self.store.clone(),
+            backoff: self.backoff,
+            max_failures: self.max_failures,
+            fingerprint_payload: self.fingerprint_payload,
+        }
+    }
+}
+
+impl<K> std::fmt::Debug for Idempotent<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotent")
+            .field("task", &self.task)
+            .field("key", &std::any::type_name::<K>())
+            .field("retries", &self.retries)
+            .field("store", &self.store.as_ref().map(|_| "own store"))
+            .field("backoff", &self.backoff)
+            .field("max_failures", &self.max_failures)
+            .field("fingerprint_payload", &self.fingerprint_payload)
+            .finish()
+    }
+}

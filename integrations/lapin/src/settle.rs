@@ -1,0 +1,249 @@
+//! What a delivery's outcome becomes for RabbitMQ: ack, a delayed redelivery, or the dead-letter
+//! exchange.
+
+use std::time::Duration;
+
+use idempotask::{Error, Report};
+use lapin::BasicProperties;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
+use lapin::types::AMQPValue;
+
+use crate::key::MissingKey;
+use crate::topology::{PublishError, RetryQueue};
+
+/// The header counting a message's failed runs (body errors).
+pub const FAILURES_HEADER: &str = "x-idempotask-failures";
+/// The header counting a message's redeliveries for store errors.
+pub const STORE_ERRORS_HEADER: &str = "x-idempotask-store-errors";
+
+/// The shortest delay before a redelivery: a lock about to expire still gets a moment.
+const MIN_DELAY: Duration = Duration::from_millis(10);
+
+/// What became of one delivery; see the [crate docs](crate) for the whole table.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Settled<T, E> {
+    /// The body ran and its result was stored, or a stored result was replayed: the delivery
+    /// was acked. The report says which ([`Outcome`](idempotask::Outcome)).
+    Acked(Report<T>),
+    /// The delivery went to the retry queue, to come back after `delay`, and was then acked.
+    #[non_exhaustive]
+    Retrying {
+        /// Why it did not finish now.
+        cause: Cause<E>,
+        /// How long it waits in the retry queue (at least).
+        delay: Duration,
+    },
+    /// The delivery was rejected without requeue: it went to the work queue's dead-letter
+    /// exchange and will not come back on its own.
+    DeadLettered(Cause<E>),
+}
+
+/// What a run of a delivery calls for, not yet done: see [`Idempotent::run`](crate::Idempotent::run).
+#[derive(Debug)]
+#[must_use = "the delivery stays unacked until the decision is settled"]
+pub struct Decision<T, E> {
+    pub(crate) action: Action,
+    pub(crate) settled: Settled<T, E>,
+    pub(crate) retries: RetryQueue,
+}
+
+impl<T, E> Decision<T, E> {
+    /// What the delivery will become once settled.
+    pub fn settled(&self) -> &Settled<T, E> {
+        &self.settled
+    }
+
+    /// Settles `delivery` (the one that was run) on the broker: acks it, publishes its delayed
+    /// redelivery (confirmed by the broker) and then acks it, or rejects it without requeue.
+    ///
+    /// # Errors
+    /// [`SettleError`] when the broker could not be told; the delivery then comes back.
+    pub async fn settle(self, delivery: &Delivery) -> Result<Settled<T, E>, SettleError> {
+        settle(delivery, &self.retries, self.action).await?;
+        Ok(self.settled)
+    }
+}
+
+/// Why a delivery was not acked as done.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Cause<E> {
+    /// The body's own error; nothing was stored.
+    Body(E),
+    /// An error of idempotask's: the key is busy, the store failed, the key cannot be used.
+    Idempotask(Error),
+    /// The delivery carries no key.
+    MissingKey(MissingKey),
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for Cause<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Body(err) => err.fmt(f),
+            Self::Idempotask(err) => err.fmt(f),
+            Self::MissingKey(err) => err.fmt(f),
+        }
+    }
+}
+
+/// The broker failed while a delivery was being settled.
+///
+/// When the redelivery could not be published, the original delivery was nacked with requeue
+/// (or, when its channel is gone, the broker requeues it itself): it comes back, possibly at
+/// once, and nothing is lost.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SettleError {
+    /// `basic.ack`, `basic.reject` or `basic.nack` failed; the broker redelivers an unsettled
+    /// delivery when its channel closes.
+    #[error("{action} of the delivery failed: {source}")]
+    Broker {
+        /// `"ack"`, `"reject"` or `"nack"`.
+        action: &'static str,
+        /// The channel's error.
+        source: lapin::Error,
+    },
+    /// The delivery's channel is closed, so it could not be settled; the broker has put it back
+    /// in the queue.
+    #[error("the delivery's channel is closed, so it could not be settled; the broker requeues it")]
+    ChannelClosed,
+    /// The delayed redelivery could not be published; the original was nacked with requeue.
+    #[error("the delivery could not be sent to the retry queue: {0}")]
+    Retry(#[from] PublishError),
+}
+
+/// How long redeliveries wait after store errors and body errors: doubling from `initial` with
+/// each failure of the message, up to `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Backoff {
+    pub(crate) initial: Duration,
+    pub(crate) max: Duration,
+}
+
+impl Backoff {
+    /// The delay after the `failures`-th failure (1 for the first).
+    pub(crate) fn after(self, failures: u32) -> Duration {
+        let doubled = self
+            .initial
+            .saturating_mul(1 << failures.saturating_sub(1).min(20));
+        doubled.min(self.max).max(MIN_DELAY)
+    }
+}
+
+/// How `settle` should end a delivery.
+#[derive(Debug)]
+pub(crate) enum Action {
+    Ack,
+    Retry {
+        delay: Duration,
+        header: &'static str,
+        count: u32,
+    },
+    DeadLetter,
+}
+
+/// Input: a delivery and the action its outcome calls for. Output: the delivery settled on the
+/// broker (a delayed redelivery is confirmed by the broker before the original is acked).
+async fn settle(
+    delivery: &Delivery,
+    retries: &RetryQueue,
+    action: Action,
+) -> Result<(), SettleError> {
+    match action {
+        Action::Ack => acked("ack", delivery.ack(BasicAckOptions::default()).await),
+        Action::DeadLetter => acked(
+            "reject",
+            delivery.reject(BasicRejectOptions { requeue: false }).await,
+        ),
+        Action::Retry {
+            delay,
+            header,
+            count,
+        } => {
+            let properties = with_count(&delivery.properties, header, count);
+            if let Err(err) = retries.publish(&delivery.data, properties, delay).await {
+                // Not published: the original stays the only copy, so it goes back as it is.
+                let _ = delivery
+                    .nack(BasicNackOptions {
+                        requeue: true,
+                        multiple: false,
+                    })
+                    .await;
+                return Err(err.into());
+            }
+            // Between the confirm and this ack, a crash leaves two copies (the redelivery and
+            // the unacked original, which the broker requeues): at-least-once, which the key's
+            // lock and stored result absorb.
+            acked("ack", delivery.ack(BasicAckOptions::default()).await)
+        }
+    }
+}
+
+fn acked(action: &'static str, result: Result<bool, lapin::Error>) -> Result<(), SettleError> {
+    match result {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(SettleError::ChannelClosed),
+        Err(source) => Err(SettleError::Broker { action, source }),
+    }
+}
+
+/// The number in `header` of a delivery; 0 when absent or not a non-negative integer.
+pub(crate) fn count(properties: &BasicProperties, header: &str) -> u32 {
+    let Some(value) = properties
+        .headers()
+        .as_ref()
+        .and_then(|headers| headers.inner().get(header))
+    else {
+        return 0;
+    };
+    let number = match value {
+        AMQPValue::ShortShortUInt(n) => Some(u64::from(*n)),
+        AMQPValue::ShortUInt(n) => Some(u64::from(*n)),
+        AMQPValue::LongUInt(n) => Some(u64::from(*n)),
+        AMQPValue::ShortShortInt(n) => u64::try_from(*n).ok(),
+        AMQPValue::ShortInt(n) => u64::try_from(*n).ok(),
+        AMQPValue::LongInt(n) => u64::try_from(*n).ok(),
+        AMQPValue::LongLongInt(n) => u64::try_from(*n).ok(),
+        _ => None,
+    };
+    number.map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+/// `properties` with `header` set to `count`, the other headers kept.
+fn with_count(properties: &BasicProperties, header: &str, count: u32) -> BasicProperties {
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    headers.insert(header.into(), AMQPValue::LongLongInt(i64::from(count)));
+    properties.clone().with_headers(headers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lapin::types::FieldTable;
+
+    #[test]
+    fn backoff_doubles_up_to_its_bound() {
+        let backoff = Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        };
+        let delays: Vec<u128> = (1..=6).map(|n| backoff.after(n).as_millis()).collect();
+        assert_eq!(delays, [100, 200, 400, 800, 1000, 1000]);
+        assert_eq!(backoff.after(u32::MAX), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_count_survives_the_round_trip_and_garbage_reads_as_zero() {
+        let properties = with_count(&BasicProperties::default(), FAILURES_HEADER, 3);
+        assert_eq!(count(&properties, FAILURES_HEADER), 3);
+        assert_eq!(count(&properties, STORE_ERRORS_HEADER), 0);
+        let mut headers = FieldTable::default();
+        headers.insert(FAILURES_HEADER.into(), AMQPValue::LongLongInt(-4));
+        headers.insert(STORE_ERRORS_HEADER.into(), AMQPValue::Boolean(true));
+        let garbage = BasicProperties::default().with_headers(headers);
+        assert_eq!(count(&garbage, FAILURES_HEADER), 0);
+        assert_eq!(count(&garbage, STORE_ERRORS_HEADER), 0);
+    }
+}

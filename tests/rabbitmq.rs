@@ -1,0 +1,500 @@
+//! `idempotask-lapin` on a real broker that this test binary starts (one node shared by the
+//! tests, each on its own queues): duplicates replay, a busy key comes back through the retry
+//! queue after the holder's lock time and replays, a delivery that can never succeed reaches the
+//! dead-letter queue, and a body error is retried without being cached. The kill -9 scenario is
+//! the `rabbitmq_worker` example, run by `tests/examples.rs`.
+
+#![allow(
+    clippy::doc_markdown,
+    reason = "RabbitMQ is a product name here, not code to put in backticks"
+)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use idempotask::{Error, MemoryStore, Outcome, RetryPolicy, Task};
+use idempotask_lapin::{
+    Cause, FAILURES_HEADER, Idempotent, MessageId, RetryQueue, STORE_ERRORS_HEADER, Settled,
+    Topology,
+};
+use idempotask_test_support as support;
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
+    QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Consumer};
+use support::RedisServer;
+use support::rabbitmq::RabbitServer;
+
+/// How long a test waits for a message the broker should deliver; a failure, not a pause.
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A connection to the shared broker and the topology of a work queue of the test's own.
+struct Fixture {
+    _connection: Connection,
+    channel: Channel,
+    topology: Topology,
+    retries: RetryQueue,
+}
+
+impl Fixture {
+    async fn new(queue: &str) -> Self {
+        let url = tokio::task::spawn_blocking(|| RabbitServer::shared().url())
+            .await
+            .unwrap();
+        let connection = Connection::connect(&url, ConnectionProperties::default())
+            .await
+            .unwrap();
+        let channel = connection.create_channel().await.unwrap();
+        let topology = Topology::new(queue);
+        let retries = topology.declare(&channel).await.unwrap();
+        Self {
+            _connection: connection,
+            channel,
+            topology,
+            retries,
+        }
+    }
+
+    /// Publishes `body` to the work queue with `message_id`, confirmed by the broker.
+    async fn publish(&self, message_id: Option<&str>, body: &[u8]) {
+        self.channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let mut properties = BasicProperties::default();
+        if let Some(id) = message_id {
+            properties = properties.with_message_id(id.into());
+        }
+        let confirm = self
+            .channel
+            .basic_publish(
+                "".into(),
+                self.topology.queue().into(),
+                BasicPublishOptions::default(),
+                body,
+                properties,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(confirm.is_ack(), "{confirm:?}");
+    }
+
+    /// The next delivery of the work queue (the published one, or one back from the retry
+    /// queue).
+    async fn next(&self, consumer: &mut Consumer) -> Delivery {
+        tokio::time::timeout(DELIVERY_TIMEOUT, consumer.next())
+            .await
+            .expect("a delivery within 30 s")
+            .expect("the consumer is open")
+            .unwrap()
+    }
+
+    async fn consume(&self, queue: &str) -> Consumer {
+        self.channel
+            .basic_consume(
+                queue.into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap()
+    }
+
+    /// How many messages wait in `queue`.
+    async fn depth(&self, queue: &str) -> u32 {
+        self.channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap()
+            .message_count()
+    }
+}
+
+fn header(delivery: &Delivery, name: &str) -> Option<AMQPValue> {
+    delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|headers| headers.inner().get(name).cloned())
+}
+
+/// A body that counts its runs and answers the charge id of its run.
+fn charging(
+    runs: &Arc<AtomicU32>,
+) -> impl FnOnce(&Delivery) -> std::future::Ready<Result<String, String>> {
+    let runs = Arc::clone(runs);
+    move |_| {
+        let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+        std::future::ready(Ok(format!("ch_{run}")))
+    }
+}
+
+fn acked<T: std::fmt::Debug, E: std::fmt::Debug>(settled: Settled<T, E>) -> (T, Outcome) {
+    match settled {
+        Settled::Acked(report) => (report.value, report.outcome),
+        other => panic!("expected an ack, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_duplicate_delivery_replays_and_the_body_runs_once() {
+    let fixture = Fixture::new("duplicates").await;
+    let consumer = Idempotent::new(
+        Task::new("lapin_duplicates"),
+        MessageId,
+        fixture.retries.clone(),
+    )
+    .store(MemoryStore::new());
+    fixture.publish(Some("order-1"), b"1").await;
+    fixture.publish(Some("order-1"), b"1").await;
+    let mut deliveries = fixture.consume(fixture.topology.queue()).await;
+    let runs = Arc::new(AtomicU32::new(0));
+
+    let first = consumer
+        .process(fixture.next(&mut deliveries).await, charging(&runs))
+        .await
+        .unwrap();
+    assert_eq!(acked(first), ("ch_1".to_owned(), Outcome::Executed));
+    let second = consumer
+        .process(fixture.next(&mut deliveries).await, charging(&runs))
+        .await
+        .unwrap();
+    assert_eq!(acked(second), ("ch_1".to_owned(), Outcome::Replayed));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // Both were acked: nothing waits to come back.
+    drop(deliveries);
+    assert_eq!(fixture.depth(fixture.topology.queue()).await, 0);
+    assert_eq!(fixture.depth(fixture.topology.retry_queue()).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_busy_key_comes_back_after_the_holders_lock_time_and_replays() {
+    let fixture = Fixture::new("contended").await;
+    let lock_ttl = Duration::from_secs(3);
+    let task = Task::new("lapin_contended")
+        .lock_ttl(lock_ttl)
+        .retry(RetryPolicy::no_wait());
+    let consumer =
+        Idempotent::new(task, MessageId, fixture.retries.clone()).store(MemoryStore::new());
+    fixture.publish(Some("order-2"), b"2").await;
+    fixture.publish(Some("order-2"), b"2").await;
+    let get = || async {
+        fixture
+            .channel
+            .basic_get(fixture.topology.queue().into(), BasicGetOptions::default())
+            .await
+            .unwrap()
+            .expect("a message in the work queue")
+            .delivery
+    };
+    let holder = get().await;
+    let duplicate = get().await;
+
+    // The holder takes the lock and stays in its body until released.
+    let runs = Arc::new(AtomicU32::new(0));
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let holding = tokio::spawn({
+        let consumer = consumer.clone();
+        let runs = Arc::clone(&runs);
+        async move {
+            consumer
+                .process(holder, move |_: &Delivery| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    started_tx.send(()).unwrap();
+                    released.await.unwrap();
+                    Ok::<_, String>("ch_held".to_owned())
+                })
+                .await
+        }
+    });
+    started.await.unwrap();
+
+    let busy = consumer.process(duplicate, charging(&runs)).await.unwrap();
+    let Settled::Retrying {
+        cause: Cause::Idempotask(Error::Contended { .. }),
+        delay,
+        ..
+    } = busy
+    else {
+        panic!("expected a delayed redelivery for a busy key, got {busy:?}");
+    };
+    assert!(delay > Duration::ZERO && delay <= lock_ttl, "{delay:?}");
+    assert_eq!(fixture.depth(fixture.topology.retry_queue()).await, 1);
+
+    release.send(()).unwrap();
+    let (value, outcome) = acked(holding.await.unwrap().unwrap());
+    assert_eq!((value.as_str(), outcome), ("ch_held", Outcome::Executed));
+
+    // The copy expires out of the retry queue into the work queue and gets the stored result.
+    let mut deliveries = fixture.consume(fixture.topology.queue()).await;
+    let back = fixture.next(&mut deliveries).await;
+    assert!(header(&back, "x-death").is_some(), "{:?}", back.properties);
+    assert_eq!(
+        back.properties.message_id().as_ref().unwrap().as_str(),
+        "order-2"
+    );
+    let replayed = consumer.process(back, charging(&runs)).await.unwrap();
+    assert_eq!(acked(replayed), ("ch_held".to_owned(), Outcome::Replayed));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deliveries_that_can_never_succeed_reach_the_dead_letter_queue() {
+    let fixture = Fixture::new("dead-letters").await;
+    let consumer = Idempotent::new(
+        Task::new("lapin_dead_letters"),
+        MessageId,
+        fixture.retries.clone(),
+    )
+    .store(MemoryStore::new())
+    .fingerprint_payload(true);
+    let runs = Arc::new(AtomicU32::new(0));
+    fixture.publish(None, b"no key").await;
+    fixture.publish(Some("order-3"), b"first payload").await;
+    fixture.publish(Some("order-3"), b"another payload").await;
+    let mut deliveries = fixture.consume(fixture.topology.queue()).await;
+
+    let unkeyed = consumer
+        .process(fixture.next(&mut deliveries).await, charging(&runs))
+        .await
+        .unwrap();
+    assert!(
+        matches!(unkeyed, Settled::DeadLettered(Cause::MissingKey(_))),
+        "{unkeyed:?}"
+    );
+    let first = consumer
+        .process(fixture.next(&mut deliveries).await, charging(&runs))
+        .await
+        .unwrap();
+    assert_eq!(acked(first).1, Outcome::Executed);
+    let reused = consumer
+        .process(fixture.next(&mut deliveries).await, charging(&runs))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            reused,
+            Settled::DeadLettered(Cause::Idempotask(Error::KeyReuse { .. }))
+        ),
+        "{reused:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    // Both are in the dead-letter queue, rejected, with their payloads.
+    let mut dead = fixture.consume(fixture.topology.dead_letter_queue()).await;
+    let mut payloads = Vec::new();
+    for _ in 0..2 {
+        let message = fixture.next(&mut dead).await;
+        let Some(AMQPValue::FieldArray(deaths)) = header(&message, "x-death") else {
+            panic!("no x-death header: {:?}", message.properties);
+        };
+        let Some(AMQPValue::FieldTable(death)) = deaths.as_slice().first() else {
+            panic!("{deaths:?}");
+        };
+        assert_eq!(
+            death.inner().get("reason"),
+            Some(&AMQPValue::LongString("rejected".into())),
+            "{death:?}"
+        );
+        payloads.push(message.data.clone());
+    }
+    assert_eq!(payloads, [b"no key".to_vec(), b"another payload".to_vec()]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_error_is_retried_later_and_not_cached() {
+    let fixture = Fixture::new("failures").await;
+    let consumer = Idempotent::new(
+        Task::new("lapin_failures"),
+        MessageId,
+        fixture.retries.clone(),
+    )
+    .store(MemoryStore::new())
+    .backoff(Duration::from_millis(50), Duration::from_millis(200))
+    .max_failures(3);
+    fixture.publish(Some("order-4"), b"4").await;
+    fixture.publish(Some("order-5"), b"5").await;
+    let mut deliveries = fixture.consume(fixture.topology.queue()).await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let failing = |runs: &Arc<AtomicU32>| {
+        let runs = Arc::clone(runs);
+        move |_: &Delivery| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Err::<String, _>("the gateway is unavailable".to_owned()))
+        }
+    };
+
+    // order-4 fails once, comes back with its failure counted, and runs again.
+    let failed = consumer
+        .process(fixture.next(&mut deliveries).await, failing(&runs))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&failed, Settled::Retrying { cause: Cause::Body(_), delay, .. } if *delay == Duration::from_millis(50)),
+        "{failed:?}"
+    );
+    // order-5 fails every time: after three failures it is dead-lettered.
+    let order5_runs = Arc::new(AtomicU32::new(0));
+    let mut order5_failures = 0;
+    let mut order4_done = false;
+    while !order4_done || order5_failures < 3 {
+        let delivery = fixture.next(&mut deliveries).await;
+        let id = delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .unwrap()
+            .to_string();
+        if id == "order-4" {
+            assert!(!order4_done, "order-4 came back after it was done");
+            assert_eq!(
+                header(&delivery, FAILURES_HEADER),
+                Some(AMQPValue::LongLongInt(1))
+            );
+            let settled = consumer.process(delivery, charging(&runs)).await.unwrap();
+            // The body ran again (nothing was cached by the failure), and this time it stored.
+            assert_eq!(acked(settled).1, Outcome::Executed);
+            order4_done = true;
+        } else {
+            let settled = consumer
+                .process(delivery, failing(&order5_runs))
+                .await
+                .unwrap();
+            order5_failures += 1;
+            match (order5_failures, &settled) {
+                (
+                    1 | 2,
+                    Settled::Retrying {
+                        cause: Cause::Body(_),
+                        ..
+                    },
+                )
+                | (3, Settled::DeadLettered(Cause::Body(_))) => {}
+                _ => panic!("failure {order5_failures} of order-5: {settled:?}"),
+            }
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(order5_runs.load(Ordering::SeqCst), 3);
+    let mut dead = fixture.consume(fixture.topology.dead_letter_queue()).await;
+    let message = fixture.next(&mut dead).await;
+    assert_eq!(
+        message.properties.message_id().as_ref().unwrap().as_str(),
+        "order-5"
+    );
+    assert_eq!(
+        header(&message, FAILURES_HEADER),
+        Some(AMQPValue::LongLongInt(2))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_that_is_down_fails_closed_and_the_delivery_comes_back() {
+    let fixture = Fixture::new("store-down").await;
+    let redis = RedisServer::start();
+    let store = redis.store().await;
+    let consumer = Idempotent::new(
+        Task::new("lapin_store_down"),
+        MessageId,
+        fixture.retries.clone(),
+    )
+    .store(store)
+    .backoff(Duration::from_millis(50), Duration::from_millis(200));
+    fixture.publish(Some("order-6"), b"6").await;
+    let mut deliveries = fixture.consume(fixture.topology.queue()).await;
+    let runs = Arc::new(AtomicU32::new(0));
+
+    // SIGSTOP: the store neither answers nor refuses, as a stalled server does.
+    let pid = redis.pid().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let down = consumer
+        .process(fixture.next(&mut deliveries).await, charging(&runs))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            &down,
+            Settled::Retrying {
+                cause: Cause::Idempotask(Error::Store(_)),
+                ..
+            }
+        ),
+        "{down:?}"
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "the body ran without the store"
+    );
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-CONT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+
+    let back = fixture.next(&mut deliveries).await;
+    assert_eq!(
+        header(&back, STORE_ERRORS_HEADER),
+        Some(AMQPValue::LongLongInt(1))
+    );
+    let settled = consumer.process(back, charging(&runs)).await.unwrap();
+    assert_eq!(acked(settled), ("ch_1".to_owned(), Outcome::Executed));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redelivery_that_cannot_be_published_leaves_the_original_in_the_queue() {
+    let fixture = Fixture::new("unroutable").await;
+    // A retry queue that does not exist: the broker returns the copy as unroutable.
+    let nowhere = RetryQueue::new(fixture.channel.clone(), "unroutable.no-such-queue")
+        .await
+        .unwrap();
+    let consumer = Idempotent::new(Task::new("lapin_unroutable"), MessageId, nowhere)
+        .store(MemoryStore::new());
+    fixture.publish(Some("order-7"), b"7").await;
+    let mut deliveries = fixture.consume(fixture.topology.queue()).await;
+    let failing = |_: &Delivery| std::future::ready(Err::<String, _>("declined".to_owned()));
+
+    let err = consumer
+        .process(fixture.next(&mut deliveries).await, failing)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            idempotask_lapin::SettleError::Retry(idempotask_lapin::PublishError::Unroutable)
+        ),
+        "{err:?}"
+    );
+    // Not acked away: nacked with requeue, so it is delivered again, as it was.
+    let again = fixture.next(&mut deliveries).await;
+    assert!(again.redelivered);
+    assert_eq!(
+        again.properties.message_id().as_ref().unwrap().as_str(),
+        "order-7"
+    );
+    assert_eq!(header(&again, FAILURES_HEADER), None);
+}
