@@ -11,6 +11,7 @@ const WORKSPACE_CRATES: &[(&str, &str)] = &[
     ("idempotask-redis", "stores/redis"),
     ("idempotask-postgres", "stores/postgres"),
     ("idempotask-apalis", "integrations/apalis"),
+    ("idempotask-http", "integrations/http"),
 ];
 
 /// The `[dependencies]` block an example's header lists, with the crates of this workspace
