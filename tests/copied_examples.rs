@@ -278,6 +278,16 @@ fn apalis_worker_compiles_alone() {
     compiles_alone("apalis_worker");
 }
 
+#[test]
+fn http_payments_compiles_alone() {
+    compiles_alone("http_payments");
+}
+
+#[test]
+fn webhook_receiver_compiles_alone() {
+    compiles_alone("webhook_receiver");
+}
+
 /// `cargo run --example quickstart`, the README's first command, builds the core and the
 /// in-memory examples' few dependencies, not the backends of the other examples.
 #[test]
