@@ -1,48 +1,46 @@
 //! The `application/problem+json` answers (RFC 9457) the layer gives instead of the handler's,
 //! one stable `type` for each case.
 //!
-//! Each constant below is the `type` member of one kind of answer; match on it, not on the
-//! `title` or `detail`, which are for people and may change.
+//! Each constant below is the `type` member of one kind of answer, the address of its own
+//! documentation; match on it, not on the `title` or `detail`, which are for people and may
+//! change.
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
 /// `400`: the request requires an idempotency key and has none.
 pub const MISSING_KEY: &str =
-    "https://docs.rs/idempotask-http/latest/idempotask_http/problem/#missing-key";
+    "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.MISSING_KEY.html";
 /// `400`: the idempotency key is malformed (not an sf-string or a bare token, empty, too long,
 /// not visible ASCII, or the header appears twice).
 pub const INVALID_KEY: &str =
-    "https://docs.rs/idempotask-http/latest/idempotask_http/problem/#invalid-key";
+    "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.INVALID_KEY.html";
 /// `413`: the request body is larger than the layer buffers.
 pub const BODY_TOO_LARGE: &str =
-    "https://docs.rs/idempotask-http/latest/idempotask_http/problem/#body-too-large";
+    "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.BODY_TOO_LARGE.html";
 /// `400`: the request body could not be read (the client stopped sending it).
 pub const BODY_UNREADABLE: &str =
-    "https://docs.rs/idempotask-http/latest/idempotask_http/problem/#body-unreadable";
+    "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.BODY_UNREADABLE.html";
 /// `422`: the key was used before for a request with another fingerprint (method, path, query,
 /// body); nothing ran.
 pub const KEY_REUSED: &str =
-    "https://docs.rs/idempotask-http/latest/idempotask_http/problem/#key-reused";
+    "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.KEY_REUSED.html";
 /// `409` with `Retry-After`: a request with this key is being processed; nothing ran for this
 /// one.
 pub const IN_PROGRESS: &str =
-    "https://docs.rs/idempotask-http/latest/idempotask_http/problem/#in-progress";
+    "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.IN_PROGRESS.html";
 /// `410`: the request with this key ran, but its response was larger than the layer stores, so
 /// it cannot be replayed; it does not run again.
-pub const RESPONSE_NOT_STORED: &str =
-    "https://docs.rs/idempotask-http/latest/idempotask_http/problem/#response-not-stored";
+pub const RESPONSE_NOT_STORED: &str = "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.RESPONSE_NOT_STORED.html";
 /// `500`: the request with this key ran, but its stored response cannot be read back (written
 /// by an incompatible version, or damaged); it does not run again.
-pub const STORED_RESPONSE_UNREADABLE: &str =
-    "https://docs.rs/idempotask-http/latest/idempotask_http/problem/#stored-response-unreadable";
+pub const STORED_RESPONSE_UNREADABLE: &str = "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.STORED_RESPONSE_UNREADABLE.html";
 /// `503` with `Retry-After`: the idempotency store could not confirm the lock; nothing ran.
-pub const STORE_UNAVAILABLE: &str =
-    "https://docs.rs/idempotask-http/latest/idempotask_http/problem/#store-unavailable";
+pub const STORE_UNAVAILABLE: &str = "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.STORE_UNAVAILABLE.html";
 /// `500`: the layer is misconfigured (no store installed, a task name taken, a digest collision
 /// of keys); nothing ran.
 pub const MISCONFIGURED: &str =
-    "https://docs.rs/idempotask-http/latest/idempotask_http/problem/#misconfigured";
+    "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.MISCONFIGURED.html";
 
 /// The content type of every answer of this module.
 pub const CONTENT_TYPE: &str = "application/problem+json";
