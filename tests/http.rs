@@ -76,6 +76,7 @@ on_every_store!(
     the_size_caps,
     a_client_that_goes_away_mid_handler_gets_the_stored_response_on_retry,
     scopes_keep_equal_keys_apart,
+    a_key_from_the_body_and_the_stored_headers,
 );
 
 /// What the handlers did, as the test sees it.
@@ -509,4 +510,32 @@ async fn a_redis_that_is_down_is_503_and_nothing_runs() {
         1,
         "no execution without the store's lock"
     );
+}
+
+async fn a_key_from_the_body_and_the_stored_headers(backend: Backend) {
+    // A webhook whose event id is in its JSON body, as Stripe's are.
+    let by_event = layer(&backend, "http_key_fn").key_fn(|_, body| {
+        let event: serde_json::Value = serde_json::from_slice(body).ok()?;
+        Some(event.get("id")?.as_str()?.to_owned())
+    });
+    let server = Server::start(by_event, false).await;
+    let event = r#"{"id":"evt_1","type":"charge.succeeded"}"#;
+    let first = server.post("/payments", None, event).send().await.unwrap();
+    let location = first.headers().get("location").cloned();
+    let date = first.headers().get("date").cloned();
+    assert_eq!(first.status(), 201);
+    let replay = server.post("/payments", None, event).send().await.unwrap();
+    assert_eq!(
+        replay.headers().get(IDEMPOTENT_REPLAYED.as_str()).unwrap(),
+        "true"
+    );
+    // End-to-end headers come back as stored; `Date` is the replay's own.
+    assert_eq!(replay.headers().get("location").cloned(), location);
+    assert!(location.is_some() && date.is_some());
+    assert!(replay.headers().get("date").is_some());
+    // A body without an id has no key: it passes through and runs.
+    let unkeyed = send(server.post("/payments", None, r#"{"type":"ping"}"#)).await;
+    assert_eq!((unkeyed.status, unkeyed.replayed), (201, false));
+    assert_eq!(server.executions(), 2);
+    drop(backend);
 }
