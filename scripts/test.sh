@@ -71,7 +71,7 @@ echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The workspace build unifies features; each published crate must also build, lint and
 # document on its own with no features and with all of them, as users and docs.rs build it.
-published=(idempotask idempotask-macros idempotask-redis idempotask-postgres idempotask-apalis idempotask-nats idempotask-lapin idempotask-cli)
+published=(idempotask idempotask-macros idempotask-redis idempotask-postgres idempotask-apalis idempotask-nats idempotask-lapin idempotask-http idempotask-cli)
 for crate in "${published[@]}"; do
   echo "==> $crate: no default features, all features"
   cargo clippy -p "$crate" --no-default-features --all-targets --locked -- -D warnings
@@ -79,7 +79,7 @@ for crate in "${published[@]}"; do
 done
 # Each server example builds with only the feature its header names, not just with the
 # workspace's union of features.
-for feature in redis postgres apalis nats rabbitmq; do
+for feature in redis postgres apalis nats rabbitmq http; do
   echo "==> examples with --features $feature"
   cargo check -p idempotask-examples --examples --features "$feature" --locked
 done

@@ -13,6 +13,7 @@ const WORKSPACE_CRATES: &[(&str, &str)] = &[
     ("idempotask-apalis", "integrations/apalis"),
     ("idempotask-nats", "integrations/nats"),
     ("idempotask-lapin", "integrations/lapin"),
+    ("idempotask-http", "integrations/http"),
 ];
 
 /// The `[dependencies]` block an example's header lists, with the crates of this workspace
@@ -287,6 +288,16 @@ fn nats_worker_compiles_alone() {
 #[test]
 fn rabbitmq_worker_compiles_alone() {
     compiles_alone("rabbitmq_worker");
+}
+
+#[test]
+fn http_payments_compiles_alone() {
+    compiles_alone("http_payments");
+}
+
+#[test]
+fn webhook_receiver_compiles_alone() {
+    compiles_alone("webhook_receiver");
 }
 
 /// `cargo run --example quickstart`, the README's first command, builds the core and the

@@ -384,3 +384,236 @@ fn ledger_transfer_writes_each_transfer_once_despite_a_kill_9_mid_transaction() 
     assert!(number("replayed") >= transfers * 4, "{summary}");
     assert!(number("deliveries") > transfers * 5, "{summary}");
 }
+
+/// A running `http_payments` server: its base URL, and the lines it prints after the first.
+struct PaymentsServer {
+    child: tokio::process::Child,
+    base: String,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl PaymentsServer {
+    /// Starts the example with `env` and waits for its `listening on http://ADDR`.
+    async fn start(env: &[(&str, &str)]) -> Self {
+        use tokio::io::AsyncBufReadExt;
+        let mut command = tokio::process::Command::from(example("http_payments"));
+        command
+            .envs(env.iter().copied())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let first = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("http_payments printed nothing");
+        let base = first
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("not `listening on http://ADDR`: {first}"))
+            .to_owned();
+        Self { child, base, lines }
+    }
+
+    /// Waits until the server prints `line`.
+    async fn printed(&mut self, line: &str) {
+        while let Some(printed) = self.lines.next_line().await.unwrap() {
+            if printed == line {
+                return;
+            }
+        }
+        panic!("http_payments ended without printing `{line}`");
+    }
+
+    /// SIGKILL, as `kill -9` does.
+    async fn kill_9(mut self) {
+        self.child.start_kill().unwrap();
+        self.child.wait().await.unwrap();
+    }
+
+    async fn pay(&self, key: Option<&str>) -> (u16, bool, String) {
+        let mut request = reqwest::Client::new()
+            .post(format!("{}/payments", self.base))
+            .header("content-type", "application/json")
+            .body(r#"{"amount": 4200, "currency": "EUR"}"#);
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        let response = request.send().await.unwrap();
+        let replayed = response.headers().get("idempotent-replayed").is_some();
+        (
+            response.status().as_u16(),
+            replayed,
+            response.text().await.unwrap(),
+        )
+    }
+
+    async fn executions(&self) -> u64 {
+        let url = format!("{}/executions", self.base);
+        let text = reqwest::get(url).await.unwrap().text().await.unwrap();
+        text.parse()
+            .unwrap_or_else(|_| panic!("GET /executions: {text}"))
+    }
+
+    /// Retries the payment with `key`, eight at once, until it is answered `201` (a `409`
+    /// says a request with the key is still held, as the client is told to retry); answers
+    /// every `201` body.
+    async fn pay_until_done(&self, key: &str) -> Vec<String> {
+        for _ in 0..300 {
+            let answers = eight_at_once(self, key).await;
+            let done: Vec<String> = answers
+                .iter()
+                .filter(|(status, _, _)| *status == 201)
+                .map(|(_, _, body)| body.clone())
+                .collect();
+            for (status, _, body) in &answers {
+                assert!(matches!(status, 201 | 409), "{status}: {body}");
+            }
+            if !done.is_empty() {
+                return done;
+            }
+            // The dead holder's lock is still there: retry a moment later, as Retry-After says.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("{key} was never answered 201");
+    }
+}
+
+/// The payment with `key`, sent eight times at once; every answer.
+async fn eight_at_once(server: &PaymentsServer, key: &str) -> Vec<(u16, bool, String)> {
+    let mut answers = Vec::new();
+    let mut running = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let (base, key) = (server.base.clone(), key.to_owned());
+        running.spawn(async move {
+            let response = reqwest::Client::new()
+                .post(format!("{base}/payments"))
+                .header("content-type", "application/json")
+                .header("idempotency-key", key)
+                .body(r#"{"amount": 4200, "currency": "EUR"}"#)
+                .send()
+                .await
+                .unwrap();
+            let replayed = response.headers().get("idempotent-replayed").is_some();
+            (
+                response.status().as_u16(),
+                replayed,
+                response.text().await.unwrap(),
+            )
+        });
+    }
+    while let Some(answer) = running.join_next().await {
+        answers.push(answer.unwrap());
+    }
+    answers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_payments_charges_once_per_key_in_memory_and_on_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    for env in [vec![], vec![("REDIS_URL", url.as_str())]] {
+        let server = PaymentsServer::start(&env).await;
+        let done = server.pay_until_done("\"order-42\"").await;
+        let again = server.pay(Some("order-42")).await;
+        assert_eq!((again.0, again.1), (201, true), "{again:?}");
+        for body in &done {
+            assert_eq!(*body, again.2);
+        }
+        assert!(again.2.contains("\"id\":\"pay_1\""), "{}", again.2);
+        let unkeyed = server.pay(None).await;
+        assert_eq!(unkeyed.0, 400, "{unkeyed:?}");
+        assert_eq!(server.executions().await, 1, "{env:?}");
+        server.kill_9().await;
+    }
+}
+
+/// The server killed with SIGKILL in the middle of a charge, then after answering one: counted
+/// in Redis, which the kill cannot reach, each payment is charged once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_payments_killed_mid_handler_charges_once_after_the_restart() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let mut conn = redis.connection().await;
+    let charged = |conn: &mut redis::aio::MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            let count: Option<u64> = redis::cmd("GET")
+                .arg("http_payments:executions")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            count.unwrap_or(0)
+        }
+    };
+    let lock_ttl = ("LOCK_TTL_MS", "1000");
+
+    // Killed while the handler waits on the gateway: nothing was charged, the lock is left.
+    let mut slow =
+        PaymentsServer::start(&[("REDIS_URL", &url), lock_ttl, ("PAYMENT_PAUSE_MS", "60000")])
+            .await;
+    let base = slow.base.clone();
+    let first = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(format!("{base}/payments"))
+            .header("content-type", "application/json")
+            .header("idempotency-key", "\"order-7\"")
+            .body(r#"{"amount": 4200, "currency": "EUR"}"#)
+            .send()
+            .await
+    });
+    slow.printed("charging \"order-7\"").await;
+    slow.kill_9().await;
+    assert!(first.await.unwrap().is_err(), "the killed server answered");
+    assert_eq!(charged(&mut conn).await, 0, "the kill landed mid-handler");
+
+    // Restarted: eight retries at once, again and again until the dead lock expires; the
+    // payment is charged once, and every answer is that charge.
+    let server = PaymentsServer::start(&[("REDIS_URL", &url), lock_ttl]).await;
+    let done = server.pay_until_done("\"order-7\"").await;
+    assert!(done.iter().all(|body| *body == done[0]), "{done:?}");
+    assert_eq!(charged(&mut conn).await, 1);
+
+    // Killed after answering: the retry on the next server replays, and charges nothing.
+    let answered = server.pay(Some("order-8")).await;
+    assert_eq!((answered.0, answered.1), (201, false), "{answered:?}");
+    assert_eq!(charged(&mut conn).await, 2);
+    server.kill_9().await;
+    let restarted = PaymentsServer::start(&[("REDIS_URL", &url), lock_ttl]).await;
+    let replay = restarted.pay(Some("order-8")).await;
+    assert_eq!(replay, (201, true, answered.2));
+    assert_eq!(charged(&mut conn).await, 2);
+    assert_eq!(restarted.executions().await, 2);
+    restarted.kill_9().await;
+}
+
+#[test]
+fn webhook_receiver_handles_each_event_once_despite_timeouts_and_double_deliveries() {
+    let redis = RedisServer::start();
+    for env in [None, Some(redis.url())] {
+        let mut command = example("webhook_receiver");
+        if let Some(url) = &env {
+            command.env("REDIS_URL", url);
+        }
+        let summary = apalis_summary(&run(&mut command));
+        let number = |field: &str| {
+            summary[field]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no `{field}` in {summary}"))
+        };
+        let events = number("events");
+        assert_eq!(number("handled"), events, "{summary}");
+        assert_eq!(number("handled_twice"), 0, "{summary}");
+        assert_eq!(summary["same_answers"], true, "{summary}");
+        // The slow events timed out at least once each, and their retries (and the events
+        // sent twice at once) got the stored answer.
+        assert!(number("timeouts") >= 2, "{summary}");
+        assert!(number("replayed") >= 2, "{summary}");
+        assert!(number("deliveries") >= events + 4, "{summary}");
+        assert_eq!(
+            summary["store"],
+            if env.is_some() { "redis" } else { "memory" }
+        );
+    }
+}

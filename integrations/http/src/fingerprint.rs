@@ -1,0 +1,155 @@
+//! The fingerprint of a request: what must be equal for a retry to get the stored response.
+
+use bytes::Bytes;
+use http::HeaderName;
+use http::request::Parts;
+use idempotask::Fingerprint;
+use sha2::{Digest, Sha256};
+
+/// What of the request body goes into its fingerprint.
+///
+/// ```
+/// use idempotask_http::{BodyFingerprint, Idempotency};
+/// let layer = Idempotency::new(idempotask::Task::new("orders"))
+///     .fingerprint_body(BodyFingerprint::Json);
+/// # let _ = layer;
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BodyFingerprint {
+    /// The SHA-256 of the body's bytes (the default): any change is another request.
+    #[default]
+    Bytes,
+    /// The body parsed as JSON, so spacing and the order of object members do not count; a
+    /// body that is not JSON counts by its bytes.
+    Json,
+    /// The body does not count: method, path, query and the chosen headers only.
+    Ignored,
+}
+
+/// What a request's fingerprint is made of.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Fingerprinting {
+    pub(crate) headers: Vec<HeaderName>,
+    pub(crate) body: BodyFingerprint,
+}
+
+impl Fingerprinting {
+    /// Input: a request's head and body. Output: its fingerprint: method, path, query, the
+    /// chosen headers' values and the body as configured.
+    pub(crate) fn of(&self, parts: &Parts, body: &Bytes) -> Result<Fingerprint, serde_json::Error> {
+        let body = match self.body {
+            BodyFingerprint::Json => serde_json::from_slice::<serde_json::Value>(body)
+                .unwrap_or_else(|_| serde_json::Value::String(digest(body))),
+            BodyFingerprint::Bytes => serde_json::Value::String(digest(body)),
+            BodyFingerprint::Ignored => serde_json::Value::Null,
+        };
+        let headers: Vec<(&str, Vec<String>)> = self
+            .headers
+            .iter()
+            .map(|name| {
+                let values = parts
+                    .headers
+                    .get_all(name)
+                    .iter()
+                    .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+                    .collect();
+                (name.as_str(), values)
+            })
+            .collect();
+        Fingerprint::of(&(
+            parts.method.as_str(),
+            parts.uri.path(),
+            parts.uri.query(),
+            headers,
+            body,
+        ))
+    }
+}
+
+fn digest(body: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut hex = String::with_capacity(64);
+    for byte in Sha256::digest(body) {
+        // Writing to a `String` cannot fail.
+        let _ = write!(hex, "{byte:02x}");
+    }
+    hex
+}
+
+#[cfg(test)]
+mod tests {
+    use http::Request;
+
+    use super::*;
+
+    fn parts(uri: &str, content_type: &str) -> Parts {
+        Request::post(uri)
+            .header("content-type", content_type)
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0
+    }
+
+    #[test]
+    fn method_path_query_and_body_each_count() {
+        let plain = Fingerprinting::default();
+        let base = plain
+            .of(&parts("/pay?x=1", "a"), &Bytes::from("{}"))
+            .unwrap();
+        assert_eq!(
+            base,
+            plain
+                .of(&parts("/pay?x=1", "b"), &Bytes::from("{}"))
+                .unwrap()
+        );
+        assert_ne!(
+            base,
+            plain
+                .of(&parts("/pay?x=2", "a"), &Bytes::from("{}"))
+                .unwrap()
+        );
+        assert_ne!(
+            base,
+            plain
+                .of(&parts("/paid?x=1", "a"), &Bytes::from("{}"))
+                .unwrap()
+        );
+        assert_ne!(
+            base,
+            plain
+                .of(&parts("/pay?x=1", "a"), &Bytes::from("{ }"))
+                .unwrap()
+        );
+        let mut get = parts("/pay?x=1", "a");
+        get.method = http::Method::PATCH;
+        assert_ne!(base, plain.of(&get, &Bytes::from("{}")).unwrap());
+
+        let headed = Fingerprinting {
+            headers: vec![HeaderName::from_static("content-type")],
+            body: BodyFingerprint::Bytes,
+        };
+        assert_ne!(
+            headed.of(&parts("/pay", "a"), &Bytes::new()).unwrap(),
+            headed.of(&parts("/pay", "b"), &Bytes::new()).unwrap()
+        );
+    }
+
+    #[test]
+    fn json_bodies_count_by_value() {
+        let json = Fingerprinting {
+            headers: Vec::new(),
+            body: BodyFingerprint::Json,
+        };
+        let p = parts("/pay", "application/json");
+        assert_eq!(
+            json.of(&p, &Bytes::from(r#"{"a":1,"b":2}"#)).unwrap(),
+            json.of(&p, &Bytes::from(r#"{ "b": 2, "a": 1 }"#)).unwrap()
+        );
+        assert_ne!(
+            json.of(&p, &Bytes::from(r#"{"a":1}"#)).unwrap(),
+            json.of(&p, &Bytes::from(r#"{"a":2}"#)).unwrap()
+        );
+    }
+}

@@ -1,0 +1,403 @@
+//! The `Idempotency-Key` header for [tower](https://docs.rs/tower) services (axum, hyper, and
+//! anything tower-based): each request runs at most once per key, and its retries get the stored
+//! response, on every idempotask store.
+//!
+//! Clients retry a `POST /payments` after a timeout; webhook senders deliver each event at least
+//! once. [`Idempotency`] is a tower [`Layer`](tower_layer::Layer) that runs each request
+//! carrying a key through an idempotask [`Task`]: a lock so that two concurrent duplicates
+//! cannot both run the handler, and a completion marker holding the response that every retry
+//! gets back, marked `Idempotent-Replayed: true`. It follows the IETF draft "The
+//! Idempotency-Key HTTP Header Field" (draft-ietf-httpapi-idempotency-key-header-07) and, where
+//! the draft is silent, Stripe's API.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicU32, Ordering};
+//! use axum::{Router, routing::post};
+//! use idempotask::{MemoryStore, Task};
+//! use idempotask_http::Idempotency;
+//! use tower::ServiceExt;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let charges = Arc::new(AtomicU32::new(0));
+//! let counter = Arc::clone(&charges);
+//! let app = Router::new()
+//!     .route("/payments", post(move |body: String| async move {
+//!         let charge = counter.fetch_add(1, Ordering::SeqCst) + 1;
+//!         format!("charge {charge} for {body}")
+//!     }))
+//!     // A Redis or PostgreSQL store in production, or the installed one without `.store`.
+//!     .layer(Idempotency::new(Task::new("payments")).store(MemoryStore::new()));
+//!
+//! for _retry in 0..3 {
+//!     let request = http::Request::post("/payments")
+//!         .header("idempotency-key", "\"order-42\"")
+//!         .body(axum::body::Body::from("42 EUR"))
+//!         .unwrap();
+//!     let response = app.clone().oneshot(request).await.unwrap();
+//!     assert_eq!(response.status(), 200);
+//! }
+//! assert_eq!(charges.load(Ordering::SeqCst), 1);
+//! # }
+//! ```
+//!
+//! # Which requests, which key
+//! Requests whose method is one of [`methods`](Idempotency::methods) (`POST` and `PATCH` by
+//! default; `PUT` and `DELETE` are idempotent by definition) go through the layer; others pass
+//! through untouched. The key is the `Idempotency-Key` header, in the draft's sf-string form
+//! (`"8e03978e-40d5"`) or bare (`8e03978e-40d5`), or another header
+//! ([`key_header`](Idempotency::key_header): `X-GitHub-Delivery`), or any function of the request
+//! and its body ([`key_fn`](Idempotency::key_fn): a Stripe event's id). Keys hold visible ASCII
+//! and spaces, up to [`max_key_len`](Idempotency::max_key_len) bytes. A [`scope`](Idempotency::scope)
+//! (the tenant, the API key, the authenticated principal) goes into the stored key, so two
+//! clients' equal keys never meet. A request without a key passes through, unless
+//! [`require_key`](Idempotency::require_key) is set.
+//!
+//! The stored key is the scope and the key; the request's **fingerprint** is its method, path,
+//! query, body digest and any [headers you name](Idempotency::fingerprint_headers). A retry
+//! with the same key and another fingerprint is `422`, and nothing runs.
+//!
+//! # Outcomes
+//! Every answer the layer gives instead of the handler's is `application/problem+json` (RFC
+//! 9457) with a stable `type` from [`problem`].
+//!
+//! | the request | the answer | the handler |
+//! | --- | --- | --- |
+//! | method not covered, or no key (and none required) | the handler's | runs, unprotected |
+//! | no key, [`require_key`](Idempotency::require_key) set | `400` [`MISSING_KEY`](problem::MISSING_KEY) | does not run |
+//! | malformed key | `400` [`INVALID_KEY`](problem::INVALID_KEY) | does not run |
+//! | body over [`max_request_body`](Idempotency::max_request_body) | `413` [`BODY_TOO_LARGE`](problem::BODY_TOO_LARGE) | does not run |
+//! | body not readable (the client stopped sending) | `400` [`BODY_UNREADABLE`](problem::BODY_UNREADABLE) | does not run |
+//! | fresh key | the handler's response; stored when its status is kept (below) | runs once, to completion even if the client goes away |
+//! | fresh key, a `5xx` (by default) | the handler's response; the key is released, so a retry runs again | ran |
+//! | fresh key, response body over [`max_stored_body`](Idempotency::max_stored_body) | the handler's whole response; only "too large" is stored | ran |
+//! | a retry of a stored response | that response, with `Idempotent-Replayed: true` | does not run |
+//! | a retry of a too-large response | `410` [`RESPONSE_NOT_STORED`](problem::RESPONSE_NOT_STORED) | does not run again |
+//! | the key is being processed by another request | `409` [`IN_PROGRESS`](problem::IN_PROGRESS) with `Retry-After`; or, with [`wait_for_result`](Idempotency::wait_for_result), the first request's response once stored | does not run |
+//! | the key was used with another fingerprint | `422` [`KEY_REUSED`](problem::KEY_REUSED) | does not run |
+//! | the store cannot confirm the lock | `503` [`STORE_UNAVAILABLE`](problem::STORE_UNAVAILABLE) with `Retry-After` | does not run |
+//! | the stored response cannot be read back | `500` [`STORED_RESPONSE_UNREADABLE`](problem::STORED_RESPONSE_UNREADABLE) | does not run again |
+//! | no store installed, a task name taken | `500` [`MISCONFIGURED`](problem::MISCONFIGURED) | does not run |
+//! | the handler's service fails (its `Err`) or panics | that error or panic, as without the layer; the key is released | ran |
+//!
+//! # Decisions
+//! - **Which responses are stored.** By default every status below 500 except `408` and
+//!   `429`: `2xx`, `3xx` (a `303` after a `POST`) and `4xx` are the result of the operation,
+//!   and a retry gets the same one. `5xx`, `408 Request Timeout` and `429 Too Many Requests`
+//!   say that the operation did not complete, so the key is released and a retry runs the
+//!   handler again. The draft asks a server to answer a retry "with the result of the previous
+//!   operation", whatever it was, and Stripe stores `500`s too; both assume a server error is
+//!   final. For a handler that fails before its side effect (a database down, a timeout of a
+//!   call it makes) a stored `500` turns one transient failure into a permanent one for that
+//!   key, which is why releasing is the default here. A handler that may fail *after* its side
+//!   effect should store: [`store_when`](Idempotency::store_when) sets the rule (`|_| true` is
+//!   the draft's and Stripe's).
+//! - **Concurrent duplicates** get `409` with `Retry-After` (the holder's remaining lock time,
+//!   at least one second), the draft's answer, at the cost of no extra store round trip.
+//!   [`wait_for_result`](Idempotency::wait_for_result) makes them wait up to a bound and get the
+//!   first request's response, which is what a webhook sender wants (it only sees `2xx` or a
+//!   failure); waiting asks the store again with backoff.
+//! - **Responses over the cap** are sent whole to the first client and recorded as too large:
+//!   a retry gets `410` rather than a truncated body, or a second execution. `410` is a `4xx`
+//!   that clients do not retry; `409` would make them retry for ever.
+//! - **Runs to completion.** The handler and the store's `finish` run on a task of their own
+//!   (`tokio::spawn`): when the client disconnects, hyper drops the response future, and the
+//!   handler still finishes its side effect and the response is stored for the retry.
+//! - **Fail closed.** When the store cannot confirm the lock the handler does not run: `503`.
+//! - **Cost.** A fresh request is one `begin` and one `finish` round trip to the store; a
+//!   replay one `begin`. The request body is buffered (it is part of the fingerprint), up to
+//!   [`max_request_body`](Idempotency::max_request_body).
+//! - **Not stored:** trailers, hop-by-hop headers (`Connection` and those it names,
+//!   `Keep-Alive`, `Transfer-Encoding`, `TE`, `Trailer`, `Upgrade`, `Proxy-*`) and `Date`. The
+//!   body is stored as text when it is UTF-8, else in base64.
+//!
+//! Every setting of the [`Task`] applies (lock TTL, result TTL: how long a retry gets the
+//! stored response, lock renewal, key logging), but its retry policy, which the layer sets from
+//! [`wait_for_result`](Idempotency::wait_for_result). Keep the lock TTL longer than the
+//! handler's longest run, or turn on [`Task::renew`].
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod body;
+mod fingerprint;
+mod key;
+pub mod problem;
+mod service;
+mod stored;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderName, Method, StatusCode};
+use idempotask::store::{SharedStore, Store};
+use idempotask::{RetryPolicy, Task};
+
+pub use body::{RequestBody, ResponseBody};
+pub use fingerprint::BodyFingerprint;
+pub use service::IdempotencyService;
+
+use fingerprint::Fingerprinting;
+
+/// The header that carries the key by default: `Idempotency-Key`.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// The header a replayed response carries: `Idempotent-Replayed: true` (Stripe's name).
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+/// The longest key accepted by default, in bytes (Stripe's limit).
+pub const DEFAULT_MAX_KEY_LEN: usize = 255;
+/// The largest request body buffered by default: 1 MiB.
+pub const DEFAULT_MAX_REQUEST_BODY: usize = 1024 * 1024;
+/// The largest response body stored by default: 256 KiB.
+pub const DEFAULT_MAX_STORED_BODY: usize = 256 * 1024;
+
+type KeyFn = dyn Fn(&Parts, &Bytes) -> Option<String> + Send + Sync;
+type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
+type StatusRule = dyn Fn(StatusCode) -> bool + Send + Sync;
+
+/// Where the key comes from.
+#[derive(Clone)]
+enum KeySource {
+    Header(HeaderName),
+    Function(Arc<KeyFn>),
+}
+
+/// The layer: requests with an idempotency key run at most once per key, and their retries get
+/// the stored response. See the [crate docs](crate) for what each outcome becomes.
+///
+/// ```
+/// use std::time::Duration;
+/// use http::Method;
+/// use idempotask::Task;
+/// use idempotask_http::{BodyFingerprint, Idempotency};
+///
+/// static PAYMENTS: Task = Task::new("payments").lock_ttl(Duration::from_secs(60));
+///
+/// let layer = Idempotency::new(PAYMENTS.clone())
+///     .methods([Method::POST])
+///     .require_key(true)
+///     .scope(|request| {
+///         let tenant = request.headers.get("x-tenant").and_then(|v| v.to_str().ok());
+///         tenant.unwrap_or("").to_owned()
+///     })
+///     .fingerprint_body(BodyFingerprint::Json)
+///     .wait_for_result(Duration::from_secs(10));
+/// assert_eq!(layer.task().name(), "payments");
+/// ```
+#[derive(Clone)]
+pub struct Idempotency {
+    task: Task,
+    store: Option<SharedStore>,
+    methods: Vec<Method>,
+    key: KeySource,
+    scope: Option<Arc<ScopeFn>>,
+    require_key: bool,
+    max_key_len: usize,
+    max_request_body: usize,
+    max_stored_body: usize,
+    wait: Option<Duration>,
+    stores_status: Arc<StatusRule>,
+    fingerprinting: Fingerprinting,
+}
+
+/// Whether a response with `status` is stored by default: below 500, except `408 Request
+/// Timeout` and `429 Too Many Requests`, which say the request was not processed. See the
+/// [crate docs](crate#decisions) for why.
+///
+/// ```
+/// use http::StatusCode;
+/// use idempotask_http::stored_by_default;
+/// assert!(stored_by_default(StatusCode::CREATED));
+/// assert!(stored_by_default(StatusCode::UNPROCESSABLE_ENTITY));
+/// assert!(!stored_by_default(StatusCode::TOO_MANY_REQUESTS));
+/// assert!(!stored_by_default(StatusCode::SERVICE_UNAVAILABLE));
+/// ```
+pub fn stored_by_default(status: StatusCode) -> bool {
+    !status.is_server_error()
+        && status != StatusCode::REQUEST_TIMEOUT
+        && status != StatusCode::TOO_MANY_REQUESTS
+}
+
+impl Idempotency {
+    /// Requests run through `task` (its name is where their keys live in the store), on the
+    /// installed store, with the defaults of each setting below.
+    pub fn new(task: Task) -> Self {
+        Self {
+            task,
+            store: None,
+            methods: vec![Method::POST, Method::PATCH],
+            key: KeySource::Header(IDEMPOTENCY_KEY),
+            scope: None,
+            require_key: false,
+            max_key_len: DEFAULT_MAX_KEY_LEN,
+            max_request_body: DEFAULT_MAX_REQUEST_BODY,
+            max_stored_body: DEFAULT_MAX_STORED_BODY,
+            wait: None,
+            stores_status: Arc::new(stored_by_default),
+            fingerprinting: Fingerprinting::default(),
+        }
+    }
+
+    /// Uses `store` instead of the installed one.
+    #[must_use]
+    pub fn store(mut self, store: impl Store) -> Self {
+        self.store = Some(SharedStore::new(store));
+        self
+    }
+
+    /// The methods whose requests go through the layer (default `POST` and `PATCH`).
+    #[must_use]
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Takes the key from the header `name` instead of `Idempotency-Key` (a webhook's delivery
+    /// id: `X-GitHub-Delivery`, `X-Shopify-Webhook-Id`), read the same way.
+    #[must_use]
+    pub fn key_header(mut self, name: HeaderName) -> Self {
+        self.key = KeySource::Header(name);
+        self
+    }
+
+    /// Takes the key from a function of the request's head and its buffered body (`None`: the
+    /// request has no key), instead of a header: a Stripe event's `id` in its JSON body.
+    ///
+    /// ```
+    /// use idempotask_http::Idempotency;
+    /// let layer = Idempotency::new(idempotask::Task::new("stripe_events")).key_fn(|_, body| {
+    ///     let event: serde_json::Value = serde_json::from_slice(body).ok()?;
+    ///     Some(event.get("id")?.as_str()?.to_owned())
+    /// });
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn key_fn(
+        mut self,
+        key: impl Fn(&Parts, &Bytes) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.key = KeySource::Function(Arc::new(key));
+        self
+    }
+
+    /// Puts `scope(request)` (the tenant, the API key, the principal an outer layer
+    /// authenticated) into the stored key, so equal keys of two scopes are two operations.
+    #[must_use]
+    pub fn scope(mut self, scope: impl Fn(&Parts) -> String + Send + Sync + 'static) -> Self {
+        self.scope = Some(Arc::new(scope));
+        self
+    }
+
+    /// Whether a covered request without a key is refused with `400` (default: it passes
+    /// through and runs unprotected).
+    #[must_use]
+    pub fn require_key(mut self, required: bool) -> Self {
+        self.require_key = required;
+        self
+    }
+
+    /// The longest key accepted, in bytes (default [`DEFAULT_MAX_KEY_LEN`]).
+    #[must_use]
+    pub fn max_key_len(mut self, len: usize) -> Self {
+        self.max_key_len = len;
+        self
+    }
+
+    /// The largest request body buffered (default [`DEFAULT_MAX_REQUEST_BODY`]); a larger one is
+    /// `413` and does not run.
+    #[must_use]
+    pub fn max_request_body(mut self, bytes: usize) -> Self {
+        self.max_request_body = bytes;
+        self
+    }
+
+    /// The largest response body stored (default [`DEFAULT_MAX_STORED_BODY`]). A larger response
+    /// is sent, and its retries get `410` instead of running again.
+    #[must_use]
+    pub fn max_stored_body(mut self, bytes: usize) -> Self {
+        self.max_stored_body = bytes;
+        self
+    }
+
+    /// Makes a duplicate that arrives while the first request runs wait up to `bound` for its
+    /// response (instead of `409` at once); `409` after that.
+    #[must_use]
+    pub fn wait_for_result(mut self, bound: Duration) -> Self {
+        self.wait = Some(bound);
+        self
+    }
+
+    /// Which responses are stored, by status (default [`stored_by_default`]); the others
+    /// release the key so that a retry runs again.
+    ///
+    /// ```
+    /// // The draft's and Stripe's rule: every response is the result.
+    /// let layer = idempotask_http::Idempotency::new(idempotask::Task::new("t")).store_when(|_| true);
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn store_when(mut self, rule: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
+        self.stores_status = Arc::new(rule);
+        self
+    }
+
+    /// Adds the values of `headers` to the fingerprint (a `Content-Type`, an API version).
+    #[must_use]
+    pub fn fingerprint_headers(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.fingerprinting.headers = headers.into_iter().collect();
+        self
+    }
+
+    /// What of the body goes into the fingerprint (default [`BodyFingerprint::Bytes`]).
+    #[must_use]
+    pub fn fingerprint_body(mut self, body: BodyFingerprint) -> Self {
+        self.fingerprinting.body = body;
+        self
+    }
+
+    /// The task requests run through.
+    pub fn task(&self) -> &Task {
+        &self.task
+    }
+
+    /// The task as the service runs it: with the retry policy that `wait` implies.
+    fn running_task(&self) -> Task {
+        let policy = match self.wait {
+            None => RetryPolicy::no_wait(),
+            Some(bound) => RetryPolicy::new()
+                .max_attempts(u32::MAX)
+                .max_backoff(Duration::from_millis(250))
+                .max_wait(bound),
+        };
+        self.task.clone().retry(policy)
+    }
+}
+
+impl fmt::Debug for Idempotency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("task", &self.task.name())
+            .field("store", &self.store.as_ref().map(|_| "own store"))
+            .field("methods", &self.methods)
+            .field(
+                "key",
+                &match &self.key {
+                    KeySource::Header(name) => name.as_str(),
+                    KeySource::Function(_) => "a function",
+                },
+            )
+            .field("require_key", &self.require_key)
+            .field("wait", &self.wait)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> tower_layer::Layer<S> for Idempotency {
+    type Service = IdempotencyService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        let mut config = self.clone();
+        config.task = self.running_task();
+        IdempotencyService::new(inner, Arc::new(config))
+    }
+}

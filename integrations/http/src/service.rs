@@ -1,0 +1,424 @@
+//! The service that runs each keyed request through the task, and what each outcome answers.
+
+use std::fmt;
+use std::future::Future;
+use std::panic::resume_unwind;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderValue, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use idempotask::{CodecErrorKind, Error, Fingerprint, Outcome};
+use tower_service::Service;
+
+use crate::body::{RequestBody, ResponseBody};
+use crate::key::{self, Refusal};
+use crate::problem::{self, Problem};
+use crate::stored::{Stored, StoredResponse};
+use crate::{IDEMPOTENT_REPLAYED, Idempotency, KeySource};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A service whose keyed requests run at most once per key; made by [`Idempotency`].
+///
+/// It takes any `http::Request<B>` whose body yields [`Bytes`], and hands the wrapped
+/// service a [`RequestBody<B>`]; its responses carry a [`ResponseBody`] around the wrapped
+/// service's body. Its error is the wrapped service's (`Infallible` for axum).
+pub struct IdempotencyService<S> {
+    inner: S,
+    config: Arc<Idempotency>,
+}
+
+impl<S> IdempotencyService<S> {
+    pub(crate) fn new(inner: S, config: Arc<Idempotency>) -> Self {
+        Self { inner, config }
+    }
+}
+
+impl<S: Clone> Clone for IdempotencyService<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<S> fmt::Debug for IdempotencyService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyService")
+            .field("config", &self.config)
+            .field("inner", &std::any::type_name::<S>())
+            .finish()
+    }
+}
+
+type Answer<R, E> = Result<Response<ResponseBody<R>>, E>;
+
+impl<S, B, R> Service<Request<B>> for IdempotencyService<S>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<R>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    R: Body<Data = Bytes> + Send + 'static,
+    R::Error: Send,
+{
+    type Response = Response<ResponseBody<R>>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Answer<R, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        // The instance that `poll_ready` prepared is the one that serves, as tower requires.
+        let ready = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, ready);
+        Box::pin(handle(Arc::clone(&self.config), inner, request))
+    }
+}
+
+/// Input: a request. Output: the wrapped service's answer, the stored one, or a problem.
+async fn handle<S, B, R>(
+    config: Arc<Idempotency>,
+    inner: S,
+    request: Request<B>,
+) -> Answer<R, S::Error>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<R>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    R: Body<Data = Bytes> + Send + 'static,
+    R::Error: Send,
+{
+    if !config.methods.contains(request.method()) {
+        return pass(inner, request.map(RequestBody::streaming)).await;
+    }
+    let mut header_key = None;
+    if let KeySource::Header(name) = &config.key {
+        match key::from_header(&request.headers().get_all(name), config.max_key_len) {
+            Ok(Some(key)) => header_key = Some(key),
+            Ok(None) if config.require_key => return Ok(missing_key()),
+            Ok(None) => return pass(inner, request.map(RequestBody::streaming)).await,
+            Err(refusal) => return Ok(invalid_key(refusal)),
+        }
+    }
+    let (parts, body) = request.into_parts();
+    let body = match Limited::new(body, config.max_request_body).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => {
+            return Ok(problem(Problem::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                problem::BODY_TOO_LARGE,
+                "Request body too large",
+                format!(
+                    "requests with an idempotency key are buffered up to {} bytes",
+                    config.max_request_body
+                ),
+            )));
+        }
+        Err(err) => {
+            return Ok(problem(Problem::new(
+                StatusCode::BAD_REQUEST,
+                problem::BODY_UNREADABLE,
+                "Request body unreadable",
+                format!("the request body could not be read: {err}"),
+            )));
+        }
+    };
+    let key = match (header_key, &config.key) {
+        (Some(key), _) => key,
+        (None, KeySource::Function(key_of)) => match key_of(&parts, &body) {
+            Some(key) => match key::checked(key, config.max_key_len) {
+                Ok(key) => key,
+                Err(refusal) => return Ok(invalid_key(refusal)),
+            },
+            None if config.require_key => return Ok(missing_key()),
+            None => {
+                let request = Request::from_parts(parts, RequestBody::buffered(body));
+                return pass(inner, request).await;
+            }
+        },
+        (None, KeySource::Header(_)) => unreachable!("a missing header key returned above"),
+    };
+    let scope = config.scope.as_ref().map(|scope| scope(&parts));
+    let stored_key = key::scoped(scope.as_deref(), &key);
+    let fingerprint = match config.fingerprinting.of(&parts, &body) {
+        Ok(fingerprint) => fingerprint,
+        Err(err) => return Ok(misconfigured(&format!("no fingerprint: {err}"))),
+    };
+    let request = Request::from_parts(parts, RequestBody::buffered(body));
+    // On a task of its own, so that a client that goes away (hyper then drops this future)
+    // does not stop the handler halfway through its side effect, nor keep its response from
+    // being stored for the retry.
+    let running = tokio::spawn(execute(config, inner, stored_key, fingerprint, request));
+    match running.await {
+        Ok(answer) => answer,
+        Err(err) if err.is_panic() => resume_unwind(err.into_panic()),
+        Err(_) => Ok(problem(
+            Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                problem::STORE_UNAVAILABLE,
+                "Shutting down",
+                "the server is shutting down; retry with the same key",
+            )
+            .retry_after(1),
+        )),
+    }
+}
+
+/// The request as it came, to the wrapped service, outside the layer's protection.
+async fn pass<S, B, R>(mut inner: S, request: Request<RequestBody<B>>) -> Answer<R, S::Error>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<R>>,
+    R: Body<Data = Bytes>,
+{
+    Ok(inner.call(request).await?.map(ResponseBody::inner))
+}
+
+/// What the handler produced, kept aside while the task stores what it stores.
+enum Produced<R: Body> {
+    Whole(http::response::Parts, Bytes),
+    Resumed(http::response::Parts, Bytes, Pin<Box<R>>),
+    Failed(http::response::Parts, Bytes, R::Error),
+}
+
+impl<R: Body<Data = Bytes>> Produced<R> {
+    fn into_response(self) -> Response<ResponseBody<R>> {
+        match self {
+            Self::Whole(parts, bytes) => Response::from_parts(parts, ResponseBody::full(bytes)),
+            Self::Resumed(parts, prefix, rest) => {
+                Response::from_parts(parts, ResponseBody::resumed(prefix, rest))
+            }
+            Self::Failed(parts, prefix, error) => {
+                Response::from_parts(parts, ResponseBody::failed(prefix, error))
+            }
+        }
+    }
+}
+
+/// Why the task's body stored nothing.
+enum Failure<E> {
+    /// The wrapped service failed; its error goes back as it is.
+    Service(E),
+    /// The response is not one to store (a `5xx`, a body that failed): the key is released.
+    NotStored,
+    Idempotask(Error),
+}
+
+impl<E> From<Error> for Failure<E> {
+    fn from(err: Error) -> Self {
+        Self::Idempotask(err)
+    }
+}
+
+/// Input: a keyed request. Output: the answer, once the handler's response is stored (or the
+/// stored one read back).
+async fn execute<S, B, R>(
+    config: Arc<Idempotency>,
+    mut inner: S,
+    key: String,
+    fingerprint: Fingerprint,
+    request: Request<RequestBody<B>>,
+) -> Answer<R, S::Error>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<R>>,
+    R: Body<Data = Bytes>,
+{
+    let mut call = config.task.call(key).fingerprint(fingerprint);
+    if let Some(store) = &config.store {
+        call = call.store(store.clone());
+    }
+    let mut produced: Option<Produced<R>> = None;
+    let body = async {
+        let response = inner.call(request).await.map_err(Failure::Service)?;
+        let (parts, body) = response.into_parts();
+        let stores = (config.stores_status)(parts.status);
+        let (value, kept) = match collect(body, config.max_stored_body).await {
+            Collected::Whole(bytes) => (
+                Stored::Response(StoredResponse::of(parts.status, &parts.headers, &bytes)),
+                Produced::Whole(parts, bytes),
+            ),
+            Collected::Over(prefix, rest) => (
+                Stored::TooLarge {
+                    status: parts.status.as_u16(),
+                    limit: config.max_stored_body,
+                },
+                Produced::Resumed(parts, prefix, rest),
+            ),
+            Collected::Failed(prefix, error) => {
+                produced = Some(Produced::Failed(parts, prefix, error));
+                return Err(Failure::NotStored);
+            }
+        };
+        produced = Some(kept);
+        if stores {
+            Ok(value)
+        } else {
+            Err(Failure::NotStored)
+        }
+    };
+    let result = call.run_reported(body).await;
+    match result {
+        Ok(report) if report.outcome == Outcome::Replayed => Ok(replay(report.value)),
+        // Executed, or executed with a lock lost or a marker not written (logged by the core):
+        // the handler ran and its response is the answer.
+        Ok(_) | Err(Failure::NotStored) => Ok(produced.map_or_else(
+            || misconfigured("the handler's response went missing"),
+            Produced::into_response,
+        )),
+        Err(Failure::Service(err)) => Err(err),
+        Err(Failure::Idempotask(err)) => Ok(refused(&err)),
+    }
+}
+
+/// A response body, read up to the storage cap.
+enum Collected<R: Body> {
+    Whole(Bytes),
+    /// Over the cap: the part read, and the rest still to stream.
+    Over(Bytes, Pin<Box<R>>),
+    /// The body failed after the part read.
+    Failed(Bytes, R::Error),
+}
+
+async fn collect<R: Body<Data = Bytes>>(body: R, cap: usize) -> Collected<R> {
+    let mut rest = Box::pin(body);
+    let mut read = BytesMut::new();
+    if rest.size_hint().lower() > cap as u64 {
+        return Collected::Over(read.freeze(), rest);
+    }
+    loop {
+        match rest.frame().await {
+            None => return Collected::Whole(read.freeze()),
+            Some(Ok(frame)) => {
+                // Trailers are not stored (see the crate docs).
+                if let Ok(data) = frame.into_data() {
+                    read.extend_from_slice(&data);
+                    if read.len() > cap {
+                        return Collected::Over(read.freeze(), rest);
+                    }
+                }
+            }
+            Some(Err(error)) => return Collected::Failed(read.freeze(), error),
+        }
+    }
+}
+
+/// The answer to a retry of a request whose response was stored.
+fn replay<R: Body<Data = Bytes>>(stored: Stored) -> Response<ResponseBody<R>> {
+    match stored {
+        Stored::Response(response) => match response.into_response() {
+            Ok(mut response) => {
+                response
+                    .headers_mut()
+                    .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+                response.map(ResponseBody::full)
+            }
+            Err(reason) => unreadable(reason),
+        },
+        Stored::TooLarge { status, limit } => problem(Problem::new(
+            StatusCode::GONE,
+            problem::RESPONSE_NOT_STORED,
+            "Response not stored",
+            format!(
+                "the request with this key ran and was answered {status}, but its response was over the {limit} bytes this service stores, so it cannot be replayed; it will not run again"
+            ),
+        )),
+    }
+}
+
+/// Input: an error of idempotask's. Output: the problem answer for it.
+fn refused<R: Body<Data = Bytes>>(err: &Error) -> Response<ResponseBody<R>> {
+    match err {
+        Error::Contended {
+            lock_ttl_remaining, ..
+        } => {
+            let secs = lock_ttl_remaining.map_or(1, |left| left.as_secs() + 1);
+            problem(
+                Problem::new(
+                    StatusCode::CONFLICT,
+                    problem::IN_PROGRESS,
+                    "Request in progress",
+                    "a request with this idempotency key is being processed; retry it later",
+                )
+                .retry_after(secs),
+            )
+        }
+        Error::KeyReuse { .. } => problem(Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            problem::KEY_REUSED,
+            "Idempotency key reused",
+            "this idempotency key was used for a request with another method, path, query or body; nothing ran",
+        )),
+        Error::Store(store) => problem(
+            Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                problem::STORE_UNAVAILABLE,
+                "Idempotency store unavailable",
+                format!("nothing ran; retry with the same key ({})", store.kind()),
+            )
+            .retry_after(1),
+        ),
+        Error::InvalidKey(invalid) => invalid_key_text(&invalid.to_string()),
+        Error::Codec {
+            kind:
+                CodecErrorKind::Undecodable | CodecErrorKind::Unreadable | CodecErrorKind::Unstorable,
+            ..
+        } => unreadable("it does not decode"),
+        other => misconfigured(&other.to_string()),
+    }
+}
+
+fn problem<R: Body<Data = Bytes>>(problem: Problem) -> Response<ResponseBody<R>> {
+    problem.into_response().map(ResponseBody::full)
+}
+
+fn missing_key<R: Body<Data = Bytes>>() -> Response<ResponseBody<R>> {
+    problem(Problem::new(
+        StatusCode::BAD_REQUEST,
+        problem::MISSING_KEY,
+        "Idempotency key missing",
+        "this request requires an Idempotency-Key header",
+    ))
+}
+
+fn invalid_key<R: Body<Data = Bytes>>(refusal: Refusal) -> Response<ResponseBody<R>> {
+    invalid_key_text(refusal)
+}
+
+fn invalid_key_text<R: Body<Data = Bytes>>(detail: &str) -> Response<ResponseBody<R>> {
+    problem(Problem::new(
+        StatusCode::BAD_REQUEST,
+        problem::INVALID_KEY,
+        "Idempotency key invalid",
+        detail,
+    ))
+}
+
+fn unreadable<R: Body<Data = Bytes>>(reason: &str) -> Response<ResponseBody<R>> {
+    problem(Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        problem::STORED_RESPONSE_UNREADABLE,
+        "Stored response unreadable",
+        format!(
+            "the request with this key ran, but its stored response cannot be read back ({reason}); it will not run again"
+        ),
+    ))
+}
+
+fn misconfigured<R: Body<Data = Bytes>>(detail: &str) -> Response<ResponseBody<R>> {
+    problem(Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        problem::MISCONFIGURED,
+        "Idempotency misconfigured",
+        format!("nothing ran: {detail}"),
+    ))
+}

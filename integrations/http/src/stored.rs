@@ -1,0 +1,227 @@
+//! What is kept of a response for the retries of its request, and how it is read back.
+
+use bytes::Bytes;
+use http::header::{self, HeaderName};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
+use serde::{Deserialize, Serialize};
+
+/// The value stored in the completion marker of one request.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum Stored {
+    /// The whole response.
+    Response(StoredResponse),
+    /// The response was sent but its body was over the cap: only its status is kept, so a
+    /// retry is told so instead of getting a part of it, or running again.
+    TooLarge {
+        /// The status the first request was answered with.
+        status: u16,
+        /// The cap the body went over.
+        limit: usize,
+    },
+}
+
+/// A response as stored: status, end-to-end headers, body.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct StoredResponse {
+    status: u16,
+    headers: Vec<(String, Octets)>,
+    body: Octets,
+}
+
+/// Bytes in JSON: as text when they are UTF-8 (the usual body), else in base64.
+#[derive(Debug, Serialize, Deserialize)]
+enum Octets {
+    #[serde(rename = "text")]
+    Text(String),
+    #[serde(rename = "base64")]
+    Base64(String),
+}
+
+/// Why a stored response cannot be turned back into one.
+pub(crate) type Unreadable = &'static str;
+
+impl Octets {
+    fn of(bytes: &[u8]) -> Self {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => Self::Text(text.to_owned()),
+            Err(_) => Self::Base64(base64::encode(bytes)),
+        }
+    }
+
+    fn into_bytes(self) -> Result<Vec<u8>, Unreadable> {
+        match self {
+            Self::Text(text) => Ok(text.into_bytes()),
+            Self::Base64(encoded) => base64::decode(&encoded),
+        }
+    }
+}
+
+/// Whether a header is dropped from what is stored: the hop-by-hop ones (RFC 9110 §7.6.1),
+/// those the response's `Connection` names, and `Date`, which a replay should not repeat.
+fn is_dropped(name: &HeaderName, connection: &[HeaderName]) -> bool {
+    name == header::CONNECTION
+        || name == header::TRANSFER_ENCODING
+        || name == header::TE
+        || name == header::TRAILER
+        || name == header::UPGRADE
+        || name == header::PROXY_AUTHENTICATE
+        || name == header::PROXY_AUTHORIZATION
+        || name == header::DATE
+        || name.as_str() == "keep-alive"
+        || name.as_str() == "proxy-connection"
+        || connection.contains(name)
+}
+
+impl StoredResponse {
+    /// What is kept of a response with `status`, `headers` and `body`.
+    pub(crate) fn of(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Self {
+        let connection: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .collect();
+        Self {
+            status: status.as_u16(),
+            headers: headers
+                .iter()
+                .filter(|(name, _)| !is_dropped(name, &connection))
+                .map(|(name, value)| (name.as_str().to_owned(), Octets::of(value.as_bytes())))
+                .collect(),
+            body: Octets::of(body),
+        }
+    }
+
+    /// The response again, for a retry. Data read back from a store is checked, not trusted.
+    pub(crate) fn into_response(self) -> Result<Response<Bytes>, Unreadable> {
+        let status =
+            StatusCode::from_u16(self.status).map_err(|_| "its status code is not valid")?;
+        let mut headers = HeaderMap::with_capacity(self.headers.len());
+        for (name, value) in self.headers {
+            let name = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| "it holds a header name that is not valid")?;
+            let value = HeaderValue::from_bytes(&value.into_bytes()?)
+                .map_err(|_| "it holds a header value that is not valid")?;
+            headers.append(name, value);
+        }
+        let mut response = Response::new(Bytes::from(self.body.into_bytes()?));
+        *response.status_mut() = status;
+        *response.headers_mut() = headers;
+        Ok(response)
+    }
+}
+
+/// Base64 with the standard alphabet and padding (RFC 4648 §4), for the rare body or header
+/// that is not UTF-8.
+mod base64 {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+    pub(super) fn encode(bytes: &[u8]) -> String {
+        let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+        for chunk in bytes.chunks(3) {
+            let b = [
+                chunk[0],
+                *chunk.get(1).unwrap_or(&0),
+                *chunk.get(2).unwrap_or(&0),
+            ];
+            let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
+            for (i, shift) in [18, 12, 6, 0].into_iter().enumerate() {
+                if i <= chunk.len() {
+                    out.push(char::from(ALPHABET[(n >> shift & 63) as usize]));
+                } else {
+                    out.push('=');
+                }
+            }
+        }
+        out
+    }
+
+    pub(super) fn decode(text: &str) -> Result<Vec<u8>, super::Unreadable> {
+        const BAD: super::Unreadable = "it holds base64 that is not valid";
+        let bytes = text.as_bytes();
+        if !bytes.len().is_multiple_of(4) {
+            return Err(BAD);
+        }
+        let mut out = Vec::with_capacity(bytes.len() / 4 * 3);
+        let quads = bytes.len() / 4;
+        for (index, quad) in bytes.chunks(4).enumerate() {
+            let padding = quad.iter().rev().take_while(|&&b| b == b'=').count();
+            if padding > 2 || (padding > 0 && index + 1 != quads) {
+                return Err(BAD);
+            }
+            let mut n = 0_u32;
+            for &byte in &quad[..4 - padding] {
+                let value = ALPHABET.iter().position(|&a| a == byte).ok_or(BAD)?;
+                n = n << 6 | u32::try_from(value).map_err(|_| BAD)?;
+            }
+            n <<= 6 * u32::try_from(padding).map_err(|_| BAD)?;
+            let [_, a, b, c] = n.to_be_bytes();
+            out.extend_from_slice(&[a, b, c][..3 - padding]);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_round_trips_every_length() {
+        for len in 0..40_u8 {
+            let bytes: Vec<u8> = (0..len).map(|i| i.wrapping_mul(37) ^ 0xa5).collect();
+            let encoded = base64::encode(&bytes);
+            assert_eq!(base64::decode(&encoded).unwrap(), bytes, "{encoded}");
+        }
+        assert_eq!(base64::encode(b"foobar"), "Zm9vYmFy");
+        assert_eq!(base64::encode(b"fo"), "Zm8=");
+        assert!(base64::decode("Zm8").is_err());
+        assert!(base64::decode("Z=8=").is_err());
+        assert!(base64::decode("Zm8=Zm8=").is_err());
+        assert!(base64::decode("Zm*=").is_err());
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_date_are_not_stored() {
+        let mut headers = HeaderMap::new();
+        headers.insert("connection", HeaderValue::from_static("close, x-hop"));
+        headers.insert("x-hop", HeaderValue::from_static("1"));
+        headers.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        headers.insert(
+            "date",
+            HeaderValue::from_static("Tue, 01 Dec 2026 10:00:00 GMT"),
+        );
+        headers.insert("location", HeaderValue::from_static("/payments/1"));
+        headers.append("set-cookie", HeaderValue::from_static("a=1"));
+        headers.append("set-cookie", HeaderValue::from_bytes(b"b=\xff").unwrap());
+        let stored = StoredResponse::of(StatusCode::CREATED, &headers, b"\x00\xff");
+        let json = serde_json::to_string(&stored).unwrap();
+        let back: StoredResponse = serde_json::from_str(&json).unwrap();
+        let response = back.into_response().unwrap();
+        assert_eq!(response.status(), StatusCode::CREATED);
+        let names: Vec<&str> = response.headers().keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, ["location", "set-cookie"]);
+        let cookies: Vec<&[u8]> = response
+            .headers()
+            .get_all("set-cookie")
+            .iter()
+            .map(HeaderValue::as_bytes)
+            .collect();
+        assert_eq!(cookies, [&b"a=1"[..], b"b=\xff"]);
+        assert_eq!(&response.body()[..], b"\x00\xff");
+    }
+
+    #[test]
+    fn damaged_stored_responses_are_errors() {
+        for json in [
+            r#"{"status":1000,"headers":[],"body":{"text":""}}"#,
+            r#"{"status":200,"headers":[["bad name",{"text":"x"}]],"body":{"text":""}}"#,
+            r#"{"status":200,"headers":[["x",{"text":"a\nb"}]],"body":{"text":""}}"#,
+            r#"{"status":200,"headers":[],"body":{"base64":"!!!!"}}"#,
+        ] {
+            let stored: StoredResponse = serde_json::from_str(json).unwrap();
+            assert!(stored.into_response().is_err(), "{json}");
+        }
+    }
+}

@@ -1,0 +1,541 @@
+//! The HTTP layer behind a real axum server on a free port, called by a real HTTP client
+//! (reqwest), on the in-memory store and on a Redis server of the test's own: concurrent
+//! duplicates run the handler once, retries get the stored response, a reused key with another
+//! body runs nothing, a `5xx` is released, the size caps, a client that goes away mid-handler,
+//! and a Redis that is down. The kill -9 of a server process is `tests/examples.rs`, on the
+//! `http_payments` example.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use http::StatusCode;
+use idempotask::Task;
+use idempotask::store::SharedStore;
+use idempotask_http::{IDEMPOTENT_REPLAYED, Idempotency, problem};
+use idempotask_test_support::RedisServer;
+use tokio::sync::{Semaphore, mpsc};
+
+/// A store for one test, and the Redis server behind it if any (stopped on drop).
+struct Backend {
+    store: SharedStore,
+    redis: Option<RedisServer>,
+}
+
+impl Backend {
+    fn memory() -> Self {
+        Self {
+            store: SharedStore::new(idempotask::MemoryStore::new()),
+            redis: None,
+        }
+    }
+
+    async fn redis() -> Self {
+        let server = RedisServer::start();
+        let store = idempotask_redis::RedisStore::builder(server.url())
+            .connection_timeout(Duration::from_millis(500))
+            .response_timeout(Duration::from_millis(500))
+            .connect()
+            .await
+            .expect("the test's Redis server accepts a store");
+        Self {
+            store: SharedStore::new(store),
+            redis: Some(server),
+        }
+    }
+}
+
+/// Runs `scenario` once on each store, as a test of its own.
+macro_rules! on_every_store {
+    ($($scenario:ident),* $(,)?) => {$(
+        mod $scenario {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn memory() {
+                super::$scenario(super::Backend::memory()).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis() {
+                super::$scenario(super::Backend::redis().await).await;
+            }
+        }
+    )*};
+}
+
+on_every_store!(
+    concurrent_duplicates_run_the_handler_once,
+    waiting_duplicates_all_get_the_first_response,
+    a_key_reused_with_another_body_is_422_and_runs_nothing,
+    missing_and_malformed_keys,
+    a_server_error_releases_the_key_and_the_retry_runs,
+    the_size_caps,
+    a_client_that_goes_away_mid_handler_gets_the_stored_response_on_retry,
+    scopes_keep_equal_keys_apart,
+    a_key_from_the_body_and_the_stored_headers,
+);
+
+/// What the handlers did, as the test sees it.
+#[derive(Clone)]
+struct Probe {
+    /// How many times a handler started.
+    executions: Arc<AtomicU32>,
+    /// One message each time a handler starts.
+    started: mpsc::UnboundedSender<()>,
+    /// Permits for gated handlers to finish.
+    gate: Arc<Semaphore>,
+    /// One message each time the server drops a response future before it finished.
+    dropped: mpsc::UnboundedSender<()>,
+}
+
+/// The signals the test awaits.
+struct Signals {
+    started: mpsc::UnboundedReceiver<()>,
+    dropped: mpsc::UnboundedReceiver<()>,
+}
+
+/// An axum server on a free loopback port, its routes behind `layer`.
+struct Server {
+    base: String,
+    probe: Probe,
+    signals: Signals,
+    client: reqwest::Client,
+}
+
+impl Server {
+    async fn start(layer: Idempotency, gated: bool) -> Self {
+        let (started, started_rx) = mpsc::unbounded_channel();
+        let (dropped, dropped_rx) = mpsc::unbounded_channel();
+        let probe = Probe {
+            executions: Arc::new(AtomicU32::new(0)),
+            started,
+            gate: Arc::new(Semaphore::new(if gated {
+                0
+            } else {
+                Semaphore::MAX_PERMITS
+            })),
+            dropped,
+        };
+        let app = Router::new()
+            .route("/payments", post(pay))
+            .route("/flaky", post(flaky))
+            .route("/large", post(large))
+            .layer(layer)
+            .layer(middleware::from_fn_with_state(probe.clone(), watch_drops))
+            .with_state(probe.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self {
+            base,
+            probe,
+            signals: Signals {
+                started: started_rx,
+                dropped: dropped_rx,
+            },
+            client: reqwest::Client::new(),
+        }
+    }
+
+    fn executions(&self) -> u32 {
+        self.probe.executions.load(Ordering::SeqCst)
+    }
+
+    fn post(&self, path: &str, key: Option<&str>, body: &str) -> reqwest::RequestBuilder {
+        let request = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .body(body.to_owned());
+        match key {
+            Some(key) => request.header("idempotency-key", key),
+            None => request,
+        }
+    }
+}
+
+/// A status, the replay header and the body of one answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Answer {
+    status: u16,
+    replayed: bool,
+    retry_after: Option<String>,
+    content_type: Option<String>,
+    body: String,
+}
+
+impl Answer {
+    async fn of(response: reqwest::Response) -> Self {
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .map(|value| value.to_str().unwrap().to_owned())
+        };
+        let replayed = match header(IDEMPOTENT_REPLAYED.as_str()).as_deref() {
+            None => false,
+            Some("true") => true,
+            Some(other) => panic!("Idempotent-Replayed: {other}"),
+        };
+        let (retry_after, content_type) = (header("retry-after"), header("content-type"));
+        Self {
+            status: response.status().as_u16(),
+            replayed,
+            retry_after,
+            content_type,
+            body: response.text().await.unwrap(),
+        }
+    }
+
+    /// The problem `type` of a problem answer.
+    fn problem_type(&self) -> String {
+        assert_eq!(
+            self.content_type.as_deref(),
+            Some(problem::CONTENT_TYPE),
+            "{self:?}"
+        );
+        let document: serde_json::Value = serde_json::from_str(&self.body).unwrap();
+        assert_eq!(document["status"], self.status, "{self:?}");
+        document["type"].as_str().unwrap().to_owned()
+    }
+}
+
+async fn send(request: reqwest::RequestBuilder) -> Answer {
+    Answer::of(request.send().await.unwrap()).await
+}
+
+/// `POST /payments`: charges once per execution (gated when the server is), answers `201`
+/// with the charge's number.
+async fn pay(State(probe): State<Probe>, body: String) -> Response {
+    let charge = probe.executions.fetch_add(1, Ordering::SeqCst) + 1;
+    let _ = probe.started.send(());
+    probe.gate.acquire().await.unwrap().forget();
+    (
+        StatusCode::CREATED,
+        [("location", format!("/payments/{charge}"))],
+        format!("{{\"charge\":{charge},\"amount\":\"{body}\"}}"),
+    )
+        .into_response()
+}
+
+/// `POST /flaky`: `503` on its first execution, `201` after.
+async fn flaky(State(probe): State<Probe>) -> Response {
+    let run = probe.executions.fetch_add(1, Ordering::SeqCst) + 1;
+    if run == 1 {
+        (StatusCode::SERVICE_UNAVAILABLE, "the ledger is down").into_response()
+    } else {
+        (StatusCode::CREATED, format!("paid on run {run}")).into_response()
+    }
+}
+
+/// `POST /large`: a body of as many bytes as the request body says.
+async fn large(State(probe): State<Probe>, body: String) -> Response {
+    let run = probe.executions.fetch_add(1, Ordering::SeqCst) + 1;
+    let size: usize = body.parse().unwrap();
+    (StatusCode::OK, format!("{run}").repeat(size)).into_response()
+}
+
+/// The outermost middleware: reports when the server drops a response future unfinished (the
+/// client went away).
+async fn watch_drops(State(probe): State<Probe>, request: Request, next: Next) -> Response {
+    struct Unfinished(Option<mpsc::UnboundedSender<()>>);
+    impl Drop for Unfinished {
+        fn drop(&mut self) {
+            if let Some(dropped) = self.0.take() {
+                let _ = dropped.send(());
+            }
+        }
+    }
+    let mut unfinished = Unfinished(Some(probe.dropped.clone()));
+    let response = next.run(request).await;
+    unfinished.0 = None;
+    response
+}
+
+fn layer(backend: &Backend, task: &'static str) -> Idempotency {
+    Idempotency::new(Task::new(task)).store(backend.store.clone())
+}
+
+async fn concurrent_duplicates_run_the_handler_once(backend: Backend) {
+    let mut server = Server::start(layer(&backend, "http_concurrent"), true).await;
+    let mut running = Vec::new();
+    for _ in 0..64 {
+        let request = server.post("/payments", Some("\"pay-1\""), "42 EUR");
+        running.push(tokio::spawn(send(request)));
+    }
+    // The first request holds the key; let it finish once it has started.
+    server.signals.started.recv().await.unwrap();
+    server.probe.gate.add_permits(Semaphore::MAX_PERMITS);
+    let mut answers = Vec::new();
+    for answer in running {
+        answers.push(answer.await.unwrap());
+    }
+
+    let fresh: Vec<&Answer> = answers
+        .iter()
+        .filter(|a| a.status == 201 && !a.replayed)
+        .collect();
+    assert_eq!(fresh.len(), 1, "{answers:#?}");
+    let stored = fresh[0].body.clone();
+    assert_eq!(stored, r#"{"charge":1,"amount":"42 EUR"}"#);
+    for answer in &answers {
+        match answer.status {
+            201 => assert_eq!(answer.body, stored, "{answer:?}"),
+            409 => {
+                assert_eq!(answer.problem_type(), problem::IN_PROGRESS);
+                let secs: u64 = answer.retry_after.as_deref().unwrap().parse().unwrap();
+                assert!(secs >= 1, "{answer:?}");
+            }
+            _ => panic!("unexpected answer {answer:?}"),
+        }
+    }
+    // Then every retry is the stored response, replayed.
+    let retry = send(server.post("/payments", Some("\"pay-1\""), "42 EUR")).await;
+    assert_eq!((retry.status, retry.replayed), (201, true), "{retry:?}");
+    assert_eq!(retry.body, stored);
+    assert_eq!(server.executions(), 1);
+    drop(backend);
+}
+
+async fn waiting_duplicates_all_get_the_first_response(backend: Backend) {
+    let layer = layer(&backend, "http_waiting").wait_for_result(Duration::from_secs(30));
+    let mut server = Server::start(layer, true).await;
+    let mut running = Vec::new();
+    for _ in 0..64 {
+        let request = server.post("/payments", Some("pay-2"), "7 EUR");
+        running.push(tokio::spawn(send(request)));
+    }
+    server.signals.started.recv().await.unwrap();
+    server.probe.gate.add_permits(Semaphore::MAX_PERMITS);
+    let mut answers = Vec::new();
+    for answer in running {
+        answers.push(answer.await.unwrap());
+    }
+    let replayed = answers.iter().filter(|a| a.replayed).count();
+    assert_eq!(replayed, 63, "{answers:#?}");
+    for answer in &answers {
+        assert_eq!(answer.status, 201, "{answer:?}");
+        assert_eq!(answer.body, r#"{"charge":1,"amount":"7 EUR"}"#);
+    }
+    assert_eq!(server.executions(), 1);
+    drop(backend);
+}
+
+async fn a_key_reused_with_another_body_is_422_and_runs_nothing(backend: Backend) {
+    let server = Server::start(layer(&backend, "http_reuse"), false).await;
+    let first = send(server.post("/payments", Some("pay-3"), "10 EUR")).await;
+    assert_eq!(first.status, 201);
+    for (path, body) in [
+        ("/payments", "11 EUR"),
+        ("/payments?currency=USD", "10 EUR"),
+    ] {
+        let other = send(server.post(path, Some("pay-3"), body)).await;
+        assert_eq!(other.status, 422, "{other:?}");
+        assert_eq!(other.problem_type(), problem::KEY_REUSED);
+    }
+    assert_eq!(server.executions(), 1);
+    let same = send(server.post("/payments", Some("pay-3"), "10 EUR")).await;
+    assert_eq!(
+        (same.status, same.replayed, &same.body),
+        (201, true, &first.body)
+    );
+    drop(backend);
+}
+
+async fn missing_and_malformed_keys(backend: Backend) {
+    let server = Server::start(layer(&backend, "http_keys"), false).await;
+    // No key: the request passes through, unprotected, every time.
+    for _ in 0..2 {
+        let answer = send(server.post("/payments", None, "1 EUR")).await;
+        assert_eq!((answer.status, answer.replayed), (201, false));
+    }
+    assert_eq!(server.executions(), 2);
+    for malformed in [
+        "\"unterminated",
+        "\"\"",
+        "two words",
+        "a,b",
+        "\"bad \\n escape\"",
+        &"k".repeat(256),
+    ] {
+        let answer = send(server.post("/payments", Some(malformed), "1 EUR")).await;
+        assert_eq!(answer.status, 400, "{malformed}: {answer:?}");
+        assert_eq!(answer.problem_type(), problem::INVALID_KEY);
+    }
+    assert_eq!(server.executions(), 2);
+
+    let required = Server::start(
+        layer(&backend, "http_keys_required").require_key(true),
+        false,
+    )
+    .await;
+    let answer = send(required.post("/payments", None, "1 EUR")).await;
+    assert_eq!(answer.status, 400);
+    assert_eq!(answer.problem_type(), problem::MISSING_KEY);
+    assert_eq!(required.executions(), 0);
+    // A method the layer does not cover passes through even when keys are required.
+    let get = required
+        .client
+        .get(format!("{}/payments", required.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get.status(), 405);
+    drop(backend);
+}
+
+async fn a_server_error_releases_the_key_and_the_retry_runs(backend: Backend) {
+    let server = Server::start(layer(&backend, "http_flaky"), false).await;
+    let first = send(server.post("/flaky", Some("pay-4"), "")).await;
+    assert_eq!((first.status, first.replayed), (503, false), "{first:?}");
+    assert_eq!(first.body, "the ledger is down");
+    let retry = send(server.post("/flaky", Some("pay-4"), "")).await;
+    assert_eq!((retry.status, retry.replayed), (201, false), "{retry:?}");
+    assert_eq!(retry.body, "paid on run 2");
+    let again = send(server.post("/flaky", Some("pay-4"), "")).await;
+    assert_eq!((again.status, again.replayed), (201, true), "{again:?}");
+    assert_eq!(again.body, "paid on run 2");
+    assert_eq!(server.executions(), 2);
+
+    // Stored as the draft and Stripe do: the 503 is the answer to every retry.
+    let storing = Server::start(
+        layer(&backend, "http_flaky_stored").store_when(|_| true),
+        false,
+    )
+    .await;
+    for replayed in [false, true] {
+        let answer = send(storing.post("/flaky", Some("pay-4"), "")).await;
+        assert_eq!(
+            (answer.status, answer.replayed),
+            (503, replayed),
+            "{answer:?}"
+        );
+    }
+    assert_eq!(storing.executions(), 1);
+    drop(backend);
+}
+
+async fn the_size_caps(backend: Backend) {
+    let capped = layer(&backend, "http_caps")
+        .max_request_body(64)
+        .max_stored_body(1000);
+    let server = Server::start(capped, false).await;
+    // A request body over the buffer limit: 413, nothing ran.
+    let big = send(server.post("/payments", Some("pay-5"), &"x".repeat(65))).await;
+    assert_eq!(big.status, 413, "{big:?}");
+    assert_eq!(big.problem_type(), problem::BODY_TOO_LARGE);
+    assert_eq!(server.executions(), 0);
+
+    // A response at the cap is stored; one over it is sent whole, and its retry is told so.
+    let at_cap = send(server.post("/large", Some("large-1"), "1000")).await;
+    assert_eq!((at_cap.status, at_cap.body.len()), (200, 1000));
+    let replay = send(server.post("/large", Some("large-1"), "1000")).await;
+    assert_eq!((replay.replayed, &replay.body), (true, &at_cap.body));
+
+    let over = send(server.post("/large", Some("large-2"), "1001")).await;
+    assert_eq!((over.status, over.replayed), (200, false));
+    assert_eq!(over.body, "2".repeat(1001));
+    let retry = send(server.post("/large", Some("large-2"), "1001")).await;
+    assert_eq!(retry.status, 410, "{retry:?}");
+    assert_eq!(retry.problem_type(), problem::RESPONSE_NOT_STORED);
+    assert_eq!(
+        server.executions(),
+        2,
+        "the over-cap request never runs again"
+    );
+    drop(backend);
+}
+
+async fn a_client_that_goes_away_mid_handler_gets_the_stored_response_on_retry(backend: Backend) {
+    // The retry waits for the first request's response, whose client went away.
+    let layer = layer(&backend, "http_disconnect").wait_for_result(Duration::from_secs(30));
+    let mut server = Server::start(layer, true).await;
+    let request = server.post("/payments", Some("pay-6"), "99 EUR");
+    let client = tokio::spawn(request.send());
+    server.signals.started.recv().await.unwrap();
+    // The client goes away while the handler is halfway through; the server notices.
+    client.abort();
+    server.signals.dropped.recv().await.unwrap();
+    server.probe.gate.add_permits(Semaphore::MAX_PERMITS);
+
+    let retry = send(server.post("/payments", Some("pay-6"), "99 EUR")).await;
+    assert_eq!((retry.status, retry.replayed), (201, true), "{retry:?}");
+    assert_eq!(retry.body, r#"{"charge":1,"amount":"99 EUR"}"#);
+    assert_eq!(server.executions(), 1);
+    drop(backend);
+}
+
+async fn scopes_keep_equal_keys_apart(backend: Backend) {
+    let scoped = layer(&backend, "http_scopes").scope(|request| {
+        let tenant = request.headers.get("x-tenant");
+        String::from_utf8_lossy(tenant.map_or(&b""[..], |v| v.as_bytes())).into_owned()
+    });
+    let server = Server::start(scoped, false).await;
+    let mut bodies = Vec::new();
+    for tenant in ["acme", "globex", "acme"] {
+        let answer = send(
+            server
+                .post("/payments", Some("pay-7"), "5 EUR")
+                .header("x-tenant", tenant),
+        )
+        .await;
+        assert_eq!(answer.status, 201, "{answer:?}");
+        bodies.push((answer.replayed, answer.body));
+    }
+    assert_eq!(server.executions(), 2);
+    assert_eq!(bodies[0].1, bodies[2].1);
+    assert_ne!(bodies[0].1, bodies[1].1);
+    assert!(bodies[2].0, "the second request of a tenant is a replay");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_is_down_is_503_and_nothing_runs() {
+    let mut backend = Backend::redis().await;
+    let server = Server::start(layer(&backend, "http_redis_down"), false).await;
+    let up = send(server.post("/payments", Some("pay-8"), "1 EUR")).await;
+    assert_eq!(up.status, 201);
+    drop(backend.redis.take());
+
+    for key in ["pay-8", "pay-9"] {
+        let answer = send(server.post("/payments", Some(key), "1 EUR")).await;
+        assert_eq!(answer.status, 503, "{answer:?}");
+        assert_eq!(answer.problem_type(), problem::STORE_UNAVAILABLE);
+        assert_eq!(answer.retry_after.as_deref(), Some("1"));
+    }
+    assert_eq!(
+        server.executions(),
+        1,
+        "no execution without the store's lock"
+    );
+}
+
+async fn a_key_from_the_body_and_the_stored_headers(backend: Backend) {
+    // A webhook whose event id is in its JSON body, as Stripe's are.
+    let by_event = layer(&backend, "http_key_fn").key_fn(|_, body| {
+        let event: serde_json::Value = serde_json::from_slice(body).ok()?;
+        Some(event.get("id")?.as_str()?.to_owned())
+    });
+    let server = Server::start(by_event, false).await;
+    let event = r#"{"id":"evt_1","type":"charge.succeeded"}"#;
+    let first = server.post("/payments", None, event).send().await.unwrap();
+    let location = first.headers().get("location").cloned();
+    let date = first.headers().get("date").cloned();
+    assert_eq!(first.status(), 201);
+    let replay = server.post("/payments", None, event).send().await.unwrap();
+    assert_eq!(
+        replay.headers().get(IDEMPOTENT_REPLAYED.as_str()).unwrap(),
+        "true"
+    );
+    // End-to-end headers come back as stored; `Date` is the replay's own.
+    assert_eq!(replay.headers().get("location").cloned(), location);
+    assert!(location.is_some() && date.is_some());
+    assert!(replay.headers().get("date").is_some());
+    // A body without an id has no key: it passes through and runs.
+    let unkeyed = send(server.post("/payments", None, r#"{"type":"ping"}"#)).await;
+    assert_eq!((unkeyed.status, unkeyed.replayed), (201, false));
+    assert_eq!(server.executions(), 2);
+    drop(backend);
+}
