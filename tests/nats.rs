@@ -716,3 +716,36 @@ async fn progress_acks_stop_once_the_lock_is_gone_and_the_message_comes_back() {
     assert_eq!(report.value, (sequence, 2));
     drop(pulling.await.unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_that_cannot_be_sent_is_an_error_that_keeps_the_outcome() {
+    let queue = Queue::start().await;
+    let charge_once =
+        Idempotent::new(Task::new("nats_unackable"), MsgId).store(queue.store().await);
+    // A message with its reply subject gone, such as a core NATS message passed on as a
+    // JetStream one: the ack has nowhere to go.
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", "order-15");
+    let message = Message {
+        message: async_nats::Message {
+            subject: "orders.new".into(),
+            reply: None,
+            payload: r#"{"id":15}"#.into(),
+            headers: Some(headers),
+            status: None,
+            description: None,
+            length: 0,
+        },
+        context: queue.js.clone(),
+    };
+    let charge = async { Ok::<_, std::io::Error>("ch_15".to_owned()) };
+    let err = charge_once.handle(&message, charge).await.unwrap_err();
+    assert!(matches!(err.ack_kind(), AckKind::Ack), "{err}");
+    let Handled::Acked(report) = err.into_handled() else {
+        panic!("the outcome was lost with the ack")
+    };
+    assert_eq!(
+        (report.value.as_str(), report.outcome),
+        ("ch_15", Outcome::Executed)
+    );
+}

@@ -304,23 +304,27 @@ impl<K: MessageKey> Idempotent<K> {
     /// has no reply subject, or the client is closed). A queued ack is not confirmed: one lost
     /// with the connection raises no error (see the crate docs). Either way the outcome is in
     /// the store; JetStream delivers the message again after `AckWait`, and that delivery is
-    /// replayed or run as the store says.
+    /// replayed or run as the store says. The error carries the outcome
+    /// ([`AckError::into_handled`]): the body's value or error is not lost with the ack.
     pub async fn handle<T, E, F>(
         &self,
         message: &Message,
         body: F,
-    ) -> Result<Handled<T, E>, AckError>
+    ) -> Result<Handled<T, E>, AckError<T, E>>
     where
         T: Serialize + DeserializeOwned,
         F: Future<Output = Result<T, E>>,
     {
         let handled = self.process(message, body).await;
         let kind = handled.ack_kind();
-        message
-            .ack_with(kind)
-            .await
-            .map_err(|source| AckError { kind, source })?;
-        Ok(handled)
+        match message.ack_with(kind).await {
+            Ok(()) => Ok(handled),
+            Err(source) => Err(AckError {
+                kind,
+                handled,
+                source,
+            }),
+        }
     }
 
     /// Like [`handle`](Self::handle), without sending the final acknowledgement: send
@@ -429,19 +433,41 @@ impl<E> From<Error> for Failure<E> {
 ///
 /// What the message's outcome stored stays stored: JetStream delivers it again after `AckWait`
 /// and the redelivery is replayed (or run, if nothing was stored).
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[error(
     "could not send {kind:?} to JetStream; it delivers the message again after AckWait: {source}"
 )]
-pub struct AckError {
+pub struct AckError<T, E> {
     kind: AckKind,
+    handled: Handled<T, E>,
     #[source]
     source: Box<dyn std::error::Error + Send + Sync>,
 }
 
-impl AckError {
+impl<T, E> AckError<T, E> {
     /// The acknowledgement that was not sent.
     pub fn ack_kind(&self) -> AckKind {
         self.kind
+    }
+
+    /// What became of the message, whose acknowledgement this is.
+    pub fn handled(&self) -> &Handled<T, E> {
+        &self.handled
+    }
+
+    /// What became of the message: the body's value or error, which the failed ack does not
+    /// undo.
+    pub fn into_handled(self) -> Handled<T, E> {
+        self.handled
+    }
+}
+
+// By hand, so that a value or error without `Debug` still leaves the error printable.
+impl<T, E> std::fmt::Debug for AckError<T, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AckError")
+            .field("kind", &self.kind)
+            .field("source", &self.source)
+            .finish_non_exhaustive()
     }
 }
