@@ -1,8 +1,10 @@
 //! The NATS consumer on a real `nats-server` and a real Redis store, both started here: a
 //! duplicate replays, a busy key comes back after the holder's remaining lock time and replays,
 //! a message without a usable key is terminated to the dead-letter advisory, a body's `Err` is
-//! delivered again and not cached, a store that is down fails closed with a growing delay, and
-//! progress acks outlast an `AckWait` shorter than the body.
+//! delivered again with a growing delay, not cached, and terminated after `max_failures`, a
+//! misused task defers instead of terminating, a store that is down fails closed with a growing
+//! delay, an ack that cannot be sent keeps the outcome, and progress acks outlast an `AckWait`
+//! shorter than the body (one that blocks its thread too) but stop once its lock is gone.
 //! The kill -9 scenario is the `nats_worker` example, run by `tests/examples.rs`.
 
 use std::sync::Arc;
@@ -724,20 +726,7 @@ async fn an_ack_that_cannot_be_sent_is_an_error_that_keeps_the_outcome() {
         Idempotent::new(Task::new("nats_unackable"), MsgId).store(queue.store().await);
     // A message with its reply subject gone, such as a core NATS message passed on as a
     // JetStream one: the ack has nowhere to go.
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert("Nats-Msg-Id", "order-15");
-    let message = Message {
-        message: async_nats::Message {
-            subject: "orders.new".into(),
-            reply: None,
-            payload: r#"{"id":15}"#.into(),
-            headers: Some(headers),
-            status: None,
-            description: None,
-            length: 0,
-        },
-        context: queue.js.clone(),
-    };
+    let message = without_reply(&queue, "order-15");
     let charge = async { Ok::<_, std::io::Error>("ch_15".to_owned()) };
     let err = charge_once.handle(&message, charge).await.unwrap_err();
     assert!(matches!(err.ack_kind(), AckKind::Ack), "{err}");
@@ -748,4 +737,46 @@ async fn an_ack_that_cannot_be_sent_is_an_error_that_keeps_the_outcome() {
         (report.value.as_str(), report.outcome),
         ("ch_15", Outcome::Executed)
     );
+}
+
+/// A message on `orders.new` with `Nats-Msg-Id: msg_id` and no reply subject, so no ack of it
+/// can be sent.
+fn without_reply(queue: &Queue, msg_id: &str) -> Message {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", msg_id);
+    Message {
+        message: async_nats::Message {
+            subject: "orders.new".into(),
+            reply: None,
+            payload: "{}".into(),
+            headers: Some(headers),
+            status: None,
+            description: None,
+            length: 0,
+        },
+        context: queue.js.clone(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_msg_id_is_no_key_and_nothing_runs() {
+    let queue = Queue::start().await;
+    let charge_once =
+        Idempotent::new(Task::new("nats_empty_msg_id"), MsgId).store(queue.store().await);
+    let message = without_reply(&queue, "");
+    assert!(
+        MsgId.key(&message).is_err(),
+        "an empty Nats-Msg-Id is a key"
+    );
+    let runs = AtomicU32::new(0);
+    let body = async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, std::io::Error>(())
+    };
+    let handled = charge_once.process(&message, body).await;
+    assert!(
+        matches!(handled, Handled::Terminated(Rejection::MissingKey(_))),
+        "{handled:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran unprotected");
 }
