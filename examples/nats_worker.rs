@@ -207,7 +207,8 @@ async fn deliver(
 ) -> Result<(), BoxError> {
     let order: Order = serde_json::from_slice(&message.payload)?;
     let charge = gateway.charge(&order);
-    // What the message gets, and the receipt when it was charged (or replayed).
+    // `process`, not `handle`: the ack waits until the crash below has had its chance, and is
+    // then sent confirmed.
     let (kind, receipt, outcome) = if idempotask {
         let handled = charge_once.process(message, charge).await;
         let kind = handled.ack_kind();
@@ -335,7 +336,7 @@ async fn run_workers(run: u64, idempotask: bool) -> Result<(Vec<Delivery>, usize
             return Err(format!("worker {index} failed: {status}").into());
         }
     }
-    // Lines printed while the workers shut down.
+    // A worker may print its last delivery while it shuts down; those count too.
     while let Some((index, line)) = lines.recv().await {
         eprintln!("worker {index}: {line}");
         deliveries.push(serde_json::from_str(&line)?);
@@ -388,7 +389,8 @@ async fn main() -> Result<(), BoxError> {
         "duplicates_prevented": replayed,
         "charged_twice": charged_twice,
         "server_deliveries": info.delivered.consumer_sequence,
-        // Every order's message, up to the last stream sequence of the run, acked.
+        // The server's own word that nothing is left unacked, not the workers' lines: a killed
+        // worker's line may be missing, the server's count cannot be.
         "acked": if info.num_ack_pending == 0 { info.ack_floor.stream_sequence } else { 0 },
         "elapsed_ms": started.elapsed().as_millis(),
     });

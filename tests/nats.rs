@@ -1,8 +1,10 @@
 //! The NATS consumer on a real `nats-server` and a real Redis store, both started here: a
 //! duplicate replays, a busy key comes back after the holder's remaining lock time and replays,
 //! a message without a usable key is terminated to the dead-letter advisory, a body's `Err` is
-//! delivered again and not cached, a store that is down fails closed with a growing delay, and
-//! progress acks outlast an `AckWait` shorter than the body.
+//! delivered again with a growing delay, not cached, and terminated after `max_failures`, a
+//! misused task defers instead of terminating, a store that is down fails closed with a growing
+//! delay, an ack that cannot be sent keeps the outcome, and progress acks outlast an `AckWait`
+//! shorter than the body (one that blocks its thread too) but stop once its lock is gone.
 //! The kill -9 scenario is the `nats_worker` example, run by `tests/examples.rs`.
 
 use std::sync::Arc;
@@ -207,8 +209,10 @@ async fn a_contended_message_comes_back_after_the_holders_lock_time_and_replays(
     queue.publish(r#"{"id":5}"#, None).await;
     let second = queue.publish(r#"{"id":5}"#, None).await;
     let lock_ttl = Duration::from_secs(2);
+    // Renewed, so that a slow machine cannot let the lock expire while the test holds it.
     let task = Task::new("nats_contended")
         .lock_ttl(lock_ttl)
+        .renew(true)
         .retry(RetryPolicy::no_wait());
     let charge_once = Idempotent::new(task, by_order).store(queue.store().await);
     let charges = Arc::new(AtomicU32::new(0));
@@ -242,7 +246,7 @@ async fn a_contended_message_comes_back_after_the_holders_lock_time_and_replays(
     };
     let deferred = charge_once.handle(&second_message, never).await.unwrap();
     let nakd_at = Instant::now();
-    let Handled::Deferred { error, delay } = &deferred else {
+    let Handled::Deferred { error, delay, .. } = &deferred else {
         panic!("not deferred: {deferred:?}")
     };
     assert!(matches!(error, Error::Contended { .. }), "{error}");
@@ -382,7 +386,10 @@ async fn a_body_error_is_nakd_delivered_again_and_not_cached() {
     let queue = Queue::start().await;
     let mut consumer = queue.consumer("charger", Duration::from_secs(30)).await;
     let sequence = queue.publish(r#"{"id":9}"#, Some("order-9")).await;
-    let charge_once = Idempotent::new(Task::new("nats_failing"), MsgId).store(queue.store().await);
+    let first = Duration::from_millis(100);
+    let charge_once = Idempotent::new(Task::new("nats_failing"), MsgId)
+        .store(queue.store().await)
+        .failure_retry_delay(first, Duration::from_secs(1));
     let attempts = AtomicU32::new(0);
     // Declined on the first delivery, charged on the second.
     let charge = || async {
@@ -401,12 +408,13 @@ async fn a_body_error_is_nakd_delivered_again_and_not_cached() {
             handled,
             Handled::Failed {
                 error: "card declined",
-                delay: None
-            }
+                delay,
+                ..
+            } if delay == first
         ),
         "{handled:?}"
     );
-    assert!(matches!(handled.ack_kind(), AckKind::Nak(None)));
+    assert!(matches!(handled.ack_kind(), AckKind::Nak(Some(d)) if d == first));
 
     let again = messages.next().await.unwrap().unwrap();
     assert_eq!((stream_sequence(&again), delivered(&again)), (sequence, 2));
@@ -421,6 +429,95 @@ async fn a_body_error_is_nakd_delivered_again_and_not_cached() {
     assert_eq!(attempts.load(Ordering::SeqCst), 2);
     let info = eventually(&mut consumer, no_ack_pending).await;
     assert_eq!(deliveries(&info), 2, "{info:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_body_backs_off_more_each_time_and_is_terminated_after_max_failures() {
+    let queue = Queue::start().await;
+    let mut consumer = queue.consumer("charger", Duration::from_secs(30)).await;
+    let mut advisories = queue.terminations("charger").await;
+    let sequence = queue.publish(r#"{"id":11}"#, Some("order-11")).await;
+    let first = Duration::from_millis(100);
+    let charge_once = Idempotent::new(Task::new("nats_always_failing"), MsgId)
+        .store(queue.store().await)
+        .failure_retry_delay(first, Duration::from_secs(1))
+        .max_failures(3);
+    let attempts = AtomicU32::new(0);
+    let charge = || async {
+        attempts.fetch_add(1, Ordering::SeqCst);
+        Err::<(), _>("card declined")
+    };
+
+    let mut messages = consumer.messages().await.unwrap();
+    let mut delays = Vec::new();
+    for delivery in 1..=2 {
+        let message = messages.next().await.unwrap().unwrap();
+        assert_eq!(
+            (stream_sequence(&message), delivered(&message)),
+            (sequence, delivery)
+        );
+        let handled = charge_once.handle(&message, charge()).await.unwrap();
+        let Handled::Failed { delay, .. } = handled else {
+            panic!("delivery {delivery}: {handled:?}")
+        };
+        delays.push(delay);
+    }
+    assert_eq!(
+        delays,
+        [first, first * 2],
+        "a backoff that grows per delivery"
+    );
+
+    let last = messages.next().await.unwrap().unwrap();
+    assert_eq!(delivered(&last), 3);
+    let handled = charge_once.handle(&last, charge()).await.unwrap();
+    assert!(
+        matches!(handled, Handled::GaveUp { delivered: 3, .. }),
+        "{handled:?}"
+    );
+    assert!(matches!(handled.ack_kind(), AckKind::Term));
+    assert_eq!(terminated(&mut advisories, 1).await, [sequence]);
+    assert_eq!(attempts.load(Ordering::SeqCst), 3);
+    let info = eventually(&mut consumer, no_ack_pending).await;
+    assert_eq!(deliveries(&info), 3, "never delivered again: {info:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_misused_task_defers_the_message_instead_of_terminating_it() {
+    let queue = Queue::start().await;
+    let consumer = queue.consumer("charger", Duration::from_secs(30)).await;
+    queue.publish(r#"{"id":12}"#, Some("order-12")).await;
+    let first = Duration::from_millis(100);
+    let charge_once = Idempotent::new(Task::new("nats_reentered"), MsgId)
+        .store(queue.store().await)
+        .store_retry_delay(first, Duration::from_secs(1));
+    let mut messages = consumer.messages().await.unwrap();
+    let message = messages.next().await.unwrap().unwrap();
+
+    // A body that handles its own message again: a program's bug, not the message's.
+    let inner_runs = AtomicU32::new(0);
+    let inner_handled = std::sync::Mutex::new(None);
+    let outer = async {
+        let inner = async {
+            inner_runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>(())
+        };
+        let handled = charge_once.process(&message, inner).await;
+        *inner_handled.lock().unwrap() = Some(handled);
+        Ok::<_, std::io::Error>(())
+    };
+    let outer = charge_once.process(&message, outer).await;
+    assert!(matches!(outer, Handled::Acked(_)), "{outer:?}");
+    let inner = inner_handled.lock().unwrap().take().unwrap();
+    assert!(
+        matches!(
+            &inner,
+            Handled::Deferred { error: Error::Reentered { .. }, delay, .. } if *delay == first
+        ),
+        "{inner:?}"
+    );
+    assert!(matches!(inner.ack_kind(), AckKind::Nak(Some(d)) if d == first));
+    assert_eq!(inner_runs.load(Ordering::SeqCst), 0);
 }
 
 /// Handles the first message of `consumer` with a body three times its `AckWait` long while
@@ -452,10 +549,11 @@ async fn long_body(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_acks_keep_a_body_longer_than_ack_wait_from_being_redelivered() {
     let queue = Queue::start().await;
-    let ack_wait = Duration::from_secs(1);
+    // Wide enough that a loaded machine's stalls do not outlast the two acks of slack.
+    let ack_wait = Duration::from_secs(2);
     queue.publish(r#"{"id":3}"#, Some("order-3")).await;
     let store = queue.store().await;
-    // Declared as the consumer has it: a progress ack every third of a second.
+    // Declared as the consumer has it: a progress ack every third of it.
     let declared = Idempotent::new(Task::new("nats_long"), MsgId)
         .store(store.clone())
         .ack_wait(ack_wait);
@@ -473,7 +571,7 @@ async fn progress_acks_keep_a_body_longer_than_ack_wait_from_being_redelivered()
             .await
         },
     );
-    assert_eq!(kept, 1, "progress acks beat the 1 s AckWait: one delivery");
+    assert_eq!(kept, 1, "progress acks beat the 2 s AckWait: one delivery");
     assert!(
         control >= 2,
         "without them JetStream redelivers: {control} deliveries"
@@ -512,7 +610,7 @@ async fn a_store_that_is_down_fails_closed_with_a_growing_delay_until_it_is_back
             (sequence, delivery)
         );
         let handled = charge_once.handle(&message, charge()).await.unwrap();
-        let Handled::Deferred { error, delay } = &handled else {
+        let Handled::Deferred { error, delay, .. } = &handled else {
             panic!("the store is down, yet {handled:?}")
         };
         assert!(matches!(error, Error::Store(_)), "{error}");
@@ -530,11 +628,155 @@ async fn a_store_that_is_down_fails_closed_with_a_growing_delay_until_it_is_back
     );
 
     queue.redis.restart();
-    let again = messages.next().await.unwrap().unwrap();
-    assert_eq!(delivered(&again), 3);
-    let Handled::Acked(report) = charge_once.handle(&again, charge()).await.unwrap() else {
-        panic!("not acked once the store is back")
-    };
+    // The store reconnects in its own time: until then each delivery is deferred again, never
+    // run; the bound keeps a store that never comes back from hanging the test.
+    let mut report = None;
+    for _ in 0..20 {
+        let again = messages.next().await.unwrap().unwrap();
+        match charge_once.handle(&again, charge()).await.unwrap() {
+            Handled::Acked(acked) => {
+                report = Some(acked);
+                break;
+            }
+            Handled::Deferred {
+                error: Error::Store(_),
+                ..
+            } => {}
+            other => panic!("the store is back, yet {other:?}"),
+        }
+    }
+    let report = report.expect("acked within 20 deliveries of the store coming back");
     assert_eq!(report.outcome, Outcome::Executed);
     assert_eq!(charges.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn progress_acks_outlast_a_body_that_blocks_its_thread() {
+    let queue = Queue::start().await;
+    let ack_wait = Duration::from_secs(2);
+    queue.publish(r#"{"id":13}"#, Some("order-13")).await;
+    let charge_once = Idempotent::new(Task::new("nats_blocking"), MsgId)
+        .store(queue.store().await)
+        .ack_wait(ack_wait);
+    let mut consumer = queue.consumer("charger", ack_wait).await;
+    let mut messages = consumer.messages().await.unwrap();
+    let message = messages.next().await.unwrap().unwrap();
+    let pulling =
+        tokio::spawn(async move { messages.next().await.map(|m| m.map(|m| delivered(&m))) });
+    // A synchronous call that holds its worker thread for longer than AckWait, twice over.
+    let body = async {
+        std::thread::sleep(ack_wait * 2 + ack_wait / 2);
+        Ok::<_, std::io::Error>(())
+    };
+    let handled = charge_once.handle(&message, body).await.unwrap();
+    assert!(matches!(handled, Handled::Acked(_)), "{handled:?}");
+    queue.client.flush().await.unwrap();
+    assert!(!pulling.is_finished(), "redelivered: {:?}", pulling.await);
+    pulling.abort();
+    let info = consumer.info().await.unwrap();
+    assert_eq!(deliveries(info), 1, "{info:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_acks_stop_once_the_lock_is_gone_and_the_message_comes_back() {
+    let queue = Queue::start().await;
+    let ack_wait = Duration::from_secs(2);
+    let sequence = queue.publish(r#"{"id":14}"#, Some("order-14")).await;
+    let lock_ttl = Duration::from_secs(1);
+    // No renewal: the lock expires under a body that runs longer than its TTL.
+    let task = Task::new("nats_outlived").lock_ttl(lock_ttl).renew(false);
+    let charge_once = Idempotent::new(task, MsgId)
+        .store(queue.store().await)
+        .ack_wait(ack_wait);
+    assert_eq!(
+        charge_once.progress_interval(),
+        lock_ttl / 3,
+        "the lock's TTL is the shorter clock"
+    );
+    let consumer = queue.consumer("charger", ack_wait).await;
+    let mut messages = consumer.messages().await.unwrap();
+    let message = messages.next().await.unwrap().unwrap();
+    let (back_tx, back_rx) = tokio::sync::oneshot::channel();
+    let pulling = tokio::spawn(async move {
+        let again = messages.next().await.unwrap().unwrap();
+        back_tx.send(again).unwrap();
+        messages
+    });
+    // The body lasts until JetStream hands the message out again: with progress acks going on
+    // after the lock is gone, it never would, and the timeout fails the test.
+    let body = async {
+        let again = tokio::time::timeout(Duration::from_secs(30), back_rx)
+            .await
+            .expect("redelivered once the lock was gone")
+            .unwrap();
+        Ok::<_, std::io::Error>((stream_sequence(&again), delivered(&again)))
+    };
+    let handled = charge_once.handle(&message, body).await.unwrap();
+    let Handled::Acked(report) = handled else {
+        panic!("{handled:?}")
+    };
+    assert_eq!(report.value, (sequence, 2));
+    drop(pulling.await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_that_cannot_be_sent_is_an_error_that_keeps_the_outcome() {
+    let queue = Queue::start().await;
+    let charge_once =
+        Idempotent::new(Task::new("nats_unackable"), MsgId).store(queue.store().await);
+    // A message with its reply subject gone, such as a core NATS message passed on as a
+    // JetStream one: the ack has nowhere to go.
+    let message = without_reply(&queue, "order-15");
+    let charge = async { Ok::<_, std::io::Error>("ch_15".to_owned()) };
+    let err = charge_once.handle(&message, charge).await.unwrap_err();
+    assert!(matches!(err.ack_kind(), AckKind::Ack), "{err}");
+    let Handled::Acked(report) = err.into_handled() else {
+        panic!("the outcome was lost with the ack")
+    };
+    assert_eq!(
+        (report.value.as_str(), report.outcome),
+        ("ch_15", Outcome::Executed)
+    );
+}
+
+/// A message on `orders.new` with `Nats-Msg-Id: msg_id` and no reply subject, so no ack of it
+/// can be sent.
+fn without_reply(queue: &Queue, msg_id: &str) -> Message {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", msg_id);
+    Message {
+        message: async_nats::Message {
+            subject: "orders.new".into(),
+            reply: None,
+            payload: "{}".into(),
+            headers: Some(headers),
+            status: None,
+            description: None,
+            length: 0,
+        },
+        context: queue.js.clone(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_msg_id_is_no_key_and_nothing_runs() {
+    let queue = Queue::start().await;
+    let charge_once =
+        Idempotent::new(Task::new("nats_empty_msg_id"), MsgId).store(queue.store().await);
+    let message = without_reply(&queue, "");
+    assert!(
+        MsgId.key(&message).is_err(),
+        "an empty Nats-Msg-Id is a key"
+    );
+    let runs = AtomicU32::new(0);
+    let body = async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, std::io::Error>(())
+    };
+    let handled = charge_once.process(&message, body).await;
+    assert!(
+        matches!(handled, Handled::Terminated(Rejection::MissingKey(_))),
+        "{handled:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran unprotected");
 }

@@ -5,9 +5,12 @@ use std::time::Duration;
 use async_nats::jetstream::AckKind;
 use idempotask::{Error, Report};
 
+use crate::backoff::{Backoff, MIN_DELAY};
 use crate::key::MissingKey;
 
-/// What became of one message; [`ack_kind`](Self::ack_kind) is what was sent to JetStream.
+/// What became of one message; [`ack_kind`](Self::ack_kind) is the acknowledgement it calls
+/// for, which [`Idempotent::handle`](crate::Idempotent::handle) sends (and
+/// [`Idempotent::process`](crate::Idempotent::process) leaves to the caller).
 ///
 /// See the table in the [crate docs](crate) for which outcome is which.
 #[derive(Debug)]
@@ -17,25 +20,41 @@ pub enum Handled<T, E> {
     /// was handed back (the body did not run): acked.
     Acked(Report<T>),
     /// The body returned this error: the lock was released, nothing was stored, and the
-    /// message was nak'd for JetStream to deliver again (after `delay`, when one is set).
+    /// message is nak'd for JetStream to deliver again after `delay`.
+    #[non_exhaustive]
     Failed {
         /// The body's error.
         error: E,
-        /// The delay asked of JetStream, from [`Idempotent::failure_delay`](crate::Idempotent::failure_delay).
-        delay: Option<Duration>,
+        /// The delay asked of JetStream: the failure backoff
+        /// ([`Idempotent::failure_retry_delay`](crate::Idempotent::failure_retry_delay)) for
+        /// this delivery.
+        delay: Duration,
+    },
+    /// The body returned this error on delivery `delivered`, at or past
+    /// [`Idempotent::max_failures`](crate::Idempotent::max_failures): nothing was stored, and
+    /// the message is terminated (`AckKind::Term`) instead of being tried again.
+    #[non_exhaustive]
+    GaveUp {
+        /// The body's last error.
+        error: E,
+        /// JetStream's count of this message's deliveries, this one included.
+        delivered: i64,
     },
     /// idempotask could not decide yet: another delivery holds the key
-    /// ([`Error::Contended`]) or the store failed ([`Error::Store`]). Nothing ran; the message
-    /// was nak'd with `delay`.
+    /// ([`Error::Contended`]), the store failed ([`Error::Store`]), none is installed, or the
+    /// task is misused by the program (`Reentered`, `TaskNameTaken`, `NoRuntime`: a deploy's
+    /// bug, logged as an error, not the message's). Nothing ran; the message is nak'd with
+    /// `delay`.
+    #[non_exhaustive]
     Deferred {
         /// Why nothing ran.
         error: Error,
         /// The holder's remaining lock time for `Contended`, a bounded backoff otherwise.
         delay: Duration,
     },
-    /// No delivery of this message can succeed: it was terminated (`AckKind::Term`), which
-    /// ends its redeliveries and raises JetStream's `MSG_TERMINATED` advisory, the dead-letter
-    /// path.
+    /// No delivery of this message can succeed: it is terminated (`AckKind::Term`), which
+    /// ends its redeliveries and raises JetStream's `MSG_TERMINATED` advisory (see the crate
+    /// docs for what that takes to be a dead-letter path).
     Terminated(Rejection),
 }
 
@@ -47,57 +66,25 @@ pub enum Rejection {
     #[error(transparent)]
     MissingKey(#[from] MissingKey),
     /// idempotask refused the key or its stored result: [`Error::InvalidKey`],
-    /// [`Error::KeyReuse`], [`Error::Codec`], [`Error::MarkerKeyMismatch`], or a misuse of the
-    /// task (`Reentered`, `TaskNameTaken`, `NoRuntime`).
+    /// [`Error::KeyReuse`], [`Error::Codec`], [`Error::MarkerKeyMismatch`].
     #[error(transparent)]
     Refused(Error),
 }
 
 impl<T, E> Handled<T, E> {
-    /// The acknowledgement this outcome sends.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use async_nats::jetstream::AckKind;
-    /// use idempotask_nats::Handled;
-    ///
-    /// let failed: Handled<(), &str> = Handled::failed("card declined", None);
-    /// assert!(matches!(failed.ack_kind(), AckKind::Nak(None)));
-    /// ```
+    /// The acknowledgement this outcome calls for: `Ack`, `Nak(Some(delay))` or `Term`.
     pub fn ack_kind(&self) -> AckKind {
         match self {
             Self::Acked(_) => AckKind::Ack,
-            Self::Failed { delay, .. } => AckKind::Nak(*delay),
-            Self::Deferred { delay, .. } => AckKind::Nak(Some(*delay)),
-            Self::Terminated(_) => AckKind::Term,
+            Self::Failed { delay, .. } | Self::Deferred { delay, .. } => AckKind::Nak(Some(*delay)),
+            Self::GaveUp { .. } | Self::Terminated(_) => AckKind::Term,
         }
     }
-
-    /// The outcome of a body that returned `error`, nak'd after `delay`.
-    pub fn failed(error: E, delay: Option<Duration>) -> Self {
-        Self::Failed { error, delay }
-    }
 }
 
-/// How long a message whose store call failed waits before its next delivery: `first`,
-/// doubling with each delivery, at most `max`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Backoff {
-    pub(crate) first: Duration,
-    pub(crate) max: Duration,
-}
-
-impl Backoff {
-    /// The delay after the `delivered`-th delivery (1-based) failed.
-    pub(crate) fn after(self, delivered: i64) -> Duration {
-        let doublings = u32::try_from(delivered.saturating_sub(1).clamp(0, 20)).unwrap_or(20);
-        self.first.saturating_mul(1 << doublings).min(self.max)
-    }
-}
-
-/// Input: an error of idempotask's own for a message delivered `delivered` times. Output: what
-/// the message gets: a delayed nak when a later delivery can succeed, a term when none can.
-pub(crate) fn refused<T, E>(
+/// Input: an error of idempotask's own for a message delivered `delivered` times. Output: a
+/// delayed nak when a later delivery can succeed, a term when none can.
+pub(crate) fn undecided<T, E>(
     err: Error,
     lock_ttl: Duration,
     store_backoff: Backoff,
@@ -109,37 +96,30 @@ pub(crate) fn refused<T, E>(
         } => {
             // The holder has stored its result or lost its lock by then: either way the
             // redelivery decides at once instead of finding the lock taken again.
-            let delay = lock_ttl_remaining.unwrap_or(lock_ttl);
+            let delay = lock_ttl_remaining.unwrap_or(lock_ttl).max(MIN_DELAY);
             Handled::Deferred { error: err, delay }
         }
         Error::KeyReuse { .. }
         | Error::Codec { .. }
         | Error::InvalidKey(_)
-        | Error::MarkerKeyMismatch { .. }
-        | Error::Reentered { .. }
-        | Error::NoRuntime
-        | Error::TaskNameTaken { .. } => Handled::Terminated(Rejection::Refused(err)),
+        | Error::MarkerKeyMismatch { .. } => Handled::Terminated(Rejection::Refused(err)),
+        Error::Reentered { .. } | Error::NoRuntime | Error::TaskNameTaken { .. } => {
+            // The program is wrong, not the message: terminating would delete the backlog on a
+            // WorkQueue or Interest stream, while a deferred message waits for the fixed deploy.
+            tracing::error!(
+                error = %err,
+                delivered,
+                "the task is misused; the message is delivered again later, fix the program"
+            );
+            Handled::Deferred {
+                error: err,
+                delay: store_backoff.after(delivered),
+            }
+        }
         // A store error, no store installed, or anything newer: fail closed and try later.
         _ => Handled::Deferred {
             error: err,
             delay: store_backoff.after(delivered),
         },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn store_backoff_doubles_up_to_its_bound() {
-        let backoff = Backoff {
-            first: Duration::from_millis(100),
-            max: Duration::from_millis(700),
-        };
-        let delays: Vec<u128> = [0, 1, 2, 3, 4, 9999]
-            .map(|n| backoff.after(n).as_millis())
-            .to_vec();
-        assert_eq!(delays, [100, 100, 200, 400, 700, 700]);
     }
 }

@@ -55,33 +55,60 @@
 //! | the body's `Ok`, stored ([`Outcome::Executed`](idempotask::Outcome)) | `Acked` | `+ACK` |
 //! | a stored value: a duplicate, the body did not run (`Outcome::Replayed`) | `Acked` | `+ACK` |
 //! | the body's `Ok`, but its lock expired first or its marker could not be written (`LockLost`, `MarkerNotWritten`) | `Acked` | `+ACK`: the side effect happened; running it again would not undo it |
-//! | the body's `Err`: the lock is released, nothing is stored | `Failed` | `-NAK`, after [`failure_delay`](Idempotent::failure_delay) (none by default): the queue's retry runs the body again |
+//! | the body's `Err`: the lock is released, nothing is stored | `Failed` | `-NAK` with a backoff that doubles per delivery ([`failure_retry_delay`](Idempotent::failure_retry_delay), 1 s up to 60 s by default): the queue's retry runs the body again |
+//! | the body's `Err` on delivery [`max_failures`](Idempotent::max_failures) or later (5 by default) | `GaveUp` | `+TERM`: no more deliveries |
 //! | the key is busy after the task's [`RetryPolicy`](idempotask::RetryPolicy) ([`Error::Contended`]) | `Deferred` | `-NAK` with the holder's remaining lock time as the delay (the lock TTL when the store did not say); nothing ran |
-//! | the store failed ([`Error::Store`]) or none is installed | `Deferred` | `-NAK` with a bounded backoff ([`store_retry_delay`](Idempotent::store_retry_delay)); nothing ran, or the lock is released |
-//! | the key cannot be used ([`MissingKey`], [`Error::InvalidKey`], [`Error::KeyReuse`], [`Error::Codec`], [`Error::MarkerKeyMismatch`]) | `Terminated` | `+TERM`: no redelivery can succeed; JetStream stops delivering it and publishes a `$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.<stream>.<consumer>` advisory, the dead-letter path |
+//! | the store failed ([`Error::Store`]) or none is installed | `Deferred` | `-NAK` with a bounded backoff ([`store_retry_delay`](Idempotent::store_retry_delay), 1 s up to 60 s by default); nothing ran, or the lock is released |
+//! | the program misuses the task (`Reentered`, `TaskNameTaken`, `NoRuntime`) | `Deferred` | `-NAK` with the store's backoff, and an error log: the deploy is wrong, not the message, which waits for the fixed one |
+//! | the key cannot be used ([`MissingKey`], [`Error::InvalidKey`], [`Error::KeyReuse`], [`Error::Codec`], [`Error::MarkerKeyMismatch`]) | `Terminated` | `+TERM`: no redelivery can succeed; JetStream stops delivering it and publishes a `$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.<stream>.<consumer>` advisory |
 //!
-//! A message is never run without its key: a key function that finds none, and [`MsgId`] on a
-//! message published without a `Nats-Msg-Id`, end in `+TERM`.
+//! Every nak asks for a delay of at least 10 ms, so no outcome has JetStream hand the message
+//! straight back to a spinning worker. A message is never run without its key: a key function
+//! that finds none, and [`MsgId`] on a message published without a `Nats-Msg-Id`, end in
+//! `+TERM`.
+//!
+//! **`+TERM` is a dead-letter path only if something keeps the message.** The `MSG_TERMINATED`
+//! advisory names the stream sequence but carries no payload, and on a stream with `WorkQueue`
+//! or `Interest` retention the terminated message is removed. Use `Limits` retention (the
+//! message stays in the stream, readable by its sequence from the advisory), or subscribe to
+//! the advisory and republish the message to a dead-letter subject before it goes.
+//!
+//! **Acknowledgements are queued, not confirmed.** [`handle`](Idempotent::handle) publishes the
+//! ack on the connection and returns; an [`AckError`] means it could not even be queued. An ack
+//! lost with a dropped connection goes unnoticed, and JetStream delivers the message again after
+//! `AckWait` (the redelivery is replayed). To wait until JetStream has it, use
+//! [`process`](Idempotent::process) and send [`Handled::ack_kind`] with `double_ack_with`.
 //!
 //! # Redelivery clocks: `AckWait` against `lock_ttl`
 //! From the moment [`handle`](Idempotent::handle) is called until the message is acked, a
 //! progress ack (`+WPI`) goes to JetStream every third of the shorter of the consumer's
 //! `AckWait` (declare it with [`Idempotent::ack_wait`]; JetStream's default is 30 s) and the
-//! task's lock TTL: the cadence at which [`Task::renew`] renews the lock. So:
+//! task's lock TTL: the cadence at which [`Task::renew`] renews the lock
+//! ([`Idempotent::progress_interval`]). The acks run as a task of their own, so a body that
+//! blocks its thread does not stop them (on a multi-threaded runtime), and they follow the
+//! lock: once the body's lock is lost or its TTL has passed without a renewal, they stop. So:
 //!
-//! - **While a worker runs a message, JetStream does not redeliver it**, however long the body
-//!   takes, as long as the declared `ack_wait` is no longer than the consumer's real one.
+//! - **While a worker runs a message under its lock, JetStream does not redeliver it**, however
+//!   long the body takes, as long as the declared `ack_wait` is no longer than the consumer's
+//!   real one. A body that outlives its lock (no [`Task::renew`], or a renewal that found the
+//!   lock taken) stops getting progress acks, and JetStream redelivers the message once
+//!   `AckWait` has passed: the message is not held by a worker that can no longer finish it
+//!   safely. A hung body under [`Task::renew`] keeps its lock, and so its message, until the
+//!   process ends.
 //! - **A body may run longer than `lock_ttl` only with [`Task::renew`] on.** Without it the lock
 //!   expires under the body, and a second copy of the message (the producer's retry) may run
 //!   next to it.
 //! - **After a worker dies**, JetStream redelivers once `AckWait` has passed since its last
-//!   progress ack, and the dead worker's lock expires within `lock_ttl` of its last renewal.
-//!   With `AckWait ≥ lock_ttl` the redelivery finds the lock gone and runs (or replays) at once;
-//!   with a shorter `AckWait` it finds the lock still held, is nak'd with the time the lock has
-//!   left, and runs when it comes back. Both are correct; the first costs no extra delivery.
+//!   progress ack, which went out at most one [`progress_interval`](Idempotent::progress_interval)
+//!   before it died; the dead worker's lock expires within `lock_ttl` of its last renewal. With
+//!   `AckWait ≥ lock_ttl + progress_interval()` the redelivery finds the lock gone and runs (or
+//!   replays) at once; with a shorter `AckWait` it may find the lock still held, is nak'd with
+//!   the time the lock has left, and runs when it comes back. Both are correct; the first costs
+//!   no extra delivery.
 //! - **Redeliveries count against `max_deliver`**: every `Contended` and store-failure nak is a
 //!   delivery. Leave `max_deliver` unlimited (JetStream's default) or well above the deliveries
-//!   a busy key can need, or a message may be dropped with a `MAX_DELIVERIES` advisory.
+//!   a busy key can need, or a message may be dropped with a `MAX_DELIVERIES` advisory; a body
+//!   that keeps failing is ended by [`max_failures`](Idempotent::max_failures) instead.
 //! - Give queue tasks [`RetryPolicy::no_wait`](idempotask::RetryPolicy::no_wait): a contended
 //!   delivery is then nak'd at once with the right delay, instead of holding a worker while it
 //!   waits for the lock.
@@ -93,6 +120,7 @@
     reason = "JetStream is a product name in these docs, not code"
 )]
 
+mod backoff;
 mod handled;
 mod key;
 mod progress;
@@ -109,7 +137,8 @@ use serde::de::DeserializeOwned;
 pub use handled::{Handled, Rejection};
 pub use key::{MessageKey, MissingKey, MsgId};
 
-use handled::{Backoff, refused};
+use backoff::{Backoff, MIN_DELAY};
+use handled::undecided;
 
 /// JetStream's `AckWait` when a consumer sets none.
 pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
@@ -118,6 +147,13 @@ pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
 pub const DEFAULT_STORE_RETRY_FIRST: Duration = Duration::from_secs(1);
 /// The longest delay of a message whose store call failed, by default.
 pub const DEFAULT_STORE_RETRY_MAX: Duration = Duration::from_secs(60);
+/// The first delay of a message whose body failed, by default; it doubles with each delivery.
+pub const DEFAULT_FAILURE_RETRY_FIRST: Duration = Duration::from_secs(1);
+/// The longest delay of a message whose body failed, by default.
+pub const DEFAULT_FAILURE_RETRY_MAX: Duration = Duration::from_secs(60);
+/// The delivery on which a failing body's message is terminated instead of tried again, by
+/// default.
+pub const DEFAULT_MAX_FAILURES: u32 = 5;
 
 /// Runs JetStream messages through a [`Task`]: the key comes from each message through `K` (a
 /// `Fn(&Message) -> Option<String>`, or [`MsgId`]).
@@ -140,7 +176,8 @@ pub struct Idempotent<K> {
     key: Arc<K>,
     store: Option<SharedStore>,
     ack_wait: Duration,
-    failure_delay: Option<Duration>,
+    failure_backoff: Backoff,
+    max_failures: u32,
     store_backoff: Backoff,
 }
 
@@ -153,11 +190,9 @@ impl<K> Idempotent<K> {
             key: Arc::new(key),
             store: None,
             ack_wait: DEFAULT_ACK_WAIT,
-            failure_delay: None,
-            store_backoff: Backoff {
-                first: DEFAULT_STORE_RETRY_FIRST,
-                max: DEFAULT_STORE_RETRY_MAX,
-            },
+            failure_backoff: Backoff::new(DEFAULT_FAILURE_RETRY_FIRST, DEFAULT_FAILURE_RETRY_MAX),
+            max_failures: DEFAULT_MAX_FAILURES,
+            store_backoff: Backoff::new(DEFAULT_STORE_RETRY_FIRST, DEFAULT_STORE_RETRY_MAX),
         }
     }
 
@@ -177,11 +212,26 @@ impl<K> Idempotent<K> {
         self
     }
 
-    /// The delay of the nak that follows a body's `Err` (default none: JetStream delivers it
-    /// again at once, or as the consumer's `backoff` says).
+    /// The delays of the nak that follows a body's `Err`: `first` after the first delivery,
+    /// doubling with each delivery, never more than `max` (default
+    /// [`DEFAULT_FAILURE_RETRY_FIRST`], [`DEFAULT_FAILURE_RETRY_MAX`]; at least 10 ms, as every
+    /// nak delay). A dependency that keeps failing is not hammered by every consumer at once.
     #[must_use]
-    pub fn failure_delay(mut self, delay: Duration) -> Self {
-        self.failure_delay = Some(delay);
+    pub fn failure_retry_delay(mut self, first: Duration, max: Duration) -> Self {
+        self.failure_backoff = Backoff::new(first, max);
+        self
+    }
+
+    /// The delivery from which a body's `Err` terminates the message instead of naking it
+    /// (default [`DEFAULT_MAX_FAILURES`]; at least 1), so that a message no delivery can
+    /// succeed with does not loop forever under an unlimited `max_deliver`.
+    ///
+    /// JetStream counts deliveries, not failures: a delivery deferred for a busy key or a store
+    /// error counts too, so a message is terminated after at most this many failures, and
+    /// after fewer when some of its deliveries were deferred.
+    #[must_use]
+    pub fn max_failures(mut self, deliveries: u32) -> Self {
+        self.max_failures = deliveries.max(1);
         self
     }
 
@@ -190,10 +240,7 @@ impl<K> Idempotent<K> {
     /// [`DEFAULT_STORE_RETRY_FIRST`], [`DEFAULT_STORE_RETRY_MAX`]).
     #[must_use]
     pub fn store_retry_delay(mut self, first: Duration, max: Duration) -> Self {
-        self.store_backoff = Backoff {
-            first,
-            max: max.max(first),
-        };
+        self.store_backoff = Backoff::new(first, max);
         self
     }
 
@@ -203,9 +250,9 @@ impl<K> Idempotent<K> {
     }
 
     /// How often a message being handled gets a progress ack: a third of the shorter of the
-    /// declared `AckWait` and the task's lock TTL, at least a millisecond.
+    /// declared `AckWait` and the task's lock TTL, at least 10 ms.
     pub fn progress_interval(&self) -> Duration {
-        (self.ack_wait.min(self.task.settings().lock_ttl) / 3).max(Duration::from_millis(1))
+        (self.ack_wait.min(self.task.settings().lock_ttl) / 3).max(MIN_DELAY)
     }
 }
 
@@ -242,8 +289,8 @@ impl<K: MessageKey> Idempotent<K> {
     /// for _delivery in 0..2 {
     ///     match charge_once.handle(&message, async { Ok::<_, std::io::Error>(42_u32) }).await? {
     ///         Handled::Acked(report) => outcomes.push((report.value, report.outcome)),
-    ///         Handled::Failed { error, .. } => eprintln!("delivered again: {error}"),
-    ///         Handled::Deferred { error, delay } => eprintln!("back in {delay:?}: {error}"),
+    ///         Handled::Failed { error, delay, .. } => eprintln!("back in {delay:?}: {error}"),
+    ///         Handled::Deferred { error, delay, .. } => eprintln!("back in {delay:?}: {error}"),
     ///         Handled::Terminated(why) => eprintln!("dead-lettered: {why}"),
     ///         _ => {}
     ///     }
@@ -253,25 +300,31 @@ impl<K: MessageKey> Idempotent<K> {
     /// ```
     ///
     /// # Errors
-    /// [`AckError`] when the acknowledgement could not be sent (the connection is down). The
-    /// outcome is in the store all the same; JetStream delivers the message again after
-    /// `AckWait`, and that delivery is replayed or run as the store says.
+    /// [`AckError`] when the acknowledgement could not be queued on the connection (the message
+    /// has no reply subject, or the client is closed). A queued ack is not confirmed: one lost
+    /// with the connection raises no error (see the crate docs). Either way the outcome is in
+    /// the store; JetStream delivers the message again after `AckWait`, and that delivery is
+    /// replayed or run as the store says. The error carries the outcome
+    /// ([`AckError::into_handled`]): the body's value or error is not lost with the ack.
     pub async fn handle<T, E, F>(
         &self,
         message: &Message,
         body: F,
-    ) -> Result<Handled<T, E>, AckError>
+    ) -> Result<Handled<T, E>, AckError<T, E>>
     where
         T: Serialize + DeserializeOwned,
         F: Future<Output = Result<T, E>>,
     {
         let handled = self.process(message, body).await;
         let kind = handled.ack_kind();
-        message
-            .ack_with(kind)
-            .await
-            .map_err(|source| AckError { kind, source })?;
-        Ok(handled)
+        match message.ack_with(kind).await {
+            Ok(()) => Ok(handled),
+            Err(source) => Err(AckError {
+                kind,
+                handled,
+                source,
+            }),
+        }
     }
 
     /// Like [`handle`](Self::handle), without sending the final acknowledgement: send
@@ -286,15 +339,18 @@ impl<K: MessageKey> Idempotent<K> {
         T: Serialize + DeserializeOwned,
         F: Future<Output = Result<T, E>>,
     {
-        tokio::select! {
-            biased;
-            handled = self.decide(message, body) => handled,
-            never = progress::in_progress(message, self.progress_interval()) => match never {},
-        }
+        let lease = progress::Lease::default();
+        let _progress = progress::start(message, self.progress_interval(), lease.clone()).await;
+        self.decide(message, body, lease).await
     }
 
     /// What `message` gets once `body` has run, or has not.
-    async fn decide<T, E, F>(&self, message: &Message, body: F) -> Handled<T, E>
+    async fn decide<T, E, F>(
+        &self,
+        message: &Message,
+        body: F,
+        lease: progress::Lease,
+    ) -> Handled<T, E>
     where
         T: Serialize + DeserializeOwned,
         F: Future<Output = Result<T, E>>,
@@ -307,22 +363,26 @@ impl<K: MessageKey> Idempotent<K> {
         if let Some(store) = &self.store {
             call = call.store(store.clone());
         }
-        let body = async move { body.await.map_err(Failure::Body) };
+        let body = async move {
+            lease.record();
+            body.await.map_err(Failure::Body)
+        };
+        let delivered = message.info().map_or(1, |info| info.delivered);
         match call.run_reported(body).await {
             Ok(report) => Handled::Acked(report),
+            Err(Failure::Body(error)) if delivered >= i64::from(self.max_failures) => {
+                Handled::GaveUp { error, delivered }
+            }
             Err(Failure::Body(error)) => Handled::Failed {
                 error,
-                delay: self.failure_delay,
+                delay: self.failure_backoff.after(delivered),
             },
-            Err(Failure::Idempotask(err)) => {
-                let delivered = message.info().map_or(1, |info| info.delivered);
-                refused(
-                    err,
-                    self.task.settings().lock_ttl,
-                    self.store_backoff,
-                    delivered,
-                )
-            }
+            Err(Failure::Idempotask(err)) => undecided(
+                err,
+                self.task.settings().lock_ttl,
+                self.store_backoff,
+                delivered,
+            ),
         }
     }
 }
@@ -334,7 +394,8 @@ impl<K> Clone for Idempotent<K> {
             key: Arc::clone(&self.key),
             store: self.store.clone(),
             ack_wait: self.ack_wait,
-            failure_delay: self.failure_delay,
+            failure_backoff: self.failure_backoff,
+            max_failures: self.max_failures,
             store_backoff: self.store_backoff,
         }
     }
@@ -347,7 +408,9 @@ impl<K> std::fmt::Debug for Idempotent<K> {
             .field("key", &std::any::type_name::<K>())
             .field("store", &self.store.as_ref().map(|_| "own store"))
             .field("ack_wait", &self.ack_wait)
-            .field("failure_delay", &self.failure_delay)
+            .field("failure_backoff", &self.failure_backoff)
+            .field("max_failures", &self.max_failures)
+            .field("store_backoff", &self.store_backoff)
             .finish_non_exhaustive()
     }
 }
@@ -364,23 +427,47 @@ impl<E> From<Error> for Failure<E> {
     }
 }
 
-/// The acknowledgement of a handled message could not be sent.
+/// The acknowledgement of a handled message could not be queued on the connection (the
+/// message has no reply subject, or the client is closed). A dropped connection does not
+/// always show here: publishing only queues the ack.
 ///
 /// What the message's outcome stored stays stored: JetStream delivers it again after `AckWait`
 /// and the redelivery is replayed (or run, if nothing was stored).
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[error(
     "could not send {kind:?} to JetStream; it delivers the message again after AckWait: {source}"
 )]
-pub struct AckError {
+pub struct AckError<T, E> {
     kind: AckKind,
+    handled: Handled<T, E>,
     #[source]
     source: Box<dyn std::error::Error + Send + Sync>,
 }
 
-impl AckError {
+impl<T, E> AckError<T, E> {
     /// The acknowledgement that was not sent.
     pub fn ack_kind(&self) -> AckKind {
         self.kind
+    }
+
+    /// What became of the message, whose acknowledgement this is.
+    pub fn handled(&self) -> &Handled<T, E> {
+        &self.handled
+    }
+
+    /// What became of the message: the body's value or error, which the failed ack does not
+    /// undo.
+    pub fn into_handled(self) -> Handled<T, E> {
+        self.handled
+    }
+}
+
+// By hand, so that a value or error without `Debug` still leaves the error printable.
+impl<T, E> std::fmt::Debug for AckError<T, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AckError")
+            .field("kind", &self.kind)
+            .field("source", &self.source)
+            .finish_non_exhaustive()
     }
 }
