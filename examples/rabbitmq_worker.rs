@@ -213,15 +213,15 @@ async fn charge_with_idempotask(
     delivery: Delivery,
 ) -> Result<(), BoxError> {
     let decision = charge_once
-        .run(&delivery, |_| {
+        .run(delivery, |_| {
             let (gateway, order) = (gateway.clone(), order.clone());
             async move { gateway.charge(&order).await.map_err(|err| err.to_string()) }
         })
         .await;
     match decision.settled() {
-        Settled::Acked(receipt) => {
+        Settled::Acked(charged) => {
             let dying = die_if_chosen(gateway, order).await?;
-            report(order.id, Ok(&receipt.value), dying);
+            report(order.id, Ok(&charged.value), dying);
             if dying {
                 std::future::pending::<()>().await;
             }
@@ -231,7 +231,7 @@ async fn charge_with_idempotask(
         }
         _ => report(order.id, Err("settled otherwise".to_owned()), false),
     }
-    decision.settle(&delivery).await?;
+    decision.settle().await?;
     Ok(())
 }
 
@@ -379,7 +379,8 @@ async fn run_workers(run: u64, idempotask: bool) -> Result<(Vec<Line>, usize), B
         }
         deliveries.push(delivery);
     }
-    // Closing their stdin stops the others gracefully.
+    // Closing stdin rather than a signal lets each worker finish the ack it is sending, so
+    // nothing the survivors answered comes back to a next run.
     for child in &mut children {
         drop(child.stdin.take());
     }

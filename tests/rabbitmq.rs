@@ -35,7 +35,7 @@ const DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A connection to the shared broker and the topology of a work queue of the test's own.
 struct Fixture {
-    _connection: Connection,
+    connection: Connection,
     channel: Channel,
     topology: Topology,
     retries: RetryQueue,
@@ -53,7 +53,7 @@ impl Fixture {
         let topology = Topology::new(queue);
         let retries = topology.declare(&channel).await.unwrap();
         Self {
-            _connection: connection,
+            connection,
             channel,
             topology,
             retries,
@@ -186,8 +186,10 @@ async fn a_duplicate_delivery_replays_and_the_body_runs_once() {
 async fn a_busy_key_comes_back_after_the_holders_lock_time_and_replays() {
     let fixture = Fixture::new("contended").await;
     let lock_ttl = Duration::from_secs(3);
+    // Renewal keeps the holder's lock while the test waits on a slow machine.
     let task = Task::new("lapin_contended")
         .lock_ttl(lock_ttl)
+        .renew(true)
         .retry(RetryPolicy::no_wait());
     let consumer =
         Idempotent::new(task, MessageId, fixture.retries.clone()).store(MemoryStore::new());
@@ -226,6 +228,7 @@ async fn a_busy_key_comes_back_after_the_holders_lock_time_and_replays() {
     started.await.unwrap();
 
     let busy = consumer.process(duplicate, charging(&runs)).await.unwrap();
+    let sent_back = std::time::Instant::now();
     let Settled::Retrying {
         cause: Cause::Idempotask(Error::Contended { .. }),
         delay,
@@ -244,6 +247,12 @@ async fn a_busy_key_comes_back_after_the_holders_lock_time_and_replays() {
     // The copy expires out of the retry queue into the work queue and gets the stored result.
     let mut deliveries = fixture.consume(fixture.topology.queue()).await;
     let back = fixture.next(&mut deliveries).await;
+    // The copy waited out its delay in the retry queue: it is not back sooner.
+    assert!(
+        sent_back.elapsed() >= delay,
+        "back after {:?}, delay {delay:?}",
+        sent_back.elapsed()
+    );
     assert!(header(&back, "x-death").is_some(), "{:?}", back.properties);
     assert_eq!(
         back.properties.message_id().as_ref().unwrap().as_str(),
@@ -466,35 +475,144 @@ async fn a_store_that_is_down_fails_closed_and_the_delivery_comes_back() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_redelivery_that_cannot_be_published_leaves_the_original_in_the_queue() {
+async fn a_redelivery_that_cannot_be_published_waits_and_still_reaches_the_dead_letter_queue() {
     let fixture = Fixture::new("unroutable").await;
-    // A retry queue that does not exist: the broker returns the copy as unroutable.
+    // A retry queue that does not exist: the broker returns every copy as unroutable.
     let nowhere = RetryQueue::new(fixture.channel.clone(), "unroutable.no-such-queue")
         .await
         .unwrap();
+    let delay = Duration::from_millis(300);
     let consumer = Idempotent::new(Task::new("lapin_unroutable"), MessageId, nowhere)
-        .store(MemoryStore::new());
+        .store(MemoryStore::new())
+        .backoff(delay, delay)
+        .max_failures(3);
     fixture.publish(Some("order-7"), b"7").await;
     let mut deliveries = fixture.consume(fixture.topology.queue()).await;
-    let failing = |_: &Delivery| std::future::ready(Err::<String, _>("declined".to_owned()));
+    let runs = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let failing = |runs: &Arc<std::sync::Mutex<Vec<std::time::Instant>>>| {
+        let runs = Arc::clone(runs);
+        move |_: &Delivery| {
+            runs.lock().unwrap().push(std::time::Instant::now());
+            std::future::ready(Err::<String, _>("declined".to_owned()))
+        }
+    };
 
+    for failure in 1..=2 {
+        let delivery = fixture.next(&mut deliveries).await;
+        // Not acked away: the original comes back as it was, without the copy's count.
+        assert_eq!(header(&delivery, FAILURES_HEADER), None);
+        let err = consumer
+            .process(delivery, failing(&runs))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                idempotask_lapin::SettleError::Retry(idempotask_lapin::PublishError::Unroutable)
+            ),
+            "failure {failure}: {err:?}"
+        );
+    }
+    let last = fixture.next(&mut deliveries).await;
+    assert!(last.redelivered);
+    let settled = consumer.process(last, failing(&runs)).await.unwrap();
+    assert!(
+        matches!(settled, Settled::DeadLettered(Cause::Body(_))),
+        "{settled:?}"
+    );
+    // Each redelivery waited out the delay instead of coming straight back.
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(runs.len(), 3);
+    for pair in runs.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(gap >= delay, "runs {gap:?} apart, delay {delay:?}");
+    }
+    let mut dead = fixture.consume(fixture.topology.dead_letter_queue()).await;
+    let message = fixture.next(&mut dead).await;
+    assert_eq!(
+        message.properties.message_id().as_ref().unwrap().as_str(),
+        "order-7"
+    );
+    assert_eq!(fixture.depth(fixture.topology.queue()).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retry_queue_whose_channel_closed_says_so() {
+    let fixture = Fixture::new("closed-retry").await;
+    let retry_channel = fixture.connection.create_channel().await.unwrap();
+    let retries = fixture.topology.declare(&retry_channel).await.unwrap();
+    retry_channel
+        .close(200, "closed by the test".into())
+        .await
+        .unwrap();
+    let consumer = Idempotent::new(Task::new("lapin_closed_retry"), MessageId, retries)
+        .store(MemoryStore::new())
+        .backoff(Duration::from_millis(20), Duration::from_millis(20));
+    fixture.publish(Some("order-8"), b"8").await;
+    let mut deliveries = fixture.consume(fixture.topology.queue()).await;
     let err = consumer
-        .process(fixture.next(&mut deliveries).await, failing)
+        .process(fixture.next(&mut deliveries).await, |_: &Delivery| {
+            std::future::ready(Err::<String, _>("declined".to_owned()))
+        })
         .await
         .unwrap_err();
     assert!(
         matches!(
             err,
-            idempotask_lapin::SettleError::Retry(idempotask_lapin::PublishError::Unroutable)
+            idempotask_lapin::SettleError::Retry(idempotask_lapin::PublishError::ChannelClosed)
         ),
         "{err:?}"
     );
-    // Not acked away: nacked with requeue, so it is delivered again, as it was.
+    // Requeued, not lost.
     let again = fixture.next(&mut deliveries).await;
-    assert!(again.redelivered);
     assert_eq!(
         again.properties.message_id().as_ref().unwrap().as_str(),
-        "order-7"
+        "order-8"
     );
-    assert_eq!(header(&again, FAILURES_HEADER), None);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn misuse_is_retried_later_not_dead_lettered() {
+    let fixture = Fixture::new("misuse").await;
+    let store = MemoryStore::new();
+    let task = Task::new("lapin_misuse");
+    let consumer = Idempotent::new(task.clone(), MessageId, fixture.retries.clone())
+        .store(store.clone())
+        .backoff(Duration::from_millis(50), Duration::from_millis(50));
+    fixture.publish(Some("order-9"), b"9").await;
+    let mut deliveries = fixture.consume(fixture.topology.queue()).await;
+    let delivery = fixture.next(&mut deliveries).await;
+    let runs = Arc::new(AtomicU32::new(0));
+
+    // The consumer called from the body of the very unit it names: `Reentered`, a bug of the
+    // consumer's code, not of the message.
+    let mut inner = None;
+    task.call("order-9")
+        .store(store.clone())
+        .run(async {
+            inner = Some(consumer.process(delivery, charging(&runs)).await.unwrap());
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap();
+    let inner = inner.unwrap();
+    assert!(
+        matches!(
+            inner,
+            Settled::Retrying {
+                cause: Cause::Idempotask(Error::Reentered { .. }),
+                ..
+            }
+        ),
+        "{inner:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // It comes back through the retry queue, counted as the store errors are; it was not
+    // dead-lettered.
+    let back = fixture.next(&mut deliveries).await;
+    assert_eq!(
+        header(&back, STORE_ERRORS_HEADER),
+        Some(AMQPValue::LongLongInt(1))
+    );
+    assert_eq!(fixture.depth(fixture.topology.dead_letter_queue()).await, 0);
 }

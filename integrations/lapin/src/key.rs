@@ -16,11 +16,15 @@ use lapin::message::Delivery;
 /// use idempotask_lapin::DeliveryKey;
 /// use lapin::message::Delivery;
 ///
+/// #[derive(serde::Deserialize)]
+/// struct Order {
+///     order: u64,
+/// }
+///
 /// // The order id inside a JSON payload such as `{"order": 42}`.
 /// let by_order = |delivery: &Delivery| {
-///     let text = std::str::from_utf8(&delivery.data).ok()?;
-///     let id = text.split(':').nth(1)?.trim_end_matches('}').trim();
-///     Some(format!("order-charge-{id}"))
+///     let order: Order = serde_json::from_slice(&delivery.data).ok()?;
+///     Some(format!("order-charge-{}", order.order))
 /// };
 /// let delivery = Delivery::mock(1, "".into(), "orders".into(), false, br#"{"order": 42}"#.to_vec());
 /// assert_eq!(by_order.key(&delivery).unwrap(), "order-charge-42");

@@ -9,21 +9,26 @@
 //!
 //! ```no_run
 //! use futures_util::StreamExt; // lapin's `Consumer` is a `Stream`
-//! use idempotask::Task;
+//! use idempotask::{RetryPolicy, Task};
 //! use idempotask_lapin::{Idempotent, MessageId, Settled, Topology};
 //! use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 //! use lapin::types::FieldTable;
 //! use lapin::{Connection, ConnectionProperties};
 //! use std::time::Duration;
 //!
-//! static CHARGE: Task = Task::new("order_charge").lock_ttl(Duration::from_secs(60)).renew(true);
+//! static CHARGE: Task = Task::new("order_charge")
+//!     .lock_ttl(Duration::from_secs(60))
+//!     .renew(true)
+//!     .retry(RetryPolicy::no_wait());
 //!
 //! async fn charge(order: &[u8]) -> Result<String, std::io::Error> {
 //!     Ok(format!("ch_{}", String::from_utf8_lossy(order)))
 //! }
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! // idempotask::install(RedisStore::connect(url).await?) at start-up.
+//! // Where locks and results live: the same store for every consumer process
+//! // (idempotask_redis::RedisStore or idempotask_postgres; a MemoryStore is one process only).
+//! idempotask::install(idempotask::MemoryStore::new());
 //! let connection = Connection::connect("amqp://127.0.0.1:5672/%2f", ConnectionProperties::default()).await?;
 //! let channel = connection.create_channel().await?;
 //! let topology = Topology::new("orders");
@@ -56,9 +61,9 @@
 //! | a stored value: a duplicate ([`Outcome::Replayed`](idempotask::Outcome)); the body does not run | acked | `Acked` |
 //! | the body ran but its lock expired or its result could not be recorded (`LockLost`, `MarkerNotWritten`) | acked: the side effect happened, and a redelivery would only run it again | `Acked` |
 //! | the key is busy after the task's [`RetryPolicy`](idempotask::RetryPolicy) ([`Error::Contended`]) | published to the retry queue with `expiration` = the holder's remaining lock time, then acked | `Retrying` |
-//! | the store failed ([`Error::Store`]) or none is installed | published to the retry queue with a bounded backoff (doubling per store error of this message, from 100 ms up to 30 s by default), then acked | `Retrying` |
+//! | the store failed ([`Error::Store`]) or none is installed; or idempotask is misused (`Reentered`, `NoRuntime`, `TaskNameTaken`: a bug of the consumer, logged as an error, that must not cost the message) | published to the retry queue with a bounded backoff (doubling per store error of this message, from 100 ms up to 30 s by default), then acked | `Retrying` |
 //! | the body's `Err`; the lock is released and nothing is stored | published to the retry queue with the same kind of backoff (per failure of this message), then acked; after [`max_failures`](Idempotent::max_failures) failures (5 by default), rejected without requeue | `Retrying`, then `DeadLettered` |
-//! | the key cannot be used: [`MissingKey`], [`Error::InvalidKey`], [`Error::KeyReuse`], [`Error::Codec`], [`Error::MarkerKeyMismatch`] (and the misuse errors `Reentered`, `NoRuntime`, `TaskNameTaken`) | `basic.reject` without requeue: to the work queue's dead-letter exchange; nothing ran | `DeadLettered` |
+//! | the key cannot be used: [`MissingKey`], [`Error::InvalidKey`], [`Error::KeyReuse`], [`Error::Codec`], [`Error::MarkerKeyMismatch`] | `basic.reject` without requeue: to the work queue's dead-letter exchange; nothing ran | `DeadLettered` |
 //!
 //! A body error is retried through the retry queue rather than `basic.nack` with requeue: a
 //! requeued message comes back at once, so a failing dependency would be hammered in a tight loop
@@ -76,11 +81,20 @@
 //! RabbitMQ has no "deliver again in N seconds" for a delivery. A delayed redelivery is a copy
 //! published to a retry queue that has no consumer, with a per-message `expiration`; once it
 //! expires, the retry queue dead-letters it through the default exchange back to the work queue
-//! ([`Topology`] declares exactly that). The copy is published with publisher confirms, and the
+//! ([`Topology`] declares exactly that). Every delay in this table is a lower bound: see the
+//! head-of-queue caveat below. The copy is published with publisher confirms, and the
 //! original is acked only after the broker confirmed the copy: a crash between the confirm and
 //! the ack leaves both (the broker requeues the unacked original), which the key's lock and
 //! stored result absorb; a copy that cannot be published is never acked away. If the publish
-//! fails, the original is nacked with requeue and [`SettleError::Retry`] returned.
+//! fails, the original is held unacked for the delay, then nacked with requeue, and
+//! [`SettleError::Retry`] is returned; the failure count the copy would have carried is kept in
+//! the consumer's process for the key, so a failing body still reaches the dead-letter exchange
+//! after [`max_failures`](Idempotent::max_failures) runs instead of looping.
+//!
+//! A [`RetryQueue`] publishes on the channel it was made with, for life: once that channel
+//! closes (a channel error, a lost connection) every publish fails with
+//! [`PublishError::ChannelClosed`]. Make a new one ([`Topology::declare`] on a new channel) and a
+//! new [`Idempotent`] when a consumer reconnects.
 //!
 //! RabbitMQ expires messages only at the head of a queue: a message behind one with a longer
 //! delay waits for it. The delay is therefore a lower bound, and the longest delay in use (the
@@ -105,6 +119,11 @@
 //!   it expires; redeliveries wait out the remaining time in the retry queue and then run. A short
 //!   lock TTL with renewal lets work resume sooner after a crash.
 //!
+//! Give queue tasks [`RetryPolicy::no_wait`](idempotask::RetryPolicy::no_wait): a busy key then
+//! goes to the retry queue at once for the holder's remaining lock time, which is the wait,
+//! instead of also keeping the consumer waiting in the call (the default policy waits up to the
+//! lock TTL, holding the delivery and, with a small prefetch, the deliveries behind it).
+//!
 //! Every setting of the [`Task`] applies (lock TTL, result TTL, lock renewal, retry policy, key
 //! logging); the store is the installed one unless [`Idempotent::store`] names another.
 
@@ -127,12 +146,13 @@ use idempotask::{Error, Task};
 use lapin::message::Delivery;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
 
 pub use key::{DeliveryKey, MessageId, MissingKey};
 pub use settle::{Cause, Decision, FAILURES_HEADER, STORE_ERRORS_HEADER, SettleError, Settled};
 pub use topology::{PublishError, RetryQueue, Topology};
 
-use settle::{Action, Backoff, count};
+use settle::{Action, Backoff, Unpublished, count};
 
 /// The first delay after a store error or a body error, by default.
 pub const DEFAULT_INITIAL_BACKOFF: Duration = Duration::from_millis(100);
@@ -166,6 +186,7 @@ pub struct Idempotent<K> {
     backoff: Backoff,
     max_failures: u32,
     fingerprint_payload: bool,
+    unpublished: Arc<Unpublished>,
 }
 
 /// Why a call ended without a value: the body said so, or idempotask did.
@@ -194,6 +215,7 @@ impl<K: DeliveryKey> Idempotent<K> {
             },
             max_failures: DEFAULT_MAX_FAILURES,
             fingerprint_payload: false,
+            unpublished: Arc::default(),
         }
     }
 
@@ -261,57 +283,75 @@ impl<K: DeliveryKey> Idempotent<K> {
         F: FnOnce(&Delivery) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.run(&delivery, body).await.settle(&delivery).await
+        self.run(delivery, body).await.settle().await
     }
 
     /// Runs `body` for `delivery` as [`process`](Self::process) does, and answers what to do
     /// with the delivery without doing it yet: for a consumer that records or reports something
     /// between the run and the ack. Until [`Decision::settle`], the delivery is unacked (a
     /// crash here redelivers it, and the redelivery replays the stored result).
-    pub async fn run<T, E, F, Fut>(&self, delivery: &Delivery, body: F) -> Decision<T, E>
+    pub async fn run<T, E, F, Fut>(&self, delivery: Delivery, body: F) -> Decision<T, E>
     where
         T: Serialize + DeserializeOwned,
         F: FnOnce(&Delivery) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let (action, settled) = self.decide(delivery, body).await;
+        let (key, action, settled) = match self.key.key(&delivery) {
+            Ok(key) => {
+                let (action, settled) = self.decide(&delivery, &key, body).await;
+                (Some(key), action, settled)
+            }
+            Err(missing) => (
+                None,
+                Action::DeadLetter,
+                Settled::DeadLettered(Cause::MissingKey(missing)),
+            ),
+        };
         Decision {
+            delivery,
+            key,
             action,
             settled,
             retries: self.retries.clone(),
+            unpublished: Arc::clone(&self.unpublished),
         }
     }
 
-    async fn decide<T, E, F, Fut>(&self, delivery: &Delivery, body: F) -> (Action, Settled<T, E>)
+    /// The count in `header` this message has reached: what its headers say, or what a retry
+    /// copy that could not be published would have said.
+    fn seen(&self, delivery: &Delivery, key: &str, header: &'static str) -> u32 {
+        count(&delivery.properties, header).max(self.unpublished.get(key, header))
+    }
+
+    async fn decide<T, E, F, Fut>(
+        &self,
+        delivery: &Delivery,
+        key: &str,
+        body: F,
+    ) -> (Action, Settled<T, E>)
     where
         T: Serialize + DeserializeOwned,
         F: FnOnce(&Delivery) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let key = match self.key.key(delivery) {
-            Ok(key) => key,
-            Err(missing) => {
-                return (
-                    Action::DeadLetter,
-                    Settled::DeadLettered(Cause::MissingKey(missing)),
-                );
-            }
-        };
         let mut call = self.task.call(key);
         if let Some(store) = &self.store {
             call = call.store(store.clone());
         }
         if self.fingerprint_payload {
-            call = match call.fingerprint_of(&delivery.data) {
+            // The digest of the bytes stands for them: serialising a `Vec<u8>` through JSON
+            // would cost a value per byte.
+            let digest = hex(&Sha256::digest(&delivery.data));
+            call = match call.fingerprint_of(&digest) {
                 Ok(call) => call,
-                Err(err) => return self.idempotask_action(delivery, err),
+                Err(err) => return self.idempotask_action(delivery, key, err),
             };
         }
         let run = async move { body(delivery).await.map_err(Failure::Body) };
         match call.run_reported(run).await {
             Ok(report) => (Action::Ack, Settled::Acked(report)),
             Err(Failure::Body(err)) => {
-                let failures = count(&delivery.properties, FAILURES_HEADER).saturating_add(1);
+                let failures = self.seen(delivery, key, FAILURES_HEADER).saturating_add(1);
                 if failures >= self.max_failures {
                     (Action::DeadLetter, Settled::DeadLettered(Cause::Body(err)))
                 } else {
@@ -325,14 +365,19 @@ impl<K: DeliveryKey> Idempotent<K> {
                     (action, Settled::Retrying { cause, delay })
                 }
             }
-            Err(Failure::Idempotask(err)) => self.idempotask_action(delivery, err),
+            Err(Failure::Idempotask(err)) => self.idempotask_action(delivery, key, err),
         }
     }
 
     /// Input: an error of idempotask's own for `delivery`. Output: what to do with the delivery:
     /// come back when the holder's lock runs out, come back after a backoff, or dead-letter it
     /// when no redelivery can succeed.
-    fn idempotask_action<T, E>(&self, delivery: &Delivery, err: Error) -> (Action, Settled<T, E>) {
+    fn idempotask_action<T, E>(
+        &self,
+        delivery: &Delivery,
+        key: &str,
+        err: Error,
+    ) -> (Action, Settled<T, E>) {
         let delay = match &err {
             Error::Contended {
                 lock_ttl_remaining, ..
@@ -345,13 +390,23 @@ impl<K: DeliveryKey> Idempotent<K> {
             Error::KeyReuse { .. }
             | Error::Codec { .. }
             | Error::InvalidKey(_)
-            | Error::MarkerKeyMismatch { .. }
-            | Error::Reentered { .. }
-            | Error::NoRuntime
-            | Error::TaskNameTaken { .. } => None,
-            // Store errors, no store installed, and anything newer: fail closed and come back.
+            | Error::MarkerKeyMismatch { .. } => None,
+            // Store errors, no store installed, misuse (a deploy's bug, not the message's: the
+            // message must survive until the fix is deployed), and anything newer: fail closed
+            // and come back.
             _ => {
-                let errors = count(&delivery.properties, STORE_ERRORS_HEADER).saturating_add(1);
+                if matches!(
+                    err,
+                    Error::Reentered { .. } | Error::NoRuntime | Error::TaskNameTaken { .. }
+                ) {
+                    tracing::error!(
+                        error = %err,
+                        "idempotask is misused by this consumer; the delivery is retried later, fix the consumer"
+                    );
+                }
+                let errors = self
+                    .seen(delivery, key, STORE_ERRORS_HEADER)
+                    .saturating_add(1);
                 Some((self.backoff.after(errors), Some(errors)))
             }
         };
@@ -371,7 +426,7 @@ impl<K: DeliveryKey> Idempotent<K> {
                     None => Action::Retry {
                         delay,
                         header: FAILURES_HEADER,
-                        count: count(&delivery.properties, FAILURES_HEADER),
+                        count: self.seen(delivery, key, FAILURES_HEADER),
                     },
                 };
                 let cause = Cause::Idempotask(err);
@@ -379,6 +434,17 @@ impl<K: DeliveryKey> Idempotent<K> {
             }
         }
     }
+}
+
+/// Lowercase hex of `bytes`.
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut out, byte| {
+            let _ = write!(out, "{byte:02x}");
+            out
+        })
 }
 
 impl<K> Clone for Idempotent<K> {
@@ -391,6 +457,7 @@ impl<K> Clone for Idempotent<K> {
             backoff: self.backoff,
             max_failures: self.max_failures,
             fingerprint_payload: self.fingerprint_payload,
+            unpublished: Arc::clone(&self.unpublished),
         }
     }
 }
@@ -405,6 +472,7 @@ impl<K> std::fmt::Debug for Idempotent<K> {
             .field("backoff", &self.backoff)
             .field("max_failures", &self.max_failures)
             .field("fingerprint_payload", &self.fingerprint_payload)
+            .field("unpublished", &self.unpublished)
             .finish()
     }
 }

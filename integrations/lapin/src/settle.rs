@@ -1,6 +1,8 @@
 //! What a delivery's outcome becomes for RabbitMQ: ack, a delayed redelivery, or the dead-letter
 //! exchange.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use idempotask::{Error, Report};
@@ -44,9 +46,12 @@ pub enum Settled<T, E> {
 #[derive(Debug)]
 #[must_use = "the delivery stays unacked until the decision is settled"]
 pub struct Decision<T, E> {
+    pub(crate) delivery: Delivery,
+    pub(crate) key: Option<String>,
     pub(crate) action: Action,
     pub(crate) settled: Settled<T, E>,
     pub(crate) retries: RetryQueue,
+    pub(crate) unpublished: Arc<Unpublished>,
 }
 
 impl<T, E> Decision<T, E> {
@@ -55,14 +60,34 @@ impl<T, E> Decision<T, E> {
         &self.settled
     }
 
-    /// Settles `delivery` (the one that was run) on the broker: acks it, publishes its delayed
+    /// The delivery that was run, which [`settle`](Self::settle) settles.
+    pub fn delivery(&self) -> &Delivery {
+        &self.delivery
+    }
+
+    /// Settles the delivery that was run on the broker: acks it, publishes its delayed
     /// redelivery (confirmed by the broker) and then acks it, or rejects it without requeue.
+    ///
+    /// When the delayed redelivery cannot be published, the delivery is held unacked for the
+    /// delay it would have waited in the retry queue, then nacked with requeue, and the count
+    /// the copy would have carried is kept in this process for the delivery's key: a message
+    /// whose body keeps failing still reaches the dead-letter exchange after
+    /// [`max_failures`](crate::Idempotent::max_failures) runs, each at least the backoff apart,
+    /// instead of coming straight back in a loop.
     ///
     /// # Errors
     /// [`SettleError`] when the broker could not be told; the delivery then comes back.
-    pub async fn settle(self, delivery: &Delivery) -> Result<Settled<T, E>, SettleError> {
-        settle(delivery, &self.retries, self.action).await?;
-        Ok(self.settled)
+    pub async fn settle(self) -> Result<Settled<T, E>, SettleError> {
+        let Self {
+            delivery,
+            key,
+            action,
+            settled,
+            retries,
+            unpublished,
+        } = self;
+        settle(&delivery, key, &retries, &unpublished, action).await?;
+        Ok(settled)
     }
 }
 
@@ -99,17 +124,22 @@ pub enum SettleError {
     /// `basic.ack`, `basic.reject` or `basic.nack` failed; the broker redelivers an unsettled
     /// delivery when its channel closes.
     #[error("{action} of the delivery failed: {source}")]
+    #[non_exhaustive]
     Broker {
         /// `"ack"`, `"reject"` or `"nack"`.
         action: &'static str,
         /// The channel's error.
         source: lapin::Error,
     },
-    /// The delivery's channel is closed, so it could not be settled; the broker has put it back
-    /// in the queue.
-    #[error("the delivery's channel is closed, so it could not be settled; the broker requeues it")]
-    ChannelClosed,
-    /// The delayed redelivery could not be published; the original was nacked with requeue.
+    /// lapin did not send the ack, reject or nack: the delivery was settled already (by the body,
+    /// through the `&Delivery` it was given), or its channel failed ("poisoned"), in which case
+    /// the broker puts it back in the queue itself.
+    #[error(
+        "the delivery was not settled: it was settled already, or its channel failed (the broker then requeues it)"
+    )]
+    NotSent,
+    /// The delayed redelivery could not be published; the original was held for the delay and
+    /// then nacked with requeue (see [`Decision::settle`]).
     #[error("the delivery could not be sent to the retry queue: {0}")]
     Retry(#[from] PublishError),
 }
@@ -132,6 +162,44 @@ impl Backoff {
     }
 }
 
+/// The counts that retry copies would have carried, by key, for copies that could not be
+/// published: the original comes back with its old headers, so without these a message whose
+/// copy never gets published would never reach `max_failures`.
+#[derive(Debug, Default)]
+pub(crate) struct Unpublished(Mutex<HashMap<(String, &'static str), u32>>);
+
+/// Keys beyond this many are not tallied; their deliveries are still held for the delay, so a
+/// flood of failing keys slows down rather than grows the map.
+const MAX_UNPUBLISHED: usize = 10_000;
+
+impl Unpublished {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<(String, &'static str), u32>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The count in `header` kept for `key`, 0 when none is.
+    pub(crate) fn get(&self, key: &str, header: &'static str) -> u32 {
+        self.map()
+            .get(&(key.to_owned(), header))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn set(&self, key: String, header: &'static str, count: u32) {
+        let mut map = self.map();
+        if map.len() < MAX_UNPUBLISHED || map.contains_key(&(key.clone(), header)) {
+            map.insert((key, header), count);
+        }
+    }
+
+    fn clear(&self, key: &str) {
+        let mut map = self.map();
+        if !map.is_empty() {
+            map.retain(|(kept, _), _| kept != key);
+        }
+    }
+}
+
 /// How `settle` should end a delivery.
 #[derive(Debug)]
 pub(crate) enum Action {
@@ -148,15 +216,28 @@ pub(crate) enum Action {
 /// broker (a delayed redelivery is confirmed by the broker before the original is acked).
 async fn settle(
     delivery: &Delivery,
+    key: Option<String>,
     retries: &RetryQueue,
+    unpublished: &Unpublished,
     action: Action,
 ) -> Result<(), SettleError> {
+    let forget = |key: Option<String>| {
+        if let Some(key) = key {
+            unpublished.clear(&key);
+        }
+    };
     match action {
-        Action::Ack => acked("ack", delivery.ack(BasicAckOptions::default()).await),
-        Action::DeadLetter => acked(
-            "reject",
-            delivery.reject(BasicRejectOptions { requeue: false }).await,
-        ),
+        Action::Ack => {
+            forget(key);
+            sent("ack", delivery.ack(BasicAckOptions::default()).await)
+        }
+        Action::DeadLetter => {
+            forget(key);
+            sent(
+                "reject",
+                delivery.reject(BasicRejectOptions { requeue: false }).await,
+            )
+        }
         Action::Retry {
             delay,
             header,
@@ -164,7 +245,17 @@ async fn settle(
         } => {
             let properties = with_count(&delivery.properties, header, count);
             if let Err(err) = retries.publish(&delivery.data, properties, delay).await {
-                // Not published: the original stays the only copy, so it goes back as it is.
+                // Not published: the original stays the only copy, so it goes back as it is,
+                // but only after the delay, since a requeued delivery comes back at once.
+                if let Some(key) = key {
+                    unpublished.set(key, header, count);
+                }
+                tracing::warn!(
+                    error = %err,
+                    delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                    "the delayed redelivery could not be published; holding the delivery for the delay before requeueing it"
+                );
+                tokio::time::sleep(delay).await;
                 let _ = delivery
                     .nack(BasicNackOptions {
                         requeue: true,
@@ -173,18 +264,20 @@ async fn settle(
                     .await;
                 return Err(err.into());
             }
+            forget(key);
             // Between the confirm and this ack, a crash leaves two copies (the redelivery and
             // the unacked original, which the broker requeues): at-least-once, which the key's
             // lock and stored result absorb.
-            acked("ack", delivery.ack(BasicAckOptions::default()).await)
+            sent("ack", delivery.ack(BasicAckOptions::default()).await)
         }
     }
 }
 
-fn acked(action: &'static str, result: Result<bool, lapin::Error>) -> Result<(), SettleError> {
+/// Input: what lapin answered an ack, reject or nack with. Output: whether it was sent.
+fn sent(action: &'static str, result: Result<bool, lapin::Error>) -> Result<(), SettleError> {
     match result {
         Ok(true) => Ok(()),
-        Ok(false) => Err(SettleError::ChannelClosed),
+        Ok(false) => Err(SettleError::NotSent),
         Err(source) => Err(SettleError::Broker { action, source }),
     }
 }

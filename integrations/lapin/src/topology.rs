@@ -169,6 +169,12 @@ fn long_string(value: &str) -> AMQPValue {
 /// Made by [`Topology::declare`], or by [`new`](Self::new) for a retry queue declared elsewhere
 /// (it must dead-letter to the work queue: `x-dead-letter-exchange = ""` and
 /// `x-dead-letter-routing-key = <work queue>`).
+///
+/// # Behaviour
+/// It publishes on its channel for life: when that channel closes (a channel error, the
+/// connection lost), every publish fails with [`PublishError::ChannelClosed`] and the deliveries
+/// are held for their delay and requeued (see [`Decision::settle`](crate::Decision::settle));
+/// make a new one on a new channel when the consumer reconnects.
 #[derive(Clone)]
 pub struct RetryQueue {
     channel: Channel,
@@ -213,6 +219,9 @@ impl RetryQueue {
         properties: BasicProperties,
         delay: Duration,
     ) -> Result<(), PublishError> {
+        if !self.channel.status().connected() {
+            return Err(PublishError::ChannelClosed);
+        }
         let expiration = ShortString::from(delay.as_millis().to_string());
         let confirm = self
             .channel
@@ -250,6 +259,12 @@ pub enum PublishError {
     /// No queue of the retry queue's name exists, so the message went nowhere.
     #[error("the retry queue does not exist; declare it (`Topology::declare`)")]
     Unroutable,
+    /// The retry queue's channel is closed; it does not reopen. Make a new [`RetryQueue`]
+    /// ([`Topology::declare`] on a new channel) and a new consumer with it.
+    #[error(
+        "the retry queue's channel is closed; make a new `RetryQueue` (`Topology::declare` on a new channel)"
+    )]
+    ChannelClosed,
     /// The channel is not in confirm mode, so the broker never said whether it took the message.
     #[error(
         "the retry queue's channel has no publisher confirms; make the `RetryQueue` with `RetryQueue::new` or `Topology::declare`"
