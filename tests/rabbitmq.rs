@@ -4,11 +4,6 @@
 //! dead-letter queue, and a body error is retried without being cached. The kill -9 scenario is
 //! the `rabbitmq_worker` example, run by `tests/examples.rs`.
 
-#![allow(
-    clippy::doc_markdown,
-    reason = "RabbitMQ is a product name here, not code to put in backticks"
-)]
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;

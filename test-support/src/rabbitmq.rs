@@ -9,11 +9,6 @@
 //! A broker takes seconds to boot: a test binary whose tests can keep to their own queues
 //! shares one through [`RabbitServer::shared`].
 
-#![allow(
-    clippy::doc_markdown,
-    reason = "RabbitMQ is a product name here, not code to put in backticks"
-)]
-
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};

@@ -128,10 +128,6 @@
 //! logging); the store is the installed one unless [`Idempotent::store`] names another.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
-#![allow(
-    clippy::doc_markdown,
-    reason = "RabbitMQ is a product name here, not code to put in backticks"
-)]
 
 mod key;
 mod settle;

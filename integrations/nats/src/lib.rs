@@ -114,11 +114,6 @@
 //!   waits for the lock.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
-// `doc-valid-idents` in the workspace's clippy.toml is the better home for the product name.
-#![allow(
-    clippy::doc_markdown,
-    reason = "JetStream is a product name in these docs, not code"
-)]
 
 mod backoff;
 mod handled;
