@@ -27,7 +27,15 @@
 //!         format!("charge {charge} for {body}")
 //!     }))
 //!     // A Redis or PostgreSQL store in production, or the installed one without `.store`.
-//!     .layer(Idempotency::new(Task::new("payments")).store(MemoryStore::new()));
+//!     .layer(
+//!         Idempotency::new(Task::new("payments"))
+//!             .store(MemoryStore::new())
+//!             // Two clients' equal keys never meet: scope by who is asking.
+//!             .scope(|request| {
+//!                 let client = request.headers.get("x-api-client");
+//!                 client.and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
+//!             }),
+//!     );
 //!
 //! for _retry in 0..3 {
 //!     let request = http::Request::post("/payments")
@@ -76,7 +84,7 @@
 //! | the key is being processed by another request | `409` [`IN_PROGRESS`](problem::IN_PROGRESS) with `Retry-After`; or, with [`wait_for_result`](Idempotency::wait_for_result), the first request's response once stored | does not run |
 //! | the key was used with another fingerprint | `422` [`KEY_REUSED`](problem::KEY_REUSED) | does not run |
 //! | the store cannot confirm the lock | `503` [`STORE_UNAVAILABLE`](problem::STORE_UNAVAILABLE) with `Retry-After` | does not run |
-//! | the stored response cannot be read back | `500` [`STORED_RESPONSE_UNREADABLE`](problem::STORED_RESPONSE_UNREADABLE) | does not run again |
+//! | the stored response cannot be read back (damaged, or of a later format version) | `410` [`STORED_RESPONSE_UNREADABLE`](problem::STORED_RESPONSE_UNREADABLE) | does not run again |
 //! | no store installed, a task name taken | `500` [`MISCONFIGURED`](problem::MISCONFIGURED) | does not run |
 //! | the handler's service fails (its `Err`) or panics | that error or panic, as without the layer; the key is released | ran |
 //!
@@ -107,14 +115,17 @@
 //! - **Cost.** A fresh request is one `begin` and one `finish` round trip to the store; a
 //!   replay one `begin`. The request body is buffered (it is part of the fingerprint), up to
 //!   [`max_request_body`](Idempotency::max_request_body).
-//! - **Not stored:** trailers, hop-by-hop headers (`Connection` and those it names,
+//! - **Not stored:** `Set-Cookie` (unless [`store_cookies`](Idempotency::store_cookies)),
+//!   trailers, hop-by-hop headers (`Connection` and those it names,
 //!   `Keep-Alive`, `Transfer-Encoding`, `TE`, `Trailer`, `Upgrade`, `Proxy-*`) and `Date`. The
 //!   body is stored as text when it is UTF-8, else in base64.
 //!
 //! Every setting of the [`Task`] applies (lock TTL, result TTL: how long a retry gets the
-//! stored response, lock renewal, key logging), but its retry policy, which the layer sets from
-//! [`wait_for_result`](Idempotency::wait_for_result). Keep the lock TTL longer than the
-//! handler's longest run, or turn on [`Task::renew`].
+//! stored response, key logging), but its retry policy, which the layer sets from
+//! [`wait_for_result`](Idempotency::wait_for_result), and lock renewal, which the layer turns
+//! on ([`renew_lock`](Idempotency::renew_lock)): the handler runs detached, so no client
+//! timeout bounds it, and a lock that expired under a slow handler would let a retry run it a
+//! second time.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod body;
@@ -198,6 +209,8 @@ pub struct Idempotency {
     wait: Option<Duration>,
     stores_status: Arc<StatusRule>,
     fingerprinting: Fingerprinting,
+    renew: bool,
+    store_cookies: bool,
 }
 
 /// Whether a response with `status` is stored by default: below 500, except `408 Request
@@ -221,6 +234,10 @@ pub fn stored_by_default(status: StatusCode) -> bool {
 impl Idempotency {
     /// Requests run through `task` (its name is where their keys live in the store), on the
     /// installed store, with the defaults of each setting below.
+    ///
+    /// **Set a [`scope`](Self::scope) whenever more than one client reaches the layer.** An
+    /// unscoped layer gives a stored response to whoever sends its key again: two tenants who
+    /// both send `order-42` with the same body get each other's body and `Location`.
     pub fn new(task: Task) -> Self {
         Self {
             task,
@@ -235,6 +252,8 @@ impl Idempotency {
             wait: None,
             stores_status: Arc::new(stored_by_default),
             fingerprinting: Fingerprinting::default(),
+            renew: true,
+            store_cookies: false,
         }
     }
 
@@ -355,6 +374,30 @@ impl Idempotency {
         self
     }
 
+    /// Whether the lock is renewed while the handler runs (default on, whatever the task's own
+    /// [`Task::renew`] says).
+    ///
+    /// The handler runs detached to completion (a client timeout no longer bounds it), so a
+    /// handler slower than the lock TTL (a gateway call that hangs) would otherwise let the
+    /// lock expire and a retry run it a second time while the first still runs. Turn renewal
+    /// off only for handlers you know finish well within the lock TTL.
+    #[must_use]
+    pub fn renew_lock(mut self, renew: bool) -> Self {
+        self.renew = renew;
+        self
+    }
+
+    /// Whether `Set-Cookie` headers are stored and replayed (default off).
+    ///
+    /// A replay goes to whoever sends the key again: a cookie stored with it (a session) is
+    /// handed to that client. Turn this on only with a [`scope`](Self::scope) that is the
+    /// authenticated principal.
+    #[must_use]
+    pub fn store_cookies(mut self, store: bool) -> Self {
+        self.store_cookies = store;
+        self
+    }
+
     /// The task requests run through.
     pub fn task(&self) -> &Task {
         &self.task
@@ -369,7 +412,7 @@ impl Idempotency {
                 .max_backoff(Duration::from_millis(250))
                 .max_wait(bound),
         };
-        self.task.clone().retry(policy)
+        self.task.clone().retry(policy).renew(self.renew)
     }
 }
 
@@ -388,6 +431,7 @@ impl fmt::Debug for Idempotency {
             )
             .field("require_key", &self.require_key)
             .field("wait", &self.wait)
+            .field("renew", &self.renew)
             .finish_non_exhaustive()
     }
 }

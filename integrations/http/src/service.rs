@@ -17,7 +17,7 @@ use tower_service::Service;
 use crate::body::{RequestBody, ResponseBody};
 use crate::key::{self, Refusal};
 use crate::problem::{self, Problem};
-use crate::stored::{Stored, StoredResponse};
+use crate::stored::{Marker, Stored, StoredResponse};
 use crate::{IDEMPOTENT_REPLAYED, Idempotency, KeySource};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -244,7 +244,12 @@ where
         let stores = (config.stores_status)(parts.status);
         let (value, kept) = match collect(body, config.max_stored_body).await {
             Collected::Whole(bytes) => (
-                Stored::Response(StoredResponse::of(parts.status, &parts.headers, &bytes)),
+                Stored::Response(StoredResponse::of(
+                    parts.status,
+                    &parts.headers,
+                    &bytes,
+                    config.store_cookies,
+                )),
                 Produced::Whole(parts, bytes),
             ),
             Collected::Over(prefix, rest) => (
@@ -261,7 +266,7 @@ where
         };
         produced = Some(kept);
         if stores {
-            Ok(value)
+            Ok(Marker::new(value))
         } else {
             Err(Failure::NotStored)
         }
@@ -313,7 +318,11 @@ async fn collect<R: Body<Data = Bytes>>(body: R, cap: usize) -> Collected<R> {
 }
 
 /// The answer to a retry of a request whose response was stored.
-fn replay<R: Body<Data = Bytes>>(stored: Stored) -> Response<ResponseBody<R>> {
+fn replay<R: Body<Data = Bytes>>(marker: Marker) -> Response<ResponseBody<R>> {
+    let stored = match marker.into_stored() {
+        Ok(stored) => stored,
+        Err(reason) => return unreadable(reason),
+    };
     match stored {
         Stored::Response(response) => match response.into_response() {
             Ok(mut response) => {
@@ -403,9 +412,11 @@ fn invalid_key_text<R: Body<Data = Bytes>>(detail: &str) -> Response<ResponseBod
     ))
 }
 
+// 410, not 500: clients and webhook senders retry a 5xx for ever, and this one is final for
+// the key's result TTL.
 fn unreadable<R: Body<Data = Bytes>>(reason: &str) -> Response<ResponseBody<R>> {
     problem(Problem::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
+        StatusCode::GONE,
         problem::STORED_RESPONSE_UNREADABLE,
         "Stored response unreadable",
         format!(

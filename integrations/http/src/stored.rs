@@ -5,7 +5,38 @@ use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde::{Deserialize, Serialize};
 
-/// The value stored in the completion marker of one request.
+/// The version of the stored format this release writes. A marker of a later version (a
+/// rolling deploy rolled back) is answered as unreadable rather than misread.
+pub(crate) const FORMAT: u32 = 1;
+
+/// The value stored in the completion marker of one request, with the format's version.
+///
+/// Fields added later carry `#[serde(default)]`, so markers of an earlier release stay
+/// readable during a rolling deploy.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Marker {
+    /// The format's version: [`FORMAT`] when written by this release.
+    pub(crate) v: u32,
+    /// What was stored.
+    pub(crate) stored: Stored,
+}
+
+impl Marker {
+    pub(crate) fn new(stored: Stored) -> Self {
+        Self { v: FORMAT, stored }
+    }
+
+    /// What was stored, when this release can read its version.
+    pub(crate) fn into_stored(self) -> Result<Stored, Unreadable> {
+        if self.v == FORMAT {
+            Ok(self.stored)
+        } else {
+            Err("it was written in a format version this release does not read")
+        }
+    }
+}
+
+/// What is kept of one response.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum Stored {
     /// The whole response.
@@ -24,6 +55,7 @@ pub(crate) enum Stored {
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct StoredResponse {
     status: u16,
+    #[serde(default)]
     headers: Vec<(String, Octets)>,
     body: Octets,
 }
@@ -57,9 +89,11 @@ impl Octets {
 }
 
 /// Whether a header is dropped from what is stored: the hop-by-hop ones (RFC 9110 §7.6.1),
-/// those the response's `Connection` names, and `Date`, which a replay should not repeat.
-fn is_dropped(name: &HeaderName, connection: &[HeaderName]) -> bool {
-    name == header::CONNECTION
+/// those the response's `Connection` names, `Date`, which a replay should not repeat, and
+/// `Set-Cookie` unless `cookies`: a session handed to whoever retries the key.
+fn is_dropped(name: &HeaderName, connection: &[HeaderName], cookies: bool) -> bool {
+    (name == header::SET_COOKIE && !cookies)
+        || name == header::CONNECTION
         || name == header::TRANSFER_ENCODING
         || name == header::TE
         || name == header::TRAILER
@@ -73,8 +107,9 @@ fn is_dropped(name: &HeaderName, connection: &[HeaderName]) -> bool {
 }
 
 impl StoredResponse {
-    /// What is kept of a response with `status`, `headers` and `body`.
-    pub(crate) fn of(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Self {
+    /// What is kept of a response with `status`, `headers` and `body`; its `Set-Cookie`
+    /// headers only when `cookies`.
+    pub(crate) fn of(status: StatusCode, headers: &HeaderMap, body: &[u8], cookies: bool) -> Self {
         let connection: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
             .iter()
@@ -86,7 +121,7 @@ impl StoredResponse {
             status: status.as_u16(),
             headers: headers
                 .iter()
-                .filter(|(name, _)| !is_dropped(name, &connection))
+                .filter(|(name, _)| !is_dropped(name, &connection, cookies))
                 .map(|(name, value)| (name.as_str().to_owned(), Octets::of(value.as_bytes())))
                 .collect(),
             body: Octets::of(body),
@@ -195,7 +230,10 @@ mod tests {
         headers.insert("location", HeaderValue::from_static("/payments/1"));
         headers.append("set-cookie", HeaderValue::from_static("a=1"));
         headers.append("set-cookie", HeaderValue::from_bytes(b"b=\xff").unwrap());
-        let stored = StoredResponse::of(StatusCode::CREATED, &headers, b"\x00\xff");
+        let unscoped = StoredResponse::of(StatusCode::CREATED, &headers, b"", false);
+        let names: Vec<String> = unscoped.headers.iter().map(|(n, _)| n.clone()).collect();
+        assert_eq!(names, ["location"], "Set-Cookie is stored only when asked");
+        let stored = StoredResponse::of(StatusCode::CREATED, &headers, b"\x00\xff", true);
         let json = serde_json::to_string(&stored).unwrap();
         let back: StoredResponse = serde_json::from_str(&json).unwrap();
         let response = back.into_response().unwrap();
@@ -210,6 +248,25 @@ mod tests {
             .collect();
         assert_eq!(cookies, [&b"a=1"[..], b"b=\xff"]);
         assert_eq!(&response.body()[..], b"\x00\xff");
+    }
+
+    #[test]
+    fn markers_carry_their_version_and_old_fields_default() {
+        let marker = Marker::new(Stored::TooLarge {
+            status: 200,
+            limit: 1,
+        });
+        let json = serde_json::to_value(&marker).unwrap();
+        assert_eq!(json["v"], FORMAT);
+        let later = r#"{"v":2,"stored":{"TooLarge":{"status":200,"limit":1}}}"#;
+        let later: Marker = serde_json::from_str(later).unwrap();
+        assert!(later.into_stored().is_err());
+        let bare = r#"{"v":1,"stored":{"Response":{"status":204,"body":{"text":""}}}}"#;
+        let bare: Marker = serde_json::from_str(bare).unwrap();
+        let Stored::Response(response) = bare.into_stored().unwrap() else {
+            panic!("a response")
+        };
+        assert_eq!(response.into_response().unwrap().status(), 204);
     }
 
     #[test]
