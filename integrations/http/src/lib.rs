@@ -85,7 +85,7 @@
 //! | the key was used with another fingerprint | `422` [`KEY_REUSED`](problem::KEY_REUSED) | does not run |
 //! | the store cannot confirm the lock | `503` [`STORE_UNAVAILABLE`](problem::STORE_UNAVAILABLE) with `Retry-After` | does not run |
 //! | the stored response cannot be read back (damaged, or of a later format version) | `410` [`STORED_RESPONSE_UNREADABLE`](problem::STORED_RESPONSE_UNREADABLE) | does not run again |
-//! | no store installed, a task name taken | `500` [`MISCONFIGURED`](problem::MISCONFIGURED) | does not run |
+//! | no store installed, a task name taken, no tokio runtime around the service | `500` [`MISCONFIGURED`](problem::MISCONFIGURED), a fixed `detail`; the error itself goes to `tracing::error!` | does not run |
 //! | the handler's service fails (its `Err`) or panics | that error or panic, as without the layer; the key is released | ran |
 //!
 //! # Decisions

@@ -153,13 +153,17 @@ where
     let stored_key = key::scoped(scope.as_deref(), &key);
     let fingerprint = match config.fingerprinting.of(&parts, &body) {
         Ok(fingerprint) => fingerprint,
-        Err(err) => return Ok(misconfigured(&format!("no fingerprint: {err}"))),
+        Err(err) => return Ok(misconfigured(&err)),
     };
     let request = Request::from_parts(parts, RequestBody::buffered(body));
     // On a task of its own, so that a client that goes away (hyper then drops this future)
     // does not stop the handler halfway through its side effect, nor keep its response from
     // being stored for the retry.
-    let running = tokio::spawn(execute(config, inner, stored_key, fingerprint, request));
+    let runtime = match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => runtime,
+        Err(err) => return Ok(misconfigured(&err)),
+    };
+    let running = runtime.spawn(execute(config, inner, stored_key, fingerprint, request));
     match running.await {
         Ok(answer) => answer,
         Err(err) if err.is_panic() => resume_unwind(err.into_panic()),
@@ -277,7 +281,7 @@ where
         // Executed, or executed with a lock lost or a marker not written (logged by the core):
         // the handler ran and its response is the answer.
         Ok(_) | Err(Failure::NotStored) => Ok(produced.map_or_else(
-            || misconfigured("the handler's response went missing"),
+            || misconfigured(&"the handler's response went missing"),
             Produced::into_response,
         )),
         Err(Failure::Service(err)) => Err(err),
@@ -376,13 +380,19 @@ fn refused<R: Body<Data = Bytes>>(err: &Error) -> Response<ResponseBody<R>> {
             )
             .retry_after(1),
         ),
-        Error::InvalidKey(invalid) => invalid_key_text(&invalid.to_string()),
+        Error::InvalidKey(invalid) => {
+            // Its text holds the scoped key, and with it the scope: for the operator only.
+            tracing::warn!(error = %invalid, "idempotask-http: the store refused the key");
+            invalid_key(
+                "the idempotency key, with its scope, is not one the idempotency store accepts",
+            )
+        }
         Error::Codec {
             kind:
                 CodecErrorKind::Undecodable | CodecErrorKind::Unreadable | CodecErrorKind::Unstorable,
             ..
         } => unreadable("it does not decode"),
-        other => misconfigured(&other.to_string()),
+        other => misconfigured(other),
     }
 }
 
@@ -399,11 +409,7 @@ fn missing_key<R: Body<Data = Bytes>>() -> Response<ResponseBody<R>> {
     ))
 }
 
-fn invalid_key<R: Body<Data = Bytes>>(refusal: Refusal) -> Response<ResponseBody<R>> {
-    invalid_key_text(refusal)
-}
-
-fn invalid_key_text<R: Body<Data = Bytes>>(detail: &str) -> Response<ResponseBody<R>> {
+fn invalid_key<R: Body<Data = Bytes>>(detail: Refusal) -> Response<ResponseBody<R>> {
     problem(Problem::new(
         StatusCode::BAD_REQUEST,
         problem::INVALID_KEY,
@@ -425,11 +431,88 @@ fn unreadable<R: Body<Data = Bytes>>(reason: &str) -> Response<ResponseBody<R>> 
     ))
 }
 
-fn misconfigured<R: Body<Data = Bytes>>(detail: &str) -> Response<ResponseBody<R>> {
+/// The answer when the layer cannot run the request as configured. The client gets a fixed
+/// text (the error can name source locations, keys and scopes); the error goes to tracing.
+fn misconfigured<R: Body<Data = Bytes>>(
+    error: &(dyn fmt::Display + Sync),
+) -> Response<ResponseBody<R>> {
+    tracing::error!(error = %error, "idempotask-http: the request could not run as configured");
     problem(Problem::new(
         StatusCode::INTERNAL_SERVER_ERROR,
         problem::MISCONFIGURED,
         "Idempotency misconfigured",
-        format!("nothing ran: {detail}"),
+        MISCONFIGURED_DETAIL,
     ))
+}
+
+/// The `detail` of every [`problem::MISCONFIGURED`] answer.
+const MISCONFIGURED_DETAIL: &str =
+    "nothing ran: the idempotency layer is misconfigured; the server's log says how";
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    use axum::Router;
+    use axum::routing::post;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    use crate::{Idempotency, problem};
+
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+
+    /// Polls `future` to its end on this thread, with no tokio runtime around it.
+    fn block_on<F: std::future::Future>(future: F) -> F::Output {
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut context = Context::from_waker(&waker);
+        let mut future = std::pin::pin!(future);
+        loop {
+            match future.as_mut().poll(&mut context) {
+                Poll::Ready(output) => return output,
+                Poll::Pending => std::thread::park(),
+            }
+        }
+    }
+
+    fn keyed(key: &str) -> http::Request<axum::body::Body> {
+        http::Request::post("/p")
+            .header("idempotency-key", key)
+            .body(axum::body::Body::from("1 EUR"))
+            .unwrap()
+    }
+
+    #[test]
+    fn outside_a_tokio_runtime_is_misconfigured_not_a_panic() {
+        let app = Router::new()
+            .route("/p", post(|| async { "ran" }))
+            .layer(Idempotency::new(idempotask::Task::new("no_runtime")));
+        let response = block_on(app.oneshot(keyed("k"))).unwrap();
+        assert_eq!(response.status(), 500);
+        let body = block_on(response.into_body().collect()).unwrap().to_bytes();
+        let document: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(document["type"], problem::MISCONFIGURED);
+        assert_eq!(document["detail"], super::MISCONFIGURED_DETAIL);
+    }
+
+    #[tokio::test]
+    async fn a_misconfiguration_is_told_in_fixed_text() {
+        // No store given and none installed: the core's error names the task; the client
+        // gets the fixed text only.
+        let app = Router::new()
+            .route("/p", post(|| async { "ran" }))
+            .layer(Idempotency::new(idempotask::Task::new("secret_task_name")));
+        let response = app.oneshot(keyed("k")).await.unwrap();
+        assert_eq!(response.status(), 500);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let document: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(document["type"], problem::MISCONFIGURED);
+        assert_eq!(document["detail"], super::MISCONFIGURED_DETAIL);
+    }
 }
