@@ -515,6 +515,16 @@ async fn scopes_keep_equal_keys_apart(backend: Backend) {
     assert_eq!(bodies[0].1, bodies[2].1);
     assert_ne!(bodies[0].1, bodies[1].1);
     assert!(bodies[2].0, "the second request of a tenant is a replay");
+    // A scope far longer than a key is hashed into the stored key: the key stays valid.
+    let long = "t".repeat(4000);
+    let answer = send(
+        server
+            .post("/payments", Some("pay-7"), "5 EUR")
+            .header("x-tenant", &long),
+    )
+    .await;
+    assert_eq!((answer.status, answer.replayed), (201, false), "{answer:?}");
+    assert_eq!(server.executions(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

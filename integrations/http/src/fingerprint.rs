@@ -67,7 +67,8 @@ impl Fingerprinting {
     }
 }
 
-fn digest(body: &[u8]) -> String {
+/// The SHA-256 of `body`, in lower-case hex.
+pub(crate) fn digest(body: &[u8]) -> String {
     use std::fmt::Write;
     let mut hex = String::with_capacity(64);
     for byte in Sha256::digest(body) {

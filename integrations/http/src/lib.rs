@@ -61,7 +61,8 @@
 //! clients' equal keys never meet. A request without a key passes through, unless
 //! [`require_key`](Idempotency::require_key) is set.
 //!
-//! The stored key is the scope and the key; the request's **fingerprint** is its method, path,
+//! The stored key is the scope's SHA-256 (bounded, and a secret scope is not stored or logged
+//! in clear) and the key; the request's **fingerprint** is its method, path,
 //! query, body digest and any [headers you name](Idempotency::fingerprint_headers). A retry
 //! with the same key and another fingerprint is `422`, and nothing runs.
 //!
@@ -300,7 +301,9 @@ impl Idempotency {
     }
 
     /// Puts `scope(request)` (the tenant, the API key, the principal an outer layer
-    /// authenticated) into the stored key, so equal keys of two scopes are two operations.
+    /// authenticated) into the stored key, so equal keys of two scopes are two operations. The
+    /// scope is stored as its SHA-256, so its length does not count against the key's limit
+    /// and it is not logged in clear.
     #[must_use]
     pub fn scope(mut self, scope: impl Fn(&Parts) -> String + Send + Sync + 'static) -> Self {
         self.scope = Some(Arc::new(scope));
