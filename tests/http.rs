@@ -290,6 +290,8 @@ async fn concurrent_duplicates_run_the_handler_once(backend: Backend) {
     let held = send(server.post("/payments", Some("\"pay-1\""), "42 EUR")).await;
     assert_eq!(held.status, 409, "{held:?}");
     assert_eq!(held.problem_type(), problem::IN_PROGRESS);
+    // The holder's lock has about 30 s left; the wait it advertises is capped.
+    assert_eq!(held.retry_after.as_deref(), Some("2"), "{held:?}");
     server.probe.gate.add_permits(Semaphore::MAX_PERMITS);
     let mut answers = Vec::new();
     for answer in running {

@@ -87,6 +87,7 @@
 //! | the store cannot confirm the lock | `503` [`STORE_UNAVAILABLE`](problem::STORE_UNAVAILABLE) with `Retry-After` | does not run |
 //! | the stored response cannot be read back (damaged, or of a later format version) | `410` [`STORED_RESPONSE_UNREADABLE`](problem::STORED_RESPONSE_UNREADABLE) | does not run again |
 //! | no store installed, a task name taken, no tokio runtime around the service | `500` [`MISCONFIGURED`](problem::MISCONFIGURED), a fixed `detail`; the error itself goes to `tracing::error!` | does not run |
+//! | fresh key, the store down at `finish`, or the lock lost under the handler | the handler's response (a `tracing::warn!` from the core and the layer); a retry after the lock TTL may run the handler again | ran |
 //! | the handler's service fails (its `Err`) or panics | that error or panic, as without the layer; the key is released | ran |
 //!
 //! # Decisions
@@ -102,7 +103,7 @@
 //!   effect should store: [`store_when`](Idempotency::store_when) sets the rule (`|_| true` is
 //!   the draft's and Stripe's).
 //! - **Concurrent duplicates** get `409` with `Retry-After` (the holder's remaining lock time,
-//!   at least one second), the draft's answer, at the cost of no extra store round trip.
+//!   at least one second, at most [`max_retry_after`](Idempotency::max_retry_after)), the draft's answer, at the cost of no extra store round trip.
 //!   [`wait_for_result`](Idempotency::wait_for_result) makes them wait up to a bound and get the
 //!   first request's response, which is what a webhook sender wants (it only sees `2xx` or a
 //!   failure); waiting asks the store again with backoff.
@@ -160,6 +161,8 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 pub const DEFAULT_MAX_KEY_LEN: usize = 255;
 /// The largest request body buffered by default: 1 MiB.
 pub const DEFAULT_MAX_REQUEST_BODY: usize = 1024 * 1024;
+/// The longest `Retry-After` a `409` carries by default: 2 s.
+pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(2);
 /// The largest response body stored by default: 256 KiB.
 pub const DEFAULT_MAX_STORED_BODY: usize = 256 * 1024;
 
@@ -212,6 +215,7 @@ pub struct Idempotency {
     fingerprinting: Fingerprinting,
     renew: bool,
     store_cookies: bool,
+    max_retry_after: Duration,
 }
 
 /// Whether a response with `status` is stored by default: below 500, except `408 Request
@@ -255,6 +259,7 @@ impl Idempotency {
             fingerprinting: Fingerprinting::default(),
             renew: true,
             store_cookies: false,
+            max_retry_after: DEFAULT_MAX_RETRY_AFTER,
         }
     }
 
@@ -387,6 +392,15 @@ impl Idempotency {
     #[must_use]
     pub fn renew_lock(mut self, renew: bool) -> Self {
         self.renew = renew;
+        self
+    }
+
+    /// The longest `Retry-After` of a `409` (default [`DEFAULT_MAX_RETRY_AFTER`], at least 1 s).
+    /// It is the holder's remaining lock time, capped: that time bounds the wait, but a handler
+    /// of milliseconds under a 30 s lock would otherwise make clients wait 30 s.
+    #[must_use]
+    pub fn max_retry_after(mut self, cap: Duration) -> Self {
+        self.max_retry_after = cap;
         self
     }
 

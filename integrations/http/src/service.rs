@@ -6,6 +6,7 @@ use std::panic::resume_unwind;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Request, Response, StatusCode};
@@ -278,14 +279,25 @@ where
     let result = call.run_reported(body).await;
     match result {
         Ok(report) if report.outcome == Outcome::Replayed => Ok(replay(report.value)),
-        // Executed, or executed with a lock lost or a marker not written (logged by the core):
-        // the handler ran and its response is the answer.
+        Ok(report) if report.outcome != Outcome::Executed => {
+            // The response is still the answer (the side effect happened), but a retry after
+            // the lock TTL may run the handler again: the operator should know.
+            tracing::warn!(
+                task = config.task.name(),
+                outcome = ?report.outcome,
+                "idempotask-http: the response was sent but may not be replayed; a retry after the lock TTL may run the handler again"
+            );
+            Ok(produced.map_or_else(
+                || misconfigured(&"the handler's response went missing"),
+                Produced::into_response,
+            ))
+        }
         Ok(_) | Err(Failure::NotStored) => Ok(produced.map_or_else(
             || misconfigured(&"the handler's response went missing"),
             Produced::into_response,
         )),
         Err(Failure::Service(err)) => Err(err),
-        Err(Failure::Idempotask(err)) => Ok(refused(&err)),
+        Err(Failure::Idempotask(err)) => Ok(refused(&err, config.max_retry_after)),
     }
 }
 
@@ -349,12 +361,16 @@ fn replay<R: Body<Data = Bytes>>(marker: Marker) -> Response<ResponseBody<R>> {
 }
 
 /// Input: an error of idempotask's. Output: the problem answer for it.
-fn refused<R: Body<Data = Bytes>>(err: &Error) -> Response<ResponseBody<R>> {
+fn refused<R: Body<Data = Bytes>>(err: &Error, cap: Duration) -> Response<ResponseBody<R>> {
     match err {
         Error::Contended {
             lock_ttl_remaining, ..
         } => {
-            let secs = lock_ttl_remaining.map_or(1, |left| left.as_secs() + 1);
+            // The holder's remaining lock time is an upper bound, often far off: a handler of
+            // milliseconds under a 30 s lock would make clients wait 30 s.
+            let secs = lock_ttl_remaining
+                .map_or(1, |left| left.as_secs() + 1)
+                .min(cap.as_secs().max(1));
             problem(
                 Problem::new(
                     StatusCode::CONFLICT,
