@@ -21,7 +21,7 @@ pub(crate) fn from_header(
         return Ok(None);
     };
     if values.next().is_some() {
-        return Err("the Idempotency-Key header appears more than once");
+        return Err("the header that carries the idempotency key appears more than once");
     }
     let raw = value.as_bytes().trim_ascii();
     let key = match raw.strip_prefix(b"\"") {

@@ -107,7 +107,7 @@ where
     if let KeySource::Header(name) = &config.key {
         match key::from_header(&request.headers().get_all(name), config.max_key_len) {
             Ok(Some(key)) => header_key = Some(key),
-            Ok(None) if config.require_key => return Ok(missing_key()),
+            Ok(None) if config.require_key => return Ok(missing_key(&config.key)),
             Ok(None) => return pass(inner, request.map(RequestBody::streaming)).await,
             Err(refusal) => return Ok(invalid_key(refusal)),
         }
@@ -142,7 +142,7 @@ where
                 Ok(key) => key,
                 Err(refusal) => return Ok(invalid_key(refusal)),
             },
-            None if config.require_key => return Ok(missing_key()),
+            None if config.require_key => return Ok(missing_key(&config.key)),
             None => {
                 let request = Request::from_parts(parts, RequestBody::buffered(body));
                 return pass(inner, request).await;
@@ -416,13 +416,25 @@ fn problem<R: Body<Data = Bytes>>(problem: Problem) -> Response<ResponseBody<R>>
     problem.into_response().map(ResponseBody::full)
 }
 
-fn missing_key<R: Body<Data = Bytes>>() -> Response<ResponseBody<R>> {
+fn missing_key<R: Body<Data = Bytes>>(source: &KeySource) -> Response<ResponseBody<R>> {
     problem(Problem::new(
         StatusCode::BAD_REQUEST,
         problem::MISSING_KEY,
         "Idempotency key missing",
-        "this request requires an Idempotency-Key header",
+        missing_key_detail(source),
     ))
+}
+
+/// What a request without a key lacks, in the terms of where this layer takes its key from.
+fn missing_key_detail(source: &KeySource) -> String {
+    match source {
+        KeySource::Header(name) => {
+            format!("this request requires an idempotency key in its {name} header")
+        }
+        KeySource::Function(_) => {
+            "this request requires an idempotency key, and none was found in it".to_owned()
+        }
+    }
 }
 
 fn invalid_key<R: Body<Data = Bytes>>(detail: Refusal) -> Response<ResponseBody<R>> {
@@ -502,6 +514,14 @@ mod tests {
             .header("idempotency-key", key)
             .body(axum::body::Body::from("1 EUR"))
             .unwrap()
+    }
+
+    #[test]
+    fn a_missing_key_names_where_the_key_is_taken_from() {
+        let github = crate::KeySource::Header(http::HeaderName::from_static("x-github-delivery"));
+        assert!(super::missing_key_detail(&github).contains("x-github-delivery"));
+        let by_body = crate::KeySource::Function(Arc::new(|_, _| None));
+        assert!(!super::missing_key_detail(&by_body).contains("header"));
     }
 
     #[test]
