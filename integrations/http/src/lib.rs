@@ -75,7 +75,7 @@
 //! | method not covered, or no key (and none required) | the handler's | runs, unprotected |
 //! | no key, [`require_key`](Idempotency::require_key) set | `400` [`MISSING_KEY`](problem::MISSING_KEY) | does not run |
 //! | malformed key | `400` [`INVALID_KEY`](problem::INVALID_KEY) | does not run |
-//! | body over [`max_request_body`](Idempotency::max_request_body) | `413` [`BODY_TOO_LARGE`](problem::BODY_TOO_LARGE) | does not run |
+//! | body over [`max_request_body`](Idempotency::max_request_body) (refused before it is read when its `Content-Length` says so); with [`key_fn`](Idempotency::key_fn) this holds for requests without a key too, since the body is read to look for one | `413` [`BODY_TOO_LARGE`](problem::BODY_TOO_LARGE) | does not run |
 //! | body not readable (the client stopped sending) | `400` [`BODY_UNREADABLE`](problem::BODY_UNREADABLE) | does not run |
 //! | fresh key | the handler's response; stored when its status is kept (below) | runs once, to completion even if the client goes away |
 //! | fresh key, a `5xx` (by default) | the handler's response; the key is released, so a retry runs again | ran |

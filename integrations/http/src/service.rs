@@ -113,18 +113,15 @@ where
         }
     }
     let (parts, body) = request.into_parts();
+    // A body that declares itself over the limit (its Content-Length) is refused before a byte
+    // of it is read; `Limited` catches the ones that do not say.
+    if body.size_hint().lower() > config.max_request_body as u64 {
+        return Ok(body_too_large(config.max_request_body));
+    }
     let body = match Limited::new(body, config.max_request_body).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => {
-            return Ok(problem(Problem::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                problem::BODY_TOO_LARGE,
-                "Request body too large",
-                format!(
-                    "requests with an idempotency key are buffered up to {} bytes",
-                    config.max_request_body
-                ),
-            )));
+            return Ok(body_too_large(config.max_request_body));
         }
         Err(err) => {
             return Ok(problem(Problem::new(
@@ -416,6 +413,15 @@ fn problem<R: Body<Data = Bytes>>(problem: Problem) -> Response<ResponseBody<R>>
     problem.into_response().map(ResponseBody::full)
 }
 
+fn body_too_large<R: Body<Data = Bytes>>(limit: usize) -> Response<ResponseBody<R>> {
+    problem(Problem::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        problem::BODY_TOO_LARGE,
+        "Request body too large",
+        format!("requests with an idempotency key are buffered up to {limit} bytes"),
+    ))
+}
+
 fn missing_key<R: Body<Data = Bytes>>(source: &KeySource) -> Response<ResponseBody<R>> {
     problem(Problem::new(
         StatusCode::BAD_REQUEST,
@@ -522,6 +528,37 @@ mod tests {
         assert!(super::missing_key_detail(&github).contains("x-github-delivery"));
         let by_body = crate::KeySource::Function(Arc::new(|_, _| None));
         assert!(!super::missing_key_detail(&by_body).contains("header"));
+    }
+
+    /// A body that says it is a gigabyte long and never sends a byte.
+    struct Declared;
+    impl http_body::Body for Declared {
+        type Data = bytes::Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+            Poll::Pending
+        }
+        fn size_hint(&self) -> http_body::SizeHint {
+            http_body::SizeHint::with_exact(1 << 30)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_declared_over_the_limit_is_refused_before_it_is_read() {
+        let app = Router::new()
+            .route("/p", post(|| async { "ran" }))
+            .layer(Idempotency::new(idempotask::Task::new("declared")).max_request_body(64));
+        let request = http::Request::post("/p")
+            .header("idempotency-key", "k")
+            .body(axum::body::Body::new(Declared))
+            .unwrap();
+        let answered =
+            tokio::time::timeout(std::time::Duration::from_secs(30), app.oneshot(request));
+        let response = answered.await.expect("refused without reading").unwrap();
+        assert_eq!(response.status(), 413);
     }
 
     #[test]
