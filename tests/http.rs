@@ -77,7 +77,18 @@ on_every_store!(
     a_client_that_goes_away_mid_handler_gets_the_stored_response_on_retry,
     scopes_keep_equal_keys_apart,
     a_key_from_the_body_and_the_stored_headers,
+    a_handler_slower_than_the_lock_ttl_keeps_its_lock,
+    a_damaged_stored_response_is_410_and_runs_nothing,
 );
+
+/// Awaits the next signal on `channel`, failing the test (not hanging the suite) when `what`
+/// does not happen within a minute.
+async fn next(channel: &mut mpsc::UnboundedReceiver<()>, what: &str) {
+    tokio::time::timeout(Duration::from_secs(60), channel.recv())
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not happen within 60 s"))
+        .expect("the server keeps its probe");
+}
 
 /// What the handlers did, as the test sees it.
 #[derive(Clone)]
@@ -207,6 +218,9 @@ async fn send(request: reqwest::RequestBuilder) -> Answer {
     Answer::of(request.send().await.unwrap()).await
 }
 
+/// The `Date` the handler sets, which a replay must not repeat.
+const SENTINEL_DATE: &str = "Mon, 01 Jan 2001 00:00:00 GMT";
+
 /// `POST /payments`: charges once per execution (gated when the server is), answers `201`
 /// with the charge's number.
 async fn pay(State(probe): State<Probe>, body: String) -> Response {
@@ -215,7 +229,11 @@ async fn pay(State(probe): State<Probe>, body: String) -> Response {
     probe.gate.acquire().await.unwrap().forget();
     (
         StatusCode::CREATED,
-        [("location", format!("/payments/{charge}"))],
+        [
+            ("location", format!("/payments/{charge}")),
+            ("date", SENTINEL_DATE.to_owned()),
+            ("set-cookie", format!("session=charge-{charge}")),
+        ],
         format!("{{\"charge\":{charge},\"amount\":\"{body}\"}}"),
     )
         .into_response()
@@ -267,7 +285,13 @@ async fn concurrent_duplicates_run_the_handler_once(backend: Backend) {
         running.push(tokio::spawn(send(request)));
     }
     // The first request holds the key; let it finish once it has started.
-    server.signals.started.recv().await.unwrap();
+    next(&mut server.signals.started, "the first handler start").await;
+    // The gate is closed, so this one meets the held key for certain.
+    let held = send(server.post("/payments", Some("\"pay-1\""), "42 EUR")).await;
+    assert_eq!(held.status, 409, "{held:?}");
+    assert_eq!(held.problem_type(), problem::IN_PROGRESS);
+    // The holder's lock has about 30 s left; the wait it advertises is capped.
+    assert_eq!(held.retry_after.as_deref(), Some("2"), "{held:?}");
     server.probe.gate.add_permits(Semaphore::MAX_PERMITS);
     let mut answers = Vec::new();
     for answer in running {
@@ -308,7 +332,7 @@ async fn waiting_duplicates_all_get_the_first_response(backend: Backend) {
         let request = server.post("/payments", Some("pay-2"), "7 EUR");
         running.push(tokio::spawn(send(request)));
     }
-    server.signals.started.recv().await.unwrap();
+    next(&mut server.signals.started, "the first handler start").await;
     server.probe.gate.add_permits(Semaphore::MAX_PERMITS);
     let mut answers = Vec::new();
     for answer in running {
@@ -455,10 +479,14 @@ async fn a_client_that_goes_away_mid_handler_gets_the_stored_response_on_retry(b
     let mut server = Server::start(layer, true).await;
     let request = server.post("/payments", Some("pay-6"), "99 EUR");
     let client = tokio::spawn(request.send());
-    server.signals.started.recv().await.unwrap();
+    next(&mut server.signals.started, "the handler start").await;
     // The client goes away while the handler is halfway through; the server notices.
     client.abort();
-    server.signals.dropped.recv().await.unwrap();
+    next(
+        &mut server.signals.dropped,
+        "the server dropping the abandoned request",
+    )
+    .await;
     server.probe.gate.add_permits(Semaphore::MAX_PERMITS);
 
     let retry = send(server.post("/payments", Some("pay-6"), "99 EUR")).await;
@@ -489,6 +517,16 @@ async fn scopes_keep_equal_keys_apart(backend: Backend) {
     assert_eq!(bodies[0].1, bodies[2].1);
     assert_ne!(bodies[0].1, bodies[1].1);
     assert!(bodies[2].0, "the second request of a tenant is a replay");
+    // A scope far longer than a key is hashed into the stored key: the key stays valid.
+    let long = "t".repeat(4000);
+    let answer = send(
+        server
+            .post("/payments", Some("pay-7"), "5 EUR")
+            .header("x-tenant", &long),
+    )
+    .await;
+    assert_eq!((answer.status, answer.replayed), (201, false), "{answer:?}");
+    assert_eq!(server.executions(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -522,7 +560,11 @@ async fn a_key_from_the_body_and_the_stored_headers(backend: Backend) {
     let event = r#"{"id":"evt_1","type":"charge.succeeded"}"#;
     let first = server.post("/payments", None, event).send().await.unwrap();
     let location = first.headers().get("location").cloned();
-    let date = first.headers().get("date").cloned();
+    assert_eq!(first.headers().get("date").unwrap(), SENTINEL_DATE);
+    assert_eq!(
+        first.headers().get("set-cookie").unwrap(),
+        "session=charge-1"
+    );
     assert_eq!(first.status(), 201);
     let replay = server.post("/payments", None, event).send().await.unwrap();
     assert_eq!(
@@ -531,11 +573,65 @@ async fn a_key_from_the_body_and_the_stored_headers(backend: Backend) {
     );
     // End-to-end headers come back as stored; `Date` is the replay's own.
     assert_eq!(replay.headers().get("location").cloned(), location);
-    assert!(location.is_some() && date.is_some());
-    assert!(replay.headers().get("date").is_some());
+    assert!(location.is_some());
+    let date = replay
+        .headers()
+        .get("date")
+        .expect("the server dates the replay");
+    assert_ne!(date, SENTINEL_DATE, "the stored Date was replayed");
+    assert!(
+        replay.headers().get("set-cookie").is_none(),
+        "a session cookie was handed to whoever retried the key"
+    );
     // A body without an id has no key: it passes through and runs.
     let unkeyed = send(server.post("/payments", None, r#"{"type":"ping"}"#)).await;
     assert_eq!((unkeyed.status, unkeyed.replayed), (201, false));
     assert_eq!(server.executions(), 2);
+    drop(backend);
+}
+
+async fn a_handler_slower_than_the_lock_ttl_keeps_its_lock(backend: Backend) {
+    let ttl = Duration::from_millis(600);
+    let task = Task::new("http_long_handler").lock_ttl(ttl);
+    let layer = Idempotency::new(task).store(backend.store.clone());
+    let mut server = Server::start(layer, true).await;
+    let first = tokio::spawn(send(server.post("/payments", Some("pay-long"), "3 EUR")));
+    next(&mut server.signals.started, "the handler start").await;
+    // Time passing is what is under test: the handler is held three lock TTLs long.
+    tokio::time::sleep(ttl * 3).await;
+    let retry = send(server.post("/payments", Some("pay-long"), "3 EUR")).await;
+    assert_eq!(
+        retry.status, 409,
+        "the lock expired under the handler: {retry:?}"
+    );
+    assert_eq!(retry.problem_type(), problem::IN_PROGRESS);
+    server.probe.gate.add_permits(Semaphore::MAX_PERMITS);
+    let first = first.await.unwrap();
+    assert_eq!((first.status, first.replayed), (201, false), "{first:?}");
+    let replay = send(server.post("/payments", Some("pay-long"), "3 EUR")).await;
+    assert_eq!((replay.status, replay.replayed), (201, true), "{replay:?}");
+    assert_eq!(
+        server.executions(),
+        1,
+        "a second run while the first still ran"
+    );
+    drop(backend);
+}
+
+async fn a_damaged_stored_response_is_410_and_runs_nothing(backend: Backend) {
+    // A marker under the layer's task and key whose value is no stored response, written
+    // through the core's public API.
+    let damaged: String = Task::new("http_damaged")
+        .call("pay-damaged")
+        .store(backend.store.clone())
+        .run(async { Ok::<_, idempotask::Error>("not a stored response".to_owned()) })
+        .await
+        .unwrap();
+    assert_eq!(damaged, "not a stored response");
+    let server = Server::start(layer(&backend, "http_damaged"), false).await;
+    let answer = send(server.post("/payments", Some("pay-damaged"), "1 EUR")).await;
+    assert_eq!(answer.status, 410, "{answer:?}");
+    assert_eq!(answer.problem_type(), problem::STORED_RESPONSE_UNREADABLE);
+    assert_eq!(server.executions(), 0);
     drop(backend);
 }

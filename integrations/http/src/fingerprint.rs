@@ -52,7 +52,9 @@ impl Fingerprinting {
                     .headers
                     .get_all(name)
                     .iter()
-                    .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+                    // The bytes' digest, not lossy text: two values that are not UTF-8
+                    // would both read as U+FFFD and a changed header would go unseen.
+                    .map(|value| digest(value.as_bytes()))
                     .collect();
                 (name.as_str(), values)
             })
@@ -67,7 +69,8 @@ impl Fingerprinting {
     }
 }
 
-fn digest(body: &[u8]) -> String {
+/// The SHA-256 of `body`, in lower-case hex.
+pub(crate) fn digest(body: &[u8]) -> String {
     use std::fmt::Write;
     let mut hex = String::with_capacity(64);
     for byte in Sha256::digest(body) {
@@ -90,6 +93,25 @@ mod tests {
             .unwrap()
             .into_parts()
             .0
+    }
+
+    #[test]
+    fn header_values_that_are_not_utf8_stay_apart() {
+        let with = |value: &'static [u8]| {
+            let parts = Request::post("/p")
+                .header("x-v", http::HeaderValue::from_bytes(value).unwrap())
+                .body(())
+                .unwrap()
+                .into_parts()
+                .0;
+            let fingerprinting = Fingerprinting {
+                headers: vec![http::HeaderName::from_static("x-v")],
+                ..Fingerprinting::default()
+            };
+            fingerprinting.of(&parts, &Bytes::new()).unwrap()
+        };
+        assert_ne!(with(b"\xff"), with(b"\xfe"));
+        assert_eq!(with(b"\xff"), with(b"\xff"));
     }
 
     #[test]

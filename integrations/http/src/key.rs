@@ -21,7 +21,7 @@ pub(crate) fn from_header(
         return Ok(None);
     };
     if values.next().is_some() {
-        return Err("the Idempotency-Key header appears more than once");
+        return Err("the header that carries the idempotency key appears more than once");
     }
     let raw = value.as_bytes().trim_ascii();
     let key = match raw.strip_prefix(b"\"") {
@@ -84,11 +84,14 @@ pub(crate) fn checked(key: String, max_len: usize) -> Result<String, Refusal> {
     Ok(key)
 }
 
-/// The key the store sees: the scope, then the caller's key, told apart by the scope's length
-/// so that no scope and key pair can spell another pair's stored key.
+/// The key the store sees: the SHA-256 of the scope (64 hex digits), then the caller's key.
+///
+/// Hashed so that the stored key stays bounded (a long scope cannot push a valid key over the
+/// store's limit) and a scope that is a secret (an API key) is not logged or stored in clear;
+/// fixed-length, so that no scope and key pair can spell another pair's stored key.
 pub(crate) fn scoped(scope: Option<&str>, key: &str) -> String {
     match scope {
-        Some(scope) => format!("{}:{scope}:{key}", scope.len()),
+        Some(scope) => format!("{}:{key}", crate::fingerprint::digest(scope.as_bytes())),
         None => key.to_owned(),
     }
 }
@@ -151,5 +154,14 @@ mod tests {
     fn scopes_cannot_spell_each_others_keys() {
         assert_ne!(scoped(Some("a:b"), "c"), scoped(Some("a"), "b:c"));
         assert_eq!(scoped(None, "k"), "k");
+    }
+
+    #[test]
+    fn scopes_are_hashed_and_bounded() {
+        let secret = "sk_live_".repeat(1000);
+        let stored = scoped(Some(&secret), "k");
+        assert_eq!(stored.len(), 64 + 2, "{stored}");
+        assert!(!stored.contains("sk_live"), "{stored}");
+        assert!(stored.ends_with(":k"));
     }
 }

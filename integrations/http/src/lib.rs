@@ -27,7 +27,15 @@
 //!         format!("charge {charge} for {body}")
 //!     }))
 //!     // A Redis or PostgreSQL store in production, or the installed one without `.store`.
-//!     .layer(Idempotency::new(Task::new("payments")).store(MemoryStore::new()));
+//!     .layer(
+//!         Idempotency::new(Task::new("payments"))
+//!             .store(MemoryStore::new())
+//!             // Two clients' equal keys never meet: scope by who is asking.
+//!             .scope(|request| {
+//!                 let client = request.headers.get("x-api-client");
+//!                 client.and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
+//!             }),
+//!     );
 //!
 //! for _retry in 0..3 {
 //!     let request = http::Request::post("/payments")
@@ -53,7 +61,8 @@
 //! clients' equal keys never meet. A request without a key passes through, unless
 //! [`require_key`](Idempotency::require_key) is set.
 //!
-//! The stored key is the scope and the key; the request's **fingerprint** is its method, path,
+//! The stored key is the scope's SHA-256 (bounded, and a secret scope is not stored or logged
+//! in clear) and the key; the request's **fingerprint** is its method, path,
 //! query, body digest and any [headers you name](Idempotency::fingerprint_headers). A retry
 //! with the same key and another fingerprint is `422`, and nothing runs.
 //!
@@ -66,7 +75,7 @@
 //! | method not covered, or no key (and none required) | the handler's | runs, unprotected |
 //! | no key, [`require_key`](Idempotency::require_key) set | `400` [`MISSING_KEY`](problem::MISSING_KEY) | does not run |
 //! | malformed key | `400` [`INVALID_KEY`](problem::INVALID_KEY) | does not run |
-//! | body over [`max_request_body`](Idempotency::max_request_body) | `413` [`BODY_TOO_LARGE`](problem::BODY_TOO_LARGE) | does not run |
+//! | body over [`max_request_body`](Idempotency::max_request_body) (refused before it is read when its `Content-Length` says so); with [`key_fn`](Idempotency::key_fn) this holds for requests without a key too, since the body is read to look for one | `413` [`BODY_TOO_LARGE`](problem::BODY_TOO_LARGE) | does not run |
 //! | body not readable (the client stopped sending) | `400` [`BODY_UNREADABLE`](problem::BODY_UNREADABLE) | does not run |
 //! | fresh key | the handler's response; stored when its status is kept (below) | runs once, to completion even if the client goes away |
 //! | fresh key, a `5xx` (by default) | the handler's response; the key is released, so a retry runs again | ran |
@@ -76,8 +85,9 @@
 //! | the key is being processed by another request | `409` [`IN_PROGRESS`](problem::IN_PROGRESS) with `Retry-After`; or, with [`wait_for_result`](Idempotency::wait_for_result), the first request's response once stored | does not run |
 //! | the key was used with another fingerprint | `422` [`KEY_REUSED`](problem::KEY_REUSED) | does not run |
 //! | the store cannot confirm the lock | `503` [`STORE_UNAVAILABLE`](problem::STORE_UNAVAILABLE) with `Retry-After` | does not run |
-//! | the stored response cannot be read back | `500` [`STORED_RESPONSE_UNREADABLE`](problem::STORED_RESPONSE_UNREADABLE) | does not run again |
-//! | no store installed, a task name taken | `500` [`MISCONFIGURED`](problem::MISCONFIGURED) | does not run |
+//! | the stored response cannot be read back (damaged, or of a later format version) | `410` [`STORED_RESPONSE_UNREADABLE`](problem::STORED_RESPONSE_UNREADABLE) | does not run again |
+//! | no store installed, a task name taken, no tokio runtime around the service | `500` [`MISCONFIGURED`](problem::MISCONFIGURED), a fixed `detail`; the error itself goes to `tracing::error!` | does not run |
+//! | fresh key, the store down at `finish`, or the lock lost under the handler | the handler's response (a `tracing::warn!` from the core and the layer); a retry after the lock TTL may run the handler again | ran |
 //! | the handler's service fails (its `Err`) or panics | that error or panic, as without the layer; the key is released | ran |
 //!
 //! # Decisions
@@ -93,7 +103,7 @@
 //!   effect should store: [`store_when`](Idempotency::store_when) sets the rule (`|_| true` is
 //!   the draft's and Stripe's).
 //! - **Concurrent duplicates** get `409` with `Retry-After` (the holder's remaining lock time,
-//!   at least one second), the draft's answer, at the cost of no extra store round trip.
+//!   at least one second, at most [`max_retry_after`](Idempotency::max_retry_after)), the draft's answer, at the cost of no extra store round trip.
 //!   [`wait_for_result`](Idempotency::wait_for_result) makes them wait up to a bound and get the
 //!   first request's response, which is what a webhook sender wants (it only sees `2xx` or a
 //!   failure); waiting asks the store again with backoff.
@@ -107,14 +117,17 @@
 //! - **Cost.** A fresh request is one `begin` and one `finish` round trip to the store; a
 //!   replay one `begin`. The request body is buffered (it is part of the fingerprint), up to
 //!   [`max_request_body`](Idempotency::max_request_body).
-//! - **Not stored:** trailers, hop-by-hop headers (`Connection` and those it names,
+//! - **Not stored:** `Set-Cookie` (unless [`store_cookies`](Idempotency::store_cookies)),
+//!   trailers, hop-by-hop headers (`Connection` and those it names,
 //!   `Keep-Alive`, `Transfer-Encoding`, `TE`, `Trailer`, `Upgrade`, `Proxy-*`) and `Date`. The
 //!   body is stored as text when it is UTF-8, else in base64.
 //!
 //! Every setting of the [`Task`] applies (lock TTL, result TTL: how long a retry gets the
-//! stored response, lock renewal, key logging), but its retry policy, which the layer sets from
-//! [`wait_for_result`](Idempotency::wait_for_result). Keep the lock TTL longer than the
-//! handler's longest run, or turn on [`Task::renew`].
+//! stored response, key logging), but its retry policy, which the layer sets from
+//! [`wait_for_result`](Idempotency::wait_for_result), and lock renewal, which the layer turns
+//! on ([`renew_lock`](Idempotency::renew_lock)): the handler runs detached, so no client
+//! timeout bounds it, and a lock that expired under a slow handler would let a retry run it a
+//! second time.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod body;
@@ -148,6 +161,8 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 pub const DEFAULT_MAX_KEY_LEN: usize = 255;
 /// The largest request body buffered by default: 1 MiB.
 pub const DEFAULT_MAX_REQUEST_BODY: usize = 1024 * 1024;
+/// The longest `Retry-After` a `409` carries by default: 2 s.
+pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(2);
 /// The largest response body stored by default: 256 KiB.
 pub const DEFAULT_MAX_STORED_BODY: usize = 256 * 1024;
 
@@ -198,6 +213,9 @@ pub struct Idempotency {
     wait: Option<Duration>,
     stores_status: Arc<StatusRule>,
     fingerprinting: Fingerprinting,
+    renew: bool,
+    store_cookies: bool,
+    max_retry_after: Duration,
 }
 
 /// Whether a response with `status` is stored by default: below 500, except `408 Request
@@ -221,6 +239,10 @@ pub fn stored_by_default(status: StatusCode) -> bool {
 impl Idempotency {
     /// Requests run through `task` (its name is where their keys live in the store), on the
     /// installed store, with the defaults of each setting below.
+    ///
+    /// **Set a [`scope`](Self::scope) whenever more than one client reaches the layer.** An
+    /// unscoped layer gives a stored response to whoever sends its key again: two tenants who
+    /// both send `order-42` with the same body get each other's body and `Location`.
     pub fn new(task: Task) -> Self {
         Self {
             task,
@@ -235,6 +257,9 @@ impl Idempotency {
             wait: None,
             stores_status: Arc::new(stored_by_default),
             fingerprinting: Fingerprinting::default(),
+            renew: true,
+            store_cookies: false,
+            max_retry_after: DEFAULT_MAX_RETRY_AFTER,
         }
     }
 
@@ -281,7 +306,9 @@ impl Idempotency {
     }
 
     /// Puts `scope(request)` (the tenant, the API key, the principal an outer layer
-    /// authenticated) into the stored key, so equal keys of two scopes are two operations.
+    /// authenticated) into the stored key, so equal keys of two scopes are two operations. The
+    /// scope is stored as its SHA-256, so its length does not count against the key's limit
+    /// and it is not logged in clear.
     #[must_use]
     pub fn scope(mut self, scope: impl Fn(&Parts) -> String + Send + Sync + 'static) -> Self {
         self.scope = Some(Arc::new(scope));
@@ -355,6 +382,39 @@ impl Idempotency {
         self
     }
 
+    /// Whether the lock is renewed while the handler runs (default on, whatever the task's own
+    /// [`Task::renew`] says).
+    ///
+    /// The handler runs detached to completion (a client timeout no longer bounds it), so a
+    /// handler slower than the lock TTL (a gateway call that hangs) would otherwise let the
+    /// lock expire and a retry run it a second time while the first still runs. Turn renewal
+    /// off only for handlers you know finish well within the lock TTL.
+    #[must_use]
+    pub fn renew_lock(mut self, renew: bool) -> Self {
+        self.renew = renew;
+        self
+    }
+
+    /// The longest `Retry-After` of a `409` (default [`DEFAULT_MAX_RETRY_AFTER`], at least 1 s).
+    /// It is the holder's remaining lock time, capped: that time bounds the wait, but a handler
+    /// of milliseconds under a 30 s lock would otherwise make clients wait 30 s.
+    #[must_use]
+    pub fn max_retry_after(mut self, cap: Duration) -> Self {
+        self.max_retry_after = cap;
+        self
+    }
+
+    /// Whether `Set-Cookie` headers are stored and replayed (default off).
+    ///
+    /// A replay goes to whoever sends the key again: a cookie stored with it (a session) is
+    /// handed to that client. Turn this on only with a [`scope`](Self::scope) that is the
+    /// authenticated principal.
+    #[must_use]
+    pub fn store_cookies(mut self, store: bool) -> Self {
+        self.store_cookies = store;
+        self
+    }
+
     /// The task requests run through.
     pub fn task(&self) -> &Task {
         &self.task
@@ -369,7 +429,7 @@ impl Idempotency {
                 .max_backoff(Duration::from_millis(250))
                 .max_wait(bound),
         };
-        self.task.clone().retry(policy)
+        self.task.clone().retry(policy).renew(self.renew)
     }
 }
 
@@ -388,6 +448,7 @@ impl fmt::Debug for Idempotency {
             )
             .field("require_key", &self.require_key)
             .field("wait", &self.wait)
+            .field("renew", &self.renew)
             .finish_non_exhaustive()
     }
 }

@@ -32,8 +32,9 @@ pub const IN_PROGRESS: &str =
 /// `410`: the request with this key ran, but its response was larger than the layer stores, so
 /// it cannot be replayed; it does not run again.
 pub const RESPONSE_NOT_STORED: &str = "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.RESPONSE_NOT_STORED.html";
-/// `500`: the request with this key ran, but its stored response cannot be read back (written
-/// by an incompatible version, or damaged); it does not run again.
+/// `410`: the request with this key ran, but its stored response cannot be read back (written
+/// by an incompatible version, or damaged); it does not run again. A `4xx`, so that clients
+/// and webhook senders do not retry it for ever.
 pub const STORED_RESPONSE_UNREADABLE: &str = "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.STORED_RESPONSE_UNREADABLE.html";
 /// `503` with `Retry-After`: the idempotency store could not confirm the lock; nothing ran.
 pub const STORE_UNAVAILABLE: &str = "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.STORE_UNAVAILABLE.html";

@@ -6,6 +6,7 @@ use std::panic::resume_unwind;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Request, Response, StatusCode};
@@ -17,7 +18,7 @@ use tower_service::Service;
 use crate::body::{RequestBody, ResponseBody};
 use crate::key::{self, Refusal};
 use crate::problem::{self, Problem};
-use crate::stored::{Stored, StoredResponse};
+use crate::stored::{Marker, Stored, StoredResponse};
 use crate::{IDEMPOTENT_REPLAYED, Idempotency, KeySource};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -106,24 +107,21 @@ where
     if let KeySource::Header(name) = &config.key {
         match key::from_header(&request.headers().get_all(name), config.max_key_len) {
             Ok(Some(key)) => header_key = Some(key),
-            Ok(None) if config.require_key => return Ok(missing_key()),
+            Ok(None) if config.require_key => return Ok(missing_key(&config.key)),
             Ok(None) => return pass(inner, request.map(RequestBody::streaming)).await,
             Err(refusal) => return Ok(invalid_key(refusal)),
         }
     }
     let (parts, body) = request.into_parts();
+    // A body that declares itself over the limit (its Content-Length) is refused before a byte
+    // of it is read; `Limited` catches the ones that do not say.
+    if body.size_hint().lower() > config.max_request_body as u64 {
+        return Ok(body_too_large(config.max_request_body));
+    }
     let body = match Limited::new(body, config.max_request_body).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => {
-            return Ok(problem(Problem::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                problem::BODY_TOO_LARGE,
-                "Request body too large",
-                format!(
-                    "requests with an idempotency key are buffered up to {} bytes",
-                    config.max_request_body
-                ),
-            )));
+            return Ok(body_too_large(config.max_request_body));
         }
         Err(err) => {
             return Ok(problem(Problem::new(
@@ -141,7 +139,7 @@ where
                 Ok(key) => key,
                 Err(refusal) => return Ok(invalid_key(refusal)),
             },
-            None if config.require_key => return Ok(missing_key()),
+            None if config.require_key => return Ok(missing_key(&config.key)),
             None => {
                 let request = Request::from_parts(parts, RequestBody::buffered(body));
                 return pass(inner, request).await;
@@ -153,13 +151,17 @@ where
     let stored_key = key::scoped(scope.as_deref(), &key);
     let fingerprint = match config.fingerprinting.of(&parts, &body) {
         Ok(fingerprint) => fingerprint,
-        Err(err) => return Ok(misconfigured(&format!("no fingerprint: {err}"))),
+        Err(err) => return Ok(misconfigured(&err)),
     };
     let request = Request::from_parts(parts, RequestBody::buffered(body));
     // On a task of its own, so that a client that goes away (hyper then drops this future)
     // does not stop the handler halfway through its side effect, nor keep its response from
     // being stored for the retry.
-    let running = tokio::spawn(execute(config, inner, stored_key, fingerprint, request));
+    let runtime = match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => runtime,
+        Err(err) => return Ok(misconfigured(&err)),
+    };
+    let running = runtime.spawn(execute(config, inner, stored_key, fingerprint, request));
     match running.await {
         Ok(answer) => answer,
         Err(err) if err.is_panic() => resume_unwind(err.into_panic()),
@@ -244,7 +246,12 @@ where
         let stores = (config.stores_status)(parts.status);
         let (value, kept) = match collect(body, config.max_stored_body).await {
             Collected::Whole(bytes) => (
-                Stored::Response(StoredResponse::of(parts.status, &parts.headers, &bytes)),
+                Stored::Response(StoredResponse::of(
+                    parts.status,
+                    &parts.headers,
+                    &bytes,
+                    config.store_cookies,
+                )),
                 Produced::Whole(parts, bytes),
             ),
             Collected::Over(prefix, rest) => (
@@ -261,7 +268,7 @@ where
         };
         produced = Some(kept);
         if stores {
-            Ok(value)
+            Ok(Marker::new(value))
         } else {
             Err(Failure::NotStored)
         }
@@ -269,14 +276,25 @@ where
     let result = call.run_reported(body).await;
     match result {
         Ok(report) if report.outcome == Outcome::Replayed => Ok(replay(report.value)),
-        // Executed, or executed with a lock lost or a marker not written (logged by the core):
-        // the handler ran and its response is the answer.
+        Ok(report) if report.outcome != Outcome::Executed => {
+            // The response is still the answer (the side effect happened), but a retry after
+            // the lock TTL may run the handler again: the operator should know.
+            tracing::warn!(
+                task = config.task.name(),
+                outcome = ?report.outcome,
+                "idempotask-http: the response was sent but may not be replayed; a retry after the lock TTL may run the handler again"
+            );
+            Ok(produced.map_or_else(
+                || misconfigured(&"the handler's response went missing"),
+                Produced::into_response,
+            ))
+        }
         Ok(_) | Err(Failure::NotStored) => Ok(produced.map_or_else(
-            || misconfigured("the handler's response went missing"),
+            || misconfigured(&"the handler's response went missing"),
             Produced::into_response,
         )),
         Err(Failure::Service(err)) => Err(err),
-        Err(Failure::Idempotask(err)) => Ok(refused(&err)),
+        Err(Failure::Idempotask(err)) => Ok(refused(&err, config.max_retry_after)),
     }
 }
 
@@ -313,7 +331,11 @@ async fn collect<R: Body<Data = Bytes>>(body: R, cap: usize) -> Collected<R> {
 }
 
 /// The answer to a retry of a request whose response was stored.
-fn replay<R: Body<Data = Bytes>>(stored: Stored) -> Response<ResponseBody<R>> {
+fn replay<R: Body<Data = Bytes>>(marker: Marker) -> Response<ResponseBody<R>> {
+    let stored = match marker.into_stored() {
+        Ok(stored) => stored,
+        Err(reason) => return unreadable(reason),
+    };
     match stored {
         Stored::Response(response) => match response.into_response() {
             Ok(mut response) => {
@@ -336,12 +358,16 @@ fn replay<R: Body<Data = Bytes>>(stored: Stored) -> Response<ResponseBody<R>> {
 }
 
 /// Input: an error of idempotask's. Output: the problem answer for it.
-fn refused<R: Body<Data = Bytes>>(err: &Error) -> Response<ResponseBody<R>> {
+fn refused<R: Body<Data = Bytes>>(err: &Error, cap: Duration) -> Response<ResponseBody<R>> {
     match err {
         Error::Contended {
             lock_ttl_remaining, ..
         } => {
-            let secs = lock_ttl_remaining.map_or(1, |left| left.as_secs() + 1);
+            // The holder's remaining lock time is an upper bound, often far off: a handler of
+            // milliseconds under a 30 s lock would make clients wait 30 s.
+            let secs = lock_ttl_remaining
+                .map_or(1, |left| left.as_secs() + 1)
+                .min(cap.as_secs().max(1));
             problem(
                 Problem::new(
                     StatusCode::CONFLICT,
@@ -367,13 +393,19 @@ fn refused<R: Body<Data = Bytes>>(err: &Error) -> Response<ResponseBody<R>> {
             )
             .retry_after(1),
         ),
-        Error::InvalidKey(invalid) => invalid_key_text(&invalid.to_string()),
+        Error::InvalidKey(invalid) => {
+            // Its text holds the scoped key, and with it the scope: for the operator only.
+            tracing::warn!(error = %invalid, "idempotask-http: the store refused the key");
+            invalid_key(
+                "the idempotency key, with its scope, is not one the idempotency store accepts",
+            )
+        }
         Error::Codec {
             kind:
                 CodecErrorKind::Undecodable | CodecErrorKind::Unreadable | CodecErrorKind::Unstorable,
             ..
         } => unreadable("it does not decode"),
-        other => misconfigured(&other.to_string()),
+        other => misconfigured(other),
     }
 }
 
@@ -381,20 +413,37 @@ fn problem<R: Body<Data = Bytes>>(problem: Problem) -> Response<ResponseBody<R>>
     problem.into_response().map(ResponseBody::full)
 }
 
-fn missing_key<R: Body<Data = Bytes>>() -> Response<ResponseBody<R>> {
+fn body_too_large<R: Body<Data = Bytes>>(limit: usize) -> Response<ResponseBody<R>> {
+    problem(Problem::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        problem::BODY_TOO_LARGE,
+        "Request body too large",
+        format!("requests with an idempotency key are buffered up to {limit} bytes"),
+    ))
+}
+
+fn missing_key<R: Body<Data = Bytes>>(source: &KeySource) -> Response<ResponseBody<R>> {
     problem(Problem::new(
         StatusCode::BAD_REQUEST,
         problem::MISSING_KEY,
         "Idempotency key missing",
-        "this request requires an Idempotency-Key header",
+        missing_key_detail(source),
     ))
 }
 
-fn invalid_key<R: Body<Data = Bytes>>(refusal: Refusal) -> Response<ResponseBody<R>> {
-    invalid_key_text(refusal)
+/// What a request without a key lacks, in the terms of where this layer takes its key from.
+fn missing_key_detail(source: &KeySource) -> String {
+    match source {
+        KeySource::Header(name) => {
+            format!("this request requires an idempotency key in its {name} header")
+        }
+        KeySource::Function(_) => {
+            "this request requires an idempotency key, and none was found in it".to_owned()
+        }
+    }
 }
 
-fn invalid_key_text<R: Body<Data = Bytes>>(detail: &str) -> Response<ResponseBody<R>> {
+fn invalid_key<R: Body<Data = Bytes>>(detail: Refusal) -> Response<ResponseBody<R>> {
     problem(Problem::new(
         StatusCode::BAD_REQUEST,
         problem::INVALID_KEY,
@@ -403,9 +452,11 @@ fn invalid_key_text<R: Body<Data = Bytes>>(detail: &str) -> Response<ResponseBod
     ))
 }
 
+// 410, not 500: clients and webhook senders retry a 5xx for ever, and this one is final for
+// the key's result TTL.
 fn unreadable<R: Body<Data = Bytes>>(reason: &str) -> Response<ResponseBody<R>> {
     problem(Problem::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
+        StatusCode::GONE,
         problem::STORED_RESPONSE_UNREADABLE,
         "Stored response unreadable",
         format!(
@@ -414,11 +465,127 @@ fn unreadable<R: Body<Data = Bytes>>(reason: &str) -> Response<ResponseBody<R>> 
     ))
 }
 
-fn misconfigured<R: Body<Data = Bytes>>(detail: &str) -> Response<ResponseBody<R>> {
+/// The answer when the layer cannot run the request as configured. The client gets a fixed
+/// text (the error can name source locations, keys and scopes); the error goes to tracing.
+fn misconfigured<R: Body<Data = Bytes>>(
+    error: &(dyn fmt::Display + Sync),
+) -> Response<ResponseBody<R>> {
+    tracing::error!(error = %error, "idempotask-http: the request could not run as configured");
     problem(Problem::new(
         StatusCode::INTERNAL_SERVER_ERROR,
         problem::MISCONFIGURED,
         "Idempotency misconfigured",
-        format!("nothing ran: {detail}"),
+        MISCONFIGURED_DETAIL,
     ))
+}
+
+/// The `detail` of every [`problem::MISCONFIGURED`] answer.
+const MISCONFIGURED_DETAIL: &str =
+    "nothing ran: the idempotency layer is misconfigured; the server's log says how";
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    use axum::Router;
+    use axum::routing::post;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    use crate::{Idempotency, problem};
+
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+
+    /// Polls `future` to its end on this thread, with no tokio runtime around it.
+    fn block_on<F: std::future::Future>(future: F) -> F::Output {
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut context = Context::from_waker(&waker);
+        let mut future = std::pin::pin!(future);
+        loop {
+            match future.as_mut().poll(&mut context) {
+                Poll::Ready(output) => return output,
+                Poll::Pending => std::thread::park(),
+            }
+        }
+    }
+
+    fn keyed(key: &str) -> http::Request<axum::body::Body> {
+        http::Request::post("/p")
+            .header("idempotency-key", key)
+            .body(axum::body::Body::from("1 EUR"))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_missing_key_names_where_the_key_is_taken_from() {
+        let github = crate::KeySource::Header(http::HeaderName::from_static("x-github-delivery"));
+        assert!(super::missing_key_detail(&github).contains("x-github-delivery"));
+        let by_body = crate::KeySource::Function(Arc::new(|_, _| None));
+        assert!(!super::missing_key_detail(&by_body).contains("header"));
+    }
+
+    /// A body that says it is a gigabyte long and never sends a byte.
+    struct Declared;
+    impl http_body::Body for Declared {
+        type Data = bytes::Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+            Poll::Pending
+        }
+        fn size_hint(&self) -> http_body::SizeHint {
+            http_body::SizeHint::with_exact(1 << 30)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_declared_over_the_limit_is_refused_before_it_is_read() {
+        let app = Router::new()
+            .route("/p", post(|| async { "ran" }))
+            .layer(Idempotency::new(idempotask::Task::new("declared")).max_request_body(64));
+        let request = http::Request::post("/p")
+            .header("idempotency-key", "k")
+            .body(axum::body::Body::new(Declared))
+            .unwrap();
+        let answered =
+            tokio::time::timeout(std::time::Duration::from_secs(30), app.oneshot(request));
+        let response = answered.await.expect("refused without reading").unwrap();
+        assert_eq!(response.status(), 413);
+    }
+
+    #[test]
+    fn outside_a_tokio_runtime_is_misconfigured_not_a_panic() {
+        let app = Router::new()
+            .route("/p", post(|| async { "ran" }))
+            .layer(Idempotency::new(idempotask::Task::new("no_runtime")));
+        let response = block_on(app.oneshot(keyed("k"))).unwrap();
+        assert_eq!(response.status(), 500);
+        let body = block_on(response.into_body().collect()).unwrap().to_bytes();
+        let document: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(document["type"], problem::MISCONFIGURED);
+        assert_eq!(document["detail"], super::MISCONFIGURED_DETAIL);
+    }
+
+    #[tokio::test]
+    async fn a_misconfiguration_is_told_in_fixed_text() {
+        // No store given and none installed: the core's error names the task; the client
+        // gets the fixed text only.
+        let app = Router::new()
+            .route("/p", post(|| async { "ran" }))
+            .layer(Idempotency::new(idempotask::Task::new("secret_task_name")));
+        let response = app.oneshot(keyed("k")).await.unwrap();
+        assert_eq!(response.status(), 500);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let document: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(document["type"], problem::MISCONFIGURED);
+        assert_eq!(document["detail"], super::MISCONFIGURED_DETAIL);
+    }
 }

@@ -1,11 +1,44 @@
 //! What is kept of a response for the retries of its request, and how it is read back.
 
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde::{Deserialize, Serialize};
 
-/// The value stored in the completion marker of one request.
+/// The version of the stored format this release writes. A marker of a later version (a
+/// rolling deploy rolled back) is answered as unreadable rather than misread.
+pub(crate) const FORMAT: u32 = 1;
+
+/// The value stored in the completion marker of one request, with the format's version.
+///
+/// Fields added later carry `#[serde(default)]`, so markers of an earlier release stay
+/// readable during a rolling deploy.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Marker {
+    /// The format's version: [`FORMAT`] when written by this release.
+    pub(crate) v: u32,
+    /// What was stored.
+    pub(crate) stored: Stored,
+}
+
+impl Marker {
+    pub(crate) fn new(stored: Stored) -> Self {
+        Self { v: FORMAT, stored }
+    }
+
+    /// What was stored, when this release can read its version.
+    pub(crate) fn into_stored(self) -> Result<Stored, Unreadable> {
+        if self.v == FORMAT {
+            Ok(self.stored)
+        } else {
+            Err("it was written in a format version this release does not read")
+        }
+    }
+}
+
+/// What is kept of one response.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum Stored {
     /// The whole response.
@@ -24,11 +57,13 @@ pub(crate) enum Stored {
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct StoredResponse {
     status: u16,
+    #[serde(default)]
     headers: Vec<(String, Octets)>,
     body: Octets,
 }
 
-/// Bytes in JSON: as text when they are UTF-8 (the usual body), else in base64.
+/// Bytes in JSON: as text when they are UTF-8 (the usual body), else in base64 (the standard
+/// alphabet with padding, RFC 4648 §4).
 #[derive(Debug, Serialize, Deserialize)]
 enum Octets {
     #[serde(rename = "text")]
@@ -44,22 +79,26 @@ impl Octets {
     fn of(bytes: &[u8]) -> Self {
         match std::str::from_utf8(bytes) {
             Ok(text) => Self::Text(text.to_owned()),
-            Err(_) => Self::Base64(base64::encode(bytes)),
+            Err(_) => Self::Base64(BASE64.encode(bytes)),
         }
     }
 
     fn into_bytes(self) -> Result<Vec<u8>, Unreadable> {
         match self {
             Self::Text(text) => Ok(text.into_bytes()),
-            Self::Base64(encoded) => base64::decode(&encoded),
+            Self::Base64(encoded) => BASE64
+                .decode(encoded)
+                .map_err(|_| "it holds base64 that is not valid"),
         }
     }
 }
 
 /// Whether a header is dropped from what is stored: the hop-by-hop ones (RFC 9110 §7.6.1),
-/// those the response's `Connection` names, and `Date`, which a replay should not repeat.
-fn is_dropped(name: &HeaderName, connection: &[HeaderName]) -> bool {
-    name == header::CONNECTION
+/// those the response's `Connection` names, `Date`, which a replay should not repeat, and
+/// `Set-Cookie` unless `cookies`: a session handed to whoever retries the key.
+fn is_dropped(name: &HeaderName, connection: &[HeaderName], cookies: bool) -> bool {
+    (name == header::SET_COOKIE && !cookies)
+        || name == header::CONNECTION
         || name == header::TRANSFER_ENCODING
         || name == header::TE
         || name == header::TRAILER
@@ -73,8 +112,9 @@ fn is_dropped(name: &HeaderName, connection: &[HeaderName]) -> bool {
 }
 
 impl StoredResponse {
-    /// What is kept of a response with `status`, `headers` and `body`.
-    pub(crate) fn of(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Self {
+    /// What is kept of a response with `status`, `headers` and `body`; its `Set-Cookie`
+    /// headers only when `cookies`.
+    pub(crate) fn of(status: StatusCode, headers: &HeaderMap, body: &[u8], cookies: bool) -> Self {
         let connection: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
             .iter()
@@ -86,7 +126,7 @@ impl StoredResponse {
             status: status.as_u16(),
             headers: headers
                 .iter()
-                .filter(|(name, _)| !is_dropped(name, &connection))
+                .filter(|(name, _)| !is_dropped(name, &connection, cookies))
                 .map(|(name, value)| (name.as_str().to_owned(), Octets::of(value.as_bytes())))
                 .collect(),
             body: Octets::of(body),
@@ -112,74 +152,19 @@ impl StoredResponse {
     }
 }
 
-/// Base64 with the standard alphabet and padding (RFC 4648 §4), for the rare body or header
-/// that is not UTF-8.
-mod base64 {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-    pub(super) fn encode(bytes: &[u8]) -> String {
-        let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-        for chunk in bytes.chunks(3) {
-            let b = [
-                chunk[0],
-                *chunk.get(1).unwrap_or(&0),
-                *chunk.get(2).unwrap_or(&0),
-            ];
-            let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
-            for (i, shift) in [18, 12, 6, 0].into_iter().enumerate() {
-                if i <= chunk.len() {
-                    out.push(char::from(ALPHABET[(n >> shift & 63) as usize]));
-                } else {
-                    out.push('=');
-                }
-            }
-        }
-        out
-    }
-
-    pub(super) fn decode(text: &str) -> Result<Vec<u8>, super::Unreadable> {
-        const BAD: super::Unreadable = "it holds base64 that is not valid";
-        let bytes = text.as_bytes();
-        if !bytes.len().is_multiple_of(4) {
-            return Err(BAD);
-        }
-        let mut out = Vec::with_capacity(bytes.len() / 4 * 3);
-        let quads = bytes.len() / 4;
-        for (index, quad) in bytes.chunks(4).enumerate() {
-            let padding = quad.iter().rev().take_while(|&&b| b == b'=').count();
-            if padding > 2 || (padding > 0 && index + 1 != quads) {
-                return Err(BAD);
-            }
-            let mut n = 0_u32;
-            for &byte in &quad[..4 - padding] {
-                let value = ALPHABET.iter().position(|&a| a == byte).ok_or(BAD)?;
-                n = n << 6 | u32::try_from(value).map_err(|_| BAD)?;
-            }
-            n <<= 6 * u32::try_from(padding).map_err(|_| BAD)?;
-            let [_, a, b, c] = n.to_be_bytes();
-            out.extend_from_slice(&[a, b, c][..3 - padding]);
-        }
-        Ok(out)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn base64_round_trips_every_length() {
+    fn bytes_that_are_not_utf8_round_trip_in_base64() {
         for len in 0..40_u8 {
             let bytes: Vec<u8> = (0..len).map(|i| i.wrapping_mul(37) ^ 0xa5).collect();
-            let encoded = base64::encode(&bytes);
-            assert_eq!(base64::decode(&encoded).unwrap(), bytes, "{encoded}");
+            assert_eq!(Octets::of(&bytes).into_bytes().unwrap(), bytes);
         }
-        assert_eq!(base64::encode(b"foobar"), "Zm9vYmFy");
-        assert_eq!(base64::encode(b"fo"), "Zm8=");
-        assert!(base64::decode("Zm8").is_err());
-        assert!(base64::decode("Z=8=").is_err());
-        assert!(base64::decode("Zm8=Zm8=").is_err());
-        assert!(base64::decode("Zm*=").is_err());
+        assert!(matches!(Octets::of(b"\xff"), Octets::Base64(ref text) if text == "/w=="));
+        assert!(Octets::Base64("Zm8".to_owned()).into_bytes().is_err());
+        assert!(Octets::Base64("Zm*=".to_owned()).into_bytes().is_err());
     }
 
     #[test]
@@ -195,7 +180,10 @@ mod tests {
         headers.insert("location", HeaderValue::from_static("/payments/1"));
         headers.append("set-cookie", HeaderValue::from_static("a=1"));
         headers.append("set-cookie", HeaderValue::from_bytes(b"b=\xff").unwrap());
-        let stored = StoredResponse::of(StatusCode::CREATED, &headers, b"\x00\xff");
+        let unscoped = StoredResponse::of(StatusCode::CREATED, &headers, b"", false);
+        let names: Vec<String> = unscoped.headers.iter().map(|(n, _)| n.clone()).collect();
+        assert_eq!(names, ["location"], "Set-Cookie is stored only when asked");
+        let stored = StoredResponse::of(StatusCode::CREATED, &headers, b"\x00\xff", true);
         let json = serde_json::to_string(&stored).unwrap();
         let back: StoredResponse = serde_json::from_str(&json).unwrap();
         let response = back.into_response().unwrap();
@@ -210,6 +198,25 @@ mod tests {
             .collect();
         assert_eq!(cookies, [&b"a=1"[..], b"b=\xff"]);
         assert_eq!(&response.body()[..], b"\x00\xff");
+    }
+
+    #[test]
+    fn markers_carry_their_version_and_old_fields_default() {
+        let marker = Marker::new(Stored::TooLarge {
+            status: 200,
+            limit: 1,
+        });
+        let json = serde_json::to_value(&marker).unwrap();
+        assert_eq!(json["v"], FORMAT);
+        let later = r#"{"v":2,"stored":{"TooLarge":{"status":200,"limit":1}}}"#;
+        let later: Marker = serde_json::from_str(later).unwrap();
+        assert!(later.into_stored().is_err());
+        let bare = r#"{"v":1,"stored":{"Response":{"status":204,"body":{"text":""}}}}"#;
+        let bare: Marker = serde_json::from_str(bare).unwrap();
+        let Stored::Response(response) = bare.into_stored().unwrap() else {
+            panic!("a response")
+        };
+        assert_eq!(response.into_response().unwrap().status(), 204);
     }
 
     #[test]
