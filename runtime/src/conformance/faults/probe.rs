@@ -387,8 +387,12 @@ impl Probe {
 
     /// Applies `op` and checks what it did against what the store held before.
     async fn checked(&self, store: &SharedStore, unit: &UnitOfWork, op: &Op) -> Answer {
+        let looked = tokio::time::Instant::now();
         let before = store.inspect(unit).await;
         let answer = op.apply(store, unit).await;
+        // A lock the first look saw with less time left than this may have expired before
+        // the operation reached it: then the operation found nothing, whoever held it.
+        let took = looked.elapsed();
         let after = store.inspect(unit).await;
         let (Ok(before), Ok(after)) = (before, after) else {
             self.violation(format!(
@@ -397,11 +401,18 @@ impl Probe {
             ));
             return answer;
         };
-        self.check(op, &before, &answer, &after);
+        self.check(op, &before, took, &answer, &after);
         answer
     }
 
-    fn check(&self, op: &Op, before: &Inspection, answer: &Answer, after: &Inspection) {
+    fn check(
+        &self,
+        op: &Op,
+        before: &Inspection,
+        took: Duration,
+        answer: &Answer,
+        after: &Inspection,
+    ) {
         let mut state = self.state();
         if !before.is_locked() {
             state.holder = None;
@@ -417,7 +428,8 @@ impl Probe {
                 shown(after)
             ));
         }
-        let foreign = before.is_locked() && state.holder.as_deref() != by;
+        let outlived = before.lock_ttl.is_some_and(|left| left > took);
+        let foreign = outlived && state.holder.as_deref() != by;
         if foreign && matches!(op, Op::Finish { .. } | Op::Release { .. }) && !after.is_locked() {
             broken.push(format!(
                 "a {name} by a delivery that did not hold the lock deleted or overwrote it"
