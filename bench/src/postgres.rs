@@ -67,6 +67,25 @@ pub struct PgMeasurement {
     pub p99_us: u64,
     /// Rows the transactional modes wrote (one per key); 0 for the others.
     pub rows_written: i64,
+    /// WAL the server wrote per task call, in bytes (`pg_current_wal_lsn()` before and after).
+    pub wal_bytes_per_task: f64,
+    /// CPU time of the bench process (the client: idempotask, sqlx, tokio) per task call, in
+    /// microseconds, from `/proc/self/stat`; `None` where that cannot be read.
+    pub client_cpu_us_per_task: Option<f64>,
+    /// The statements the server ran for this mode, from `pg_stat_statements` (empty when the
+    /// server does not preload it), the most total time first.
+    pub profile: Vec<StatementProfile>,
+}
+
+/// One statement of a mode as `pg_stat_statements` saw it.
+#[derive(Debug, Clone, Serialize)]
+pub struct StatementProfile {
+    /// The statement's text, whitespace folded, cut at 60 characters.
+    pub query: String,
+    /// How many times it ran per task call.
+    pub calls_per_task: f64,
+    /// Its mean execution time in the server, in microseconds.
+    pub mean_us: f64,
 }
 
 /// Runs every PostgreSQL mode `rounds` times and hands each measurement to `emit`.
@@ -161,6 +180,74 @@ impl Statements {
         .await?;
         Ok(Some(calls))
     }
+
+    /// Each statement since the last reset, leaving out the measuring ones.
+    async fn profile(&self, pool: &PgPool, n: usize) -> Result<Vec<StatementProfile>, BenchError> {
+        if !self.available {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<(String, i64, f64)> = sqlx::query_as(
+            "SELECT query, calls, mean_exec_time FROM pg_stat_statements
+             WHERE query NOT LIKE '%pg_stat_statements%' AND query NOT LIKE '%pg_current_wal_lsn%'
+             ORDER BY total_exec_time DESC LIMIT 6",
+        )
+        .fetch_all(pool)
+        .await?;
+        #[allow(clippy::cast_precision_loss, reason = "task counts are far below 2^52")]
+        let per_task = |calls: i64| calls as f64 / n.max(1) as f64;
+        Ok(rows
+            .into_iter()
+            .map(|(query, calls, mean_ms)| StatementProfile {
+                query: fold(&query),
+                calls_per_task: per_task(calls),
+                mean_us: mean_ms * 1000.0,
+            })
+            .collect())
+    }
+}
+
+/// A statement's text on one line, cut to a width a table cell can show.
+fn fold(query: &str) -> String {
+    let folded = query.split_whitespace().collect::<Vec<_>>().join(" ");
+    match folded.char_indices().nth(60) {
+        Some((at, _)) => format!("{}…", &folded[..at]),
+        None => folded,
+    }
+}
+
+/// The server's WAL position, as text for `pg_wal_lsn_diff`.
+async fn wal_position(pool: &PgPool) -> Result<String, BenchError> {
+    Ok(sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(pool)
+        .await?)
+}
+
+/// This process's CPU time since `before`, in microseconds.
+fn cpu_since(before: Option<f64>) -> Option<f64> {
+    client_cpu_us()
+        .zip(before)
+        .map(|(after, before)| after - before)
+}
+
+/// WAL bytes the server wrote since `before`.
+async fn wal_since(pool: &PgPool, before: &str) -> Result<f64, BenchError> {
+    let bytes =
+        sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8")
+            .bind(before)
+            .fetch_one(pool)
+            .await?;
+    Ok(bytes)
+}
+
+/// This process's CPU time (user and system) so far, in microseconds; `None` off Linux.
+fn client_cpu_us() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command's name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = |index: usize| fields.get(index)?.parse::<f64>().ok();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name; Linux
+    // reports them in USER_HZ, 100 per second.
+    Some((ticks(11)? + ticks(12)?) * 10_000.0)
 }
 
 async fn measure(
@@ -176,6 +263,8 @@ async fn measure(
     if let Some(statements) = statements {
         statements.reset(pool).await?;
     }
+    let wal_before = wal_position(pool).await?;
+    let cpu_before = client_cpu_us();
     let shared = SharedStore::new(store.clone());
     let measuring = pool.clone();
     let (pool, store) = (pool.clone(), store.clone());
@@ -228,9 +317,14 @@ async fn measure(
         }
     };
     let elapsed = timings.elapsed.as_secs_f64().max(1e-9);
-    let statements_run = match statements {
-        Some(statements) => statements.count(&measuring).await?,
-        None => None,
+    let cpu = cpu_since(cpu_before);
+    let wal_bytes = wal_since(&measuring, &wal_before).await?;
+    let (statements_run, profile) = match statements {
+        Some(statements) => (
+            statements.count(&measuring).await?,
+            statements.profile(&measuring, n).await?,
+        ),
+        None => (None, Vec::new()),
     };
     let rows_written: i64 = if mode.ends_with("transactional") {
         sqlx::query_scalar("SELECT count(*) FROM bench_effects WHERE left(key, length($1)) = $1")
@@ -241,19 +335,25 @@ async fn measure(
         0
     };
     #[allow(clippy::cast_precision_loss, reason = "task counts are far below 2^52")]
-    let per_task = |count: i64| count as f64 / n.max(1) as f64;
-    #[allow(clippy::cast_precision_loss, reason = "task counts are far below 2^52")]
-    let tasks_per_sec = n as f64 / elapsed;
+    let calls = n.max(1) as f64;
+    #[allow(
+        clippy::cast_precision_loss,
+        reason = "statement counts are far below 2^52"
+    )]
+    let per_task = |count: i64| count as f64 / calls;
     Ok(PgMeasurement {
         mode,
         round: 0,
         tasks: n,
         concurrency: config.concurrency,
-        tasks_per_sec,
+        tasks_per_sec: calls / elapsed,
         statements_per_task: statements_run.map(per_task),
         p50_us: percentile_us(&mut timings.latencies, 50),
         p99_us: percentile_us(&mut timings.latencies, 99),
         rows_written,
+        wal_bytes_per_task: wal_bytes / calls,
+        client_cpu_us_per_task: cpu.map(|cpu| cpu / calls),
+        profile,
     })
 }
 
@@ -385,6 +485,38 @@ pub fn markdown(measurements: &[PgMeasurement]) -> String {
         let median = ratios.get(ratios.len() / 2).copied().unwrap_or(0.0);
         let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
         let _ = writeln!(out, "| {ours} | {median:.2} | {} |", each.join(" / "));
+    }
+    out.push_str(&profile_markdown(measurements));
+    out
+}
+
+/// Input: every measurement of one run. Output: the profile of the last round, each mode's
+/// WAL and client CPU per task and the statements the server spent its time on.
+fn profile_markdown(measurements: &[PgMeasurement]) -> String {
+    let last = measurements.iter().map(|m| m.round).max().unwrap_or(0);
+    let mut out = format!(
+        "\n### Profile of round {last}\n\n\
+         | mode | WAL bytes/task | client CPU µs/task | statement (`pg_stat_statements`) | calls/task | mean µs |\n\
+         |---|---:|---:|---|---:|---:|\n"
+    );
+    for m in measurements.iter().filter(|m| m.round == last) {
+        let cpu = m
+            .client_cpu_us_per_task
+            .map_or_else(|| "–".to_owned(), |cpu| format!("{cpu:.0}"));
+        let head = format!("| {} | {:.0} | {cpu} ", m.mode, m.wal_bytes_per_task);
+        if m.profile.is_empty() {
+            let _ = writeln!(out, "{head}| – | – | – |");
+        }
+        for (i, statement) in m.profile.iter().enumerate() {
+            let lead = if i == 0 { head.as_str() } else { "| | | " };
+            let _ = writeln!(
+                out,
+                "{lead}| `{}` | {:.2} | {:.0} |",
+                statement.query.replace('|', "\\|"),
+                statement.calls_per_task,
+                statement.mean_us
+            );
+        }
     }
     out
 }

@@ -50,7 +50,7 @@ const PURGE_BLOCKS: i64 = 4096;
 /// One row per unit of work holds either the lock (token, lease expiry, fencing token) or the
 /// completion marker; every operation is one statement in the common case, so a fresh task
 /// costs two statements and a duplicate one, as on Redis (a `finish` after a lost lock, or a
-/// `begin` that raced another writer, adds one). Fencing tokens come from a sequence that
+/// `begin` that raced another writer, finds an expired row or repeats its own grant, adds one). Fencing tokens come from a sequence that
 /// starts at the clock in microseconds, so they increase across all units, not only per unit. It passes the same conformance suite as the Redis
 /// stores and works with every [`Task`](idempotask::Task).
 ///
@@ -417,22 +417,35 @@ impl PostgresStore {
         }
     }
 
-    /// `begin` with `statement` (`begin` on the store's connection, `begin_in_transaction` on
-    /// a transaction's).
+    /// `begin` with `statements`, `(fresh, full)`: `begin_fresh` (or its fenced form, as
+    /// `fencing` says) and `begin` on the store's connection, their `_in_transaction` forms on
+    /// a transaction's.
+    ///
+    /// The fresh statement answers the common cases (no row yet, another's live lock, a live
+    /// marker) alone; an expired row or the caller's own lock goes to the full statement.
     async fn begin_on(
-        statement: &SqlStr,
+        (fresh, full): (&SqlStr, &SqlStr),
         connection: &mut PgConnection,
         unit: &UnitOfWork,
         token: &LockToken,
         lock_ttl: Duration,
         fencing: Fencing,
     ) -> Result<Begin, sqlx::Error> {
-        for _ in 0..BEGIN_ATTEMPTS {
-            let row = sqlx::query(statement.clone())
+        let ask = |sql: &SqlStr| {
+            sqlx::query(sql.clone())
                 .bind(unit.task())
                 .bind(unit.key().as_bytes())
                 .bind(token.as_str())
                 .bind(millis(lock_ttl))
+        };
+        for _ in 0..BEGIN_ATTEMPTS {
+            let Some(row) = ask(fresh).fetch_optional(&mut *connection).await? else {
+                continue;
+            };
+            if let Some(answer) = fresh_answer(&row)? {
+                return Ok(answer);
+            }
+            let row = ask(full)
                 .bind(fencing == Fencing::On)
                 .fetch_optional(&mut *connection)
                 .await?;
@@ -458,8 +471,12 @@ impl Store for PostgresStore {
     ) -> Result<Begin, StoreError> {
         let mut connection = self.acquire("begin").await?;
         self.run("begin", async {
+            let fresh = match fencing {
+                Fencing::On => &self.statements.begin_fresh_fenced,
+                _ => &self.statements.begin_fresh,
+            };
             Self::begin_on(
-                &self.statements.begin,
+                (fresh, &self.statements.begin),
                 &mut connection,
                 unit,
                 token,
@@ -610,10 +627,27 @@ impl Store for PostgresStore {
     }
 }
 
+/// Reads the row `begin_fresh` answered: `None` when it is a row that only the full `begin`
+/// may take (expired, or the caller's own lock).
+fn fresh_answer(row: &PgRow) -> Result<Option<Begin>, sqlx::Error> {
+    let state: &str = row.try_get("state")?;
+    if state == "acquired" {
+        return begin_answer(row).map(Some);
+    }
+    let left: Option<i64> = row.try_get("left_ms")?;
+    let mine: Option<bool> = row.try_get("mine")?;
+    // Milliseconds rounded up: a row is live while any time is left.
+    let live = left.is_some_and(|left| left > 0);
+    if !live || (state == "locked" && mine == Some(true)) {
+        return Ok(None);
+    }
+    begin_answer(row).map(Some)
+}
+
 /// Reads the row `begin` answered.
 fn begin_answer(row: &PgRow) -> Result<Begin, sqlx::Error> {
-    let state: String = row.try_get("state")?;
-    match state.as_str() {
+    let state: &str = row.try_get("state")?;
+    match state {
         "acquired" => {
             let fence: Option<i64> = row.try_get("fence")?;
             // Sequence values are positive; a negative one cannot come from this table.

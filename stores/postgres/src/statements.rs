@@ -1,11 +1,13 @@
 //! The SQL of the PostgreSQL store: the table, and one statement per store operation.
 //!
-//! Every operation is a single statement (two for a `finish` whose plain `UPDATE` found no lock
-//! of the caller's), each atomic on its own. Each statement that can wait on a row lock bounds
+//! Every operation is a single statement in the common case (two for a `finish` whose plain
+//! `UPDATE` found no lock of the caller's, and for a `begin` that finds an expired row or its
+//! own lock), each atomic on its own. Each statement that can wait on a row lock bounds
 //! that wait itself (see [`lock_wait_bound`]).
 //! Times are the server's `statement_timestamp()`: one clock for every worker, and inside a
 //! long transaction it is still the time of the statement, not of `BEGIN`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
@@ -138,14 +140,27 @@ SELECT setval('{sequence_literal}', greatest(
 /// One statement per store operation, with the table's name in place, built once per store.
 #[derive(Debug, Clone)]
 pub(super) struct Statements {
+    /// `$1` task, `$2` key, `$3` token, `$4` lock TTL in ms, `$5` fencing: the common cases
+    /// of `begin` (no row yet, or another's live lock or marker), one row `(state, fence,
+    /// marker, left_ms, mine)`: state `acquired` means the lock is the caller's; otherwise it
+    /// is the row that is there, live when `left_ms > 0`, `mine` when its token is the
+    /// caller's. For an expired row or the caller's own lock, run [`Self::begin`]. No row: a
+    /// concurrent writer committed after this statement's snapshot; ask again.
+    pub(super) begin_fresh: SqlStr,
+    /// `begin_fresh` for a task with fencing (`$5` true): the same answers.
+    pub(super) begin_fresh_fenced: SqlStr,
+    /// `begin_fresh` inside a caller's transaction: the same, except that it waits on another
+    /// transaction's row for as long as that transaction lasts, and leaves the transaction's
+    /// `lock_timeout` as it was.
+    pub(super) begin_fresh_in_transaction: SqlStr,
+    /// `begin_fresh_fenced` inside a caller's transaction, as `begin_fresh_in_transaction` is.
+    pub(super) begin_fresh_fenced_in_transaction: SqlStr,
     /// `$1` task, `$2` key, `$3` token, `$4` lock TTL in ms, `$5` fencing: one row
     /// `(state, fence, marker, left_ms)`, where state `acquired` means the lock is the caller's.
     /// No row: a concurrent writer committed after this statement's snapshot (or the caller's
     /// own lock row lapsed in between); ask again.
     pub(super) begin: SqlStr,
-    /// `begin` inside a caller's transaction: the same, except that it waits on another
-    /// transaction's row for as long as that transaction lasts, and leaves the transaction's
-    /// `lock_timeout` as it was.
+    /// `begin` inside a caller's transaction, as `begin_fresh_in_transaction` is.
     pub(super) begin_in_transaction: SqlStr,
     /// `$1` task, `$2` key, `$3` token, `$4` fence, `$5` marker, `$6` result TTL in ms: the
     /// marker over the caller's live lock, as a plain `UPDATE` (the common case).
@@ -222,7 +237,8 @@ impl Statements {
         let t = name.table();
         let seq = name.sequence();
         let bound = lock_wait_bound(lock_timeout);
-        let sql = |text: String| AssertSqlSafe(text).into_sql_str();
+        // Shared, so that handing a statement to sqlx for each call copies no text.
+        let sql = |text: String| AssertSqlSafe(Arc::<str>::from(text)).into_sql_str();
         // A fenced release or forget keeps the row for its `fence`, so that the next grant goes
         // on counting even for a task without fencing; other rows are deleted. The kept row
         // expires at the epoch, not now, so that no clock step can make it live again.
@@ -244,6 +260,10 @@ impl Statements {
         let held = "u.state = 'locked' AND u.token = $3 AND u.fence IS NOT DISTINCT FROM $4 \
                     AND u.expires_at > statement_timestamp()";
         Self {
+            begin_fresh: sql(begin_fresh(&t, None, &bound)),
+            begin_fresh_fenced: sql(begin_fresh(&t, Some(&seq), &bound)),
+            begin_fresh_in_transaction: sql(begin_fresh(&t, None, "TRUE")),
+            begin_fresh_fenced_in_transaction: sql(begin_fresh(&t, Some(&seq), "TRUE")),
             begin: sql(begin(&t, &seq, &format!("{bound} AND"))),
             begin_in_transaction: sql(begin(&t, &seq, "")),
             finish: sql(finish(&t, &bound)),
@@ -322,6 +342,44 @@ impl Statements {
             )),
         }
     }
+}
+
+/// Takes a unit that has no row, or answers the row that is there; [`begin`] handles the rest.
+///
+/// This is the common path of every task, so it is kept to the least work PostgreSQL can do
+/// for it, each execution setting up as few plan nodes and expressions as it can: an `INSERT
+/// … ON CONFLICT DO NOTHING` (no conflict action to set up) when no row is there, and that
+/// row, read from the statement's snapshot, when nothing was taken. A row that is there
+/// writes nothing, locks nothing, takes no sequence value and commits without a WAL flush.
+/// The insert waits on a row that another transaction is inserting (a transactional
+/// delivery), which `bound` ([`lock_wait_bound`], or `TRUE` inside a caller's transaction)
+/// limits, being evaluated before it.
+///
+/// With fencing (`seq`, the sequence) the fencing token is taken in the insert; without, no
+/// sequence is named at all.
+fn begin_fresh(t: &str, seq: Option<&str>, bound: &str) -> String {
+    let fence = seq.map_or_else(
+        || "NULL::bigint".to_owned(),
+        |seq| format!("nextval('{seq}')"),
+    );
+    format!(
+        "WITH taken AS (
+            INSERT INTO {t} AS u (task, key, state, token, fence, marker, expires_at)
+            SELECT $1, $2, 'locked', $3, {fence}, NULL,
+                   statement_timestamp() + $4::bigint * interval '1 millisecond'
+            WHERE NOT EXISTS (SELECT 1 FROM {t} e WHERE e.task = $1 AND e.key = $2)
+              AND {bound}
+            ON CONFLICT (task, key) DO NOTHING
+            RETURNING u.fence
+        )
+        SELECT 'acquired' AS state, fence, NULL::bytea AS marker, NULL::bigint AS left_ms,
+               NULL::boolean AS mine
+        FROM taken
+        UNION ALL
+        SELECT u.state, NULL, u.marker, {LEFT_MS}, u.token = $3
+        FROM {t} u
+        WHERE u.task = $1 AND u.key = $2 AND NOT EXISTS (SELECT 1 FROM taken)"
+    )
 }
 
 /// Takes an absent or expired unit, or repeats the holder's grant; otherwise answers what is
@@ -445,6 +503,8 @@ mod tests {
         );
         let bounded = bound(Duration::from_millis(800));
         for (name, sql) in [
+            ("begin_fresh", &statements.begin_fresh),
+            ("begin_fresh_fenced", &statements.begin_fresh_fenced),
             ("begin", &statements.begin),
             ("finish_held", &statements.finish_held),
             ("finish", &statements.finish),
@@ -456,6 +516,14 @@ mod tests {
             assert!(sql.as_str().contains(&bounded), "{name}");
         }
         for (name, sql) in [
+            (
+                "begin_fresh_in_transaction",
+                &statements.begin_fresh_in_transaction,
+            ),
+            (
+                "begin_fresh_fenced_in_transaction",
+                &statements.begin_fresh_fenced_in_transaction,
+            ),
             ("begin_in_transaction", &statements.begin_in_transaction),
             (
                 "complete_in_transaction",

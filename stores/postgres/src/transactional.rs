@@ -92,8 +92,13 @@ impl TransactionScope for PostgresTransaction<'_> {
         lock_ttl: Duration,
         fencing: Fencing,
     ) -> Result<Begin, StoreError> {
+        let statements = &self.store.statements;
+        let fresh = match fencing {
+            Fencing::On => &statements.begin_fresh_fenced_in_transaction,
+            _ => &statements.begin_fresh_in_transaction,
+        };
         PostgresStore::begin_on(
-            &self.store.statements.begin_in_transaction,
+            (fresh, &statements.begin_in_transaction),
             &mut self.transaction,
             unit,
             token,
