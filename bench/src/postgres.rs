@@ -174,7 +174,7 @@ impl Statements {
         }
         let calls: i64 = sqlx::query_scalar(
             "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
-             WHERE query NOT LIKE '%pg_stat_statements%'",
+             WHERE query NOT LIKE '%pg_stat_statements%' AND query NOT LIKE '%pg_current_wal_lsn%'",
         )
         .fetch_one(pool)
         .await?;
