@@ -339,16 +339,28 @@ async fn drive<F: Future>(probe: &Probe, future: F) -> Option<F::Output> {
 }
 
 /// Waits until the work the call left to the background (a release, a recording, a watchdog)
-/// is over: tokio counts the runtime's tasks, and there is no other signal for it.
+/// is over. Nothing signals that, so: the runtime is back to as many tasks as before the call,
+/// no operation is in flight, and none starts for a while. The task count alone is not enough:
+/// a store's own short tasks (a pool returning a connection) can end meanwhile and hide one of
+/// the call's that has yet to reach the store.
 async fn settle(probe: &Probe, baseline: usize) {
+    const QUIET: Duration = Duration::from_millis(50);
     let runtime = tokio::runtime::Handle::current();
     let deadline = Instant::now() + LOCK_TTL + SLACK * 4;
-    while runtime.metrics().num_alive_tasks() > baseline {
+    loop {
+        let (seen, in_flight) = probe.activity();
+        if in_flight == 0 && runtime.metrics().num_alive_tasks() <= baseline {
+            tokio::time::sleep(QUIET).await;
+            if probe.activity() == (seen, 0) {
+                return;
+            }
+        } else {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
         if Instant::now() > deadline {
             probe.violation("the call's background work was still running 8 s after it ended");
             return;
         }
-        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
 

@@ -175,6 +175,8 @@ struct State {
     deliveries: u32,
     started: BTreeSet<u32>,
     running: u32,
+    /// Operations that reached the wrapper and have not answered yet (or were dropped).
+    in_flight: u32,
     violations: Vec<String>,
 }
 
@@ -193,6 +195,7 @@ impl Probe {
                 deliveries: 0,
                 started: BTreeSet::new(),
                 running: 0,
+                in_flight: 0,
                 violations: Vec::new(),
             }),
             renewals: tokio::sync::watch::Sender::new(0),
@@ -216,6 +219,12 @@ impl Probe {
     pub(super) fn trace(&self) -> (Vec<&'static str>, Vec<usize>) {
         let state = self.state();
         (state.trace.clone(), state.foreground.clone())
+    }
+
+    /// How many operations reached the wrapper so far, and how many of them are unanswered.
+    pub(super) fn activity(&self) -> (usize, u32) {
+        let state = self.state();
+        (state.trace.len(), state.in_flight)
     }
 
     pub(super) fn fired(&self) -> bool {
@@ -317,6 +326,8 @@ impl Probe {
         unit: &UnitOfWork,
         op: Op,
     ) -> Result<Answer, StoreError> {
+        self.state().in_flight += 1;
+        let _answered = InFlight(self);
         let foreground = IN_CALL.try_with(|()| ()).is_ok();
         let (index, fault) = {
             let mut state = self.state();
@@ -460,6 +471,15 @@ fn shown(seen: &Inspection) -> String {
         },
         (None, Some(left)) => format!("a lock with {} ms left", left.as_millis()),
         (None, None) => "nothing".to_owned(),
+    }
+}
+
+/// Counts an operation as answered however its future ends, dropped included.
+struct InFlight<'p>(&'p Probe);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.state().in_flight -= 1;
     }
 }
 
