@@ -1,29 +1,4 @@
-//! Every fault point of a call: for one call at a time, each fault at each store operation the
-//! call makes, and a drop of the call at each point where it waits.
-//!
-//! [`every_fault_point`] wraps a store and runs eight shapes of call (fresh, fenced, a failing
-//! body, a renewed body, a duplicate, a duplicate with other arguments, a held unit, an
-//! operator's status read). It first runs each shape without faults to learn its operations,
-//! then once per (operation, fault) and once per drop point, every one, not a sample:
-//!
-//! | fault | what the call sees | what the store did |
-//! | --- | --- | --- |
-//! | refused | an error | nothing |
-//! | timed out, not applied | an ambiguous timeout | nothing |
-//! | reply lost | an ambiguous timeout | the operation |
-//! | applied late | an ambiguous timeout | the operation, after the next one |
-//! | store down | errors from here on | nothing more, until the call is over |
-//!
-//! The call is dropped before each of its operations is sent, after each one applied (its
-//! reply not yet read), and in its body before and after the side effect.
-//!
-//! After each case, and through every operation of it, the harness checks:
-//! - a body never starts while a result is stored, nor while another body runs;
-//! - no operation deletes or overwrites a lock its delivery did not hold, or a stored result;
-//! - what the call answered matches what the store holds (an `Executed` value is the stored
-//!   one; a store error or a busy unit means the body did not run; and so on);
-//! - the next delivery, with the store healthy, finds the unit runnable or done within its lock
-//!   TTL and replays exactly what is stored.
+//! Every fault point of a call: see [`every_fault_point`].
 
 mod cases;
 mod probe;
@@ -60,8 +35,36 @@ impl fmt::Display for FaultCensus {
     }
 }
 
-/// Checks that every fault at every point of a call leaves the guarantees standing (see the
-/// [module](self) docs); answers how many cases it ran.
+/// Checks that every fault at every point of a call leaves the guarantees standing; answers how
+/// many cases it ran.
+///
+/// Every fault point of a call: for one call at a time, each fault at each store operation the
+/// call makes, and a drop of the call at each point where it waits.
+///
+/// [`every_fault_point`] wraps a store and runs eight shapes of call (fresh, fenced, a failing
+/// body, a renewed body, a duplicate, a duplicate with other arguments, a held unit, an
+/// operator's status read). It first runs each shape without faults to learn its operations,
+/// then once per (operation, fault) and once per drop point, every one, not a sample:
+///
+/// | fault | what the call sees | what the store did |
+/// | --- | --- | --- |
+/// | refused | an error | nothing |
+/// | timed out, not applied | an ambiguous timeout | nothing |
+/// | reply lost | an ambiguous timeout | the operation |
+/// | applied late | an ambiguous timeout | the operation, after the next one |
+/// | store down | errors from here on | nothing more, until the call is over |
+///
+/// The call is dropped before each of its operations is sent, after each one applied (its
+/// reply not yet read), and in its body before and after the side effect.
+///
+/// After each case, and through every operation of it, the harness checks:
+/// - a body never starts while a result is stored, nor while another body runs;
+/// - no operation deletes or overwrites a lock its delivery did not hold, or a stored result;
+/// - what the call answered matches what the store holds (an `Executed` value is the stored
+///   one; a store error or a busy unit means the body did not run; and so on);
+/// - the next delivery, with the store healthy, finds the unit runnable or done within its lock
+///   TTL and replays exactly what is stored.
+///
 ///
 /// Runs on a multi-threaded tokio runtime of the test's own (it counts the runtime's tasks to
 /// know when a call's background work is over). Takes a few seconds: the cases that leave a
