@@ -150,3 +150,43 @@ async fn the_postgres_modes_run_with_the_statements_the_protocol_says() {
     let markdown = postgres::markdown(&measurements);
     assert!(markdown.contains("| pg-transactional |"), "{markdown}");
 }
+
+/// Two runs at once in one process, as cargo runs this file's tests: each keeps its own store
+/// and counts only its own bodies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_runs_at_once_keep_their_stores_and_counts_apart() {
+    let (server, quorum) = (RedisServer::start(), support::quorum::Quorum::start(3));
+    let config = |redis_url, mode| Config {
+        redis_url,
+        cluster: false,
+        mode,
+        tasks: 64,
+        concurrency: 4,
+        rounds: 1,
+    };
+    let (one, three) = (
+        config(server.url(), Mode::Fresh),
+        config(quorum.urls().join(","), Mode::Quorum),
+    );
+    let (one, three) = tokio::join!(bench::run(&one, |_| {}), bench::run(&three, |_| {}));
+    let (one, three) = (one.unwrap(), three.unwrap());
+    assert_eq!(one.len(), 1);
+    for m in one.iter().chain(&three) {
+        assert_eq!(
+            (m.executions, m.lock_keys_left),
+            (m.tasks as u64, 0),
+            "{m:?}"
+        );
+    }
+    // Each server saw the commands of its own run only.
+    assert!(
+        (one[0].redis_commands_per_task - 2.0).abs() < 0.01,
+        "{one:?}"
+    );
+    assert!(
+        three
+            .iter()
+            .all(|m| (m.redis_commands_per_task - 6.0).abs() < 0.01),
+        "{three:?}"
+    );
+}

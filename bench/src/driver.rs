@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::BenchError;
+use super::workloads::RunScope;
 
 /// What one [`drive`] took: the wall time of the whole run and each job's latency.
 pub(crate) struct Timings {
@@ -33,7 +34,7 @@ where
     let workers: Vec<_> = (0..concurrency.clamp(1, jobs.max(1)))
         .map(|_| {
             let (job, next) = (Arc::clone(&job), Arc::clone(&next));
-            tokio::spawn(async move {
+            let worker = async move {
                 let mut latencies = Vec::new();
                 loop {
                     let number = next.fetch_add(1, Ordering::Relaxed);
@@ -44,7 +45,8 @@ where
                     job(number).await?;
                     latencies.push(sent.elapsed());
                 }
-            })
+            };
+            spawn_in_run(worker)
         })
         .collect();
     let mut latencies = Vec::with_capacity(jobs);
@@ -55,6 +57,19 @@ where
         elapsed: started.elapsed(),
         latencies,
     })
+}
+
+/// Spawns `future` inside the run that spawns it, if any (task-local values stay with their
+/// task otherwise).
+pub(crate) fn spawn_in_run<F>(future: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    match RunScope::current() {
+        Some(run) => tokio::spawn(run.enter(future)),
+        None => tokio::spawn(future),
+    }
 }
 
 /// The `percent`th percentile (nearest rank) of `samples` in whole microseconds; 0 when empty.

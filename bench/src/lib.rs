@@ -5,8 +5,10 @@
 //! once with a tiny N. Each [`Measurement`] is one JSON line; [`report::markdown`] turns a whole
 //! set into the tables of `docs/performance.md`.
 //!
-//! [`run`] installs its store process-wide (`idempotask::install`), because the measured task is
-//! annotated the way users write it, without a `store` option.
+//! The measured task is annotated the way users write it, without a `store` option; [`run`]
+//! scopes its store to its own workers (`idempotask::with_store`) rather than installing it, so
+//! that runs in one process (the smoke tests, in parallel) neither share a store nor count each
+//! other's executions.
 
 mod driver;
 pub mod postgres;
@@ -19,18 +21,18 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use idempotask::store::UnitOfWork;
+use idempotask::store::{SharedStore, UnitOfWork};
 use idempotask_redis::RedisKeys;
 use idempotask_redis::{RedisClusterStore, RedisStore, RedlockStore};
 use redis::aio::ConnectionManager;
 use serde::Serialize;
 
-use driver::{drive, percentile_us};
+use driver::{drive, percentile_us, spawn_in_run};
 use server::{
     Counting, client_cost, client_cpu, command_stats, lock_keys, memory_usage, server_cpu,
 };
 use target::Connection;
-use workloads::{BENCH_TASK, bench_task, bench_task_fenced, executions, handwritten};
+use workloads::{BENCH_TASK, RunScope, bench_task, bench_task_fenced, handwritten};
 
 /// The concurrencies of [`Mode::Scaling`].
 pub const SCALING_CONCURRENCY: [usize; 5] = [1, 8, 64, 256, 1024];
@@ -233,9 +235,9 @@ impl From<serde_json::Error> for BenchError {
 /// [`BenchError`] when Redis cannot be reached or a task call fails.
 pub async fn run(
     config: &Config,
-    mut emit: impl FnMut(&Measurement),
+    emit: impl FnMut(&Measurement),
 ) -> Result<Vec<Measurement>, BenchError> {
-    let mut bench = if config.mode == Mode::Quorum {
+    let (bench, store) = if config.mode == Mode::Quorum {
         let urls: Vec<&str> = config.redis_url.split(',').map(str::trim).collect();
         let store = RedlockStore::connect(urls.iter().copied()).await?;
         let mut stats = Vec::with_capacity(urls.len());
@@ -243,8 +245,7 @@ pub async fn run(
             stats.push(redis::Client::open(*url)?.get_connection_manager().await?);
         }
         let conn = Connection::Server(stats[0].clone());
-        idempotask::install(store);
-        Bench::new(conn, stats)?
+        (Bench::new(conn, stats)?, SharedStore::new(store))
     } else if config.cluster {
         let seeds: Vec<&str> = config.redis_url.split(',').map(str::trim).collect();
         let store = RedisClusterStore::connect(seeds.iter().copied()).await?;
@@ -255,8 +256,7 @@ pub async fn run(
             .await?;
         let mut bench = Bench::new(Connection::Cluster(conn), stats)?;
         bench.native_cas = store.native_compare_and_set();
-        idempotask::install(store);
-        bench
+        (bench, SharedStore::new(store))
     } else {
         let store = RedisStore::connect(&config.redis_url).await?;
         let stats = redis::Client::open(config.redis_url.as_str())?
@@ -268,49 +268,60 @@ pub async fn run(
             .await?;
         let mut bench = Bench::new(Connection::Server(conn), vec![stats])?;
         bench.native_cas = store.native_compare_and_set();
-        idempotask::install(store);
-        bench
+        (bench, SharedStore::new(store))
     };
-    let (n, c) = (config.tasks, config.concurrency.max(1));
-    let mut pending = match config.mode {
-        Mode::All => Vec::new(),
-        mode => vec![(mode, n, c)],
-    };
-    if config.mode == Mode::All {
-        for round in 1..=config.rounds.max(1) {
-            bench.round = round;
-            let mut pairs = [
-                [Mode::HandwrittenFresh, Mode::Fresh],
-                [Mode::HandwrittenDuplicate, Mode::Duplicate],
-            ];
-            // Who goes first alternates, so that a machine getting busier or quieter during a
-            // round favours neither side.
-            if round % 2 == 0 {
-                for pair in &mut pairs {
-                    pair.reverse();
+    // The run's store is scoped to it, not installed: two runs in one process keep apart.
+    RunScope::new(store).enter(bench.run(config, emit)).await
+}
+
+impl Bench {
+    /// Every measurement `config` asks for, in order.
+    async fn run(
+        mut self,
+        config: &Config,
+        mut emit: impl FnMut(&Measurement),
+    ) -> Result<Vec<Measurement>, BenchError> {
+        let (n, c) = (config.tasks, config.concurrency.max(1));
+        let mut pending = match config.mode {
+            Mode::All => Vec::new(),
+            mode => vec![(mode, n, c)],
+        };
+        if config.mode == Mode::All {
+            for round in 1..=config.rounds.max(1) {
+                self.round = round;
+                let mut pairs = [
+                    [Mode::HandwrittenFresh, Mode::Fresh],
+                    [Mode::HandwrittenDuplicate, Mode::Duplicate],
+                ];
+                // Who goes first alternates, so that a machine getting busier or quieter during a
+                // round favours neither side.
+                if round % 2 == 0 {
+                    for pair in &mut pairs {
+                        pair.reverse();
+                    }
+                }
+                for mode in pairs
+                    .into_iter()
+                    .flatten()
+                    .chain([Mode::Fenced, Mode::Scaling])
+                {
+                    self.measure(mode, n, c, &mut emit).await?;
                 }
             }
-            for mode in pairs
-                .into_iter()
-                .flatten()
-                .chain([Mode::Fenced, Mode::Scaling])
-            {
-                bench.measure(mode, n, c, &mut emit).await?;
-            }
+            self.round = 1;
+            // The same comparison where round trips, not CPU, bound the throughput.
+            pending = vec![
+                (Mode::HandwrittenFresh, n.min(5_000), 1),
+                (Mode::Fresh, n.min(5_000), 1),
+                (Mode::Contended, (n / c).max(1), c),
+                (Mode::Latency, n.min(5_000), 1),
+            ];
         }
-        bench.round = 1;
-        // The same comparison where round trips, not CPU, bound the throughput.
-        pending = vec![
-            (Mode::HandwrittenFresh, n.min(5_000), 1),
-            (Mode::Fresh, n.min(5_000), 1),
-            (Mode::Contended, (n / c).max(1), c),
-            (Mode::Latency, n.min(5_000), 1),
-        ];
+        for (mode, n, c) in pending {
+            self.measure(mode, n, c, &mut emit).await?;
+        }
+        Ok(self.out)
     }
-    for (mode, n, c) in pending {
-        bench.measure(mode, n, c, &mut emit).await?;
-    }
-    Ok(bench.out)
 }
 
 /// The connections and bookkeeping one [`run`] shares between its measurements.
@@ -397,7 +408,8 @@ impl Bench {
             }
             _ => {}
         }
-        let executed = executions();
+        let run_scope = RunScope::current().ok_or_else(|| BenchError("no run".into()))?;
+        let executed = run_scope.executions();
         let before = command_stats(&mut self.stats).await?;
         let (redis_cpu, own_cpu) = (server_cpu(&mut self.stats).await?, client_cpu());
         let mut sample = self.sample(mode, run, n, c).await?;
@@ -424,7 +436,7 @@ impl Bench {
             client_cpu_us_per_task: per_task(micros(own_cpu), sample.deliveries),
             p50_us: percentile_us(&mut sample.latencies, 50),
             p99_us: percentile_us(&mut sample.latencies, 99),
-            executions: executions() - executed,
+            executions: run_scope.executions() - executed,
             ping_p50_us: sample.ping_p50_us,
             lock_keys_left: lock_keys(&mut self.stats).await?,
             native_cas: self.native_cas,
@@ -460,7 +472,7 @@ impl Bench {
                 drive(n, c, move |id| handwritten(conn.clone(), run, id as u64)).await?
             }
             Mode::Latency => {
-                let (timings, mut pings) = tokio::spawn(latency(self.conn.clone(), run, n))
+                let (timings, mut pings) = spawn_in_run(latency(self.conn.clone(), run, n))
                     .await
                     .map_err(|err| BenchError(err.to_string()))??;
                 ping_p50_us = Some(percentile_us(&mut pings, 50));

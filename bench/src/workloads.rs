@@ -1,33 +1,74 @@
 //! The work being measured: an annotated task, and the hand-written pattern it replaces.
 
+use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use idempotask::store::LockToken;
+use idempotask::store::{LockToken, SharedStore};
 use idempotask::{Error, idempotent_task};
 
 use super::BenchError;
 use super::target::Connection;
 
-/// How many times a body really ran, across every workload of this process.
-static EXECUTIONS: AtomicU64 = AtomicU64::new(0);
-
-/// Bodies run so far in this process.
-pub(crate) fn executions() -> u64 {
-    EXECUTIONS.load(Ordering::Relaxed)
+tokio::task_local! {
+    /// The run whose workers these are.
+    static RUN: RunScope;
 }
 
-/// The task every idempotask mode runs: the macro path as users write it, on the installed
-/// store, with a `()` result (so the marker is the smallest there is).
+/// What one benchmark run keeps to itself: its store and its count of bodies run.
+///
+/// Two runs in one process (the smoke tests run in parallel) would otherwise replace each
+/// other's installed store and count each other's executions.
+#[derive(Clone)]
+pub(crate) struct RunScope {
+    store: SharedStore,
+    executions: Arc<AtomicU64>,
+}
+
+impl RunScope {
+    pub(crate) fn new(store: SharedStore) -> Self {
+        Self {
+            store,
+            executions: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// `future` with this run's store as the one its task calls use, and its bodies counted
+    /// here.
+    pub(crate) async fn enter<F: Future>(self, future: F) -> F::Output {
+        let store = self.store.clone();
+        RUN.scope(self, idempotask::with_store(store, future)).await
+    }
+
+    /// The scope of the running future, to carry into the tasks it spawns.
+    pub(crate) fn current() -> Option<Self> {
+        RUN.try_with(Clone::clone).ok()
+    }
+
+    /// Bodies run so far in this run.
+    pub(crate) fn executions(&self) -> u64 {
+        self.executions.load(Ordering::Relaxed)
+    }
+}
+
+/// Counts one body run in the current run's scope.
+fn executed() {
+    // Outside a run (never, in the bench itself) there is nothing to count into.
+    let _ = RUN.try_with(|run| run.executions.fetch_add(1, Ordering::Relaxed));
+}
+
+/// The task every idempotask mode runs: the macro path as users write it, on the run's store,
+/// with a `()` result (so the marker is the smallest there is).
 #[idempotent_task(key = "{run}-{id}")]
 pub(crate) async fn bench_task(run: u64, id: u64) -> Result<(), Error> {
-    EXECUTIONS.fetch_add(1, Ordering::Relaxed);
+    executed();
     Ok(())
 }
 
 /// `bench_task` with a fencing token for every execution.
 #[idempotent_task(key = "{run}-{id}", fencing = true)]
 pub(crate) async fn bench_task_fenced(run: u64, id: u64) -> Result<(), Error> {
-    EXECUTIONS.fetch_add(1, Ordering::Relaxed);
+    executed();
     Ok(())
 }
 
@@ -60,7 +101,7 @@ pub(crate) async fn handwritten(mut conn: Connection, run: u64, id: u64) -> Resu
     if let Some(bytes) = stored {
         serde_json::from_slice::<()>(&bytes)?;
     } else {
-        EXECUTIONS.fetch_add(1, Ordering::Relaxed);
+        executed();
         let value = serde_json::to_vec(&())?;
         let () = redis::cmd("SET")
             .arg(&done)
