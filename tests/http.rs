@@ -19,12 +19,16 @@ use idempotask::Task;
 use idempotask::store::SharedStore;
 use idempotask_http::{IDEMPOTENT_REPLAYED, Idempotency, problem};
 use idempotask_test_support::RedisServer;
+use idempotask_test_support::cluster::RedisCluster;
+use idempotask_test_support::postgres::PostgresServer;
+use idempotask_test_support::quorum::Quorum;
 use tokio::sync::{Semaphore, mpsc};
 
-/// A store for one test, and the Redis server behind it if any (stopped on drop).
+/// A store for one test, and the servers behind it if any (stopped on drop).
 struct Backend {
     store: SharedStore,
     redis: Option<RedisServer>,
+    _servers: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Backend {
@@ -32,7 +36,32 @@ impl Backend {
         Self {
             store: SharedStore::new(idempotask::MemoryStore::new()),
             redis: None,
+            _servers: None,
         }
+    }
+
+    /// `store`, with the servers behind it kept running until the test ends.
+    fn on(store: impl idempotask::store::Store, servers: impl std::any::Any + Send + Sync) -> Self {
+        Self {
+            store: SharedStore::new(store),
+            redis: None,
+            _servers: Some(Box::new(servers)),
+        }
+    }
+
+    async fn cluster() -> Self {
+        let cluster = RedisCluster::shared();
+        Self::on(cluster.fresh_store().await, cluster)
+    }
+
+    async fn quorum() -> Self {
+        let quorum = Quorum::start(3);
+        Self::on(quorum.store().await, quorum)
+    }
+
+    async fn postgres() -> Self {
+        let server = PostgresServer::shared();
+        Self::on(server.store().await, server)
     }
 
     async fn redis() -> Self {
@@ -46,6 +75,7 @@ impl Backend {
         Self {
             store: SharedStore::new(store),
             redis: Some(server),
+            _servers: None,
         }
     }
 }
@@ -67,6 +97,42 @@ macro_rules! on_every_store {
     )*};
 }
 
+/// Runs `scenario` on a cluster, a quorum and PostgreSQL, as tests of their own.
+macro_rules! on_the_other_stores {
+    ($($scenario:ident),* $(,)?) => {$(
+        mod $scenario {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn cluster() {
+                super::super::$scenario(super::super::Backend::cluster().await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn quorum() {
+                super::super::$scenario(super::super::Backend::quorum().await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::super::$scenario(super::super::Backend::postgres().await).await;
+            }
+        }
+    )*};
+}
+
+/// The scenarios that exercise each store operation the layer uses (begin, a busy unit,
+/// finish with a stored response, release, a mismatched fingerprint, a replay), on the
+/// stores that `on_every_store` leaves out.
+mod other_stores {
+    on_the_other_stores!(
+        concurrent_duplicates_run_the_handler_once,
+        waiting_duplicates_all_get_the_first_response,
+        a_key_reused_with_another_body_is_422_and_runs_nothing,
+        a_server_error_releases_the_key_and_the_retry_runs,
+        a_client_that_goes_away_mid_handler_gets_the_stored_response_on_retry,
+        the_size_caps,
+    );
+}
+
 on_every_store!(
     concurrent_duplicates_run_the_handler_once,
     waiting_duplicates_all_get_the_first_response,
@@ -79,6 +145,9 @@ on_every_store!(
     a_key_from_the_body_and_the_stored_headers,
     a_handler_slower_than_the_lock_ttl_keeps_its_lock,
     a_damaged_stored_response_is_410_and_runs_nothing,
+    what_counts_in_the_fingerprint,
+    throttled_and_timed_out_answers_release_the_key,
+    a_chunked_body_over_the_cap_is_413_and_runs_nothing,
 );
 
 /// Awaits the next signal on `channel`, failing the test (not hanging the suite) when `what`
@@ -135,6 +204,7 @@ impl Server {
             .route("/payments", post(pay))
             .route("/flaky", post(flaky))
             .route("/large", post(large))
+            .route("/throttled", post(throttled))
             .layer(layer)
             .layer(middleware::from_fn_with_state(probe.clone(), watch_drops))
             .with_state(probe.clone());
@@ -246,6 +316,15 @@ async fn flaky(State(probe): State<Probe>) -> Response {
         (StatusCode::SERVICE_UNAVAILABLE, "the ledger is down").into_response()
     } else {
         (StatusCode::CREATED, format!("paid on run {run}")).into_response()
+    }
+}
+
+/// `POST /throttled`: `429` on its first execution, `408` on its second, `201` after.
+async fn throttled(State(probe): State<Probe>) -> Response {
+    match probe.executions.fetch_add(1, Ordering::SeqCst) + 1 {
+        1 => (StatusCode::TOO_MANY_REQUESTS, "slow down").into_response(),
+        2 => (StatusCode::REQUEST_TIMEOUT, "too slow").into_response(),
+        run => (StatusCode::CREATED, format!("paid on run {run}")).into_response(),
     }
 }
 
@@ -633,5 +712,93 @@ async fn a_damaged_stored_response_is_410_and_runs_nothing(backend: Backend) {
     assert_eq!(answer.status, 410, "{answer:?}");
     assert_eq!(answer.problem_type(), problem::STORED_RESPONSE_UNREADABLE);
     assert_eq!(server.executions(), 0);
+    drop(backend);
+}
+
+async fn what_counts_in_the_fingerprint(backend: Backend) {
+    // Only the amount makes a payment: a retry that changes `sent_at` is the same request.
+    let by_amount = layer(&backend, "http_fingerprint_fn")
+        .fingerprint_headers([http::HeaderName::from_static("x-api-version")])
+        .fingerprint_body_with(|_, body| {
+            let payment: serde_json::Value = serde_json::from_slice(body).ok()?;
+            idempotask::Fingerprint::of(payment.get("amount")?).ok()
+        });
+    let server = Server::start(by_amount, false).await;
+    let versioned = |key: &str, body: &str, version: &str| {
+        server
+            .post("/payments", Some(key), body)
+            .header("x-api-version", version)
+    };
+    // A body the function refuses: 400, nothing ran, and the key is not taken.
+    let refused = send(versioned("fp-1", "not json", "1")).await;
+    assert_eq!(refused.status, 400, "{refused:?}");
+    assert_eq!(refused.problem_type(), problem::BODY_INVALID);
+    assert_eq!(server.executions(), 0);
+
+    let first = send(versioned("fp-1", r#"{"amount":5,"sent_at":1}"#, "1")).await;
+    assert_eq!((first.status, first.replayed), (201, false), "{first:?}");
+    let retry = send(versioned("fp-1", r#"{"amount":5,"sent_at":2}"#, "1")).await;
+    assert_eq!((retry.status, retry.replayed), (201, true), "{retry:?}");
+    assert_eq!(retry.body, first.body);
+    for (body, version) in [
+        (r#"{"amount":6,"sent_at":1}"#, "1"),
+        (r#"{"amount":5,"sent_at":1}"#, "2"),
+    ] {
+        let other = send(versioned("fp-1", body, version)).await;
+        assert_eq!(other.status, 422, "{body} {version}: {other:?}");
+        assert_eq!(other.problem_type(), problem::KEY_REUSED);
+    }
+    assert_eq!(server.executions(), 1);
+
+    // JSON bodies count by value: spacing and member order are the same request.
+    let json = layer(&backend, "http_fingerprint_json")
+        .fingerprint_body(idempotask_http::BodyFingerprint::Json);
+    let server = Server::start(json, false).await;
+    let first = send(server.post("/payments", Some("fp-2"), r#"{"a":1,"b":2}"#)).await;
+    let retry = send(server.post("/payments", Some("fp-2"), r#"{ "b": 2, "a": 1 }"#)).await;
+    assert_eq!((retry.status, retry.replayed), (201, true), "{retry:?}");
+    assert_eq!(retry.body, first.body);
+    let other = send(server.post("/payments", Some("fp-2"), r#"{"a":1,"b":3}"#)).await;
+    assert_eq!(other.status, 422, "{other:?}");
+    assert_eq!(server.executions(), 1);
+    drop(backend);
+}
+
+async fn throttled_and_timed_out_answers_release_the_key(backend: Backend) {
+    let server = Server::start(layer(&backend, "http_throttled"), false).await;
+    for (status, replayed) in [(429, false), (408, false), (201, false), (201, true)] {
+        let answer = send(server.post("/throttled", Some("pay-7"), "")).await;
+        assert_eq!(
+            (answer.status, answer.replayed),
+            (status, replayed),
+            "{answer:?}"
+        );
+    }
+    assert_eq!(server.executions(), 3);
+    drop(backend);
+}
+
+async fn a_chunked_body_over_the_cap_is_413_and_runs_nothing(backend: Backend) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let server = Server::start(layer(&backend, "http_chunked").max_request_body(64), false).await;
+    let address = server.base.trim_start_matches("http://").to_owned();
+    // No Content-Length: the layer learns the size only by reading, and stops at the cap.
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let chunk = "x".repeat(40);
+    let request = format!(
+        "POST /payments HTTP/1.1\r\nhost: {address}\r\nidempotency-key: pay-8\r\n\
+         transfer-encoding: chunked\r\nconnection: close\r\n\r\n\
+         28\r\n{chunk}\r\n28\r\n{chunk}\r\n0\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains(problem::BODY_TOO_LARGE), "{answer}");
+    assert_eq!(server.executions(), 0);
+    // Nothing was stored for the key: a request within the cap runs.
+    let within = send(server.post("/payments", Some("pay-8"), "1 EUR")).await;
+    assert_eq!((within.status, within.replayed), (201, false), "{within:?}");
     drop(backend);
 }

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use idempotask_postgres::PostgresStore;
@@ -190,6 +191,19 @@ impl PostgresServer {
             .connect(&self.url())
             .await
             .expect("connect a pool to the test's postgres")
+    }
+
+    /// One server shared by the tests of a binary that are running at the same time; the last
+    /// one to drop its handle stops it. Tests that share it keep apart by task name or table.
+    pub fn shared() -> Arc<Self> {
+        static SHARED: Mutex<Weak<PostgresServer>> = Mutex::new(Weak::new());
+        let mut shared = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(server) = shared.upgrade() {
+            return server;
+        }
+        let server = Arc::new(Self::start());
+        *shared = Arc::downgrade(&server);
+        server
     }
 
     /// A [`PostgresStore`] on the default table, migrated first.

@@ -1,5 +1,8 @@
 //! The fingerprint of a request: what must be equal for a retry to get the stored response.
 
+use std::fmt;
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::HeaderName;
 use http::request::Parts;
@@ -27,22 +30,62 @@ pub enum BodyFingerprint {
     Ignored,
 }
 
+/// A function of the request that gives its body's part of the fingerprint.
+pub(crate) type BodyFn = dyn Fn(&Parts, &Bytes) -> Option<Fingerprint> + Send + Sync;
+
+/// How the body counts: one of the fixed ways, or the user's function.
+#[derive(Clone)]
+pub(crate) enum BodyPart {
+    Fixed(BodyFingerprint),
+    Function(Arc<BodyFn>),
+}
+
+impl Default for BodyPart {
+    fn default() -> Self {
+        Self::Fixed(BodyFingerprint::default())
+    }
+}
+
+impl fmt::Debug for BodyPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Fixed(body) => body.fmt(f),
+            Self::Function(_) => f.write_str("a function"),
+        }
+    }
+}
+
 /// What a request's fingerprint is made of.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Fingerprinting {
     pub(crate) headers: Vec<HeaderName>,
-    pub(crate) body: BodyFingerprint,
+    pub(crate) body: BodyPart,
+}
+
+/// Why a request has no fingerprint.
+#[derive(Debug)]
+pub(crate) enum Unfingerprinted {
+    /// The body function found nothing it reads in the body: the client's mistake.
+    BodyRefused,
+    /// The fingerprint could not be serialised: the layer's.
+    Encoding(serde_json::Error),
 }
 
 impl Fingerprinting {
     /// Input: a request's head and body. Output: its fingerprint: method, path, query, the
     /// chosen headers' values and the body as configured.
-    pub(crate) fn of(&self, parts: &Parts, body: &Bytes) -> Result<Fingerprint, serde_json::Error> {
-        let body = match self.body {
-            BodyFingerprint::Json => serde_json::from_slice::<serde_json::Value>(body)
-                .unwrap_or_else(|_| serde_json::Value::String(digest(body))),
-            BodyFingerprint::Bytes => serde_json::Value::String(digest(body)),
-            BodyFingerprint::Ignored => serde_json::Value::Null,
+    pub(crate) fn of(&self, parts: &Parts, body: &Bytes) -> Result<Fingerprint, Unfingerprinted> {
+        let body = match &self.body {
+            BodyPart::Fixed(BodyFingerprint::Json) => {
+                serde_json::from_slice::<serde_json::Value>(body)
+                    .unwrap_or_else(|_| serde_json::Value::String(digest(body)))
+            }
+            BodyPart::Fixed(BodyFingerprint::Bytes) => serde_json::Value::String(digest(body)),
+            BodyPart::Fixed(BodyFingerprint::Ignored) => serde_json::Value::Null,
+            BodyPart::Function(read) => match read(parts, body) {
+                Some(fingerprint) => serde_json::Value::String(fingerprint.as_str().to_owned()),
+                None => return Err(Unfingerprinted::BodyRefused),
+            },
         };
         let headers: Vec<(&str, Vec<String>)> = self
             .headers
@@ -66,6 +109,7 @@ impl Fingerprinting {
             headers,
             body,
         ))
+        .map_err(Unfingerprinted::Encoding)
     }
 }
 
@@ -150,7 +194,7 @@ mod tests {
 
         let headed = Fingerprinting {
             headers: vec![HeaderName::from_static("content-type")],
-            body: BodyFingerprint::Bytes,
+            body: BodyPart::Fixed(BodyFingerprint::Bytes),
         };
         assert_ne!(
             headed.of(&parts("/pay", "a"), &Bytes::new()).unwrap(),
@@ -162,7 +206,7 @@ mod tests {
     fn json_bodies_count_by_value() {
         let json = Fingerprinting {
             headers: Vec::new(),
-            body: BodyFingerprint::Json,
+            body: BodyPart::Fixed(BodyFingerprint::Json),
         };
         let p = parts("/pay", "application/json");
         assert_eq!(
@@ -172,6 +216,35 @@ mod tests {
         assert_ne!(
             json.of(&p, &Bytes::from(r#"{"a":1}"#)).unwrap(),
             json.of(&p, &Bytes::from(r#"{"a":2}"#)).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_body_function_counts_only_what_it_reads() {
+        let amount_only = Fingerprinting {
+            headers: Vec::new(),
+            body: BodyPart::Function(Arc::new(|_, body| {
+                let payment: serde_json::Value = serde_json::from_slice(body).ok()?;
+                Fingerprint::of(&payment["amount"]).ok()
+            })),
+        };
+        let p = parts("/pay", "application/json");
+        let of = |body: &'static str| amount_only.of(&p, &Bytes::from(body));
+        assert_eq!(
+            of(r#"{"amount":5,"sent_at":1}"#).unwrap(),
+            of(r#"{"amount":5,"sent_at":2}"#).unwrap()
+        );
+        assert_ne!(
+            of(r#"{"amount":5}"#).unwrap(),
+            of(r#"{"amount":6}"#).unwrap()
+        );
+        assert!(matches!(of("not json"), Err(Unfingerprinted::BodyRefused)));
+        // The head still counts.
+        assert_ne!(
+            of(r#"{"amount":5}"#).unwrap(),
+            amount_only
+                .of(&parts("/pay?x=1", "a"), &Bytes::from(r#"{"amount":5}"#))
+                .unwrap()
         );
     }
 }

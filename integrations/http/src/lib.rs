@@ -63,7 +63,8 @@
 //!
 //! The stored key is the scope's SHA-256 (bounded, and a secret scope is not stored or logged
 //! in clear) and the key; the request's **fingerprint** is its method, path,
-//! query, body digest and any [headers you name](Idempotency::fingerprint_headers). A retry
+//! query, body digest (or [what you read of the body](Idempotency::fingerprint_body_with)) and
+//! any [headers you name](Idempotency::fingerprint_headers). A retry
 //! with the same key and another fingerprint is `422`, and nothing runs.
 //!
 //! # Outcomes
@@ -77,6 +78,7 @@
 //! | malformed key | `400` [`INVALID_KEY`](problem::INVALID_KEY) | does not run |
 //! | body over [`max_request_body`](Idempotency::max_request_body) (refused before it is read when its `Content-Length` says so); with [`key_fn`](Idempotency::key_fn) this holds for requests without a key too, since the body is read to look for one | `413` [`BODY_TOO_LARGE`](problem::BODY_TOO_LARGE) | does not run |
 //! | body not readable (the client stopped sending) | `400` [`BODY_UNREADABLE`](problem::BODY_UNREADABLE) | does not run |
+//! | body refused by the [body fingerprint function](Idempotency::fingerprint_body_with) | `400` [`BODY_INVALID`](problem::BODY_INVALID) | does not run |
 //! | fresh key | the handler's response; stored when its status is kept (below) | runs once, to completion even if the client goes away |
 //! | fresh key, a `5xx` (by default) | the handler's response; the key is released, so a retry runs again | ran |
 //! | fresh key, response body over [`max_stored_body`](Idempotency::max_stored_body) | the handler's whole response; only "too large" is stored | ran |
@@ -151,7 +153,7 @@ pub use body::{RequestBody, ResponseBody};
 pub use fingerprint::BodyFingerprint;
 pub use service::IdempotencyService;
 
-use fingerprint::Fingerprinting;
+use fingerprint::{BodyPart, Fingerprinting};
 
 /// The header that carries the key by default: `Idempotency-Key`.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -378,7 +380,38 @@ impl Idempotency {
     /// What of the body goes into the fingerprint (default [`BodyFingerprint::Bytes`]).
     #[must_use]
     pub fn fingerprint_body(mut self, body: BodyFingerprint) -> Self {
-        self.fingerprinting.body = body;
+        self.fingerprinting.body = BodyPart::Fixed(body);
+        self
+    }
+
+    /// Makes `read(request, body)` the body's part of the fingerprint, in place of
+    /// [`fingerprint_body`](Self::fingerprint_body): the fields that make the operation what
+    /// it is, whatever else a retry changes (a client's send time, a sender's attempt count).
+    /// Method, path, query and the [chosen headers](Self::fingerprint_headers) still count.
+    ///
+    /// `None` (a body it cannot read) refuses the request with `400`
+    /// [`BODY_INVALID`](problem::BODY_INVALID) before anything is stored, so such a request
+    /// neither runs nor takes the key.
+    ///
+    /// ```
+    /// use idempotask::Fingerprint;
+    /// use idempotask_http::Idempotency;
+    ///
+    /// // Only the amount and the currency make a payment; `sent_at` changes on every retry.
+    /// let layer = Idempotency::new(idempotask::Task::new("payments")).fingerprint_body_with(
+    ///     |_, body| {
+    ///         let payment: serde_json::Value = serde_json::from_slice(body).ok()?;
+    ///         Fingerprint::of(&(&payment["amount"], &payment["currency"])).ok()
+    ///     },
+    /// );
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn fingerprint_body_with(
+        mut self,
+        read: impl Fn(&Parts, &Bytes) -> Option<idempotask::Fingerprint> + Send + Sync + 'static,
+    ) -> Self {
+        self.fingerprinting.body = BodyPart::Function(Arc::new(read));
         self
     }
 

@@ -21,6 +21,11 @@ pub const BODY_TOO_LARGE: &str =
 /// `400`: the request body could not be read (the client stopped sending it).
 pub const BODY_UNREADABLE: &str =
     "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.BODY_UNREADABLE.html";
+/// `400`: the request body is not one the layer's
+/// [body fingerprint function](crate::Idempotency::fingerprint_body_with) reads (it gave no
+/// fingerprint, say for a body that does not parse); nothing ran.
+pub const BODY_INVALID: &str =
+    "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.BODY_INVALID.html";
 /// `422`: the key was used before for a request with another fingerprint (method, path, query,
 /// body); nothing ran.
 pub const KEY_REUSED: &str =

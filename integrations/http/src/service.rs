@@ -16,6 +16,7 @@ use idempotask::{CodecErrorKind, Error, Fingerprint, Outcome};
 use tower_service::Service;
 
 use crate::body::{RequestBody, ResponseBody};
+use crate::fingerprint::Unfingerprinted;
 use crate::key::{self, Refusal};
 use crate::problem::{self, Problem};
 use crate::stored::{Marker, Stored, StoredResponse};
@@ -151,7 +152,15 @@ where
     let stored_key = key::scoped(scope.as_deref(), &key);
     let fingerprint = match config.fingerprinting.of(&parts, &body) {
         Ok(fingerprint) => fingerprint,
-        Err(err) => return Ok(misconfigured(&err)),
+        Err(Unfingerprinted::BodyRefused) => {
+            return Ok(problem(Problem::new(
+                StatusCode::BAD_REQUEST,
+                problem::BODY_INVALID,
+                "Request body invalid",
+                "the request body is not one this endpoint reads",
+            )));
+        }
+        Err(Unfingerprinted::Encoding(err)) => return Ok(misconfigured(&err)),
     };
     let request = Request::from_parts(parts, RequestBody::buffered(body));
     // On a task of its own, so that a client that goes away (hyper then drops this future)
