@@ -678,7 +678,14 @@ async fn a_handler_slower_than_the_lock_ttl_keeps_its_lock(backend: Backend) {
     next(&mut server.signals.started, "the handler start").await;
     // Time passing is what is under test: the handler is held three lock TTLs long.
     tokio::time::sleep(ttl * 3).await;
-    let retry = send(server.post("/payments", Some("pay-long"), "3 EUR")).await;
+    let retry = tokio::spawn(send(server.post("/payments", Some("pay-long"), "3 EUR")));
+    // Were the lock gone, the retry would start a second run, held at the gate for ever.
+    let retry = tokio::select! {
+        retry = retry => retry.unwrap(),
+        _ = server.signals.started.recv() => {
+            panic!("the lock expired under the handler: the retry started a second run")
+        }
+    };
     assert_eq!(
         retry.status, 409,
         "the lock expired under the handler: {retry:?}"
