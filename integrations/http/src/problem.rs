@@ -43,6 +43,10 @@ pub const RESPONSE_NOT_STORED: &str = "https://docs.rs/idempotask-http/latest/id
 pub const STORED_RESPONSE_UNREADABLE: &str = "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.STORED_RESPONSE_UNREADABLE.html";
 /// `503` with `Retry-After`: the idempotency store could not confirm the lock; nothing ran.
 pub const STORE_UNAVAILABLE: &str = "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.STORE_UNAVAILABLE.html";
+/// `503` with `Retry-After`: the server is shutting down (its runtime stopped the request's
+/// task); retry with the same key, elsewhere or later.
+pub const SHUTTING_DOWN: &str =
+    "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.SHUTTING_DOWN.html";
 /// `500`: the layer is misconfigured (no store installed, a task name taken, a digest collision
 /// of keys); nothing ran.
 pub const MISCONFIGURED: &str =

@@ -177,7 +177,7 @@ where
         Err(_) => Ok(problem(
             Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                problem::STORE_UNAVAILABLE,
+                problem::SHUTTING_DOWN,
                 "Shutting down",
                 "the server is shutting down; retry with the same key",
             )
