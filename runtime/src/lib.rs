@@ -13,6 +13,7 @@ mod guard;
 mod install;
 mod marker;
 mod names;
+mod redelivery;
 /// Guides: the guarantees and their limits, testing your own tasks, the attribute next to others.
 pub mod guide {
     #[doc = include_str!("guide/guarantees.md")]
@@ -37,6 +38,7 @@ pub use error::{CallerKey, CodecErrorKind, Error};
 pub use fingerprint::Fingerprint;
 pub use install::{install, installed, with_store};
 pub use observe::KeyLogging;
+pub use redelivery::Redelivery;
 pub use retry::{DEFAULT_INITIAL_BACKOFF, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BACKOFF, RetryPolicy};
 pub use store::memory::MemoryStore;
 pub use task::{DEFAULT_LOCK_TTL, DEFAULT_RESULT_TTL, MAX_TTL, Settings, Task};

@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 
 use super::Idempotent;
 use super::key::JobKey;
-use idempotask::Error;
+use idempotask::{Error, Redelivery};
 
 /// A handler service whose jobs run at most once per key; made by [`Idempotent`].
 ///
@@ -126,20 +126,29 @@ where
 /// Input: an error of idempotask's own. Output: the error apalis acts on: retry later when the key
 /// is busy, abort when no retry can succeed, an ordinary (retried) failure otherwise.
 fn to_apalis(err: Error, lock_ttl: Duration) -> BoxDynError {
-    match err {
-        Error::Contended {
-            lock_ttl_remaining, ..
-        } => {
-            let wait = lock_ttl_remaining.unwrap_or(lock_ttl);
+    match err.redelivery() {
+        Redelivery::AfterHolder(remaining) => {
+            let wait = remaining.unwrap_or(lock_ttl);
             Box::new(RetryAfterError::new(err, wait))
         }
-        Error::KeyReuse { .. }
-        | Error::Codec { .. }
-        | Error::InvalidKey(_)
-        | Error::MarkerKeyMismatch { .. }
-        | Error::Reentered { .. }
-        | Error::NoRuntime
-        | Error::TaskNameTaken { .. } => Box::new(AbortError::new(err)),
+        Redelivery::Never => Box::new(AbortError::new(err)),
+        // A store error, no store installed, misuse, and anything newer: an ordinary failure,
+        // retried (apalis reports it). Aborting on misuse would kill a bad deploy's backlog.
         _ => Box::new(err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_misused_task_is_retried_not_killed() {
+        let misuse = to_apalis(Error::NoRuntime, Duration::from_secs(30));
+        assert!(misuse.downcast_ref::<AbortError>().is_none(), "{misuse:?}");
+        assert!(misuse.downcast_ref::<Error>().is_some(), "{misuse:?}");
+        let unusable = Error::from(idempotask::store::check_task_name("").unwrap_err());
+        let unusable = to_apalis(unusable, Duration::from_secs(30));
+        assert!(unusable.downcast_ref::<AbortError>().is_some(), "{unusable:?}");
     }
 }

@@ -138,7 +138,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotask::store::{SharedStore, Store};
-use idempotask::{Error, Task};
+use idempotask::{Error, Redelivery, Task};
 use lapin::message::Delivery;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -374,27 +374,18 @@ impl<K: DeliveryKey> Idempotent<K> {
         key: &str,
         err: Error,
     ) -> (Action, Settled<T, E>) {
-        let delay = match &err {
-            Error::Contended {
-                lock_ttl_remaining, ..
-            } => Some((
-                lock_ttl_remaining
+        let delay = match err.redelivery() {
+            Redelivery::AfterHolder(remaining) => Some((
+                remaining
                     .unwrap_or(self.task.settings().lock_ttl)
                     .max(Duration::from_millis(10)),
                 None,
             )),
-            Error::KeyReuse { .. }
-            | Error::Codec { .. }
-            | Error::InvalidKey(_)
-            | Error::MarkerKeyMismatch { .. } => None,
-            // Store errors, no store installed, misuse (a deploy's bug, not the message's: the
-            // message must survive until the fix is deployed), and anything newer: fail closed
-            // and come back.
+            Redelivery::Never => None,
+            // Store errors, no store installed, misuse, and anything newer: fail closed and
+            // come back.
             _ => {
-                if matches!(
-                    err,
-                    Error::Reentered { .. } | Error::NoRuntime | Error::TaskNameTaken { .. }
-                ) {
+                if err.is_misuse() {
                     tracing::error!(
                         error = %err,
                         "idempotask is misused by this consumer; the delivery is retried later, fix the consumer"

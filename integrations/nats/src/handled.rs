@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream::AckKind;
-use idempotask::{Error, Report};
+use idempotask::{Error, Redelivery, Report};
 
 use crate::backoff::{Backoff, MIN_DELAY};
 use crate::key::MissingKey;
@@ -90,36 +90,31 @@ pub(crate) fn undecided<T, E>(
     store_backoff: Backoff,
     delivered: i64,
 ) -> Handled<T, E> {
-    match err {
-        Error::Contended {
-            lock_ttl_remaining, ..
-        } => {
+    match err.redelivery() {
+        Redelivery::AfterHolder(remaining) => {
             // The holder has stored its result or lost its lock by then: either way the
             // redelivery decides at once instead of finding the lock taken again.
-            let delay = lock_ttl_remaining.unwrap_or(lock_ttl).max(MIN_DELAY);
+            let delay = remaining.unwrap_or(lock_ttl).max(MIN_DELAY);
             Handled::Deferred { error: err, delay }
         }
-        Error::KeyReuse { .. }
-        | Error::Codec { .. }
-        | Error::InvalidKey(_)
-        | Error::MarkerKeyMismatch { .. } => Handled::Terminated(Rejection::Refused(err)),
-        Error::Reentered { .. } | Error::NoRuntime | Error::TaskNameTaken { .. } => {
-            // The program is wrong, not the message: terminating would delete the backlog on a
-            // WorkQueue or Interest stream, while a deferred message waits for the fixed deploy.
-            tracing::error!(
-                error = %err,
-                delivered,
-                "the task is misused; the message is delivered again later, fix the program"
-            );
+        Redelivery::Never => Handled::Terminated(Rejection::Refused(err)),
+        // A store error, no store installed, misuse, or anything newer: fail closed and try
+        // later.
+        _ => {
+            if err.is_misuse() {
+                // The program is wrong, not the message: terminating would delete the backlog
+                // on a WorkQueue or Interest stream, while a deferred message waits for the
+                // fixed deploy.
+                tracing::error!(
+                    error = %err,
+                    delivered,
+                    "the task is misused; the message is delivered again later, fix the program"
+                );
+            }
             Handled::Deferred {
                 error: err,
                 delay: store_backoff.after(delivered),
             }
         }
-        // A store error, no store installed, or anything newer: fail closed and try later.
-        _ => Handled::Deferred {
-            error: err,
-            delay: store_backoff.after(delivered),
-        },
     }
 }
