@@ -4,7 +4,9 @@
 # one run, best of ROUNDS rounds, rounds interleaved. Prints Markdown for docs/http.md:
 #
 #   1. one process: server and 64 reqwest clients share every core, Redis too;
-#   2. two processes: the server pinned to CPU 0, Redis and the load generator to CPU 1;
+#   2. two processes: the server pinned to CPU 0, Redis and the load generator to CPU 1; then
+#      that server's CPU time per request, workload by workload, and a perf profile of it on
+#      fresh keys (where the kernel lets perf sample);
 #   3. with valgrind: the server's instructions per request, workload by workload, and the
 #      functions our layer adds them in (callgrind, the difference between 3000 and 1000
 #      requests, so start-up and warm-up cancel out). PROFILE=0 skips it; KEEP_PROFILE=DIR
@@ -87,6 +89,28 @@ taskset -a -p -c 1 "$redis_pid" >/dev/null
 serve "$work/server.log" taskset -c 0
 taskset -c 1 "$bench" --load "$server_url" --requests "$requests" --concurrency "$concurrency" \
   --rounds "$rounds" >"$work/pinned.md"
+# The same server's CPU time per request, workload by workload (utime + stime from /proc, in
+# clock ticks), and where a fresh request's goes (perf, sampling, where the kernel lets it).
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$server_pid/stat"; }
+tick_us=$((1000000 / $(getconf CLK_TCK)))
+for workload in plain fresh duplicates idempotent-fresh idempotent-duplicates; do
+  before=$(cpu_ticks)
+  taskset -c 1 "$bench" --load "$server_url" --workload "$workload" --requests "$requests" \
+    --concurrency "$concurrency" --rounds 1 >/dev/null
+  echo "| $workload | $(( ($(cpu_ticks) - before) * tick_us / requests )) |" >>"$work/cpu.md"
+done
+perf_top="(perf cannot sample on this kernel)"
+if command -v perf >/dev/null && perf record -e cpu-clock -o "$work/perf.probe" -- true >/dev/null 2>&1; then
+  perf record -e cpu-clock -F 2000 -o "$work/perf.fresh" -p "$server_pid" >/dev/null 2>&1 &
+  perf_pid=$!
+  # perf needs a moment to attach; a load that ends before it has would leave no samples.
+  sleep 1
+  taskset -c 1 "$bench" --load "$server_url" --workload fresh --requests "$requests" \
+    --concurrency "$concurrency" --rounds 1 >/dev/null
+  kill -INT "$perf_pid"; wait "$perf_pid" || true
+  perf_top=$(perf report -i "$work/perf.fresh" --stdio --sort dso,sym 2>/dev/null \
+    | grep -v '^#' | grep -v '^$' | sed -n 1,30p | cut -c1-160 || true)
+fi
 stop "$server_pid"
 taskset -a -p -c 0-"$(($(nproc) - 1))" "$redis_pid" >/dev/null
 load_pinned=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -102,6 +126,18 @@ echo
 echo "Load average after: $load_pinned."
 echo
 cat "$work/pinned.md"
+echo
+echo "Server CPU per request, same server ($requests requests of each workload alone, CPU 1 loading):"
+echo
+echo "| workload | server CPU µs per request |"
+echo "| --- | ---: |"
+cat "$work/cpu.md"
+echo
+echo "Where the server's CPU goes on fresh keys (perf, cpu-clock samples, top 30):"
+echo
+echo '```text'
+echo "$perf_top"
+echo '```'
 
 [ "$profile" = 1 ] || exit 0
 
@@ -148,6 +184,10 @@ total() { # file -> total instructions
 }
 echo
 echo "## Server instructions per request (callgrind)"
+echo
+echo "Valgrind hides SHA-NI from the program, so \`sha2\` takes its software path here (about"
+echo "3 500 instructions a hash); natively, where the CPU has SHA-NI, it is a small part (the perf"
+echo "profile above)."
 echo
 echo "| workload | instructions per request | more than no layer |"
 echo "| --- | ---: | ---: |"
