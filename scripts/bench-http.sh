@@ -90,14 +90,18 @@ serve "$work/server.log" taskset -c 0
 taskset -c 1 "$bench" --load "$server_url" --requests "$requests" --concurrency "$concurrency" \
   --rounds "$rounds" >"$work/pinned.md"
 # The same server's CPU time per request, workload by workload (utime + stime from /proc, in
-# clock ticks), and where a fresh request's goes (perf, sampling, where the kernel lets it).
+# clock ticks), Redis's (INFO cpu), and where a fresh request's goes (perf, sampling, where the kernel lets it).
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$server_pid/stat"; }
 tick_us=$((1000000 / $(getconf CLK_TCK)))
+redis_cpu_us() { # Redis's own CPU time so far (INFO cpu), in µs
+  redis-cli -p "$redis_port" info cpu | tr -d '\r' \
+    | awk -F: '/^used_cpu_(sys|user):/ { t += $2 } END { printf "%d", t * 1000000 }'
+}
 for workload in plain fresh duplicates idempotent-fresh idempotent-duplicates; do
-  before=$(cpu_ticks)
+  before=$(cpu_ticks); redis_before=$(redis_cpu_us)
   taskset -c 1 "$bench" --load "$server_url" --workload "$workload" --requests "$requests" \
     --concurrency "$concurrency" --rounds 1 >/dev/null
-  echo "| $workload | $(( ($(cpu_ticks) - before) * tick_us / requests )) |" >>"$work/cpu.md"
+  echo "| $workload | $(( ($(cpu_ticks) - before) * tick_us / requests )) | $(( ($(redis_cpu_us) - redis_before) / requests )) |" >>"$work/cpu.md"
 done
 perf_top="(perf cannot sample on this kernel)"
 if command -v perf >/dev/null && perf record -e cpu-clock -o "$work/perf.probe" -- true >/dev/null 2>&1; then
@@ -129,8 +133,8 @@ cat "$work/pinned.md"
 echo
 echo "Server CPU per request, same server ($requests requests of each workload alone, CPU 1 loading):"
 echo
-echo "| workload | server CPU µs per request |"
-echo "| --- | ---: |"
+echo "| workload | server CPU µs per request | Redis CPU µs per request |"
+echo "| --- | ---: | ---: |"
 cat "$work/cpu.md"
 echo
 echo "Where the server's CPU goes on fresh keys (perf, cpu-clock samples, top 30):"
