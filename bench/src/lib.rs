@@ -9,8 +9,12 @@
 //! scopes its store to its own workers (`idempotask::with_store`) rather than installing it, so
 //! that runs in one process (the smoke tests, in parallel) neither share a store nor count each
 //! other's executions.
+//!
+//! [`http`] is the HTTP layer's bench (`src/bin/http.rs`, and `bench/http-compare` beside the
+//! `idempotent` crate's layer).
 
 mod driver;
+pub mod http;
 pub mod postgres;
 pub mod report;
 mod server;
