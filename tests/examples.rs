@@ -433,20 +433,7 @@ impl PaymentsServer {
     }
 
     async fn pay(&self, key: Option<&str>) -> (u16, bool, String) {
-        let mut request = reqwest::Client::new()
-            .post(format!("{}/payments", self.base))
-            .header("content-type", "application/json")
-            .body(r#"{"amount": 4200, "currency": "EUR"}"#);
-        if let Some(key) = key {
-            request = request.header("idempotency-key", key);
-        }
-        let response = request.send().await.unwrap();
-        let replayed = response.headers().get("idempotent-replayed").is_some();
-        (
-            response.status().as_u16(),
-            replayed,
-            response.text().await.unwrap(),
-        )
+        answer_of(payment(&self.base, key).send().await.unwrap()).await
     }
 
     async fn executions(&self) -> u64 {
@@ -480,28 +467,37 @@ impl PaymentsServer {
     }
 }
 
+/// The example's payment request to the server at `base`, with `key` if any.
+fn payment(base: &str, key: Option<&str>) -> reqwest::RequestBuilder {
+    let request = reqwest::Client::new()
+        .post(format!("{base}/payments"))
+        .header("content-type", "application/json")
+        .body(r#"{"amount": 4200, "currency": "EUR"}"#);
+    match key {
+        Some(key) => request.header("idempotency-key", key),
+        None => request,
+    }
+}
+
+/// The status, whether it is a replay, and the body of `response`.
+async fn answer_of(response: reqwest::Response) -> (u16, bool, String) {
+    let replayed = response.headers().get("idempotent-replayed").is_some();
+    (
+        response.status().as_u16(),
+        replayed,
+        response.text().await.unwrap(),
+    )
+}
+
 /// The payment with `key`, sent eight times at once; every answer.
 async fn eight_at_once(server: &PaymentsServer, key: &str) -> Vec<(u16, bool, String)> {
     let mut answers = Vec::new();
     let mut running = tokio::task::JoinSet::new();
     for _ in 0..8 {
         let (base, key) = (server.base.clone(), key.to_owned());
-        running.spawn(async move {
-            let response = reqwest::Client::new()
-                .post(format!("{base}/payments"))
-                .header("content-type", "application/json")
-                .header("idempotency-key", key)
-                .body(r#"{"amount": 4200, "currency": "EUR"}"#)
-                .send()
-                .await
-                .unwrap();
-            let replayed = response.headers().get("idempotent-replayed").is_some();
-            (
-                response.status().as_u16(),
-                replayed,
-                response.text().await.unwrap(),
-            )
-        });
+        running.spawn(
+            async move { answer_of(payment(&base, Some(&key)).send().await.unwrap()).await },
+        );
     }
     while let Some(answer) = running.join_next().await {
         answers.push(answer.unwrap());
@@ -554,15 +550,7 @@ async fn http_payments_killed_mid_handler_charges_once_after_the_restart() {
         PaymentsServer::start(&[("REDIS_URL", &url), lock_ttl, ("PAYMENT_PAUSE_MS", "60000")])
             .await;
     let base = slow.base.clone();
-    let first = tokio::spawn(async move {
-        reqwest::Client::new()
-            .post(format!("{base}/payments"))
-            .header("content-type", "application/json")
-            .header("idempotency-key", "\"order-7\"")
-            .body(r#"{"amount": 4200, "currency": "EUR"}"#)
-            .send()
-            .await
-    });
+    let first = tokio::spawn(payment(&base, Some("\"order-7\"")).send());
     slow.printed("charging \"order-7\"").await;
     slow.kill_9().await;
     assert!(first.await.unwrap().is_err(), "the killed server answered");

@@ -149,6 +149,9 @@ mod tests {
         assert!(misuse.downcast_ref::<Error>().is_some(), "{misuse:?}");
         let unusable = Error::from(idempotask::store::check_task_name("").unwrap_err());
         let unusable = to_apalis(unusable, Duration::from_secs(30));
-        assert!(unusable.downcast_ref::<AbortError>().is_some(), "{unusable:?}");
+        assert!(
+            unusable.downcast_ref::<AbortError>().is_some(),
+            "{unusable:?}"
+        );
     }
 }
