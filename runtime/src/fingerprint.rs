@@ -52,6 +52,23 @@ impl Fingerprint {
         Ok(Self(hex(&hasher.0.finalize())))
     }
 
+    /// The fingerprint whose SHA-256 is `digest`: for an integration that hashes an encoding of
+    /// its own (an HTTP request's method, path and body, fed to the hash as they are) instead of
+    /// serialising a value to JSON first.
+    ///
+    /// The encoding must be unambiguous (length-prefix each part): two requests that must
+    /// differ have to feed the hash different bytes.
+    ///
+    /// ```
+    /// use idempotask::Fingerprint;
+    /// use sha2::{Digest, Sha256};
+    /// let fingerprint = Fingerprint::from_sha256(Sha256::digest(b"POST /payments").into());
+    /// assert_eq!(fingerprint.as_str().len(), 64);
+    /// ```
+    pub fn from_sha256(digest: [u8; 32]) -> Self {
+        Self(hex(&digest))
+    }
+
     /// The lowercase hex digest, as stored in markers.
     pub fn as_str(&self) -> &str {
         &self.0

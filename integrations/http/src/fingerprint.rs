@@ -74,52 +74,78 @@ pub(crate) enum Unfingerprinted {
 impl Fingerprinting {
     /// Input: a request's head and body. Output: its fingerprint: method, path, query, the
     /// chosen headers' values and the body as configured.
+    ///
+    /// Each part goes into one SHA-256 as it is, length-prefixed (so no two requests that
+    /// differ feed it the same bytes), rather than through a JSON tree: this runs on every
+    /// keyed request.
     pub(crate) fn of(&self, parts: &Parts, body: &Bytes) -> Result<Fingerprint, Unfingerprinted> {
-        let body = match &self.body {
-            BodyPart::Fixed(BodyFingerprint::Json) => {
-                serde_json::from_slice::<serde_json::Value>(body)
-                    .unwrap_or_else(|_| serde_json::Value::String(digest(body)))
+        let mut hash = Sha256::new();
+        part(&mut hash, parts.method.as_str().as_bytes());
+        part(&mut hash, parts.uri.path().as_bytes());
+        match parts.uri.query() {
+            None => hash.update([0]),
+            Some(query) => {
+                hash.update([1]);
+                part(&mut hash, query.as_bytes());
             }
-            BodyPart::Fixed(BodyFingerprint::Bytes) => serde_json::Value::String(digest(body)),
-            BodyPart::Fixed(BodyFingerprint::Ignored) => serde_json::Value::Null,
+        }
+        count(&mut hash, self.headers.len());
+        for name in &self.headers {
+            part(&mut hash, name.as_str().as_bytes());
+            let values = parts.headers.get_all(name);
+            count(&mut hash, values.iter().count());
+            // The bytes, not lossy text: two values that are not UTF-8 would both read as
+            // U+FFFD and a changed header would go unseen.
+            for value in values {
+                part(&mut hash, value.as_bytes());
+            }
+        }
+        match &self.body {
+            BodyPart::Fixed(BodyFingerprint::Bytes) => {
+                hash.update([b'b']);
+                part(&mut hash, body);
+            }
+            BodyPart::Fixed(BodyFingerprint::Json) => {
+                // Not JSON: it counts by its bytes.
+                if let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) {
+                    let canonical = Fingerprint::of(&value).map_err(Unfingerprinted::Encoding)?;
+                    hash.update([b'j']);
+                    part(&mut hash, canonical.as_str().as_bytes());
+                } else {
+                    hash.update([b'b']);
+                    part(&mut hash, body);
+                }
+            }
+            BodyPart::Fixed(BodyFingerprint::Ignored) => hash.update([b'-']),
             BodyPart::Function(read) => match read(parts, body) {
-                Some(fingerprint) => serde_json::Value::String(fingerprint.as_str().to_owned()),
+                Some(fingerprint) => {
+                    hash.update([b'f']);
+                    part(&mut hash, fingerprint.as_str().as_bytes());
+                }
                 None => return Err(Unfingerprinted::BodyRefused),
             },
-        };
-        let headers: Vec<(&str, Vec<String>)> = self
-            .headers
-            .iter()
-            .map(|name| {
-                let values = parts
-                    .headers
-                    .get_all(name)
-                    .iter()
-                    // The bytes' digest, not lossy text: two values that are not UTF-8
-                    // would both read as U+FFFD and a changed header would go unseen.
-                    .map(|value| digest(value.as_bytes()))
-                    .collect();
-                (name.as_str(), values)
-            })
-            .collect();
-        Fingerprint::of(&(
-            parts.method.as_str(),
-            parts.uri.path(),
-            parts.uri.query(),
-            headers,
-            body,
-        ))
-        .map_err(Unfingerprinted::Encoding)
+        }
+        Ok(Fingerprint::from_sha256(hash.finalize().into()))
     }
 }
 
-/// The SHA-256 of `body`, in lower-case hex.
-pub(crate) fn digest(body: &[u8]) -> String {
-    use std::fmt::Write;
+/// Feeds `bytes` to `hash`, preceded by its length.
+fn part(hash: &mut Sha256, bytes: &[u8]) {
+    count(hash, bytes.len());
+    hash.update(bytes);
+}
+
+fn count(hash: &mut Sha256, n: usize) {
+    hash.update((n as u64).to_le_bytes());
+}
+
+/// The SHA-256 of `bytes`, in lower-case hex.
+pub(crate) fn digest(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut hex = String::with_capacity(64);
-    for byte in Sha256::digest(body) {
-        // Writing to a `String` cannot fail.
-        let _ = write!(hex, "{byte:02x}");
+    for byte in Sha256::digest(bytes) {
+        hex.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        hex.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
     }
     hex
 }
@@ -246,5 +272,23 @@ mod tests {
                 .of(&parts("/pay?x=1", "a"), &Bytes::from(r#"{"amount":5}"#))
                 .unwrap()
         );
+    }
+
+    #[test]
+    fn header_values_are_told_apart_however_they_split() {
+        let with = |values: &[&'static str]| {
+            let mut request = Request::post("/p");
+            for value in values {
+                request = request.header("x-v", *value);
+            }
+            let parts = request.body(()).unwrap().into_parts().0;
+            let fingerprinting = Fingerprinting {
+                headers: vec![HeaderName::from_static("x-v")],
+                ..Fingerprinting::default()
+            };
+            fingerprinting.of(&parts, &Bytes::new()).unwrap()
+        };
+        assert_ne!(with(&["ab"]), with(&["a", "b"]));
+        assert_ne!(with(&[]), with(&[""]));
     }
 }
