@@ -148,6 +148,7 @@ on_every_store!(
     what_counts_in_the_fingerprint,
     throttled_and_timed_out_answers_release_the_key,
     a_chunked_body_over_the_cap_is_413_and_runs_nothing,
+    a_request_costs_one_begin_and_one_finish,
 );
 
 /// Awaits the next signal on `channel`, failing the test (not hanging the suite) when `what`
@@ -807,5 +808,109 @@ async fn a_chunked_body_over_the_cap_is_413_and_runs_nothing(backend: Backend) {
     // Nothing was stored for the key: a request within the cap runs.
     let within = send(server.post("/payments", Some("pay-8"), "1 EUR")).await;
     assert_eq!((within.status, within.replayed), (201, false), "{within:?}");
+    drop(backend);
+}
+
+/// A store that counts the operations the layer asks of it, in front of the backend's.
+#[derive(Debug)]
+struct Counted {
+    inner: SharedStore,
+    calls: Arc<std::sync::Mutex<Vec<&'static str>>>,
+}
+
+impl Counted {
+    fn note(&self, operation: &'static str) {
+        self.calls.lock().unwrap().push(operation);
+    }
+}
+
+impl idempotask::store::Store for Counted {
+    fn max_key_len(&self) -> usize {
+        self.inner.max_key_len()
+    }
+
+    async fn begin(
+        &self,
+        unit: &idempotask::store::UnitOfWork,
+        token: &idempotask::store::LockToken,
+        lock_ttl: Duration,
+        fencing: idempotask::store::Fencing,
+    ) -> Result<idempotask::store::Begin, idempotask::store::StoreError> {
+        self.note("begin");
+        self.inner.begin(unit, token, lock_ttl, fencing).await
+    }
+
+    async fn finish(
+        &self,
+        unit: &idempotask::store::UnitOfWork,
+        token: &idempotask::store::LockToken,
+        marker: &[u8],
+        result_ttl: Duration,
+    ) -> Result<idempotask::store::Finish, idempotask::store::StoreError> {
+        self.note("finish");
+        self.inner.finish(unit, token, marker, result_ttl).await
+    }
+
+    async fn release(
+        &self,
+        unit: &idempotask::store::UnitOfWork,
+        token: &idempotask::store::LockToken,
+    ) -> Result<bool, idempotask::store::StoreError> {
+        self.note("release");
+        self.inner.release(unit, token).await
+    }
+
+    async fn renew(
+        &self,
+        unit: &idempotask::store::UnitOfWork,
+        token: &idempotask::store::LockToken,
+        lock_ttl: Duration,
+    ) -> Result<bool, idempotask::store::StoreError> {
+        self.note("renew");
+        self.inner.renew(unit, token, lock_ttl).await
+    }
+
+    async fn inspect(
+        &self,
+        unit: &idempotask::store::UnitOfWork,
+    ) -> Result<idempotask::store::Inspection, idempotask::store::StoreError> {
+        self.note("inspect");
+        self.inner.inspect(unit).await
+    }
+
+    async fn forget(
+        &self,
+        unit: &idempotask::store::UnitOfWork,
+    ) -> Result<bool, idempotask::store::StoreError> {
+        self.note("forget");
+        self.inner.forget(unit).await
+    }
+}
+
+async fn a_request_costs_one_begin_and_one_finish(backend: Backend) {
+    let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let counted = Counted {
+        inner: backend.store.clone(),
+        calls: Arc::clone(&calls),
+    };
+    let layer = Idempotency::new(Task::new("http_round_trips")).store(counted);
+    let server = Server::start(layer, false).await;
+    let taken = || std::mem::take(&mut *calls.lock().unwrap());
+    // First, while `/flaky` still fails on its first run.
+    let released = send(server.post("/flaky", Some("pay-10"), "")).await;
+    assert_eq!(released.status, 503, "{released:?}");
+    assert_eq!(taken(), ["begin", "release"], "a released 5xx");
+    let fresh = send(server.post("/payments", Some("pay-9"), "2 EUR")).await;
+    assert_eq!((fresh.status, fresh.replayed), (201, false), "{fresh:?}");
+    assert_eq!(taken(), ["begin", "finish"], "a fresh request");
+    let replay = send(server.post("/payments", Some("pay-9"), "2 EUR")).await;
+    assert_eq!((replay.status, replay.replayed), (201, true), "{replay:?}");
+    assert_eq!(taken(), ["begin"], "a replay");
+    let unkeyed = send(server.post("/payments", None, "2 EUR")).await;
+    assert_eq!(unkeyed.status, 201, "{unkeyed:?}");
+    assert!(
+        taken().is_empty(),
+        "a request without a key reached the store"
+    );
     drop(backend);
 }
