@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
 /// The request body the wrapped service reads: the body the layer buffered (for requests it
@@ -86,6 +87,8 @@ pub struct ResponseBody<B: Body> {
 
 enum Tail<B: Body> {
     End,
+    /// The handler's trailers, after the body held (sent on the first response only).
+    Trailers(Option<HeaderMap>),
     Stream(Pin<Box<B>>),
     // Boxed, so that the body stays `Unpin` whatever the error type.
     Error(Option<Box<B::Error>>),
@@ -94,6 +97,14 @@ enum Tail<B: Body> {
 impl<B: Body> ResponseBody<B> {
     pub(crate) fn full(bytes: Bytes) -> Self {
         Self::then(bytes, Tail::End)
+    }
+
+    /// `bytes`, then `trailers` if any.
+    pub(crate) fn full_with(bytes: Bytes, trailers: Option<HeaderMap>) -> Self {
+        match trailers {
+            None => Self::full(bytes),
+            Some(trailers) => Self::then(bytes, Tail::Trailers(Some(trailers))),
+        }
     }
 
     pub(crate) fn inner(body: B) -> Self {
@@ -144,6 +155,9 @@ impl<B: Body<Data = Bytes>> Body for ResponseBody<B> {
         }
         match &mut this.tail {
             Tail::End => Poll::Ready(None),
+            Tail::Trailers(trailers) => {
+                Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t))))
+            }
             Tail::Stream(body) => body.as_mut().poll_frame(cx),
             Tail::Error(error) => Poll::Ready(error.take().map(|error| Err(*error))),
         }
@@ -153,6 +167,7 @@ impl<B: Body<Data = Bytes>> Body for ResponseBody<B> {
         self.prefix.is_none()
             && match &self.tail {
                 Tail::End => true,
+                Tail::Trailers(trailers) => trailers.is_none(),
                 Tail::Stream(body) => body.is_end_stream(),
                 Tail::Error(error) => error.is_none(),
             }
@@ -161,7 +176,7 @@ impl<B: Body<Data = Bytes>> Body for ResponseBody<B> {
     fn size_hint(&self) -> SizeHint {
         let held = self.prefix.as_ref().map_or(0, |b| b.len() as u64);
         match &self.tail {
-            Tail::End => SizeHint::with_exact(held),
+            Tail::End | Tail::Trailers(_) => SizeHint::with_exact(held),
             Tail::Stream(body) => {
                 let rest = body.size_hint();
                 let mut hint = SizeHint::new();

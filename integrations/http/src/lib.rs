@@ -121,7 +121,7 @@
 //!   replay one `begin`. The request body is buffered (it is part of the fingerprint), up to
 //!   [`max_request_body`](Idempotency::max_request_body).
 //! - **Not stored:** `Set-Cookie` (unless [`store_cookies`](Idempotency::store_cookies)),
-//!   trailers, hop-by-hop headers (`Connection` and those it names,
+//!   trailers (the first response carries them; a replay has none), hop-by-hop headers (`Connection` and those it names,
 //!   `Keep-Alive`, `Transfer-Encoding`, `TE`, `Trailer`, `Upgrade`, `Proxy-*`) and `Date`. The
 //!   body is stored as text when it is UTF-8, else in base64.
 //!

@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idempotask::{CodecErrorKind, Error, Fingerprint, Outcome};
@@ -197,7 +197,7 @@ where
 
 /// What the handler produced, kept aside while the task stores what it stores.
 enum Produced<R: Body> {
-    Whole(http::response::Parts, Bytes),
+    Whole(http::response::Parts, Bytes, Option<HeaderMap>),
     Resumed(http::response::Parts, Bytes, Pin<Box<R>>),
     Failed(http::response::Parts, Bytes, R::Error),
 }
@@ -205,7 +205,9 @@ enum Produced<R: Body> {
 impl<R: Body<Data = Bytes>> Produced<R> {
     fn into_response(self) -> Response<ResponseBody<R>> {
         match self {
-            Self::Whole(parts, bytes) => Response::from_parts(parts, ResponseBody::full(bytes)),
+            Self::Whole(parts, bytes, trailers) => {
+                Response::from_parts(parts, ResponseBody::full_with(bytes, trailers))
+            }
             Self::Resumed(parts, prefix, rest) => {
                 Response::from_parts(parts, ResponseBody::resumed(prefix, rest))
             }
@@ -254,14 +256,14 @@ where
         let (parts, body) = response.into_parts();
         let stores = (config.stores_status)(parts.status);
         let (value, kept) = match collect(body, config.max_stored_body).await {
-            Collected::Whole(bytes) => (
+            Collected::Whole(bytes, trailers) => (
                 Stored::Response(StoredResponse::of(
                     parts.status,
                     &parts.headers,
                     &bytes,
                     config.store_cookies,
                 )),
-                Produced::Whole(parts, bytes),
+                Produced::Whole(parts, bytes, trailers),
             ),
             Collected::Over(prefix, rest) => (
                 Stored::TooLarge {
@@ -309,7 +311,8 @@ where
 
 /// A response body, read up to the storage cap.
 enum Collected<R: Body> {
-    Whole(Bytes),
+    /// The whole body, and its trailers if it had any (sent on, not stored).
+    Whole(Bytes, Option<HeaderMap>),
     /// Over the cap: the part read, and the rest still to stream.
     Over(Bytes, Pin<Box<R>>),
     /// The body failed after the part read.
@@ -322,18 +325,25 @@ async fn collect<R: Body<Data = Bytes>>(body: R, cap: usize) -> Collected<R> {
     if rest.size_hint().lower() > cap as u64 {
         return Collected::Over(read.freeze(), rest);
     }
+    let mut trailers: Option<HeaderMap> = None;
     loop {
         match rest.frame().await {
-            None => return Collected::Whole(read.freeze()),
-            Some(Ok(frame)) => {
-                // Trailers are not stored (see the crate docs).
-                if let Ok(data) = frame.into_data() {
+            None => return Collected::Whole(read.freeze(), trailers),
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => {
                     read.extend_from_slice(&data);
                     if read.len() > cap {
                         return Collected::Over(read.freeze(), rest);
                     }
                 }
-            }
+                // Trailers go on with the first response, and are not stored (see the crate
+                // docs).
+                Err(frame) => {
+                    if let Ok(more) = frame.into_trailers() {
+                        trailers.get_or_insert_with(HeaderMap::new).extend(more);
+                    }
+                }
+            },
             Some(Err(error)) => return Collected::Failed(read.freeze(), error),
         }
     }
@@ -596,5 +606,54 @@ mod tests {
         let document: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(document["type"], problem::MISCONFIGURED);
         assert_eq!(document["detail"], super::MISCONFIGURED_DETAIL);
+    }
+
+    /// A body of `data` followed by the trailer `grpc-status: 0`.
+    struct WithTrailers(Option<bytes::Bytes>, bool);
+    impl http_body::Body for WithTrailers {
+        type Data = bytes::Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+            let this = self.get_mut();
+            if let Some(data) = this.0.take() {
+                return Poll::Ready(Some(Ok(http_body::Frame::data(data))));
+            }
+            if std::mem::take(&mut this.1) {
+                let mut trailers = http::HeaderMap::new();
+                trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                return Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))));
+            }
+            Poll::Ready(None)
+        }
+    }
+
+    #[tokio::test]
+    async fn trailers_reach_the_first_client_and_are_not_replayed() {
+        let app = Router::new()
+            .route(
+                "/p",
+                post(|| async {
+                    axum::body::Body::new(WithTrailers(Some(bytes::Bytes::from("paid")), true))
+                }),
+            )
+            .layer(
+                Idempotency::new(idempotask::Task::new("trailers"))
+                    .store(idempotask::MemoryStore::new()),
+            );
+        let mut trailers_seen = Vec::new();
+        for _ in 0..2 {
+            let response = app.clone().oneshot(keyed("k")).await.unwrap();
+            let collected = response.into_body().collect().await.unwrap();
+            trailers_seen.push(collected.trailers().cloned());
+            assert_eq!(collected.to_bytes(), "paid");
+        }
+        let first = trailers_seen[0]
+            .as_ref()
+            .expect("the first response's trailers");
+        assert_eq!(first.get("grpc-status").unwrap(), "0");
+        assert!(trailers_seen[1].is_none(), "trailers are not stored");
     }
 }
