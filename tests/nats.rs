@@ -780,3 +780,46 @@ async fn an_empty_msg_id_is_no_key_and_nothing_runs() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran unprotected");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_reused_with_another_payload_is_terminated_and_runs_nothing() {
+    let queue = Queue::start().await;
+    let consumer = queue.consumer("checker", Duration::from_secs(30)).await;
+    let mut advisories = queue.terminations("checker").await;
+    queue.publish(r#"{"id":5,"amount":100}"#, None).await;
+    queue.publish(r#"{"id":5,"amount":100}"#, None).await;
+    let other = queue.publish(r#"{"id":5,"amount":999}"#, None).await;
+    let checked = Idempotent::new(Task::new("nats_fingerprint"), by_order)
+        .store(queue.store().await)
+        .fingerprint_payload(true);
+    let runs = AtomicU32::new(0);
+    let body = || async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, std::io::Error>(runs.load(Ordering::SeqCst))
+    };
+
+    let mut messages = consumer.messages().await.unwrap();
+    let mut outcomes = Vec::new();
+    for _ in 0..3 {
+        let message = messages.next().await.unwrap().unwrap();
+        outcomes.push(checked.handle(&message, body()).await.unwrap());
+    }
+    let acked: Vec<Outcome> = outcomes[..2]
+        .iter()
+        .map(|handled| match handled {
+            Handled::Acked(report) => report.outcome,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(acked, [Outcome::Executed, Outcome::Replayed]);
+    assert!(
+        matches!(
+            &outcomes[2],
+            Handled::Terminated(Rejection::Refused(Error::KeyReuse { .. }))
+        ),
+        "{:?}",
+        outcomes[2]
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the other payload ran");
+    assert_eq!(terminated(&mut advisories, 1).await, [other]);
+}

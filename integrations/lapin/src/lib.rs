@@ -138,7 +138,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotask::store::{SharedStore, Store};
-use idempotask::{Error, Redelivery, Task};
+use idempotask::{Error, Fingerprint, Redelivery, Task};
 use lapin::message::Delivery;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -337,11 +337,8 @@ impl<K: DeliveryKey> Idempotent<K> {
         if self.fingerprint_payload {
             // The digest of the bytes stands for them: serialising a `Vec<u8>` through JSON
             // would cost a value per byte.
-            let digest = hex(&Sha256::digest(&delivery.data));
-            call = match call.fingerprint_of(&digest) {
-                Ok(call) => call,
-                Err(err) => return self.idempotask_action(delivery, key, err),
-            };
+            let digest = Sha256::digest(&delivery.data);
+            call = call.fingerprint(Fingerprint::from_sha256(digest.into()));
         }
         let run = async move { body(delivery).await.map_err(Failure::Body) };
         match call.run_reported(run).await {
@@ -421,17 +418,6 @@ impl<K: DeliveryKey> Idempotent<K> {
             }
         }
     }
-}
-
-/// Lowercase hex of `bytes`.
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut out, byte| {
-            let _ = write!(out, "{byte:02x}");
-            out
-        })
 }
 
 impl<K> Clone for Idempotent<K> {

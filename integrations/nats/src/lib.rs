@@ -125,9 +125,10 @@ use std::time::Duration;
 
 use async_nats::jetstream::{AckKind, Message};
 use idempotask::store::{SharedStore, Store};
-use idempotask::{Error, Task};
+use idempotask::{Error, Fingerprint, Task};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
 
 pub use handled::{Handled, Rejection};
 pub use key::{MessageKey, MissingKey, MsgId};
@@ -174,6 +175,7 @@ pub struct Idempotent<K> {
     failure_backoff: Backoff,
     max_failures: u32,
     store_backoff: Backoff,
+    fingerprint_payload: bool,
 }
 
 impl<K> Idempotent<K> {
@@ -188,7 +190,28 @@ impl<K> Idempotent<K> {
             failure_backoff: Backoff::new(DEFAULT_FAILURE_RETRY_FIRST, DEFAULT_FAILURE_RETRY_MAX),
             max_failures: DEFAULT_MAX_FAILURES,
             store_backoff: Backoff::new(DEFAULT_STORE_RETRY_FIRST, DEFAULT_STORE_RETRY_MAX),
+            fingerprint_payload: false,
         }
+    }
+
+    /// Checks that a key comes back with the same payload: a message whose key was used with
+    /// another payload gets [`Error::KeyReuse`](idempotask::Error::KeyReuse) and is terminated,
+    /// and the first payload's stored result stays (off by default; it hashes each payload).
+    ///
+    /// Turn it on when the key is the producer's `Nats-Msg-Id`: a producer that reuses an id
+    /// for a different message, outside the stream's duplicate window, is then caught instead
+    /// of answered with the other message's result.
+    ///
+    /// ```
+    /// use idempotask_nats::{Idempotent, MsgId};
+    /// let checked = Idempotent::new(idempotask::Task::new("order_charge"), MsgId)
+    ///     .fingerprint_payload(true);
+    /// # let _ = checked;
+    /// ```
+    #[must_use]
+    pub fn fingerprint_payload(mut self, on: bool) -> Self {
+        self.fingerprint_payload = on;
+        self
     }
 
     /// Uses `store` instead of the installed one.
@@ -358,6 +381,10 @@ impl<K: MessageKey> Idempotent<K> {
         if let Some(store) = &self.store {
             call = call.store(store.clone());
         }
+        if self.fingerprint_payload {
+            let digest = Sha256::digest(&message.payload);
+            call = call.fingerprint(Fingerprint::from_sha256(digest.into()));
+        }
         let body = async move {
             lease.record();
             body.await.map_err(Failure::Body)
@@ -392,6 +419,7 @@ impl<K> Clone for Idempotent<K> {
             failure_backoff: self.failure_backoff,
             max_failures: self.max_failures,
             store_backoff: self.store_backoff,
+            fingerprint_payload: self.fingerprint_payload,
         }
     }
 }
@@ -406,6 +434,7 @@ impl<K> std::fmt::Debug for Idempotent<K> {
             .field("failure_backoff", &self.failure_backoff)
             .field("max_failures", &self.max_failures)
             .field("store_backoff", &self.store_backoff)
+            .field("fingerprint_payload", &self.fingerprint_payload)
             .finish_non_exhaustive()
     }
 }
