@@ -800,8 +800,11 @@ async fn a_chunked_body_over_the_cap_is_413_and_runs_nothing(backend: Backend) {
          28\r\n{chunk}\r\n28\r\n{chunk}\r\n0\r\n\r\n"
     );
     stream.write_all(request.as_bytes()).await.unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).await.unwrap();
+    let mut answer = Vec::new();
+    // The server may reset the connection once it has answered, with the rest of the body
+    // unread: what arrived counts.
+    let _ = stream.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     assert!(answer.contains(problem::BODY_TOO_LARGE), "{answer}");
     assert_eq!(server.executions(), 0);
@@ -893,7 +896,10 @@ async fn a_request_costs_one_begin_and_one_finish(backend: Backend) {
         inner: backend.store.clone(),
         calls: Arc::clone(&calls),
     };
-    let layer = Idempotency::new(Task::new("http_round_trips")).store(counted);
+    // No renewal: a request slowed past a third of the lock TTL would add a `renew`.
+    let layer = Idempotency::new(Task::new("http_round_trips"))
+        .store(counted)
+        .renew_lock(false);
     let server = Server::start(layer, false).await;
     let taken = || std::mem::take(&mut *calls.lock().unwrap());
     // First, while `/flaky` still fails on its first run.

@@ -15,7 +15,7 @@ use crate::Error;
 /// | [`Contended`](Error::Contended) | [`AfterHolder`](Self::AfterHolder) | back after the holder's remaining lock time |
 /// | [`Store`](Error::Store), [`NotConfigured`](Error::NotConfigured) | [`Later`](Self::Later) | back later, with backoff: the store recovers, or the deploy that installs it comes |
 /// | [`Reentered`](Error::Reentered), [`NoRuntime`](Error::NoRuntime), [`TaskNameTaken`](Error::TaskNameTaken) ([`is_misuse`](Error::is_misuse)) | [`Later`](Self::Later) | back later: the program is wrong, not the message, which must outlive the fix |
-/// | [`KeyReuse`](Error::KeyReuse), [`Codec`](Error::Codec), [`InvalidKey`](Error::InvalidKey), [`MarkerKeyMismatch`](Error::MarkerKeyMismatch) | [`Never`](Self::Never) | to the dead-letter path: no delivery of it can succeed |
+/// | [`KeyReuse`](Error::KeyReuse), [`Codec`](Error::Codec), [`InvalidKey`](Error::InvalidKey), [`MarkerKeyMismatch`](Error::MarkerKeyMismatch) | [`Never`](Self::Never) | to the dead-letter path: no delivery of it can succeed. A [`Codec`](Error::Codec) error means the work already ran once (see [`CodecErrorKind`](crate::CodecErrorKind)): re-driving the message from there runs it again |
 ///
 /// ```
 /// use idempotask::{Error, Redelivery};
@@ -45,7 +45,8 @@ pub enum Redelivery {
     Later,
     /// No delivery of this message can succeed: its key is unusable, it reuses a key with other
     /// arguments, or the stored result does not decode or does not belong to it. Send it to the
-    /// dead-letter path; nothing ran.
+    /// dead-letter path. Nothing ran for this delivery, except on a [`Codec`](Error::Codec)
+    /// error: then the work ran once, in this delivery or an earlier one.
     Never,
 }
 

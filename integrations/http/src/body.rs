@@ -79,7 +79,8 @@ impl<B: Body<Data = Bytes>> Body for RequestBody<B> {
 
 /// The response body the client gets: bytes the layer holds (a stored response, a problem
 /// answer), then possibly the rest of the handler's own body (a response over the storage
-/// cap, or one the layer let through), or the error that body ended with.
+/// cap, or one the layer let through), or the error that body ended with; the handler's
+/// trailers follow on the first response (never on a replay).
 pub struct ResponseBody<B: Body> {
     prefix: Option<Bytes>,
     tail: Tail<B>,
@@ -176,7 +177,7 @@ impl<B: Body<Data = Bytes>> Body for ResponseBody<B> {
     fn size_hint(&self) -> SizeHint {
         let held = self.prefix.as_ref().map_or(0, |b| b.len() as u64);
         match &self.tail {
-            Tail::End | Tail::Trailers(_) => SizeHint::with_exact(held),
+            Tail::End | Tail::Trailers(None) => SizeHint::with_exact(held),
             Tail::Stream(body) => {
                 let rest = body.size_hint();
                 let mut hint = SizeHint::new();
@@ -186,7 +187,9 @@ impl<B: Body<Data = Bytes>> Body for ResponseBody<B> {
                 }
                 hint
             }
-            Tail::Error(_) => {
+            // No exact size while trailers are to come: an HTTP/1 server only sends trailers
+            // on a chunked response, and an exact size makes it send a Content-Length.
+            Tail::Trailers(Some(_)) | Tail::Error(_) => {
                 let mut hint = SizeHint::new();
                 hint.set_lower(held);
                 hint

@@ -87,7 +87,7 @@
 //! | the key is being processed by another request | `409` [`IN_PROGRESS`](problem::IN_PROGRESS) with `Retry-After`; or, with [`wait_for_result`](Idempotency::wait_for_result), the first request's response once stored | does not run |
 //! | the key was used with another fingerprint | `422` [`KEY_REUSED`](problem::KEY_REUSED) | does not run |
 //! | the store cannot confirm the lock | `503` [`STORE_UNAVAILABLE`](problem::STORE_UNAVAILABLE) with `Retry-After` | does not run |
-//! | the server shuts down (its runtime ends) while the request waits | `503` [`SHUTTING_DOWN`](problem::SHUTTING_DOWN) with `Retry-After` | cancelled with the runtime: its key is released (or its lock expires), so a retry runs it again |
+//! | the handler's task is cancelled by its runtime's shutdown while the request is served from another runtime (within one runtime the request goes with it, unanswered) | `503` [`SHUTTING_DOWN`](problem::SHUTTING_DOWN) with `Retry-After` | cancelled: its key is released (or its lock expires), so a retry runs it again |
 //! | the stored response cannot be read back (damaged, or of a later format version) | `410` [`STORED_RESPONSE_UNREADABLE`](problem::STORED_RESPONSE_UNREADABLE) | does not run again |
 //! | no store installed, a task name taken, no tokio runtime around the service | `500` [`MISCONFIGURED`](problem::MISCONFIGURED), a fixed `detail`; the error itself goes to `tracing::error!` | does not run |
 //! | fresh key, the store down at `finish`, or the lock lost under the handler | the handler's response (a `tracing::warn!` from the core and the layer); a retry after the lock TTL may run the handler again | ran |
@@ -121,7 +121,9 @@
 //!   replay one `begin`. The request body is buffered (it is part of the fingerprint), up to
 //!   [`max_request_body`](Idempotency::max_request_body).
 //! - **Not stored:** `Set-Cookie` (unless [`store_cookies`](Idempotency::store_cookies)),
-//!   trailers (the first response carries them; a replay has none), hop-by-hop headers (`Connection` and those it names,
+//!   trailers (the first response carries them, as far as the protocol does: HTTP/2, or an
+//!   HTTP/1.1 chunked response to a client that sent `TE: trailers`; a replay has none),
+//!   hop-by-hop headers (`Connection` and those it names,
 //!   `Keep-Alive`, `Transfer-Encoding`, `TE`, `Trailer`, `Upgrade`, `Proxy-*`) and `Date`. The
 //!   body is stored as text when it is UTF-8, else in base64.
 //!

@@ -340,7 +340,11 @@ async fn collect<R: Body<Data = Bytes>>(body: R, cap: usize) -> Collected<R> {
                 // docs).
                 Err(frame) => {
                     if let Ok(more) = frame.into_trailers() {
-                        trailers.get_or_insert_with(HeaderMap::new).extend(more);
+                        let kept = trailers.get_or_insert_with(HeaderMap::new);
+                        // Appended, not `extend`ed: a later frame must not replace a value.
+                        for (name, value) in &more {
+                            kept.append(name, value.clone());
+                        }
                     }
                 }
             },
@@ -655,5 +659,40 @@ mod tests {
             .expect("the first response's trailers");
         assert_eq!(first.get("grpc-status").unwrap(), "0");
         assert!(trailers_seen[1].is_none(), "trailers are not stored");
+    }
+
+    #[tokio::test]
+    async fn trailers_reach_an_http1_client_that_asks_for_them() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let app = Router::new()
+            .route(
+                "/p",
+                post(|| async {
+                    let body = WithTrailers(Some(bytes::Bytes::from("paid")), true);
+                    ([("trailer", "grpc-status")], axum::body::Body::new(body))
+                }),
+            )
+            .layer(
+                Idempotency::new(idempotask::Task::new("trailers_h1"))
+                    .store(idempotask::MemoryStore::new()),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        let request = format!(
+            "POST /p HTTP/1.1\r\nhost: {address}\r\nidempotency-key: k\r\nte: trailers\r\n\
+             content-length: 5\r\nconnection: close\r\n\r\n1 EUR"
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        // The server may reset the connection once it has answered: what arrived counts.
+        let _ = stream.read_to_end(&mut answer).await;
+        let answer = String::from_utf8_lossy(&answer).to_lowercase();
+        assert!(answer.starts_with("http/1.1 200"), "{answer}");
+        assert!(answer.contains("transfer-encoding: chunked"), "{answer}");
+        let (_, after_body) = answer.split_once("\r\n0\r\n").expect("a chunked body");
+        assert!(after_body.contains("grpc-status: 0"), "{answer}");
     }
 }
