@@ -823,3 +823,39 @@ async fn a_key_reused_with_another_payload_is_terminated_and_runs_nothing() {
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the other payload ran");
     assert_eq!(terminated(&mut advisories, 1).await, [other]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_store_installed_defers_the_message_and_runs_nothing() {
+    // Nothing in this binary installs a store: a deploy that forgot to is the case here.
+    let queue = Queue::start().await;
+    let consumer = queue
+        .consumer("unconfigured", Duration::from_secs(30))
+        .await;
+    queue.publish(r#"{"id":13}"#, Some("order-13")).await;
+    let first = Duration::from_millis(100);
+    let unconfigured = Idempotent::new(Task::new("nats_no_store"), MsgId)
+        .store_retry_delay(first, Duration::from_secs(1));
+    let mut messages = consumer.messages().await.unwrap();
+    let message = messages.next().await.unwrap().unwrap();
+    let runs = AtomicU32::new(0);
+    let body = async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, std::io::Error>(())
+    };
+    let handled = unconfigured.handle(&message, body).await.unwrap();
+    assert!(
+        matches!(
+            &handled,
+            Handled::Deferred { error: Error::NotConfigured, delay, .. } if *delay == first
+        ),
+        "{handled:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "ran without a store");
+    // Delivered again after the delay, not dropped.
+    let again = tokio::time::timeout(Duration::from_secs(30), messages.next())
+        .await
+        .expect("the message comes back")
+        .unwrap()
+        .unwrap();
+    assert_eq!(delivered(&again), 2);
+}
