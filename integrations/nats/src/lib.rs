@@ -195,8 +195,8 @@ impl<K> Idempotent<K> {
     }
 
     /// Checks that a key comes back with the same payload: a message whose key was used with
-    /// another payload gets [`Error::KeyReuse`](idempotask::Error::KeyReuse) and is terminated,
-    /// and the first payload's stored result stays (off by default; it hashes each payload).
+    /// another payload gets [`Error::KeyReuse`] and is terminated, and the first payload's
+    /// stored result stays (off by default; it hashes each payload).
     ///
     /// Turn it on when the key is the producer's `Nats-Msg-Id`: a producer that reuses an id
     /// for a different message, outside the stream's duplicate window, is then caught instead
