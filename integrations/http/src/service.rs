@@ -612,37 +612,22 @@ mod tests {
         assert_eq!(document["detail"], super::MISCONFIGURED_DETAIL);
     }
 
-    /// A body of `data` followed by the trailer `grpc-status: 0`.
-    struct WithTrailers(Option<bytes::Bytes>, bool);
-    impl http_body::Body for WithTrailers {
-        type Data = bytes::Bytes;
-        type Error = std::convert::Infallible;
-        fn poll_frame(
-            self: std::pin::Pin<&mut Self>,
-            _: &mut Context<'_>,
-        ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
-            let this = self.get_mut();
-            if let Some(data) = this.0.take() {
-                return Poll::Ready(Some(Ok(http_body::Frame::data(data))));
-            }
-            if std::mem::take(&mut this.1) {
-                let mut trailers = http::HeaderMap::new();
-                trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
-                return Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))));
-            }
-            Poll::Ready(None)
-        }
+    /// `paid`, then the trailer `grpc-status: 0`.
+    fn paid_with_trailers() -> axum::body::Body {
+        let trailers = async {
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+            Some(Ok::<_, std::convert::Infallible>(trailers))
+        };
+        axum::body::Body::new(
+            http_body_util::Full::new(bytes::Bytes::from("paid")).with_trailers(trailers),
+        )
     }
 
     #[tokio::test]
     async fn trailers_reach_the_first_client_and_are_not_replayed() {
         let app = Router::new()
-            .route(
-                "/p",
-                post(|| async {
-                    axum::body::Body::new(WithTrailers(Some(bytes::Bytes::from("paid")), true))
-                }),
-            )
+            .route("/p", post(|| async { paid_with_trailers() }))
             .layer(
                 Idempotency::new(idempotask::Task::new("trailers"))
                     .store(idempotask::MemoryStore::new()),
@@ -668,10 +653,7 @@ mod tests {
         let app = Router::new()
             .route(
                 "/p",
-                post(|| async {
-                    let body = WithTrailers(Some(bytes::Bytes::from("paid")), true);
-                    ([("trailer", "grpc-status")], axum::body::Body::new(body))
-                }),
+                post(|| async { ([("trailer", "grpc-status")], paid_with_trailers()) }),
             )
             .layer(
                 Idempotency::new(idempotask::Task::new("trailers_h1"))
