@@ -104,6 +104,13 @@ echo "==> cargo package"
 # with `publish = false` (tests, examples, benchmarks) are not packaged.
 package_args=()
 for crate in "${published[@]}"; do package_args+=(-p "$crate"); done
+# cargo takes a registry's crate of a given version as never changing: it reuses the copy
+# it unpacked into $CARGO_HOME/registry/src/-<hash of the target directory>/ and the build it
+# made of it, so a second run from the same directory (CI's always is) verified the new
+# crates against the previous run's idempotask. Both go first. Only these temporary
+# registries have a name starting with `-`; crates.io's sources are left alone.
+rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/idempotask* \
+  "${CARGO_TARGET_DIR:-target}"/debug/.fingerprint/idempotask*
 cargo package "${package_args[@]}" --locked --offline
 echo "==> quickstart"
 cargo run --quiet --locked --example quickstart
