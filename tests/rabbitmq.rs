@@ -11,14 +11,14 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use idempotask::{Error, MemoryStore, Outcome, RetryPolicy, Task};
 use idempotask_lapin::{
-    Cause, FAILURES_HEADER, Idempotent, MessageId, RetryQueue, STORE_ERRORS_HEADER, Settled,
-    Topology,
+    Cause, FAILURES_HEADER, Idempotent, MessageId, RetryQueue, STORE_ERRORS_HEADER, SettleFailure,
+    Settled, Topology,
 };
 use idempotask_test_support as support;
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
-    QueueDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
+    ConfirmSelectOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Consumer};
@@ -504,10 +504,20 @@ async fn a_redelivery_that_cannot_be_published_waits_and_still_reaches_the_dead_
             .unwrap_err();
         assert!(
             matches!(
-                err,
-                idempotask_lapin::SettleError::Retry(idempotask_lapin::PublishError::Unroutable)
+                err.failure(),
+                SettleFailure::Retry(idempotask_lapin::PublishError::Unroutable)
             ),
             "failure {failure}: {err:?}"
+        );
+        assert!(
+            matches!(
+                err.into_settled(),
+                Settled::Retrying {
+                    cause: Cause::Body(_),
+                    ..
+                }
+            ),
+            "failure {failure}"
         );
     }
     let last = fixture.next(&mut deliveries).await;
@@ -555,8 +565,8 @@ async fn a_retry_queue_whose_channel_closed_says_so() {
         .unwrap_err();
     assert!(
         matches!(
-            err,
-            idempotask_lapin::SettleError::Retry(idempotask_lapin::PublishError::ChannelClosed)
+            err.failure(),
+            SettleFailure::Retry(idempotask_lapin::PublishError::ChannelClosed)
         ),
         "{err:?}"
     );
@@ -612,4 +622,122 @@ async fn misuse_is_retried_later_not_dead_lettered() {
         Some(AMQPValue::LongLongInt(1))
     );
     assert_eq!(fixture.depth(fixture.topology.dead_letter_queue()).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delivery_that_cannot_be_acked_is_an_error_that_keeps_the_outcome() {
+    let fixture = Fixture::new("unackable").await;
+    let consumer = Idempotent::new(
+        Task::new("lapin_unackable"),
+        MessageId,
+        fixture.retries.clone(),
+    )
+    .store(MemoryStore::new());
+    fixture.publish(Some("order-10"), b"10").await;
+    let mut deliveries = fixture.consume(fixture.topology.queue()).await;
+    let delivery = fixture.next(&mut deliveries).await;
+    // The body acks the delivery itself, so the settle's own ack is not sent.
+    let err = consumer
+        .process(delivery, |delivery: &Delivery| {
+            let acker = delivery.acker.clone();
+            async move {
+                acker.ack(BasicAckOptions::default()).await.unwrap();
+                Ok::<_, String>("ch_10".to_owned())
+            }
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err.failure(), SettleFailure::NotSent), "{err:?}");
+    assert_eq!(
+        acked(err.into_settled()),
+        ("ch_10".to_owned(), Outcome::Executed)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_that_outlasts_its_lock_is_acked_not_run_again() {
+    let fixture = Fixture::new("lock-lost").await;
+    let lock_ttl = Duration::from_millis(200);
+    let consumer = Idempotent::new(
+        Task::new("lapin_lock_lost").lock_ttl(lock_ttl),
+        MessageId,
+        fixture.retries.clone(),
+    )
+    .store(MemoryStore::new());
+    fixture.publish(Some("order-11"), b"11").await;
+    let mut deliveries = fixture.consume(fixture.topology.queue()).await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let slow = {
+        let runs = Arc::clone(&runs);
+        move |_: &Delivery| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            // The side effect takes longer than the lock, which is not renewed.
+            tokio::time::sleep(lock_ttl * 3).await;
+            Ok::<_, String>("ch_11".to_owned())
+        }
+    };
+    let settled = consumer
+        .process(fixture.next(&mut deliveries).await, slow)
+        .await
+        .unwrap();
+    let (value, outcome) = acked(settled);
+    assert_eq!(value, "ch_11");
+    assert!(matches!(outcome, Outcome::LockLost { .. }), "{outcome:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    drop(deliveries);
+    assert_eq!(fixture.depth(fixture.topology.queue()).await, 0);
+    assert_eq!(fixture.depth(fixture.topology.retry_queue()).await, 0);
+    assert_eq!(fixture.depth(fixture.topology.dead_letter_queue()).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_result_the_store_cannot_record_is_acked_not_run_again() {
+    let fixture = Fixture::new("marker-lost").await;
+    let redis = RedisServer::start();
+    let consumer = Idempotent::new(
+        // A short lock: the recording is retried until the lock would expire.
+        Task::new("lapin_marker_lost").lock_ttl(Duration::from_secs(1)),
+        MessageId,
+        fixture.retries.clone(),
+    )
+    .store(redis.store().await);
+    fixture.publish(Some("order-12"), b"12").await;
+    let mut deliveries = fixture.consume(fixture.topology.queue()).await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let pid = redis.pid().to_string();
+    let signal = |signal: &str| {
+        assert!(
+            std::process::Command::new("kill")
+                .args([signal, &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    let charge_then_store_stalls = {
+        let runs = Arc::clone(&runs);
+        move |_: &Delivery| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            // The side effect is done; then the store stops answering, as a stalled server
+            // does, before the result is recorded.
+            signal("-STOP");
+            std::future::ready(Ok::<_, String>("ch_12".to_owned()))
+        }
+    };
+    let settled = consumer
+        .process(
+            fixture.next(&mut deliveries).await,
+            charge_then_store_stalls,
+        )
+        .await;
+    signal("-CONT");
+    let (value, outcome) = acked(settled.unwrap());
+    assert_eq!(
+        (value.as_str(), outcome),
+        ("ch_12", Outcome::MarkerNotWritten)
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    drop(deliveries);
+    assert_eq!(fixture.depth(fixture.topology.queue()).await, 0);
+    assert_eq!(fixture.depth(fixture.topology.retry_queue()).await, 0);
 }

@@ -87,7 +87,7 @@
 //! the ack leaves both (the broker requeues the unacked original), which the key's lock and
 //! stored result absorb; a copy that cannot be published is never acked away. If the publish
 //! fails, the original is held unacked for the delay, then nacked with requeue, and
-//! [`SettleError::Retry`] is returned; the failure count the copy would have carried is kept in
+//! [`SettleFailure::Retry`] is returned; the failure count the copy would have carried is kept in
 //! the consumer's process for the key, so a failing body still reaches the dead-letter exchange
 //! after [`max_failures`](Idempotent::max_failures) runs instead of looping.
 //!
@@ -145,7 +145,9 @@ use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 
 pub use key::{DeliveryKey, MessageId, MissingKey};
-pub use settle::{Cause, Decision, FAILURES_HEADER, STORE_ERRORS_HEADER, SettleError, Settled};
+pub use settle::{
+    Cause, Decision, FAILURES_HEADER, STORE_ERRORS_HEADER, SettleError, SettleFailure, Settled,
+};
 pub use topology::{PublishError, RetryQueue, Topology};
 
 use settle::{Action, Backoff, Unpublished, count};
@@ -268,12 +270,13 @@ impl<K: DeliveryKey> Idempotent<K> {
     ///
     /// # Errors
     /// [`SettleError`] when the broker could not be told: the delivery then comes back (see
-    /// there). What the body and idempotask said is in the [`Settled`] value, not here.
+    /// there). What the body and idempotask said is in the [`Settled`] value, which the error
+    /// also holds.
     pub async fn process<T, E, F, Fut>(
         &self,
         delivery: Delivery,
         body: F,
-    ) -> Result<Settled<T, E>, SettleError>
+    ) -> Result<Settled<T, E>, SettleError<T, E>>
     where
         T: Serialize + DeserializeOwned,
         F: FnOnce(&Delivery) -> Fut,

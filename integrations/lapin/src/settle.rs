@@ -76,8 +76,9 @@ impl<T, E> Decision<T, E> {
     /// instead of coming straight back in a loop.
     ///
     /// # Errors
-    /// [`SettleError`] when the broker could not be told; the delivery then comes back.
-    pub async fn settle(self) -> Result<Settled<T, E>, SettleError> {
+    /// [`SettleError`] when the broker could not be told; the delivery then comes back. It
+    /// holds what would have been answered ([`SettleError::into_settled`]).
+    pub async fn settle(self) -> Result<Settled<T, E>, SettleError<T, E>> {
         let Self {
             delivery,
             key,
@@ -86,8 +87,10 @@ impl<T, E> Decision<T, E> {
             retries,
             unpublished,
         } = self;
-        settle(&delivery, key, &retries, &unpublished, action).await?;
-        Ok(settled)
+        match settle(&delivery, key, &retries, &unpublished, action).await {
+            Ok(()) => Ok(settled),
+            Err(failure) => Err(SettleError { settled, failure }),
+        }
     }
 }
 
@@ -113,14 +116,82 @@ impl<E: std::fmt::Display> std::fmt::Display for Cause<E> {
     }
 }
 
-/// The broker failed while a delivery was being settled.
+/// The broker could not be told what became of a delivery: [`Decision::settle`] and
+/// [`Idempotent::process`](crate::Idempotent::process) answer it with that outcome, which the
+/// failure does not undo (a stored result stays stored, and the delivery comes back to be
+/// replayed).
+///
+/// ```
+/// use idempotask_lapin::{SettleError, Settled};
+///
+/// // A consumer loop's error arm: log why, and keep the value the body produced.
+/// fn charge_of(err: SettleError<String, std::io::Error>) -> Option<String> {
+///     eprintln!("not settled: {err}");
+///     match err.into_settled() {
+///         Settled::Acked(report) => Some(report.value),
+///         _ => None,
+///     }
+/// }
+/// # let _ = charge_of;
+/// ```
+pub struct SettleError<T, E> {
+    settled: Settled<T, E>,
+    failure: SettleFailure,
+}
+
+impl<T, E> SettleError<T, E> {
+    /// What the broker failed at.
+    pub fn failure(&self) -> &SettleFailure {
+        &self.failure
+    }
+
+    /// What the delivery's outcome was, which the broker was not told.
+    pub fn settled(&self) -> &Settled<T, E> {
+        &self.settled
+    }
+
+    /// What the delivery's outcome was: the body's value or error, which the failed settle
+    /// does not undo.
+    pub fn into_settled(self) -> Settled<T, E> {
+        self.settled
+    }
+}
+
+impl<T, E> std::fmt::Display for SettleError<T, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.failure.fmt(f)
+    }
+}
+
+// By hand, so that a value or error without `Debug` still leaves the error printable.
+impl<T, E> std::fmt::Debug for SettleError<T, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let settled = match &self.settled {
+            Settled::Acked(_) => "Acked",
+            Settled::Retrying { .. } => "Retrying",
+            Settled::DeadLettered(_) => "DeadLettered",
+        };
+        f.debug_struct("SettleError")
+            .field("settled", &settled)
+            .field("failure", &self.failure)
+            .finish()
+    }
+}
+
+impl<T, E> std::error::Error for SettleError<T, E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.failure)
+    }
+}
+
+/// What the broker failed at while a delivery was being settled.
 ///
 /// When the redelivery could not be published, the original delivery was nacked with requeue
 /// (or, when its channel is gone, the broker requeues it itself): it comes back, possibly at
 /// once, and nothing is lost.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum SettleError {
+pub enum SettleFailure {
     /// `basic.ack`, `basic.reject` or `basic.nack` failed; the broker redelivers an unsettled
     /// delivery when its channel closes.
     #[error("{action} of the delivery failed: {source}")]
@@ -220,7 +291,7 @@ async fn settle(
     retries: &RetryQueue,
     unpublished: &Unpublished,
     action: Action,
-) -> Result<(), SettleError> {
+) -> Result<(), SettleFailure> {
     let forget = |key: Option<String>| {
         if let Some(key) = key {
             unpublished.clear(&key);
@@ -274,11 +345,11 @@ async fn settle(
 }
 
 /// Input: what lapin answered an ack, reject or nack with. Output: whether it was sent.
-fn sent(action: &'static str, result: Result<bool, lapin::Error>) -> Result<(), SettleError> {
+fn sent(action: &'static str, result: Result<bool, lapin::Error>) -> Result<(), SettleFailure> {
     match result {
         Ok(true) => Ok(()),
-        Ok(false) => Err(SettleError::NotSent),
-        Err(source) => Err(SettleError::Broker { action, source }),
+        Ok(false) => Err(SettleFailure::NotSent),
+        Err(source) => Err(SettleFailure::Broker { action, source }),
     }
 }
 
