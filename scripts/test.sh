@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each step's heading says when it started, in seconds since the run began.
+step() { echo "==> $* (at ${SECONDS}s)"; }
+
 need_package() { # command package
   command -v "$1" >/dev/null 2>&1 && return 0
   echo "==> installing $2"
@@ -65,32 +68,47 @@ valkey-server --version
 redis8-server --version
 nats-server --version
 
-echo "==> cargo fmt --check"
+step "cargo fmt --check"
 cargo fmt --all -- --check
-echo "==> cargo clippy"
+step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The workspace build unifies features; each published crate must also build, lint and
 # document on its own with no features and with all of them, as users and docs.rs build it.
 published=(idempotask idempotask-macros idempotask-redis idempotask-postgres idempotask-apalis idempotask-nats idempotask-lapin idempotask-http idempotask-cli)
 for crate in "${published[@]}"; do
-  echo "==> $crate: no default features, all features"
+  step "$crate: no default features, all features"
   cargo clippy -p "$crate" --no-default-features --all-targets --locked -- -D warnings
   cargo clippy -p "$crate" --all-features --all-targets --locked -- -D warnings
 done
 # Each server example builds with only the feature its header names, not just with the
 # workspace's union of features.
 for feature in redis postgres apalis nats rabbitmq http; do
-  echo "==> examples with --features $feature"
+  step "examples with --features $feature"
   cargo check -p idempotask-examples --examples --features "$feature" --locked
 done
-echo "==> cargo test"
+step "cargo test"
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+copied_log=$(mktemp)
+copied_pid=
+trap '[ -n "$copied_pid" ] && kill "$copied_pid" 2>/dev/null; rm -f "$log" "$copied_log"' EXIT
+cargo test --workspace --locked --no-run 2>&1 | tee "$log"
+# tests/copied_examples.rs is minutes of `cargo check` in copied crates, with no server and no
+# clock: it runs beside the other tests (which mostly wait on their servers), on one core so
+# that they keep the other, and the main run skips it.
+CARGO_BUILD_JOBS=1 cargo test -p idempotask-tests --locked --test copied_examples \
+  >"$copied_log" 2>&1 &
+copied_pid=$!
 # --no-fail-fast: one failing test binary must not hide how the others fare.
-cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
+cargo test --workspace --locked --no-fail-fast -- --skip copied:: 2>&1 | tee -a "$log"
+copied_status=0
+wait "$copied_pid" || copied_status=$?
+copied_pid=
+step "tests/copied_examples.rs, run beside the others"
+tee -a "$log" <"$copied_log"
+[ "$copied_status" -eq 0 ]
 # The metrics feature is off in the workspace build; its tests run on their own.
 cargo test -p idempotask --features metrics --locked --test observe 2>&1 | tee -a "$log"
-echo "==> cargo doc"
+step "cargo doc"
 RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
 # As docs.rs builds them (all features), and as users get them by default (none).
 for crate in "${published[@]}"; do
@@ -98,7 +116,7 @@ for crate in "${published[@]}"; do
   RUSTDOCFLAGS=-Dwarnings cargo doc -p "$crate" --all-features --no-deps --locked
   RUSTDOCFLAGS=-Dwarnings cargo doc -p "$crate" --no-default-features --no-deps --locked
 done
-echo "==> cargo package"
+step "cargo package"
 # Every published crate packages and builds from its own .crate, the workspace's crates taken
 # from the packages made alongside (not from crates.io, where they are not yet). The crates
 # with `publish = false` (tests, examples, benchmarks) are not packaged.
@@ -112,7 +130,7 @@ for crate in "${published[@]}"; do package_args+=(-p "$crate"); done
 rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/idempotask* \
   "${CARGO_TARGET_DIR:-target}"/debug/.fingerprint/idempotask*
 cargo package "${package_args[@]}" --locked --offline
-echo "==> quickstart"
+step "quickstart"
 cargo run --quiet --locked --example quickstart
 
 # One closing line for the whole run: cargo prints one `test result` per test binary.
