@@ -72,7 +72,8 @@ mkdir -p docs
   cat "$work/pg.md"
   echo
   echo "WAL bytes/task is \`pg_current_wal_lsn()\` before and after each mode; client CPU is the bench"
-  echo "process's user and system time (\`/proc/self/stat\`); mean µs is \`pg_stat_statements\`'"
+  echo "process's user and system time (\`/proc/self/stat\`), server CPU that of every \`postgres\`"
+  echo "process (backends, WAL writer, autovacuum; \`/proc/<pid>/stat\`); mean µs is \`pg_stat_statements\`'"
   echo "\`mean_exec_time\`, which leaves out parsing, planning, executor start-up and the commit's WAL"
   echo "flush, and on this machine includes waiting for a core."
   echo
@@ -89,8 +90,12 @@ mkdir -p docs
   echo "  assigned and the commit does not wait for a WAL flush."
   echo "- The store's statements are shared strings (\`Arc<str>\`): handing one to sqlx copies no text."
   echo "- Where the time goes: a fresh task, plain or transactional, commits as often as the hand-written"
-  echo "  pattern (WAL bytes/task within a few percent of it); what is left is the client CPU per task"
-  echo "  (the runner: token, spans, marker) and the statements' own server time in the profile."
+  echo "  pattern (WAL bytes/task within a few percent of it). What is left is mostly the server's CPU"
+  echo "  per task (server CPU µs/task against the hand-written pattern's), then the client's (the"
+  echo "  runner: token, spans, marker). Client and server share this machine's cores, so at C = 64"
+  echo "  tasks/s follows their sum. One statement at a time (pgbench, C = 1) the store's \`begin\` and"
+  echo "  \`finish\` took from as long as the hand-written pair to 1.8 times as long, run to run, on this"
+  echo "  shared machine: too noisy to split the difference between them."
   echo
   echo "## RedisStore on the same machine, same run ($(redis-server --version | awk '{ print $1, $2, $3 }'), persistence off)"
   echo

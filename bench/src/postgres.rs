@@ -5,6 +5,7 @@
 //! Statements per task come from `pg_stat_statements` when the server preloads it
 //! (`shared_preload_libraries = pg_stat_statements`); they are left out otherwise.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -72,6 +73,10 @@ pub struct PgMeasurement {
     /// CPU time of the bench process (the client: idempotask, sqlx, tokio) per task call, in
     /// microseconds, from `/proc/self/stat`; `None` where that cannot be read.
     pub client_cpu_us_per_task: Option<f64>,
+    /// CPU time of the server per task call, in microseconds: every process named `postgres`
+    /// on this machine (the bench script starts one server), from `/proc/<pid>/stat`; `None`
+    /// when none is found there, as for a remote server.
+    pub server_cpu_us_per_task: Option<f64>,
     /// The statements the server ran for this mode, from `pg_stat_statements` (empty when the
     /// server does not preload it), the most total time first.
     pub profile: Vec<StatementProfile>,
@@ -222,11 +227,55 @@ async fn wal_position(pool: &PgPool) -> Result<String, BenchError> {
         .await?)
 }
 
-/// This process's CPU time since `before`, in microseconds.
-fn cpu_since(before: Option<f64>) -> Option<f64> {
-    client_cpu_us()
-        .zip(before)
-        .map(|(after, before)| after - before)
+/// The CPU time used so far by the bench process and by the server's processes.
+struct CpuClocks {
+    client: Option<f64>,
+    server: HashMap<u32, f64>,
+}
+
+impl CpuClocks {
+    fn now() -> Self {
+        Self {
+            client: client_cpu_us(),
+            server: server_cpu_us(),
+        }
+    }
+
+    /// The client's and the server's CPU time since `self`, in microseconds.
+    fn since(&self) -> (Option<f64>, Option<f64>) {
+        let client = client_cpu_us()
+            .zip(self.client)
+            .map(|(after, before)| after - before);
+        (client, server_cpu_since(&self.server))
+    }
+}
+
+/// The CPU time so far of each process named `postgres` on this machine, in microseconds.
+fn server_cpu_us() -> HashMap<u32, f64> {
+    let Ok(processes) = std::fs::read_dir("/proc") else {
+        return HashMap::new();
+    };
+    processes
+        .filter_map(|entry| {
+            let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let (head, _) = stat.rsplit_once(')')?;
+            (head.split_once('(')?.1 == "postgres").then_some(())?;
+            Some((pid, cpu_us_of(&stat)?))
+        })
+        .collect()
+}
+
+/// The server's CPU time since `before`, in microseconds: a backend that started meanwhile
+/// counts from zero. `None` when no server process is visible.
+fn server_cpu_since(before: &HashMap<u32, f64>) -> Option<f64> {
+    let after = server_cpu_us();
+    (!after.is_empty()).then(|| {
+        after
+            .iter()
+            .map(|(pid, cpu)| cpu - before.get(pid).copied().unwrap_or(0.0))
+            .sum()
+    })
 }
 
 /// WAL bytes the server wrote since `before`.
@@ -241,7 +290,12 @@ async fn wal_since(pool: &PgPool, before: &str) -> Result<f64, BenchError> {
 
 /// This process's CPU time (user and system) so far, in microseconds; `None` off Linux.
 fn client_cpu_us() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    cpu_us_of(&std::fs::read_to_string("/proc/self/stat").ok()?)
+}
+
+/// Input: a process's `/proc/<pid>/stat` line. Output: its CPU time (user and system), in
+/// microseconds.
+fn cpu_us_of(stat: &str) -> Option<f64> {
     // The fields after the command's name, which is in parentheses and may hold spaces.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     let ticks = |index: usize| fields.get(index)?.parse::<f64>().ok();
@@ -264,7 +318,7 @@ async fn measure(
         statements.reset(pool).await?;
     }
     let wal_before = wal_position(pool).await?;
-    let cpu_before = client_cpu_us();
+    let clocks = CpuClocks::now();
     let shared = SharedStore::new(store.clone());
     let measuring = pool.clone();
     let (pool, store) = (pool.clone(), store.clone());
@@ -317,7 +371,7 @@ async fn measure(
         }
     };
     let elapsed = timings.elapsed.as_secs_f64().max(1e-9);
-    let cpu = cpu_since(cpu_before);
+    let (client_cpu, server_cpu) = clocks.since();
     let wal_bytes = wal_since(&measuring, &wal_before).await?;
     let (statements_run, profile) = match statements {
         Some(statements) => (
@@ -352,7 +406,8 @@ async fn measure(
         p99_us: percentile_us(&mut timings.latencies, 99),
         rows_written,
         wal_bytes_per_task: wal_bytes / calls,
-        client_cpu_us_per_task: cpu.map(|cpu| cpu / calls),
+        client_cpu_us_per_task: client_cpu.map(|cpu| cpu / calls),
+        server_cpu_us_per_task: server_cpu.map(|cpu| cpu / calls),
         profile,
     })
 }
@@ -496,19 +551,23 @@ fn profile_markdown(measurements: &[PgMeasurement]) -> String {
     let last = measurements.iter().map(|m| m.round).max().unwrap_or(0);
     let mut out = format!(
         "\n### Profile of round {last}\n\n\
-         | mode | WAL bytes/task | client CPU µs/task | statement (`pg_stat_statements`) | calls/task | mean µs |\n\
-         |---|---:|---:|---|---:|---:|\n"
+         | mode | WAL bytes/task | client CPU µs/task | server CPU µs/task | statement (`pg_stat_statements`) | calls/task | mean µs |\n\
+         |---|---:|---:|---:|---|---:|---:|\n"
     );
+    let micros = |cpu: Option<f64>| cpu.map_or_else(|| "–".to_owned(), |cpu| format!("{cpu:.0}"));
     for m in measurements.iter().filter(|m| m.round == last) {
-        let cpu = m
-            .client_cpu_us_per_task
-            .map_or_else(|| "–".to_owned(), |cpu| format!("{cpu:.0}"));
-        let head = format!("| {} | {:.0} | {cpu} ", m.mode, m.wal_bytes_per_task);
+        let head = format!(
+            "| {} | {:.0} | {} | {} ",
+            m.mode,
+            m.wal_bytes_per_task,
+            micros(m.client_cpu_us_per_task),
+            micros(m.server_cpu_us_per_task)
+        );
         if m.profile.is_empty() {
             let _ = writeln!(out, "{head}| – | – | – |");
         }
         for (i, statement) in m.profile.iter().enumerate() {
-            let lead = if i == 0 { head.as_str() } else { "| | | " };
+            let lead = if i == 0 { head.as_str() } else { "| | | | " };
             let _ = writeln!(
                 out,
                 "{lead}| `{}` | {:.2} | {:.0} |",
