@@ -130,6 +130,55 @@ async fn a_handler_error_passes_through_uncached_and_the_next_attempt_runs() {
     assert_eq!(charges.load(Ordering::SeqCst), 1);
 }
 
+// A panicking handler unwound through the layer: apalis got no error to retry, the job was
+// left to however its worker survives a panic.
+#[tokio::test]
+async fn a_panicking_handler_is_an_error_the_lock_released_and_the_next_attempt_runs() {
+    let charges = Arc::new(AtomicU32::new(0));
+    let calls = Arc::new(AtomicU32::new(0));
+    let handler = {
+        let (charges, calls) = (Arc::clone(&charges), Arc::clone(&calls));
+        move |order: Order| {
+            let (charges, calls) = (Arc::clone(&charges), Arc::clone(&calls));
+            async move {
+                assert!(
+                    calls.fetch_add(1, Ordering::SeqCst) > 0,
+                    "the gateway client panicked"
+                );
+                let charge = charges.fetch_add(1, Ordering::SeqCst) + 1;
+                Ok::<_, BoxDynError>(Receipt {
+                    order: order.id,
+                    charge,
+                })
+            }
+        }
+    };
+    let mut service = Idempotent::new(Task::new("charge_panic"), by_order)
+        .store(MemoryStore::new())
+        .handler(handler);
+
+    let failed = deliver(&mut service, Job::new(Order { id: 8 }))
+        .await
+        .unwrap_err();
+    let panic = failed
+        .downcast_ref::<idempotask::Panicked>()
+        .unwrap_or_else(|| panic!("{failed:?}"));
+    assert_eq!(panic.message(), "the gateway client panicked");
+    // Not an `AbortError`: apalis retries it. The lock was released, so the retry runs at once.
+    assert!(failed.downcast_ref::<AbortError>().is_none());
+    let retried = deliver(&mut service, Job::new(Order { id: 8 }))
+        .await
+        .unwrap();
+    assert_eq!(
+        retried,
+        Receipt {
+            order: 8,
+            charge: 1
+        }
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
 #[tokio::test]
 async fn a_busy_key_is_a_retry_after_error_and_nothing_runs() {
     let store = Arc::new(MemoryStore::new());

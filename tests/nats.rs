@@ -17,7 +17,9 @@ use async_nats::jetstream::stream::Stream;
 use async_nats::jetstream::{self, AckKind, Message};
 use futures_util::StreamExt;
 use idempotask::{Error, InvalidKey, Outcome, RetryPolicy, Task};
-use idempotask_nats::{Handled, Idempotent, MessageKey, MsgId, Rejection};
+use idempotask_nats::{
+    BodyFailure, ConsumerProblem, Handled, Idempotent, MessageKey, MsgId, Rejection,
+};
 use idempotask_test_support::RedisServer;
 use idempotask_test_support::nats::NatsServer;
 use serde::Deserialize;
@@ -407,7 +409,7 @@ async fn a_body_error_is_nakd_delivered_again_and_not_cached() {
         matches!(
             handled,
             Handled::Failed {
-                error: "card declined",
+                error: BodyFailure::Error("card declined"),
                 delay,
                 ..
             } if delay == first
@@ -472,7 +474,7 @@ async fn a_failing_body_backs_off_more_each_time_and_is_terminated_after_max_fai
     assert_eq!(delivered(&last), 3);
     let handled = charge_once.handle(&last, charge()).await.unwrap();
     assert!(
-        matches!(handled, Handled::GaveUp { delivered: 3, .. }),
+        matches!(handled, Handled::GaveUp { failures: 3, .. }),
         "{handled:?}"
     );
     assert!(matches!(handled.ack_kind(), AckKind::Term));
@@ -858,4 +860,205 @@ async fn no_store_installed_defers_the_message_and_runs_nothing() {
         .unwrap()
         .unwrap();
     assert_eq!(delivered(&again), 2);
+}
+
+/// A body that panics, as a poison message makes it do.
+/// It panics on a later poll than its first, as a body does after its first await.
+async fn poisoned(runs: Arc<AtomicU32>) -> Result<(), String> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    tokio::task::yield_now().await;
+    panic!("poison order")
+}
+
+// A panicking body was delivered again for ever (9 deliveries in 9 s, never `+TERM`): the panic
+// unwound past the code that counts failures and settles the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_body_is_a_failure_nakd_then_terminated_after_max_failures() {
+    let queue = Queue::start().await;
+    let mut consumer = queue.consumer("charger", Duration::from_secs(30)).await;
+    let mut advisories = queue.terminations("charger").await;
+    let sequence = queue.publish(r#"{"id":21}"#, Some("order-21")).await;
+    let first = Duration::from_millis(50);
+    let charge_once = Idempotent::new(Task::new("nats_panicking"), MsgId)
+        .store(queue.store().await)
+        .failure_retry_delay(first, Duration::from_secs(1))
+        .max_failures(3);
+    let runs = Arc::new(AtomicU32::new(0));
+
+    let mut messages = consumer.messages().await.unwrap();
+    let mut outcomes = Vec::new();
+    for delivery in 1..=3 {
+        let message = messages.next().await.unwrap().unwrap();
+        assert_eq!(delivered(&message), delivery);
+        // A task per message, as a concurrent consumer runs them.
+        let (charge_once, runs) = (charge_once.clone(), Arc::clone(&runs));
+        let handled = tokio::spawn(async move {
+            charge_once
+                .handle(&message, poisoned(runs))
+                .await
+                .map(|handled| (handled.ack_kind(), handled))
+        })
+        .await
+        .expect("the message's task outlives the panic")
+        .unwrap();
+        outcomes.push(handled);
+    }
+    match &outcomes[..] {
+        [
+            (
+                AckKind::Nak(Some(d1)),
+                Handled::Failed {
+                    error: BodyFailure::Panicked(p1),
+                    ..
+                },
+            ),
+            (
+                AckKind::Nak(Some(d2)),
+                Handled::Failed {
+                    error: BodyFailure::Panicked(_),
+                    ..
+                },
+            ),
+            (
+                AckKind::Term,
+                Handled::GaveUp {
+                    error: BodyFailure::Panicked(_),
+                    failures: 3,
+                    ..
+                },
+            ),
+        ] => {
+            assert_eq!((*d1, *d2), (first, first * 2), "the failure backoff");
+            assert_eq!(p1.message(), "poison order");
+        }
+        other => panic!("{other:#?}"),
+    }
+    assert_eq!(terminated(&mut advisories, 1).await, [sequence]);
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    let info = eventually(&mut consumer, no_ack_pending).await;
+    assert_eq!(deliveries(&info), 3, "never delivered again: {info:#?}");
+}
+
+// Deferrals used up `max_failures`: six deliveries deferred while Redis was down, then one
+// transient failure of the body, and the message was terminated (`GaveUp` on delivery 7, the
+// body run once). JetStream's `delivered` counts the deferrals too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deferred_deliveries_do_not_use_up_max_failures() {
+    let mut queue = Queue::start().await;
+    let consumer = queue.consumer("charger", Duration::from_secs(30)).await;
+    queue.publish(r#"{"id":22}"#, Some("order-22")).await;
+    let store = idempotask_redis::RedisStore::builder(queue.redis.url())
+        .response_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap();
+    let short = Duration::from_millis(10);
+    let charge_once = Idempotent::new(Task::new("nats_deferred_then_failing"), MsgId)
+        .store(store)
+        .store_retry_delay(short, short * 2)
+        .failure_retry_delay(short, short * 2)
+        .max_failures(3);
+    let runs = AtomicU32::new(0);
+    let charge = || async {
+        if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+            Err("the gateway timed out")
+        } else {
+            Ok("ch_22".to_owned())
+        }
+    };
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &queue.redis.pid().to_string()])
+        .status();
+
+    let mut messages = consumer.messages().await.unwrap();
+    for _ in 0..6 {
+        let message = messages.next().await.unwrap().unwrap();
+        let handled = charge_once.handle(&message, charge()).await.unwrap();
+        assert!(
+            matches!(
+                &handled,
+                Handled::Deferred {
+                    error: Error::Store(_),
+                    ..
+                }
+            ),
+            "the store is down, yet {handled:?}"
+        );
+    }
+    queue.redis.restart();
+    let mut failed_on = None;
+    let mut acked = None;
+    // Deferred until the store has reconnected, then one failure, then the run that stores.
+    for _ in 0..60 {
+        let message = messages.next().await.unwrap().unwrap();
+        match charge_once.handle(&message, charge()).await.unwrap() {
+            Handled::Deferred {
+                error: Error::Store(_),
+                ..
+            } => {}
+            Handled::Failed {
+                error: BodyFailure::Error(_),
+                ..
+            } if failed_on.is_none() => {
+                failed_on = Some(delivered(&message));
+            }
+            Handled::Acked(report) => {
+                acked = Some((report.outcome, delivered(&message)));
+                break;
+            }
+            other => panic!("delivery {}: {other:?}", delivered(&message)),
+        }
+    }
+    let failed_on = failed_on.expect("the body failed once");
+    assert!(
+        failed_on > 6,
+        "the failure came after the deferrals: {failed_on}"
+    );
+    let (outcome, acked_on) = acked.expect("acked within 60 deliveries of the store coming back");
+    assert_eq!((outcome, acked_on), (Outcome::Executed, failed_on + 1));
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    // The one failure is what the bucket holds for the message.
+    let counts = queue.js.get_key_value("idempotask_failures").await.unwrap();
+    let mut keys = counts.keys().await.unwrap();
+    let key = keys.next().await.unwrap().unwrap();
+    assert_eq!(&counts.get(&key).await.unwrap().unwrap()[..], b"1");
+}
+
+// A consumer whose AckWait was shorter than the one the integration assumed, or with a small
+// `max_deliver`, was neither refused nor warned about, though either can redeliver a message
+// under a held lock or drop one nobody finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_whose_settings_work_against_the_lock_is_reported() {
+    let queue = Queue::start().await;
+    let mut risky = queue
+        .stream
+        .create_consumer(pull::Config {
+            durable_name: Some("risky".to_owned()),
+            ack_wait: Duration::from_secs(1),
+            max_deliver: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut fitting = queue.consumer("fitting", Duration::from_secs(30)).await;
+    let charge_once = Idempotent::new(Task::new("nats_checked"), MsgId);
+    let risky = risky.info().await.unwrap().config.clone();
+    assert_eq!(
+        charge_once.consumer_problems(&risky),
+        [
+            ConsumerProblem::AckWaitShorterThanDeclared {
+                consumer: Duration::from_secs(1),
+                declared: Duration::from_secs(30),
+            },
+            ConsumerProblem::MaxDeliverLimited { max_deliver: 2 },
+        ]
+    );
+    let fitting = fitting.info().await.unwrap().config.clone();
+    assert_eq!(charge_once.consumer_problems(&fitting), []);
+    // Declared as it is, the short AckWait fits: the progress acks follow it.
+    let declared = charge_once.ack_wait(Duration::from_secs(1));
+    assert_eq!(
+        declared.consumer_problems(&risky),
+        [ConsumerProblem::MaxDeliverLimited { max_deliver: 2 }]
+    );
 }

@@ -17,7 +17,7 @@ use idempotask_lapin::{
 use idempotask_test_support as support;
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
@@ -740,4 +740,90 @@ async fn a_result_the_store_cannot_record_is_acked_not_run_again() {
     drop(deliveries);
     assert_eq!(fixture.depth(fixture.topology.queue()).await, 0);
     assert_eq!(fixture.depth(fixture.topology.retry_queue()).await, 0);
+}
+
+// A panicking body left its delivery unsettled: under `basic_qos(1)`, with a task per delivery
+// as the crate docs recommend, nothing reached the retry or dead-letter queue and the delivery
+// behind it never ran; in a sequential consumer the panic ended the consumer, its channel
+// closed and the broker requeued the delivery at once, in a crash loop.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_panicking_body_is_retried_then_dead_lettered_and_the_deliveries_behind_it_run() {
+    let fixture = Fixture::new("panics").await;
+    fixture
+        .channel
+        .basic_qos(1, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let consumer = Idempotent::new(
+        Task::new("lapin_panics"),
+        MessageId,
+        fixture.retries.clone(),
+    )
+    .store(MemoryStore::new())
+    .backoff(Duration::from_millis(50), Duration::from_millis(200))
+    .max_failures(2);
+    fixture.publish(Some("bad-1"), b"bad").await;
+    fixture.publish(Some("good-1"), b"good").await;
+    let mut deliveries = fixture.consume(fixture.topology.queue()).await;
+    let runs = Arc::new(AtomicU32::new(0));
+
+    let mut settled = Vec::new();
+    while settled.len() < 3 {
+        let delivery = fixture.next(&mut deliveries).await;
+        let id = delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .unwrap()
+            .to_string();
+        let (consumer, runs) = (consumer.clone(), Arc::clone(&runs));
+        let outcome = tokio::spawn(async move {
+            consumer
+                .process(delivery, move |delivery: &Delivery| {
+                    let poisoned = delivery.data == b"bad";
+                    async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        assert!(!poisoned, "poison order");
+                        Ok::<_, String>("done".to_owned())
+                    }
+                })
+                .await
+        })
+        .await
+        .expect("the delivery's task outlives the panic")
+        .unwrap();
+        settled.push((id, outcome));
+    }
+    match &settled[..] {
+        [
+            (
+                bad,
+                Settled::Retrying {
+                    cause: Cause::Panicked(panic),
+                    ..
+                },
+            ),
+            (good, Settled::Acked(report)),
+            (bad_again, Settled::DeadLettered(Cause::Panicked(_))),
+        ] => {
+            assert_eq!(
+                (bad.as_str(), good.as_str(), bad_again.as_str()),
+                ("bad-1", "good-1", "bad-1")
+            );
+            assert_eq!(panic.message(), "poison order");
+            assert_eq!(report.outcome, Outcome::Executed);
+        }
+        other => panic!("{other:#?}"),
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    let mut dead = fixture.consume(fixture.topology.dead_letter_queue()).await;
+    let message = fixture.next(&mut dead).await;
+    assert_eq!(
+        message.properties.message_id().as_ref().unwrap().as_str(),
+        "bad-1"
+    );
+    assert_eq!(
+        header(&message, FAILURES_HEADER),
+        Some(AMQPValue::LongLongInt(1))
+    );
 }

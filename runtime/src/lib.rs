@@ -13,6 +13,7 @@ mod guard;
 mod install;
 mod marker;
 mod names;
+mod panicked;
 mod redelivery;
 /// Guides: the guarantees and their limits, testing your own tasks, the attribute next to others.
 pub mod guide {
@@ -38,6 +39,7 @@ pub use error::{CallerKey, CodecErrorKind, Error};
 pub use fingerprint::Fingerprint;
 pub use install::{install, installed, with_store};
 pub use observe::KeyLogging;
+pub use panicked::{Panicked, catch_panic};
 pub use redelivery::Redelivery;
 pub use retry::{DEFAULT_INITIAL_BACKOFF, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BACKOFF, RetryPolicy};
 pub use store::memory::MemoryStore;

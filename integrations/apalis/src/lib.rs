@@ -75,6 +75,7 @@
 //! | the handler's `Ok`, stored | the value | acks it as done |
 //! | a stored value (a duplicate) | the stored value; the handler does not run | acks it as done |
 //! | the handler's `Err` | that error, untouched (an `AbortError` stays one); the lock is released and nothing is stored | retries or kills it, as for any handler error |
+//! | a panic in the handler | [`Panicked`](idempotask::Panicked), with the panic's message; the lock is released and nothing is stored | retries it as it retries any handler error |
 //! | the key is busy after the task's [`RetryPolicy`](idempotask::RetryPolicy) ([`Error::Contended`](idempotask::Error::Contended)) | a `RetryAfterError` whose source is that error, with the holder's remaining lock time | retries it later (status `Pending`); nothing ran |
 //! | the store failed ([`Error::Store`](idempotask::Error::Store)) or none is installed; or idempotask is misused ([`Error::is_misuse`](idempotask::Error::is_misuse): a bug of the worker, not of the job) | that [`Error`](idempotask::Error), not an `AbortError` | retries it as it retries any failure (status `Failed`), up to its retry policy |
 //! | the key cannot be used ([`MissingKey`], [`Error::InvalidKey`](idempotask::Error::InvalidKey), [`Error::KeyReuse`](idempotask::Error::KeyReuse), [`Error::Codec`](idempotask::Error::Codec), [`Error::MarkerKeyMismatch`](idempotask::Error::MarkerKeyMismatch)) | an `AbortError` whose source is that error | kills it: no retry can succeed |

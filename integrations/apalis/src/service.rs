@@ -115,10 +115,15 @@ where
                     .await
                     .map_err(|err| Failure::Handler(err.into()))
             };
-            call.run(body).await.map_err(|failure| match failure {
-                Failure::Handler(err) => err,
-                Failure::Idempotask(err) => to_apalis(err, config.task.settings().lock_ttl),
-            })
+            // A panic becomes the job's error, retried by apalis like any handler failure; left
+            // to unwind, it would end the worker's task with the job unsettled.
+            match idempotask::catch_panic(call.run(body)).await {
+                Ok(ran) => ran.map_err(|failure| match failure {
+                    Failure::Handler(err) => err,
+                    Failure::Idempotask(err) => to_apalis(err, config.task.settings().lock_ttl),
+                }),
+                Err(panic) => Err(Box::new(panic) as BoxDynError),
+            }
         })
     }
 }

@@ -62,7 +62,7 @@
 //! | the body ran but its lock expired or its result could not be recorded (`LockLost`, `MarkerNotWritten`) | acked: the side effect happened, and a redelivery would only run it again | `Acked` |
 //! | the key is busy after the task's [`RetryPolicy`](idempotask::RetryPolicy) ([`Error::Contended`]) | published to the retry queue with `expiration` = the holder's remaining lock time, then acked | `Retrying` |
 //! | the store failed ([`Error::Store`]) or none is installed; or idempotask is misused (`Reentered`, `NoRuntime`, `TaskNameTaken`: a bug of the consumer, logged as an error, that must not cost the message) | published to the retry queue with a bounded backoff (doubling per store error of this message, from 100 ms up to 30 s by default), then acked | `Retrying` |
-//! | the body's `Err`; the lock is released and nothing is stored | published to the retry queue with the same kind of backoff (per failure of this message), then acked; after [`max_failures`](Idempotent::max_failures) failures (5 by default), rejected without requeue | `Retrying`, then `DeadLettered` |
+//! | the body's `Err`, or a panic in it ([`Cause::Panicked`]); the lock is released and nothing is stored | published to the retry queue with the same kind of backoff (per failure of this message), then acked; after [`max_failures`](Idempotent::max_failures) failures (5 by default), rejected without requeue | `Retrying`, then `DeadLettered` |
 //! | the key cannot be used: [`MissingKey`], [`Error::InvalidKey`], [`Error::KeyReuse`], [`Error::Codec`], [`Error::MarkerKeyMismatch`] | `basic.reject` without requeue: to the work queue's dead-letter exchange; nothing ran | `DeadLettered` |
 //!
 //! A body error is retried through the retry queue rather than `basic.nack` with requeue: a
@@ -138,7 +138,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotask::store::{SharedStore, Store};
-use idempotask::{Error, Fingerprint, Redelivery, Task};
+use idempotask::{Error, Fingerprint, Redelivery, Task, catch_panic};
 use lapin::message::Delivery;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -344,25 +344,27 @@ impl<K: DeliveryKey> Idempotent<K> {
             call = call.fingerprint(Fingerprint::from_sha256(digest.into()));
         }
         let run = async move { body(delivery).await.map_err(Failure::Body) };
-        match call.run_reported(run).await {
-            Ok(report) => (Action::Ack, Settled::Acked(report)),
-            Err(Failure::Body(err)) => {
-                let failures = self.seen(delivery, key, FAILURES_HEADER).saturating_add(1);
-                if failures >= self.max_failures {
-                    (Action::DeadLetter, Settled::DeadLettered(Cause::Body(err)))
-                } else {
-                    let delay = self.backoff.after(failures);
-                    let action = Action::Retry {
-                        delay,
-                        header: FAILURES_HEADER,
-                        count: failures,
-                    };
-                    let cause = Cause::Body(err);
-                    (action, Settled::Retrying { cause, delay })
-                }
-            }
-            Err(Failure::Idempotask(err)) => self.idempotask_action(delivery, key, err),
+        // Around the whole call: the runner releases the lock of a body that panics and lets
+        // the panic go on, which would leave the delivery unsettled (a spawned consumer task
+        // dies with it; a sequential consumer loses its channel, and the broker requeues the
+        // delivery at once, in a loop).
+        let cause = match catch_panic(call.run_reported(run)).await {
+            Ok(Ok(report)) => return (Action::Ack, Settled::Acked(report)),
+            Ok(Err(Failure::Idempotask(err))) => return self.idempotask_action(delivery, key, err),
+            Ok(Err(Failure::Body(err))) => Cause::Body(err),
+            Err(panic) => Cause::Panicked(panic),
+        };
+        let failures = self.seen(delivery, key, FAILURES_HEADER).saturating_add(1);
+        if failures >= self.max_failures {
+            return (Action::DeadLetter, Settled::DeadLettered(cause));
         }
+        let delay = self.backoff.after(failures);
+        let action = Action::Retry {
+            delay,
+            header: FAILURES_HEADER,
+            count: failures,
+        };
+        (action, Settled::Retrying { cause, delay })
     }
 
     /// Input: an error of idempotask's own for `delivery`. Output: what to do with the delivery:

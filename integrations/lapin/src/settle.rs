@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use idempotask::{Error, Report};
+use idempotask::{Error, Panicked, Report};
 use lapin::BasicProperties;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
@@ -100,6 +100,9 @@ impl<T, E> Decision<T, E> {
 pub enum Cause<E> {
     /// The body's own error; nothing was stored.
     Body(E),
+    /// The body panicked; idempotask released its lock and stored nothing, as after an error,
+    /// and the panic counts as one of the message's failures.
+    Panicked(Panicked),
     /// An error of idempotask's: the key is busy, the store failed, the key cannot be used.
     Idempotask(Error),
     /// The delivery carries no key.
@@ -110,6 +113,7 @@ impl<E: std::fmt::Display> std::fmt::Display for Cause<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Body(err) => err.fmt(f),
+            Self::Panicked(panic) => panic.fmt(f),
             Self::Idempotask(err) => err.fmt(f),
             Self::MissingKey(err) => err.fmt(f),
         }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream::AckKind;
-use idempotask::{Error, Redelivery, Report};
+use idempotask::{Error, Panicked, Redelivery, Report};
 
 use crate::backoff::{Backoff, MIN_DELAY};
 use crate::key::MissingKey;
@@ -19,26 +19,27 @@ pub enum Handled<T, E> {
     /// The body ran and its result was stored, or the stored result of an earlier execution
     /// was handed back (the body did not run): acked.
     Acked(Report<T>),
-    /// The body returned this error: the lock was released, nothing was stored, and the
-    /// message is nak'd for JetStream to deliver again after `delay`.
+    /// The body returned an error or panicked: the lock was released, nothing was stored, and
+    /// the message is nak'd for JetStream to deliver again after `delay`.
     #[non_exhaustive]
     Failed {
-        /// The body's error.
-        error: E,
+        /// The body's error, or its panic.
+        error: BodyFailure<E>,
         /// The delay asked of JetStream: the failure backoff
         /// ([`Idempotent::failure_retry_delay`](crate::Idempotent::failure_retry_delay)) for
-        /// this delivery.
+        /// this failure of the message.
         delay: Duration,
     },
-    /// The body returned this error on delivery `delivered`, at or past
+    /// The body failed for the `failures`-th time, at or past
     /// [`Idempotent::max_failures`](crate::Idempotent::max_failures): nothing was stored, and
     /// the message is terminated (`AckKind::Term`) instead of being tried again.
     #[non_exhaustive]
     GaveUp {
-        /// The body's last error.
-        error: E,
-        /// JetStream's count of this message's deliveries, this one included.
-        delivered: i64,
+        /// The body's last error, or its panic.
+        error: BodyFailure<E>,
+        /// How many times the body failed for this message, this time included; deliveries
+        /// that were deferred do not count.
+        failures: u32,
     },
     /// idempotask could not decide yet: another delivery holds the key
     /// ([`Error::Contended`]), the store failed ([`Error::Store`]), none is installed, or the
@@ -56,6 +57,37 @@ pub enum Handled<T, E> {
     /// ends its redeliveries and raises JetStream's `MSG_TERMINATED` advisory (see the crate
     /// docs for what that takes to be a dead-letter path).
     Terminated(Rejection),
+}
+
+/// Why a body gave no value: it returned an error, or it panicked. Both are failures of the
+/// body alike: counted against [`max_failures`](crate::Idempotent::max_failures), retried with
+/// the failure backoff, the message terminated once they are used up.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum BodyFailure<E> {
+    /// The body's `Err`.
+    Error(E),
+    /// The body panicked. idempotask released its lock, as after an `Err`; the panic is caught
+    /// so that the message is settled instead of left to JetStream's `AckWait`.
+    Panicked(Panicked),
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for BodyFailure<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Error(err) => err.fmt(f),
+            Self::Panicked(panic) => panic.fmt(f),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for BodyFailure<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Error(err) => Some(err),
+            Self::Panicked(panic) => Some(panic),
+        }
+    }
 }
 
 /// Why a message was terminated.

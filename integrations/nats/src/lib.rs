@@ -55,8 +55,8 @@
 //! | the body's `Ok`, stored ([`Outcome::Executed`](idempotask::Outcome)) | `Acked` | `+ACK` |
 //! | a stored value: a duplicate, the body did not run (`Outcome::Replayed`) | `Acked` | `+ACK` |
 //! | the body's `Ok`, but its lock expired first or its marker could not be written (`LockLost`, `MarkerNotWritten`) | `Acked` | `+ACK`: the side effect happened; running it again would not undo it |
-//! | the body's `Err`: the lock is released, nothing is stored | `Failed` | `-NAK` with a backoff that doubles per delivery ([`failure_retry_delay`](Idempotent::failure_retry_delay), 1 s up to 60 s by default): the queue's retry runs the body again |
-//! | the body's `Err` on delivery [`max_failures`](Idempotent::max_failures) or later (5 by default) | `GaveUp` | `+TERM`: no more deliveries |
+//! | the body's `Err`, or a panic in it ([`BodyFailure`]): the lock is released, nothing is stored | `Failed` | `-NAK` with a backoff that doubles per failure ([`failure_retry_delay`](Idempotent::failure_retry_delay), 1 s up to 60 s by default): the queue's retry runs the body again |
+//! | the body's [`max_failures`](Idempotent::max_failures)-th failure (5 by default; deferred deliveries do not count) | `GaveUp` | `+TERM`: no more deliveries |
 //! | the key is busy after the task's [`RetryPolicy`](idempotask::RetryPolicy) ([`Error::Contended`]) | `Deferred` | `-NAK` with the holder's remaining lock time as the delay (the lock TTL when the store did not say); nothing ran |
 //! | the store failed ([`Error::Store`]) or none is installed | `Deferred` | `-NAK` with a bounded backoff ([`store_retry_delay`](Idempotent::store_retry_delay), 1 s up to 60 s by default); nothing ran, or the lock is released |
 //! | the program misuses the task (`Reentered`, `TaskNameTaken`, `NoRuntime`) | `Deferred` | `-NAK` with the store's backoff, and an error log: the deploy is wrong, not the message, which waits for the fixed one |
@@ -106,9 +106,16 @@
 //!   the time the lock has left, and runs when it comes back. Both are correct; the first costs
 //!   no extra delivery.
 //! - **Redeliveries count against `max_deliver`**: every `Contended` and store-failure nak is a
-//!   delivery. Leave `max_deliver` unlimited (JetStream's default) or well above the deliveries
-//!   a busy key can need, or a message may be dropped with a `MAX_DELIVERIES` advisory; a body
-//!   that keeps failing is ended by [`max_failures`](Idempotent::max_failures) instead.
+//!   delivery. Leave `max_deliver` unlimited (JetStream's default), or a message may be dropped
+//!   with a `MAX_DELIVERIES` advisory although no worker finished it; a body that keeps failing
+//!   is ended by [`max_failures`](Idempotent::max_failures) instead, which counts the body's
+//!   failures only, in a key-value bucket of its own ([`Idempotent::failure_bucket`]).
+//! - **The consumer is checked once.** On the first message, the integration reads its
+//!   consumer's configuration in the background and logs at `WARN` each setting that works
+//!   against the lock: an `AckWait` shorter than the declared one, and a limited
+//!   `max_deliver` ([`ConsumerProblem`]). To refuse such a
+//!   consumer at start-up instead, call [`Idempotent::consumer_problems`] with its
+//!   configuration.
 //! - Give queue tasks [`RetryPolicy::no_wait`](idempotask::RetryPolicy::no_wait): a contended
 //!   delivery is then nak'd at once with the right delay, instead of holding a worker while it
 //!   waits for the lock.
@@ -116,24 +123,31 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backoff;
+mod consumer_config;
+mod failures;
 mod handled;
 mod key;
 mod progress;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use async_nats::jetstream::{AckKind, Message};
+use async_nats::jetstream::{AckKind, Message, consumer};
 use idempotask::store::{SharedStore, Store};
-use idempotask::{Error, Fingerprint, Task};
+use idempotask::{Error, Fingerprint, Task, catch_panic};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 
-pub use handled::{Handled, Rejection};
+pub use consumer_config::ConsumerProblem;
+pub use failures::{DEFAULT_FAILURE_BUCKET, DEFAULT_FAILURE_MEMORY};
+pub use handled::{BodyFailure, Handled, Rejection};
 pub use key::{MessageKey, MissingKey, MsgId};
 
 use backoff::{Backoff, MIN_DELAY};
+use consumer_config::Expected;
+use failures::FailureCounts;
 use handled::undecided;
 
 /// JetStream's `AckWait` when a consumer sets none.
@@ -147,7 +161,7 @@ pub const DEFAULT_STORE_RETRY_MAX: Duration = Duration::from_secs(60);
 pub const DEFAULT_FAILURE_RETRY_FIRST: Duration = Duration::from_secs(1);
 /// The longest delay of a message whose body failed, by default.
 pub const DEFAULT_FAILURE_RETRY_MAX: Duration = Duration::from_secs(60);
-/// The delivery on which a failing body's message is terminated instead of tried again, by
+/// The failure of a message's body after which it is terminated instead of tried again, by
 /// default.
 pub const DEFAULT_MAX_FAILURES: u32 = 5;
 
@@ -176,6 +190,8 @@ pub struct Idempotent<K> {
     max_failures: u32,
     store_backoff: Backoff,
     fingerprint_payload: bool,
+    failures: Arc<FailureCounts>,
+    consumer_checked: Arc<AtomicBool>,
 }
 
 impl<K> Idempotent<K> {
@@ -191,6 +207,11 @@ impl<K> Idempotent<K> {
             max_failures: DEFAULT_MAX_FAILURES,
             store_backoff: Backoff::new(DEFAULT_STORE_RETRY_FIRST, DEFAULT_STORE_RETRY_MAX),
             fingerprint_payload: false,
+            failures: Arc::new(FailureCounts::new(
+                DEFAULT_FAILURE_BUCKET.to_owned(),
+                DEFAULT_FAILURE_MEMORY,
+            )),
+            consumer_checked: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -240,17 +261,46 @@ impl<K> Idempotent<K> {
         self
     }
 
-    /// The delivery from which a body's `Err` terminates the message instead of naking it
-    /// (default [`DEFAULT_MAX_FAILURES`]; at least 1), so that a message no delivery can
-    /// succeed with does not loop forever under an unlimited `max_deliver`.
+    /// The failure of a message's body (an `Err` or a panic) on which the message is terminated
+    /// instead of nak'd (default [`DEFAULT_MAX_FAILURES`]; at least 1), so that a message no
+    /// delivery can succeed with does not loop forever under an unlimited `max_deliver`.
     ///
-    /// JetStream counts deliveries, not failures: a delivery deferred for a busy key or a store
-    /// error counts too, so a message is terminated after at most this many failures, and
-    /// after fewer when some of its deliveries were deferred.
+    /// Only the body's failures count: a delivery deferred for a busy key or a store error
+    /// does not, so a store outage never uses up a message's tries. JetStream's `delivered`
+    /// counts those deferrals too, so the count is kept apart, in a JetStream key-value bucket
+    /// ([`failure_bucket`](Self::failure_bucket)): only a failing body on a redelivery reads it,
+    /// and only a failing body writes it. A count that cannot be read or written (the bucket
+    /// unreachable, or the user not allowed to use it) is logged at `WARN` and counts from
+    /// zero: the message is then tried more than `max_failures` times, never fewer.
     #[must_use]
-    pub fn max_failures(mut self, deliveries: u32) -> Self {
-        self.max_failures = deliveries.max(1);
+    pub fn max_failures(mut self, failures: u32) -> Self {
+        self.max_failures = failures.max(1);
         self
+    }
+
+    /// The JetStream key-value bucket that counts the body failures of each message (default
+    /// [`DEFAULT_FAILURE_BUCKET`]), and how long a count is kept after its last failure
+    /// (default [`DEFAULT_FAILURE_MEMORY`]). The bucket is created with one value per key on
+    /// first use when it does not exist; the consumer's user then needs the right to create
+    /// it, or an operator creates it beforehand. A count that outlives its `max_age` starts
+    /// again from zero.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotask_nats::{Idempotent, MsgId};
+    /// let charge_once = Idempotent::new(idempotask::Task::new("order_charge"), MsgId)
+    ///     .failure_bucket("orders_failures", Duration::from_secs(3600));
+    /// assert_eq!(charge_once.failure_bucket_name(), "orders_failures");
+    /// ```
+    #[must_use]
+    pub fn failure_bucket(mut self, bucket: impl Into<String>, max_age: Duration) -> Self {
+        self.failures = Arc::new(FailureCounts::new(bucket.into(), max_age));
+        self
+    }
+
+    /// The name of the bucket that counts body failures.
+    pub fn failure_bucket_name(&self) -> &str {
+        self.failures.bucket()
     }
 
     /// The delays of a message whose store call failed: `first` after its first delivery,
@@ -271,6 +321,56 @@ impl<K> Idempotent<K> {
     /// declared `AckWait` and the task's lock TTL, at least 10 ms.
     pub fn progress_interval(&self) -> Duration {
         (self.ack_wait.min(self.task.settings().lock_ttl) / 3).max(MIN_DELAY)
+    }
+
+    /// The settings of a consumer that work against this task's lock: an `AckWait` shorter
+    /// than the declared [`ack_wait`](Self::ack_wait) (the progress acks would come too late)
+    /// and a limited `max_deliver` (deferred deliveries count against it).
+    ///
+    /// [`handle`](Self::handle) and [`process`](Self::process) read the consumer of the first
+    /// message they get and log each of these once, at `WARN`; call this to refuse such a
+    /// consumer at start-up instead.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use async_nats::jetstream::consumer;
+    /// use idempotask::Task;
+    /// use idempotask_nats::{ConsumerProblem, Idempotent, MsgId};
+    ///
+    /// let charge_once = Idempotent::new(Task::new("order_charge").lock_ttl(Duration::from_secs(30)), MsgId)
+    ///     .ack_wait(Duration::from_secs(60));
+    /// let consumer = consumer::Config { ack_wait: Duration::from_secs(10), max_deliver: 3, ..Default::default() };
+    /// let problems = charge_once.consumer_problems(&consumer);
+    /// assert!(matches!(problems[0], ConsumerProblem::AckWaitShorterThanDeclared { .. }));
+    /// assert!(matches!(problems[1], ConsumerProblem::MaxDeliverLimited { max_deliver: 3, .. }));
+    /// // JetStream's defaults (AckWait 30 s, no limit) fit the integration's.
+    /// assert!(Idempotent::new(Task::new("refund"), MsgId).consumer_problems(&consumer::Config::default()).is_empty());
+    /// ```
+    pub fn consumer_problems(&self, consumer: &consumer::Config) -> Vec<ConsumerProblem> {
+        self.expected().problems(consumer)
+    }
+
+    fn expected(&self) -> Expected {
+        Expected {
+            declared_ack_wait: self.ack_wait,
+        }
+    }
+
+    /// On the first message only: reads its consumer in the background and warns about its
+    /// problems.
+    fn check_consumer_once(&self, message: &Message) {
+        if self.consumer_checked.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let (Ok(info), Ok(runtime)) = (message.info(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        runtime.spawn(self.expected().warn_about(
+            message.context.clone(),
+            info.stream.to_owned(),
+            info.consumer.to_owned(),
+        ));
     }
 }
 
@@ -357,6 +457,7 @@ impl<K: MessageKey> Idempotent<K> {
         T: Serialize + DeserializeOwned,
         F: Future<Output = Result<T, E>>,
     {
+        self.check_consumer_once(message);
         let lease = progress::Lease::default();
         let _progress = progress::start(message, self.progress_interval(), lease.clone()).await;
         self.decide(message, body, lease).await
@@ -389,22 +490,31 @@ impl<K: MessageKey> Idempotent<K> {
             lease.record();
             body.await.map_err(Failure::Body)
         };
-        let delivered = message.info().map_or(1, |info| info.delivered);
-        match call.run_reported(body).await {
-            Ok(report) => Handled::Acked(report),
-            Err(Failure::Body(error)) if delivered >= i64::from(self.max_failures) => {
-                Handled::GaveUp { error, delivered }
+        // Around the whole call: the runner releases the lock of a body that panics and lets
+        // the panic go on, and a panic left to unwind from here would leave the message to
+        // `AckWait` with its failure uncounted, delivered again and again.
+        let error = match catch_panic(call.run_reported(body)).await {
+            Ok(Ok(report)) => return Handled::Acked(report),
+            Ok(Err(Failure::Idempotask(err))) => {
+                let delivered = message.info().map_or(1, |info| info.delivered);
+                return undecided(
+                    err,
+                    self.task.settings().lock_ttl,
+                    self.store_backoff,
+                    delivered,
+                );
             }
-            Err(Failure::Body(error)) => Handled::Failed {
-                error,
-                delay: self.failure_backoff.after(delivered),
-            },
-            Err(Failure::Idempotask(err)) => undecided(
-                err,
-                self.task.settings().lock_ttl,
-                self.store_backoff,
-                delivered,
-            ),
+            Ok(Err(Failure::Body(error))) => BodyFailure::Error(error),
+            Err(panic) => BodyFailure::Panicked(panic),
+        };
+        let failures = self.failures.recorded(message).await.saturating_add(1);
+        if failures >= self.max_failures {
+            return Handled::GaveUp { error, failures };
+        }
+        self.failures.record(message, failures).await;
+        Handled::Failed {
+            error,
+            delay: self.failure_backoff.after(i64::from(failures)),
         }
     }
 }
@@ -420,6 +530,8 @@ impl<K> Clone for Idempotent<K> {
             max_failures: self.max_failures,
             store_backoff: self.store_backoff,
             fingerprint_payload: self.fingerprint_payload,
+            failures: Arc::clone(&self.failures),
+            consumer_checked: Arc::clone(&self.consumer_checked),
         }
     }
 }
@@ -435,6 +547,7 @@ impl<K> std::fmt::Debug for Idempotent<K> {
             .field("max_failures", &self.max_failures)
             .field("store_backoff", &self.store_backoff)
             .field("fingerprint_payload", &self.fingerprint_payload)
+            .field("failure_bucket", &self.failures.bucket())
             .finish_non_exhaustive()
     }
 }
