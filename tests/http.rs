@@ -14,10 +14,11 @@ use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use axum::{Extension, Json};
 use http::StatusCode;
 use idempotask::Task;
 use idempotask::store::SharedStore;
-use idempotask_http::{IDEMPOTENT_REPLAYED, Idempotency, problem};
+use idempotask_http::{IDEMPOTENT_REPLAYED, Idempotency, Retention, problem};
 use idempotask_test_support::RedisServer;
 use idempotask_test_support::cluster::RedisCluster;
 use idempotask_test_support::postgres::PostgresServer;
@@ -149,6 +150,9 @@ on_every_store!(
     throttled_and_timed_out_answers_release_the_key,
     a_chunked_body_over_the_cap_is_413_and_runs_nothing,
     a_request_costs_one_begin_and_one_finish,
+    json_numbers_count_by_their_exact_text,
+    a_request_refused_as_malformed_is_not_stored_and_the_corrected_one_runs,
+    a_panicking_handler_is_500_and_its_retry_runs,
 );
 
 /// Awaits the next signal on `channel`, failing the test (not hanging the suite) when `what`
@@ -206,6 +210,9 @@ impl Server {
             .route("/flaky", post(flaky))
             .route("/large", post(large))
             .route("/throttled", post(throttled))
+            .route("/typed", post(typed))
+            .route("/panicky", post(panicky))
+            .route("/declined", post(declined))
             .layer(layer)
             .layer(middleware::from_fn_with_state(probe.clone(), watch_drops))
             .with_state(probe.clone());
@@ -327,6 +334,45 @@ async fn throttled(State(probe): State<Probe>) -> Response {
         2 => (StatusCode::REQUEST_TIMEOUT, "too slow").into_response(),
         run => (StatusCode::CREATED, format!("paid on run {run}")).into_response(),
     }
+}
+
+/// A payment as axum's `Json` extractor reads it (axum's `json` feature comes with the
+/// examples package, a dependency of this one).
+#[derive(serde::Deserialize)]
+struct Payment {
+    amount: u64,
+}
+
+/// `POST /typed`: a handler taking axum's `Json<Payment>`, which refuses a request without a
+/// JSON `Content-Type` (`415`) or with a body that is no payment (`400`, `422`) before it runs.
+async fn typed(State(probe): State<Probe>, Json(payment): Json<Payment>) -> Response {
+    let run = probe.executions.fetch_add(1, Ordering::SeqCst) + 1;
+    let amount = payment.amount;
+    (
+        StatusCode::CREATED,
+        format!("charged {amount} on run {run}"),
+    )
+        .into_response()
+}
+
+/// `POST /declined`: a refusal after acting (the bank was asked), marked as the key's result.
+async fn declined(State(probe): State<Probe>) -> Response {
+    let run = probe.executions.fetch_add(1, Ordering::SeqCst) + 1;
+    (
+        StatusCode::UNPROCESSABLE_ENTITY,
+        Extension(Retention::Keep),
+        format!("declined on run {run}"),
+    )
+        .into_response()
+}
+
+/// `POST /panicky`: panics on its first execution, `201` after.
+async fn panicky(State(probe): State<Probe>) -> Response {
+    let run = probe.executions.fetch_add(1, Ordering::SeqCst) + 1;
+    if run == 1 {
+        panic!("the ledger client panicked on run {run}");
+    }
+    (StatusCode::CREATED, format!("paid on run {run}")).into_response()
 }
 
 /// `POST /large`: a body of as many bytes as the request body says.
@@ -918,5 +964,122 @@ async fn a_request_costs_one_begin_and_one_finish(backend: Backend) {
         taken().is_empty(),
         "a request without a key reached the store"
     );
+    drop(backend);
+}
+
+// A float round trip made 2^64 and 2^64 + 1 one payload under `BodyFingerprint::Json`: the
+// second request got the first one's `201`, replayed, and never ran.
+async fn json_numbers_count_by_their_exact_text(backend: Backend) {
+    let json = layer(&backend, "http_json_numbers")
+        .fingerprint_body(idempotask_http::BodyFingerprint::Json);
+    let server = Server::start(json, false).await;
+    // (first body, second body, whether they are one payload)
+    let cases = [
+        (
+            r#"{"account":18446744073709551616,"amount":5}"#,
+            r#"{"account":18446744073709551617,"amount":5}"#,
+            false,
+        ),
+        (
+            r#"{"amount":-170141183460469231731687303715884105729}"#,
+            r#"{"amount":-170141183460469231731687303715884105730}"#,
+            false,
+        ),
+        (
+            r#"{"amount":0.12345678901234567890123}"#,
+            r#"{"amount":0.12345678901234567890124}"#,
+            false,
+        ),
+        (r#"{"amount":1.0}"#, r#"{"amount":1}"#, false),
+        (r#"{"amount":-0}"#, r#"{"amount":0}"#, false),
+        (r#"{"amount":1e2}"#, r#"{"amount":100}"#, false),
+        (
+            r#"{"account":18446744073709551616,"amount":5}"#,
+            r#"{ "amount": 5, "account": 18446744073709551616 }"#,
+            true,
+        ),
+        (r#"{"amount":1E+02}"#, r#"{"amount":1e2}"#, true),
+    ];
+    for (index, (first, second, same)) in cases.into_iter().enumerate() {
+        let key = format!("numbers-{index}");
+        let ran = send(server.post("/payments", Some(&key), first)).await;
+        assert_eq!((ran.status, ran.replayed), (201, false), "{first}: {ran:?}");
+        let retry = send(server.post("/payments", Some(&key), second)).await;
+        if same {
+            assert_eq!(
+                (retry.status, retry.replayed, &retry.body),
+                (201, true, &ran.body),
+                "{first} then {second}"
+            );
+        } else {
+            assert_eq!(retry.status, 422, "{first} then {second}: {retry:?}");
+            assert_eq!(retry.problem_type(), problem::KEY_REUSED);
+        }
+    }
+    assert_eq!(server.executions(), 8);
+    drop(backend);
+}
+
+// axum's `Json` refused a request without `Content-Type` with `415`, the layer stored it, and
+// the corrected request (same key and body, `Content-Type: application/json`) got that `415`
+// replayed for the result TTL, its handler never run.
+async fn a_request_refused_as_malformed_is_not_stored_and_the_corrected_one_runs(backend: Backend) {
+    let server = Server::start(layer(&backend, "http_refused"), false).await;
+    let typed = |key: &str, body: &str| {
+        server
+            .post("/typed", Some(key), body)
+            .header("content-type", "application/json")
+    };
+    let bare = send(server.post("/typed", Some("pay-1"), r#"{"amount":42}"#)).await;
+    assert_eq!((bare.status, bare.replayed), (415, false), "{bare:?}");
+    let fixed = send(typed("pay-1", r#"{"amount":42}"#)).await;
+    assert_eq!((fixed.status, fixed.replayed), (201, false), "{fixed:?}");
+    assert_eq!(fixed.body, "charged 42 on run 1");
+    let retry = send(typed("pay-1", r#"{"amount":42}"#)).await;
+    assert_eq!((retry.status, retry.replayed), (201, true), "{retry:?}");
+    assert_eq!(retry.body, fixed.body);
+
+    // A body that is no payment (`422`), then the corrected body under the same key: it runs,
+    // rather than meeting the refused body's fingerprint (`422 KEY_REUSED`).
+    let wrong = send(typed("pay-2", r#"{"amount":"42"}"#)).await;
+    assert_eq!((wrong.status, wrong.replayed), (422, false), "{wrong:?}");
+    let syntax = send(typed("pay-2", r#"{"amount":42"#)).await;
+    assert_eq!((syntax.status, syntax.replayed), (400, false), "{syntax:?}");
+    let fixed = send(typed("pay-2", r#"{"amount":43}"#)).await;
+    assert_eq!((fixed.status, fixed.replayed), (201, false), "{fixed:?}");
+    assert_eq!(fixed.body, "charged 43 on run 2");
+    assert_eq!(server.executions(), 2);
+
+    // A handler's own `422`, marked as the key's result, is stored.
+    for replayed in [false, true] {
+        let answer = send(server.post("/declined", Some("pay-3"), "")).await;
+        let got = (answer.status, answer.replayed, answer.body.as_str());
+        assert_eq!(got, (422, replayed, "declined on run 3"), "{answer:?}");
+    }
+    assert_eq!(server.executions(), 3);
+    drop(backend);
+}
+
+// A handler that panicked took the connection with it: the client saw no answer at all.
+async fn a_panicking_handler_is_500_and_its_retry_runs(backend: Backend) {
+    let server = Server::start(layer(&backend, "http_panicky"), false).await;
+    let panicked = send(server.post("/panicky", Some("pay-12"), "")).await;
+    assert_eq!(
+        (panicked.status, panicked.replayed),
+        (500, false),
+        "{panicked:?}"
+    );
+    assert_eq!(panicked.problem_type(), problem::HANDLER_PANICKED);
+    assert!(
+        !panicked.body.contains("ledger client"),
+        "the panic's message reached the client: {panicked:?}"
+    );
+    // Nothing was stored and the key was released: the retry runs.
+    let retry = send(server.post("/panicky", Some("pay-12"), "")).await;
+    assert_eq!((retry.status, retry.replayed), (201, false), "{retry:?}");
+    assert_eq!(retry.body, "paid on run 2");
+    let again = send(server.post("/panicky", Some("pay-12"), "")).await;
+    assert_eq!((again.status, again.replayed), (201, true), "{again:?}");
+    assert_eq!(server.executions(), 2);
     drop(backend);
 }

@@ -23,8 +23,14 @@ pub enum BodyFingerprint {
     /// The SHA-256 of the body's bytes (the default): any change is another request.
     #[default]
     Bytes,
-    /// The body parsed as JSON, so spacing and the order of object members do not count; a
-    /// body that is not JSON counts by its bytes.
+    /// The body read as JSON, so spacing, the order of object members and the spelling of
+    /// strings (`"\u00e9"` or `"é"`) do not count, and numbers count by their exact text: no
+    /// float round trip makes `18446744073709551616` and `18446744073709551617` one payload,
+    /// nor two decimals apart in their 21st digit. `1`, `1.0` and `1e0` are three payloads and
+    /// `-0` is not `0`, since a typed handler reads them differently; only an exponent's
+    /// spelling is normalised (`1E+02` is `1e2`). The whole rule is
+    /// [`Fingerprint::of_json`](idempotask::Fingerprint::of_json)'s. A body that is not JSON
+    /// (or nested over 128 deep) counts by its bytes.
     Json,
     /// The body does not count: method, path, query and the chosen headers only.
     Ignored,
@@ -62,14 +68,10 @@ pub(crate) struct Fingerprinting {
     pub(crate) body: BodyPart,
 }
 
-/// Why a request has no fingerprint.
+/// Why a request has no fingerprint: the body function found nothing it reads in the body,
+/// the client's mistake.
 #[derive(Debug)]
-pub(crate) enum Unfingerprinted {
-    /// The body function found nothing it reads in the body: the client's mistake.
-    BodyRefused,
-    /// The fingerprint could not be serialised: the layer's.
-    Encoding(serde_json::Error),
-}
+pub(crate) struct BodyRefused;
 
 impl Fingerprinting {
     /// Input: a request's head and body. Output: its fingerprint: method, path, query, the
@@ -78,7 +80,7 @@ impl Fingerprinting {
     /// Each part goes into one SHA-256 as it is, length-prefixed (so no two requests that
     /// differ feed it the same bytes), rather than through a JSON tree: this runs on every
     /// keyed request.
-    pub(crate) fn of(&self, parts: &Parts, body: &Bytes) -> Result<Fingerprint, Unfingerprinted> {
+    pub(crate) fn of(&self, parts: &Parts, body: &Bytes) -> Result<Fingerprint, BodyRefused> {
         let mut hash = Sha256::new();
         part(&mut hash, parts.method.as_str().as_bytes());
         part(&mut hash, parts.uri.path().as_bytes());
@@ -106,12 +108,11 @@ impl Fingerprinting {
                 part(&mut hash, body);
             }
             BodyPart::Fixed(BodyFingerprint::Json) => {
-                // Not JSON: it counts by its bytes.
-                if let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) {
-                    let canonical = Fingerprint::of(&value).map_err(Unfingerprinted::Encoding)?;
+                if let Some(canonical) = Fingerprint::of_json(body) {
                     hash.update([b'j']);
                     part(&mut hash, canonical.as_str().as_bytes());
                 } else {
+                    // Not JSON: it counts by its bytes.
                     hash.update([b'b']);
                     part(&mut hash, body);
                 }
@@ -122,7 +123,7 @@ impl Fingerprinting {
                     hash.update([b'f']);
                     part(&mut hash, fingerprint.as_str().as_bytes());
                 }
-                None => return Err(Unfingerprinted::BodyRefused),
+                None => return Err(BodyRefused),
             },
         }
         Ok(Fingerprint::from_sha256(hash.finalize().into()))
@@ -243,6 +244,30 @@ mod tests {
             json.of(&p, &Bytes::from(r#"{"a":1}"#)).unwrap(),
             json.of(&p, &Bytes::from(r#"{"a":2}"#)).unwrap()
         );
+
+        // Numbers by their exact text: through a `serde_json::Value`, numbers beyond 64-bit
+        // integers or with more than about 17 significant digits became floats, and two
+        // payments to two accounts were one request.
+        let of = |body: &str| json.of(&p, &Bytes::from(body.to_owned())).unwrap();
+        for (a, b) in [
+            ("18446744073709551616", "18446744073709551617"),
+            ("-9223372036854775809", "-9223372036854775810"),
+            ("0.12345678901234567890123", "0.12345678901234567890124"),
+            ("12345678901234567890.5", "12345678901234567890.6"),
+            ("1.0", "1"),
+            ("-0", "0"),
+            ("-0.0", "0.0"),
+            ("1e2", "100"),
+        ] {
+            let body = |n: &str| format!(r#"{{"account":{n},"amount":5}}"#);
+            assert_ne!(of(&body(a)), of(&body(b)), "{a} and {b}");
+        }
+        assert_eq!(
+            of(r#"{"amount":1E+02,"account":18446744073709551616}"#),
+            of(r#"{ "account": 18446744073709551616, "amount": 1e2 }"#)
+        );
+        // Not JSON: by its bytes.
+        assert_ne!(of("{\"a\":1"), of("{\"a\": 1"));
     }
 
     #[test]
@@ -264,7 +289,7 @@ mod tests {
             of(r#"{"amount":5}"#).unwrap(),
             of(r#"{"amount":6}"#).unwrap()
         );
-        assert!(matches!(of("not json"), Err(Unfingerprinted::BodyRefused)));
+        assert!(matches!(of("not json"), Err(BodyRefused)));
         // The head still counts.
         assert_ne!(
             of(r#"{"amount":5}"#).unwrap(),
@@ -312,6 +337,22 @@ mod tests {
         assert_eq!(
             fingerprint.as_str(),
             "6e87f79ceed5f2634a1de9346fdaef65316fa98796112e11373af36b5632fea5"
+        );
+        // JSON bodies of integers and strings have the fingerprints they had when bodies were
+        // read into a tree.
+        let json = Fingerprinting {
+            body: BodyPart::Fixed(BodyFingerprint::Json),
+            ..fingerprinting
+        };
+        let fingerprint = json
+            .of(
+                &parts,
+                &Bytes::from(r#"{ "currency": "EUR", "amount": 4200 }"#),
+            )
+            .unwrap();
+        assert_eq!(
+            fingerprint.as_str(),
+            "6094efddbbe4bb4842e58ced83459ffc983facec03c7652da5baf1226a90c9e5"
         );
     }
 }

@@ -63,7 +63,8 @@
 //!
 //! The stored key is the scope's SHA-256 (bounded, and a secret scope is not stored or logged
 //! in clear) and the key; the request's **fingerprint** is its method, path,
-//! query, body digest (or [what you read of the body](Idempotency::fingerprint_body_with)) and
+//! query, body digest (or the body read as JSON, [numbers by their exact
+//! text](BodyFingerprint::Json), or [what you read of the body](Idempotency::fingerprint_body_with)) and
 //! any [headers you name](Idempotency::fingerprint_headers). A retry
 //! with the same key and another fingerprint is `422`, and nothing runs.
 //!
@@ -80,7 +81,8 @@
 //! | body not readable (the client stopped sending) | `400` [`BODY_UNREADABLE`](problem::BODY_UNREADABLE) | does not run |
 //! | body refused by the [body fingerprint function](Idempotency::fingerprint_body_with) | `400` [`BODY_INVALID`](problem::BODY_INVALID) | does not run |
 //! | fresh key | the handler's response; stored when its status is kept (below) | runs once, to completion even if the client goes away |
-//! | fresh key, a `5xx` (by default) | the handler's response; the key is released, so a retry runs again | ran |
+//! | fresh key, a `5xx`, or a refusal of the request as sent (by default: [`request_refused`], `400`, `415`, `422`, …, an axum extractor's rejection) | the handler's response; the key is released, so a retry, corrected or not, runs again | ran, or refused the request |
+//! | fresh key, the response carries a [`Retention`] | stored ([`Keep`](Retention::Keep)) or released ([`Release`](Retention::Release)) as it says, whatever its status | ran |
 //! | fresh key, response body over [`max_stored_body`](Idempotency::max_stored_body) | the handler's whole response; only "too large" is stored | ran |
 //! | a retry of a stored response | that response, with `Idempotent-Replayed: true` | does not run |
 //! | a retry of a too-large response | `410` [`RESPONSE_NOT_STORED`](problem::RESPONSE_NOT_STORED) | does not run again |
@@ -91,20 +93,46 @@
 //! | the stored response cannot be read back (damaged, or of a later format version) | `410` [`STORED_RESPONSE_UNREADABLE`](problem::STORED_RESPONSE_UNREADABLE) | does not run again |
 //! | no store installed, a task name taken, no tokio runtime around the service | `500` [`MISCONFIGURED`](problem::MISCONFIGURED), a fixed `detail`; the error itself goes to `tracing::error!` | does not run |
 //! | fresh key, the store down at `finish`, or the lock lost under the handler | the handler's response (a `tracing::warn!` from the core and the layer); a retry after the lock TTL may run the handler again | ran |
-//! | the handler's service fails (its `Err`) or panics | that error or panic, as without the layer; the key is released | ran |
+//! | the handler's service fails (its `Err`) | that error, as without the layer; the key is released | ran |
+//! | the handler panics | `500` [`HANDLER_PANICKED`](problem::HANDLER_PANICKED), a fixed `detail`; the panic's message goes to `tracing::error!`; nothing is stored and the key is released, so a retry runs it again | ran |
 //!
 //! # Decisions
-//! - **Which responses are stored.** By default every status below 500 except `408` and
-//!   `429`: `2xx`, `3xx` (a `303` after a `POST`) and `4xx` are the result of the operation,
-//!   and a retry gets the same one. `5xx`, `408 Request Timeout` and `429 Too Many Requests`
-//!   say that the operation did not complete, so the key is released and a retry runs the
-//!   handler again. The draft asks a server to answer a retry "with the result of the previous
-//!   operation", whatever it was, and Stripe stores `500`s too; both assume a server error is
-//!   final. For a handler that fails before its side effect (a database down, a timeout of a
-//!   call it makes) a stored `500` turns one transient failure into a permanent one for that
-//!   key, which is why releasing is the default here. A handler that may fail *after* its side
-//!   effect should store: [`store_when`](Idempotency::store_when) sets the rule (`|_| true` is
-//!   the draft's and Stripe's).
+//! - **Which responses are stored.** By default every status below 500 except those that
+//!   refuse the request as it was sent ([`request_refused`]: `400`, `401`, `405`, `406`,
+//!   `408`, `411`, `412`, `413`, `414`, `415`, `422`, `428`, `429`, `431`). A `2xx`, a `3xx`
+//!   (a `303` after a `POST`) and the other `4xx` (`402` a card declined, `403`, `404`, `409`)
+//!   are the result of the operation, and a retry gets the same one.
+//!
+//!   A refusal says the request was not processed: its body does not parse, a field has the
+//!   wrong type, its `Content-Type` is missing, its credentials or precondition failed, or it
+//!   came too fast. The client is expected to fix it and send it again, and with the same key,
+//!   since nothing happened: storing the refusal would answer the corrected request with it
+//!   for the result TTL (a `415` replayed to the request that now has its `Content-Type`), or,
+//!   when the fix changed the body, with `422 KEY_REUSED`. So the key is released and the
+//!   corrected request runs. This is Stripe's rule ("if incoming parameters fail validation
+//!   … no idempotent result is saved … you can retry"); the draft asks a server to answer a
+//!   retry "with the result of the previous operation", and a refused request had no
+//!   operation. The status is what the layer can see of the difference, so the set is the
+//!   statuses that say so by their definition; a handler that answers one of them *after*
+//!   acting marks its response [`Retention::Keep`], and one that answers another `4xx`
+//!   before acting can mark it [`Retention::Release`]. Putting `Content-Type` into the
+//!   default fingerprint instead would make the 415's corrected request a `422`, not a
+//!   success, and would turn a retry that only respells its `Content-Type`
+//!   (`; charset=utf-8`) into a `422` too; [`fingerprint_headers`](Idempotency::fingerprint_headers)
+//!   adds it where the content type selects the operation.
+//!
+//!   `5xx` say that the operation did not complete, so the key is released and a retry runs
+//!   the handler again. The draft asks for "the result of the previous operation" whatever it
+//!   was, and Stripe stores `500`s too; both assume a server error is final. For a handler
+//!   that fails before its side effect (a database down, a timeout of a call it makes) a
+//!   stored `500` turns one transient failure into a permanent one for that key, which is why
+//!   releasing is the default here. A handler that may fail *after* its side effect should
+//!   store: [`store_when`](Idempotency::store_when) sets the rule
+//!   (`|status| !request_refused(status)` is Stripe's, `|_| true` the draft's letter), and a
+//!   [`Retention`] in a response decides for that response.
+//! - **A panicking handler** gets its client a `500` [`HANDLER_PANICKED`](problem::HANDLER_PANICKED)
+//!   problem, not a connection closed without an answer: the core has released the key and
+//!   stored nothing, so a retry runs the handler again, as after a `5xx`.
 //! - **Concurrent duplicates** get `409` with `Retry-After` (the holder's remaining lock time,
 //!   at least one second, at most [`max_retry_after`](Idempotency::max_retry_after)), the draft's answer, at the cost of no extra store round trip.
 //!   [`wait_for_result`](Idempotency::wait_for_result) makes them wait up to a bound and get the
@@ -223,22 +251,95 @@ pub struct Idempotency {
     max_retry_after: Duration,
 }
 
-/// Whether a response with `status` is stored by default: below 500, except `408 Request
-/// Timeout` and `429 Too Many Requests`, which say the request was not processed. See the
-/// [crate docs](crate#decisions) for why.
+/// Whether a response with `status` is stored by default: below 500, except those that
+/// [refuse the request as sent](request_refused). See the [crate docs](crate#decisions) for
+/// why.
 ///
 /// ```
 /// use http::StatusCode;
 /// use idempotask_http::stored_by_default;
 /// assert!(stored_by_default(StatusCode::CREATED));
-/// assert!(stored_by_default(StatusCode::UNPROCESSABLE_ENTITY));
+/// assert!(stored_by_default(StatusCode::PAYMENT_REQUIRED));
+/// assert!(stored_by_default(StatusCode::CONFLICT));
+/// assert!(!stored_by_default(StatusCode::UNSUPPORTED_MEDIA_TYPE));
+/// assert!(!stored_by_default(StatusCode::UNPROCESSABLE_ENTITY));
 /// assert!(!stored_by_default(StatusCode::TOO_MANY_REQUESTS));
 /// assert!(!stored_by_default(StatusCode::SERVICE_UNAVAILABLE));
 /// ```
 pub fn stored_by_default(status: StatusCode) -> bool {
-    !status.is_server_error()
-        && status != StatusCode::REQUEST_TIMEOUT
-        && status != StatusCode::TOO_MANY_REQUESTS
+    !status.is_server_error() && !request_refused(status)
+}
+
+/// Whether `status` says that the request, as sent, was refused before it was processed, so
+/// that nothing happened and the client is expected to send it again, corrected or later:
+///
+/// | status | the request |
+/// | --- | --- |
+/// | `400` Bad Request, `422` Unprocessable Content | does not parse, or is not what the endpoint reads (axum's `Json`, `Query`, `Path` and `Form` rejections, a handler's validation) |
+/// | `401` Unauthorized | has no valid credentials |
+/// | `405` Method Not Allowed, `406` Not Acceptable, `415` Unsupported Media Type | has a method, `Accept` or `Content-Type` the endpoint does not take |
+/// | `408` Request Timeout, `429` Too Many Requests | was not read in time, or not taken now |
+/// | `411` Length Required, `413` Content Too Large, `414` URI Too Long, `431` Request Header Fields Too Large | is framed or sized in a way the server does not take |
+/// | `412` Precondition Failed, `428` Precondition Required | failed, or lacks, a precondition, which is checked before the method runs (RFC 9110 §13.2.2) |
+///
+/// Other `4xx` (`402`, `403`, `404`, `409`, `410`, …) answer about the state of things (a
+/// card declined, an account without the right, a resource gone) and are results.
+/// [`stored_by_default`] stores none of these; `store_when(|status| !request_refused(status))`
+/// is Stripe's rule (every result, `5xx` included, but no request that failed validation).
+///
+/// ```
+/// use http::StatusCode;
+/// use idempotask_http::request_refused;
+/// assert!(request_refused(StatusCode::UNSUPPORTED_MEDIA_TYPE));
+/// assert!(!request_refused(StatusCode::PAYMENT_REQUIRED));
+/// assert!(!request_refused(StatusCode::INTERNAL_SERVER_ERROR));
+/// ```
+pub fn request_refused(status: StatusCode) -> bool {
+    matches!(
+        status.as_u16(),
+        400 | 401 | 405 | 406 | 408 | 411 | 412 | 413 | 414 | 415 | 422 | 428 | 429 | 431
+    )
+}
+
+/// A handler's own word on whether its response is stored, put in the response's
+/// extensions; it overrides the layer's rule ([`store_when`](Idempotency::store_when),
+/// [`stored_by_default`]) for that response.
+///
+/// [`Keep`](Self::Keep) stores a response the rule releases: a `422` for a transfer the bank
+/// was asked for and refused, whose retry must not ask again. [`Release`](Self::Release)
+/// releases one the rule stores: a `409` that says "not now" before anything was done.
+///
+/// ```
+/// use axum::{Extension, Router, http::StatusCode, routing::post};
+/// use idempotask::{MemoryStore, Task};
+/// use idempotask_http::{IDEMPOTENT_REPLAYED, Idempotency, Retention};
+/// use tower::ServiceExt;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let app = Router::new()
+///     .route("/transfers", post(|| async {
+///         // The bank was asked and said no: this answer is the key's result.
+///         (StatusCode::UNPROCESSABLE_ENTITY, Extension(Retention::Keep), "insufficient funds")
+///     }))
+///     .layer(Idempotency::new(Task::new("transfers")).store(MemoryStore::new()));
+/// for replayed in [false, true] {
+///     let request = http::Request::post("/transfers")
+///         .header("idempotency-key", "t-1")
+///         .body(axum::body::Body::empty())
+///         .unwrap();
+///     let response = app.clone().oneshot(request).await.unwrap();
+///     assert_eq!(response.status(), 422);
+///     assert_eq!(response.headers().contains_key(IDEMPOTENT_REPLAYED), replayed);
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Retention {
+    /// The response is stored and replayed to every retry of its key.
+    Keep,
+    /// Nothing is stored and the key is released: a retry runs the handler again.
+    Release,
 }
 
 impl Idempotency {
@@ -360,12 +461,17 @@ impl Idempotency {
     }
 
     /// Which responses are stored, by status (default [`stored_by_default`]); the others
-    /// release the key so that a retry runs again.
+    /// release the key so that a retry runs again. A handler's [`Retention`] in its response
+    /// overrides the rule.
     ///
     /// ```
-    /// // The draft's and Stripe's rule: every response is the result.
-    /// let layer = idempotask_http::Idempotency::new(idempotask::Task::new("t")).store_when(|_| true);
-    /// # let _ = layer;
+    /// use idempotask_http::{Idempotency, request_refused};
+    /// // Stripe's rule: every result, 5xx included, but no request refused as sent.
+    /// let stripe = Idempotency::new(idempotask::Task::new("t"))
+    ///     .store_when(|status| !request_refused(status));
+    /// // The draft's letter: every response, a malformed request's too.
+    /// let draft = Idempotency::new(idempotask::Task::new("t")).store_when(|_| true);
+    /// # let _ = (stripe, draft);
     /// ```
     #[must_use]
     pub fn store_when(mut self, rule: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
@@ -396,15 +502,23 @@ impl Idempotency {
     /// [`BODY_INVALID`](problem::BODY_INVALID) before anything is stored, so such a request
     /// neither runs nor takes the key.
     ///
+    /// Read the fields into their own types, as the handler does: a `serde_json::Value` holds
+    /// a number beyond 64-bit integers as a float, and two amounts would be one.
+    ///
     /// ```
     /// use idempotask::Fingerprint;
     /// use idempotask_http::Idempotency;
     ///
     /// // Only the amount and the currency make a payment; `sent_at` changes on every retry.
+    /// #[derive(serde::Deserialize, serde::Serialize)]
+    /// struct Payment {
+    ///     amount: u128,
+    ///     currency: String,
+    /// }
     /// let layer = Idempotency::new(idempotask::Task::new("payments")).fingerprint_body_with(
     ///     |_, body| {
-    ///         let payment: serde_json::Value = serde_json::from_slice(body).ok()?;
-    ///         Fingerprint::of(&(&payment["amount"], &payment["currency"])).ok()
+    ///         let payment: Payment = serde_json::from_slice(body).ok()?;
+    ///         Fingerprint::of(&payment).ok()
     ///     },
     /// );
     /// # let _ = layer;

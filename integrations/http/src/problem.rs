@@ -47,6 +47,10 @@ pub const STORE_UNAVAILABLE: &str = "https://docs.rs/idempotask-http/latest/idem
 /// task); retry with the same key, elsewhere or later.
 pub const SHUTTING_DOWN: &str =
     "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.SHUTTING_DOWN.html";
+/// `500`: the handler panicked. Nothing was stored and the key was released, so a retry with the
+/// same key runs the handler again; the panic's message goes to the server's log only.
+pub const HANDLER_PANICKED: &str =
+    "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.HANDLER_PANICKED.html";
 /// `500`: the layer is misconfigured (no store installed, a task name taken, a digest collision
 /// of keys); nothing ran.
 pub const MISCONFIGURED: &str =

@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::panic::resume_unwind;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -16,11 +15,11 @@ use idempotask::{CodecErrorKind, Error, Fingerprint, Outcome};
 use tower_service::Service;
 
 use crate::body::{RequestBody, ResponseBody};
-use crate::fingerprint::Unfingerprinted;
+use crate::fingerprint::BodyRefused;
 use crate::key::{self, Refusal};
 use crate::problem::{self, Problem};
 use crate::stored::{Marker, Stored, StoredResponse};
-use crate::{IDEMPOTENT_REPLAYED, Idempotency, KeySource};
+use crate::{IDEMPOTENT_REPLAYED, Idempotency, KeySource, Retention};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -152,7 +151,7 @@ where
     let stored_key = key::scoped(scope.as_deref(), &key);
     let fingerprint = match config.fingerprinting.of(&parts, &body) {
         Ok(fingerprint) => fingerprint,
-        Err(Unfingerprinted::BodyRefused) => {
+        Err(BodyRefused) => {
             return Ok(problem(Problem::new(
                 StatusCode::BAD_REQUEST,
                 problem::BODY_INVALID,
@@ -160,7 +159,6 @@ where
                 "the request body is not one this endpoint reads",
             )));
         }
-        Err(Unfingerprinted::Encoding(err)) => return Ok(misconfigured(&err)),
     };
     let request = Request::from_parts(parts, RequestBody::buffered(body));
     // On a task of its own, so that a client that goes away (hyper then drops this future)
@@ -170,10 +168,16 @@ where
         Ok(runtime) => runtime,
         Err(err) => return Ok(misconfigured(&err)),
     };
-    let running = runtime.spawn(execute(config, inner, stored_key, fingerprint, request));
+    let running = runtime.spawn(execute(
+        Arc::clone(&config),
+        inner,
+        stored_key,
+        fingerprint,
+        request,
+    ));
     match running.await {
         Ok(answer) => answer,
-        Err(err) if err.is_panic() => resume_unwind(err.into_panic()),
+        Err(err) if err.is_panic() => Ok(panicked(config.task.name(), &*err.into_panic())),
         Err(_) => Ok(problem(
             Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -184,6 +188,32 @@ where
             .retry_after(1),
         )),
     }
+}
+
+/// The answer when the handler panicked. The core has released the key and stored nothing.
+/// The client gets an answer rather than a connection closed under it (what resuming the panic
+/// would do), and not the panic's message, which may hold anything the handler had: the log
+/// gets that.
+fn panicked<R: Body<Data = Bytes>>(
+    task: &str,
+    panic: &(dyn std::any::Any + Send),
+) -> Response<ResponseBody<R>> {
+    let message = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message");
+    tracing::error!(
+        task,
+        panic = message,
+        "idempotask-http: the handler panicked; nothing is stored and the key is released"
+    );
+    problem(Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        problem::HANDLER_PANICKED,
+        "Handler panicked",
+        "the request failed on the server; nothing was stored for its key, so a retry with the same key runs it again",
+    ))
 }
 
 /// The request as it came, to the wrapped service, outside the layer's protection.
@@ -254,7 +284,12 @@ where
     let body = async {
         let response = inner.call(request).await.map_err(Failure::Service)?;
         let (parts, body) = response.into_parts();
-        let stores = (config.stores_status)(parts.status);
+        // The handler's own word first, then the layer's rule.
+        let stores = match parts.extensions.get::<Retention>() {
+            Some(Retention::Keep) => true,
+            Some(Retention::Release) => false,
+            None => (config.stores_status)(parts.status),
+        };
         let (value, kept) = match collect(body, config.max_stored_body).await {
             Collected::Whole(bytes, trailers) => (
                 Stored::Response(StoredResponse::of(
