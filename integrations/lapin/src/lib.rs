@@ -114,7 +114,9 @@
 //!   lock TTL, well under it; for long bodies use [`Task::renew`](idempotask::Task::renew) (the
 //!   lock then lives as long as the body runs) rather than a lock TTL longer than the timeout.
 //!   A lock TTL longer than `consumer_timeout` only makes the redelivery wait longer for a
-//!   holder that is gone.
+//!   holder that is gone. Unlike a NATS consumer's `AckWait`, the timeout cannot be checked
+//!   from here: AMQP 0-9-1 has no way to read it (it is in `rabbitmq.conf` or a policy, seen
+//!   only through the management API), so it is yours to compare with the lock TTL.
 //! - **The lock TTL bounds a crashed holder.** When a consumer dies mid-body, its lock stays until
 //!   it expires; redeliveries wait out the remaining time in the retry queue and then run. A short
 //!   lock TTL with renewal lets work resume sooner after a crash.
