@@ -30,7 +30,7 @@ fi
 pg_port=$((20000 + RANDOM % 40000))
 "${as_postgres[@]}" "$bin/postgres" -D "$work/pg" -p "$pg_port" -c listen_addresses=127.0.0.1 \
   -c "unix_socket_directories=$work" -c shared_preload_libraries=pg_stat_statements \
-  -c max_connections=200 >"$work/pg.log" 2>&1 &
+  >"$work/pg.log" 2>&1 & # the server's default max_connections (100), as users run it
 pids+=($!)
 until "$bin/pg_isready" -q -h 127.0.0.1 -p "$pg_port"; do sleep 0.1; done
 
@@ -59,8 +59,9 @@ mkdir -p docs
   echo
   echo "- Machine: $(nproc) cores ($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), $(uname -sr)"
   echo "- Load while measuring: $(cut -d' ' -f1-3 /proc/loadavg) (the cores are shared with other work)"
-  echo "- $("$bin/postgres" --version); loopback; \`fsync\` on, default settings, \`pg_stat_statements\` loaded"
-  echo "- $(rustc --version), release profile; one sqlx pool of 64 connections"
+  echo "- $("$bin/postgres" --version); loopback; \`fsync\` on, default settings (\`max_connections\` 100), \`pg_stat_statements\` loaded"
+  echo "- $(rustc --version), release profile; the application's sqlx pool of 64 connections, the store's own of $(grep -o 'DEFAULT_MAX_CONNECTIONS: u32 = [0-9]*' stores/postgres/src/lib.rs | grep -o '[0-9]*$')"
+  echo "- Connections the server refused (\`too many clients\` in its log): $(grep -c 'too many clients' "$work/pg.log" || true)"
   echo
   echo "Each round runs every idempotask mode right after its hand-written counterpart, so each"
   echo "ratio compares runs that saw the same machine. The hand-written pattern is"

@@ -948,3 +948,115 @@ async fn bodies_holding_the_pool_do_not_keep_the_store_from_recording() {
         "bodies ran again on redelivery"
     );
 }
+
+/// The client backends the server has open now, the asking one included.
+async fn client_backends(observer: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'",
+    )
+    .fetch_one(observer)
+    .await
+    .unwrap()
+}
+
+// The store's own pool was as large as the application's: an application pool of 64 and the
+// store's made 128 connections against the server's default limit of 100, and calls waited out
+// sqlx's retries of "too many clients" (2.7 times slower, 1,053 refusals in the server's log).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stores_pool_holds_a_few_connections_whatever_the_applications_size() {
+    static TASK: Task = Task::new("pg_pool_size");
+    let server = PostgresServer::start();
+    let application = server.pool(64).await;
+    let builder = PostgresStore::builder(application.clone());
+    builder.migrate().await.unwrap();
+    let store = builder.connect().await.unwrap();
+    let observer = server.pool(1).await;
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let sampler = {
+        let observer = observer.clone();
+        tokio::spawn(async move {
+            let mut most = 0;
+            while !*stopped.borrow() {
+                most = most.max(client_backends(&observer).await);
+                let _ = tokio::time::timeout(Duration::from_millis(5), stopped.changed()).await;
+            }
+            most
+        })
+    };
+    let outcomes = deliver_concurrently(64, |i| {
+        let call = TASK.call(format!("order-{i}")).store(store.clone());
+        async move {
+            call.run(async {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Ok::<_, Error>(i)
+            })
+            .await
+        }
+    })
+    .await;
+    stop.send(true).unwrap();
+    let most = sampler.await.unwrap();
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    // The store's ten, the application pool's one, the observer's one.
+    assert!(
+        most <= i64::from(PostgresStore::DEFAULT_MAX_CONNECTIONS) + 2,
+        "{most} client backends for 64 calls in flight"
+    );
+}
+
+// A server that refused the store's pool a connection ("too many clients already") made each
+// statement wait out sqlx's retries and fail as a timeout of the pool, retried in its turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_with_no_room_for_the_stores_connections_is_a_configuration_error() {
+    let server = PostgresServer::start_with(&["max_connections=8"]);
+    let application = server.pool(2).await;
+    let builder =
+        PostgresStore::builder(application.clone()).response_timeout(Duration::from_millis(1500));
+    builder.migrate().await.unwrap();
+    let store = builder.connect().await.unwrap();
+    // Every connection the server takes, held; then the store's own one ended under it.
+    let hog = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(16)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_lazy(&server.url())
+        .unwrap();
+    let mut held = Vec::new();
+    while let Ok(connection) = hog.acquire().await {
+        held.push(connection);
+    }
+    assert!(!held.is_empty());
+    let mine: Vec<i32> = {
+        let mut pids = Vec::new();
+        for connection in &mut held {
+            pids.push(
+                sqlx::query_scalar("SELECT pg_backend_pid()")
+                    .fetch_one(&mut **connection)
+                    .await
+                    .unwrap(),
+            );
+        }
+        pids
+    };
+    let _: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> ALL($1)",
+    )
+    .bind(&mine)
+    .fetch_all(&mut *held[0])
+    .await
+    .unwrap();
+    // The slots they freed, taken too.
+    while let Ok(connection) = hog.acquire().await {
+        held.push(connection);
+    }
+
+    let unit = UnitOfWork::new("pg_no_room", "order-1").unwrap();
+    let refused = store.inspect(&unit).await.unwrap_err();
+    assert_eq!(refused.kind(), StoreErrorKind::Configuration, "{refused}");
+    assert!(!refused.is_retryable(), "{refused}");
+    let message = refused.to_string();
+    assert!(
+        message.contains("too many clients") && message.contains("max_connections"),
+        "{message}"
+    );
+    drop(held);
+}

@@ -47,17 +47,22 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// How many connections the store's own pool opens at most (at least 1; default: the
-    /// `max_connections` of the application's pool).
+    /// How many connections the store's own pool opens at most (at least 1; default:
+    /// [`DEFAULT_MAX_CONNECTIONS`](PostgresStore::DEFAULT_MAX_CONNECTIONS), or the
+    /// application's pool's `max_connections` when that is smaller).
     ///
     /// The store's statements run on a pool of their own, opened with the application's
     /// pool's settings, so that bodies using the application's pool cannot starve them: a
     /// `begin` stuck behind the bodies fails, and a successful body whose `finish` cannot get
-    /// a connection is not recorded and runs again on redelivery. Each call needs one
-    /// connection at a time, for a statement of a few milliseconds; the default keeps the
-    /// store's statements as free to run at once as they were on the application's pool. The
-    /// connections are opened when needed, and the server's `max_connections` must allow for
-    /// them next to the application's.
+    /// a connection is not recorded and runs again on redelivery. Each call holds one
+    /// connection only while a statement runs, so a few connections serve many calls; the
+    /// connections are opened when needed.
+    ///
+    /// The server's `max_connections` must allow for them next to the application's:
+    /// [`connect`](Self::connect) reads it, and logs a warning when the two pools together can
+    /// open more connections than the server takes. A server that refuses a connection
+    /// (`too many clients already`) makes a statement fail with a `Configuration` error that
+    /// says so, rather than a timeout to retry.
     ///
     /// ```no_run
     /// # async fn f(pool: sqlx::PgPool) -> Result<(), idempotask::store::StoreError> {
@@ -124,9 +129,10 @@ impl PostgresStoreBuilder {
     pub async fn connect(self) -> Result<PostgresStore, StoreError> {
         let name = TableName::parse(&self.table)?;
         let settings = self.pool.options();
+        let application = settings.get_max_connections();
         let max = self
             .max_connections
-            .unwrap_or_else(|| settings.get_max_connections());
+            .unwrap_or_else(|| application.min(PostgresStore::DEFAULT_MAX_CONNECTIONS));
         let connections = settings
             .clone()
             .max_connections(max)
@@ -157,6 +163,33 @@ impl PostgresStoreBuilder {
         checked
             .await
             .map_err(|err| StoreError::new("connect", err.kind(), err.to_string()))?;
+        warn_if_pools_overflow(&store.connections, application, max).await;
         Ok(store)
+    }
+}
+
+/// Logs a warning when the application's pool (`application` connections) and the store's
+/// (`own`) can together open more connections than the server takes from ordinary users:
+/// once both are full, new connections are refused (`too many clients already`), which
+/// sqlx's pools wait out until they time out. Whatever the server does not say is left
+/// unchecked.
+async fn warn_if_pools_overflow(connections: &PgPool, application: u32, own: u32) {
+    let limits: Result<(i32, i32), sqlx::Error> = sqlx::query_as(
+        "SELECT current_setting('max_connections')::int, current_setting('superuser_reserved_connections')::int",
+    )
+    .fetch_one(connections)
+    .await;
+    let Ok((server, reserved)) = limits else {
+        return;
+    };
+    let takes = u32::try_from(server.saturating_sub(reserved)).unwrap_or(0);
+    if application.saturating_add(own) > takes {
+        tracing::warn!(
+            server_max_connections = server,
+            superuser_reserved_connections = reserved,
+            application_pool = application,
+            store_pool = own,
+            "the application's pool and the store's can open more connections than the server takes; once they are all open, new connections are refused: lower `PostgresStoreBuilder::max_connections` or the application's pool, or raise the server's `max_connections`"
+        );
     }
 }

@@ -57,6 +57,16 @@ fn database(db: &dyn sqlx::error::DatabaseError, table: &str) -> (StoreErrorKind
         // admin_shutdown, crash_shutdown: the server is going away, and may say so after the
         // statement's commit reached the log, so its fate is unknown.
         "57P01" | "57P02" => (StoreErrorKind::Unreachable, true, db.message().to_owned()),
+        // too_many_connections: the server's `max_connections` is shared by every pool that
+        // uses it; no retry makes room, a configuration change does.
+        "53300" => (
+            StoreErrorKind::Configuration,
+            false,
+            format!(
+                "the server refused a connection: {} (SQLSTATE 53300); the store's pool and the application's must fit in the server's `max_connections` together: lower `PostgresStoreBuilder::max_connections` or the application's pool, or raise `max_connections`",
+                db.message()
+            ),
+        ),
         // cannot_connect_now: not yet back; nothing ran.
         "57P03" => (StoreErrorKind::Unreachable, false, db.message().to_owned()),
         // query_canceled (statement_timeout), lock_not_available (lock_timeout).

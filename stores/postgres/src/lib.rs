@@ -70,9 +70,14 @@ const PURGE_BLOCKS: i64 = 4096;
 /// [`migrate`](PostgresStoreBuilder::migrate) runs on it. The store's own statements run on a
 /// pool of the store's, opened with your pool's settings (connect options, `after_connect` and
 /// the other hooks, `test_before_acquire`, lifetimes) and at most
-/// [`max_connections`](PostgresStoreBuilder::max_connections) connections: bodies that hold
-/// every connection of your pool cannot keep a `begin` from running or a successful body's
-/// result from being recorded. Count those connections in the server's `max_connections`.
+/// [`max_connections`](PostgresStoreBuilder::max_connections) connections
+/// ([`DEFAULT_MAX_CONNECTIONS`](PostgresStore::DEFAULT_MAX_CONNECTIONS), 10, by default): bodies
+/// that hold every connection of your pool cannot keep a `begin` from running or a successful
+/// body's result from being recorded. Count those connections in the server's
+/// `max_connections`: [`connect`](PostgresStoreBuilder::connect) warns when the two pools
+/// together can open more than the server takes, and a server that refuses the store a
+/// connection (`too many clients already`) is a `Configuration` error that says so, not a
+/// timeout.
 ///
 /// sqlx pings each connection before handing it out unless told otherwise
 /// (`PgPoolOptions::test_before_acquire(false)`): one more round trip per statement, on the
@@ -136,6 +141,15 @@ impl PostgresStore {
     pub const LONGEST_KEY: usize = 2048;
     /// How long one statement may take, connection checkout included, by default.
     pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+    /// The most connections the store's own pool opens when
+    /// [`max_connections`](PostgresStoreBuilder::max_connections) does not say (fewer when the
+    /// application's pool has fewer).
+    ///
+    /// A call holds one of them only for a statement of a fraction of a millisecond, twice per
+    /// fresh execution and once per duplicate: ten connections carry the statements of
+    /// thousands of calls a second, more than one server's CPU runs, while leaving a server's
+    /// default `max_connections` (100) to the application.
+    pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
 
     /// Connects a pool with sqlx's defaults, except that connections are not pinged before each
     /// statement, and checks that the default table exists.
@@ -387,17 +401,58 @@ impl PostgresStore {
         &self,
         operation: &'static str,
     ) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, StoreError> {
+        let max = self.connections.options().get_max_connections();
         match tokio::time::timeout(self.response_timeout, self.connections.acquire()).await {
-            Ok(connection) => connection.map_err(|err| store_error(operation, &self.table, err)),
+            Ok(Ok(connection)) => Ok(connection),
+            // sqlx's pool retries a server's refusal to open a connection until its deadline,
+            // and then says only that it timed out: below its size, ask the server why.
+            Ok(Err(sqlx::Error::PoolTimedOut)) | Err(_) if self.connections.size() < max => {
+                Err(self.why_no_connection(operation).await)
+            }
+            Ok(Err(err)) => Err(store_error(operation, &self.table, err)),
             Err(_) => Err(StoreError::new(
                 operation,
                 StoreErrorKind::Timeout,
                 format!(
-                    "no connection of the store's pool became free within {} ms; nothing was sent (more statements at once than its {} connections can take: raise `PostgresStoreBuilder::max_connections`)",
+                    "no connection of the store's pool became free within {} ms; nothing was sent (more statements at once than its {max} connections can take: raise `PostgresStoreBuilder::max_connections`)",
                     self.response_timeout.as_millis(),
-                    self.connections.options().get_max_connections()
                 ),
             )),
+        }
+    }
+
+    /// The error of a pool that could not open a connection: the server's own answer to one
+    /// more attempt, made outside the pool. A server that refuses clients (`too many clients
+    /// already`) is a configuration error, not a timeout to retry.
+    async fn why_no_connection(&self, operation: &'static str) -> StoreError {
+        use sqlx::Connection as _;
+        let options = self.connections.connect_options();
+        let attempt = tokio::time::timeout(
+            self.response_timeout,
+            sqlx::PgConnection::connect_with(options.as_ref()),
+        )
+        .await;
+        match attempt {
+            Ok(Err(err)) => store_error(operation, &self.table, err),
+            Ok(Ok(connection)) => {
+                let _ = connection.close().await;
+                StoreError::new(
+                    operation,
+                    StoreErrorKind::Timeout,
+                    format!(
+                        "the store's pool could not open a connection within {} ms, though the server takes one now; nothing was sent",
+                        self.response_timeout.as_millis()
+                    ),
+                )
+            }
+            Err(_) => StoreError::new(
+                operation,
+                StoreErrorKind::Unreachable,
+                format!(
+                    "the server did not take a connection within {} ms; nothing was sent",
+                    self.response_timeout.as_millis()
+                ),
+            ),
         }
     }
 
