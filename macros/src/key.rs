@@ -85,7 +85,7 @@ pub(crate) fn key(
     errors: &mut Errors,
 ) -> Option<Key> {
     if let Some(generated) = first_generator(value) {
-        errors.push(generated_key(generated));
+        errors.push(generated_key(&generated));
         return None;
     }
     match value {

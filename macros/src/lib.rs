@@ -7,6 +7,7 @@ mod key;
 mod misuse;
 mod shape;
 mod suggest;
+mod taint;
 
 use proc_macro::TokenStream;
 use quote::{ToTokens, quote};

@@ -8,10 +8,12 @@
 
 use quote::ToTokens;
 use syn::visit::{self, Visit};
-use syn::{Block, Expr, Ident, Local};
+use syn::{Block, Expr, Ident, Local, Pat};
 
 use crate::args::Errors;
 use crate::key::Param;
+pub(crate) use crate::taint::first_generator;
+use crate::taint::{Locals, Origin};
 
 /// Calls whose result differs on every delivery, by their path's last segment.
 const GENERATOR_FUNCTIONS: &[&str] = &[
@@ -45,6 +47,10 @@ const GENERATOR_TYPES: &[&str] = &[
     "Snowflake",
 ];
 
+/// Crates every function of which draws a random value: `fastrand::u64(..)`,
+/// `rand::random()`.
+const GENERATOR_CRATES: &[&str] = &["fastrand", "rand", "getrandom", "nanorand"];
+
 /// Macros that mint fresh identifiers.
 const GENERATOR_MACROS: &[&str] = &["nanoid", "cuid", "ulid"];
 
@@ -60,29 +66,24 @@ pub(crate) fn generated_key(at: &dyn ToTokens) -> syn::Error {
     )
 }
 
-/// The first sub-expression that mints a fresh value (a UUID, a random number, the clock).
-pub(crate) fn first_generator(expr: &Expr) -> Option<&Expr> {
-    struct Finder<'e> {
-        found: Option<&'e Expr>,
-    }
-    impl<'e> Visit<'e> for Finder<'e> {
-        fn visit_expr(&mut self, expr: &'e Expr) {
-            if self.found.is_some() {
-                return;
-            }
-            if is_generator(expr) {
-                self.found = Some(expr);
-                return;
-            }
-            visit::visit_expr(self, expr);
-        }
-    }
-    let mut finder = Finder { found: None };
-    finder.visit_expr(expr);
-    finder.found
+/// The error for a generated value that reaches a nested call's key, at its generator; the
+/// local it went through, if any, in the note.
+fn generated_nested_key(origin: &Origin) -> syn::Error {
+    let Some(binding) = &origin.binding else {
+        return generated_key(&origin.generator);
+    };
+    syn::Error::new_spanned(
+        &origin.generator,
+        format!(
+            "the idempotency key must be supplied by the caller, not generated inside the task\n\
+             = note: this value is bound to `{binding}`, which a nested call uses as its key\n\
+             = note: a value made on each delivery differs between deliveries, so a duplicate is never recognised\n\
+             = help: derive the nested key from the task's own key or arguments: `format!(\"receipt-{{order_id}}\")`"
+        ),
+    )
 }
 
-fn is_generator(expr: &Expr) -> bool {
+pub(crate) fn is_generator(expr: &Expr) -> bool {
     match expr {
         Expr::Call(call) => {
             let Expr::Path(path) = &*call.func else {
@@ -97,7 +98,13 @@ fn is_generator(expr: &Expr) -> bool {
             let Some(last) = segments.last() else {
                 return false;
             };
-            GENERATOR_FUNCTIONS.contains(&last.as_str())
+            let through_generator_crate =
+                segments.len() > 1 && GENERATOR_CRATES.contains(&segments[0].as_str());
+            let process_id =
+                segments.len() > 1 && last == "id" && segments[segments.len() - 2] == "process";
+            through_generator_crate
+                || process_id
+                || GENERATOR_FUNCTIONS.contains(&last.as_str())
                 || (matches!(last.as_str(), "new" | "generate" | "from_entropy")
                     && segments
                         .iter()
@@ -133,6 +140,7 @@ pub(crate) fn check_body(
         self_renamed,
         errors,
         checked: Vec::new(),
+        locals: Locals::default(),
     };
     checker.visit_block(body);
 }
@@ -144,6 +152,8 @@ struct BodyChecker<'a> {
     errors: &'a mut Errors,
     /// `.call(…)`s whose arguments were checked as the receiver of a `.run(…)`.
     checked: Vec<*const syn::ExprMethodCall>,
+    /// The locals in scope, and which of them carry a generated value.
+    locals: Locals,
 }
 
 /// The methods of idempotask's `Call`: a `.call(…)` right before one of them made a `Call`.
@@ -194,17 +204,93 @@ impl BodyChecker<'_> {
 
     fn generated_arguments<'e>(&mut self, args: impl IntoIterator<Item = &'e Expr>) {
         for arg in args {
-            if let Some(generated) = first_generator(arg) {
-                self.errors.push(generated_key(generated));
+            let origin = first_generator(arg)
+                .map(|generator| Origin {
+                    generator,
+                    binding: None,
+                })
+                .or_else(|| self.locals.origin_of(arg));
+            if let Some(origin) = origin {
+                self.errors.push(generated_nested_key(&origin));
             }
         }
+    }
+
+    /// Visits `then` in a scope of its own, in which `pat` is bound to `value`.
+    fn bound_in(&mut self, pat: &Pat, value: &Expr, then: impl FnOnce(&mut Self)) {
+        self.locals.enter();
+        let origin = self.locals.origin_of(value);
+        self.locals.bind(pat, origin.as_ref());
+        then(self);
+        self.locals.leave();
     }
 }
 
 impl<'ast> Visit<'ast> for BodyChecker<'_> {
     fn visit_local(&mut self, local: &'ast Local) {
-        if !self.not_users.iter().any(|not| std::ptr::eq(*not, local)) {
-            visit::visit_local(self, local);
+        if self.not_users.iter().any(|not| std::ptr::eq(*not, local)) {
+            return;
+        }
+        visit::visit_local(self, local);
+        // Bound after its initialiser is walked: `let key = key.clone();` reads the outer one.
+        let origin = local
+            .init
+            .as_ref()
+            .and_then(|init| self.locals.origin_of(&init.expr));
+        self.locals.bind(&local.pat, origin.as_ref());
+    }
+
+    fn visit_block(&mut self, block: &'ast Block) {
+        self.locals.enter();
+        visit::visit_block(self, block);
+        self.locals.leave();
+    }
+
+    fn visit_expr_closure(&mut self, closure: &'ast syn::ExprClosure) {
+        self.locals.enter();
+        for input in &closure.inputs {
+            self.locals.bind(input, None);
+        }
+        visit::visit_expr_closure(self, closure);
+        self.locals.leave();
+    }
+
+    fn visit_expr_if(&mut self, expr: &'ast syn::ExprIf) {
+        // `if let`: its bindings live in the `then` branch only.
+        self.locals.enter();
+        self.visit_expr(&expr.cond);
+        self.visit_block(&expr.then_branch);
+        self.locals.leave();
+        if let Some((_, otherwise)) = &expr.else_branch {
+            self.visit_expr(otherwise);
+        }
+    }
+
+    fn visit_expr_let(&mut self, expr: &'ast syn::ExprLet) {
+        visit::visit_expr_let(self, expr);
+        let origin = self.locals.origin_of(&expr.expr);
+        self.locals.bind(&expr.pat, origin.as_ref());
+    }
+
+    fn visit_expr_while(&mut self, expr: &'ast syn::ExprWhile) {
+        self.locals.enter();
+        self.visit_expr(&expr.cond);
+        self.visit_block(&expr.body);
+        self.locals.leave();
+    }
+
+    fn visit_expr_for_loop(&mut self, expr: &'ast syn::ExprForLoop) {
+        self.visit_expr(&expr.expr);
+        self.visit_pat(&expr.pat);
+        self.bound_in(&expr.pat, &expr.expr, |this| this.visit_block(&expr.body));
+    }
+
+    fn visit_expr_match(&mut self, expr: &'ast syn::ExprMatch) {
+        self.visit_expr(&expr.expr);
+        for arm in &expr.arms {
+            self.bound_in(&arm.pat, &expr.expr, |this| {
+                visit::visit_arm(this, arm);
+            });
         }
     }
 

@@ -1,0 +1,82 @@
+// A generated value bound to a local first, then used as a nested call's key
+// (issue: `let receipt_key = uuid::Uuid::new_v4().to_string(); SEND_RECEIPT.call(receipt_key)` compiled).
+use idempotask::{Error, Task, idempotent_task};
+use rand::Rng as _;
+
+static INNER: Task = Task::new("send_receipt");
+
+#[path = "standins/generators.rs"]
+mod generators;
+use generators::{chrono, fastrand};
+
+#[idempotent_task(key = "order-uuid_v4-{order_id}")]
+async fn uuid_v4(order_id: u64) -> Result<u64, Error> {
+    let receipt_key = uuid::Uuid::new_v4().to_string();
+    let nested: u64 = INNER.call(receipt_key).run(async { Ok::<_, Error>(1) }).await?;
+    Ok(order_id + nested)
+}
+
+#[idempotent_task(key = "order-uuid_v7-{order_id}")]
+async fn uuid_v7(order_id: u64) -> Result<u64, Error> {
+    let receipt_key = uuid::Uuid::now_v7().to_string();
+    let nested: u64 = INNER.call(receipt_key).run(async { Ok::<_, Error>(1) }).await?;
+    Ok(order_id + nested)
+}
+
+#[idempotent_task(key = "order-rand_random-{order_id}")]
+async fn rand_random(order_id: u64) -> Result<u64, Error> {
+    let receipt_key = rand::random::<u64>().to_string();
+    let nested: u64 = INNER.call(receipt_key).run(async { Ok::<_, Error>(1) }).await?;
+    Ok(order_id + nested)
+}
+
+#[idempotent_task(key = "order-rand_rng-{order_id}")]
+async fn rand_rng(order_id: u64) -> Result<u64, Error> {
+    let receipt_key = rand::rng().random::<u64>().to_string();
+    let nested: u64 = INNER.call(receipt_key).run(async { Ok::<_, Error>(1) }).await?;
+    Ok(order_id + nested)
+}
+
+#[idempotent_task(key = "order-fastrand-{order_id}")]
+async fn fastrand(order_id: u64) -> Result<u64, Error> {
+    let receipt_key = fastrand::u64(..).to_string();
+    let nested: u64 = INNER.call(receipt_key).run(async { Ok::<_, Error>(1) }).await?;
+    Ok(order_id + nested)
+}
+
+#[idempotent_task(key = "order-system_time-{order_id}")]
+async fn system_time(order_id: u64) -> Result<u64, Error> {
+    let receipt_key = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos().to_string();
+    let nested: u64 = INNER.call(receipt_key).run(async { Ok::<_, Error>(1) }).await?;
+    Ok(order_id + nested)
+}
+
+#[idempotent_task(key = "order-instant-{order_id}")]
+async fn instant(order_id: u64) -> Result<u64, Error> {
+    let receipt_key = std::time::Instant::now().elapsed().as_nanos().to_string();
+    let nested: u64 = INNER.call(receipt_key).run(async { Ok::<_, Error>(1) }).await?;
+    Ok(order_id + nested)
+}
+
+#[idempotent_task(key = "order-chrono_utc-{order_id}")]
+async fn chrono_utc(order_id: u64) -> Result<u64, Error> {
+    let receipt_key = chrono::Utc::now().to_string();
+    let nested: u64 = INNER.call(receipt_key).run(async { Ok::<_, Error>(1) }).await?;
+    Ok(order_id + nested)
+}
+
+#[idempotent_task(key = "order-chrono_local-{order_id}")]
+async fn chrono_local(order_id: u64) -> Result<u64, Error> {
+    let receipt_key = chrono::Local::now().to_string();
+    let nested: u64 = INNER.call(receipt_key).run(async { Ok::<_, Error>(1) }).await?;
+    Ok(order_id + nested)
+}
+
+#[idempotent_task(key = "order-process_id-{order_id}")]
+async fn process_id(order_id: u64) -> Result<u64, Error> {
+    let receipt_key = std::process::id().to_string();
+    let nested: u64 = INNER.call(receipt_key).run(async { Ok::<_, Error>(1) }).await?;
+    Ok(order_id + nested)
+}
+
+fn main() {}
