@@ -417,25 +417,31 @@ async fn conform<D: Driver>(mut driver: D) {
     for case in CASES {
         let key = key_of(integration, case);
         let (want, want_effects) = expected(integration, case);
+        // What was seen before a check failed stays for the report.
+        let seen = Mutex::new(Vec::new());
         let run = catch_panic(async {
             driver.start(case).await;
-            let mut seen = Vec::new();
             for step in steps(case) {
-                seen.push(driver.step(case, step).await);
+                let what = driver.step(case, step).await;
+                seen.lock().unwrap().push(what);
             }
-            driver.end(case, &seen).await;
-            seen
+            let so_far = seen.lock().unwrap().clone();
+            driver.end(case, &so_far).await;
         })
         .await;
+        let seen = seen.into_inner().unwrap_or_else(PoisonError::into_inner);
         let effects = driver.effects().of(&key);
         let verdict = match run {
-            Err(panic) => Err(format!("failed: {}", panic.message())),
-            Ok(seen) if seen != want => Err(format!("saw {seen:?}, the docs say {want:?}")),
-            Ok(_) if effects > 1 => Err(format!("the side effect ran {effects} times")),
-            Ok(_) if effects != want_effects => Err(format!(
+            Err(panic) => Err(format!(
+                "after {seen:?} (the docs say {want:?}): {}",
+                panic.message()
+            )),
+            Ok(()) if seen != want => Err(format!("saw {seen:?}, the docs say {want:?}")),
+            Ok(()) if effects > 1 => Err(format!("the side effect ran {effects} times")),
+            Ok(()) if effects != want_effects => Err(format!(
                 "the side effect ran {effects} times, expected {want_effects}"
             )),
-            Ok(seen) => Ok(seen),
+            Ok(()) => Ok(seen),
         };
         match verdict {
             Ok(seen) => println!(
@@ -500,6 +506,8 @@ async fn hold(
     let (held, held_rx) = tokio::sync::oneshot::channel();
     let (finish, finish_rx) = tokio::sync::oneshot::channel::<()>();
     let (store, effects, key) = (store.clone(), effects.clone(), key.to_owned());
+    // Renewed, so that the lock outlives a step slowed down by a busy machine.
+    let task = task.clone().renew(true);
     let holder = tokio::spawn(async move {
         let done: Result<f64, idempotask::Error> = task
             .call(key.clone())
@@ -776,7 +784,14 @@ async fn consumer_until(
         if done(info) {
             return;
         }
-        assert!(Instant::now() < deadline, "{what}: {info:?}");
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {} pending, {} unacked, ack floor {}, {} delivered",
+            info.num_pending,
+            info.num_ack_pending,
+            info.ack_floor.stream_sequence,
+            info.delivered.consumer_sequence,
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -959,7 +974,7 @@ impl Driver for Rabbit {
                 .close(200, "the consumer crashed".into())
                 .await
                 .unwrap();
-            tokio::time::sleep(LOCK_TTL + Duration::from_millis(100)).await;
+            tokio::time::sleep(2 * LOCK_TTL).await;
             let (channel, deliveries) = self.consume(&queue).await;
             let state = self.case.as_mut().unwrap();
             (state.channel, state.deliveries) = (channel, deliveries);
@@ -1117,7 +1132,7 @@ where
         let Some(answered) = answered else {
             // The worker is gone mid-job; its backend puts the job back once orphaned, by
             // when the lock has lapsed.
-            tokio::time::sleep(LOCK_TTL + Duration::from_millis(100)).await;
+            tokio::time::sleep(2 * LOCK_TTL).await;
             return Seen::NoAnswer;
         };
         // What apalis decides by: an `AbortError` kills the job, any other error retries it.
@@ -1150,6 +1165,10 @@ async fn apalis() {
 // ---------------------------------------------------------------------------------------------
 // HTTP
 
+/// How long the slow handler takes: the held lock of the contended case, and the handler that
+/// outlives its dropped client.
+const SLOW_HANDLER: Duration = Duration::from_secs(1);
+
 /// The stored response cap of the HTTP layer, under the unstorable response's size.
 const MAX_STORED_BODY: usize = 64;
 
@@ -1173,7 +1192,7 @@ async fn pay(State(handlers): State<Handlers>, headers: HeaderMap) -> Response {
         Body::Err => (StatusCode::SERVICE_UNAVAILABLE, "the ledger is down").into_response(),
         Body::Panic => panic!("the ledger client panicked"),
         Body::Hang => {
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            tokio::time::sleep(SLOW_HANDLER).await;
             handlers.effects.add(&key);
             (StatusCode::CREATED, "charged, slowly").into_response()
         }
