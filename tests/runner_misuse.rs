@@ -1,5 +1,5 @@
 //! Misuse the runner refuses up front instead of failing later with a lock held: a task that
-//! calls itself with its own key, a call outside a tokio runtime, a zero lock TTL. And what it
+//! calls itself with its own key, a call outside a tokio runtime, a lock TTL below the floor. And what it
 //! bears: a marker written before a deploy added a fingerprint, which is replayed rather than
 //! refused; a body that blocks its thread while its lock is renewed; a result TTL shorter than
 //! the lock TTL.
@@ -101,9 +101,26 @@ fn a_call_outside_a_tokio_runtime_is_refused_before_the_store() {
 }
 
 #[test]
-#[should_panic(expected = "lock TTL must be greater than zero")]
+#[should_panic(expected = "lock TTL must be at least `idempotask::MIN_TTL` (100 ms)")]
 fn a_zero_lock_ttl_is_refused() {
     let _ = Task::new("zero").lock_ttl(Duration::ZERO);
+}
+
+// A 1 ms lock with `renew` was taken: on MemoryStore 2 or 3 of 8 concurrent deliveries ran
+// their body (the lock expired before its first renewal), on Redis none did (every grant came
+// too late). One floor, `MIN_TTL`, refuses it on every store.
+#[test]
+#[should_panic(expected = "lock TTL must be at least `idempotask::MIN_TTL` (100 ms)")]
+fn a_lock_ttl_below_the_floor_is_refused() {
+    let _ = Task::new("short")
+        .lock_ttl(idempotask::MIN_TTL - Duration::from_nanos(1))
+        .renew(true);
+}
+
+#[test]
+fn a_lock_ttl_of_the_floor_is_taken() {
+    let task = Task::new("floor").lock_ttl(idempotask::MIN_TTL);
+    assert_eq!(task.settings().lock_ttl, Duration::from_millis(100));
 }
 
 #[tokio::test]

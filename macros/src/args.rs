@@ -23,7 +23,7 @@ const OPTIONS: &[(&str, Setter)] = &[
         Ok(())
     }),
     ("lock_ttl", |args, option, value| {
-        args.lock_ttl = Some(duration(option, &value)?);
+        args.lock_ttl = Some(lock_ttl(option, &value)?);
         Ok(())
     }),
     ("result_ttl", |args, option, value| {
@@ -175,6 +175,7 @@ impl Args {
             }
         };
         let mut seen: HashMap<String, Span> = HashMap::new();
+        let mut refused: Vec<String> = Vec::new();
         let mut args = Self {
             key: None,
             lock_ttl: None,
@@ -216,11 +217,16 @@ impl Args {
             }
             if let Err(err) = set(&mut args, &option, value) {
                 errors.push(err);
+                refused.push(option);
             }
         }
         let lock_ms = args.lock_ttl.map_or(DEFAULT_LOCK_TTL_MS, |l| l.ms);
+        // A refused `lock_ttl` is not the default one: comparing with the default would only
+        // add a second, wrong, error.
+        let lock_refused = refused.iter().any(|option| option == "lock_ttl");
         if let Some(result) = args.result_ttl
             && result.ms < lock_ms
+            && !lock_refused
         {
             errors.at(
                 result.span,
@@ -278,6 +284,26 @@ fn literal(value: &Expr) -> Option<&Lit> {
 
 /// The runtime's `MAX_TTL` in milliseconds: 100 years of 365 days.
 const MAX_TTL_MS: u64 = 100 * 365 * 86_400_000;
+
+/// The runtime's `MIN_TTL` in milliseconds. The expansion builds its task in a `static`, where
+/// `Task::lock_ttl` refuses a TTL below the runtime's floor at compile time too; the UI cases
+/// `pass/lock_ttl_at_the_floor.rs` and `fail/lock_ttl_below_the_floor.rs` fail unless the two
+/// floors are the same.
+const MIN_TTL_MS: u64 = 100;
+
+/// Input: the value of `lock_ttl`. Output: the duration, if it is one and at least the floor.
+fn lock_ttl(option: &str, value: &Expr) -> syn::Result<Millis> {
+    let ttl = duration(option, value)?;
+    if ttl.ms < MIN_TTL_MS {
+        return Err(syn::Error::new(
+            ttl.span,
+            format!(
+                "`{option}` must be at least `\"{MIN_TTL_MS}ms\"` (`idempotask::MIN_TTL`): a shorter lock can expire before its renewal or its grant's reply arrives"
+            ),
+        ));
+    }
+    Ok(ttl)
+}
 
 /// `30` (seconds) or `"750ms"`, `"30s"`, `"2m"`, `"1h"`, `"7d"`: a positive duration.
 fn duration(option: &str, value: &Expr) -> syn::Result<Millis> {

@@ -47,25 +47,37 @@ pub(crate) struct Renewal {
 /// Input: the guarded body. Output: the same, while a watchdog renews the lock every third of
 /// its TTL and marks the lease lost when a renewal finds the lock gone.
 ///
-/// The watchdog is a task of its own on the runtime, not a branch polled next to the body: a
-/// body that blocks its thread (a synchronous call, `std::thread::sleep`) would otherwise
-/// starve it, and its lock would expire under it. It stops when the body is done or the call
-/// is dropped. What it cannot do is run on a `current_thread` runtime whose only thread the
-/// body blocks.
+/// The watchdog is a task of its own on the runtime, not a branch polled next to the body, and
+/// on a multi-thread runtime every poll of the body runs in `block_in_place`. A body that
+/// blocks its thread (a synchronous call, `std::thread::sleep`) may block the very worker that
+/// tokio left to drive the timers and the sockets: the one parked on the driver, woken by the
+/// reply to `begin` or by a timer, which wakes no other worker for the tasks it runs then. No
+/// thread would then end the watchdog's sleep nor read a store's reply, whatever the number of
+/// workers, and the lock would expire under the body. `block_in_place` hands the worker (its
+/// queue, and with it the driving of timers and I/O) to another thread for as long as the
+/// poll lasts; a poll that does not block gets it back at once. It stops when the body is
+/// done or the call is dropped. What it cannot do is run on a `current_thread` runtime whose
+/// only thread the body blocks.
 pub(crate) async fn renewing<F: Future>(body: F, renewal: Renewal) -> F::Output {
     let span = tracing::Span::current();
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let watchdog = tokio::spawn(renew_until_lost(renewal, started_tx).instrument(span));
+    let watchdog = tokio::spawn(renew_until_lost(renewal).instrument(span));
     let _stop = AbortOnDrop(watchdog);
-    // A task spawned from a worker waits in that worker's own slot, which other workers do not
-    // take: were the body to block this thread first, the watchdog would never start. Once it
-    // has been polled, its timer wakes it on whichever worker is free.
-    let _ = started_rx.await;
-    body.await
+    let may_block = matches!(
+        tokio::runtime::Handle::current().runtime_flavor(),
+        tokio::runtime::RuntimeFlavor::MultiThread
+    );
+    let mut body = pin!(body);
+    poll_fn(|cx| {
+        if may_block {
+            tokio::task::block_in_place(|| body.as_mut().poll(cx))
+        } else {
+            body.as_mut().poll(cx)
+        }
+    })
+    .await
 }
 
-async fn renew_until_lost(renewal: Renewal, started: tokio::sync::oneshot::Sender<()>) {
-    let _ = started.send(());
+async fn renew_until_lost(renewal: Renewal) {
     let Renewal {
         store,
         unit,
@@ -74,7 +86,8 @@ async fn renew_until_lost(renewal: Renewal, started: tokio::sync::oneshot::Sende
         lock_ttl,
         logging,
     } = renewal;
-    let interval = (lock_ttl / 3).max(Duration::from_millis(1));
+    // At least 33 ms: a task's lock TTL is at least `MIN_TTL`.
+    let interval = lock_ttl / 3;
     loop {
         sleep(interval).await;
         let sent = Instant::now();

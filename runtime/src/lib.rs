@@ -43,7 +43,7 @@ pub use panicked::{Panicked, catch_panic};
 pub use redelivery::Redelivery;
 pub use retry::{DEFAULT_INITIAL_BACKOFF, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BACKOFF, RetryPolicy};
 pub use store::memory::MemoryStore;
-pub use task::{DEFAULT_LOCK_TTL, DEFAULT_RESULT_TTL, MAX_TTL, Settings, Task};
+pub use task::{DEFAULT_LOCK_TTL, DEFAULT_RESULT_TTL, MAX_TTL, MIN_TTL, Settings, Task};
 pub use unit::InvalidKey;
 
 #[doc = include_str!("attribute.md")]

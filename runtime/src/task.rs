@@ -21,6 +21,21 @@ pub const DEFAULT_RESULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// shipped clamps what reaches it to this.
 pub const MAX_TTL: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
 
+/// The shortest lock TTL: 100 ms, on every store. [`Task::lock_ttl`] refuses a shorter one,
+/// and so does the attribute, at compile time.
+///
+/// A lock must outlive what the runner and the stores do with it. The watchdog renews every
+/// third of the TTL, so at 100 ms a renewal has 66 ms to be scheduled, sent and answered before
+/// the lock it extends expires (millisecond timers and a busy machine's scheduling delays take
+/// a good part of that). A grant is kept only when at least 10 ms of its TTL are left once its
+/// reply arrives (the late-grant rule, on every store), a tenth of the floor; on
+/// `RedlockStore` the clock-drift allowance (1 % + 2 ms) and that floor leave a round 87 ms.
+/// Below that, the stores disagree: a 1 ms lock was granted and expired before its body's
+/// first renewal on `MemoryStore`, so several deliveries ran, and was always granted too late
+/// on Redis, so none did. Results are kept at least as long as the lock
+/// ([`Task::result_ttl`]), so no TTL a task uses is shorter.
+pub const MIN_TTL: Duration = Duration::from_millis(100);
+
 /// What a [`Task`] is set to, as [`Task::settings`] reads it; the builder methods of [`Task`]
 /// set each field.
 #[derive(Debug, Clone, Copy)]
@@ -108,17 +123,18 @@ impl Task {
     /// duplicate may start. Longer than [`MAX_TTL`] is kept as [`MAX_TTL`].
     ///
     /// # Panics
-    /// When `ttl` is zero: a lock that expires at once protects nothing. In a `static` this is
-    /// a compile-time error.
+    /// When `ttl` is shorter than [`MIN_TTL`] (100 ms), zero included: such a lock can expire
+    /// before its renewal or its grant's reply arrives. In a `static` this is a compile-time
+    /// error.
     ///
     /// ```compile_fail
-    /// static NO_LOCK: idempotask::Task =
-    ///     idempotask::Task::new("t").lock_ttl(std::time::Duration::ZERO);
+    /// static SHORT_LOCK: idempotask::Task =
+    ///     idempotask::Task::new("t").lock_ttl(std::time::Duration::from_millis(99));
     /// ```
     pub const fn lock_ttl(mut self, ttl: Duration) -> Self {
         assert!(
-            !ttl.is_zero(),
-            "a task's lock TTL must be greater than zero: a lock that expires at once protects nothing"
+            ttl.as_nanos() >= MIN_TTL.as_nanos(),
+            "a task's lock TTL must be at least `idempotask::MIN_TTL` (100 ms): a shorter lock can expire before its renewal or its grant's reply arrives"
         );
         self.lock_ttl = clamp_ttl(ttl);
         self
@@ -143,7 +159,8 @@ impl Task {
     ///
     /// # Panics
     /// When `ttl` is zero: a result kept for no time makes every delivery run. In a `static`
-    /// this is a compile-time error.
+    /// this is a compile-time error. A result TTL shorter than [`MIN_TTL`] is not refused,
+    /// since the result is kept as long as the lock anyway.
     pub const fn result_ttl(mut self, ttl: Duration) -> Self {
         assert!(
             !ttl.is_zero(),
@@ -161,11 +178,12 @@ impl Task {
 
     /// Whether a watchdog renews the lock every third of its TTL while the body runs.
     ///
-    /// The watchdog is a task of its own on the runtime, so a body that blocks its thread (a
-    /// synchronous call) does not starve it on a multi-thread runtime with another worker free.
-    /// What it cannot renew through: a `current_thread` runtime whose only thread the body
-    /// blocks, or a network store whose client needs the blocked thread for its own I/O task.
-    /// Run blocking work with `tokio::task::spawn_blocking` and await it from the body.
+    /// The watchdog is a task of its own on the runtime, and on a multi-thread runtime each poll
+    /// of the body runs in `tokio::task::block_in_place`: a body that blocks its thread (a
+    /// synchronous call) does not stop the watchdog, nor the timers and store replies it waits
+    /// on, with any number of worker threads, one included. What it cannot renew through: a
+    /// `current_thread` runtime whose only thread the body blocks. Blocking work is best run
+    /// with `tokio::task::spawn_blocking`, awaited from the body.
     pub const fn renew(mut self, renew: bool) -> Self {
         self.renew = renew;
         self

@@ -361,14 +361,15 @@ mod metrics_counts {
         let (held, contended) = tokio::join!(holder, intruder);
         assert_eq!(held.unwrap(), 3);
         assert!(matches!(contended, Err(Error::Contended { .. })));
-        // A renewing task whose body runs for 35 ms of paused time: renewals at 10, 20 and 30 ms.
+        // A renewing task whose body runs for 350 ms of paused time: renewals at 100, 200 and
+        // 300 ms.
         Task::new("report")
-            .lock_ttl(Duration::from_millis(30))
+            .lock_ttl(Duration::from_millis(300))
             .renew(true)
             .call("2026-11")
             .store(store.clone())
             .run(async {
-                tokio::time::sleep(Duration::from_millis(35)).await;
+                tokio::time::sleep(Duration::from_millis(350)).await;
                 Ok::<_, Error>(())
             })
             .await

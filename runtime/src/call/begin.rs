@@ -18,8 +18,8 @@ use crate::unit::{LockToken, UnitOfWork};
 /// How many times a failing store call is tried before the task call gives up.
 const STORE_ATTEMPTS: u32 = 3;
 
-/// The least time a granted lock must have left for the body to start (at most half the lock
-/// TTL); `RedlockStore` uses the same floor for its own rounds.
+/// The least time a granted lock must have left for the body to start, a tenth of
+/// [`MIN_TTL`](crate::MIN_TTL); `RedlockStore` uses the same floor for its own rounds.
 const MIN_LEASE: Duration = Duration::from_millis(10);
 
 /// What asking for the lock came to.
@@ -66,9 +66,7 @@ pub(super) async fn begin(
                 // a row lock) may have expired on the server already, and another delivery may
                 // hold the unit now: running the body would run it twice.
                 let left = lease.expires_at().saturating_duration_since(Instant::now());
-                // Never more than half the TTL, so that a short TTL can be granted at all.
-                let floor = MIN_LEASE.min(task.lock_ttl / 2);
-                if left < floor {
+                if left < MIN_LEASE {
                     let granted = token.clone().granted(fencing_token);
                     // Boxed: a rare path, which would otherwise enlarge every call's future.
                     Box::pin(release(store, unit, &granted, task.log_key)).await;
@@ -80,7 +78,7 @@ pub(super) async fn begin(
                             sent.elapsed().as_millis(),
                             left.as_millis(),
                             task.lock_ttl.as_millis(),
-                            floor.as_millis()
+                            MIN_LEASE.as_millis()
                         ),
                     )));
                 }
