@@ -86,14 +86,13 @@ async fn a_minority_marker_next_to_a_majority_lock_is_busy_not_done() {
     assert_eq!(ran.load(Ordering::SeqCst), 0);
 }
 
-/// The reviewed interleaving: A's locks expire while it runs; B's client saw one server stall
-/// and leaves it out, so B takes the other two; A finishes, reaching the server B left out. A must not
-/// leave its marker there, and no duplicate may replay A's result while B runs, nor after B
-/// stored its own.
+/// The reviewed interleaving: A's locks expire while it runs; B's client sees one server stall
+/// for a moment and B takes the unit; A finishes. A must not leave its marker on any server,
+/// and no duplicate may replay A's result while B runs, nor after B stored its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_holder_leaves_no_result_behind_a_successor_on_a_majority() {
     let quorum = Quorum::start(3);
-    // Three clients, as three workers would have: B's sees server 0 stall and leaves it out.
+    // Three clients, as three workers would have: B's sees server 0 stall.
     let (store_a, store_b, store_c) = (
         quorum_store(&quorum, Duration::from_secs(1)).await,
         quorum_store(&quorum, Duration::from_millis(150)).await,
@@ -121,8 +120,8 @@ async fn a_stale_holder_leaves_no_result_behind_a_successor_on_a_majority() {
     let (a_started, a_release, a_report) = hold(store_a.clone(), "A");
     a_started.await.unwrap();
     tokio::time::sleep(LOCK_TTL + Duration::from_millis(100)).await;
-    // Server 0 stalls once for B's client, which leaves it out for a moment: B's `begin` is
-    // not even sent there, and takes the expired unit on the other two.
+    // Server 0 stalls once for B's client (a slow server, which is not left out: B's `begin`
+    // takes the expired unit on every server).
     quorum.signal(0, "STOP");
     let other = UnitOfWork::new("stale-results", "elsewhere").unwrap();
     store_b.inspect(&other).await.unwrap();
@@ -142,7 +141,7 @@ async fn a_stale_holder_leaves_no_result_behind_a_successor_on_a_majority() {
         ),
         "{a:?}"
     );
-    // Server 0 was empty when A finished: A's marker must not have stayed there.
+    // A's marker must not have stayed on server 0.
     let unit = UnitOfWork::new("stale-results", "order-2").unwrap();
     let on_server_0 = quorum.servers[0]
         .store()

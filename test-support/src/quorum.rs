@@ -71,3 +71,42 @@ impl Drop for Quorum {
         }
     }
 }
+
+/// Busy loops that keep the machine's cores loaded while a test runs, so that timeouts which
+/// never fire on an idle machine fire: each is a `sh` spinning under `timeout`, which bounds it
+/// even if the test process dies; dropped, they are stopped.
+pub struct BusyLoops {
+    loops: Vec<std::process::Child>,
+}
+
+impl BusyLoops {
+    /// Starts `count` busy loops, each stopped after `bound` at the latest.
+    pub fn start(count: usize, bound: Duration) -> Self {
+        let loops = (0..count)
+            .map(|_| {
+                std::process::Command::new("timeout")
+                    .args([
+                        &bound.as_secs().max(1).to_string(),
+                        "sh",
+                        "-c",
+                        "while :; do :; done",
+                    ])
+                    .spawn()
+                    .expect("start a busy loop with `timeout` (coreutils)")
+            })
+            .collect();
+        Self { loops }
+    }
+}
+
+impl Drop for BusyLoops {
+    fn drop(&mut self) {
+        for child in &mut self.loops {
+            // `timeout` passes SIGTERM on to its `sh` and exits with it.
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let _ = child.wait();
+        }
+    }
+}

@@ -14,6 +14,8 @@ if value then
     -- A repeated call whose first reply was lost already holds the lock.
     local mine = 'L' .. ARGV[1] .. '.'
     if string.sub(value, 1, #mine) == mine then
+      -- Its expiry counts from that first call: set it from this one, as the caller counts.
+      redis.call('PEXPIRE', KEYS[1], ARGV[2])
       return {2, tonumber(string.sub(value, #mine + 1)) or 0}
     end
     return {3, redis.call('PTTL', KEYS[1])}

@@ -490,28 +490,40 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
     ) -> Result<bool, StoreError> {
         let key = self.key(unit);
         let lock = lock_value(token);
-        let ttl = ttl_millis(lock_ttl);
+        self.renew_value("renew", &key, lock.as_bytes(), ttl_millis(lock_ttl))
+            .await
+    }
+
+    /// Sets the expiry of the lock `lock` (its whole stored value) on `key` to `ttl` ms from
+    /// now, if it is still there; answers whether it was.
+    pub(super) async fn renew_value(
+        &self,
+        operation: &'static str,
+        key: &str,
+        lock: &[u8],
+        ttl: u64,
+    ) -> Result<bool, StoreError> {
         if self.try_native_cas() {
             let mut cmd = redis::cmd("SET");
-            cmd.arg(&key)
-                .arg(&lock)
+            cmd.arg(key)
+                .arg(lock)
                 .arg("IFEQ")
-                .arg(&lock)
+                .arg(lock)
                 .arg("PX")
                 .arg(ttl);
-            match self.native("renew", &key, &cmd).await? {
+            match self.native(operation, key, &cmd).await? {
                 Some(Value::Okay) => return Ok(true),
                 Some(Value::Nil) => return Ok(false),
-                Some(other) => return Err(unexpected("renew", &key, &other)),
+                Some(other) => return Err(unexpected(operation, key, &other)),
                 None => {}
             }
         }
         let reply = self
-            .invoke("renew", &RENEW, &key, |cmd| {
-                cmd.arg(&lock).arg(ttl);
+            .invoke(operation, &RENEW, key, |cmd| {
+                cmd.arg(lock).arg(ttl);
             })
             .await?;
-        parse_flag("renew", &key, &reply)
+        parse_flag(operation, key, &reply)
     }
 
     async fn inspect_call(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError> {

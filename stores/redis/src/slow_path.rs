@@ -1,6 +1,8 @@
 //! The protocol's slow paths: `begin` when the unit is not free, the fenced `begin`, `begin` on
 //! a server out of memory, and `finish` once the lock is gone.
 
+use std::time::Duration;
+
 use redis::Value;
 use redis::aio::ConnectionLike;
 
@@ -25,7 +27,15 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
             Some(&Marker::TAG) => Ok(Begin::Done(value)),
             Some(&LOCK_TAG) => {
                 if let Some(acquired) = own_lock(&value, token) {
-                    return Ok(acquired);
+                    // A `begin` sent again finds the lock an earlier request took, whose expiry
+                    // counts from then: set it from now, so that the grant lasts the lock TTL
+                    // from this request as the caller counts it (a quorum counts its
+                    // validity from the round that found it).
+                    if self.renew_value("begin", key, &value, lock_ms).await? {
+                        return Ok(acquired);
+                    }
+                    // Expired in between: nothing is held, ask again.
+                    return Ok(Begin::busy(Some(Duration::ZERO)));
                 }
                 // The slow path only: another holder's lock. How long it has left lets the
                 // waiter ask again right when it expires.

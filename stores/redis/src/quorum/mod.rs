@@ -32,8 +32,11 @@ pub(crate) const DEFAULT_MIN_VALIDITY: Duration = Duration::from_millis(10);
 
 /// Added to every drift allowance: Redis expires keys with a millisecond's precision.
 const EXPIRY_PRECISION: Duration = Duration::from_millis(2);
-/// How long a server that failed to answer is left out before it is asked again.
+/// How long a server that could not be reached is left out before it is asked again.
 const DOWN_PAUSE: Duration = Duration::from_millis(500);
+/// How many per-server timeouts a round waits at most for a server whose answer can still
+/// change what the round decides.
+const PATIENCE: u32 = 8;
 
 /// A store over several independent Redis servers (3 or 5), for work where one Redis failing
 /// over must not hand a lock to two workers: each operation runs the protocol of
@@ -75,10 +78,26 @@ const DOWN_PAUSE: Duration = Duration::from_millis(500);
 /// locks do.
 ///
 /// # Behaviour
-/// - Every operation asks all servers at once and waits for each at most
-///   [`server_timeout`](RedlockStoreBuilder::server_timeout): a call takes as long as the
-///   slowest server that answers, bounded by that timeout. A server that timed out or could not
-///   be reached is left out for half a second (calls fail on it at once), then asked again.
+/// - Every operation asks all servers at once and waits for each up to
+///   [`server_timeout`](RedlockStoreBuilder::server_timeout). A server that has not answered
+///   by then is slow, not down: the round goes on waiting for it while its answer can still
+///   change the decision (a `begin` whose grants are one short of a majority, a `finish` whose
+///   marker is not yet on a majority, fewer than a majority answered at all), for at most 8
+///   server timeouts and, for `begin`, half the lock TTL. Under load a call takes longer
+///   rather than failing; a server that stays silent that long counts as timed out.
+/// - A timeout is ambiguous: the server may have run the command, or may run it later. A
+///   `begin` that does not keep its grants releases them *and* its lock on every server whose
+///   answer it lacks (a compare-and-delete with its token, which each server's connection runs
+///   after the `SET` it follows); and a `begin` that finds its own lock, sent again, sets its
+///   expiry from now, so a grant's validity never counts from a later request than its lock's.
+///   Neither a grant that was not seen nor one that came late makes a second holder: the body
+///   runs only on a majority that answered "granted" to this token in this round.
+/// - Only a server that cannot be reached (a refused or dropped connection) is left out, for
+///   half a second (calls fail on it at once), then asked again. A slow server never is: on a
+///   loaded machine every server is late now and then, and leaving them out left no majority.
+/// - A `begin` that a majority answered and that did not get a majority is busy (another
+///   delivery holds the unit on the others, or on servers that are down): the runner waits for
+///   the holder's result. Fewer than a majority answering is a [`StoreError`].
 /// - A minority of servers down, stalled or partitioned away changes nothing but latency: the
 ///   majority decides. A majority down fails every call closed with a [`StoreError`] of kind
 ///   `Unreachable` or `Timeout` (the body never runs without a majority's lock).
@@ -230,9 +249,11 @@ impl RedlockStoreBuilder {
         self
     }
 
-    /// How long one server may take to answer one operation (default
-    /// [`DEFAULT_SERVER_TIMEOUT`](RedlockStore::DEFAULT_SERVER_TIMEOUT)). Keep it a small part of the lock TTL: a round that takes
-    /// longer leaves the grant less validity.
+    /// How long a round waits for every server before it decides with the answers it has
+    /// (default [`DEFAULT_SERVER_TIMEOUT`](RedlockStore::DEFAULT_SERVER_TIMEOUT)). A server
+    /// whose answer can still change the decision is waited for up to 8 times as long (for
+    /// `begin`, at most half the lock TTL); see the store's Behaviour section. Keep it a small
+    /// part of the lock TTL: a round that takes longer leaves the grant less validity.
     pub fn server_timeout(mut self, timeout: Duration) -> Self {
         self.server_timeout = timeout;
         self
@@ -351,7 +372,9 @@ impl RedlockStoreBuilder {
         let builder = RedisStore::builder(url)
             .namespace(self.namespace.clone())
             .connection_timeout(self.connection_timeout)
-            .response_timeout(self.server_timeout)
+            // The quorum cuts each round short itself; a server's own timeout is the longest a
+            // round may wait for it.
+            .response_timeout(self.server_timeout.saturating_mul(PATIENCE))
             .max_key_len(self.max_key_len);
         #[cfg(feature = "tls")]
         let builder = match &self.root_certificate {
@@ -384,6 +407,42 @@ mod tests {
         assert_eq!(busy_until(vec![ms(50), None, ms(40)], 5, 3), None);
         // Fewer busy than can keep a majority out: nothing to wait for.
         assert_eq!(busy_until(vec![ms(50)], 3, 2), ms(0));
+    }
+
+    #[tokio::test]
+    async fn a_round_waits_for_slow_servers_only_while_their_answers_can_decide() {
+        use super::servers::gather;
+        let answer = |after: u64, value: u32| async move {
+            tokio::time::sleep(Duration::from_millis(after)).await;
+            value
+        };
+        let quick = |outputs: &[Option<u32>]| outputs.iter().flatten().count() >= 2;
+        // Decided by two answers: the slow third is not waited for past the soft limit.
+        let started = Instant::now();
+        let outputs = gather(
+            [answer(0, 1), answer(0, 2), answer(5_000, 3)],
+            Duration::from_millis(50),
+            quick,
+        )
+        .await;
+        assert_eq!(outputs, [Some(1), Some(2), None]);
+        assert!(started.elapsed() < Duration::from_secs(2));
+        // Every answer that comes within the soft limit is taken, decided or not.
+        let outputs = gather(
+            [answer(0, 1), answer(0, 2), answer(10, 3)],
+            Duration::from_millis(500),
+            quick,
+        )
+        .await;
+        assert_eq!(outputs, [Some(1), Some(2), Some(3)]);
+        // Not decided: the slow answer is waited for past the soft limit.
+        let outputs = gather(
+            [answer(0, 1), answer(200, 2)],
+            Duration::from_millis(10),
+            quick,
+        )
+        .await;
+        assert_eq!(outputs, [Some(1), Some(2)]);
     }
 
     #[tokio::test]

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::super::lock::lock_value;
 use super::super::protocol::Protocol;
-use super::{DOWN_PAUSE, EXPIRY_PRECISION, Inner, RAISE_FENCE, RETRACT, Server};
+use super::{DOWN_PAUSE, EXPIRY_PRECISION, Inner, PATIENCE, RAISE_FENCE, RETRACT, Server};
 use idempotask::store::Store;
 use idempotask::store::{LockToken, UnitOfWork};
 use idempotask::store::{StoreError, StoreErrorKind};
@@ -57,7 +57,7 @@ impl Server {
                 operation,
                 StoreErrorKind::Unreachable,
                 format!(
-                    "{} failed to answer less than {} ms ago and is left out until then",
+                    "{} could not be reached less than {} ms ago and is left out until then",
                     self.name,
                     DOWN_PAUSE.as_millis()
                 ),
@@ -96,11 +96,15 @@ impl Server {
         .ambiguous_if(sent)
     }
 
-    /// Runs `operation` on this server within the per-server timeout.
+    /// Runs `operation` on this server, waiting for its answer at most `limit`.
+    ///
+    /// Only a server that cannot be reached (a refused or dropped connection) is left out for a
+    /// while. A slow answer is no sign that a server is down: on a busy machine every server is
+    /// late now and then, and leaving them out at once left no majority to answer anything.
     pub(super) async fn run<T, F, Fut>(
         &self,
-        inner: &Inner,
         operation: &'static str,
+        limit: Duration,
         f: F,
     ) -> Answer<T>
     where
@@ -114,14 +118,11 @@ impl Server {
             let protocol = self.connected(operation).await?.clone();
             f(protocol).await.map_err(|err| self.named(operation, &err))
         };
-        let answer = tokio::time::timeout(inner.server_timeout, attempt)
+        let answer = tokio::time::timeout(limit, attempt)
             .await
-            .unwrap_or_else(|_| Err(self.timed_out(operation, inner.server_timeout, true)));
+            .unwrap_or_else(|_| Err(self.timed_out(operation, limit, true)));
         if let Err(err) = &answer
-            && matches!(
-                err.kind(),
-                StoreErrorKind::Unreachable | StoreErrorKind::Timeout
-            )
+            && err.kind() == StoreErrorKind::Unreachable
         {
             self.left_out();
         }
@@ -136,36 +137,80 @@ impl Inner {
         self.servers.len() / 2 + 1
     }
 
+    /// How long a round waits at most for a server whose answer can still change what the
+    /// round decides: [`PATIENCE`] per-server timeouts, and for a `begin` at most half the
+    /// lock TTL (the rest is the grant's validity).
+    pub(super) fn patience(&self, lock_ttl: Option<Duration>) -> Duration {
+        let patience = self.server_timeout.saturating_mul(PATIENCE);
+        match lock_ttl {
+            Some(ttl) => patience.min((ttl / 2).max(self.server_timeout)),
+            None => patience,
+        }
+    }
+
     /// Runs `operation` on every server at once; the answers in the servers' order.
-    pub(super) async fn each<T, F, Fut>(&self, operation: &'static str, f: F) -> Vec<Answer<T>>
+    ///
+    /// A round waits for every server up to the per-server timeout. A server that has not
+    /// answered by then is waited for only while `decided` (given the answers so far, `None`
+    /// for a server still to answer) says they do not settle the operation, and at most
+    /// `limit`; then it counts as timed out, which is ambiguous: the command may still run.
+    pub(super) async fn each<T, F, Fut>(
+        &self,
+        operation: &'static str,
+        limit: Duration,
+        decided: impl Fn(&[Option<Answer<T>>]) -> bool,
+        f: F,
+    ) -> Vec<Answer<T>>
     where
         F: Fn(Protocol<ConnectionManager>) -> Fut,
         Fut: Future<Output = Result<T, StoreError>>,
     {
-        join_all(
-            self.servers
-                .iter()
-                .map(|server| server.run(self, operation, &f)),
-        )
+        let indices: Vec<usize> = (0..self.servers.len()).collect();
+        self.some(operation, &indices, limit, decided, |_, protocol| {
+            f(protocol)
+        })
         .await
     }
 
-    /// Runs `operation` on the servers at `indices` at once.
+    /// [`each`](Self::each) on the servers at `indices`; the answers in that order.
     pub(super) async fn some<T, F, Fut>(
         &self,
         operation: &'static str,
         indices: &[usize],
+        limit: Duration,
+        decided: impl Fn(&[Option<Answer<T>>]) -> bool,
         f: F,
     ) -> Vec<Answer<T>>
     where
         F: Fn(usize, Protocol<ConnectionManager>) -> Fut,
         Fut: Future<Output = Result<T, StoreError>>,
     {
-        join_all(indices.iter().map(|&index| {
-            let f = &f;
-            self.servers[index].run(self, operation, move |protocol| f(index, protocol))
-        }))
-        .await
+        let started = Instant::now();
+        let answers = gather(
+            indices.iter().map(|&index| {
+                let f = &f;
+                self.servers[index].run(operation, limit, move |protocol| f(index, protocol))
+            }),
+            self.server_timeout.min(limit),
+            decided,
+        )
+        .await;
+        answers
+            .into_iter()
+            .zip(indices)
+            .map(|(answer, &index)| {
+                answer.unwrap_or_else(|| {
+                    Err(self.servers[index].timed_out(operation, started.elapsed(), true))
+                })
+            })
+            .collect()
+    }
+
+    /// `each` for operations that need a majority of answers and nothing more: decided once a
+    /// majority answered.
+    pub(super) fn majority_answered<T>(&self) -> impl Fn(&[Option<Answer<T>>]) -> bool + use<T> {
+        let quorum = self.quorum();
+        move |answers| answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count() >= quorum
     }
 
     /// The error of an operation that too few servers answered.
@@ -203,14 +248,20 @@ impl Inner {
         };
         let lost_marker = &lost_marker;
         let answers = self
-            .some("finish", indices, |_, protocol| async move {
-                let key = protocol.key(unit);
-                protocol
-                    .invoke("finish", &RETRACT, &key, |cmd| {
-                        cmd.arg(marker).arg(lost_marker);
-                    })
-                    .await
-            })
+            .some(
+                "finish",
+                indices,
+                self.patience(None),
+                |_| false,
+                |_, protocol| async move {
+                    let key = protocol.key(unit);
+                    protocol
+                        .invoke("finish", &RETRACT, &key, |cmd| {
+                            cmd.arg(marker).arg(lost_marker);
+                        })
+                        .await
+                },
+            )
             .await;
         for err in answers.into_iter().filter_map(Result::err) {
             tracing::warn!(error = %err, "could not take back a marker that no majority stored; duplicates that meet it wait for its TTL or for the unit's majority");
@@ -218,22 +269,33 @@ impl Inner {
     }
 
     /// Gives up the grants of one `begin` (server index and the lock value's token there),
-    /// answering nothing: a release that fails leaves the lock to expire.
+    /// answering nothing: a release that fails leaves the lock to expire. The grants include
+    /// the servers whose answer never came, where the `SET` may have run late.
+    ///
+    /// It waits at most the per-server timeout: each server's connection runs its commands in
+    /// the order they were sent, so a release sent before this call's next request on that
+    /// server runs before it, whenever its answer comes.
     pub(super) async fn release_grants(&self, unit: &UnitOfWork, grants: &[(usize, LockToken)]) {
+        if grants.is_empty() {
+            return;
+        }
         let indices: Vec<usize> = grants.iter().map(|(index, _)| *index).collect();
         let answers = self
-            .some("release", &indices, |index, protocol| {
-                let token = grants
-                    .iter()
-                    .find(|(at, _)| *at == index)
-                    .map(|(_, token)| token.clone());
-                async move {
-                    match token {
-                        Some(token) => protocol.release(unit, &token).await,
-                        None => Ok(false),
+            .some(
+                "release",
+                &indices,
+                self.patience(None),
+                |_| true,
+                |index, protocol| {
+                    let token = token_at(grants, index).cloned();
+                    async move {
+                        match token {
+                            Some(token) => protocol.release(unit, &token).await,
+                            None => Ok(false),
+                        }
                     }
-                }
-            })
+                },
+            )
             .await;
         for err in answers.into_iter().filter_map(Result::err) {
             tracing::debug!(error = %err, "could not release a grant of a quorum begin; it expires with its TTL");
@@ -258,23 +320,25 @@ impl Inner {
         let indices: Vec<usize> = lower.iter().map(|(index, _)| *index).collect();
         let target = lock_value(raised);
         let answers = self
-            .some("begin", &indices, |index, protocol| {
-                let from = lower
-                    .iter()
-                    .find(|(at, _)| *at == index)
-                    .map(|(_, token)| lock_value(token))
-                    .unwrap_or_default();
-                let target = &target;
-                async move {
-                    let key = protocol.key(unit);
-                    let reply = protocol
-                        .invoke("begin", &RAISE_FENCE, &key, |cmd| {
-                            cmd.arg(from).arg(target);
-                        })
-                        .await?;
-                    Ok(matches!(reply, Value::Int(1)))
-                }
-            })
+            .some(
+                "begin",
+                &indices,
+                self.patience(None),
+                |_| false,
+                |index, protocol| {
+                    let from = token_at(&lower, index).map(lock_value).unwrap_or_default();
+                    let target = &target;
+                    async move {
+                        let key = protocol.key(unit);
+                        let reply = protocol
+                            .invoke("begin", &RAISE_FENCE, &key, |cmd| {
+                                cmd.arg(from).arg(target);
+                            })
+                            .await?;
+                        Ok(matches!(reply, Value::Int(1)))
+                    }
+                },
+            )
             .await;
         let mut kept = done;
         let mut left = Vec::new();
@@ -295,11 +359,36 @@ impl Inner {
     }
 }
 
+/// The token that `grants` (server index and token) hold for the server at `index`.
+fn token_at(grants: &[(usize, LockToken)], index: usize) -> Option<&LockToken> {
+    grants
+        .iter()
+        .find(|(at, _)| *at == index)
+        .map(|(_, token)| token)
+}
+
 /// Polls every future of `futures` until all are ready; their outputs in the same order.
 pub(super) async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    gather(futures, Duration::MAX, |_| false)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// Polls every future of `futures` until all are ready, or until `soft` has passed and
+/// `decided` says the outputs so far (`None` for a future not ready) are enough; the outputs
+/// in the same order.
+pub(super) async fn gather<F: Future>(
+    futures: impl IntoIterator<Item = F>,
+    soft: Duration,
+    decided: impl Fn(&[Option<F::Output>]) -> bool,
+) -> Vec<Option<F::Output>> {
     let mut pending: Vec<Option<Pin<Box<F>>>> =
         futures.into_iter().map(|f| Some(Box::pin(f))).collect();
     let mut outputs: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    let mut soft_over = Box::pin(tokio::time::sleep(soft));
+    let mut waited = false;
     poll_fn(|cx| {
         let mut ready = true;
         for (slot, output) in pending.iter_mut().zip(outputs.iter_mut()) {
@@ -314,13 +403,19 @@ pub(super) async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) ->
             }
         }
         if ready {
+            return Poll::Ready(());
+        }
+        if !waited && soft_over.as_mut().poll(cx).is_ready() {
+            waited = true;
+        }
+        if waited && decided(&outputs) {
             Poll::Ready(())
         } else {
             Poll::Pending
         }
     })
     .await;
-    outputs.into_iter().flatten().collect()
+    outputs
 }
 
 /// How long until enough of the busy servers' locks (`remaining`, one per busy server) expire

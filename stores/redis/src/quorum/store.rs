@@ -5,7 +5,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::RedlockStore;
-use super::servers::busy_until;
+use super::servers::{Answer, busy_until};
 use idempotask::store::{Begin, Fencing, Finish, Inspection, Store};
 use idempotask::store::{LockToken, UnitOfWork};
 use idempotask::store::{StoreError, StoreErrorKind};
@@ -24,12 +24,33 @@ impl Store for RedlockStore {
     ) -> Result<Begin, StoreError> {
         let inner = &*self.inner;
         let started = Instant::now();
+        let quorum = inner.quorum();
+        // A server still to answer may yet grant: the round waits for it as long as its grant
+        // could make the majority, so that a slow server is not taken for a refusal; and until
+        // a majority answered, since fewer answers decide nothing.
+        let decided = |answers: &[Option<Answer<Begin>>]| {
+            let granted = answers
+                .iter()
+                .filter(|answer| matches!(answer, Some(Ok(Begin::Acquired { .. }))))
+                .count();
+            let answered = answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count();
+            let pending = answers.iter().filter(|answer| answer.is_none()).count();
+            granted >= quorum
+                || (granted + pending < quorum && answered >= quorum)
+                || answered + pending < quorum
+        };
         let answers = inner
-            .each("begin", |protocol| async move {
-                protocol.begin(unit, token, lock_ttl, fencing).await
-            })
+            .each(
+                "begin",
+                inner.patience(Some(lock_ttl)),
+                decided,
+                |protocol| async move { protocol.begin(unit, token, lock_ttl, fencing).await },
+            )
             .await;
         let mut grants: Vec<(usize, LockToken)> = Vec::new();
+        // Servers whose answer never came (or was cut off): the `SET` may have run there, or
+        // may still run, and leave a lock of ours that nobody would release.
+        let mut unknown: Vec<(usize, LockToken)> = Vec::new();
         let mut markers = Vec::new();
         let mut busy = Vec::new();
         let mut errors = Vec::new();
@@ -43,7 +64,12 @@ impl Store for RedlockStore {
                     lock_ttl_remaining, ..
                 }) => busy.push(lock_ttl_remaining),
                 Ok(_) => errors.push(unknown_answer("begin")),
-                Err(err) => errors.push(err),
+                Err(err) => {
+                    if err.is_ambiguous() {
+                        unknown.push((index, token.clone()));
+                    }
+                    errors.push(err);
+                }
             }
         }
         // A marker on any server counts as done (a server that restarted may have lost its
@@ -51,7 +77,8 @@ impl Store for RedlockStore {
         // holder's that no majority stored, and replaying it would answer for work that is
         // still running.
         // Servers that did not answer may be among that majority.
-        if !markers.is_empty() && busy.len() + errors.len() < inner.quorum() {
+        if !markers.is_empty() && busy.len() + errors.len() < quorum {
+            grants.append(&mut unknown);
             inner.release_grants(unit, &grants).await;
             return Ok(Begin::Done(most_common(markers)));
         }
@@ -63,13 +90,13 @@ impl Store for RedlockStore {
             .max();
         let granted = token.clone().granted(fence);
         let mut left = Vec::new();
-        if fence.is_some() && grants.len() >= inner.quorum() {
+        if fence.is_some() && grants.len() >= quorum {
             (grants, left) = inner.raise(unit, grants, &granted).await;
         }
         let validity = lock_ttl
             .saturating_sub(started.elapsed())
             .saturating_sub(inner.drift(lock_ttl));
-        if grants.len() >= inner.quorum() && validity >= inner.min_validity {
+        if grants.len() >= quorum && validity >= inner.min_validity {
             if !left.is_empty() {
                 inner.release_grants(unit, &left).await;
             }
@@ -77,8 +104,9 @@ impl Store for RedlockStore {
         }
         grants.append(&mut left);
         let granted_count = grants.len();
+        grants.append(&mut unknown);
         inner.release_grants(unit, &grants).await;
-        if granted_count >= inner.quorum() {
+        if granted_count >= quorum {
             return Err(StoreError::new(
                 "begin",
                 StoreErrorKind::Timeout,
@@ -91,15 +119,15 @@ impl Store for RedlockStore {
                 ),
             ));
         }
-        if granted_count + errors.len() >= inner.quorum() {
-            // The servers that failed could have made the majority: that is the failure.
+        if granted_count + busy.len() + markers.len() < quorum {
+            // Too few servers answered for their answers to decide: that is the failure. (The
+            // round has waited for the slow ones as long as their grant could count.)
             return Err(inner.no_quorum("begin", errors));
         }
-        Ok(Begin::busy(busy_until(
-            busy,
-            inner.servers.len(),
-            inner.quorum(),
-        )))
+        // A majority answered, and another delivery holds the unit on enough of them (or on
+        // servers that are down) to keep a majority from this one: wait for it, as a queue's
+        // waiter does on one server, rather than fail while it works.
+        Ok(Begin::busy(busy_until(busy, inner.servers.len(), quorum)))
     }
 
     async fn finish(
@@ -110,13 +138,43 @@ impl Store for RedlockStore {
         result_ttl: Duration,
     ) -> Result<Finish, StoreError> {
         let inner = &*self.inner;
+        let quorum = inner.quorum();
+        // A server still to answer may yet store the marker: the round waits for it while that
+        // could change the answer, rather than fail a `finish` that slow servers would complete.
+        let decided = |answers: &[Option<Answer<Finish>>]| {
+            let count = |f: fn(&Finish) -> bool| {
+                answers
+                    .iter()
+                    .filter(|answer| matches!(answer, Some(Ok(finish)) if f(finish)))
+                    .count()
+            };
+            let completed = count(|finish| matches!(finish, Finish::Completed));
+            let stored = count(|finish| {
+                matches!(
+                    finish,
+                    Finish::Completed
+                        | Finish::LockLost {
+                            marker_written: true,
+                            ..
+                        }
+                )
+            });
+            let pending = answers.iter().filter(|answer| answer.is_none()).count();
+            completed >= quorum
+                || (stored >= quorum && completed + pending < quorum)
+                || stored + pending < quorum
+        };
         let answers = inner
-            .each("finish", |protocol| async move {
-                protocol.finish(unit, token, marker, result_ttl).await
-            })
+            .each(
+                "finish",
+                inner.patience(None),
+                decided,
+                |protocol| async move { protocol.finish(unit, token, marker, result_ttl).await },
+            )
             .await;
         let (mut completed, mut stored) = (0, 0);
         let mut stored_on = Vec::new();
+        let mut unknown = Vec::new();
         let mut errors = Vec::new();
         for (index, answer) in answers.into_iter().enumerate() {
             match answer {
@@ -135,31 +193,44 @@ impl Store for RedlockStore {
                 Ok(Finish::LockLost { .. }) => {}
                 // An answer this build does not know stores nothing it can count on.
                 Ok(_) => errors.push(unknown_answer("finish")),
-                Err(err) => errors.push(err),
+                Err(err) => {
+                    // The marker may have been stored there, or may be stored later.
+                    if err.is_ambiguous() {
+                        unknown.push(index);
+                    }
+                    errors.push(err);
+                }
             }
         }
-        if completed >= inner.quorum() {
+        if completed >= quorum {
             return Ok(Finish::Completed);
         }
-        if stored >= inner.quorum() {
+        if stored >= quorum {
             return Ok(Finish::lost_marker_written());
         }
-        if stored + errors.len() >= inner.quorum() {
+        if stored + errors.len() >= quorum {
             // A repeat may still reach a majority; the runner repeats while its lock lasts.
             return Err(inner.no_quorum("finish", errors));
         }
         // Another delivery holds or finished the unit on a majority: a marker of ours on a
-        // minority would answer duplicates with a result the quorum never agreed on.
+        // minority would answer duplicates with a result the quorum never agreed on. That
+        // includes the servers whose answer never came, where the marker may land late: the
+        // retraction follows it on the same connection.
+        stored_on.append(&mut unknown);
         inner.retract(unit, &stored_on, marker).await;
         Ok(Finish::lost_nothing_written())
     }
 
     async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
         let inner = &*self.inner;
+        let quorum = inner.quorum();
         let answers = inner
-            .each("release", |protocol| async move {
-                protocol.release(unit, token).await
-            })
+            .each(
+                "release",
+                inner.patience(None),
+                inner.majority_answered(),
+                |protocol| async move { protocol.release(unit, token).await },
+            )
             .await;
         let (mut released, mut not_ours) = (0, 0);
         let mut errors = Vec::new();
@@ -173,7 +244,7 @@ impl Store for RedlockStore {
         if released > 0 {
             return Ok(true);
         }
-        if not_ours >= inner.quorum() {
+        if not_ours >= quorum {
             return Ok(false);
         }
         Err(inner.no_quorum("release", errors))
@@ -186,10 +257,14 @@ impl Store for RedlockStore {
         lock_ttl: Duration,
     ) -> Result<bool, StoreError> {
         let inner = &*self.inner;
+        let quorum = inner.quorum();
         let answers = inner
-            .each("renew", |protocol| async move {
-                protocol.renew(unit, token, lock_ttl).await
-            })
+            .each(
+                "renew",
+                inner.patience(None),
+                inner.majority_answered(),
+                |protocol| async move { protocol.renew(unit, token, lock_ttl).await },
+            )
             .await;
         let (mut renewed, mut lost) = (0, 0);
         let mut errors = Vec::new();
@@ -200,10 +275,10 @@ impl Store for RedlockStore {
                 Err(err) => errors.push(err),
             }
         }
-        if renewed >= inner.quorum() {
+        if renewed >= quorum {
             return Ok(true);
         }
-        if lost > inner.servers.len() - inner.quorum() {
+        if lost > inner.servers.len() - quorum {
             return Ok(false);
         }
         Err(inner.no_quorum("renew", errors))
@@ -216,6 +291,8 @@ impl Store for RedlockStore {
         let answers = inner
             .each(
                 "inspect",
+                inner.patience(None),
+                inner.majority_answered(),
                 |protocol| async move { protocol.inspect(unit).await },
             )
             .await;
@@ -257,8 +334,11 @@ impl Store for RedlockStore {
     async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
         let inner = &*self.inner;
         let answers = inner
+            // Every server must answer: a marker left on one still answers deliveries.
             .each(
                 "forget",
+                inner.patience(None),
+                |_| false,
                 |protocol| async move { protocol.forget(unit).await },
             )
             .await;
