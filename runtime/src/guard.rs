@@ -2,10 +2,8 @@
 //! renewed while the body runs when the task asks for it.
 
 use std::future::{Future, poll_fn};
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::pin;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
@@ -17,22 +15,6 @@ use crate::error::StoreError;
 use crate::observe::{KeyLogging, renewal as observe_renewal};
 use crate::store::{Finish, SharedStore, Store};
 use crate::unit::{LockToken, UnitOfWork};
-
-pub(crate) type Panic = Box<dyn std::any::Any + Send>;
-
-/// Input: the body's future. Output: a future that yields the body's output, or the payload of
-/// a panic raised while polling it, so the lock can be released before the panic resumes.
-pub(crate) async fn catching_panics<F: Future>(body: F) -> Result<F::Output, Panic> {
-    let mut body = pin!(body);
-    poll_fn(
-        |cx| match catch_unwind(AssertUnwindSafe(|| body.as_mut().poll(cx))) {
-            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
-            Ok(Poll::Pending) => Poll::Pending,
-            Err(panic) => Poll::Ready(Err(panic)),
-        },
-    )
-    .await
-}
 
 /// What the watchdog needs to renew one lock; owned, since it runs as a task of its own.
 pub(crate) struct Renewal {

@@ -72,12 +72,23 @@ impl Panicked {
 /// # }
 /// ```
 pub async fn catch_panic<F: Future>(future: F) -> Result<F::Output, Panicked> {
+    catching_panics(future)
+        .await
+        .map_err(|payload| Panicked::from_payload(&*payload))
+}
+
+/// A panic's payload, as `std::panic::resume_unwind` takes it back.
+pub(crate) type Panic = Box<dyn Any + Send>;
+
+/// Input: a future. Output: a future that yields its output, or the payload of a panic raised
+/// while polling it: the runner releases the body's lock before the panic resumes.
+pub(crate) async fn catching_panics<F: Future>(future: F) -> Result<F::Output, Panic> {
     let mut future = pin!(future);
     poll_fn(
         |cx| match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
             Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
             Ok(Poll::Pending) => Poll::Pending,
-            Err(payload) => Poll::Ready(Err(Panicked::from_payload(&*payload))),
+            Err(payload) => Poll::Ready(Err(payload)),
         },
     )
     .await
