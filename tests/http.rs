@@ -369,9 +369,7 @@ async fn declined(State(probe): State<Probe>) -> Response {
 /// `POST /panicky`: panics on its first execution, `201` after.
 async fn panicky(State(probe): State<Probe>) -> Response {
     let run = probe.executions.fetch_add(1, Ordering::SeqCst) + 1;
-    if run == 1 {
-        panic!("the ledger client panicked on run {run}");
-    }
+    assert!(run != 1, "the ledger client panicked on run {run}");
     (StatusCode::CREATED, format!("paid on run {run}")).into_response()
 }
 

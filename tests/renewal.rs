@@ -24,10 +24,10 @@ use support::postgres::PostgresServer;
 use support::quorum::Quorum;
 
 /// Long enough that a renewal gets through on a machine whose cores are busy (one every
-/// 333 ms, each with 667 ms to arrive); a watchdog that cannot run at all loses it mid-body.
-const LOCK_TTL: Duration = Duration::from_secs(1);
+/// 667 ms, each with 1.3 s to arrive); a watchdog that cannot run at all loses it mid-body.
+const LOCK_TTL: Duration = Duration::from_secs(2);
 /// How long the body blocks its thread: more than three lock TTLs.
-const BLOCKED_FOR: Duration = Duration::from_millis(3500);
+const BLOCKED_FOR: Duration = Duration::from_millis(6500);
 /// The worker thread counts the guarantees guide says are enough.
 const WORKER_THREADS: [usize; 2] = [1, 2];
 

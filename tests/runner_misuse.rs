@@ -113,7 +113,7 @@ fn a_zero_lock_ttl_is_refused() {
 #[should_panic(expected = "lock TTL must be at least `idempotask::MIN_TTL` (100 ms)")]
 fn a_lock_ttl_below_the_floor_is_refused() {
     let _ = Task::new("short")
-        .lock_ttl(idempotask::MIN_TTL - Duration::from_nanos(1))
+        .lock_ttl(idempotask::MIN_TTL.saturating_sub(Duration::from_nanos(1)))
         .renew(true);
 }
 
