@@ -35,6 +35,10 @@ const LOCK_TTL: Duration = Duration::from_secs(10);
 const REDELIVERIES: u32 = 20;
 const BODY: Duration = Duration::from_millis(30);
 
+/// The races load the machine on purpose (two worker processes, and busy loops for the loaded
+/// ones): one at a time, so that a race measures the load it sets up and not its neighbour's.
+static RACES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn figures(scenario: &str, figures: &str) {
     println!("FIGURES | {scenario} | {figures} |");
 }
@@ -314,6 +318,7 @@ async fn race(quorum: &Quorum, kill: &[usize]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_racing_run_each_side_effect_once() {
+    let _one_race_at_a_time = RACES.lock().await;
     let quorum = Quorum::start(SERVERS);
     let line = race(&quorum, &[]).await;
     figures("two processes race, 5 servers", &line);
@@ -323,6 +328,7 @@ async fn two_processes_racing_run_each_side_effect_once() {
 // once, and bodies ran twice (95 of 200 keys) while 3,174 deliveries gave up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_racing_on_loaded_cores_run_each_side_effect_once() {
+    let _one_race_at_a_time = RACES.lock().await;
     let quorum = Quorum::start(SERVERS);
     let _load = BusyLoops::start(2, Duration::from_secs(900));
     let line = race(&quorum, &[]).await;
@@ -334,6 +340,7 @@ async fn two_processes_racing_on_loaded_cores_run_each_side_effect_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_servers_killed_mid_race_change_nothing_and_the_survivors_keep_working() {
+    let _one_race_at_a_time = RACES.lock().await;
     let quorum = Quorum::start(SERVERS);
     let load = BusyLoops::start(2, Duration::from_secs(900));
     let line = race(&quorum, &[0, 3]).await;
