@@ -245,8 +245,9 @@ async fn worker() {
 
 /// Races two worker processes over `KEYS` keys, `DELIVERIES_PER_KEY` deliveries each; with
 /// `kill`, kills those servers with SIGKILL once `KILL_AFTER` bodies ran. Asserts that every
-/// key ran exactly once and that no delivery gave up; answers the figures line.
-async fn race(quorum: &Quorum, kill: &[usize]) -> String {
+/// key ran exactly once, and that no call gave up unless `give_ups` says how many calls may
+/// (each redelivered, as a queue would); answers the figures line.
+async fn race(quorum: &Quorum, kill: &[usize], give_ups: GiveUps) -> String {
     let ledger = RedisServer::start();
     let mut conn = patient_connection(&ledger.url()).await;
     let config = WorkerConfig {
@@ -302,8 +303,12 @@ async fn race(quorum: &Quorum, kill: &[usize]) -> String {
         took.as_millis(),
         effects.values().sum::<u32>()
     );
+    let allowed = match give_ups {
+        GiveUps::None => gave_up == 0,
+        GiveUps::Redelivered => lost == 0,
+    };
     assert!(
-        twice == 0 && never == 0 && gave_up == 0 && executed == KEYS,
+        twice == 0 && never == 0 && allowed && executed == KEYS,
         "{line}; {executed} executions reported; errors: {errors:?}"
     );
     for key in 0..KEYS {
@@ -316,11 +321,21 @@ async fn race(quorum: &Quorum, kill: &[usize]) -> String {
     format!("{line}, identical results in both processes")
 }
 
+/// Whether a race may have calls that give up (`Contended` after the retry policy's wait).
+#[derive(Clone, Copy)]
+enum GiveUps {
+    /// None may.
+    None,
+    /// Some may, each redelivered until it runs or replays; none may still fail after
+    /// `REDELIVERIES`.
+    Redelivered,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_racing_run_each_side_effect_once() {
     let _one_race_at_a_time = RACES.lock().await;
     let quorum = Quorum::start(SERVERS);
-    let line = race(&quorum, &[]).await;
+    let line = race(&quorum, &[], GiveUps::None).await;
     figures("two processes race, 5 servers", &line);
 }
 
@@ -331,7 +346,7 @@ async fn two_processes_racing_on_loaded_cores_run_each_side_effect_once() {
     let _one_race_at_a_time = RACES.lock().await;
     let quorum = Quorum::start(SERVERS);
     let _load = BusyLoops::start(2, Duration::from_secs(900));
-    let line = race(&quorum, &[]).await;
+    let line = race(&quorum, &[], GiveUps::None).await;
     figures(
         "two processes race, 5 servers, both cores loaded by two busy loops",
         &line,
@@ -343,7 +358,10 @@ async fn two_servers_killed_mid_race_change_nothing_and_the_survivors_keep_worki
     let _one_race_at_a_time = RACES.lock().await;
     let quorum = Quorum::start(SERVERS);
     let load = BusyLoops::start(2, Duration::from_secs(900));
-    let line = race(&quorum, &[0, 3]).await;
+    // Waiters can still starve the holder's `finish` on the three survivors when the machine
+    // is loaded beyond the test's own busy loops: their calls give up `Contended` and are
+    // delivered again. What must hold whatever the load: every key once, none lost.
+    let line = race(&quorum, &[0, 3], GiveUps::Redelivered).await;
     drop(load);
     // A store connected now reaches only the three survivors, a majority: it works.
     let store = store(quorum.urls(), Duration::from_millis(200)).await;
