@@ -16,8 +16,16 @@ use crate::unit::hex;
 /// iteration order of a `HashMap` (random per process), nor on the order in which a struct
 /// declares its fields. Values that JSON cannot tell apart (a `u8` and a `u64` holding 7, a
 /// `Vec` and a tuple) have the same fingerprint. Numbers keep their exact text, never going
-/// through a float: every `u128` and `i128` is its own, and a float is the shortest text that
-/// reads back as the same float, so no two values of a type share a fingerprint.
+/// through a float: every `u128` and `i128` is its own, and a finite float is the shortest text
+/// that reads back as the same float, so two different finite floats never share a fingerprint.
+///
+/// **What `serde_json` writes as `null` has one fingerprint.** JSON has no text for `NaN`,
+/// `inf` or `-inf`: `serde_json` writes each of them as `null`, as it writes `None` and `()`. So
+/// `f64::NAN`, `f64::INFINITY`, `f64::NEG_INFINITY`, `None::<f64>` and `Some(None::<u8>)` all
+/// have the fingerprint of `null`, and a key reused with `NaN` where `inf` was first is not
+/// [`Error::KeyReuse`](crate::Error::KeyReuse). Where arguments may hold a non-finite float and
+/// the difference matters, fingerprint something that tells them apart (the float's
+/// `to_bits()`, or its `to_string()`), or refuse them before the call.
 ///
 /// ```
 /// use std::collections::HashMap;
@@ -32,6 +40,9 @@ use crate::unit::hex;
 /// // 2^64 and 2^64 + 1 are two values, in a map too.
 /// let big = |n: u128| HashMap::from([("account", n)]);
 /// assert_ne!(Fingerprint::of(&big(1 << 64))?, Fingerprint::of(&big((1 << 64) + 1))?);
+/// // NaN, the infinities and None are all `null` to JSON, and so one fingerprint.
+/// assert_eq!(Fingerprint::of(&(f64::NAN, "EUR"))?, Fingerprint::of(&(f64::INFINITY, "EUR"))?);
+/// assert_eq!(Fingerprint::of(&(f64::NAN, "EUR"))?, Fingerprint::of(&(None::<f64>, "EUR"))?);
 /// # Ok::<(), serde_json::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -698,6 +709,32 @@ mod tests {
             Fingerprint::of(&1.0_f64).unwrap(),
             Fingerprint::of(&1_u8).unwrap()
         );
+    }
+
+    // The docs promised that no two values of a type share a fingerprint, but serde_json
+    // writes NaN, both infinities and `None` as `null`: this pins what they share.
+    #[test]
+    fn non_finite_floats_and_none_share_the_fingerprint_of_null() {
+        let null = Fingerprint::of(&()).unwrap();
+        assert_eq!(null, Fingerprint::of_json(b"null").unwrap());
+        for float in [f64::NAN, -f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            assert_eq!(Fingerprint::of(&float).unwrap(), null, "{float}");
+            assert_eq!(Fingerprint::of(&Some(float)).unwrap(), null, "{float}");
+        }
+        assert_eq!(Fingerprint::of(&f32::NAN).unwrap(), null);
+        assert_eq!(Fingerprint::of(&None::<f64>).unwrap(), null);
+        assert_eq!(Fingerprint::of(&Some(None::<u8>)).unwrap(), null);
+        // Inside arguments too: the other members do not keep them apart.
+        assert_eq!(
+            Fingerprint::of(&(7_u64, f64::NAN)).unwrap(),
+            Fingerprint::of(&(7_u64, None::<f64>)).unwrap()
+        );
+        // What the docs suggest instead tells them apart.
+        assert_ne!(
+            Fingerprint::of(&f64::NAN.to_bits()).unwrap(),
+            Fingerprint::of(&f64::INFINITY.to_bits()).unwrap()
+        );
+        assert_ne!(null, Fingerprint::of(&f64::MAX).unwrap());
     }
 
     #[test]
