@@ -34,6 +34,10 @@ const GENERATOR_FUNCTIONS: &[&str] = &[
     "now_utc",
     "now_local",
     "elapsed",
+    "from_entropy",
+    "from_os_rng",
+    "try_from_os_rng",
+    "make_rng",
 ];
 
 /// Types whose `new()` or `generate()` mints a fresh identifier.
@@ -47,14 +51,36 @@ const GENERATOR_TYPES: &[&str] = &[
     "Snowflake",
 ];
 
-/// Crates every function of which draws a random value: `fastrand::u64(..)`,
-/// `rand::random()`.
+/// Random number generators seeded by the operating system: the value `OsRng`, or one made
+/// with `ThreadRng::default()`.
+const ENTROPY_RNGS: &[&str] = &["OsRng", "SysRng", "ThreadRng"];
+
+/// Crates whose functions draw a random value (`fastrand::u64(..)`, `rand::random()`), except
+/// those that seed a generator from their arguments and those that build a distribution.
 const GENERATOR_CRATES: &[&str] = &["fastrand", "rand", "getrandom", "nanorand"];
+
+/// Modules of the generator crates that build distributions: a distribution draws nothing
+/// itself, the generator it is sampled with does.
+const DISTRIBUTION_MODULES: &[&str] = &["distr", "distributions"];
+
+/// Constructors of a random number generator from a seed they are given
+/// (`StdRng::seed_from_u64(order_id)`, `SeedableRng::from_seed(..)`, `StdRng::from_rng(&mut
+/// other)`, `fastrand::Rng::with_seed(..)`): what the generator draws is as fresh as its seed,
+/// so the same on every delivery when the seed is the caller's.
+const SEEDED_CONSTRUCTORS: &[&str] = &[
+    "seed_from_u64",
+    "from_seed",
+    "from_rng",
+    "try_from_rng",
+    "with_seed",
+    "new_seed",
+];
 
 /// Macros that mint fresh identifiers.
 const GENERATOR_MACROS: &[&str] = &["nanoid", "cuid", "ulid"];
 
-/// Methods that draw random values.
+/// Methods that draw random values; a draw from a generator seeded in the body is as fresh as
+/// its seed (`Locals::seeded_draw`).
 const GENERATOR_METHODS: &[&str] = &["gen", "random", "random_range", "gen_range", "sample"];
 
 pub(crate) fn generated_key(at: &dyn ToTokens) -> syn::Error {
@@ -83,12 +109,18 @@ fn generated_nested_key(origin: &Origin) -> syn::Error {
     )
 }
 
+/// Whether `expr` makes a value that differs on every delivery, by its syntax alone: a call of
+/// a generator, an entropy-seeded generator, a generator macro, or a draw (`rng.random()`),
+/// which `Locals` accepts when it draws from a generator seeded in the body.
 pub(crate) fn is_generator(expr: &Expr) -> bool {
     match expr {
         Expr::Call(call) => {
             let Expr::Path(path) = &*call.func else {
                 return false;
             };
+            if is_seeded_construction(call) {
+                return false;
+            }
             let segments: Vec<String> = path
                 .path
                 .segments
@@ -98,20 +130,26 @@ pub(crate) fn is_generator(expr: &Expr) -> bool {
             let Some(last) = segments.last() else {
                 return false;
             };
-            let through_generator_crate =
-                segments.len() > 1 && GENERATOR_CRATES.contains(&segments[0].as_str());
-            let process_id =
-                segments.len() > 1 && last == "id" && segments[segments.len() - 2] == "process";
+            let ty = segments.iter().rev().nth(1).map(String::as_str);
+            let through_generator_crate = segments.len() > 1
+                && GENERATOR_CRATES.contains(&segments[0].as_str())
+                && !segments
+                    .iter()
+                    .any(|s| DISTRIBUTION_MODULES.contains(&s.as_str()));
+            let process_id = last == "id" && ty == Some("process");
             through_generator_crate
                 || process_id
                 || GENERATOR_FUNCTIONS.contains(&last.as_str())
-                || (matches!(last.as_str(), "new" | "generate" | "from_entropy")
-                    && segments
-                        .iter()
-                        .rev()
-                        .nth(1)
-                        .is_some_and(|ty| GENERATOR_TYPES.contains(&ty.as_str())))
+                || (matches!(last.as_str(), "new" | "generate")
+                    && ty.is_some_and(|ty| GENERATOR_TYPES.contains(&ty)))
+                || (matches!(last.as_str(), "new" | "default")
+                    && ty.is_some_and(|ty| ENTROPY_RNGS.contains(&ty)))
         }
+        Expr::Path(path) => path
+            .path
+            .segments
+            .last()
+            .is_some_and(|s| ENTROPY_RNGS.contains(&s.ident.to_string().as_str())),
         Expr::Macro(mac) => mac
             .mac
             .path
@@ -121,6 +159,14 @@ pub(crate) fn is_generator(expr: &Expr) -> bool {
         Expr::MethodCall(call) => GENERATOR_METHODS.contains(&call.method.to_string().as_str()),
         _ => false,
     }
+}
+
+/// Whether `call` builds a random number generator from a seed it is given, which makes it as
+/// fresh as its arguments and no fresher.
+pub(crate) fn is_seeded_construction(call: &syn::ExprCall) -> bool {
+    matches!(&*call.func, Expr::Path(path) if path.path.segments.last().is_some_and(|s| {
+        SEEDED_CONSTRUCTORS.contains(&s.ident.to_string().as_str())
+    }))
 }
 
 /// Input: the task's body, the key's parameters, the statements that are not the user's
@@ -204,7 +250,9 @@ impl BodyChecker<'_> {
 
     fn generated_arguments<'e>(&mut self, args: impl IntoIterator<Item = &'e Expr>) {
         for arg in args {
-            let origin = first_generator(arg)
+            let origin = self
+                .locals
+                .first_generator(arg)
                 .map(|generator| Origin {
                     generator,
                     binding: None,
@@ -219,8 +267,7 @@ impl BodyChecker<'_> {
     /// Visits `then` in a scope of its own, in which `pat` is bound to `value`.
     fn bound_in(&mut self, pat: &Pat, value: &Expr, then: impl FnOnce(&mut Self)) {
         self.locals.enter();
-        let origin = self.locals.origin_of(value);
-        self.locals.bind(pat, origin.as_ref());
+        self.locals.bind_to(pat, Some(value));
         then(self);
         self.locals.leave();
     }
@@ -233,11 +280,8 @@ impl<'ast> Visit<'ast> for BodyChecker<'_> {
         }
         visit::visit_local(self, local);
         // Bound after its initialiser is walked: `let key = key.clone();` reads the outer one.
-        let origin = local
-            .init
-            .as_ref()
-            .and_then(|init| self.locals.origin_of(&init.expr));
-        self.locals.bind(&local.pat, origin.as_ref());
+        self.locals
+            .bind_to(&local.pat, local.init.as_ref().map(|init| &*init.expr));
     }
 
     fn visit_block(&mut self, block: &'ast Block) {
@@ -247,10 +291,8 @@ impl<'ast> Visit<'ast> for BodyChecker<'_> {
     }
 
     fn visit_expr_closure(&mut self, closure: &'ast syn::ExprClosure) {
-        self.locals.enter();
-        for input in &closure.inputs {
-            self.locals.bind(input, None);
-        }
+        // Its parameters hide the outer locals of their names in its body.
+        self.locals.enter_closure(closure);
         visit::visit_expr_closure(self, closure);
         self.locals.leave();
     }
@@ -268,8 +310,7 @@ impl<'ast> Visit<'ast> for BodyChecker<'_> {
 
     fn visit_expr_let(&mut self, expr: &'ast syn::ExprLet) {
         visit::visit_expr_let(self, expr);
-        let origin = self.locals.origin_of(&expr.expr);
-        self.locals.bind(&expr.pat, origin.as_ref());
+        self.locals.bind_to(&expr.pat, Some(&expr.expr));
     }
 
     fn visit_expr_while(&mut self, expr: &'ast syn::ExprWhile) {
