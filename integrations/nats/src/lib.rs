@@ -109,7 +109,7 @@
 //!   delivery. Leave `max_deliver` unlimited (JetStream's default), or a message may be dropped
 //!   with a `MAX_DELIVERIES` advisory although no worker finished it; a body that keeps failing
 //!   is ended by [`max_failures`](Idempotent::max_failures) instead, which counts the body's
-//!   failures only, in a key-value bucket of its own ([`Idempotent::failure_bucket`]).
+//!   failures only, in a key-value bucket of its own ([`Idempotent::failure_counts`]).
 //! - **The consumer is checked once.** On the first message, the integration reads its
 //!   consumer's configuration in the background and logs at `WARN` each setting that works
 //!   against the lock: an `AckWait` shorter than the declared one, and a limited
@@ -268,7 +268,7 @@ impl<K> Idempotent<K> {
     /// Only the body's failures count: a delivery deferred for a busy key or a store error
     /// does not, so a store outage never uses up a message's tries. JetStream's `delivered`
     /// counts those deferrals too, so the count is kept apart, in a JetStream key-value bucket
-    /// ([`failure_bucket`](Self::failure_bucket)): only a failing body on a redelivery reads it,
+    /// ([`failure_counts`](Self::failure_counts)): only a failing body on a redelivery reads it,
     /// and only a failing body writes it. A count that cannot be read or written (the bucket
     /// unreachable, or the user not allowed to use it) is logged at `WARN` and counts from
     /// zero: the message is then tried more than `max_failures` times, never fewer.
@@ -289,11 +289,11 @@ impl<K> Idempotent<K> {
     /// use std::time::Duration;
     /// use idempotask_nats::{Idempotent, MsgId};
     /// let charge_once = Idempotent::new(idempotask::Task::new("order_charge"), MsgId)
-    ///     .failure_bucket("orders_failures", Duration::from_secs(3600));
+    ///     .failure_counts("orders_failures", Duration::from_secs(3600));
     /// assert_eq!(charge_once.failure_bucket_name(), "orders_failures");
     /// ```
     #[must_use]
-    pub fn failure_bucket(mut self, bucket: impl Into<String>, max_age: Duration) -> Self {
+    pub fn failure_counts(mut self, bucket: impl Into<String>, max_age: Duration) -> Self {
         self.failures = Arc::new(FailureCounts::new(bucket.into(), max_age));
         self
     }
