@@ -13,14 +13,37 @@ use async_nats::jetstream::{self, consumer};
 pub enum ConsumerProblem {
     /// The consumer's `AckWait` is shorter than the one declared with
     /// [`Idempotent::ack_wait`](crate::Idempotent::ack_wait): progress acks come too late, and
-    /// JetStream delivers a message again while its body still runs under the lock.
+    /// JetStream delivers a message again while its body still runs under the lock. A consumer
+    /// with a `backoff` list is checked by its entries instead
+    /// ([`BackoffShorterThanDeclared`](Self::BackoffShorterThanDeclared)).
     #[error(
         "the consumer's AckWait ({consumer:?}) is shorter than the declared one ({declared:?}): JetStream redelivers messages whose body still runs; declare the consumer's AckWait with `Idempotent::ack_wait`"
     )]
+    #[non_exhaustive]
     AckWaitShorterThanDeclared {
         /// The consumer's `AckWait`.
         consumer: Duration,
         /// The one declared to the integration.
+        declared: Duration,
+    },
+    /// An entry of the consumer's `backoff` list is shorter than the `AckWait` declared with
+    /// [`Idempotent::ack_wait`](crate::Idempotent::ack_wait). With a `backoff` list, JetStream
+    /// waits for the ack of the `n`-th delivery of a message for the list's `n`-th entry (the
+    /// last one for every later delivery) instead of `AckWait`, and each progress ack starts
+    /// that wait again: an entry shorter than the declared `AckWait` lets the progress acks come
+    /// too late, and JetStream delivers the message again while its body still runs under the
+    /// lock, as a short `AckWait` does. Only the entries JetStream uses under the consumer's
+    /// `max_deliver` count; this is the shortest of them.
+    #[error(
+        "the consumer's backoff waits {backoff:?} for the ack of delivery {delivery}, less than the declared AckWait ({declared:?}): JetStream redelivers messages whose body still runs; make every backoff entry at least the declared AckWait, or declare the shortest one with `Idempotent::ack_wait`"
+    )]
+    #[non_exhaustive]
+    BackoffShorterThanDeclared {
+        /// The first delivery (1 for the first) whose ack JetStream waits `backoff` for.
+        delivery: usize,
+        /// The shortest entry of the consumer's `backoff` that JetStream uses.
+        backoff: Duration,
+        /// The `AckWait` declared to the integration.
         declared: Duration,
     },
     /// The consumer limits deliveries: every deferral (a busy key, a store error) is a
@@ -30,6 +53,7 @@ pub enum ConsumerProblem {
     #[error(
         "the consumer's max_deliver is {max_deliver}: deferred deliveries count too, so JetStream may drop a message nobody finished; leave max_deliver unlimited and bound failures with `Idempotent::max_failures`"
     )]
+    #[non_exhaustive]
     MaxDeliverLimited {
         /// The consumer's `max_deliver`.
         max_deliver: i64,
@@ -46,15 +70,29 @@ impl Expected {
     /// Input: a consumer's configuration. Output: each way it works against the lock.
     pub(crate) fn problems(self, config: &consumer::Config) -> Vec<ConsumerProblem> {
         let mut problems = Vec::new();
-        // Zero is what a configuration that sets none reads as: JetStream's default then applies.
-        let ack_wait = if config.ack_wait.is_zero() {
-            crate::DEFAULT_ACK_WAIT
-        } else {
-            config.ack_wait
-        };
-        if ack_wait < self.declared_ack_wait {
-            problems.push(ConsumerProblem::AckWaitShorterThanDeclared {
-                consumer: ack_wait,
+        if config.backoff.is_empty() {
+            // Zero is what a configuration that sets none reads as: JetStream's default then
+            // applies.
+            let ack_wait = if config.ack_wait.is_zero() {
+                crate::DEFAULT_ACK_WAIT
+            } else {
+                config.ack_wait
+            };
+            if ack_wait < self.declared_ack_wait {
+                problems.push(ConsumerProblem::AckWaitShorterThanDeclared {
+                    consumer: ack_wait,
+                    declared: self.declared_ack_wait,
+                });
+            }
+        } else if let Some((delivery, backoff)) =
+            shortest_backoff_used(&config.backoff, config.max_deliver)
+            && backoff < self.declared_ack_wait
+        {
+            // JetStream replaces `AckWait` by the first entry, and waits for the ack of each
+            // delivery as long as its own entry says: the entries are the clocks to beat.
+            problems.push(ConsumerProblem::BackoffShorterThanDeclared {
+                delivery,
+                backoff,
                 declared: self.declared_ack_wait,
             });
         }
@@ -87,5 +125,74 @@ impl Expected {
         for problem in self.problems(&info.cached_info().config) {
             tracing::warn!(stream, consumer, "{problem}");
         }
+    }
+}
+
+/// Input: a consumer's `backoff` list and its `max_deliver`. Output: the shortest entry that
+/// JetStream waits for before it delivers a message again, and the first delivery (1-based)
+/// it waits that long for; `None` when no entry is used.
+///
+/// Delivery `n` waits for entry `n - 1`, or the last one when the list is shorter. The last
+/// delivery `max_deliver` allows is never followed by another, so its wait does not count.
+fn shortest_backoff_used(backoff: &[Duration], max_deliver: i64) -> Option<(usize, Duration)> {
+    let redelivered = if max_deliver > 0 {
+        usize::try_from(max_deliver - 1).unwrap_or(usize::MAX)
+    } else {
+        usize::MAX
+    };
+    // Of equal entries, `min_by_key` keeps the first: the first delivery that waits that long.
+    backoff
+        .iter()
+        .copied()
+        .take(redelivered)
+        .enumerate()
+        .min_by_key(|&(_, entry)| entry)
+        .map(|(index, entry)| (index + 1, entry))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn the_backoff_entries_used_are_those_before_the_last_allowed_delivery() {
+        let backoff = [5 * S, 2 * S, 9 * S];
+        // Unlimited: every entry, the last repeated.
+        assert_eq!(shortest_backoff_used(&backoff, -1), Some((2, 2 * S)));
+        // Delivery 2 is the last: its wait is never followed by a redelivery.
+        assert_eq!(shortest_backoff_used(&backoff, 2), Some((1, 5 * S)));
+        assert_eq!(shortest_backoff_used(&backoff, 1), None);
+        assert_eq!(shortest_backoff_used(&[], -1), None);
+        // Equal entries: the first delivery that waits that long.
+        assert_eq!(shortest_backoff_used(&[3 * S, S, S], 0), Some((2, S)));
+    }
+
+    #[test]
+    fn a_consumer_with_a_backoff_is_checked_by_its_entries_not_its_ack_wait() {
+        let expected = Expected {
+            declared_ack_wait: 10 * S,
+        };
+        // The first entry is what JetStream turns AckWait into: not two problems.
+        let config = consumer::Config {
+            ack_wait: S,
+            backoff: vec![S, 20 * S],
+            ..Default::default()
+        };
+        assert_eq!(
+            expected.problems(&config),
+            [ConsumerProblem::BackoffShorterThanDeclared {
+                delivery: 1,
+                backoff: S,
+                declared: 10 * S
+            }]
+        );
+        let long = consumer::Config {
+            ack_wait: S,
+            backoff: vec![10 * S, 20 * S],
+            ..Default::default()
+        };
+        assert_eq!(expected.problems(&long), []);
     }
 }

@@ -110,10 +110,14 @@
 //!   with a `MAX_DELIVERIES` advisory although no worker finished it; a body that keeps failing
 //!   is ended by [`max_failures`](Idempotent::max_failures) instead, which counts the body's
 //!   failures only, in a key-value bucket of its own ([`Idempotent::failure_counts`]).
+//! - **A consumer's `backoff` list replaces its `AckWait`**: JetStream waits for the ack of a
+//!   message's `n`-th delivery as long as the list's `n`-th entry says (the last entry for
+//!   every later delivery), so each entry it uses must be at least the declared `ack_wait`,
+//!   as `AckWait` must.
 //! - **The consumer is checked once.** On the first message, the integration reads its
 //!   consumer's configuration in the background and logs at `WARN` each setting that works
-//!   against the lock: an `AckWait` shorter than the declared one, and a limited
-//!   `max_deliver` ([`ConsumerProblem`]). To refuse such a
+//!   against the lock: an `AckWait`, or an entry of its `backoff` list, shorter than the
+//!   declared `ack_wait`, and a limited `max_deliver` ([`ConsumerProblem`]). To refuse such a
 //!   consumer at start-up instead, call [`Idempotent::consumer_problems`] with its
 //!   configuration.
 //! - Give queue tasks [`RetryPolicy::no_wait`](idempotask::RetryPolicy::no_wait): a contended
@@ -324,8 +328,10 @@ impl<K> Idempotent<K> {
     }
 
     /// The settings of a consumer that work against this task's lock: an `AckWait` shorter
-    /// than the declared [`ack_wait`](Self::ack_wait) (the progress acks would come too late)
-    /// and a limited `max_deliver` (deferred deliveries count against it).
+    /// than the declared [`ack_wait`](Self::ack_wait) (the progress acks would come too late),
+    /// or, for a consumer with a `backoff` list, which JetStream uses instead of `AckWait`, an
+    /// entry shorter than it among those JetStream uses under `max_deliver`; and a limited
+    /// `max_deliver` (deferred deliveries count against it).
     ///
     /// [`handle`](Self::handle) and [`process`](Self::process) read the consumer of the first
     /// message they get and log each of these once, at `WARN`; call this to refuse such a
