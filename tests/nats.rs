@@ -1017,11 +1017,28 @@ async fn deferred_deliveries_do_not_use_up_max_failures() {
     let (outcome, acked_on) = acked.expect("acked within 60 deliveries of the store coming back");
     assert_eq!((outcome, acked_on), (Outcome::Executed, failed_on + 1));
     assert_eq!(runs.load(Ordering::SeqCst), 2);
-    // The one failure is what the bucket holds for the message.
+    // The one failure is what the bucket holds for the message (beside the consumer check's
+    // probe).
     let counts = queue.js.get_key_value("idempotask_failures").await.unwrap();
-    let mut keys = counts.keys().await.unwrap();
-    let key = keys.next().await.unwrap().unwrap();
-    assert_eq!(&counts.get(&key).await.unwrap().unwrap()[..], b"1");
+    let keys: Vec<String> = counts
+        .keys()
+        .await
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+        .await;
+    let message_keys: Vec<&String> = keys.iter().filter(|key| !is_probe(key)).collect();
+    assert_eq!(message_keys.len(), 1, "{keys:?}");
+    assert_eq!(
+        &counts.get(message_keys[0]).await.unwrap().unwrap()[..],
+        b"1"
+    );
+}
+
+/// Whether `key` is one the consumer check writes into the failure bucket to see that it takes
+/// writes.
+fn is_probe(key: &str) -> bool {
+    key.starts_with("idempotask_check.")
 }
 
 // A consumer whose AckWait was shorter than the one the integration assumed, or with a small
@@ -1125,4 +1142,213 @@ async fn a_consumer_backoff_shorter_than_the_declared_ack_wait_is_reported() {
         ),
         "{problems:?}"
     );
+}
+
+/// Declares the stream of key-value bucket `bucket` as the integration does, but holding at
+/// most one byte, so that every write to it is refused while reads work.
+async fn full_bucket(queue: &Queue, bucket: &str) {
+    queue
+        .js
+        .create_stream(jetstream::stream::Config {
+            name: format!("KV_{bucket}"),
+            subjects: vec![format!("$KV.{bucket}.>")],
+            max_messages_per_subject: 1,
+            max_bytes: 1,
+            discard: jetstream::stream::DiscardPolicy::New,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(
+        queue.js.get_key_value(bucket).await.is_ok(),
+        "a bucket to the client"
+    );
+}
+
+/// Runs an always failing body over the deliveries of one message until it is terminated, at
+/// most `bound` times; answers the outcome of each delivery: its `delivered` and what became
+/// of it.
+async fn poison_until_terminated(
+    queue: &Queue,
+    consumer: &str,
+    charge_once: &Idempotent<MsgId>,
+    bound: usize,
+) -> Vec<(i64, AckKind, Option<u32>)> {
+    let consumer = queue.consumer(consumer, Duration::from_secs(30)).await;
+    let mut messages = consumer.messages().await.unwrap();
+    let mut outcomes = Vec::new();
+    for _ in 0..bound {
+        let message = tokio::time::timeout(Duration::from_secs(30), messages.next())
+            .await
+            .expect("the message comes back")
+            .unwrap()
+            .unwrap();
+        let handled = charge_once
+            .handle(&message, async { Err::<(), _>("card declined") })
+            .await
+            .unwrap();
+        let failures = match &handled {
+            Handled::Failed { .. } => None,
+            Handled::GaveUp { failures, .. } => Some(*failures),
+            other => panic!("{other:?}"),
+        };
+        outcomes.push((delivered(&message), handled.ack_kind(), failures));
+        if failures.is_some() {
+            break;
+        }
+    }
+    outcomes
+}
+
+// A failure bucket that refused writes left every count at zero: a poison message was nak'd
+// for ever, its body run without end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_bucket_that_refuses_writes_still_ends_a_poison_message() {
+    let queue = Queue::start().await;
+    full_bucket(&queue, "full_failures").await;
+    let mut advisories = queue.terminations("charger").await;
+    let sequence = queue.publish(r#"{"id":31}"#, Some("order-31")).await;
+    let short = Duration::from_millis(20);
+    let charge_once = Idempotent::new(Task::new("nats_full_bucket"), MsgId)
+        .store(queue.store().await)
+        .failure_counts("full_failures", Duration::from_secs(3600))
+        .failure_retry_delay(short, short)
+        .max_failures(3);
+
+    let outcomes = poison_until_terminated(&queue, "charger", &charge_once, 10).await;
+    assert!(
+        matches!(
+            &outcomes[..],
+            [
+                (1, AckKind::Nak(Some(d1)), None),
+                (2, AckKind::Nak(Some(d2)), None),
+                (3, AckKind::Term, Some(3)),
+            ] if *d1 == short && *d2 == short
+        ),
+        "terminated by its deliveries: {outcomes:?}"
+    );
+    assert_eq!(terminated(&mut advisories, 1).await, [sequence]);
+    // The first-message check said so too.
+    let problems = charge_once
+        .check_consumer(&queue.js, &jetstream::consumer::Config::default())
+        .await;
+    assert!(
+        matches!(
+            &problems[..],
+            [ConsumerProblem::FailureBucketUnusable { bucket, .. }] if bucket == "full_failures"
+        ),
+        "{problems:?}"
+    );
+}
+
+// A failure bucket that could not be opened counted every message's failures from zero: a
+// poison message was nak'd for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_bucket_that_cannot_be_opened_still_ends_a_poison_message() {
+    let queue = Queue::start().await;
+    // A stream of the bucket's name that is not a key-value bucket: the bucket can be neither
+    // opened nor created.
+    queue
+        .js
+        .create_stream(jetstream::stream::Config {
+            name: "KV_taken".to_owned(),
+            subjects: vec!["taken.>".to_owned()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    queue.publish(r#"{"id":32}"#, Some("order-32")).await;
+    let charge_once = Idempotent::new(Task::new("nats_no_bucket"), MsgId)
+        .store(queue.store().await)
+        .failure_counts("taken", Duration::from_secs(3600))
+        .failure_retry_delay(Duration::from_millis(20), Duration::from_millis(20))
+        .max_failures(2);
+    let problems = charge_once
+        .check_consumer(&queue.js, &jetstream::consumer::Config::default())
+        .await;
+    assert!(
+        matches!(
+            &problems[..],
+            [ConsumerProblem::FailureBucketUnusable { bucket, reason, .. }]
+                if bucket == "taken" && !reason.is_empty()
+        ),
+        "{problems:?}"
+    );
+
+    let outcomes = poison_until_terminated(&queue, "charger", &charge_once, 10).await;
+    assert!(
+        matches!(
+            &outcomes[..],
+            [(1, AckKind::Nak(_), None), (2, AckKind::Term, Some(2))]
+        ),
+        "{outcomes:?}"
+    );
+    // A bucket that works is no problem, and the check leaves it made.
+    let fine = Idempotent::new(Task::new("nats_fine_bucket"), MsgId)
+        .failure_counts("fine_failures", Duration::from_secs(3600));
+    assert_eq!(
+        fine.check_consumer(&queue.js, &jetstream::consumer::Config::default())
+            .await,
+        []
+    );
+    let bucket = queue.js.get_key_value("fine_failures").await.unwrap();
+    let keys: Vec<String> = bucket
+        .keys()
+        .await
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+        .await;
+    assert!(
+        keys.iter().all(|key| is_probe(key)) && !keys.is_empty(),
+        "{keys:?}"
+    );
+}
+
+/// A message as JetStream would deliver it from consumer `consumer` of the `ORDERS` stream,
+/// with `Nats-Msg-Id: msg_id`; its acks go nowhere.
+fn delivered_by(queue: &Queue, consumer: &str, msg_id: &str) -> Message {
+    let mut message = without_reply(queue, msg_id);
+    message.message.reply =
+        Some(format!("$JS.ACK.{STREAM}.{consumer}.1.1.1.1764547200000000000.0").into());
+    message
+}
+
+// The consumer was marked checked before the check ran: when the first message's consumer could
+// not be read, no later message checked it, and its problems were never reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_check_that_could_not_read_the_consumer_runs_again_later() {
+    let queue = Queue::start().await;
+    let charge_once = Idempotent::new(Task::new("nats_check_again"), MsgId)
+        .store(queue.store().await)
+        .failure_counts("checked_failures", Duration::from_secs(3600));
+    let checked = || async { queue.js.get_key_value("checked_failures").await.is_ok() };
+    // Its consumer does not exist: the check cannot read it, and probes nothing.
+    let ghost = delivered_by(&queue, "ghost", "order-33");
+    let handled = charge_once
+        .process(&ghost, async { Ok::<_, std::io::Error>(()) })
+        .await;
+    assert!(matches!(handled, Handled::Acked(_)), "{handled:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!checked().await, "checked a consumer that does not exist");
+
+    // Once the retry delay has passed, a message of a real consumer is checked.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let consumer = queue.consumer("charger", Duration::from_secs(30)).await;
+    queue.publish(r#"{"id":34}"#, Some("order-34")).await;
+    let mut messages = consumer.messages().await.unwrap();
+    let message = messages.next().await.unwrap().unwrap();
+    let handled = charge_once
+        .handle(&message, async { Ok::<_, std::io::Error>(()) })
+        .await
+        .unwrap();
+    assert!(matches!(handled, Handled::Acked(_)), "{handled:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !checked().await {
+        assert!(Instant::now() < deadline, "the consumer was never checked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -1,13 +1,18 @@
-//! Whether a consumer's own redelivery settings agree with the task's lock: read from
-//! JetStream once, on the first message, and reported at `WARN`.
+//! Whether a consumer's own redelivery settings agree with the task's lock, and whether the
+//! failure bucket can be used: checked on the first message, and reported at `WARN`.
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer};
 
-/// A setting of the JetStream consumer that works against the task's lock: JetStream may
-/// deliver a message again while a worker still holds its lock, or drop a message that no
-/// worker finished. See [`Idempotent::consumer_problems`](crate::Idempotent::consumer_problems).
+use crate::failures::FailureCounts;
+
+/// A setting of the JetStream consumer, or of the bucket beside it, that works against the
+/// task's lock: JetStream may deliver a message again while a worker still holds its lock, drop
+/// a message that no worker finished, or end a message before its body has had its tries. See
+/// [`Idempotent::consumer_problems`](crate::Idempotent::consumer_problems) and
+/// [`Idempotent::check_consumer`](crate::Idempotent::check_consumer).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConsumerProblem {
@@ -58,6 +63,22 @@ pub enum ConsumerProblem {
         /// The consumer's `max_deliver`.
         max_deliver: i64,
     },
+    /// The key-value bucket that counts body failures
+    /// ([`Idempotent::failure_counts`](crate::Idempotent::failure_counts)) cannot be opened,
+    /// created or written. [`max_failures`](crate::Idempotent::max_failures) then counts
+    /// JetStream's deliveries, deferred ones included, for each message whose count it cannot
+    /// read or write: such a message may be terminated before its body has failed
+    /// `max_failures` times (never later).
+    #[error(
+        "the failure bucket `{bucket}` cannot be used ({reason}): max_failures then counts JetStream's deliveries, deferred ones included, so a message may be terminated early; let the consumer's user create and write the bucket, or create it beforehand"
+    )]
+    #[non_exhaustive]
+    FailureBucketUnusable {
+        /// The bucket's name.
+        bucket: String,
+        /// Why it cannot be used, as the server or the client said.
+        reason: String,
+    },
 }
 
 /// What the integration expects of its consumer.
@@ -104,28 +125,37 @@ impl Expected {
         problems
     }
 
-    /// Reads consumer `consumer` of stream `stream` and logs each problem at `WARN`; a consumer
-    /// that cannot be read is logged at `DEBUG` and left alone.
-    pub(crate) async fn warn_about(
+    /// Reads consumer `consumer` of stream `stream` and probes the failure bucket; answers
+    /// every problem found.
+    ///
+    /// # Errors
+    /// When the consumer's configuration cannot be read: nothing was checked.
+    pub(crate) async fn check(
         self,
-        context: jetstream::Context,
-        stream: String,
-        consumer: String,
-    ) {
+        context: &jetstream::Context,
+        stream: &str,
+        consumer: &str,
+        failures: &FailureCounts,
+    ) -> Result<Vec<ConsumerProblem>, async_nats::Error> {
         let info = context
-            .get_consumer_from_stream::<consumer::Config, _, _>(&consumer, &stream)
-            .await;
-        let info = match info {
-            Ok(info) => info,
-            Err(err) => {
-                tracing::debug!(stream, consumer, error = %err, "could not read the consumer's configuration to check it");
-                return;
-            }
-        };
-        for problem in self.problems(&info.cached_info().config) {
-            tracing::warn!(stream, consumer, "{problem}");
-        }
+            .get_consumer_from_stream::<consumer::Config, _, _>(consumer, stream)
+            .await?;
+        let mut problems = self.problems(&info.cached_info().config);
+        problems.extend(bucket_problem(context, failures).await);
+        Ok(problems)
     }
+}
+
+/// The bucket's problem, if it has one: it cannot be opened, created or written.
+pub(crate) async fn bucket_problem(
+    context: &jetstream::Context,
+    failures: &FailureCounts,
+) -> Option<ConsumerProblem> {
+    let err = failures.probe(context).await.err()?;
+    Some(ConsumerProblem::FailureBucketUnusable {
+        bucket: failures.bucket().to_owned(),
+        reason: err.to_string(),
+    })
 }
 
 /// Input: a consumer's `backoff` list and its `max_deliver`. Output: the shortest entry that
@@ -148,6 +178,69 @@ fn shortest_backoff_used(backoff: &[Duration], max_deliver: i64) -> Option<(usiz
         .enumerate()
         .min_by_key(|&(_, entry)| entry)
         .map(|(index, entry)| (index + 1, entry))
+}
+
+/// Whether the first-message check has run: not yet, under way, or done. It is done only once
+/// the consumer could be read; a check that could not read it (or whose task was dropped) goes
+/// back to not yet, and a message at least [`RECHECK_AFTER`] later tries again.
+#[derive(Debug, Default)]
+pub(crate) struct CheckState(Mutex<Check>);
+
+#[derive(Debug, Default, Clone, Copy)]
+enum Check {
+    #[default]
+    NotYet,
+    /// The last check could not read the consumer; the next one waits until then.
+    FailedUntil(Instant),
+    UnderWay,
+    Done,
+}
+
+/// How long after a check that could not read its consumer the next one may start: a consumer
+/// whose user may not read it costs one request per this, not one per message.
+pub(crate) const RECHECK_AFTER: Duration = Duration::from_secs(5);
+
+impl CheckState {
+    /// Claims the check for the caller when none has completed or is under way, and the last
+    /// failed one is [`RECHECK_AFTER`] ago.
+    pub(crate) fn start(self: &Arc<Self>) -> Option<Claim> {
+        let mut check = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match *check {
+            Check::NotYet => {}
+            Check::FailedUntil(until) if Instant::now() >= until => {}
+            Check::FailedUntil(_) | Check::UnderWay | Check::Done => return None,
+        }
+        *check = Check::UnderWay;
+        Some(Claim {
+            state: Arc::clone(self),
+            completed: false,
+        })
+    }
+}
+
+/// A check under way. Dropped without [`completed`](Self::completed), it lets a later message
+/// check again.
+pub(crate) struct Claim {
+    state: Arc<CheckState>,
+    completed: bool,
+}
+
+impl Claim {
+    /// The check ran to its end: no later message checks again.
+    pub(crate) fn completed(mut self) {
+        self.completed = true;
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let mut check = self.state.0.lock().unwrap_or_else(PoisonError::into_inner);
+        *check = if self.completed {
+            Check::Done
+        } else {
+            Check::FailedUntil(Instant::now() + RECHECK_AFTER)
+        };
+    }
 }
 
 #[cfg(test)]
@@ -194,5 +287,25 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(expected.problems(&long), []);
+    }
+
+    // The flag was set before the check ran: a first message whose consumer could not be read
+    // left the consumer unchecked for good.
+    #[test]
+    fn a_check_that_did_not_complete_can_be_claimed_again_later() {
+        let state = Arc::new(CheckState::default());
+        let claim = state.start().expect("the first check");
+        assert!(state.start().is_none(), "one check at a time");
+        drop(claim);
+        assert!(state.start().is_none(), "not again before RECHECK_AFTER");
+        *state.0.lock().unwrap() = Check::FailedUntil(Instant::now());
+        state
+            .start()
+            .expect("again once RECHECK_AFTER has passed")
+            .completed();
+        assert!(
+            state.start().is_none(),
+            "a completed check is not run again"
+        );
     }
 }

@@ -56,7 +56,7 @@
 //! | a stored value: a duplicate, the body did not run (`Outcome::Replayed`) | `Acked` | `+ACK` |
 //! | the body's `Ok`, but its lock expired first or its marker could not be written (`LockLost`, `MarkerNotWritten`) | `Acked` | `+ACK`: the side effect happened; running it again would not undo it |
 //! | the body's `Err`, or a panic in it ([`BodyFailure`]): the lock is released, nothing is stored | `Failed` | `-NAK` with a backoff that doubles per failure ([`failure_retry_delay`](Idempotent::failure_retry_delay), 1 s up to 60 s by default): the queue's retry runs the body again |
-//! | the body's [`max_failures`](Idempotent::max_failures)-th failure (5 by default; deferred deliveries do not count) | `GaveUp` | `+TERM`: no more deliveries |
+//! | the body's [`max_failures`](Idempotent::max_failures)-th failure (5 by default; deferred deliveries do not count, unless the failure bucket cannot be used) | `GaveUp` | `+TERM`: no more deliveries |
 //! | the key is busy after the task's [`RetryPolicy`](idempotask::RetryPolicy) ([`Error::Contended`]) | `Deferred` | `-NAK` with the holder's remaining lock time as the delay (the lock TTL when the store did not say); nothing ran |
 //! | the store failed ([`Error::Store`]) or none is installed | `Deferred` | `-NAK` with a bounded backoff ([`store_retry_delay`](Idempotent::store_retry_delay), 1 s up to 60 s by default); nothing ran, or the lock is released |
 //! | the program misuses the task (`Reentered`, `TaskNameTaken`, `NoRuntime`) | `Deferred` | `-NAK` with the store's backoff, and an error log: the deploy is wrong, not the message, which waits for the fixed one |
@@ -109,17 +109,21 @@
 //!   delivery. Leave `max_deliver` unlimited (JetStream's default), or a message may be dropped
 //!   with a `MAX_DELIVERIES` advisory although no worker finished it; a body that keeps failing
 //!   is ended by [`max_failures`](Idempotent::max_failures) instead, which counts the body's
-//!   failures only, in a key-value bucket of its own ([`Idempotent::failure_counts`]).
+//!   failures only, in a key-value bucket of its own ([`Idempotent::failure_counts`]). When
+//!   that bucket cannot be used, it counts JetStream's deliveries instead: a message may then
+//!   be terminated early, but a poison message never loops for ever.
 //! - **A consumer's `backoff` list replaces its `AckWait`**: JetStream waits for the ack of a
 //!   message's `n`-th delivery as long as the list's `n`-th entry says (the last entry for
 //!   every later delivery), so each entry it uses must be at least the declared `ack_wait`,
 //!   as `AckWait` must.
-//! - **The consumer is checked once.** On the first message, the integration reads its
-//!   consumer's configuration in the background and logs at `WARN` each setting that works
-//!   against the lock: an `AckWait`, or an entry of its `backoff` list, shorter than the
-//!   declared `ack_wait`, and a limited `max_deliver` ([`ConsumerProblem`]). To refuse such a
-//!   consumer at start-up instead, call [`Idempotent::consumer_problems`] with its
-//!   configuration.
+//! - **The consumer is checked on the first message.** The integration reads its consumer's
+//!   configuration in the background and logs at `WARN` each setting that works against the
+//!   lock: an `AckWait`, or an entry of its `backoff` list, shorter than the declared
+//!   `ack_wait`, a limited `max_deliver`, and a failure bucket that cannot be opened, created
+//!   or written ([`ConsumerProblem`]). A check that cannot read the consumer is logged at
+//!   `DEBUG` and runs again on a later message (at most once every 5 s). To refuse such a
+//!   consumer at start-up instead, call [`Idempotent::check_consumer`] (or
+//!   [`Idempotent::consumer_problems`], for the consumer's configuration alone).
 //! - Give queue tasks [`RetryPolicy::no_wait`](idempotask::RetryPolicy::no_wait): a contended
 //!   delivery is then nak'd at once with the right delay, instead of holding a worker while it
 //!   waits for the lock.
@@ -134,10 +138,9 @@ mod key;
 mod progress;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use async_nats::jetstream::{AckKind, Message, consumer};
+use async_nats::jetstream::{self, AckKind, Message, consumer};
 use idempotask::store::{SharedStore, Store};
 use idempotask::{Error, Fingerprint, Task, catch_panic};
 use serde::Serialize;
@@ -150,7 +153,7 @@ pub use handled::{BodyFailure, Handled, Rejection};
 pub use key::{MessageKey, MissingKey, MsgId};
 
 use backoff::{Backoff, MIN_DELAY};
-use consumer_config::Expected;
+use consumer_config::{CheckState, Expected};
 use failures::FailureCounts;
 use handled::undecided;
 
@@ -195,7 +198,7 @@ pub struct Idempotent<K> {
     store_backoff: Backoff,
     fingerprint_payload: bool,
     failures: Arc<FailureCounts>,
-    consumer_checked: Arc<AtomicBool>,
+    consumer_check: Arc<CheckState>,
 }
 
 impl<K> Idempotent<K> {
@@ -215,7 +218,7 @@ impl<K> Idempotent<K> {
                 DEFAULT_FAILURE_BUCKET.to_owned(),
                 DEFAULT_FAILURE_MEMORY,
             )),
-            consumer_checked: Arc::new(AtomicBool::new(false)),
+            consumer_check: Arc::new(CheckState::default()),
         }
     }
 
@@ -273,21 +276,33 @@ impl<K> Idempotent<K> {
     /// does not, so a store outage never uses up a message's tries. JetStream's `delivered`
     /// counts those deferrals too, so the count is kept apart, in a JetStream key-value bucket
     /// ([`failure_counts`](Self::failure_counts)): only a failing body on a redelivery reads it,
-    /// and only a failing body writes it. A count that cannot be read or written (the bucket
-    /// unreachable, or the user not allowed to use it) is logged at `WARN` and counts from
-    /// zero: the message is then tried more than `max_failures` times, never fewer.
+    /// and only a failing body writes it.
+    ///
+    /// **When the bucket cannot be used**, JetStream's `delivered` stands in for the count: a
+    /// count that cannot be read (the bucket cannot be opened or created, the user may not read
+    /// it) is taken as the deliveries before this one, and so is the count of a message whose
+    /// last count could not be written (the user may not write, the bucket is full), on its
+    /// next deliveries to this process, until a write of it succeeds. `delivered` is never
+    /// below the body's failures, so such a message is terminated after at most `max_failures`
+    /// runs of its body, sooner when deferred deliveries came between them: a poison message
+    /// never loops for ever, at the cost of a message that was deferred being ended early. (A
+    /// redelivery to another process, which has not seen the write fail, may run the body once
+    /// more before that process falls back too.) The first fallback is logged at `WARN`, later
+    /// ones at `DEBUG`; the first-message check and [`check_consumer`](Self::check_consumer)
+    /// report such a bucket ([`ConsumerProblem::FailureBucketUnusable`]).
     #[must_use]
     pub fn max_failures(mut self, failures: u32) -> Self {
         self.max_failures = failures.max(1);
         self
     }
 
-    /// The JetStream key-value bucket that counts the body failures of each message (default
-    /// [`DEFAULT_FAILURE_BUCKET`]), and how long a count is kept after its last failure
-    /// (default [`DEFAULT_FAILURE_MEMORY`]). The bucket is created with one value per key on
-    /// first use when it does not exist; the consumer's user then needs the right to create
-    /// it, or an operator creates it beforehand. A count that outlives its `max_age` starts
-    /// again from zero.
+    /// Where the failure counts of [`max_failures`](Self::max_failures) are kept: the
+    /// JetStream key-value bucket `bucket` (default [`DEFAULT_FAILURE_BUCKET`]), each message's
+    /// count for `max_age` after its last failure (default [`DEFAULT_FAILURE_MEMORY`]). The
+    /// bucket is created with one value per key when it does not exist, by the first-message
+    /// check or the first failure; the consumer's user then needs the right to create it, or an
+    /// operator creates it beforehand. The user needs the right to read and write it either
+    /// way. A count that outlives its `max_age` starts again from zero.
     ///
     /// ```
     /// use std::time::Duration;
@@ -334,8 +349,9 @@ impl<K> Idempotent<K> {
     /// `max_deliver` (deferred deliveries count against it).
     ///
     /// [`handle`](Self::handle) and [`process`](Self::process) read the consumer of the first
-    /// message they get and log each of these once, at `WARN`; call this to refuse such a
-    /// consumer at start-up instead.
+    /// message they get and log each of these once, at `WARN`, with the failure bucket's
+    /// problem if it has one; call this, or [`check_consumer`](Self::check_consumer) to check
+    /// the bucket too, to refuse such a consumer at start-up instead.
     ///
     /// ```
     /// use std::time::Duration;
@@ -356,27 +372,82 @@ impl<K> Idempotent<K> {
         self.expected().problems(consumer)
     }
 
+    /// What [`consumer_problems`](Self::consumer_problems) finds in `consumer`, and whether the
+    /// failure bucket ([`failure_counts`](Self::failure_counts)) can be used: it is opened, or
+    /// created when it does not exist, and written to as the first failing body would (a new
+    /// key `idempotask_check.<time>` per check, which no message's count uses, kept for the
+    /// bucket's `max_age`). A bucket that cannot be used is
+    /// [`ConsumerProblem::FailureBucketUnusable`]: [`max_failures`](Self::max_failures) then
+    /// counts JetStream's deliveries for the messages whose count it cannot read or write.
+    /// This is the check that [`handle`](Self::handle) runs on the first message; call it at
+    /// start-up to refuse a consumer or a bucket that does not fit.
+    ///
+    /// ```no_run
+    /// use async_nats::jetstream;
+    /// use idempotask::Task;
+    /// use idempotask_nats::{Idempotent, MsgId};
+    ///
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    /// let js = jetstream::new(async_nats::connect("nats://127.0.0.1:4222").await?);
+    /// let mut consumer = js.get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>("charger", "ORDERS").await?;
+    /// let charge_once = Idempotent::new(Task::new("order_charge"), MsgId);
+    /// let problems = charge_once.check_consumer(&js, &consumer.info().await?.config).await;
+    /// if !problems.is_empty() {
+    ///     return Err(format!("the consumer does not fit: {problems:?}").into());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn check_consumer(
+        &self,
+        context: &jetstream::Context,
+        consumer: &consumer::Config,
+    ) -> Vec<ConsumerProblem> {
+        let mut problems = self.consumer_problems(consumer);
+        problems.extend(consumer_config::bucket_problem(context, &self.failures).await);
+        problems
+    }
+
     fn expected(&self) -> Expected {
         Expected {
             declared_ack_wait: self.ack_wait,
         }
     }
 
-    /// On the first message only: reads its consumer in the background and warns about its
-    /// problems.
+    /// Until a check has completed: reads the message's consumer and probes the failure bucket
+    /// in the background, and warns about their problems. A check that cannot read the consumer
+    /// is left to a later message.
     fn check_consumer_once(&self, message: &Message) {
-        if self.consumer_checked.swap(true, Ordering::Relaxed) {
-            return;
-        }
         let (Ok(info), Ok(runtime)) = (message.info(), tokio::runtime::Handle::try_current())
         else {
             return;
         };
-        runtime.spawn(self.expected().warn_about(
-            message.context.clone(),
-            info.stream.to_owned(),
-            info.consumer.to_owned(),
-        ));
+        let Some(claim) = self.consumer_check.start() else {
+            return;
+        };
+        let expected = self.expected();
+        let failures = Arc::clone(&self.failures);
+        let context = message.context.clone();
+        let (stream, consumer) = (info.stream.to_owned(), info.consumer.to_owned());
+        runtime.spawn(async move {
+            match expected
+                .check(&context, &stream, &consumer, &failures)
+                .await
+            {
+                Ok(problems) => {
+                    for problem in problems {
+                        tracing::warn!(stream, consumer, "{problem}");
+                    }
+                    claim.completed();
+                }
+                // Dropped, the claim lets a later message check again.
+                Err(err) => tracing::debug!(
+                    stream,
+                    consumer,
+                    error = %err,
+                    "could not read the consumer's configuration to check it; a later message checks again"
+                ),
+            }
+        });
     }
 }
 
@@ -515,6 +586,7 @@ impl<K: MessageKey> Idempotent<K> {
         };
         let failures = self.failures.recorded(message).await.saturating_add(1);
         if failures >= self.max_failures {
+            self.failures.forget(message);
             return Handled::GaveUp { error, failures };
         }
         self.failures.record(message, failures).await;
@@ -537,7 +609,7 @@ impl<K> Clone for Idempotent<K> {
             store_backoff: self.store_backoff,
             fingerprint_payload: self.fingerprint_payload,
             failures: Arc::clone(&self.failures),
-            consumer_checked: Arc::clone(&self.consumer_checked),
+            consumer_check: Arc::clone(&self.consumer_check),
         }
     }
 }
