@@ -143,6 +143,7 @@ impl PostgresStoreBuilder {
             table: name.display(),
             pool: self.pool,
             connections,
+            diagnosis: super::checkout::Diagnosis::default(),
             response_timeout: self.response_timeout,
             max_key_len: self.max_key_len,
         };

@@ -5,7 +5,16 @@ use idempotask::store::{StoreError, StoreErrorKind};
 
 /// Classifies a failed statement of `operation` on table `table`.
 pub(super) fn store_error(operation: &'static str, table: &str, err: sqlx::Error) -> StoreError {
-    let (kind, ambiguous, message) = match &err {
+    let (kind, ambiguous, message) = classify(table, &err);
+    StoreError::new(operation, kind, message)
+        .ambiguous_if(ambiguous)
+        .with_source(err)
+}
+
+/// What kind of failure `err` is, whether the statement may have taken effect, and what to
+/// say of it.
+pub(super) fn classify(table: &str, err: &sqlx::Error) -> (StoreErrorKind, bool, String) {
+    match err {
         // The request may have reached the server before the connection broke.
         sqlx::Error::Io(_) => (StoreErrorKind::Unreachable, true, err.to_string()),
         sqlx::Error::Tls(_) => (StoreErrorKind::Unreachable, false, err.to_string()),
@@ -28,10 +37,7 @@ pub(super) fn store_error(operation: &'static str, table: &str, err: sqlx::Error
         | sqlx::Error::Decode(_)
         | sqlx::Error::TypeNotFound { .. } => (StoreErrorKind::Protocol, true, err.to_string()),
         _ => (StoreErrorKind::Rejected, true, err.to_string()),
-    };
-    StoreError::new(operation, kind, message)
-        .ambiguous_if(ambiguous)
-        .with_source(err)
+    }
 }
 
 /// A statement the server refused ran to no effect, so these are not ambiguous, except where
@@ -58,9 +64,10 @@ fn database(db: &dyn sqlx::error::DatabaseError, table: &str) -> (StoreErrorKind
         // statement's commit reached the log, so its fate is unknown.
         "57P01" | "57P02" => (StoreErrorKind::Unreachable, true, db.message().to_owned()),
         // too_many_connections: the server's `max_connections` is shared by every pool that
-        // uses it; no retry makes room, a configuration change does.
+        // uses it. A spike passes (a retry finds room), a pool too large for the server does
+        // not: retryable, with the remedy in the message for the second case.
         "53300" => (
-            StoreErrorKind::Configuration,
+            StoreErrorKind::Rejected,
             false,
             format!(
                 "the server refused a connection: {} (SQLSTATE 53300); the store's pool and the application's must fit in the server's `max_connections` together: lower `PostgresStoreBuilder::max_connections` or the application's pool, or raise `max_connections`",

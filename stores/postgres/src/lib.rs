@@ -17,6 +17,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod builder;
+mod checkout;
 mod errors;
 pub mod ops;
 mod statements;
@@ -75,9 +76,12 @@ const PURGE_BLOCKS: i64 = 4096;
 /// that hold every connection of your pool cannot keep a `begin` from running or a successful
 /// body's result from being recorded. Count those connections in the server's
 /// `max_connections`: [`connect`](PostgresStoreBuilder::connect) warns when the two pools
-/// together can open more than the server takes, and a server that refuses the store a
-/// connection (`too many clients already`) is a `Configuration` error that says so, not a
-/// timeout.
+/// together can open more than the server takes. A server that refuses the store a
+/// connection (`too many clients already`) fails the statement with a `Rejected` error that
+/// says so, not a timeout: retryable, since a spike passes, and with the remedy for a pool too
+/// large for the server. A wait for a connection that is still going at half the response
+/// timeout asks the server why with one connection attempt outside the pool, within the same
+/// timeout; one attempt at a time for the whole store, its answer reused for a second.
 ///
 /// sqlx pings each connection before handing it out unless told otherwise
 /// (`PgPoolOptions::test_before_acquire(false)`): one more round trip per statement, on the
@@ -127,6 +131,8 @@ pub struct PostgresStore {
     pool: PgPool,
     /// The store's own connections, for its own statements.
     connections: PgPool,
+    /// Why the store's pool could not open a connection, as the server last said.
+    diagnosis: checkout::Diagnosis,
     table: String,
     statements: Statements,
     response_timeout: Duration,
@@ -394,66 +400,20 @@ impl PostgresStore {
         Ok(ops::StoredUnit { key, state })
     }
 
-    /// A connection of the store's pool, waited for at most the response timeout. Nothing has
-    /// been sent while waiting, so running out of time here is not ambiguous: the caller knows
-    /// the statement never ran (and a release after it would find nothing to free).
+    /// A connection of the store's pool, waited for at most the response timeout (see
+    /// [`checkout`](checkout::checkout)).
     async fn acquire(
         &self,
         operation: &'static str,
     ) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, StoreError> {
-        let max = self.connections.options().get_max_connections();
-        match tokio::time::timeout(self.response_timeout, self.connections.acquire()).await {
-            Ok(Ok(connection)) => Ok(connection),
-            // sqlx's pool retries a server's refusal to open a connection until its deadline,
-            // and then says only that it timed out: below its size, ask the server why.
-            Ok(Err(sqlx::Error::PoolTimedOut)) | Err(_) if self.connections.size() < max => {
-                Err(self.why_no_connection(operation).await)
-            }
-            Ok(Err(err)) => Err(store_error(operation, &self.table, err)),
-            Err(_) => Err(StoreError::new(
-                operation,
-                StoreErrorKind::Timeout,
-                format!(
-                    "no connection of the store's pool became free within {} ms; nothing was sent (more statements at once than its {max} connections can take: raise `PostgresStoreBuilder::max_connections`)",
-                    self.response_timeout.as_millis(),
-                ),
-            )),
-        }
-    }
-
-    /// The error of a pool that could not open a connection: the server's own answer to one
-    /// more attempt, made outside the pool. A server that refuses clients (`too many clients
-    /// already`) is a configuration error, not a timeout to retry.
-    async fn why_no_connection(&self, operation: &'static str) -> StoreError {
-        use sqlx::Connection as _;
-        let options = self.connections.connect_options();
-        let attempt = tokio::time::timeout(
+        checkout::checkout(
+            &self.connections,
+            &self.diagnosis,
+            operation,
+            &self.table,
             self.response_timeout,
-            sqlx::PgConnection::connect_with(options.as_ref()),
         )
-        .await;
-        match attempt {
-            Ok(Err(err)) => store_error(operation, &self.table, err),
-            Ok(Ok(connection)) => {
-                let _ = connection.close().await;
-                StoreError::new(
-                    operation,
-                    StoreErrorKind::Timeout,
-                    format!(
-                        "the store's pool could not open a connection within {} ms, though the server takes one now; nothing was sent",
-                        self.response_timeout.as_millis()
-                    ),
-                )
-            }
-            Err(_) => StoreError::new(
-                operation,
-                StoreErrorKind::Unreachable,
-                format!(
-                    "the server did not take a connection within {} ms; nothing was sent",
-                    self.response_timeout.as_millis()
-                ),
-            ),
-        }
+        .await
     }
 
     /// Runs one statement under the response timeout.
