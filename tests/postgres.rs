@@ -1063,7 +1063,10 @@ async fn a_server_with_no_room_for_the_stores_connections_is_a_retryable_refusal
         // A spike passes: the runner retries, and a body's result is retried while its lock
         // lasts, rather than reported unwritten at the first refusal.
         assert_eq!(refused.kind(), StoreErrorKind::Rejected, "{refused}");
-        assert!(refused.is_retryable() && !refused.is_ambiguous(), "{refused}");
+        assert!(
+            refused.is_retryable() && !refused.is_ambiguous(),
+            "{refused}"
+        );
         let message = refused.to_string();
         assert!(
             message.contains("too many clients") && message.contains("max_connections"),
