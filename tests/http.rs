@@ -153,6 +153,7 @@ on_every_store!(
     json_numbers_count_by_their_exact_text,
     a_request_refused_as_malformed_is_not_stored_and_the_corrected_one_runs,
     a_panicking_handler_is_500_and_its_retry_runs,
+    a_panic_outside_the_handler_is_500_and_does_not_blame_the_handler,
 );
 
 /// Awaits the next signal on `channel`, failing the test (not hanging the suite) when `what`
@@ -289,6 +290,13 @@ impl Answer {
         let document: serde_json::Value = serde_json::from_str(&self.body).unwrap();
         assert_eq!(document["status"], self.status, "{self:?}");
         document["type"].as_str().unwrap().to_owned()
+    }
+
+    /// The problem `title` and `detail` of a problem answer.
+    fn problem_text(&self) -> (String, String) {
+        let document: serde_json::Value = serde_json::from_str(&self.body).unwrap();
+        let text = |member: &str| document[member].as_str().unwrap().to_owned();
+        (text("title"), text("detail"))
     }
 }
 
@@ -858,16 +866,32 @@ async fn a_chunked_body_over_the_cap_is_413_and_runs_nothing(backend: Backend) {
     drop(backend);
 }
 
-/// A store that counts the operations the layer asks of it, in front of the backend's.
+/// A store that counts the operations the layer asks of it, in front of the backend's, and
+/// panics once on `panic_once_on` when it is set.
 #[derive(Debug)]
 struct Counted {
     inner: SharedStore,
     calls: Arc<std::sync::Mutex<Vec<&'static str>>>,
+    panic_once_on: std::sync::Mutex<Option<&'static str>>,
 }
 
 impl Counted {
+    fn new(inner: SharedStore, calls: Arc<std::sync::Mutex<Vec<&'static str>>>) -> Self {
+        Self {
+            inner,
+            calls,
+            panic_once_on: std::sync::Mutex::new(None),
+        }
+    }
+
     fn note(&self, operation: &'static str) {
         self.calls.lock().unwrap().push(operation);
+        let mut panic_on = self.panic_once_on.lock().unwrap();
+        if *panic_on == Some(operation) {
+            *panic_on = None;
+            drop(panic_on);
+            panic!("the store's {operation} panicked");
+        }
     }
 }
 
@@ -936,10 +960,7 @@ impl idempotask::store::Store for Counted {
 
 async fn a_request_costs_one_begin_and_one_finish(backend: Backend) {
     let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let counted = Counted {
-        inner: backend.store.clone(),
-        calls: Arc::clone(&calls),
-    };
+    let counted = Counted::new(backend.store.clone(), Arc::clone(&calls));
     // No renewal: a request slowed past a third of the lock TTL would add a `renew`.
     let layer = Idempotency::new(Task::new("http_round_trips"))
         .store(counted)
@@ -1068,6 +1089,11 @@ async fn a_panicking_handler_is_500_and_its_retry_runs(backend: Backend) {
         "{panicked:?}"
     );
     assert_eq!(panicked.problem_type(), problem::HANDLER_PANICKED);
+    assert_eq!(
+        panicked.problem_text().0,
+        "Handler panicked",
+        "{panicked:?}"
+    );
     assert!(
         !panicked.body.contains("ledger client"),
         "the panic's message reached the client: {panicked:?}"
@@ -1079,5 +1105,37 @@ async fn a_panicking_handler_is_500_and_its_retry_runs(backend: Backend) {
     let again = send(server.post("/panicky", Some("pay-12"), "")).await;
     assert_eq!((again.status, again.replayed), (201, true), "{again:?}");
     assert_eq!(server.executions(), 2);
+    drop(backend);
+}
+
+// A panic outside the handler (here the store's, before the handler ran) was answered "Handler
+// panicked", blaming a handler that never ran.
+async fn a_panic_outside_the_handler_is_500_and_does_not_blame_the_handler(backend: Backend) {
+    let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let store = Counted::new(backend.store.clone(), Arc::clone(&calls));
+    *store.panic_once_on.lock().unwrap() = Some("begin");
+    let layer = Idempotency::new(Task::new("http_store_panicky")).store(store);
+    let server = Server::start(layer, false).await;
+    let panicked = send(server.post("/payments", Some("pay-13"), "3 EUR")).await;
+    assert_eq!(
+        (panicked.status, panicked.replayed),
+        (500, false),
+        "{panicked:?}"
+    );
+    assert_eq!(panicked.problem_type(), problem::HANDLER_PANICKED);
+    let (title, detail) = panicked.problem_text();
+    assert_eq!(title, "Request processing panicked", "{panicked:?}");
+    assert!(!detail.contains("handler"), "{detail}");
+    assert_eq!(server.executions(), 0, "the handler ran");
+    assert!(
+        !panicked.body.contains("store's begin"),
+        "the panic's message reached the client: {panicked:?}"
+    );
+    // The retry runs, once.
+    let retry = send(server.post("/payments", Some("pay-13"), "3 EUR")).await;
+    assert_eq!((retry.status, retry.replayed), (201, false), "{retry:?}");
+    let again = send(server.post("/payments", Some("pay-13"), "3 EUR")).await;
+    assert_eq!((again.status, again.replayed), (201, true), "{again:?}");
+    assert_eq!(server.executions(), 1);
     drop(backend);
 }

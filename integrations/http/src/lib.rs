@@ -94,7 +94,7 @@
 //! | no store installed, a task name taken, no tokio runtime around the service | `500` [`MISCONFIGURED`](problem::MISCONFIGURED), a fixed `detail`; the error itself goes to `tracing::error!` | does not run |
 //! | fresh key, the store down at `finish`, or the lock lost under the handler | the handler's response (a `tracing::warn!` from the core and the layer); a retry after the lock TTL may run the handler again | ran |
 //! | the handler's service fails (its `Err`) | that error, as without the layer; the key is released | ran |
-//! | the handler panics | `500` [`HANDLER_PANICKED`](problem::HANDLER_PANICKED), a fixed `detail`; the panic's message goes to `tracing::error!`; nothing is stored and the key is released, so a retry runs it again | ran |
+//! | the handler panics, or the layer or the store while processing the request | `500` [`HANDLER_PANICKED`](problem::HANDLER_PANICKED), its `title` saying which (`Handler panicked`, `Request processing panicked`), a fixed `detail`; a `tracing::error!`, with the panic's message only when the task's `log_key` is `KeyLogging::Plain`; nothing is stored and the key is released, so a retry runs it again | ran, or not |
 //!
 //! # Decisions
 //! - **Which responses are stored.** By default every status below 500 except those that
@@ -132,7 +132,15 @@
 //!   [`Retention`] in a response decides for that response.
 //! - **A panicking handler** gets its client a `500` [`HANDLER_PANICKED`](problem::HANDLER_PANICKED)
 //!   problem, not a connection closed without an answer: the core has released the key and
-//!   stored nothing, so a retry runs the handler again, as after a `5xx`.
+//!   stored nothing, so a retry runs the handler again, as after a `5xx`. A panic in the
+//!   layer's or the store's code gets the same answer, titled `Request processing panicked`
+//!   instead of `Handler panicked`: the layer tells them apart by whether the panic unwound
+//!   out of a poll of the handler's future or body. The panic's message, which may hold
+//!   anything the handler had (its key too), never goes to the client, and goes to the log only
+//!   under `KeyLogging::Plain`; with `Task::log_key(KeyLogging::Hash)` the log says that the
+//!   request panicked, not with what. The process's panic hook (Rust's default prints to
+//!   stderr) sees the message before the layer does, whatever `log_key` says: install one
+//!   with `std::panic::set_hook` where stderr must not carry keys.
 //! - **Concurrent duplicates** get `409` with `Retry-After` (the holder's remaining lock time,
 //!   at least one second, at most [`max_retry_after`](Idempotency::max_retry_after)), the draft's answer, at the cost of no extra store round trip.
 //!   [`wait_for_result`](Idempotency::wait_for_result) makes them wait up to a bound and get the

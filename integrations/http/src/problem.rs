@@ -47,8 +47,13 @@ pub const STORE_UNAVAILABLE: &str = "https://docs.rs/idempotask-http/latest/idem
 /// task); retry with the same key, elsewhere or later.
 pub const SHUTTING_DOWN: &str =
     "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.SHUTTING_DOWN.html";
-/// `500`: the handler panicked. Nothing was stored and the key was released, so a retry with the
-/// same key runs the handler again; the panic's message goes to the server's log only.
+/// `500`: processing the request panicked. Its `title` says where: `Handler panicked` when the
+/// panic came out of the handler (its service, its future or its response body), `Request
+/// processing panicked` when it came from the layer or the store around it. Nothing was stored
+/// and the key was released, so a retry with the same key runs the request again (or, after a
+/// panic outside the handler that came once its response was stored, gets that response). The
+/// panic's message never reaches the client; it is logged only when the task's `log_key` lets
+/// keys into the log, since it may hold one.
 pub const HANDLER_PANICKED: &str =
     "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.HANDLER_PANICKED.html";
 /// `500`: the layer is misconfigured (no store installed, a task name taken, a digest collision

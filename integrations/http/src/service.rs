@@ -4,6 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idempotask::{CodecErrorKind, Error, Fingerprint, Outcome};
+use idempotask::{CodecErrorKind, Error, Fingerprint, KeyLogging, Outcome};
 use tower_service::Service;
 
 use crate::body::{RequestBody, ResponseBody};
@@ -168,16 +169,22 @@ where
         Ok(runtime) => runtime,
         Err(err) => return Ok(misconfigured(&err)),
     };
+    let handler_panicked = HandlerPanics::default();
     let running = runtime.spawn(execute(
         Arc::clone(&config),
         inner,
         stored_key,
         fingerprint,
         request,
+        handler_panicked.clone(),
     ));
     match running.await {
         Ok(answer) => answer,
-        Err(err) if err.is_panic() => Ok(panicked(config.task.name(), &*err.into_panic())),
+        Err(err) if err.is_panic() => Ok(panicked(
+            &config.task,
+            handler_panicked.seen(),
+            &*err.into_panic(),
+        )),
         Err(_) => Ok(problem(
             Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -190,12 +197,49 @@ where
     }
 }
 
-/// The answer when the handler panicked. The core has released the key and stored nothing.
-/// The client gets an answer rather than a connection closed under it (what resuming the panic
-/// would do), and not the panic's message, which may hold anything the handler had: the log
-/// gets that.
+/// Whether a panic unwound out of the handler's code (its service's `call`, its future, its
+/// response body), as opposed to the layer's or the core's code around it.
+#[derive(Clone, Default)]
+struct HandlerPanics(Arc<AtomicBool>);
+
+impl HandlerPanics {
+    /// Runs `handler_code`, noting a panic that unwinds out of it. Only a panic raised inside it
+    /// passes through this frame: one raised by the code around it while the handler's future
+    /// is merely alive does not.
+    fn watch<T>(&self, handler_code: impl FnOnce() -> T) -> T {
+        struct Spy<'a>(&'a AtomicBool);
+        impl Drop for Spy<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    self.0.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+        let _spy = Spy(&self.0);
+        handler_code()
+    }
+
+    /// `future`, each of its polls watched.
+    async fn watched<F: Future>(&self, future: F) -> F::Output {
+        let mut future = std::pin::pin!(future);
+        std::future::poll_fn(|cx| self.watch(|| future.as_mut().poll(cx))).await
+    }
+
+    fn seen(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The answer when processing the request panicked: in the handler, or in the layer's or the
+/// core's code around it (`in_handler` says which). The core releases the key of a body that
+/// panics and stores nothing. The client gets an answer rather than a connection closed under
+/// it (what resuming the panic would do), and not the panic's message, which may hold anything
+/// the handler had. The log gets the message only when the task's
+/// [`KeyLogging`] lets keys be logged: the message may hold the key, which
+/// [`KeyLogging::Hash`] keeps out of every log.
 fn panicked<R: Body<Data = Bytes>>(
-    task: &str,
+    task: &idempotask::Task,
+    in_handler: bool,
     panic: &(dyn std::any::Any + Send),
 ) -> Response<ResponseBody<R>> {
     let message = panic
@@ -203,16 +247,38 @@ fn panicked<R: Body<Data = Bytes>>(
         .copied()
         .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("a panic without a message");
-    tracing::error!(
-        task,
-        panic = message,
+    let what = if in_handler {
         "idempotask-http: the handler panicked; nothing is stored and the key is released"
-    );
+    } else {
+        "idempotask-http: processing the request panicked outside the handler; a retry runs it again unless its response was stored"
+    };
+    // Only `Plain` lets keys into the log; `Hash`, or a later setting, keeps the message out,
+    // since it may hold the key.
+    if task.settings().log_key == KeyLogging::Plain {
+        tracing::error!(task = task.name(), panic = message, "{what}");
+    } else {
+        tracing::error!(
+            task = task.name(),
+            panic = "not logged: the task's log_key keeps keys out of the log, and the panic's message may hold one",
+            "{what}"
+        );
+    }
+    let (title, detail) = if in_handler {
+        (
+            "Handler panicked",
+            "the request's handler panicked on the server; nothing was stored for its key, so a retry with the same key runs it again",
+        )
+    } else {
+        (
+            "Request processing panicked",
+            "processing the request panicked on the server; a retry with the same key runs it again, or gets its stored response if it was stored",
+        )
+    };
     problem(Problem::new(
         StatusCode::INTERNAL_SERVER_ERROR,
         problem::HANDLER_PANICKED,
-        "Handler panicked",
-        "the request failed on the server; nothing was stored for its key, so a retry with the same key runs it again",
+        title,
+        detail,
     ))
 }
 
@@ -271,6 +337,7 @@ async fn execute<S, B, R>(
     key: String,
     fingerprint: Fingerprint,
     request: Request<RequestBody<B>>,
+    handler_panics: HandlerPanics,
 ) -> Answer<R, S::Error>
 where
     S: Service<Request<RequestBody<B>>, Response = Response<R>>,
@@ -282,7 +349,11 @@ where
     }
     let mut produced: Option<Produced<R>> = None;
     let body = async {
-        let response = inner.call(request).await.map_err(Failure::Service)?;
+        let called = handler_panics.watch(|| inner.call(request));
+        let response = handler_panics
+            .watched(called)
+            .await
+            .map_err(Failure::Service)?;
         let (parts, body) = response.into_parts();
         // The handler's own word first, then the layer's rule.
         let stores = match parts.extensions.get::<Retention>() {
@@ -290,7 +361,7 @@ where
             Some(Retention::Release) => false,
             None => (config.stores_status)(parts.status),
         };
-        let (value, kept) = match collect(body, config.max_stored_body).await {
+        let (value, kept) = match collect(body, config.max_stored_body, &handler_panics).await {
             Collected::Whole(bytes, trailers) => (
                 Stored::Response(StoredResponse::of(
                     parts.status,
@@ -354,7 +425,12 @@ enum Collected<R: Body> {
     Failed(Bytes, R::Error),
 }
 
-async fn collect<R: Body<Data = Bytes>>(body: R, cap: usize) -> Collected<R> {
+/// Reads `body`, the handler's, watching its polls for panics.
+async fn collect<R: Body<Data = Bytes>>(
+    body: R,
+    cap: usize,
+    handler_panics: &HandlerPanics,
+) -> Collected<R> {
     let mut rest = Box::pin(body);
     let mut read = BytesMut::new();
     if rest.size_hint().lower() > cap as u64 {
@@ -362,7 +438,7 @@ async fn collect<R: Body<Data = Bytes>>(body: R, cap: usize) -> Collected<R> {
     }
     let mut trailers: Option<HeaderMap> = None;
     loop {
-        match rest.frame().await {
+        match handler_panics.watched(rest.frame()).await {
             None => return Collected::Whole(read.freeze(), trailers),
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(data) => {
@@ -645,6 +721,86 @@ mod tests {
         let document: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(document["type"], problem::MISCONFIGURED);
         assert_eq!(document["detail"], super::MISCONFIGURED_DETAIL);
+    }
+
+    /// Every event's and span's fields as text, for the thread that sets it as its default.
+    #[derive(Clone, Default)]
+    struct Logged(Arc<std::sync::Mutex<String>>);
+
+    impl Logged {
+        fn text(&self) -> String {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    struct Fields<'a>(&'a mut String);
+
+    impl tracing::field::Visit for Fields<'_> {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            use std::fmt::Write as _;
+            let _ = write!(self.0, "{}={value:?} ", field.name());
+        }
+    }
+
+    impl tracing::Subscriber for Logged {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            span.record(&mut Fields(&mut self.0.lock().unwrap()));
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, values: &tracing::span::Record<'_>) {
+            values.record(&mut Fields(&mut self.0.lock().unwrap()));
+        }
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            let mut logged = self.0.lock().unwrap();
+            event.record(&mut Fields(&mut logged));
+            logged.push('\n');
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// A handler whose panic names the request's key, as one that formats its input does.
+    async fn panics_with_the_key() -> &'static str {
+        panic!("the card of jane@example.com was declined")
+    }
+
+    /// The problem document and everything logged when the handler of a task logging keys as
+    /// `log_key` says panics.
+    async fn a_panic_logged_with(log_key: idempotask::KeyLogging) -> (serde_json::Value, String) {
+        let logged = Logged::default();
+        // The test's runtime has one thread, which the request's task runs on too.
+        let _default = tracing::subscriber::set_default(logged.clone());
+        let app = Router::new().route("/p", post(panics_with_the_key)).layer(
+            Idempotency::new(idempotask::Task::new("panicky_logged").log_key(log_key))
+                .store(idempotask::MemoryStore::new()),
+        );
+        let response = app.oneshot(keyed("jane@example.com")).await.unwrap();
+        assert_eq!(response.status(), 500);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (serde_json::from_slice(&body).unwrap(), logged.text())
+    }
+
+    // The panic's message was logged whatever the task's log_key, though it may hold the key
+    // that `KeyLogging::Hash` promises to keep out of every log.
+    #[tokio::test]
+    async fn a_panic_message_is_logged_only_where_keys_may_be() {
+        let (document, hidden) = a_panic_logged_with(idempotask::KeyLogging::Hash).await;
+        assert_eq!(document["type"], problem::HANDLER_PANICKED);
+        assert_eq!(document["title"], "Handler panicked");
+        assert!(hidden.contains("the handler panicked"), "{hidden}");
+        assert!(
+            !hidden.contains("jane"),
+            "the key reached the log: {hidden}"
+        );
+        let (_, plain) = a_panic_logged_with(idempotask::KeyLogging::Plain).await;
+        assert!(
+            plain.contains("the card of jane@example.com was declined"),
+            "{plain}"
+        );
     }
 
     /// `paid`, then the trailer `grpc-status: 0`.
