@@ -4,7 +4,10 @@
 //! delivered again with a growing delay, not cached, and terminated after `max_failures`, a
 //! misused task defers instead of terminating, a store that is down fails closed with a growing
 //! delay, an ack that cannot be sent keeps the outcome, and progress acks outlast an `AckWait`
-//! shorter than the body (one that blocks its thread too) but stop once its lock is gone.
+//! shorter than the body (one that blocks its thread too) but stop once its lock is gone. A
+//! failure bucket that cannot be opened or written still ends a poison message; the consumer
+//! check reports a short `AckWait` or `backoff` entry, a limited `max_deliver` and an unusable
+//! bucket, and runs again when it could not read the consumer.
 //! The kill -9 scenario is the `nats_worker` example, run by `tests/examples.rs`.
 
 use std::sync::Arc;
