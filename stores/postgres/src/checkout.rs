@@ -64,13 +64,13 @@ pub(super) async fn checkout(
         tokio::pin!(question);
         loop {
             tokio::select! {
-                answer = timeout_at(deadline, &mut acquire) => match answer {
-                    Ok(answer) => break answer,
-                    Err(_) => {
-                        let takes = matches!(verdict, Some(Some(Verdict::Takes)));
-                        return Err(timed_out(pool, operation, response_timeout, takes));
+                answer = timeout_at(deadline, &mut acquire) => {
+                    if let Ok(answer) = answer {
+                        break answer;
                     }
-                },
+                    let takes = matches!(verdict, Some(Some(Verdict::Takes)));
+                    return Err(timed_out(pool, operation, response_timeout, takes));
+                }
                 answer = &mut question, if verdict.is_none() => {
                     // The server's own reason: fail now with it rather than at the deadline.
                     if let Some(Verdict::Refuses { kind, message }) = answer {
