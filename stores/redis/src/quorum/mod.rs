@@ -83,8 +83,9 @@ const PATIENCE: u32 = 8;
 ///   by then is slow, not down: the round goes on waiting for it while its answer can still
 ///   change the decision (a `begin` whose grants are one short of a majority, a `finish` whose
 ///   marker is not yet on a majority, fewer than a majority answered at all), for at most 8
-///   server timeouts and, for `begin`, half the lock TTL. Under load a call takes longer
-///   rather than failing; a server that stays silent that long counts as timed out.
+///   server timeouts and, for `begin` and `renew`, half the lock TTL (but at least one server
+///   timeout). Under load a call takes longer rather than failing; a server that stays silent
+///   that long counts as timed out.
 /// - A timeout is ambiguous: the server may have run the command, or may run it later. A
 ///   `begin` that does not keep its grants releases them *and* its lock on every server whose
 ///   answer it lacks (a compare-and-delete with its token, which each server's connection runs
@@ -97,7 +98,10 @@ const PATIENCE: u32 = 8;
 ///   loaded machine every server is late now and then, and leaving them out left no majority.
 /// - A `begin` that a majority answered and that did not get a majority is busy (another
 ///   delivery holds the unit on the others, or on servers that are down): the runner waits for
-///   the holder's result. Fewer than a majority answering is a [`StoreError`].
+///   the holder's result. Its time left is when enough of the holder's locks expire for a
+///   majority of the servers that answered to be free; not known (the runner backs off by its
+///   policy) when servers that timed out could have made the majority. Fewer than a majority
+///   answering is a [`StoreError`].
 /// - A minority of servers down, stalled or partitioned away changes nothing but latency: the
 ///   majority decides. A majority down fails every call closed with a [`StoreError`] of kind
 ///   `Unreachable` or `Timeout` (the body never runs without a majority's lock).
@@ -399,14 +403,18 @@ mod tests {
         let ms = |ms| Some(Duration::from_millis(ms));
         // Five servers, all busy: three must expire, so the third soonest decides.
         assert_eq!(
-            busy_until(vec![ms(50), ms(10), ms(40), ms(20), ms(30)], 5, 3),
+            busy_until(vec![ms(50), ms(10), ms(40), ms(20), ms(30)], 0, 3),
             ms(30)
         );
-        // Three busy of five: one must expire.
-        assert_eq!(busy_until(vec![ms(50), ms(10), ms(40)], 5, 3), ms(10));
-        assert_eq!(busy_until(vec![ms(50), None, ms(40)], 5, 3), None);
-        // Fewer busy than can keep a majority out: nothing to wait for.
-        assert_eq!(busy_until(vec![ms(50)], 3, 2), ms(0));
+        // Three busy, two free: one must expire.
+        assert_eq!(busy_until(vec![ms(50), ms(10), ms(40)], 2, 3), ms(10));
+        assert_eq!(busy_until(vec![ms(50), None, ms(40)], 2, 3), None);
+        // Two down, two busy, one granted: both busy locks must expire, not none of them.
+        assert_eq!(busy_until(vec![ms(50), ms(10)], 1, 3), ms(50));
+        // Three down, one busy, one free: no expiry frees a majority.
+        assert_eq!(busy_until(vec![ms(50)], 1, 3), None);
+        // Enough free already: nothing to wait for.
+        assert_eq!(busy_until(vec![ms(50)], 2, 2), ms(0));
     }
 
     #[tokio::test]

@@ -138,8 +138,9 @@ impl Inner {
     }
 
     /// How long a round waits at most for a server whose answer can still change what the
-    /// round decides: [`PATIENCE`] per-server timeouts, and for a `begin` at most half the
-    /// lock TTL (the rest is the grant's validity).
+    /// round decides: [`PATIENCE`] per-server timeouts, and for a `begin` or a `renew` of
+    /// `lock_ttl` at most half of it (the rest is the grant's validity), though never less
+    /// than one per-server timeout.
     pub(super) fn patience(&self, lock_ttl: Option<Duration>) -> Duration {
         let patience = self.server_timeout.saturating_mul(PATIENCE);
         match lock_ttl {
@@ -274,7 +275,8 @@ impl Inner {
     ///
     /// It waits at most the per-server timeout: each server's connection runs its commands in
     /// the order they were sent, so a release sent before this call's next request on that
-    /// server runs before it, whenever its answer comes.
+    /// server runs before it, whenever its answer comes. (Sent, because the connection's queue
+    /// has room for every command a burst of calls makes: see `PIPELINE_BUFFER`.)
     pub(super) async fn release_grants(&self, unit: &UnitOfWork, grants: &[(usize, LockToken)]) {
         if grants.is_empty() {
             return;
@@ -419,17 +421,23 @@ pub(super) async fn gather<F: Future>(
 }
 
 /// How long until enough of the busy servers' locks (`remaining`, one per busy server) expire
-/// for a majority of `servers` to be free; `None` when one of them is not known.
+/// for a majority to be free, when `free` servers answered free (granted, or holding a marker);
+/// `None` when that is not known: one of them did not say, or too few servers answered for
+/// their expiry to free a majority.
+///
+/// A server that did not answer counts as neither free nor busy: counting it free made a
+/// `begin` that found two servers down and the holder on two others answer "free now", and its
+/// waiters asked again at once until their attempts ran out while the holder worked.
 pub(super) fn busy_until(
     mut remaining: Vec<Option<Duration>>,
-    servers: usize,
+    free: usize,
     quorum: usize,
 ) -> Option<Duration> {
-    let must_expire = remaining.len().checked_sub(servers - quorum)?;
+    let must_expire = quorum.saturating_sub(free);
     if must_expire == 0 {
         return Some(Duration::ZERO);
     }
-    if remaining.iter().any(Option::is_none) {
+    if must_expire > remaining.len() || remaining.iter().any(Option::is_none) {
         return None;
     }
     remaining.sort_unstable();

@@ -124,10 +124,7 @@ impl Store for RedlockStore {
             // round has waited for the slow ones as long as their grant could count.)
             return Err(inner.no_quorum("begin", errors));
         }
-        // A majority answered, and another delivery holds the unit on enough of them (or on
-        // servers that are down) to keep a majority from this one: wait for it, as a queue's
-        // waiter does on one server, rather than fail while it works.
-        Ok(Begin::busy(busy_until(busy, inner.servers.len(), quorum)))
+        Ok(waiting(granted_count, markers.len(), busy, &errors, quorum))
     }
 
     async fn finish(
@@ -261,7 +258,8 @@ impl Store for RedlockStore {
         let answers = inner
             .each(
                 "renew",
-                inner.patience(None),
+                // A renewal that waits longer than half the lock is of no use to its holder.
+                inner.patience(Some(lock_ttl)),
                 inner.majority_answered(),
                 |protocol| async move { protocol.renew(unit, token, lock_ttl).await },
             )
@@ -398,4 +396,28 @@ fn unknown_answer(operation: &'static str) -> StoreError {
         StoreErrorKind::Protocol,
         "a server answered in a way this version of the quorum store does not know",
     )
+}
+
+/// The answer of a `begin` that a majority answered and that did not get a majority: another
+/// delivery holds the unit on enough servers (or on servers that are down) to keep a majority
+/// from this one. The runner waits for it, as a queue's waiter does on one server, rather than
+/// fail while it works; `granted` servers granted, `marked` hold a marker, `busy` hold another
+/// lock (with its time left), and `errors` failed.
+fn waiting(
+    granted: usize,
+    marked: usize,
+    busy: Vec<Option<Duration>>,
+    errors: &[StoreError],
+    quorum: usize,
+) -> Begin {
+    // Servers that timed out may be free or busy: when they could have made the majority,
+    // when a majority frees up is not known, and the runner backs off by its policy.
+    let timed_out = errors
+        .iter()
+        .filter(|err| err.kind() == StoreErrorKind::Timeout)
+        .count();
+    if granted + timed_out >= quorum {
+        return Begin::busy(None);
+    }
+    Begin::busy(busy_until(busy, granted + marked, quorum))
 }
