@@ -11,7 +11,7 @@ use idempotask::store::Fencing;
 use idempotask::store::{Begin, Finish, LockToken, Store, UnitOfWork};
 use support::cluster::RedisCluster;
 
-idempotask::conformance_tests!({
+idempotask_conformance::conformance_tests!({
     let cluster = RedisCluster::shared();
     let store = cluster.fresh_store().await;
     (cluster, store)

@@ -1,3 +1,3 @@
 //! The conformance suite on `MemoryStore`.
 
-idempotask::conformance_tests!(((), idempotask::MemoryStore::new()));
+idempotask_conformance::conformance_tests!(((), idempotask::MemoryStore::new()));

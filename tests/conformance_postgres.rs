@@ -1,14 +1,14 @@
 //! The conformance suite on `PostgresStore`, each check against a PostgreSQL server of its own:
 //! the plain checks, and the transaction checks on `PostgresTransaction`.
 
-use idempotask::conformance::OpensTransactions;
 use idempotask::store::SharedStore;
+use idempotask_conformance::OpensTransactions;
 use idempotask_postgres::{PostgresStore, PostgresTransaction};
 use idempotask_test_support as support;
 
 use support::postgres::PostgresServer;
 
-idempotask::conformance_tests!({
+idempotask_conformance::conformance_tests!({
     let server = PostgresServer::start();
     let store = server.store().await;
     (server, store)
@@ -32,7 +32,7 @@ mod transactions {
         }
     }
 
-    idempotask::transaction_conformance_tests!({
+    idempotask_conformance::transaction_conformance_tests!({
         let server = PostgresServer::start();
         let store = server.store().await;
         (server, Transactions(store))

@@ -7,7 +7,7 @@ use idempotask_test_support as support;
 use support::Flavor;
 use support::quorum::Quorum;
 
-idempotask::conformance_tests!({
+idempotask_conformance::conformance_tests!({
     let quorum = Quorum::start_mixed(&[
         Flavor::Redis,
         Flavor::Valkey,

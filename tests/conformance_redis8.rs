@@ -6,7 +6,7 @@ use idempotask_test_support as support;
 
 use support::{Flavor, RedisServer};
 
-idempotask::conformance_tests!({
+idempotask_conformance::conformance_tests!({
     let server = RedisServer::start_flavor(Flavor::Redis8, &[]);
     let store = server.store().await;
     assert!(

@@ -5,7 +5,7 @@ use idempotask_test_support as support;
 
 use support::RedisServer;
 
-idempotask::conformance_tests!({
+idempotask_conformance::conformance_tests!({
     let server = RedisServer::start_valkey();
     let store = server.store().await;
     assert!(

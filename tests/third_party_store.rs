@@ -209,4 +209,4 @@ impl Store for MapStore {
     }
 }
 
-idempotask::conformance_tests!(((), MapStore::default()));
+idempotask_conformance::conformance_tests!(((), MapStore::default()));

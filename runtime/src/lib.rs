@@ -2,9 +2,6 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod call;
-#[cfg(feature = "conformance")]
-#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
-pub mod conformance;
 mod context;
 mod error;
 mod fingerprint;

@@ -42,8 +42,9 @@
 //! # }
 //! ```
 //!
-//! The `conformance` feature ships the checks every store must pass
-//! (`idempotask::conformance` and `idempotask::conformance_tests!`).
+//! The checks every store must pass are the
+//! [`idempotask-conformance`](https://docs.rs/idempotask-conformance) crate
+//! (`idempotask_conformance::conformance_tests!` in a store's tests).
 
 use std::future::Future;
 use std::sync::Arc;

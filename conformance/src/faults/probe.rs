@@ -7,8 +7,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use crate::store::{Begin, Fencing, Finish, Inspection, SharedStore, Store, StoreErrorKind};
-use crate::store::{LockToken, StoreError, UnitOfWork};
+use idempotask::store::{Begin, Fencing, Finish, Inspection, SharedStore, Store, StoreErrorKind};
+use idempotask::store::{LockToken, StoreError, UnitOfWork};
 
 tokio::task_local! {
     /// Set while the harness polls the call under test: an operation made from inside it is
@@ -465,7 +465,7 @@ impl Probe {
 /// What a unit holds, in a few words.
 fn shown(seen: &Inspection) -> String {
     match (&seen.marker, seen.lock_ttl) {
-        (Some(bytes), _) => match crate::marker::Marker::decode(bytes) {
+        (Some(bytes), _) => match idempotask::ops::Marker::decode(bytes) {
             Ok(marker) => format!("the result of delivery {:?}", marker.delivery()),
             Err(err) => format!("an unreadable marker ({err})"),
         },

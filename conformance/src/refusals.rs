@@ -5,9 +5,10 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use idempotask::store::{Finish, LockToken, SharedStore, Store};
+use idempotask::{Error, Fingerprint, InvalidKey, Task};
+
 use super::{DAY, LONG, acquire, marker, unit};
-use crate::store::{Finish, LockToken, SharedStore, Store};
-use crate::{Error, Fingerprint, InvalidKey, Task};
 
 /// Checks that a reused key with other arguments is rejected.
 ///

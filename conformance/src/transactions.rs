@@ -5,11 +5,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use idempotask::store::{LockToken, SharedStore, Store, TransactionScope};
+use idempotask::{Error, Task};
 use tokio::task::JoinSet;
 
 use super::{LONG, acquire};
-use crate::store::{LockToken, SharedStore, Store, TransactionScope};
-use crate::{Error, Task};
 
 /// A store the transaction checks can open fresh transactions on, and call the plain way too.
 ///
@@ -17,7 +17,7 @@ use crate::{Error, Task};
 /// # macro_rules! ignore { ($($t:tt)*) => {} } ignore! {
 /// struct Transactions(PostgresStore);
 ///
-/// impl idempotask::conformance::OpensTransactions for Transactions {
+/// impl idempotask_conformance::OpensTransactions for Transactions {
 ///     type Transaction<'a> = PostgresTransaction<'a>;
 ///
 ///     fn plain(&self) -> SharedStore {
@@ -194,15 +194,14 @@ pub async fn a_plain_holder_makes_a_transaction_contended<S: OpensTransactions>(
 }
 
 /// The unit a check's call of `task` with `key` runs.
-fn unit_of(task: &Task, key: &str) -> crate::store::UnitOfWork {
-    crate::store::UnitOfWork::new(task.name(), key).unwrap()
+fn unit_of(task: &Task, key: &str) -> idempotask::store::UnitOfWork {
+    idempotask::store::UnitOfWork::new(task.name(), key).unwrap()
 }
 
-/// One `#[tokio::test]` per transaction check of [`conformance`](crate::conformance), each with
-/// a fresh store from `$make`: an async expression giving `(guard, store)`, where the store
-/// implements [`OpensTransactions`](crate::conformance::OpensTransactions).
+/// One `#[tokio::test]` per transaction check of this crate, each with a fresh store from
+/// `$make`: an async expression giving `(guard, store)`, where the store implements
+/// [`OpensTransactions`](crate::OpensTransactions).
 #[macro_export]
-#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 macro_rules! transaction_conformance_tests {
     ($make:expr) => {
         $crate::transaction_conformance_tests!(@each $make;
@@ -217,7 +216,7 @@ macro_rules! transaction_conformance_tests {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $check() {
             let (_guard, store) = $make;
-            $crate::conformance::$check(store).await;
+            $crate::$check(store).await;
         }
     )*};
 }

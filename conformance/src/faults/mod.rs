@@ -6,7 +6,8 @@ mod probe;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::store::SharedStore;
+use idempotask::store::SharedStore;
+
 use cases::SHAPES;
 use probe::{Fault, Plan, Point};
 
@@ -73,7 +74,7 @@ impl fmt::Display for FaultCensus {
 /// ```no_run
 /// # #[tokio::main(flavor = "multi_thread", worker_threads = 2)] async fn main() {
 /// use idempotask::store::SharedStore;
-/// let census = idempotask::conformance::every_fault_point(
+/// let census = idempotask_conformance::every_fault_point(
 ///     SharedStore::new(idempotask::MemoryStore::new()),
 /// ).await;
 /// assert!(census.cases > 100);

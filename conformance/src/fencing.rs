@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
+use idempotask::store::LockToken;
+use idempotask::store::{Begin, Fencing, SharedStore, Store};
+
 use super::{LONG, acquire_fenced, fence, outlive, unit};
-use crate::store::LockToken;
-use crate::store::{Begin, Fencing, SharedStore, Store};
 
 /// Checks that fencing tokens stay increasing after a burst of grants (a poison message failing
 /// fast) is followed by a lock that expires instead of being released.
@@ -68,6 +69,7 @@ pub async fn a_release_without_the_fencing_token_frees_the_lock(store: SharedSto
     {
         Begin::Acquired {
             fencing_token: Some(next),
+            ..
         } => next,
         other => panic!("expected the lock with the counter going on, got {other:?}"),
     };

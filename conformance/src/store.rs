@@ -2,9 +2,10 @@
 
 use std::time::Duration;
 
+use idempotask::store::{Begin, Fencing, Finish, SharedStore, Store};
+use idempotask::store::{LockToken, UnitOfWork};
+
 use super::{DAY, LONG, acquire, acquire_fenced, fence, marker, outlive, unit};
-use crate::store::{Begin, Fencing, Finish, SharedStore, Store};
-use crate::store::{LockToken, UnitOfWork};
 
 /// Checks that begin grants one holder and reports busy.
 ///
@@ -17,6 +18,7 @@ pub async fn begin_grants_one_holder_and_reports_busy(store: SharedStore) {
     match store.begin(&unit, &b, LONG, Fencing::Off).await.unwrap() {
         Begin::Busy {
             lock_ttl_remaining: Some(left),
+            ..
         } => assert!(
             left <= LONG && left > LONG.saturating_sub(Duration::from_secs(5)),
             "{left:?}"
@@ -103,9 +105,7 @@ pub async fn a_stale_holder_never_touches_its_successor(store: SharedStore) {
             .finish(&unit, &stale, &stale_marker, DAY)
             .await
             .unwrap(),
-        Finish::LockLost {
-            marker_written: false
-        }
+        Finish::lost_nothing_written()
     );
     assert!(
         store.inspect(&unit).await.unwrap().is_locked(),
@@ -131,9 +131,7 @@ pub async fn a_stale_holder_never_touches_its_successor(store: SharedStore) {
             .finish(&unit, &stale, &stale_marker, DAY)
             .await
             .unwrap(),
-        Finish::LockLost {
-            marker_written: false
-        }
+        Finish::lost_nothing_written()
     );
     assert_eq!(
         store.inspect(&unit).await.unwrap().marker,
@@ -160,23 +158,20 @@ pub async fn a_late_finish_keeps_the_result_when_nobody_holds_the_unit(store: Sh
         let bytes = marker(unit.key(), holder.fencing_token(), "late");
         assert_eq!(
             store.finish(&unit, &holder, &bytes, DAY).await.unwrap(),
-            Finish::LockLost {
-                marker_written: true
-            }
+            Finish::lost_marker_written()
         );
         // Its reply lost, the same finish is repeated (by the runner, or by a client that
         // re-sends): it finds its own marker and answers as the first one did.
         assert_eq!(
             store.finish(&unit, &holder, &bytes, DAY).await.unwrap(),
-            Finish::LockLost {
-                marker_written: true
-            },
+            Finish::lost_marker_written(),
             "a repeated late finish must still say the lock was lost"
         );
         // Stored as it was given, or flagged as written after the lock expired.
         let stored = store.inspect(&unit).await.unwrap().marker.unwrap();
         assert!(
-            stored == bytes || Some(&stored) == crate::marker::lock_lost_marker(&bytes).as_ref(),
+            stored == bytes
+                || Some(&stored) == idempotask::store::lock_lost_marker(&bytes).as_ref(),
             "{:?}",
             String::from_utf8_lossy(&stored)
         );
@@ -241,6 +236,7 @@ pub async fn fencing_tokens_increase_across_grants_and_expiry(store: SharedStore
     {
         Begin::Acquired {
             fencing_token: Some(next),
+            ..
         } => assert!(next > fence(&token), "{next} after {token:?}"),
         other => panic!("expected the lock with the counter going on, got {other:?}"),
     }
@@ -288,7 +284,7 @@ pub async fn markers_expire_after_the_result_ttl(store: SharedStore) {
     outlive(ttl).await;
     assert_eq!(
         store.inspect(&unit).await.unwrap(),
-        crate::store::Inspection::default()
+        idempotask::store::Inspection::default()
     );
     acquire(&store, &unit, &LockToken::generate(), LONG).await;
 }
@@ -326,15 +322,15 @@ pub async fn look_alike_keys_are_separate_units(store: SharedStore) {
     }
     assert!(matches!(
         UnitOfWork::new("conformance", ""),
-        Err(crate::InvalidKey::EmptyKey { .. })
+        Err(idempotask::InvalidKey::EmptyKey { .. })
     ));
     assert!(matches!(
         UnitOfWork::new("conformance", format!("{long}k")),
-        Err(crate::InvalidKey::KeyTooLong { .. })
+        Err(idempotask::InvalidKey::KeyTooLong { .. })
     ));
 }
 
-/// Checks that the longest TTL a task can have, [`MAX_TTL`](crate::MAX_TTL) (what
+/// Checks that the longest TTL a task can have, [`MAX_TTL`](idempotask::MAX_TTL) (what
 /// `result_ttl(Duration::MAX)`, "keep it", becomes), is kept rather than refused.
 ///
 /// # Panics
@@ -343,13 +339,13 @@ pub async fn the_longest_ttls_are_kept(store: SharedStore) {
     let year = Duration::from_secs(365 * 24 * 3600);
     let unit = unit("for-ever");
     let token = LockToken::generate();
-    acquire(&store, &unit, &token, crate::MAX_TTL).await;
+    acquire(&store, &unit, &token, idempotask::MAX_TTL).await;
     let seen = store.inspect(&unit).await.unwrap();
     assert!(seen.lock_ttl.is_some_and(|left| left > year), "{seen:?}");
     let done = marker(unit.key(), None, "kept");
     assert_eq!(
         store
-            .finish(&unit, &token, &done, crate::MAX_TTL)
+            .finish(&unit, &token, &done, idempotask::MAX_TTL)
             .await
             .unwrap(),
         Finish::Completed
@@ -364,7 +360,7 @@ pub async fn the_longest_ttls_are_kept(store: SharedStore) {
         Begin::Done(done)
     );
     // Through the runner, with "keep it" as users say it.
-    let task = crate::Task::new("for-ever").result_ttl(Duration::MAX);
+    let task = idempotask::Task::new("for-ever").result_ttl(Duration::MAX);
     let runs = std::sync::atomic::AtomicUsize::new(0);
     for _ in 0..3 {
         let value: u32 = task
@@ -372,7 +368,7 @@ pub async fn the_longest_ttls_are_kept(store: SharedStore) {
             .store(store.clone())
             .run(async {
                 runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                Ok::<_, crate::Error>(7)
+                Ok::<_, idempotask::Error>(7)
             })
             .await
             .unwrap();

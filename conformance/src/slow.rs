@@ -4,10 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idempotask::store::{Begin, Fencing, Finish, Inspection, SharedStore, Store};
+use idempotask::store::{LockToken, StoreError, UnitOfWork};
 use tokio::time::sleep;
-
-use crate::store::{Begin, Fencing, Finish, Inspection, SharedStore, Store};
-use crate::store::{LockToken, StoreError, UnitOfWork};
 
 /// A store whose commands travel one connection, in order, and take their time: a `begin` is
 /// applied `begin_delay` after it was sent, whether or not anyone still waits for its reply,

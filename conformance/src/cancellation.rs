@@ -5,13 +5,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use idempotask::store::{Inspection, SharedStore, Store, UnitOfWork};
+use idempotask::{Error, Task};
 use serde::{Deserialize, Serialize};
 use tokio::time::{Instant, sleep};
 
 use super::LONG;
 use super::slow::SlowConnection;
-use crate::store::{Inspection, SharedStore, Store, UnitOfWork};
-use crate::{Error, Task};
 
 /// Polls `unit` until `done` says yes, for at most `within` (far less than any lock TTL here).
 async fn eventually(

@@ -1,23 +1,24 @@
-//! The conformance suite: what every [`Store`], and the task runner on top of it, must do
-//! (the `conformance` feature).
+//! The conformance suite of [idempotask](https://docs.rs/idempotask): what every
+//! [`Store`](idempotask::store::Store), and the task runner on top of it, must do.
 //!
 //! Each check takes a fresh, empty store and panics, like a test, when the store breaks the
-//! contract. [`conformance_tests!`](crate::conformance_tests) turns the whole list into one
-//! `#[tokio::test]` per check for a store of one's own: in a test file of the crate that
-//! implements [`Store`], with `idempotask` (feature `conformance`) and `tokio` (features
-//! `macros`, `rt-multi-thread`) as dev-dependencies:
+//! contract. [`conformance_tests!`] turns the whole list into one `#[tokio::test]` per check for
+//! a store of one's own: in a test file of the crate that implements `Store`, with
+//! `idempotask-conformance` and `tokio` (features `macros`, `rt-multi-thread`) as
+//! dev-dependencies:
 //!
 //! ```
 //! # macro_rules! ignore { ($($t:tt)*) => {} } ignore! {
-//! idempotask::conformance_tests!((
+//! idempotask_conformance::conformance_tests!((
 //!     (), // a guard that lives as long as the check: a server, a temporary directory
 //!     idempotask::MemoryStore::new(),
 //! ));
 //! # }
 //! ```
 //!
-//! The checks use short TTLs (100–300 ms) and wait them out, so a store must honour
-//! expiries to the tens of milliseconds; the whole list takes a few seconds.
+//! The checks use short TTLs (100–300 ms) and wait them out, so a store must honour expiries to
+//! the tens of milliseconds; the whole list takes a few seconds.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod cancellation;
 mod faults;
@@ -40,17 +41,17 @@ pub use transactions::*;
 
 use std::time::Duration;
 
-use crate::store::{Begin, Fencing, SharedStore, Store};
-use crate::store::{LockToken, UnitOfWork};
+use idempotask::store::{Begin, Fencing, SharedStore, Store};
+use idempotask::store::{LockToken, UnitOfWork};
 
-pub(super) const LONG: Duration = Duration::from_secs(30);
-pub(super) const DAY: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const LONG: Duration = Duration::from_secs(30);
+pub(crate) const DAY: Duration = Duration::from_secs(24 * 3600);
 
-pub(super) fn unit(key: &str) -> UnitOfWork {
+pub(crate) fn unit(key: &str) -> UnitOfWork {
     UnitOfWork::new("conformance", key).unwrap()
 }
 
-pub(super) fn marker(key: &str, fence: Option<u64>, text: &str) -> Vec<u8> {
+pub(crate) fn marker(key: &str, fence: Option<u64>, text: &str) -> Vec<u8> {
     // Stores see a marker as bytes that start with `D`; the real layout keeps the data
     // realistic. `text` tells deliveries apart, as the delivery field of a real marker does.
     let fence = fence.map_or_else(String::new, |fence| format!(",f{fence}"));
@@ -58,7 +59,7 @@ pub(super) fn marker(key: &str, fence: Option<u64>, text: &str) -> Vec<u8> {
 }
 
 /// Takes the lock without fencing, as most tasks do.
-pub(super) async fn acquire(
+pub(crate) async fn acquire(
     store: &SharedStore,
     unit: &UnitOfWork,
     token: &LockToken,
@@ -67,6 +68,7 @@ pub(super) async fn acquire(
     match store.begin(unit, token, ttl, Fencing::Off).await.unwrap() {
         Begin::Acquired {
             fencing_token: None,
+            ..
         } => {}
         other => panic!("expected the lock without a fencing token, got {other:?}"),
     }
@@ -74,7 +76,7 @@ pub(super) async fn acquire(
 
 /// Takes the lock with a fencing token; answers the holder's token as `finish`, `release` and
 /// `renew` take it.
-pub(super) async fn acquire_fenced(
+pub(crate) async fn acquire_fenced(
     store: &SharedStore,
     unit: &UnitOfWork,
     token: &LockToken,
@@ -83,25 +85,25 @@ pub(super) async fn acquire_fenced(
     match store.begin(unit, token, ttl, Fencing::On).await.unwrap() {
         Begin::Acquired {
             fencing_token: Some(fence),
+            ..
         } => token.clone().with_fencing_token(fence),
         other => panic!("expected the lock with a fencing token, got {other:?}"),
     }
 }
 
-pub(super) fn fence(granted: &LockToken) -> u64 {
+pub(crate) fn fence(granted: &LockToken) -> u64 {
     granted.fencing_token().unwrap()
 }
 
 /// Waits out a lock TTL: expiry is the behaviour under test, so there is no signal to wait for.
-pub(super) async fn outlive(ttl: Duration) {
+pub(crate) async fn outlive(ttl: Duration) {
     tokio::time::sleep(ttl + Duration::from_millis(60)).await;
 }
 
 /// One `#[tokio::test]` per check of [`conformance`](crate::conformance), each with a fresh
 /// store from `$make`: an async expression giving `(guard, store)`, where the guard (a server,
-/// say) lives as long as the check and the store is any [`Store`](crate::store::Store).
+/// say) lives as long as the check and the store is any [`Store`](idempotask::store::Store).
 #[macro_export]
-#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 macro_rules! conformance_tests {
     ($make:expr) => {
         $crate::conformance_tests!(@each $make;
@@ -143,9 +145,15 @@ macro_rules! conformance_tests {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $check() {
             let (_guard, store) = $make;
-            $crate::conformance::$check($crate::store::SharedStore::new(store)).await;
+            $crate::$check($crate::__private::SharedStore::new(store)).await;
         }
     )*};
+}
+
+/// What the macros' expansions name. Not a public API: it changes without notice.
+#[doc(hidden)]
+pub mod __private {
+    pub use idempotask::store::SharedStore;
 }
 
 #[cfg(test)]
@@ -187,7 +195,7 @@ mod tests {
         .into_iter()
         .flat_map(checks_in)
         .collect();
-        assert_eq!(listed_in(include_str!("mod.rs")), defined);
+        assert_eq!(listed_in(include_str!("lib.rs")), defined);
     }
 
     #[test]
