@@ -37,6 +37,7 @@ async fn eventually(
 ///
 /// # Panics
 /// When the runner does not.
+#[doc = example!(a_call_dropped_while_begin_is_in_flight_leaves_no_lock)]
 pub async fn a_call_dropped_while_begin_is_in_flight_leaves_no_lock(store: SharedStore) {
     let slow = SlowConnection {
         begin_delay: Duration::from_millis(200),
@@ -75,6 +76,7 @@ pub async fn a_call_dropped_while_begin_is_in_flight_leaves_no_lock(store: Share
 ///
 /// # Panics
 /// When the runner does not.
+#[doc = example!(a_call_dropped_while_recording_still_stores_the_result)]
 pub async fn a_call_dropped_while_recording_still_stores_the_result(store: SharedStore) {
     // A fenced lock is compared with its fencing token: the background finish must carry it.
     for fencing in [false, true] {
@@ -140,6 +142,7 @@ impl Serialize for Explosive {
 ///
 /// # Panics
 /// When the runner does not.
+#[doc = example!(a_panic_while_encoding_the_result_frees_the_lock)]
 pub async fn a_panic_while_encoding_the_result_frees_the_lock(store: SharedStore) {
     let call = {
         let store = store.clone();

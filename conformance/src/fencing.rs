@@ -17,6 +17,7 @@ use super::{LONG, acquire_fenced, fence, outlive, unit};
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(fencing_tokens_never_go_back_after_a_burst_and_an_expiry)]
 pub async fn fencing_tokens_never_go_back_after_a_burst_and_an_expiry(store: SharedStore) {
     let unit = unit("burst");
     let short = Duration::from_millis(100);
@@ -49,6 +50,7 @@ pub async fn fencing_tokens_never_go_back_after_a_burst_and_an_expiry(store: Sha
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(a_release_without_the_fencing_token_frees_the_lock)]
 pub async fn a_release_without_the_fencing_token_frees_the_lock(store: SharedStore) {
     let unit = unit("release-unconfirmed");
     let token = LockToken::generate();

@@ -1,26 +1,76 @@
 //! The conformance suite of [idempotask](https://docs.rs/idempotask): what every
-//! [`Store`](idempotask::store::Store), and the task runner on top of it, must do.
+//! [`Store`], and the task runner on top of it, must do. Every store
+//! shipped with idempotask passes it; a store of one's own runs it from its tests.
 //!
-//! Each check takes a fresh, empty store and panics, like a test, when the store breaks the
-//! contract. [`conformance_tests!`] turns the whole list into one `#[tokio::test]` per check for
-//! a store of one's own: in a test file of the crate that implements `Store`, with
-//! `idempotask-conformance` and `tokio` (features `macros`, `rt-multi-thread`) as
-//! dev-dependencies:
+//! Each of the 32 checks (and 5 more for transactions) is an `async fn` that takes a fresh,
+//! empty store and panics, like a test, when the store breaks the contract.
+//! [`conformance_tests!`] turns the whole list into one `#[tokio::test]` per check, in a test
+//! file of the crate that implements `Store`, with `idempotask-conformance` and `tokio`
+//! (features `macros`, `rt-multi-thread`) as dev-dependencies:
 //!
-//! ```
-//! # macro_rules! ignore { ($($t:tt)*) => {} } ignore! {
+//! ```no_run
+//! // tests/conformance.rs
 //! idempotask_conformance::conformance_tests!((
 //!     (), // a guard that lives as long as the check: a server, a temporary directory
-//!     idempotask::MemoryStore::new(),
+//!     idempotask::MemoryStore::new(), // your store, fresh and empty for each check
 //! ));
-//! # }
+//! # fn main() {}
 //! ```
 //!
+//! A store whose units live inside a database transaction
+//! ([`TransactionScope`](idempotask::store::TransactionScope)) runs
+//! [`transaction_conformance_tests!`] too, through [`OpensTransactions`]. [`CHECKS`] is the
+//! same list as values, for a harness of one's own.
+//!
 //! The checks use short TTLs (100–300 ms) and wait them out, so a store must honour expiries to
-//! the tens of milliseconds; the whole list takes a few seconds.
+//! the tens of milliseconds; the whole list takes a few seconds, and [`every_fault_point`] about
+//! ten more.
+//!
+//! # The checks
+//!
+//! | what | checks |
+//! |---|---|
+//! | the store, operation by operation | [`begin_grants_one_holder_and_reports_busy`] to [`the_longest_ttls_are_kept`] |
+//! | the runner on top: replays, errors, panics, contention, renewal | [`a_duplicate_gets_the_stored_result_without_running`] to [`an_expired_lock_is_reported_as_lost`] |
+//! | what the runner refuses to run or replay | [`a_reused_key_with_other_arguments_is_rejected`] to [`invalid_keys_are_rejected_before_the_store`] |
+//! | the fencing counter at its edges | [`fencing_tokens_never_go_back_after_a_burst_and_an_expiry`], [`a_release_without_the_fencing_token_frees_the_lock`] |
+//! | a lock that runs out under a delivery | [`a_double_run_with_equal_results_is_reported_as_lost`], [`a_grant_that_arrives_after_its_lock_expired_does_not_run`] |
+//! | a call that stops half-way | [`a_call_dropped_while_begin_is_in_flight_leaves_no_lock`] to [`a_panic_while_encoding_the_result_frees_the_lock`] |
+//! | every fault at every point of a call | [`every_fault_point`] |
+//! | transactions | [`a_committed_transaction_is_replayed`] to [`a_plain_holder_makes_a_transaction_contended`] |
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// The checks are public only through the list in `checks.rs`: a check left out of it is never
+// reachable, and so dead code, which must fail the build and not only warn.
+#![deny(dead_code)]
+
+/// The `# Examples` section of a check's docs: the check alone, outside the macros.
+macro_rules! example {
+    ($check:ident) => {
+        concat!(
+            "\n\n# Examples\n\nOn its own, on `MemoryStore`:\n\n```no_run\n",
+            "# #[tokio::main(flavor = \"multi_thread\", worker_threads = 2)] async fn main() {\n",
+            "use idempotask::store::SharedStore;\n\n",
+            "let store = SharedStore::new(idempotask::MemoryStore::new());\n",
+            "idempotask_conformance::",
+            stringify!($check),
+            "(store).await;\n",
+            "# }\n```",
+        )
+    };
+    (transactions $check:ident) => {
+        concat!(
+            "\n\n# Examples\n\nOn its own, for any store that opens transactions:\n\n```no_run\n",
+            "use idempotask_conformance::OpensTransactions;\n\n",
+            "async fn check(store: impl OpensTransactions) {\n",
+            "    idempotask_conformance::",
+            stringify!($check),
+            "(store).await;\n}\n```",
+        )
+    };
+}
 
 mod cancellation;
+mod checks;
 mod faults;
 mod fencing;
 mod overruns;
@@ -30,14 +80,11 @@ mod slow;
 mod store;
 mod transactions;
 
-pub use cancellation::*;
-pub use faults::{FaultCensus, every_fault_point};
-pub use fencing::*;
-pub use overruns::*;
-pub use refusals::*;
-pub use runner::*;
-pub use store::*;
-pub use transactions::*;
+pub use checks::{CHECKS, Check};
+pub use faults::FaultCensus;
+pub use transactions::OpensTransactions;
+
+crate::__checks!(reexports);
 
 use std::time::Duration;
 
@@ -100,107 +147,8 @@ pub(crate) async fn outlive(ttl: Duration) {
     tokio::time::sleep(ttl + Duration::from_millis(60)).await;
 }
 
-/// One `#[tokio::test]` per check of [`conformance`](crate::conformance), each with a fresh
-/// store from `$make`: an async expression giving `(guard, store)`, where the guard (a server,
-/// say) lives as long as the check and the store is any [`Store`](idempotask::store::Store).
-#[macro_export]
-macro_rules! conformance_tests {
-    ($make:expr) => {
-        $crate::conformance_tests!(@each $make;
-            begin_grants_one_holder_and_reports_busy,
-            begin_repeated_by_the_holder_is_acquired_again,
-            finish_stores_the_marker_and_frees_the_lock,
-            a_stale_holder_never_touches_its_successor,
-            a_late_finish_keeps_the_result_when_nobody_holds_the_unit,
-            only_the_holder_releases_or_renews,
-            fencing_tokens_increase_across_grants_and_expiry,
-            forget_deletes_the_marker_on_purpose,
-            markers_expire_after_the_result_ttl,
-            look_alike_keys_are_separate_units,
-            a_duplicate_gets_the_stored_result_without_running,
-            errors_are_not_cached_and_free_the_lock,
-            a_panic_frees_the_lock_and_resumes,
-            a_dropped_call_frees_the_lock,
-            concurrent_deliveries_run_the_body_once,
-            a_waiter_gives_up_with_contended,
-            a_reused_key_with_other_arguments_is_rejected,
-            undecodable_and_unstorable_results_are_typed_errors,
-            the_body_sees_its_context,
-            a_marker_of_another_key_is_never_replayed,
-            renewal_keeps_a_short_lock_through_a_long_body,
-            an_expired_lock_is_reported_as_lost,
-            invalid_keys_are_rejected_before_the_store,
-            the_longest_ttls_are_kept,
-            fencing_tokens_never_go_back_after_a_burst_and_an_expiry,
-            a_release_without_the_fencing_token_frees_the_lock,
-            a_double_run_with_equal_results_is_reported_as_lost,
-            a_grant_that_arrives_after_its_lock_expired_does_not_run,
-            a_call_dropped_while_begin_is_in_flight_leaves_no_lock,
-            a_call_dropped_while_recording_still_stores_the_result,
-            a_panic_while_encoding_the_result_frees_the_lock,
-            every_fault_point,
-        );
-    };
-    (@each $make:expr; $($check:ident,)*) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $check() {
-            let (_guard, store) = $make;
-            $crate::$check($crate::__private::SharedStore::new(store)).await;
-        }
-    )*};
-}
-
 /// What the macros' expansions name. Not a public API: it changes without notice.
 #[doc(hidden)]
 pub mod __private {
     pub use idempotask::store::SharedStore;
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::BTreeSet;
-
-    /// The names of the `pub async fn`s in a check module's source.
-    fn checks_in(source: &str) -> BTreeSet<&str> {
-        source
-            .lines()
-            .filter_map(|line| line.strip_prefix("pub async fn "))
-            .filter_map(|rest| rest.split(['(', '<']).next())
-            .collect()
-    }
-
-    /// The checks a macro's `@each` list in `source` runs.
-    fn listed_in(source: &str) -> BTreeSet<&str> {
-        let start = source.find("@each $make;").expect("the macro's list");
-        let end = start + source[start..].find(");").expect("the end of the list");
-        source[start..end]
-            .lines()
-            .skip(1)
-            .map(|line| line.trim().trim_end_matches(','))
-            .filter(|name| !name.is_empty())
-            .collect()
-    }
-
-    #[test]
-    fn every_check_is_run_by_the_macro() {
-        let defined: BTreeSet<&str> = [
-            include_str!("store.rs"),
-            include_str!("runner.rs"),
-            include_str!("refusals.rs"),
-            include_str!("fencing.rs"),
-            include_str!("overruns.rs"),
-            include_str!("cancellation.rs"),
-            include_str!("faults/mod.rs"),
-        ]
-        .into_iter()
-        .flat_map(checks_in)
-        .collect();
-        assert_eq!(listed_in(include_str!("lib.rs")), defined);
-    }
-
-    #[test]
-    fn every_transaction_check_is_run_by_its_macro() {
-        let source = include_str!("transactions.rs");
-        assert_eq!(listed_in(source), checks_in(source));
-    }
 }

@@ -19,6 +19,7 @@ use super::slow::SlowConnection;
 ///
 /// # Panics
 /// When the store or the runner does not.
+#[doc = example!(a_double_run_with_equal_results_is_reported_as_lost)]
 pub async fn a_double_run_with_equal_results_is_reported_as_lost(store: SharedStore) {
     let ttl = Duration::from_millis(150);
     let task = Arc::new(Task::new("overrun-equal").lock_ttl(ttl));
@@ -67,6 +68,7 @@ pub async fn a_double_run_with_equal_results_is_reported_as_lost(store: SharedSt
 ///
 /// # Panics
 /// When the store or the runner does not.
+#[doc = example!(a_grant_that_arrives_after_its_lock_expired_does_not_run)]
 pub async fn a_grant_that_arrives_after_its_lock_expired_does_not_run(store: SharedStore) {
     let ttl = Duration::from_millis(100);
     // Applied at once, answered after the lock expired.

@@ -14,6 +14,7 @@ use super::{DAY, LONG, acquire, marker, unit};
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(a_reused_key_with_other_arguments_is_rejected)]
 pub async fn a_reused_key_with_other_arguments_is_rejected(store: SharedStore) {
     let task = Task::new("refund");
     let refund = |amount: u64| {
@@ -36,6 +37,7 @@ pub async fn a_reused_key_with_other_arguments_is_rejected(store: SharedStore) {
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(undecodable_and_unstorable_results_are_typed_errors)]
 pub async fn undecodable_and_unstorable_results_are_typed_errors(store: SharedStore) {
     let first: Result<u32, Error> = Task::new("typed")
         .call("k")
@@ -71,6 +73,7 @@ pub async fn undecodable_and_unstorable_results_are_typed_errors(store: SharedSt
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(a_marker_of_another_key_is_never_replayed)]
 pub async fn a_marker_of_another_key_is_never_replayed(store: SharedStore) {
     // What a digest collision, or a foreign write, leaves under a unit's key name.
     let unit = unit("order-12");
@@ -107,6 +110,7 @@ pub async fn a_marker_of_another_key_is_never_replayed(store: SharedStore) {
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(invalid_keys_are_rejected_before_the_store)]
 pub async fn invalid_keys_are_rejected_before_the_store(store: SharedStore) {
     let rejection = |task: &'static str, key: String| {
         let store = store.clone();

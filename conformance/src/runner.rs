@@ -17,6 +17,7 @@ fn task(name: &'static str) -> Task {
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(a_duplicate_gets_the_stored_result_without_running)]
 pub async fn a_duplicate_gets_the_stored_result_without_running(store: SharedStore) {
     let task = task("charge");
     let runs = AtomicUsize::new(0);
@@ -55,6 +56,7 @@ pub async fn a_duplicate_gets_the_stored_result_without_running(store: SharedSto
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(errors_are_not_cached_and_free_the_lock)]
 pub async fn errors_are_not_cached_and_free_the_lock(store: SharedStore) {
     let task = task("flaky");
     let runs = AtomicUsize::new(0);
@@ -84,6 +86,7 @@ pub async fn errors_are_not_cached_and_free_the_lock(store: SharedStore) {
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(a_panic_frees_the_lock_and_resumes)]
 pub async fn a_panic_frees_the_lock_and_resumes(store: SharedStore) {
     let handle = {
         let store = store.clone();
@@ -111,6 +114,7 @@ pub async fn a_panic_frees_the_lock_and_resumes(store: SharedStore) {
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(a_dropped_call_frees_the_lock)]
 pub async fn a_dropped_call_frees_the_lock(store: SharedStore) {
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let call = {
@@ -152,6 +156,7 @@ pub async fn a_dropped_call_frees_the_lock(store: SharedStore) {
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(concurrent_deliveries_run_the_body_once)]
 pub async fn concurrent_deliveries_run_the_body_once(store: SharedStore) {
     let runs = Arc::new(AtomicUsize::new(0));
     let barrier = Arc::new(tokio::sync::Barrier::new(64));
@@ -187,6 +192,7 @@ pub async fn concurrent_deliveries_run_the_body_once(store: SharedStore) {
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(a_waiter_gives_up_with_contended)]
 pub async fn a_waiter_gives_up_with_contended(store: SharedStore) {
     let unit = UnitOfWork::new("busy", "k").unwrap();
     let holder = LockToken::generate();
@@ -223,6 +229,7 @@ pub async fn a_waiter_gives_up_with_contended(store: SharedStore) {
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(the_body_sees_its_context)]
 pub async fn the_body_sees_its_context(store: SharedStore) {
     assert!(idempotask::context().is_none());
     let report = Task::new("ctx")
@@ -259,6 +266,7 @@ pub async fn the_body_sees_its_context(store: SharedStore) {
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(renewal_keeps_a_short_lock_through_a_long_body)]
 pub async fn renewal_keeps_a_short_lock_through_a_long_body(store: SharedStore) {
     let ttl = Duration::from_millis(300);
     let (halfway_tx, halfway_rx) = tokio::sync::oneshot::channel();
@@ -302,6 +310,7 @@ pub async fn renewal_keeps_a_short_lock_through_a_long_body(store: SharedStore) 
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(an_expired_lock_is_reported_as_lost)]
 pub async fn an_expired_lock_is_reported_as_lost(store: SharedStore) {
     let ttl = Duration::from_millis(150);
     let report = Task::new("overran")

@@ -11,6 +11,7 @@ use super::{DAY, LONG, acquire, acquire_fenced, fence, marker, outlive, unit};
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(begin_grants_one_holder_and_reports_busy)]
 pub async fn begin_grants_one_holder_and_reports_busy(store: SharedStore) {
     let unit = unit("order-1");
     let (a, b) = (LockToken::generate(), LockToken::generate());
@@ -31,6 +32,7 @@ pub async fn begin_grants_one_holder_and_reports_busy(store: SharedStore) {
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(begin_repeated_by_the_holder_is_acquired_again)]
 pub async fn begin_repeated_by_the_holder_is_acquired_again(store: SharedStore) {
     let unit = unit("order-2");
     let token = LockToken::generate();
@@ -50,6 +52,7 @@ pub async fn begin_repeated_by_the_holder_is_acquired_again(store: SharedStore) 
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(finish_stores_the_marker_and_frees_the_lock)]
 pub async fn finish_stores_the_marker_and_frees_the_lock(store: SharedStore) {
     let unit = unit("order-3");
     let token = LockToken::generate();
@@ -82,6 +85,7 @@ pub async fn finish_stores_the_marker_and_frees_the_lock(store: SharedStore) {
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(a_stale_holder_never_touches_its_successor)]
 pub async fn a_stale_holder_never_touches_its_successor(store: SharedStore) {
     let unit = unit("order-4");
     let short = Duration::from_millis(150);
@@ -143,6 +147,7 @@ pub async fn a_stale_holder_never_touches_its_successor(store: SharedStore) {
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(a_late_finish_keeps_the_result_when_nobody_holds_the_unit)]
 pub async fn a_late_finish_keeps_the_result_when_nobody_holds_the_unit(store: SharedStore) {
     let short = Duration::from_millis(150);
     for fencing in [false, true] {
@@ -182,6 +187,7 @@ pub async fn a_late_finish_keeps_the_result_when_nobody_holds_the_unit(store: Sh
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(only_the_holder_releases_or_renews)]
 pub async fn only_the_holder_releases_or_renews(store: SharedStore) {
     let unit = unit("order-5");
     let (holder, other) = (LockToken::generate(), LockToken::generate());
@@ -208,6 +214,7 @@ pub async fn only_the_holder_releases_or_renews(store: SharedStore) {
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(fencing_tokens_increase_across_grants_and_expiry)]
 pub async fn fencing_tokens_increase_across_grants_and_expiry(store: SharedStore) {
     let unit = unit("order-6");
     let short = Duration::from_millis(100);
@@ -246,6 +253,7 @@ pub async fn fencing_tokens_increase_across_grants_and_expiry(store: SharedStore
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(forget_deletes_the_marker_on_purpose)]
 pub async fn forget_deletes_the_marker_on_purpose(store: SharedStore) {
     let unit = unit("order-7");
     let token = acquire_fenced(&store, &unit, &LockToken::generate(), LONG).await;
@@ -272,6 +280,7 @@ pub async fn forget_deletes_the_marker_on_purpose(store: SharedStore) {
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(markers_expire_after_the_result_ttl)]
 pub async fn markers_expire_after_the_result_ttl(store: SharedStore) {
     let unit = unit("order-8");
     let token = LockToken::generate();
@@ -293,6 +302,7 @@ pub async fn markers_expire_after_the_result_ttl(store: SharedStore) {
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(look_alike_keys_are_separate_units)]
 pub async fn look_alike_keys_are_separate_units(store: SharedStore) {
     let long = "k".repeat(1024);
     let keys = [
@@ -335,6 +345,7 @@ pub async fn look_alike_keys_are_separate_units(store: SharedStore) {
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(the_longest_ttls_are_kept)]
 pub async fn the_longest_ttls_are_kept(store: SharedStore) {
     let year = Duration::from_secs(365 * 24 * 3600);
     let unit = unit("for-ever");

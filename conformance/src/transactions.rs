@@ -1,5 +1,5 @@
 //! What a store whose units live inside a transaction ([`TransactionScope`]) must do, through
-//! the runner that drives it ([`Call::run_in_transaction`](crate::Call::run_in_transaction)).
+//! the runner that drives it ([`Call::run_in_transaction`](idempotask::Call::run_in_transaction)).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,23 +13,7 @@ use super::{LONG, acquire};
 
 /// A store the transaction checks can open fresh transactions on, and call the plain way too.
 ///
-/// ```
-/// # macro_rules! ignore { ($($t:tt)*) => {} } ignore! {
-/// struct Transactions(PostgresStore);
-///
-/// impl idempotask_conformance::OpensTransactions for Transactions {
-///     type Transaction<'a> = PostgresTransaction<'a>;
-///
-///     fn plain(&self) -> SharedStore {
-///         SharedStore::new(self.0.clone())
-///     }
-///
-///     async fn open(&self) -> PostgresTransaction<'_> {
-///         self.0.transaction(self.0.pool().begin().await.unwrap())
-///     }
-/// }
-/// # }
-/// ```
+#[doc = include_str!("opens_transactions.md")]
 pub trait OpensTransactions: Send + Sync + 'static {
     /// One transaction of the store.
     type Transaction<'a>: TransactionScope
@@ -51,6 +35,7 @@ fn task(name: &'static str) -> Task {
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(transactions a_committed_transaction_is_replayed)]
 pub async fn a_committed_transaction_is_replayed<S: OpensTransactions>(store: S) {
     let task = task("tx_replayed");
     let runs = AtomicUsize::new(0);
@@ -78,6 +63,7 @@ pub async fn a_committed_transaction_is_replayed<S: OpensTransactions>(store: S)
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(transactions a_failed_transaction_stores_nothing)]
 pub async fn a_failed_transaction_stores_nothing<S: OpensTransactions>(store: S) {
     let task = task("tx_failed");
     let failed: Result<u32, Error> = task
@@ -99,6 +85,7 @@ pub async fn a_failed_transaction_stores_nothing<S: OpensTransactions>(store: S)
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(transactions a_dropped_transaction_stores_nothing)]
 pub async fn a_dropped_transaction_stores_nothing<S: OpensTransactions>(store: S) {
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let dropped = task("tx_dropped");
@@ -129,6 +116,7 @@ pub async fn a_dropped_transaction_stores_nothing<S: OpensTransactions>(store: S
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(transactions concurrent_transactions_run_the_body_once)]
 pub async fn concurrent_transactions_run_the_body_once<S: OpensTransactions>(store: S) {
     // Local tasks: the deliveries interleave at every await, as spawned ones would, without
     // asking the compiler to prove a generic transaction's body `Send`.
@@ -171,6 +159,7 @@ pub async fn concurrent_transactions_run_the_body_once<S: OpensTransactions>(sto
 ///
 /// # Panics
 /// When the store does not.
+#[doc = example!(transactions a_plain_holder_makes_a_transaction_contended)]
 pub async fn a_plain_holder_makes_a_transaction_contended<S: OpensTransactions>(store: S) {
     let task = task("tx_contended");
     let plain = store.plain();
@@ -196,27 +185,4 @@ pub async fn a_plain_holder_makes_a_transaction_contended<S: OpensTransactions>(
 /// The unit a check's call of `task` with `key` runs.
 fn unit_of(task: &Task, key: &str) -> idempotask::store::UnitOfWork {
     idempotask::store::UnitOfWork::new(task.name(), key).unwrap()
-}
-
-/// One `#[tokio::test]` per transaction check of this crate, each with a fresh store from
-/// `$make`: an async expression giving `(guard, store)`, where the store implements
-/// [`OpensTransactions`](crate::OpensTransactions).
-#[macro_export]
-macro_rules! transaction_conformance_tests {
-    ($make:expr) => {
-        $crate::transaction_conformance_tests!(@each $make;
-            a_committed_transaction_is_replayed,
-            a_failed_transaction_stores_nothing,
-            a_dropped_transaction_stores_nothing,
-            concurrent_transactions_run_the_body_once,
-            a_plain_holder_makes_a_transaction_contended,
-        );
-    };
-    (@each $make:expr; $($check:ident,)*) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $check() {
-            let (_guard, store) = $make;
-            $crate::$check(store).await;
-        }
-    )*};
 }

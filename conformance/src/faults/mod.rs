@@ -12,6 +12,16 @@ use cases::SHAPES;
 use probe::{Fault, Plan, Point};
 
 /// How many cases [`every_fault_point`] ran, by where their fault or drop was.
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "multi_thread", worker_threads = 2)] async fn main() {
+/// use idempotask::store::SharedStore;
+///
+/// let store = SharedStore::new(idempotask::MemoryStore::new());
+/// let census = idempotask_conformance::every_fault_point(store).await;
+/// println!("{census}"); // the cases, by operation and fault, and by drop point
+/// # }
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct FaultCensus {
