@@ -74,7 +74,7 @@ step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The workspace build unifies features; each published crate must also build, lint and
 # document on its own with no features and with all of them, as users and docs.rs build it.
-published=(idempotask idempotask-macros idempotask-redis idempotask-postgres idempotask-apalis idempotask-nats idempotask-lapin idempotask-http idempotask-cli)
+published=(idempotask idempotask-macros idempotask-conformance idempotask-redis idempotask-postgres idempotask-apalis idempotask-nats idempotask-lapin idempotask-http idempotask-cli)
 for crate in "${published[@]}"; do
   step "$crate: no default features, all features"
   cargo clippy -p "$crate" --no-default-features --all-targets --locked -- -D warnings
