@@ -39,6 +39,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use idempotask::Backoff;
 use idempotask_lapin::{Idempotent, MessageId, Settled, Topology};
 use idempotask_redis::RedisStore;
 use lapin::message::Delivery;
@@ -177,8 +178,10 @@ async fn worker(run: u64, idempotask: bool) -> Result<(), BoxError> {
     let topology = topology(run);
     let retries = topology.declare(&channel).await?;
     channel.basic_qos(1, BasicQosOptions::default()).await?;
+    let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
     let charge_once = Idempotent::new(CHARGE.clone(), MessageId, retries)
-        .backoff(Duration::from_millis(100), Duration::from_secs(1));
+        .failure_backoff(backoff)
+        .store_backoff(backoff);
     let mut deliveries = channel
         .basic_consume(
             topology.queue().into(),

@@ -48,7 +48,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use futures_util::StreamExt;
 use http::{HeaderMap, StatusCode};
-use idempotask::{RetryPolicy, Task, catch_panic};
+use idempotask::{Backoff, RetryPolicy, Task, catch_panic};
 use idempotask_apalis::IdempotencyKey;
 use idempotask_http::{IDEMPOTENT_REPLAYED, Idempotency};
 use idempotask_lapin::{Settled, Topology};
@@ -69,6 +69,8 @@ use tokio::time::Instant;
 const LOCK_TTL: Duration = Duration::from_millis(300);
 /// The body failures after which a message is dead-lettered (NATS and RabbitMQ).
 const MAX_FAILURES: u32 = 3;
+/// The redelivery delays after body failures and store errors (NATS and RabbitMQ).
+const QUEUE_BACKOFF: Backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(100));
 /// The NATS consumers' `AckWait`, after which JetStream redelivers an unacked message.
 const ACK_WAIT: Duration = Duration::from_secs(2);
 /// A nak'd NATS message comes back before this, well before `AckWait`: every delay the
@@ -619,8 +621,8 @@ impl Nats {
         idempotask_nats::Idempotent::new(NATS_TASK.clone(), by_key)
             .store(self.store.clone())
             .ack_wait(ACK_WAIT)
-            .failure_retry_delay(Duration::from_millis(20), Duration::from_millis(100))
-            .store_retry_delay(Duration::from_millis(20), Duration::from_millis(100))
+            .failure_backoff(QUEUE_BACKOFF)
+            .store_backoff(QUEUE_BACKOFF)
             .max_failures(MAX_FAILURES)
             .fingerprint_payload(true)
     }
@@ -892,7 +894,8 @@ impl Driver for Rabbit {
             |delivery| key_in(&delivery.data);
         let consumer = idempotask_lapin::Idempotent::new(RABBIT_TASK.clone(), by_key, retries)
             .store(self.store.clone())
-            .backoff(Duration::from_millis(20), Duration::from_millis(100))
+            .failure_backoff(QUEUE_BACKOFF)
+            .store_backoff(QUEUE_BACKOFF)
             .max_failures(MAX_FAILURES)
             .fingerprint_payload(true);
         let (channel, deliveries) = self.consume(topology.queue()).await;

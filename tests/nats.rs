@@ -19,7 +19,7 @@ use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream::Stream;
 use async_nats::jetstream::{self, AckKind, Message};
 use futures_util::StreamExt;
-use idempotask::{Error, InvalidKey, Outcome, RetryPolicy, Task};
+use idempotask::{Backoff, Error, InvalidKey, Outcome, RetryPolicy, Task};
 use idempotask_nats::{
     BodyFailure, ConsumerProblem, Handled, Idempotent, MessageKey, MsgId, Rejection,
 };
@@ -394,7 +394,7 @@ async fn a_body_error_is_nakd_delivered_again_and_not_cached() {
     let first = Duration::from_millis(100);
     let charge_once = Idempotent::new(Task::new("nats_failing"), MsgId)
         .store(queue.store().await)
-        .failure_retry_delay(first, Duration::from_secs(1));
+        .failure_backoff(Backoff::new(first, Duration::from_secs(1)));
     let attempts = AtomicU32::new(0);
     // Declined on the first delivery, charged on the second.
     let charge = || async {
@@ -445,7 +445,7 @@ async fn a_failing_body_backs_off_more_each_time_and_is_terminated_after_max_fai
     let first = Duration::from_millis(100);
     let charge_once = Idempotent::new(Task::new("nats_always_failing"), MsgId)
         .store(queue.store().await)
-        .failure_retry_delay(first, Duration::from_secs(1))
+        .failure_backoff(Backoff::new(first, Duration::from_secs(1)))
         .max_failures(3);
     let attempts = AtomicU32::new(0);
     let charge = || async {
@@ -495,7 +495,7 @@ async fn a_misused_task_defers_the_message_instead_of_terminating_it() {
     let first = Duration::from_millis(100);
     let charge_once = Idempotent::new(Task::new("nats_reentered"), MsgId)
         .store(queue.store().await)
-        .store_retry_delay(first, Duration::from_secs(1));
+        .store_backoff(Backoff::new(first, Duration::from_secs(1)));
     let mut messages = consumer.messages().await.unwrap();
     let message = messages.next().await.unwrap().unwrap();
 
@@ -596,7 +596,7 @@ async fn a_store_that_is_down_fails_closed_with_a_growing_delay_until_it_is_back
     let first = Duration::from_millis(100);
     let charge_once = Idempotent::new(Task::new("nats_store_down"), MsgId)
         .store(store)
-        .store_retry_delay(first, Duration::from_secs(1));
+        .store_backoff(Backoff::new(first, Duration::from_secs(1)));
     let charges = AtomicU32::new(0);
     let charge = || async {
         charges.fetch_add(1, Ordering::SeqCst);
@@ -839,7 +839,7 @@ async fn no_store_installed_defers_the_message_and_runs_nothing() {
     queue.publish(r#"{"id":13}"#, Some("order-13")).await;
     let first = Duration::from_millis(100);
     let unconfigured = Idempotent::new(Task::new("nats_no_store"), MsgId)
-        .store_retry_delay(first, Duration::from_secs(1));
+        .store_backoff(Backoff::new(first, Duration::from_secs(1)));
     let mut messages = consumer.messages().await.unwrap();
     let message = messages.next().await.unwrap().unwrap();
     let runs = AtomicU32::new(0);
@@ -884,7 +884,7 @@ async fn a_panicking_body_is_a_failure_nakd_then_terminated_after_max_failures()
     let first = Duration::from_millis(50);
     let charge_once = Idempotent::new(Task::new("nats_panicking"), MsgId)
         .store(queue.store().await)
-        .failure_retry_delay(first, Duration::from_secs(1))
+        .failure_backoff(Backoff::new(first, Duration::from_secs(1)))
         .max_failures(3);
     let runs = Arc::new(AtomicU32::new(0));
 
@@ -958,8 +958,8 @@ async fn deferred_deliveries_do_not_use_up_max_failures() {
     let short = Duration::from_millis(10);
     let charge_once = Idempotent::new(Task::new("nats_deferred_then_failing"), MsgId)
         .store(store)
-        .store_retry_delay(short, short * 2)
-        .failure_retry_delay(short, short * 2)
+        .store_backoff(Backoff::new(short, short * 2))
+        .failure_backoff(Backoff::new(short, short * 2))
         .max_failures(3);
     let runs = AtomicU32::new(0);
     let charge = || async {
@@ -1218,7 +1218,7 @@ async fn a_failure_bucket_that_refuses_writes_still_ends_a_poison_message() {
     let charge_once = Idempotent::new(Task::new("nats_full_bucket"), MsgId)
         .store(queue.store().await)
         .failure_counts("full_failures", Duration::from_secs(3600))
-        .failure_retry_delay(short, short)
+        .failure_backoff(Backoff::constant(short))
         .max_failures(3);
 
     let outcomes = poison_until_terminated(&queue, "charger", &charge_once, 10).await;
@@ -1267,7 +1267,7 @@ async fn a_failure_bucket_that_cannot_be_opened_still_ends_a_poison_message() {
     let charge_once = Idempotent::new(Task::new("nats_no_bucket"), MsgId)
         .store(queue.store().await)
         .failure_counts("taken", Duration::from_secs(3600))
-        .failure_retry_delay(Duration::from_millis(20), Duration::from_millis(20))
+        .failure_backoff(Backoff::constant(Duration::from_millis(20)))
         .max_failures(2);
     let problems = charge_once
         .check_consumer(&queue.js, &jetstream::consumer::Config::default())

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use idempotask::{Error, MemoryStore, Outcome, RetryPolicy, Task};
+use idempotask::{Backoff, Error, MemoryStore, Outcome, RetryPolicy, Task};
 use idempotask_lapin::{
     Cause, FAILURES_HEADER, Idempotent, MessageId, RetryQueue, STORE_ERRORS_HEADER, SettleFailure,
     Settled, Topology,
@@ -332,7 +332,12 @@ async fn a_body_error_is_retried_later_and_not_cached() {
         fixture.retries.clone(),
     )
     .store(MemoryStore::new())
-    .backoff(Duration::from_millis(50), Duration::from_millis(200))
+    .failure_backoff(Backoff::new(
+        Duration::from_millis(50),
+        Duration::from_millis(200),
+    ))
+    // Apart from the store errors' backoff: a body error's delay below is the failure backoff's.
+    .store_backoff(Backoff::constant(Duration::from_secs(5)))
     .max_failures(3);
     fixture.publish(Some("order-4"), b"4").await;
     fixture.publish(Some("order-5"), b"5").await;
@@ -421,7 +426,10 @@ async fn a_store_that_is_down_fails_closed_and_the_delivery_comes_back() {
         fixture.retries.clone(),
     )
     .store(store)
-    .backoff(Duration::from_millis(50), Duration::from_millis(200));
+    .store_backoff(Backoff::new(
+        Duration::from_millis(50),
+        Duration::from_millis(200),
+    ));
     fixture.publish(Some("order-6"), b"6").await;
     let mut deliveries = fixture.consume(fixture.topology.queue()).await;
     let runs = Arc::new(AtomicU32::new(0));
@@ -481,7 +489,7 @@ async fn a_redelivery_that_cannot_be_published_waits_and_still_reaches_the_dead_
     let delay = Duration::from_millis(300);
     let consumer = Idempotent::new(Task::new("lapin_unroutable"), MessageId, nowhere)
         .store(MemoryStore::new())
-        .backoff(delay, delay)
+        .failure_backoff(Backoff::constant(delay))
         .max_failures(3);
     fixture.publish(Some("order-7"), b"7").await;
     let mut deliveries = fixture.consume(fixture.topology.queue()).await;
@@ -554,7 +562,7 @@ async fn a_retry_queue_whose_channel_closed_says_so() {
         .unwrap();
     let consumer = Idempotent::new(Task::new("lapin_closed_retry"), MessageId, retries)
         .store(MemoryStore::new())
-        .backoff(Duration::from_millis(20), Duration::from_millis(20));
+        .failure_backoff(Backoff::constant(Duration::from_millis(20)));
     fixture.publish(Some("order-8"), b"8").await;
     let mut deliveries = fixture.consume(fixture.topology.queue()).await;
     let err = consumer
@@ -585,7 +593,9 @@ async fn misuse_is_retried_later_not_dead_lettered() {
     let task = Task::new("lapin_misuse");
     let consumer = Idempotent::new(task.clone(), MessageId, fixture.retries.clone())
         .store(store.clone())
-        .backoff(Duration::from_millis(50), Duration::from_millis(50));
+        .store_backoff(Backoff::constant(Duration::from_millis(50)))
+        // Misuse waits as store errors do, not as body failures.
+        .failure_backoff(Backoff::constant(Duration::from_secs(5)));
     fixture.publish(Some("order-9"), b"9").await;
     let mut deliveries = fixture.consume(fixture.topology.queue()).await;
     let delivery = fixture.next(&mut deliveries).await;
@@ -608,8 +618,9 @@ async fn misuse_is_retried_later_not_dead_lettered() {
             inner,
             Settled::Retrying {
                 cause: Cause::Idempotask(Error::Reentered { .. }),
+                delay,
                 ..
-            }
+            } if delay == Duration::from_millis(50)
         ),
         "{inner:?}"
     );
@@ -760,7 +771,10 @@ async fn a_panicking_body_is_retried_then_dead_lettered_and_the_deliveries_behin
         fixture.retries.clone(),
     )
     .store(MemoryStore::new())
-    .backoff(Duration::from_millis(50), Duration::from_millis(200))
+    .failure_backoff(Backoff::new(
+        Duration::from_millis(50),
+        Duration::from_millis(200),
+    ))
     .max_failures(2);
     fixture.publish(Some("bad-1"), b"bad").await;
     fixture.publish(Some("good-1"), b"good").await;

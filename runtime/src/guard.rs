@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep};
 use tracing::Instrument;
 
+use crate::backoff::STORE_RETRY_BACKOFF;
 use crate::call::Outcome;
 use crate::context::Lease;
 use crate::error::StoreError;
@@ -277,9 +278,6 @@ pub(crate) struct Recording<'a> {
     pub(crate) lease: &'a Arc<Lease>,
 }
 
-/// The first pause between tries of a failing `finish`; it doubles each time.
-const FINISH_RETRY_PAUSE: Duration = Duration::from_millis(25);
-
 impl<'a> Recording<'a> {
     pub(crate) fn of(
         store: &'a SharedStore,
@@ -322,7 +320,7 @@ impl<'a> Recording<'a> {
                 }
                 Err(err) => {
                     failures += 1;
-                    let pause = FINISH_RETRY_PAUSE * (1 << failures.min(5));
+                    let pause = STORE_RETRY_BACKOFF.delay(failures);
                     if !err.is_retryable() || Instant::now() + pause >= lease.expires_at() {
                         tracing::warn!(
                             task = unit.task(),

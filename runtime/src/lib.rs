@@ -1,6 +1,7 @@
 #![doc = include_str!("lib.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod backoff;
 mod call;
 mod context;
 mod error;
@@ -30,6 +31,7 @@ mod task;
 pub mod testing;
 mod unit;
 
+pub use backoff::Backoff;
 pub use call::{Call, Outcome, Report};
 pub use context::{TaskContext, context};
 pub use error::{CallerKey, CodecErrorKind, Error};
@@ -38,7 +40,9 @@ pub use install::{install, installed, with_store};
 pub use observe::KeyLogging;
 pub use panicked::{Panicked, catch_panic};
 pub use redelivery::Redelivery;
-pub use retry::{DEFAULT_INITIAL_BACKOFF, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BACKOFF, RetryPolicy};
+#[allow(deprecated)]
+pub use retry::{DEFAULT_INITIAL_BACKOFF, DEFAULT_MAX_BACKOFF};
+pub use retry::{DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_BACKOFF, RetryPolicy};
 pub use store::memory::MemoryStore;
 pub use task::{DEFAULT_LOCK_TTL, DEFAULT_RESULT_TTL, MAX_TTL, MIN_TTL, Settings, Task};
 pub use unit::InvalidKey;

@@ -2,18 +2,27 @@
 
 use std::time::Duration;
 
+use crate::backoff::Backoff;
+
+/// The waits of a delivery that finds the lock taken, by default ([`RetryPolicy::backoff`]):
+/// 10 ms after the first busy answer, doubling up to 1 s, with full jitter.
+pub const DEFAULT_RETRY_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(10), Duration::from_secs(1)).full_jitter(true);
 /// The first wait after finding the lock taken, by default.
-pub const DEFAULT_INITIAL_BACKOFF: Duration = Duration::from_millis(10);
+#[deprecated(note = "use `DEFAULT_RETRY_BACKOFF.initial_delay()`")]
+pub const DEFAULT_INITIAL_BACKOFF: Duration = DEFAULT_RETRY_BACKOFF.initial_delay();
 /// The longest single wait, by default.
-pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(1);
+#[deprecated(note = "use `DEFAULT_RETRY_BACKOFF.max_delay()`")]
+pub const DEFAULT_MAX_BACKOFF: Duration = DEFAULT_RETRY_BACKOFF.max_delay();
 /// How many times a call asks for the lock before it gives up, by default.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 64;
 
 /// How a delivery that finds the lock taken waits for the holder.
 ///
-/// Each wait is drawn uniformly from zero to `initial_backoff × 2^(attempt−1)`, capped at
-/// `max_backoff` ("full jitter", so waiters spread out instead of waking in lock step), and never
-/// longer than the holder's lock has left. After each wait the call asks again, so a waiter gets
+/// Each wait is the [`Backoff`]'s [`delay`](Backoff::delay) for the attempt (by default
+/// [`DEFAULT_RETRY_BACKOFF`]: drawn uniformly from zero to `10 ms × 2^(attempt−1)`, capped at
+/// 1 s, "full jitter", so waiters spread out instead of waking in lock step), and never longer
+/// than the holder's lock has left. After each wait the call asks again, so a waiter gets
 /// the holder's result as soon as it is stored. It gives up with
 /// [`Error::Contended`](crate::Error::Contended) after `max_attempts` attempts or when it has
 /// waited `max_wait` in all (by default the task's lock TTL: waiting longer than the holder may
@@ -21,18 +30,18 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 64;
 ///
 /// ```
 /// use std::time::Duration;
-/// use idempotask::RetryPolicy;
+/// use idempotask::{Backoff, RetryPolicy};
 /// let policy = RetryPolicy::new()
-///     .initial_backoff(Duration::from_millis(5))
+///     .backoff(Backoff::new(Duration::from_millis(5), Duration::from_millis(200)).full_jitter(true))
 ///     .max_attempts(10)
 ///     .max_wait(Duration::from_secs(2));
 /// assert_eq!(policy.attempts(), 10);
+/// assert_eq!(policy.wait_backoff().max_delay(), Duration::from_millis(200));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
 pub struct RetryPolicy {
-    initial_backoff: Duration,
-    max_backoff: Duration,
+    backoff: Backoff,
     max_attempts: u32,
     max_wait: Option<Duration>,
 }
@@ -44,12 +53,11 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// The defaults: [`DEFAULT_INITIAL_BACKOFF`], [`DEFAULT_MAX_BACKOFF`],
-    /// [`DEFAULT_MAX_ATTEMPTS`], and a total wait of at most the task's lock TTL.
+    /// The defaults: [`DEFAULT_RETRY_BACKOFF`], [`DEFAULT_MAX_ATTEMPTS`], and a total wait of
+    /// at most the task's lock TTL.
     pub const fn new() -> Self {
         Self {
-            initial_backoff: DEFAULT_INITIAL_BACKOFF,
-            max_backoff: DEFAULT_MAX_BACKOFF,
+            backoff: DEFAULT_RETRY_BACKOFF,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             max_wait: None,
         }
@@ -60,15 +68,23 @@ impl RetryPolicy {
         Self::new().max_attempts(1)
     }
 
-    /// The upper bound of the first wait.
-    pub const fn initial_backoff(mut self, backoff: Duration) -> Self {
-        self.initial_backoff = backoff;
+    /// The waits between attempts (default [`DEFAULT_RETRY_BACKOFF`]). Keep its full jitter on
+    /// unless waiters are few: without it, deliveries that found the lock taken together ask
+    /// again together.
+    pub const fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
         self
     }
 
-    /// The upper bound of any single wait.
+    /// The upper bound of the first wait: the backoff's [`initial`](Backoff::initial).
+    pub const fn initial_backoff(mut self, backoff: Duration) -> Self {
+        self.backoff = self.backoff.initial(backoff);
+        self
+    }
+
+    /// The upper bound of any single wait: the backoff's [`max`](Backoff::max).
     pub const fn max_backoff(mut self, backoff: Duration) -> Self {
-        self.max_backoff = backoff;
+        self.backoff = self.backoff.max(backoff);
         self
     }
 
@@ -84,6 +100,11 @@ impl RetryPolicy {
         self
     }
 
+    /// The waits between attempts.
+    pub const fn wait_backoff(&self) -> Backoff {
+        self.backoff
+    }
+
     /// How many times a delivery asks for the lock at most.
     pub const fn attempts(&self) -> u32 {
         self.max_attempts
@@ -92,20 +113,6 @@ impl RetryPolicy {
     /// The configured total wait, or `lock_ttl` when none is set.
     pub(crate) fn total_wait(&self, lock_ttl: Duration) -> Duration {
         self.max_wait.unwrap_or(lock_ttl)
-    }
-
-    /// The wait after the `attempt`-th busy answer (1-based), before jitter is applied.
-    pub(crate) fn ceiling(&self, attempt: u32) -> Duration {
-        let doublings = attempt.saturating_sub(1).min(31);
-        self.initial_backoff
-            .saturating_mul(1 << doublings)
-            .min(self.max_backoff)
-    }
-
-    /// A jittered wait after the `attempt`-th busy answer.
-    pub(crate) fn delay(&self, attempt: u32) -> Duration {
-        let ceiling = self.ceiling(attempt);
-        ceiling.mul_f64(rand::random::<f64>())
     }
 
     /// The pause after the `attempts`-th busy answer, `waited` into a call of a task whose lock
@@ -121,7 +128,10 @@ impl RetryPolicy {
         if attempts >= self.attempts() || waited >= total_wait {
             return None;
         }
-        let pause = self.delay(attempts).min(total_wait.saturating_sub(waited));
+        let pause = self
+            .backoff
+            .delay(attempts)
+            .min(total_wait.saturating_sub(waited));
         // Ask again right after the holder's lock expires, not a backoff later.
         Some(lock_ttl_remaining.map_or(pause, |left| pause.min(left + Duration::from_millis(1))))
     }
@@ -132,22 +142,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ceiling_doubles_up_to_the_cap() {
+    fn the_old_setters_forward_to_the_backoff() {
         let policy = RetryPolicy::new()
             .initial_backoff(Duration::from_millis(10))
             .max_backoff(Duration::from_millis(70));
-        let ceilings: Vec<u128> = (1..=5).map(|a| policy.ceiling(a).as_millis()).collect();
+        let ceilings: Vec<u128> = (1..=5)
+            .map(|a| policy.wait_backoff().ceiling(a).as_millis())
+            .collect();
         assert_eq!(ceilings, [10, 20, 40, 70, 70]);
-        assert_eq!(policy.ceiling(u32::MAX), Duration::from_millis(70));
+        assert!(policy.wait_backoff().is_jittered(), "the jitter stays on");
+        assert_eq!(RetryPolicy::new().wait_backoff(), DEFAULT_RETRY_BACKOFF);
     }
 
     #[test]
-    fn jittered_delays_stay_under_the_ceiling_and_spread() {
-        let policy = RetryPolicy::new();
-        let delays: Vec<Duration> = (0..200).map(|_| policy.delay(4)).collect();
-        assert!(delays.iter().all(|d| *d <= policy.ceiling(4)));
-        let distinct: std::collections::HashSet<_> = delays.iter().collect();
-        assert!(distinct.len() > 100, "full jitter spreads waiters out");
+    fn a_pause_is_bounded_by_the_total_wait_and_the_holders_lock() {
+        let ms = Duration::from_millis;
+        let policy = RetryPolicy::new()
+            .backoff(Backoff::constant(ms(100)))
+            .max_attempts(3);
+        assert_eq!(
+            policy.pause_after_busy(ms(1000), 1, ms(0), None),
+            Some(ms(100))
+        );
+        assert_eq!(
+            policy.pause_after_busy(ms(1000), 1, ms(950), None),
+            Some(ms(50))
+        );
+        assert_eq!(
+            policy.pause_after_busy(ms(1000), 1, ms(0), Some(ms(5))),
+            Some(ms(6))
+        );
+        assert_eq!(policy.pause_after_busy(ms(1000), 3, ms(0), None), None);
+        assert_eq!(policy.pause_after_busy(ms(1000), 1, ms(1000), None), None);
     }
 
     #[test]

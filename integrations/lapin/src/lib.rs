@@ -61,8 +61,8 @@
 //! | a stored value: a duplicate ([`Outcome::Replayed`](idempotask::Outcome)); the body does not run | acked | `Acked` |
 //! | the body ran but its lock expired or its result could not be recorded (`LockLost`, `MarkerNotWritten`) | acked: the side effect happened, and a redelivery would only run it again | `Acked` |
 //! | the key is busy after the task's [`RetryPolicy`](idempotask::RetryPolicy) ([`Error::Contended`]) | published to the retry queue with `expiration` = the holder's remaining lock time, then acked | `Retrying` |
-//! | the store failed ([`Error::Store`]) or none is installed; or idempotask is misused (`Reentered`, `NoRuntime`, `TaskNameTaken`: a bug of the consumer, logged as an error, that must not cost the message) | published to the retry queue with a bounded backoff (doubling per store error of this message, from 100 ms up to 30 s by default), then acked | `Retrying` |
-//! | the body's `Err`, or a panic in it ([`Cause::Panicked`]); the lock is released and nothing is stored | published to the retry queue with the same kind of backoff (per failure of this message), then acked; after [`max_failures`](Idempotent::max_failures) failures (5 by default), rejected without requeue | `Retrying`, then `DeadLettered` |
+//! | the store failed ([`Error::Store`]) or none is installed; or idempotask is misused (`Reentered`, `NoRuntime`, `TaskNameTaken`: a bug of the consumer, logged as an error, that must not cost the message) | published to the retry queue with a bounded backoff ([`store_backoff`](Idempotent::store_backoff), per store error of this message; [`DEFAULT_STORE_BACKOFF`]: 100 ms doubling up to 30 s), then acked | `Retrying` |
+//! | the body's `Err`, or a panic in it ([`Cause::Panicked`]); the lock is released and nothing is stored | published to the retry queue with a bounded backoff ([`failure_backoff`](Idempotent::failure_backoff), per failure of this message; [`DEFAULT_FAILURE_BACKOFF`]: 100 ms doubling up to 30 s), then acked; after [`max_failures`](Idempotent::max_failures) failures (5 by default), rejected without requeue | `Retrying`, then `DeadLettered` |
 //! | the key cannot be used: [`MissingKey`], [`Error::InvalidKey`], [`Error::KeyReuse`], [`Error::Codec`], [`Error::MarkerKeyMismatch`] | `basic.reject` without requeue: to the work queue's dead-letter exchange; nothing ran | `DeadLettered` |
 //!
 //! A body error is retried through the retry queue rather than `basic.nack` with requeue: a
@@ -140,7 +140,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotask::store::{SharedStore, Store};
-use idempotask::{Error, Fingerprint, Redelivery, Task, catch_panic};
+use idempotask::{Backoff, Error, Fingerprint, Redelivery, Task, catch_panic};
 use lapin::message::Delivery;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -152,12 +152,28 @@ pub use settle::{
 };
 pub use topology::{PublishError, RetryQueue, Topology};
 
-use settle::{Action, Backoff, Unpublished, count};
+use settle::{Action, Unpublished, count, retry_delay};
 
+/// The redelivery delays of a message whose body failed ([`Idempotent::failure_backoff`]), by
+/// default: 100 ms after the first failure, doubling with each further one up to 30 s, without
+/// jitter.
+pub const DEFAULT_FAILURE_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+/// The redelivery delays of a message whose store call failed ([`Idempotent::store_backoff`]),
+/// by default: 100 ms after the first store error, doubling with each further one up to 30 s,
+/// without jitter.
+pub const DEFAULT_STORE_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
 /// The first delay after a store error or a body error, by default.
-pub const DEFAULT_INITIAL_BACKOFF: Duration = Duration::from_millis(100);
+#[deprecated(
+    note = "use `DEFAULT_FAILURE_BACKOFF.initial_delay()` or `DEFAULT_STORE_BACKOFF.initial_delay()`"
+)]
+pub const DEFAULT_INITIAL_BACKOFF: Duration = DEFAULT_FAILURE_BACKOFF.initial_delay();
 /// The longest delay after store errors or body errors, by default.
-pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(30);
+#[deprecated(
+    note = "use `DEFAULT_FAILURE_BACKOFF.max_delay()` or `DEFAULT_STORE_BACKOFF.max_delay()`"
+)]
+pub const DEFAULT_MAX_BACKOFF: Duration = DEFAULT_FAILURE_BACKOFF.max_delay();
 /// How many times a message's body may fail before it is dead-lettered, by default.
 pub const DEFAULT_MAX_FAILURES: u32 = 5;
 
@@ -168,12 +184,13 @@ pub const DEFAULT_MAX_FAILURES: u32 = 5;
 /// ```
 /// # async fn demo(retries: idempotask_lapin::RetryQueue) {
 /// use std::time::Duration;
-/// use idempotask::{MemoryStore, Task};
+/// use idempotask::{Backoff, MemoryStore, Task};
 /// use idempotask_lapin::{Idempotent, MessageId};
 ///
 /// let consumer = Idempotent::new(Task::new("refund"), MessageId, retries)
 ///     .store(MemoryStore::new())
-///     .backoff(Duration::from_millis(50), Duration::from_secs(5))
+///     .failure_backoff(Backoff::new(Duration::from_millis(50), Duration::from_secs(5)))
+///     .store_backoff(Backoff::new(Duration::from_millis(200), Duration::from_secs(10)).full_jitter(true))
 ///     .max_failures(3);
 /// assert_eq!(consumer.task().name(), "refund");
 /// # }
@@ -183,7 +200,8 @@ pub struct Idempotent<K> {
     key: Arc<K>,
     retries: RetryQueue,
     store: Option<SharedStore>,
-    backoff: Backoff,
+    failure_backoff: Backoff,
+    store_backoff: Backoff,
     max_failures: u32,
     fingerprint_payload: bool,
     unpublished: Arc<Unpublished>,
@@ -209,10 +227,8 @@ impl<K: DeliveryKey> Idempotent<K> {
             key: Arc::new(key),
             retries,
             store: None,
-            backoff: Backoff {
-                initial: DEFAULT_INITIAL_BACKOFF,
-                max: DEFAULT_MAX_BACKOFF,
-            },
+            failure_backoff: DEFAULT_FAILURE_BACKOFF,
+            store_backoff: DEFAULT_STORE_BACKOFF,
             max_failures: DEFAULT_MAX_FAILURES,
             fingerprint_payload: false,
             unpublished: Arc::default(),
@@ -238,13 +254,32 @@ impl<K: DeliveryKey> Idempotent<K> {
         self
     }
 
-    /// The delays of redeliveries after store errors and body errors: `initial` after the first,
-    /// doubling with each further one of the same message, at most `max` (defaults
-    /// [`DEFAULT_INITIAL_BACKOFF`], [`DEFAULT_MAX_BACKOFF`]).
+    /// The delays of redeliveries after the body's failures (an `Err` or a panic): the
+    /// backoff's delay for the message's failure count, 1 for its first (default
+    /// [`DEFAULT_FAILURE_BACKOFF`]; at least 10 ms).
     #[must_use]
-    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
-        self.backoff = Backoff { initial, max };
+    pub fn failure_backoff(mut self, backoff: Backoff) -> Self {
+        self.failure_backoff = backoff;
         self
+    }
+
+    /// The delays of redeliveries after store errors (or no store installed, or a misused
+    /// task): the backoff's delay for the message's store-error count, 1 for its first (default
+    /// [`DEFAULT_STORE_BACKOFF`]; at least 10 ms).
+    #[must_use]
+    pub fn store_backoff(mut self, backoff: Backoff) -> Self {
+        self.store_backoff = backoff;
+        self
+    }
+
+    /// The same `initial`-to-`max` doubling after store errors and body errors.
+    #[deprecated(
+        note = "use `failure_backoff(Backoff::new(initial, max))` and `store_backoff(Backoff::new(initial, max))`"
+    )]
+    #[must_use]
+    pub fn backoff(self, initial: Duration, max: Duration) -> Self {
+        let backoff = Backoff::new(initial, max);
+        self.failure_backoff(backoff).store_backoff(backoff)
     }
 
     /// How many body errors a message may have before it is dead-lettered instead of retried
@@ -360,7 +395,7 @@ impl<K: DeliveryKey> Idempotent<K> {
         if failures >= self.max_failures {
             return (Action::DeadLetter, Settled::DeadLettered(cause));
         }
-        let delay = self.backoff.after(failures);
+        let delay = retry_delay(&self.failure_backoff, failures);
         let action = Action::Retry {
             delay,
             header: FAILURES_HEADER,
@@ -398,7 +433,7 @@ impl<K: DeliveryKey> Idempotent<K> {
                 let errors = self
                     .seen(delivery, key, STORE_ERRORS_HEADER)
                     .saturating_add(1);
-                Some((self.backoff.after(errors), Some(errors)))
+                Some((retry_delay(&self.store_backoff, errors), Some(errors)))
             }
         };
         match delay {
@@ -434,7 +469,8 @@ impl<K> Clone for Idempotent<K> {
             key: Arc::clone(&self.key),
             retries: self.retries.clone(),
             store: self.store.clone(),
-            backoff: self.backoff,
+            failure_backoff: self.failure_backoff,
+            store_backoff: self.store_backoff,
             max_failures: self.max_failures,
             fingerprint_payload: self.fingerprint_payload,
             unpublished: Arc::clone(&self.unpublished),
@@ -449,7 +485,8 @@ impl<K> std::fmt::Debug for Idempotent<K> {
             .field("key", &std::any::type_name::<K>())
             .field("retries", &self.retries)
             .field("store", &self.store.as_ref().map(|_| "own store"))
-            .field("backoff", &self.backoff)
+            .field("failure_backoff", &self.failure_backoff)
+            .field("store_backoff", &self.store_backoff)
             .field("max_failures", &self.max_failures)
             .field("fingerprint_payload", &self.fingerprint_payload)
             .field("unpublished", &self.unpublished)

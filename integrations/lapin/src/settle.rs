@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use idempotask::{Error, Panicked, Report};
+use idempotask::{Backoff, Error, Panicked, Report};
 use lapin::BasicProperties;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
@@ -219,22 +219,10 @@ pub enum SettleFailure {
     Retry(#[from] PublishError),
 }
 
-/// How long redeliveries wait after store errors and body errors: doubling from `initial` with
-/// each failure of the message, up to `max`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Backoff {
-    pub(crate) initial: Duration,
-    pub(crate) max: Duration,
-}
-
-impl Backoff {
-    /// The delay after the `failures`-th failure (1 for the first).
-    pub(crate) fn after(self, failures: u32) -> Duration {
-        let doubled = self
-            .initial
-            .saturating_mul(1 << failures.saturating_sub(1).min(20));
-        doubled.min(self.max).max(MIN_DELAY)
-    }
+/// How long a redelivery waits after the `failures`-th store error or body error of its message
+/// (1 for the first): `backoff`'s delay, never less than [`MIN_DELAY`].
+pub(crate) fn retry_delay(backoff: &Backoff, failures: u32) -> Duration {
+    backoff.delay(failures).max(MIN_DELAY)
 }
 
 /// The counts that retry copies would have carried, by key, for copies that could not be
@@ -392,14 +380,17 @@ mod tests {
     use lapin::types::FieldTable;
 
     #[test]
-    fn backoff_doubles_up_to_its_bound() {
-        let backoff = Backoff {
-            initial: Duration::from_millis(100),
-            max: Duration::from_secs(1),
-        };
-        let delays: Vec<u128> = (1..=6).map(|n| backoff.after(n).as_millis()).collect();
+    fn retry_delays_double_up_to_their_bound_and_never_below_the_floor() {
+        let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+        let delays: Vec<u128> = (1..=6)
+            .map(|n| retry_delay(&backoff, n).as_millis())
+            .collect();
         assert_eq!(delays, [100, 200, 400, 800, 1000, 1000]);
-        assert_eq!(backoff.after(u32::MAX), Duration::from_secs(1));
+        assert_eq!(retry_delay(&backoff, u32::MAX), Duration::from_secs(1));
+        assert_eq!(
+            retry_delay(&Backoff::constant(Duration::ZERO), 3),
+            MIN_DELAY
+        );
     }
 
     #[test]

@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use async_nats::jetstream::AckKind;
-use idempotask::{Error, Panicked, Redelivery, Report};
+use idempotask::{Backoff, Error, Panicked, Redelivery, Report};
 
-use crate::backoff::{Backoff, MIN_DELAY};
+use crate::backoff::{MIN_DELAY, nak_delay};
 use crate::key::MissingKey;
 
 /// What became of one message; [`ack_kind`](Self::ack_kind) is the acknowledgement it calls
@@ -26,7 +26,7 @@ pub enum Handled<T, E> {
         /// The body's error, or its panic.
         error: BodyFailure<E>,
         /// The delay asked of JetStream: the failure backoff
-        /// ([`Idempotent::failure_retry_delay`](crate::Idempotent::failure_retry_delay)) for
+        /// ([`Idempotent::failure_backoff`](crate::Idempotent::failure_backoff)) for
         /// this failure of the message.
         delay: Duration,
     },
@@ -50,7 +50,8 @@ pub enum Handled<T, E> {
     Deferred {
         /// Why nothing ran.
         error: Error,
-        /// The holder's remaining lock time for `Contended`, a bounded backoff otherwise.
+        /// The holder's remaining lock time for `Contended`, otherwise the store backoff
+        /// ([`Idempotent::store_backoff`](crate::Idempotent::store_backoff)) for this delivery.
         delay: Duration,
     },
     /// No delivery of this message can succeed: it is terminated (`AckKind::Term`), which
@@ -145,7 +146,7 @@ pub(crate) fn undecided<T, E>(
             }
             Handled::Deferred {
                 error: err,
-                delay: store_backoff.after(delivered),
+                delay: nak_delay(&store_backoff, delivered),
             }
         }
     }

@@ -55,10 +55,10 @@
 //! | the body's `Ok`, stored ([`Outcome::Executed`](idempotask::Outcome)) | `Acked` | `+ACK` |
 //! | a stored value: a duplicate, the body did not run (`Outcome::Replayed`) | `Acked` | `+ACK` |
 //! | the body's `Ok`, but its lock expired first or its marker could not be written (`LockLost`, `MarkerNotWritten`) | `Acked` | `+ACK`: the side effect happened; running it again would not undo it |
-//! | the body's `Err`, or a panic in it ([`BodyFailure`]): the lock is released, nothing is stored | `Failed` | `-NAK` with a backoff that doubles per failure ([`failure_retry_delay`](Idempotent::failure_retry_delay), 1 s up to 60 s by default): the queue's retry runs the body again |
+//! | the body's `Err`, or a panic in it ([`BodyFailure`]): the lock is released, nothing is stored | `Failed` | `-NAK` with a backoff that doubles per failure ([`failure_backoff`](Idempotent::failure_backoff), [`DEFAULT_FAILURE_BACKOFF`]: 1 s up to 60 s): the queue's retry runs the body again |
 //! | the body's [`max_failures`](Idempotent::max_failures)-th failure (5 by default; deferred deliveries do not count, unless the failure bucket cannot be used) | `GaveUp` | `+TERM`: no more deliveries |
 //! | the key is busy after the task's [`RetryPolicy`](idempotask::RetryPolicy) ([`Error::Contended`]) | `Deferred` | `-NAK` with the holder's remaining lock time as the delay (the lock TTL when the store did not say); nothing ran |
-//! | the store failed ([`Error::Store`]) or none is installed | `Deferred` | `-NAK` with a bounded backoff ([`store_retry_delay`](Idempotent::store_retry_delay), 1 s up to 60 s by default); nothing ran, or the lock is released |
+//! | the store failed ([`Error::Store`]) or none is installed | `Deferred` | `-NAK` with a bounded backoff ([`store_backoff`](Idempotent::store_backoff), [`DEFAULT_STORE_BACKOFF`]: 1 s up to 60 s); nothing ran, or the lock is released |
 //! | the program misuses the task (`Reentered`, `TaskNameTaken`, `NoRuntime`) | `Deferred` | `-NAK` with the store's backoff, and an error log: the deploy is wrong, not the message, which waits for the fixed one |
 //! | the key cannot be used ([`MissingKey`], [`Error::InvalidKey`], [`Error::KeyReuse`], [`Error::Codec`], [`Error::MarkerKeyMismatch`]) | `Terminated` | `+TERM`: no redelivery can succeed; JetStream stops delivering it and publishes a `$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.<stream>.<consumer>` advisory |
 //!
@@ -142,7 +142,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind, Message, consumer};
 use idempotask::store::{SharedStore, Store};
-use idempotask::{Error, Fingerprint, Task, catch_panic};
+use idempotask::{Backoff, Error, Fingerprint, Task, catch_panic};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
@@ -152,22 +152,34 @@ pub use failures::{DEFAULT_FAILURE_BUCKET, DEFAULT_FAILURE_MEMORY};
 pub use handled::{BodyFailure, Handled, Rejection};
 pub use key::{MessageKey, MissingKey, MsgId};
 
-use backoff::{Backoff, MIN_DELAY};
+use backoff::{MIN_DELAY, nak_delay};
 use consumer_config::{CheckState, Expected};
 use failures::FailureCounts;
 use handled::undecided;
 
 /// JetStream's `AckWait` when a consumer sets none.
 pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
-/// The first delay of a message whose store call failed, by default; it doubles with each
-/// delivery.
-pub const DEFAULT_STORE_RETRY_FIRST: Duration = Duration::from_secs(1);
+/// The nak delays of a message whose body failed ([`Idempotent::failure_backoff`]), by default:
+/// 1 s after the first failure, doubling with each further one up to 60 s, without jitter.
+pub const DEFAULT_FAILURE_BACKOFF: Backoff =
+    Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+/// The nak delays of a message whose store call failed ([`Idempotent::store_backoff`]), by
+/// default: 1 s after the first delivery, doubling with each further one up to 60 s, without
+/// jitter.
+pub const DEFAULT_STORE_BACKOFF: Backoff =
+    Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+/// The first delay of a message whose store call failed, by default.
+#[deprecated(note = "use `DEFAULT_STORE_BACKOFF.initial_delay()`")]
+pub const DEFAULT_STORE_RETRY_FIRST: Duration = DEFAULT_STORE_BACKOFF.initial_delay();
 /// The longest delay of a message whose store call failed, by default.
-pub const DEFAULT_STORE_RETRY_MAX: Duration = Duration::from_secs(60);
-/// The first delay of a message whose body failed, by default; it doubles with each delivery.
-pub const DEFAULT_FAILURE_RETRY_FIRST: Duration = Duration::from_secs(1);
+#[deprecated(note = "use `DEFAULT_STORE_BACKOFF.max_delay()`")]
+pub const DEFAULT_STORE_RETRY_MAX: Duration = DEFAULT_STORE_BACKOFF.max_delay();
+/// The first delay of a message whose body failed, by default.
+#[deprecated(note = "use `DEFAULT_FAILURE_BACKOFF.initial_delay()`")]
+pub const DEFAULT_FAILURE_RETRY_FIRST: Duration = DEFAULT_FAILURE_BACKOFF.initial_delay();
 /// The longest delay of a message whose body failed, by default.
-pub const DEFAULT_FAILURE_RETRY_MAX: Duration = Duration::from_secs(60);
+#[deprecated(note = "use `DEFAULT_FAILURE_BACKOFF.max_delay()`")]
+pub const DEFAULT_FAILURE_RETRY_MAX: Duration = DEFAULT_FAILURE_BACKOFF.max_delay();
 /// The failure of a message's body after which it is terminated instead of tried again, by
 /// default.
 pub const DEFAULT_MAX_FAILURES: u32 = 5;
@@ -210,9 +222,9 @@ impl<K> Idempotent<K> {
             key: Arc::new(key),
             store: None,
             ack_wait: DEFAULT_ACK_WAIT,
-            failure_backoff: Backoff::new(DEFAULT_FAILURE_RETRY_FIRST, DEFAULT_FAILURE_RETRY_MAX),
+            failure_backoff: DEFAULT_FAILURE_BACKOFF,
             max_failures: DEFAULT_MAX_FAILURES,
-            store_backoff: Backoff::new(DEFAULT_STORE_RETRY_FIRST, DEFAULT_STORE_RETRY_MAX),
+            store_backoff: DEFAULT_STORE_BACKOFF,
             fingerprint_payload: false,
             failures: Arc::new(FailureCounts::new(
                 DEFAULT_FAILURE_BUCKET.to_owned(),
@@ -258,14 +270,31 @@ impl<K> Idempotent<K> {
         self
     }
 
-    /// The delays of the nak that follows a body's `Err`: `first` after the first delivery,
-    /// doubling with each delivery, never more than `max` (default
-    /// [`DEFAULT_FAILURE_RETRY_FIRST`], [`DEFAULT_FAILURE_RETRY_MAX`]; at least 10 ms, as every
-    /// nak delay). A dependency that keeps failing is not hammered by every consumer at once.
+    /// The delays of the nak that follows a body's failure (an `Err` or a panic): the
+    /// backoff's delay for the message's failure count, 1 for its first (default
+    /// [`DEFAULT_FAILURE_BACKOFF`]; at least 10 ms, as every nak delay). A dependency that keeps
+    /// failing is not hammered by every consumer at once.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotask::Backoff;
+    /// use idempotask_nats::{Idempotent, MsgId};
+    /// let charge_once = Idempotent::new(idempotask::Task::new("order_charge"), MsgId)
+    ///     .failure_backoff(Backoff::new(Duration::from_millis(500), Duration::from_secs(30)))
+    ///     .store_backoff(Backoff::new(Duration::from_secs(2), Duration::from_secs(60)).full_jitter(true));
+    /// # let _ = charge_once;
+    /// ```
     #[must_use]
-    pub fn failure_retry_delay(mut self, first: Duration, max: Duration) -> Self {
-        self.failure_backoff = Backoff::new(first, max);
+    pub fn failure_backoff(mut self, backoff: Backoff) -> Self {
+        self.failure_backoff = backoff;
         self
+    }
+
+    /// `first` after the first failure, doubling up to `max` (raised to `first` when below it).
+    #[deprecated(note = "use `failure_backoff(Backoff::new(first, max))`")]
+    #[must_use]
+    pub fn failure_retry_delay(self, first: Duration, max: Duration) -> Self {
+        self.failure_backoff(Backoff::new(first, max.max(first)))
     }
 
     /// The failure of a message's body (an `Err` or a panic) on which the message is terminated
@@ -322,13 +351,20 @@ impl<K> Idempotent<K> {
         self.failures.bucket()
     }
 
-    /// The delays of a message whose store call failed: `first` after its first delivery,
-    /// doubling with each delivery, never more than `max` (default
-    /// [`DEFAULT_STORE_RETRY_FIRST`], [`DEFAULT_STORE_RETRY_MAX`]).
+    /// The delays of the nak of a message whose store call failed (or that found no store, or
+    /// a misused task): the backoff's delay for the message's JetStream delivery count, 1 for
+    /// its first (default [`DEFAULT_STORE_BACKOFF`]; at least 10 ms, as every nak delay).
     #[must_use]
-    pub fn store_retry_delay(mut self, first: Duration, max: Duration) -> Self {
-        self.store_backoff = Backoff::new(first, max);
+    pub fn store_backoff(mut self, backoff: Backoff) -> Self {
+        self.store_backoff = backoff;
         self
+    }
+
+    /// `first` after the first delivery, doubling up to `max` (raised to `first` when below it).
+    #[deprecated(note = "use `store_backoff(Backoff::new(first, max))`")]
+    #[must_use]
+    pub fn store_retry_delay(self, first: Duration, max: Duration) -> Self {
+        self.store_backoff(Backoff::new(first, max.max(first)))
     }
 
     /// The task every message runs through.
@@ -592,7 +628,7 @@ impl<K: MessageKey> Idempotent<K> {
         self.failures.record(message, failures).await;
         Handled::Failed {
             error,
-            delay: self.failure_backoff.after(i64::from(failures)),
+            delay: nak_delay(&self.failure_backoff, i64::from(failures)),
         }
     }
 }

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
 
-use super::{check_marker_key, codec, contended, store_retry_pause};
+use super::{check_marker_key, codec, contended};
+use crate::backoff::STORE_RETRY_BACKOFF;
 use crate::context::Lease;
 use crate::error::{CodecErrorKind, Error, StoreError, StoreErrorKind};
 use crate::guard::{release, release_in_background};
@@ -112,7 +113,7 @@ pub(super) async fn begin(
                     }
                     return Err(err.into());
                 }
-                store_retry_pause(failures)
+                STORE_RETRY_BACKOFF.delay(failures)
             }
         };
         // Boxed: a timer is large, and most calls never wait.

@@ -27,9 +27,6 @@ use begin::{Start, begin};
 mod begin;
 mod transaction;
 
-/// The first pause between tries of a failing store call; it doubles each time.
-const STORE_RETRY_PAUSE: Duration = Duration::from_millis(25);
-
 /// One delivery of a [`Task`] for one caller key; [`run`](Self::run) it with the body.
 #[derive(Debug)]
 #[must_use = "a call does nothing until it is run"]
@@ -485,11 +482,6 @@ pub(crate) fn check_marker_key(unit: &UnitOfWork, marker: &Marker) -> Result<(),
         key: CallerKey::plain(unit.key()),
         stored_key: CallerKey::plain(marker.key()),
     })
-}
-
-/// The pause before trying a failing store call again: it doubles with each failure.
-fn store_retry_pause(failures: u32) -> Duration {
-    STORE_RETRY_PAUSE * (1 << failures.min(5))
 }
 
 pub(crate) fn codec(unit: &UnitOfWork, kind: CodecErrorKind, reason: String) -> Error {
