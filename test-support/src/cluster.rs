@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use super::tls::PrivateCa;
 use super::{free_port, spawn};
 
 /// How long the cluster waits before it declares a silent node failed, unless told otherwise.
@@ -27,6 +28,8 @@ pub struct RedisCluster {
 struct Node {
     child: Child,
     port: u16,
+    /// The node's TLS port, on a cluster started with [`RedisCluster::start_tls`].
+    tls_port: Option<u16>,
     dir: PathBuf,
 }
 
@@ -59,7 +62,18 @@ impl RedisCluster {
 
     /// A cluster whose nodes declare a silent peer failed after `node_timeout`.
     pub fn start_with_node_timeout(node_timeout: Duration) -> Self {
-        let nodes: Vec<Node> = (0..NODES).map(|_| Node::spawn(node_timeout)).collect();
+        Self::start_nodes(node_timeout, None)
+    }
+
+    /// A cluster whose nodes also serve TLS with `ca`'s server certificate, and talk to each
+    /// other over TLS (`tls-cluster yes`): a client on a TLS port is told the other nodes'
+    /// TLS ports. The plain ports stay open for the helpers and the assertions.
+    pub fn start_tls(ca: &PrivateCa) -> Self {
+        Self::start_nodes(DEFAULT_NODE_TIMEOUT, Some(ca))
+    }
+
+    fn start_nodes(node_timeout: Duration, tls: Option<&PrivateCa>) -> Self {
+        let nodes: Vec<Node> = (0..NODES).map(|_| Node::spawn(node_timeout, tls)).collect();
         let cluster = Self { nodes };
         let addresses: Vec<String> = cluster
             .nodes
@@ -114,6 +128,18 @@ impl RedisCluster {
         self.ports()
             .into_iter()
             .map(|port| format!("redis://127.0.0.1:{port}"))
+            .collect()
+    }
+
+    /// `rediss://` seed URLs of every running node, on a cluster started with
+    /// [`start_tls`](Self::start_tls).
+    pub fn tls_urls(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|node| {
+                let port = node.tls_port.expect("a cluster started with `start_tls`");
+                format!("rediss://127.0.0.1:{port}")
+            })
             .collect()
     }
 
@@ -409,7 +435,7 @@ fn setslot(conn: &mut redis::Connection, slot: u16, state: &str, id: &str) {
 }
 
 impl Node {
-    fn spawn(node_timeout: Duration) -> Self {
+    fn spawn(node_timeout: Duration, tls: Option<&PrivateCa>) -> Self {
         let mut last_error = String::new();
         // A free port can be taken by someone else between probing and binding: try a few.
         for _ in 0..5 {
@@ -417,7 +443,8 @@ impl Node {
             let dir = std::env::temp_dir()
                 .join(format!("idempotask-cluster-{}-{port}", std::process::id()));
             std::fs::create_dir_all(&dir).expect("create the node's directory");
-            let cluster_args: Vec<String> = [
+            let tls_port = tls.map(|_| free_port());
+            let mut cluster_args: Vec<String> = [
                 // Given explicitly: the default, port + 10000, may be above 65535 or taken.
                 "--cluster-port",
                 &bus_port.to_string(),
@@ -433,8 +460,21 @@ impl Node {
             ]
             .map(str::to_owned)
             .into();
+            if let (Some(ca), Some(tls_port)) = (tls, tls_port) {
+                cluster_args.extend(ca.redis_args(tls_port));
+                cluster_args.extend(
+                    ["--tls-cluster", "yes", "--tls-replication", "yes"].map(str::to_owned),
+                );
+            }
             match spawn("redis-server", port, &dir, &cluster_args) {
-                Ok(child) => return Self { child, port, dir },
+                Ok(child) => {
+                    return Self {
+                        child,
+                        port,
+                        tls_port,
+                        dir,
+                    };
+                }
                 Err(err) => last_error = err,
             }
             let _ = std::fs::remove_dir_all(&dir);

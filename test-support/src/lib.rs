@@ -14,6 +14,7 @@ pub mod proxy;
 pub mod quorum;
 pub mod rabbitmq;
 pub mod report;
+pub mod tls;
 pub mod workers;
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};

@@ -1,20 +1,18 @@
 //! [`RedisClusterStore`]: the same locks and markers, spread over a Redis Cluster.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use redis::Value;
-use redis::cluster::ClusterClient;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
 
+use super::delegate_store;
 use super::healing::HealingConnection;
 use super::ops::{Listing, Reading};
 use super::protocol::{Protocol, check_namespace, connect_within, store_error};
-use super::{
-    DEFAULT_CONNECTION_TIMEOUT, DEFAULT_NAMESPACE, DEFAULT_RESPONSE_TIMEOUT, delegate_store,
-};
+use super::settings::{ConnectionSettings, connection_setters};
 use idempotask::ops::Forgot;
-use idempotask::store::{MAX_KEY_LEN, UnitOfWork};
+use idempotask::store::UnitOfWork;
 use idempotask::store::{StoreError, StoreErrorKind};
 
 /// How many times the cluster client re-sends one command, by default, after a redirect it
@@ -50,6 +48,10 @@ pub(crate) const DEFAULT_CLUSTER_RETRIES: u32 = 4;
 ///   a cluster that lost a master fails calls for that master's slots with kind `Timeout`,
 ///   `Unreachable` or `Rejected` (`CLUSTERDOWN`) until a replica takes over. Nothing hangs and
 ///   the body never runs without a confirmed lock.
+/// - The response timeout is the cluster client's overall response timeout. A store call is
+///   one command in the common case; the slow paths send more (a `begin` that finds the unit
+///   locked reads the lock's TTL, a script the node lost is loaded again). Every failure is
+///   ambiguous, since the client may have sent the command before the failure it reports.
 /// - `forget` leaves a receipt for a minute in the unit's slot (see
 ///   [`RedisKeys`](crate::RedisKeys)): a `forget` the client re-sent after losing the
 ///   reply is answered as the first run was (deleted), and deletes nothing more.
@@ -57,7 +59,9 @@ pub(crate) const DEFAULT_CLUSTER_RETRIES: u32 = 4;
 ///   written just before its master died may be missing on the promoted replica. The fencing
 ///   token, checked by the database the task writes to, is what stops the second holder.
 /// - `redis://user:password@host:port` authenticates with an ACL user on every node;
-///   `rediss://` needs the `tls` feature.
+///   `rediss://` needs the `tls` feature, and every node then speaks TLS (`tls-cluster yes`); a
+///   private CA is given with
+///   [`tls_root_certificate`](RedisClusterStoreBuilder::tls_root_certificate).
 ///
 /// ```no_run
 /// # async fn start() -> Result<(), idempotask::store::StoreError> {
@@ -90,15 +94,15 @@ impl std::fmt::Debug for RedisClusterStore {
 }
 
 /// Configures and connects a [`RedisClusterStore`]; see [`RedisClusterStore::builder`].
+///
+/// Its setters are those of every Redis store's builder, with the same defaults (see
+/// [`RedisStoreBuilder`](crate::RedisStoreBuilder)), and [`retries`](Self::retries).
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct RedisClusterStoreBuilder {
     nodes: Vec<String>,
-    namespace: String,
-    connection_timeout: Duration,
-    response_timeout: Duration,
+    settings: ConnectionSettings,
     retries: u32,
-    max_key_len: usize,
 }
 
 impl RedisClusterStore {
@@ -117,9 +121,8 @@ impl RedisClusterStore {
         Self::builder(nodes).connect().await
     }
 
-    /// A builder with the defaults: namespace [`DEFAULT_NAMESPACE`](crate::RedisStore::DEFAULT_NAMESPACE), timeouts
-    /// [`DEFAULT_CONNECTION_TIMEOUT`](crate::RedisStore::DEFAULT_CONNECTION_TIMEOUT) and [`DEFAULT_RESPONSE_TIMEOUT`](crate::RedisStore::DEFAULT_RESPONSE_TIMEOUT),
-    /// [`DEFAULT_RETRIES`](RedisClusterStore::DEFAULT_RETRIES) re-sends, keys up to [`MAX_KEY_LEN`] bytes.
+    /// A builder with every setting at its default (see [`RedisClusterStoreBuilder`]'s
+    /// setters).
     ///
     /// `nodes` are seed URLs (`redis://host:port`); one reachable node is enough, the client
     /// finds the others through it. Give a few so that start-up survives one being down.
@@ -130,11 +133,8 @@ impl RedisClusterStore {
     {
         RedisClusterStoreBuilder {
             nodes: nodes.into_iter().map(Into::into).collect(),
-            namespace: DEFAULT_NAMESPACE.to_owned(),
-            connection_timeout: DEFAULT_CONNECTION_TIMEOUT,
-            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            settings: ConnectionSettings::default(),
             retries: DEFAULT_CLUSTER_RETRIES,
-            max_key_len: MAX_KEY_LEN,
         }
     }
 
@@ -335,43 +335,12 @@ fn master_addresses(replies: &Value) -> Option<Vec<(String, u16)>> {
 delegate_store!(RedisClusterStore);
 
 impl RedisClusterStoreBuilder {
-    /// The namespace that separates applications sharing one cluster (default `"default"`).
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.namespace = namespace.into();
-        self
-    }
-
-    /// How long connecting to one node may take (default [`DEFAULT_CONNECTION_TIMEOUT`](crate::RedisStore::DEFAULT_CONNECTION_TIMEOUT)).
-    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
-        self.connection_timeout = timeout;
-        self
-    }
-
-    /// How long one command may take, redirects, re-sends and reconnecting included (default
-    /// [`DEFAULT_RESPONSE_TIMEOUT`](crate::RedisStore::DEFAULT_RESPONSE_TIMEOUT)): the cluster
-    /// client's overall response timeout. A store call is one command in the common case; the
-    /// slow paths send more (a `begin` that finds the unit locked reads the lock's TTL, a
-    /// script the node lost is loaded again).
-    ///
-    /// A command still waiting then fails with kind `Timeout`; a node that is down and refuses
-    /// connections fails its calls sooner. Every failure is ambiguous, since the client may
-    /// have sent the command before the failure it reports. A task's `begin` tries a failing
-    /// call three times, 50 and 100 ms apart, before the task call returns the error.
-    pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
-        self
-    }
+    connection_setters!();
 
     /// How many times the cluster client re-sends one command (default
     /// [`DEFAULT_RETRIES`](RedisClusterStore::DEFAULT_RETRIES)); the response timeout bounds them all.
     pub fn retries(mut self, retries: u32) -> Self {
         self.retries = retries;
-        self
-    }
-
-    /// The longest caller key accepted, in bytes (default [`MAX_KEY_LEN`]).
-    pub fn max_key_len(mut self, max: usize) -> Self {
-        self.max_key_len = max;
         self
     }
 
@@ -381,7 +350,8 @@ impl RedisClusterStoreBuilder {
     /// A [`StoreError`] of kind `Configuration` for no seed node, a bad URL, namespace or
     /// credentials, and `Unreachable` or `Timeout` when no seed node answers in time.
     pub async fn connect(self) -> Result<RedisClusterStore, StoreError> {
-        check_namespace(&self.namespace)?;
+        let settings = &self.settings;
+        check_namespace(&settings.namespace)?;
         if self.nodes.is_empty() {
             return Err(StoreError::new(
                 "connect",
@@ -390,28 +360,60 @@ impl RedisClusterStoreBuilder {
             ));
         }
         let client = ClusterClient::builder(self.nodes.iter().map(String::as_str))
-            .connection_timeout(self.connection_timeout)
-            .response_timeout(self.response_timeout)
-            .overall_response_timeout(Some(self.response_timeout))
+            .connection_timeout(settings.connection_timeout)
+            .response_timeout(settings.response_timeout)
+            .overall_response_timeout(Some(settings.response_timeout))
             .retries(self.retries)
             // Re-sends after TRYAGAIN or a redirect come quickly: the defaults start at 1.28 s,
             // longer than the whole call may take.
             .min_retry_wait(10)
             .max_retry_wait(500)
-            .retry_wait_formula(10, 2)
+            .retry_wait_formula(10, 2);
+        let client = self
+            .with_tls(client)
             .build()
             .map_err(|err| store_error("connect", &err, false))?;
         // The client tries every seed node; the whole attempt still gets one deadline.
-        let deadline = self.connection_timeout.saturating_mul(3);
+        let deadline = settings.connection_timeout.saturating_mul(3);
         let connection = connect_within(deadline, client.get_async_connection(), false).await?;
         let connection = HealingConnection::new(client, connection, deadline);
         Ok(RedisClusterStore {
             // The client's overall response timeout bounds each command; a timeout of the
             // protocol's own around it would cut the call short before the healing
             // connection sees the client's timeout.
-            protocol: Protocol::new(connection, self.namespace, self.max_key_len, true, None)
-                .await?,
+            protocol: Protocol::new(
+                connection,
+                self.settings.namespace,
+                self.settings.max_key_len,
+                true,
+                None,
+            )
+            .await?,
         })
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[allow(
+        clippy::unused_self,
+        reason = "the `tls` feature's version reads the seeds and the settings"
+    )]
+    fn with_tls(&self, client: ClusterClientBuilder) -> ClusterClientBuilder {
+        client
+    }
+
+    /// The private CA, for seeds that are `rediss://`: the client then checks every node's
+    /// certificate against it. (redis-rs would speak TLS to `redis://` seeds too once given
+    /// certificates; those stay plain, as for the other stores.)
+    #[cfg(feature = "tls")]
+    fn with_tls(&self, client: ClusterClientBuilder) -> ClusterClientBuilder {
+        let tls = self
+            .nodes
+            .first()
+            .is_some_and(|url| url.starts_with("rediss:"));
+        match self.settings.tls_certificates() {
+            Some(certificates) if tls => client.certs(certificates),
+            _ => client,
+        }
     }
 }
 

@@ -28,7 +28,14 @@
 //!
 //! # Features
 //! - `tls`: `rediss://` URLs, through rustls with the ring provider; the system's roots are
-//!   trusted, or a private CA given with `RedisStoreBuilder::tls_root_certificate`.
+//!   trusted, or a private CA given with `tls_root_certificate` on any of the three builders.
+//!
+//! # Settings
+//! The three builders share their connection settings, with the same setters and defaults:
+//! `namespace`, `connection_timeout`, `response_timeout`, `max_key_len` and (with `tls`)
+//! `tls_root_certificate`; see [`RedisStoreBuilder`]. Each adds its own: the cluster's
+//! [`retries`](RedisClusterStoreBuilder::retries), the quorum's
+//! [`server_timeout`](RedlockStoreBuilder::server_timeout) and validity settings.
 //!
 //! # Rights
 //! An ACL user needs `~idempotask:* +@read +@write +@scripting +@connection +time`;
@@ -44,8 +51,12 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use idempotask::ops::Forgot;
 use idempotask::store::StoreError;
-use idempotask::store::{MAX_KEY_LEN, UnitOfWork};
+use idempotask::store::UnitOfWork;
 use protocol::{Protocol, check_namespace, connect_within, store_error};
+use settings::{
+    ConnectionSettings, DEFAULT_CONNECTION_TIMEOUT, DEFAULT_NAMESPACE, DEFAULT_RESPONSE_TIMEOUT,
+    connection_setters,
+};
 
 mod cluster;
 mod healing;
@@ -54,6 +65,7 @@ pub mod ops;
 mod protocol;
 mod quorum;
 mod reply;
+mod settings;
 mod slow_path;
 
 mod keys;
@@ -61,12 +73,6 @@ pub use cluster::{RedisClusterStore, RedisClusterStoreBuilder};
 pub use keys::{ParsedKey, RedisKeys};
 pub use quorum::{RedlockStore, RedlockStoreBuilder};
 
-/// The namespace used when none is configured.
-pub(crate) const DEFAULT_NAMESPACE: &str = "default";
-/// How long connecting to Redis may take before it fails, by default.
-pub(crate) const DEFAULT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long one store call may take before it fails, by default.
-pub(crate) const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The first pause of the connection manager's reconnection back-off, at most.
 const RECONNECT_FIRST_PAUSE: Duration = Duration::from_millis(100);
 /// How many times the connection manager tries again to reconnect before the calls waiting
@@ -162,12 +168,18 @@ use delegate_store;
 ///   stalled Redis fails the call with kind `Timeout` and `is_ambiguous() == true` instead of
 ///   hanging the task; a Redis that is down and refuses connections fails it sooner, with kind
 ///   `Unreachable` and not ambiguous (see [`RedisStoreBuilder::response_timeout`]).
+/// - After a dropped connection the manager reconnects in the background, with a back-off of
+///   at most half the response timeout (and at most 0.6 s), and a call waits for that round.
+///   So while Redis is down and refuses connections, a call fails within the round, with kind
+///   `Unreachable` and not ambiguous; a server that does not answer at all (a dropped network)
+///   takes up to the response timeout.
 /// - Scripts are loaded when the store connects; after a `SCRIPT FLUSH` or a restart the next
 ///   call reloads them by itself (one extra round trip).
 /// - `forget` leaves a receipt for a minute next to the unit's key (see [`RedisKeys`]), so that
 ///   a client that re-sends it after losing the reply is told that the marker was deleted.
 /// - `redis://user:password@host:port/db` authenticates with an ACL user; `rediss://` needs the
-///   `tls` feature.
+///   `tls` feature (a private CA is given with
+///   [`tls_root_certificate`](RedisStoreBuilder::tls_root_certificate)).
 ///
 /// ```no_run
 /// # async fn start() -> Result<(), idempotask::store::StoreError> {
@@ -194,22 +206,20 @@ impl std::fmt::Debug for RedisStore {
 }
 
 /// Configures and connects a [`RedisStore`]; see [`RedisStore::builder`].
+///
+/// Its setters are those of every Redis store's builder, with the same defaults (the
+/// `DEFAULT_*` constants of [`RedisStore`]).
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct RedisStoreBuilder {
     url: String,
-    #[cfg(feature = "tls")]
-    root_certificate: Option<Vec<u8>>,
-    namespace: String,
-    connection_timeout: Duration,
-    response_timeout: Duration,
-    max_key_len: usize,
+    settings: ConnectionSettings,
 }
 
 impl RedisStore {
     /// The namespace used when none is configured.
     pub const DEFAULT_NAMESPACE: &str = DEFAULT_NAMESPACE;
-    /// How long connecting to Redis may take before it fails, by default.
+    /// How long connecting to one server may take before it fails, by default.
     pub const DEFAULT_CONNECTION_TIMEOUT: Duration = DEFAULT_CONNECTION_TIMEOUT;
     /// How long one store call may take before it fails, by default.
     pub const DEFAULT_RESPONSE_TIMEOUT: Duration = DEFAULT_RESPONSE_TIMEOUT;
@@ -222,18 +232,11 @@ impl RedisStore {
         Self::builder(url).connect().await
     }
 
-    /// A builder with the defaults: namespace [`DEFAULT_NAMESPACE`](RedisStore::DEFAULT_NAMESPACE), timeouts
-    /// [`DEFAULT_CONNECTION_TIMEOUT`](RedisStore::DEFAULT_CONNECTION_TIMEOUT) and [`DEFAULT_RESPONSE_TIMEOUT`](RedisStore::DEFAULT_RESPONSE_TIMEOUT), keys up to
-    /// [`MAX_KEY_LEN`] bytes.
+    /// A builder with every setting at its default (see [`RedisStoreBuilder`]'s setters).
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
             url: url.into(),
-            #[cfg(feature = "tls")]
-            root_certificate: None,
-            namespace: DEFAULT_NAMESPACE.to_owned(),
-            connection_timeout: DEFAULT_CONNECTION_TIMEOUT,
-            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
-            max_key_len: MAX_KEY_LEN,
+            settings: ConnectionSettings::default(),
         }
     }
 
@@ -380,48 +383,7 @@ impl RedisStore {
 delegate_store!(RedisStore);
 
 impl RedisStoreBuilder {
-    /// The namespace that separates applications sharing one Redis (default `"default"`).
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.namespace = namespace.into();
-        self
-    }
-
-    /// How long connecting may take (default [`DEFAULT_CONNECTION_TIMEOUT`](RedisStore::DEFAULT_CONNECTION_TIMEOUT)).
-    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
-        self.connection_timeout = timeout;
-        self
-    }
-
-    /// How long one store call may take (default
-    /// [`DEFAULT_RESPONSE_TIMEOUT`](RedisStore::DEFAULT_RESPONSE_TIMEOUT)): its commands, a
-    /// wait for a reconnection and a reloaded script included. A call still waiting then fails
-    /// with kind `Timeout`, ambiguous (the command may have run).
-    ///
-    /// After a dropped connection the manager reconnects in the background, with a back-off of
-    /// at most half this timeout (and at most 0.6 s), and a call waits for that round. So while
-    /// Redis is down and refuses connections, a call fails within the round, with kind
-    /// `Unreachable` and not ambiguous; a server that does not answer at all (a dropped network)
-    /// takes up to this timeout. A task's `begin` tries a failing call three times, 50 and
-    /// 100 ms apart, before the task call returns the error.
-    pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
-        self
-    }
-
-    /// Trusts this CA (PEM) for `rediss://` instead of the system's roots: for a Redis behind a
-    /// private certificate authority.
-    #[cfg(feature = "tls")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
-    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.root_certificate = Some(pem.into());
-        self
-    }
-
-    /// The longest caller key accepted, in bytes (default [`MAX_KEY_LEN`]).
-    pub fn max_key_len(mut self, max: usize) -> Self {
-        self.max_key_len = max;
-        self
-    }
+    connection_setters!();
 
     /// Connects, checks the server answers, and loads the scripts.
     ///
@@ -429,7 +391,8 @@ impl RedisStoreBuilder {
     /// A [`StoreError`] of kind `Configuration` for a bad URL, namespace or credentials, and
     /// `Unreachable` or `Timeout` when the server cannot be reached in time.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
-        check_namespace(&self.namespace)?;
+        let settings = &self.settings;
+        check_namespace(&settings.namespace)?;
         let client = self
             .client()
             .map_err(|err| store_error("connect", &err, false))?;
@@ -437,29 +400,35 @@ impl RedisStoreBuilder {
         // (jittered, doubling: at most 6 × the first one) take at most half the response
         // timeout, so that during an outage the call learns that connections are refused, a
         // failure that proves nothing was sent, before its response timeout runs out.
-        let first_pause = RECONNECT_FIRST_PAUSE.min(self.response_timeout / 12);
+        let first_pause = RECONNECT_FIRST_PAUSE.min(settings.response_timeout / 12);
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connection_timeout))
-            .set_response_timeout(Some(self.response_timeout))
+            .set_connection_timeout(Some(settings.connection_timeout))
+            .set_response_timeout(Some(settings.response_timeout))
             .set_number_of_retries(RECONNECT_RETRIES)
             .set_min_delay(first_pause)
             .set_max_delay(Duration::from_secs(1))
             .set_pipeline_buffer_size(PIPELINE_BUFFER);
         // The manager retries its first connection; the whole attempt still gets one deadline.
-        let deadline = self.connection_timeout.saturating_mul(3);
+        let deadline = settings.connection_timeout.saturating_mul(3);
         let connection = connect_within(
             deadline,
             client.get_connection_manager_with_config(config),
             false,
         )
         .await?;
+        let ConnectionSettings {
+            namespace,
+            response_timeout,
+            max_key_len,
+            ..
+        } = self.settings;
         Ok(RedisStore {
             protocol: Protocol::new(
                 connection,
-                self.namespace,
-                self.max_key_len,
+                namespace,
+                max_key_len,
                 false,
-                Some(self.response_timeout),
+                Some(response_timeout),
             )
             .await?,
         })
@@ -474,16 +443,8 @@ impl RedisStoreBuilder {
 
     #[cfg(feature = "tls")]
     fn client(&self) -> redis::RedisResult<redis::Client> {
-        // rustls needs a process-wide crypto provider; another library may have installed one.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        match &self.root_certificate {
-            Some(pem) => redis::Client::build_with_tls(
-                self.url.as_str(),
-                redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem.clone()),
-                },
-            ),
+        match self.settings.tls_certificates() {
+            Some(certificates) => redis::Client::build_with_tls(self.url.as_str(), certificates),
             None => redis::Client::open(self.url.as_str()),
         }
     }

@@ -92,6 +92,19 @@ pub(super) fn unexpected(operation: &'static str, key: &str, reply: &Value) -> S
 /// it reports (a timeout, then `CLUSTERDOWN` from the next node): only a refused configuration
 /// proves that nothing was applied.
 pub(super) fn store_error(operation: &'static str, err: &RedisError, resends: bool) -> StoreError {
+    if is_certificate_refusal(err) {
+        // The TLS handshake refused the server's certificate: no command was sent, and trying
+        // again changes nothing until the trusted CA or the certificate changes.
+        return StoreError::new(
+            operation,
+            StoreErrorKind::Configuration,
+            format!(
+                "{err}; the server's TLS certificate is not trusted: give its CA with \
+                 `tls_root_certificate`, or check that it names the host in the URL"
+            ),
+        )
+        .with_source(err.clone());
+    }
     let (kind, ambiguous) = if err.is_timeout() {
         (StoreErrorKind::Timeout, true)
     } else if err.is_connection_refusal() {
@@ -119,6 +132,13 @@ pub(super) fn store_error(operation: &'static str, err: &RedisError, resends: bo
     StoreError::new(operation, kind, err.to_string())
         .ambiguous_if(ambiguous)
         .with_source(err.clone())
+}
+
+/// Whether the client refused the server's TLS certificate (an unknown CA, a name it does not
+/// cover, an expired one). The cluster client passes on only the text of the error it met on
+/// the seed nodes, so it is recognised by rustls's wording.
+fn is_certificate_refusal(err: &RedisError) -> bool {
+    err.is_io_error() && err.to_string().contains("invalid peer certificate")
 }
 
 /// Whether the server refused a command in a way no retry can change: a script that calls a

@@ -9,9 +9,10 @@ use redis::{IntoConnectionInfo, Script};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
+use super::RedisStoreBuilder;
 use super::protocol::{Protocol, check_namespace, store_error};
-use super::{DEFAULT_CONNECTION_TIMEOUT, DEFAULT_NAMESPACE, RedisStore, RedisStoreBuilder};
-use idempotask::store::{MAX_KEY_LEN, UnitOfWork};
+use super::settings::{ConnectionSettings, connection_setters};
+use idempotask::store::UnitOfWork;
 use idempotask::store::{StoreError, StoreErrorKind};
 
 mod servers;
@@ -40,7 +41,8 @@ const PATIENCE: u32 = 8;
 
 /// A store over several independent Redis servers (3 or 5), for work where one Redis failing
 /// over must not hand a lock to two workers: each operation runs the protocol of
-/// [`RedisStore`] on every server at once and counts as done when a majority agree (Redlock).
+/// [`RedisStore`](crate::RedisStore) on every server at once and counts as done when a
+/// majority agree (Redlock).
 ///
 /// - `begin` asks every server at once. The lock is granted when a majority grant it and the
 ///   time the round took leaves it a validity (lock TTL − elapsed − clock-drift allowance) of at
@@ -57,7 +59,8 @@ const PATIENCE: u32 = 8;
 ///   token; `renew` succeeds when a majority renewed.
 ///
 /// Servers are independent primaries: no replicas, no cluster, nothing in common. Each one
-/// keeps the same keys a [`RedisStore`] would (so `idempotask-cli` can inspect any of them).
+/// keeps the same keys a [`RedisStore`](crate::RedisStore) would (so `idempotask-cli` can
+/// inspect any of them).
 ///
 /// # Fencing tokens
 /// Each server keeps its own counter. A fenced `begin` takes the highest of the granting
@@ -85,7 +88,9 @@ const PATIENCE: u32 = 8;
 ///   marker is not yet on a majority, fewer than a majority answered at all), for at most 8
 ///   server timeouts and, for `begin` and `renew`, half the lock TTL (but at least one server
 ///   timeout). Under load a call takes longer rather than failing; a server that stays silent
-///   that long counts as timed out.
+///   that long counts as timed out. The
+///   [`response_timeout`](RedlockStoreBuilder::response_timeout) bounds the wait for each
+///   server too, when it is the shorter of the two.
 /// - A timeout is ambiguous: the server may have run the command, or may run it later. A
 ///   `begin` that does not keep its grants releases them *and* its lock on every server whose
 ///   answer it lacks (a compare-and-delete with its token, which each server's connection runs
@@ -168,18 +173,19 @@ impl std::fmt::Debug for RedlockStore {
 }
 
 /// Configures and connects a [`RedlockStore`]; see [`RedlockStore::builder`].
+///
+/// Its setters are those of every Redis store's builder, with the same defaults (see
+/// [`RedisStoreBuilder`]), applied to each server, and the quorum's own:
+/// [`server_timeout`](Self::server_timeout), [`clock_drift`](Self::clock_drift),
+/// [`min_validity`](Self::min_validity).
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct RedlockStoreBuilder {
     urls: Vec<String>,
-    #[cfg(feature = "tls")]
-    root_certificate: Option<Vec<u8>>,
-    namespace: String,
-    connection_timeout: Duration,
+    settings: ConnectionSettings,
     server_timeout: Duration,
     clock_drift: f64,
     min_validity: Duration,
-    max_key_len: usize,
 }
 
 impl RedlockStore {
@@ -202,10 +208,8 @@ impl RedlockStore {
         Self::builder(urls).connect().await
     }
 
-    /// A builder with the defaults: namespace [`DEFAULT_NAMESPACE`](crate::RedisStore::DEFAULT_NAMESPACE), per-server timeout
-    /// [`DEFAULT_SERVER_TIMEOUT`](RedlockStore::DEFAULT_SERVER_TIMEOUT), connection timeout [`DEFAULT_CONNECTION_TIMEOUT`](crate::RedisStore::DEFAULT_CONNECTION_TIMEOUT), drift
-    /// allowance [`DEFAULT_CLOCK_DRIFT`](RedlockStore::DEFAULT_CLOCK_DRIFT), validity floor [`DEFAULT_MIN_VALIDITY`](RedlockStore::DEFAULT_MIN_VALIDITY), keys up to
-    /// [`MAX_KEY_LEN`] bytes. Each URL is one server, as [`RedisStore::builder`] takes it
+    /// A builder with every setting at its default (see [`RedlockStoreBuilder`]'s setters).
+    /// Each URL is one server, as [`RedisStore::builder`](crate::RedisStore::builder) takes it
     /// (`rediss://`, ACL users and passwords per server).
     pub fn builder<I>(urls: I) -> RedlockStoreBuilder
     where
@@ -214,14 +218,10 @@ impl RedlockStore {
     {
         RedlockStoreBuilder {
             urls: urls.into_iter().map(Into::into).collect(),
-            #[cfg(feature = "tls")]
-            root_certificate: None,
-            namespace: DEFAULT_NAMESPACE.to_owned(),
-            connection_timeout: DEFAULT_CONNECTION_TIMEOUT,
+            settings: ConnectionSettings::default(),
             server_timeout: DEFAULT_SERVER_TIMEOUT,
             clock_drift: DEFAULT_CLOCK_DRIFT,
             min_validity: DEFAULT_MIN_VALIDITY,
-            max_key_len: MAX_KEY_LEN,
         }
     }
 
@@ -247,11 +247,7 @@ impl RedlockStore {
 }
 
 impl RedlockStoreBuilder {
-    /// The namespace that separates applications sharing the servers (default `"default"`).
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.namespace = namespace.into();
-        self
-    }
+    connection_setters!();
 
     /// How long a round waits for every server before it decides with the answers it has
     /// (default [`DEFAULT_SERVER_TIMEOUT`](RedlockStore::DEFAULT_SERVER_TIMEOUT)). A server
@@ -260,12 +256,6 @@ impl RedlockStoreBuilder {
     /// part of the lock TTL: a round that takes longer leaves the grant less validity.
     pub fn server_timeout(mut self, timeout: Duration) -> Self {
         self.server_timeout = timeout;
-        self
-    }
-
-    /// How long connecting to one server may take (default [`DEFAULT_CONNECTION_TIMEOUT`](crate::RedisStore::DEFAULT_CONNECTION_TIMEOUT)).
-    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
-        self.connection_timeout = timeout;
         self
     }
 
@@ -285,20 +275,6 @@ impl RedlockStoreBuilder {
         self
     }
 
-    /// The longest caller key accepted, in bytes (default [`MAX_KEY_LEN`]).
-    pub fn max_key_len(mut self, max: usize) -> Self {
-        self.max_key_len = max;
-        self
-    }
-
-    /// Trusts this CA (PEM) for every `rediss://` server instead of the system's roots.
-    #[cfg(feature = "tls")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
-    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.root_certificate = Some(pem.into());
-        self
-    }
-
     /// Checks the settings, connects to the servers at once, and loads the scripts.
     ///
     /// # Errors
@@ -306,7 +282,7 @@ impl RedlockStoreBuilder {
     /// three, the same server twice, a bad URL, namespace, drift or credentials; `Unreachable`
     /// or `Timeout` when fewer than a majority can be reached in time.
     pub async fn connect(self) -> Result<RedlockStore, StoreError> {
-        check_namespace(&self.namespace)?;
+        check_namespace(&self.settings.namespace)?;
         let count = self.urls.len();
         if count < 3 || count.is_multiple_of(2) {
             return Err(configuration(format!(
@@ -338,15 +314,15 @@ impl RedlockStoreBuilder {
                 down_until: Mutex::new(None),
             });
         }
+        let deadline = self.settings.connection_timeout;
         let inner = Inner {
             servers,
-            namespace: self.namespace,
-            max_key_len: self.max_key_len,
+            namespace: self.settings.namespace,
+            max_key_len: self.settings.max_key_len,
             server_timeout: self.server_timeout,
             clock_drift: self.clock_drift,
             min_validity: self.min_validity,
         };
-        let deadline = self.connection_timeout;
         let connected = join_all(inner.servers.iter().map(|server| async move {
             tokio::time::timeout(deadline, server.connected("connect"))
                 .await
@@ -371,21 +347,18 @@ impl RedlockStoreBuilder {
         })
     }
 
-    /// The settings of one server's connection.
+    /// The settings of one server's connection: the common ones, with the response timeout
+    /// at most the longest a round may wait for one server (the quorum cuts each round short
+    /// itself).
     fn server_builder(&self, url: &str) -> RedisStoreBuilder {
-        let builder = RedisStore::builder(url)
-            .namespace(self.namespace.clone())
-            .connection_timeout(self.connection_timeout)
-            // The quorum cuts each round short itself; a server's own timeout is the longest a
-            // round may wait for it.
-            .response_timeout(self.server_timeout.saturating_mul(PATIENCE))
-            .max_key_len(self.max_key_len);
-        #[cfg(feature = "tls")]
-        let builder = match &self.root_certificate {
-            Some(pem) => builder.tls_root_certificate(pem.clone()),
-            None => builder,
-        };
-        builder
+        let mut settings = self.settings.clone();
+        settings.response_timeout = settings
+            .response_timeout
+            .min(self.server_timeout.saturating_mul(PATIENCE));
+        RedisStoreBuilder {
+            url: url.to_owned(),
+            settings,
+        }
     }
 }
 
