@@ -7,7 +7,8 @@
 //! - [`RedlockStore`]: a majority of independent servers, so that the loss of any minority
 //!   loses no lock and no result.
 //!
-//! Each implements [`Store`](idempotask::store::Store) and passes the core's conformance suite;
+//! Each implements [`Store`](idempotask::store::Store) and passes the conformance suite of
+//! [idempotask-conformance](https://docs.rs/idempotask-conformance);
 //! [`RedisKeys`] is the key layout and [`ops`] the value layout, for operators and tools, with
 //! the operator calls of [`RedisStore`] and [`RedisClusterStore`]: read one unit raw, forget
 //! exactly what was shown, list one task's units.
