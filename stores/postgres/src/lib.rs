@@ -76,12 +76,12 @@ const PURGE_BLOCKS: i64 = 4096;
 /// that hold every connection of your pool cannot keep a `begin` from running or a successful
 /// body's result from being recorded. Count those connections in the server's
 /// `max_connections`: [`connect`](PostgresStoreBuilder::connect) warns when the two pools
-/// together can open more than the server takes. A server that refuses the store a
-/// connection (`too many clients already`) fails the statement with a `Rejected` error that
-/// says so, not a timeout: retryable, since a spike passes, and with the remedy for a pool too
-/// large for the server. A wait for a connection that is still going at half the response
-/// timeout asks the server why with one connection attempt outside the pool, within the same
-/// timeout; one attempt at a time for the whole store, its answer reused for a second.
+/// together can open more than the server takes. A wait for a connection that is still going
+/// at half the response timeout asks the server why with one connection attempt outside the
+/// pool (one at a time for the whole store, its answer reused for a second); when the wait runs
+/// out and the server refuses new clients (`too many clients already`), the statement fails
+/// with a `Rejected` error that says so, not a timeout: retryable, since a spike passes, and
+/// with the remedy for a pool too large for the server.
 ///
 /// sqlx pings each connection before handing it out unless told otherwise
 /// (`PgPoolOptions::test_before_acquire(false)`): one more round trip per statement, on the
