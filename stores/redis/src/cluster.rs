@@ -361,8 +361,8 @@ impl RedisClusterStoreBuilder {
         }
         let client = ClusterClient::builder(self.nodes.iter().map(String::as_str))
             .connection_timeout(settings.connection_timeout)
-            .response_timeout(settings.response_timeout)
-            .overall_response_timeout(Some(settings.response_timeout))
+            .response_timeout(settings.response_timeout())
+            .overall_response_timeout(Some(settings.response_timeout()))
             .retries(self.retries)
             // Re-sends after TRYAGAIN or a redirect come quickly: the defaults start at 1.28 s,
             // longer than the whole call may take.

@@ -401,10 +401,10 @@ impl RedisStoreBuilder {
         // (jittered, doubling: at most 6 × the first one) take at most half the response
         // timeout, so that during an outage the call learns that connections are refused, a
         // failure that proves nothing was sent, before its response timeout runs out.
-        let first_pause = RECONNECT_FIRST_PAUSE.min(settings.response_timeout / 12);
+        let first_pause = RECONNECT_FIRST_PAUSE.min(settings.response_timeout() / 12);
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(settings.connection_timeout))
-            .set_response_timeout(Some(settings.response_timeout))
+            .set_response_timeout(Some(settings.response_timeout()))
             .set_number_of_retries(RECONNECT_RETRIES)
             .set_min_delay(first_pause)
             .set_max_delay(Duration::from_secs(1))
@@ -417,9 +417,9 @@ impl RedisStoreBuilder {
             false,
         )
         .await?;
+        let response_timeout = self.settings.response_timeout();
         let ConnectionSettings {
             namespace,
-            response_timeout,
             max_key_len,
             ..
         } = self.settings;

@@ -93,8 +93,10 @@ pub(super) fn unexpected(operation: &'static str, key: &str, reply: &Value) -> S
 /// proves that nothing was applied.
 pub(super) fn store_error(operation: &'static str, err: &RedisError, resends: bool) -> StoreError {
     if is_certificate_refusal(err) {
-        // The TLS handshake refused the server's certificate: no command was sent, and trying
-        // again changes nothing until the trusted CA or the certificate changes.
+        // The TLS handshake refused the server's certificate: trying again changes nothing
+        // until the trusted CA or the certificate changes. A client that resends (a Cluster
+        // reconnecting to a node that failed over) may have applied the command on an earlier
+        // node before the handshake with this one failed; connecting applies nothing.
         return StoreError::new(
             operation,
             StoreErrorKind::Configuration,
@@ -103,6 +105,7 @@ pub(super) fn store_error(operation: &'static str, err: &RedisError, resends: bo
                  `tls_root_certificate`, or check that it names the host in the URL"
             ),
         )
+        .ambiguous_if(resends && operation != "connect")
         .with_source(err.clone());
     }
     let (kind, ambiguous) = if err.is_timeout() {

@@ -20,11 +20,20 @@ pub(crate) const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 pub(crate) struct ConnectionSettings {
     pub(crate) namespace: String,
     pub(crate) connection_timeout: Duration,
-    pub(crate) response_timeout: Duration,
+    /// `None` until set: each store says what it waits then (`RedlockStore` goes by its
+    /// server timeout).
+    pub(crate) response_timeout: Option<Duration>,
     pub(crate) max_key_len: usize,
     /// A private CA (PEM) trusted for `rediss://` instead of the system's roots.
     #[cfg(feature = "tls")]
     pub(crate) root_certificate: Option<Vec<u8>>,
+}
+
+impl ConnectionSettings {
+    /// The response timeout as set, else [`DEFAULT_RESPONSE_TIMEOUT`].
+    pub(crate) fn response_timeout(&self) -> Duration {
+        self.response_timeout.unwrap_or(DEFAULT_RESPONSE_TIMEOUT)
+    }
 }
 
 impl Default for ConnectionSettings {
@@ -32,7 +41,7 @@ impl Default for ConnectionSettings {
         Self {
             namespace: DEFAULT_NAMESPACE.to_owned(),
             connection_timeout: DEFAULT_CONNECTION_TIMEOUT,
-            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            response_timeout: None,
             max_key_len: MAX_KEY_LEN,
             #[cfg(feature = "tls")]
             root_certificate: None,
@@ -88,7 +97,7 @@ macro_rules! connection_setters {
         /// [`RedisClusterStore`](crate::RedisClusterStore#behaviour),
         /// [`RedlockStore`](crate::RedlockStore#behaviour).
         pub fn response_timeout(mut self, timeout: ::std::time::Duration) -> Self {
-            self.settings.response_timeout = timeout;
+            self.settings.response_timeout = Some(timeout);
             self
         }
 

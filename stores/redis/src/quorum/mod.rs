@@ -88,9 +88,10 @@ const PATIENCE: u32 = 8;
 ///   marker is not yet on a majority, fewer than a majority answered at all), for at most 8
 ///   server timeouts and, for `begin` and `renew`, half the lock TTL (but at least one server
 ///   timeout). Under load a call takes longer rather than failing; a server that stays silent
-///   that long counts as timed out. The
-///   [`response_timeout`](RedlockStoreBuilder::response_timeout) bounds the wait for each
-///   server too, when it is the shorter of the two.
+///   that long counts as timed out. A
+///   [`response_timeout`](RedlockStoreBuilder::response_timeout) that is set bounds the wait
+///   for each server too, when it is the shorter of the two; unset, it is those 8 server
+///   timeouts.
 /// - A timeout is ambiguous: the server may have run the command, or may run it later. A
 ///   `begin` that does not keep its grants releases them *and* its lock on every server whose
 ///   answer it lacks (a compare-and-delete with its token, which each server's connection runs
@@ -348,13 +349,16 @@ impl RedlockStoreBuilder {
     }
 
     /// The settings of one server's connection: the common ones, with the response timeout
-    /// at most the longest a round may wait for one server (the quorum cuts each round short
-    /// itself).
+    /// the longest a round may wait for one server (the quorum cuts each round short itself),
+    /// or the one set when it is shorter.
     fn server_builder(&self, url: &str) -> RedisStoreBuilder {
         let mut settings = self.settings.clone();
-        settings.response_timeout = settings
-            .response_timeout
-            .min(self.server_timeout.saturating_mul(PATIENCE));
+        let longest = self.server_timeout.saturating_mul(PATIENCE);
+        settings.response_timeout = Some(
+            settings
+                .response_timeout
+                .map_or(longest, |set| set.min(longest)),
+        );
         RedisStoreBuilder {
             url: url.to_owned(),
             settings,
