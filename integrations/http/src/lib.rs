@@ -94,7 +94,7 @@
 //! | no store installed, a task name taken, no tokio runtime around the service | `500` [`MISCONFIGURED`](problem::MISCONFIGURED), a fixed `detail`; the error itself goes to `tracing::error!` | does not run |
 //! | fresh key, the store down at `finish`, or the lock lost under the handler | the handler's response (a `tracing::warn!` from the core and the layer); a retry after the lock TTL may run the handler again | ran |
 //! | the handler's service fails (its `Err`) | that error, as without the layer; the key is released | ran |
-//! | the handler panics, or the layer or the store while processing the request | `500` [`HANDLER_PANICKED`](problem::HANDLER_PANICKED), its `title` saying which (`Handler panicked`, `Request processing panicked`), a fixed `detail`; a `tracing::error!`, with the panic's message only when the task's `log_key` is `KeyLogging::Plain`; nothing is stored and the key is released, so a retry runs it again | ran, or not |
+//! | the handler panics, or the layer or the store while processing the request | `500` [`HANDLER_PANICKED`](problem::HANDLER_PANICKED), its `title` saying which (`Handler panicked`, `Request processing panicked`), a fixed `detail`; a `tracing::error!`, with the panic's message only when the task's `log_key` is `KeyLogging::Plain`; nothing is stored and the key is released, so a retry runs it again (a panic outside the handler after its response was stored: a retry gets that response) | ran, or not |
 //!
 //! # Decisions
 //! - **Which responses are stored.** By default every status below 500 except those that
