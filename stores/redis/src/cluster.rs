@@ -60,8 +60,7 @@ pub(crate) const DEFAULT_CLUSTER_RETRIES: u32 = 4;
 ///   token, checked by the database the task writes to, is what stops the second holder.
 /// - `redis://user:password@host:port` authenticates with an ACL user on every node;
 ///   `rediss://` needs the `tls` feature, and every node then speaks TLS (`tls-cluster yes`); a
-///   private CA is given with
-///   [`tls_root_certificate`](RedisClusterStoreBuilder::tls_root_certificate).
+///   private CA is given with the builder's `tls_root_certificate` (there with `tls` only).
 ///
 /// ```no_run
 /// # async fn start() -> Result<(), idempotask::store::StoreError> {

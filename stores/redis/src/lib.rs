@@ -179,8 +179,8 @@ use delegate_store;
 /// - `forget` leaves a receipt for a minute next to the unit's key (see [`RedisKeys`]), so that
 ///   a client that re-sends it after losing the reply is told that the marker was deleted.
 /// - `redis://user:password@host:port/db` authenticates with an ACL user; `rediss://` needs the
-///   `tls` feature (a private CA is given with
-///   [`tls_root_certificate`](RedisStoreBuilder::tls_root_certificate)).
+///   `tls` feature (a private CA is given with the builder's `tls_root_certificate`, there with
+///   `tls` only).
 ///
 /// ```no_run
 /// # async fn start() -> Result<(), idempotask::store::StoreError> {
