@@ -4,8 +4,9 @@
 //! `tls_root_certificate`, runs a task once and replays it; without the CA, `connect` fails
 //! with a `Configuration` error that names the setting.
 //!
-//! Regression test for the Cluster builder that had no `tls_root_certificate`: a Cluster behind
-//! a private CA could not be used at all (issue 34).
+//! The Cluster case is the one that matters most: a Cluster reached through `rediss://` takes
+//! its trusted roots from the builder alone, so without this setting a private CA leaves it
+//! unusable.
 
 use idempotask_test_support as support;
 

@@ -6,7 +6,7 @@ use rand::{Rng as _, SeedableRng as _, TryRngCore as _};
 
 static INNER: Task = Task::new("send_prize");
 
-#[path = "standins/entropy.rs"]
+#[path = "../standins/entropy.rs"]
 mod entropy;
 
 #[idempotent_task(key = "order-os_seeded-{order_id}")]

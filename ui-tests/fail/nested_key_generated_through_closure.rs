@@ -4,7 +4,7 @@ use rand::Rng as _;
 
 static INNER: Task = Task::new("send_receipt");
 
-#[path = "standins/generators.rs"]
+#[path = "../standins/generators.rs"]
 mod generators;
 use generators::{chrono, fastrand};
 
