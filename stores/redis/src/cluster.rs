@@ -405,6 +405,8 @@ impl RedisClusterStoreBuilder {
     /// certificates; those stay plain, as for the other stores.)
     #[cfg(feature = "tls")]
     fn with_tls(&self, client: ClusterClientBuilder) -> ClusterClientBuilder {
+        // The first seed decides for all: redis-rs takes the cluster's TLS mode from it and
+        // refuses seeds of the other scheme, a `Configuration` error at `connect`.
         let tls = self
             .nodes
             .first()
@@ -442,6 +444,16 @@ mod tests {
                 ("::1".to_owned(), 7004),
             ])
         );
+    }
+
+    #[tokio::test]
+    async fn seeds_of_both_schemes_are_a_configuration_error() {
+        let seeds = ["redis://127.0.0.1:1", "rediss://127.0.0.1:2"];
+        let err = RedisClusterStore::builder(seeds)
+            .connect()
+            .await
+            .expect_err("seeds with and without TLS");
+        assert_eq!(err.kind(), StoreErrorKind::Configuration, "{err}");
     }
 
     #[test]
