@@ -105,8 +105,9 @@ const PATIENCE: u32 = 8;
 /// - A `begin` that a majority answered and that did not get a majority is busy (another
 ///   delivery holds the unit on the others, or on servers that are down): the runner waits for
 ///   the holder's result. Its time left is when enough of the holder's locks expire for a
-///   majority of the servers that answered to be free; not known (the runner backs off by its
-///   policy) when servers that timed out could have made the majority. Fewer than a majority
+///   majority of all the servers to be free, counting as free only servers that answered; not
+///   known (the runner backs off by its policy) when servers that timed out could have made
+///   the majority. Fewer than a majority
 ///   answering is a [`StoreError`].
 /// - A minority of servers down, stalled or partitioned away changes nothing but latency: the
 ///   majority decides. A majority down fails every call closed with a [`StoreError`] of kind
