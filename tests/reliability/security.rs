@@ -52,7 +52,7 @@ async fn s12_tenants_are_isolated_and_credentials_are_checked(server_flavor: Fla
         server_flavor,
         "12. tenants and credentials",
         &format!(
-            "two namespaces, one key: 2 executions (one each); requirepass: right password works, wrong or missing password fails with a `Configuration` error in {} ms; ACL user limited to `~idempotask:*` works (tests/redis_store.rs); TLS: see 12b",
+            "two namespaces, one key: 2 executions (one each); requirepass: right password works, wrong or missing password fails with a `Configuration` error in {} ms; ACL user limited to `~idempotask:*` works (stores/redis/tests/redis_store.rs); TLS: see 12b",
             wrong_took.as_millis()
         ),
     );

@@ -155,7 +155,7 @@ async fn the_documented_cluster_user_runs_every_operation() {
 /// row for each store, and the `ACL SETUSER` line it shows.
 #[test]
 fn the_tested_rights_are_the_documented_ones() {
-    let guide = include_str!("../docs/operations.md");
+    let guide = include_str!("../../../docs/operations.md");
     let table_row = |store: &str| {
         guide
             .lines()
