@@ -60,6 +60,8 @@ for crate in "${published[@]}"; do
   RUSTDOCFLAGS=-Dwarnings cargo doc -p "$crate" --all-features --no-deps --locked
   RUSTDOCFLAGS=-Dwarnings cargo doc -p "$crate" --no-default-features --no-deps --locked
 done
+step "links in the Markdown files"
+./scripts/check-links.py
 step "cargo package"
 # Every published crate packages and builds from its own .crate, the workspace's crates taken
 # from the packages made alongside (not from crates.io, where they are not yet). The crates
