@@ -282,7 +282,9 @@ fn literal(value: &Expr) -> Option<&Lit> {
     }
 }
 
-/// The runtime's `MAX_TTL` in milliseconds: 100 years of 365 days.
+/// The runtime's `MAX_TTL` in milliseconds: 100 years of 365 days. A copy, since a proc macro
+/// cannot read the runtime's constants; the UI cases `pass/ttl_at_the_ceiling.rs` and
+/// `fail/ttl_too_long.rs` fail unless the two ceilings are the same.
 const MAX_TTL_MS: u64 = 100 * 365 * 86_400_000;
 
 /// The runtime's `MIN_TTL` in milliseconds. The expansion builds its task in a `static`, where

@@ -8,47 +8,12 @@ use std::future::Future;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+pub use crate::call::TaskOutput;
 pub use crate::{Call, CodecErrorKind, Error, Fingerprint, KeyLogging, RetryPolicy, Task};
 pub use std::format;
 pub use std::string::String;
 
-use crate::error::CallerKey;
 use crate::store::{SharedStore, Store};
-
-/// The return type of a task: a `Result`, whose parts the other checks look at.
-#[diagnostic::on_unimplemented(
-    message = "an idempotent task must return a `Result`, not `{Self}`",
-    label = "its `Ok` value is stored for duplicates and its errors are never cached",
-    note = "return `Result<T, E>` where `T` is what duplicates get back"
-)]
-pub trait TaskOutput {
-    /// The success type.
-    type Ok;
-    /// The error type.
-    type Err;
-
-    /// The value as a `Result`.
-    ///
-    /// # Errors
-    /// The task's own error.
-    fn into_result(self) -> Result<Self::Ok, Self::Err>;
-
-    /// A `Result` as the task's return type.
-    fn from_result(result: Result<Self::Ok, Self::Err>) -> Self;
-}
-
-impl<T, E> TaskOutput for Result<T, E> {
-    type Ok = T;
-    type Err = E;
-
-    fn into_result(self) -> Self {
-        self
-    }
-
-    fn from_result(result: Self) -> Self {
-        result
-    }
-}
 
 /// A success type that can be stored and read back.
 #[diagnostic::on_unimplemented(
@@ -118,15 +83,7 @@ pub fn fingerprint<T: Serialize + ?Sized>(
     key: &str,
     value: &T,
 ) -> Result<Fingerprint, Error> {
-    Fingerprint::of(value).map_err(|err| {
-        Error::Codec {
-            task: task.name().to_owned(),
-            key: CallerKey::plain(key),
-            kind: CodecErrorKind::Fingerprint,
-            reason: format!("the `fingerprint` parameters cannot be serialised: {err}"),
-        }
-        .keys_shown_as(task.log_key)
-    })
+    crate::call::fingerprint(task, key, value)
 }
 
 /// A shared handle to the store named by `store = <expr>`.

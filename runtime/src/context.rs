@@ -92,7 +92,7 @@ fn millis(duration: Duration) -> u64 {
 /// `start + ttl` with `ttl` at most [`MAX_TTL`](crate::MAX_TTL): never an overflow, whatever TTL
 /// a caller passed.
 pub(crate) fn expiry(start: Instant, ttl: Duration) -> Instant {
-    let ttl = crate::task::clamp_ttl(ttl);
+    let ttl = crate::ttl::clamp_ttl(ttl);
     start
         .checked_add(ttl)
         .or_else(|| start.checked_add(Duration::from_secs(365 * 24 * 3600)))

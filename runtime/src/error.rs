@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
+use crate::marker::Marker;
 use crate::observe::KeyLogging;
-use crate::unit::InvalidKey;
+use crate::unit::{InvalidKey, UnitOfWork};
 
 /// Everything that can keep an idempotent task from returning its body's value.
 ///
@@ -448,5 +449,42 @@ impl Error {
             },
             other => other,
         }
+    }
+}
+
+/// The error of a call that found the unit locked for as long as its retry policy waits.
+pub(crate) fn contended(
+    unit: &UnitOfWork,
+    lock_ttl_remaining: Option<Duration>,
+    attempts: u32,
+) -> Error {
+    Error::Contended {
+        task: unit.task().to_owned(),
+        key: CallerKey::plain(unit.key()),
+        lock_ttl_remaining,
+        attempts,
+    }
+}
+
+/// Stores find a unit by a digest of its key; the marker's own copy of the key tells a digest
+/// collision (or a marker written by something else) from this key's result.
+pub(crate) fn check_marker_key(unit: &UnitOfWork, marker: &Marker) -> Result<(), Error> {
+    if marker.key() == unit.key() {
+        return Ok(());
+    }
+    Err(Error::MarkerKeyMismatch {
+        task: unit.task().to_owned(),
+        key: CallerKey::plain(unit.key()),
+        stored_key: CallerKey::plain(marker.key()),
+    })
+}
+
+/// A [`Error::Codec`] of `kind` for `unit`.
+pub(crate) fn codec(unit: &UnitOfWork, kind: CodecErrorKind, reason: String) -> Error {
+    Error::Codec {
+        task: unit.task().to_owned(),
+        key: CallerKey::plain(unit.key()),
+        kind,
+        reason,
     }
 }

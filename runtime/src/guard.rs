@@ -10,10 +10,10 @@ use tokio::time::{Instant, sleep};
 use tracing::Instrument;
 
 use crate::backoff::STORE_RETRY_BACKOFF;
-use crate::call::Outcome;
 use crate::context::Lease;
 use crate::error::StoreError;
 use crate::observe::{KeyLogging, renewal as observe_renewal};
+use crate::outcome::Outcome;
 use crate::store::{Finish, SharedStore, Store};
 use crate::unit::{LockToken, UnitOfWork};
 

@@ -11,6 +11,7 @@ mod guard;
 mod install;
 mod marker;
 mod names;
+mod outcome;
 mod panicked;
 mod redelivery;
 /// Guides: the guarantees and their limits, testing your own tasks, the attribute next to others.
@@ -29,22 +30,25 @@ mod status;
 pub mod store;
 mod task;
 pub mod testing;
+mod ttl;
 mod unit;
 
 pub use backoff::Backoff;
-pub use call::{Call, Outcome, Report};
+pub use call::Call;
 pub use context::{TaskContext, context};
 pub use error::{CallerKey, CodecErrorKind, Error};
 pub use fingerprint::Fingerprint;
 pub use install::{install, installed, with_store};
 pub use observe::KeyLogging;
+pub use outcome::{Outcome, Report};
 pub use panicked::{Panicked, catch_panic};
 pub use redelivery::Redelivery;
 #[allow(deprecated)]
 pub use retry::{DEFAULT_INITIAL_BACKOFF, DEFAULT_MAX_BACKOFF};
 pub use retry::{DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_BACKOFF, RetryPolicy};
 pub use store::memory::MemoryStore;
-pub use task::{DEFAULT_LOCK_TTL, DEFAULT_RESULT_TTL, MAX_TTL, MIN_TTL, Settings, Task};
+pub use task::{DEFAULT_LOCK_TTL, DEFAULT_RESULT_TTL, Settings, Task};
+pub use ttl::{MAX_TTL, MIN_TTL};
 pub use unit::InvalidKey;
 
 #[doc = include_str!("attribute.md")]

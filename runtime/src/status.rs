@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::call::check_marker_key;
+use crate::error::check_marker_key;
 use crate::error::{CallerKey, CodecErrorKind, Error};
 use crate::marker::{Marker, MarkerError};
 use crate::store::{Inspection, Store};

@@ -4,37 +4,15 @@ use std::borrow::Cow;
 use std::panic::Location;
 use std::time::Duration;
 
-use crate::call::Call;
 use crate::observe::KeyLogging;
 use crate::retry::RetryPolicy;
 use crate::store::Fencing;
+use crate::ttl::{MIN_TTL, clamp_ttl};
 
 /// How long a lock lasts unless renewed, by default.
 pub const DEFAULT_LOCK_TTL: Duration = Duration::from_secs(30);
 /// How long a completion marker (and the result in it) is kept, by default.
 pub const DEFAULT_RESULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
-/// The longest lock or result TTL: 100 years of 365 days, "for ever" in practice.
-///
-/// Stores keep nothing longer: Redis refuses an expiry past about `i64::MAX` milliseconds from
-/// now, PostgreSQL's timestamps end in the year 294276, and a `tokio` `Instant` overflows. A
-/// longer TTL given to [`Task`] is kept as `MAX_TTL`; the attribute refuses one; every store
-/// shipped clamps what reaches it to this.
-pub const MAX_TTL: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
-
-/// The shortest lock TTL: 100 ms, on every store. [`Task::lock_ttl`] refuses a shorter one,
-/// and so does the attribute, at compile time.
-///
-/// A lock must outlive what the runner and the stores do with it. The watchdog renews every
-/// third of the TTL, so at 100 ms a renewal has 66 ms to be scheduled, sent and answered before
-/// the lock it extends expires (millisecond timers and a busy machine's scheduling delays take
-/// a good part of that). A grant is kept only when at least 10 ms of its TTL are left once its
-/// reply arrives (the late-grant rule, on every store), a tenth of the floor; on
-/// `RedlockStore` the clock-drift allowance (1 % + 2 ms) and that floor leave a round 87 ms.
-/// Below that, the stores disagree: a 1 ms lock was granted and expired before its body's
-/// first renewal on `MemoryStore`, so several deliveries ran, and was always granted too late
-/// on Redis, so none did. Results are kept at least as long as the lock
-/// ([`Task::result_ttl`]), so no TTL a task uses is shorter.
-pub const MIN_TTL: Duration = Duration::from_millis(100);
 
 /// What a [`Task`] is set to, as [`Task::settings`] reads it; the builder methods of [`Task`]
 /// set each field.
@@ -120,7 +98,7 @@ impl Task {
     }
 
     /// How long the lock lasts (unless renewed). A holder that runs longer loses it and a
-    /// duplicate may start. Longer than [`MAX_TTL`] is kept as [`MAX_TTL`].
+    /// duplicate may start. Longer than [`MAX_TTL`](crate::MAX_TTL) is kept as `MAX_TTL`.
     ///
     /// # Panics
     /// When `ttl` is shorter than [`MIN_TTL`] (100 ms), zero included: such a lock can expire
@@ -141,7 +119,7 @@ impl Task {
     }
 
     /// How long the completion marker and the stored result are kept. Longer than
-    /// [`MAX_TTL`] (`Duration::MAX` for "keep it") is kept as [`MAX_TTL`].
+    /// [`MAX_TTL`](crate::MAX_TTL) (`Duration::MAX` for "keep it") is kept as `MAX_TTL`.
     ///
     /// Results are kept at least as long as the lock TTL, whatever the order of the two
     /// settings: a result that expired before a lock of the same length would let a duplicate
@@ -268,24 +246,5 @@ impl Task {
         } else {
             self.result_ttl
         }
-    }
-
-    /// One call of this task for the caller's `key`.
-    pub fn call(&self, key: impl Into<String>) -> Call<'_> {
-        Call {
-            task: self,
-            key: key.into(),
-            fingerprint: None,
-            store: None,
-        }
-    }
-}
-
-/// `ttl`, at most [`MAX_TTL`].
-pub(crate) const fn clamp_ttl(ttl: Duration) -> Duration {
-    if ttl.as_secs() > MAX_TTL.as_secs() {
-        MAX_TTL
-    } else {
-        ttl
     }
 }

@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
 
-use super::{check_marker_key, codec, contended};
 use crate::backoff::STORE_RETRY_BACKOFF;
 use crate::context::Lease;
-use crate::error::{CodecErrorKind, Error, StoreError, StoreErrorKind};
+use crate::error::{
+    CodecErrorKind, Error, StoreError, StoreErrorKind, check_marker_key, codec, contended,
+};
 use crate::guard::{release, release_in_background};
 use crate::marker::Marker;
 use crate::store::{Begin, SharedStore, Store};

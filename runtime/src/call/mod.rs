@@ -3,21 +3,20 @@
 use std::panic::resume_unwind;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::__private::TaskOutput;
 use crate::context::TaskContext;
-use crate::error::{CallerKey, CodecErrorKind, Error};
+use crate::error::{CallerKey, CodecErrorKind, Error, codec};
 use crate::fingerprint::Fingerprint;
 use crate::guard::{OnDrop, Recording, Renewal, release, renewing};
 use crate::install::current;
 use crate::marker::{Marker, StoredResult};
 use crate::observe::{Ending, Observation};
+use crate::outcome::{Outcome, Report};
 use crate::panicked::catching_panics;
 use crate::store::{SharedStore, Store};
 use crate::task::Task;
@@ -37,40 +36,71 @@ pub struct Call<'t> {
     pub(crate) store: Option<SharedStore>,
 }
 
-/// What happened in one call, next to the value it returned; see [`Call::run_reported`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Report<T> {
-    /// The body's value, or the stored one.
-    pub value: T,
-    /// How the value came about.
-    pub outcome: Outcome,
-    /// The fencing token of the execution that produced the value, when its task uses fencing.
-    pub fencing_token: Option<u64>,
-    /// How many times the call asked for the lock.
-    pub attempts: u32,
+/// The return type of a task: a `Result`, whose parts the other checks look at.
+#[diagnostic::on_unimplemented(
+    message = "an idempotent task must return a `Result`, not `{Self}`",
+    label = "its `Ok` value is stored for duplicates and its errors are never cached",
+    note = "return `Result<T, E>` where `T` is what duplicates get back"
+)]
+pub trait TaskOutput {
+    /// The success type.
+    type Ok;
+    /// The error type.
+    type Err;
+
+    /// The value as a `Result`.
+    ///
+    /// # Errors
+    /// The task's own error.
+    fn into_result(self) -> Result<Self::Ok, Self::Err>;
+
+    /// A `Result` as the task's return type.
+    fn from_result(result: Result<Self::Ok, Self::Err>) -> Self;
 }
 
-/// How a call's value came about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Outcome {
-    /// The body ran and its result was stored.
-    Executed,
-    /// The unit was already done; the stored result was returned and the body did not run.
-    Replayed,
-    /// The body ran but its lock had expired by the time it finished: another delivery may have
-    /// run it too. Logged as a warning.
-    #[non_exhaustive]
-    LockLost {
-        /// Whether this execution's result was stored (no other result existed).
-        marker_written: bool,
-    },
-    /// The body ran but the store could not be reached to record it within the lock TTL. The
-    /// value is returned (the side effect did happen, and failing the delivery would only make
-    /// the queue run it again); a later delivery may run the body again once the lock expires.
-    /// Logged as a warning.
-    MarkerNotWritten,
+impl<T, E> TaskOutput for Result<T, E> {
+    type Ok = T;
+    type Err = E;
+
+    fn into_result(self) -> Self {
+        self
+    }
+
+    fn from_result(result: Self) -> Self {
+        result
+    }
+}
+
+/// The fingerprint of the `fingerprint = [..]` parameters.
+///
+/// # Errors
+/// [`Error::Codec`] when the parameters cannot be serialised.
+pub(crate) fn fingerprint<T: Serialize + ?Sized>(
+    task: &Task,
+    key: &str,
+    value: &T,
+) -> Result<Fingerprint, Error> {
+    Fingerprint::of(value).map_err(|err| {
+        Error::Codec {
+            task: task.name().to_owned(),
+            key: CallerKey::plain(key),
+            kind: CodecErrorKind::Fingerprint,
+            reason: format!("the `fingerprint` parameters cannot be serialised: {err}"),
+        }
+        .keys_shown_as(task.log_key)
+    })
+}
+
+impl Task {
+    /// One call of this task for the caller's `key`.
+    pub fn call(&self, key: impl Into<String>) -> Call<'_> {
+        Call {
+            task: self,
+            key: key.into(),
+            fingerprint: None,
+            store: None,
+        }
+    }
 }
 
 impl Call<'_> {
@@ -87,7 +117,7 @@ impl Call<'_> {
     /// [`Error::Codec`] of kind [`Fingerprint`](crate::CodecErrorKind::Fingerprint) when the
     /// arguments cannot be serialised; nothing ran.
     pub fn fingerprint_of<A: Serialize + ?Sized>(self, arguments: &A) -> Result<Self, Error> {
-        let fingerprint = crate::__private::fingerprint(self.task, &self.key, arguments)?;
+        let fingerprint = fingerprint(self.task, &self.key, arguments)?;
         Ok(self.fingerprint(fingerprint))
     }
 
@@ -455,40 +485,4 @@ fn refuse_misuse(unit: &UnitOfWork) -> Result<(), Error> {
         return Err(Error::NoRuntime);
     }
     Ok(())
-}
-
-/// The error of a call that found the unit locked for as long as its retry policy waits.
-pub(crate) fn contended(
-    unit: &UnitOfWork,
-    lock_ttl_remaining: Option<Duration>,
-    attempts: u32,
-) -> Error {
-    Error::Contended {
-        task: unit.task().to_owned(),
-        key: CallerKey::plain(unit.key()),
-        lock_ttl_remaining,
-        attempts,
-    }
-}
-
-/// Stores find a unit by a digest of its key; the marker's own copy of the key tells a digest
-/// collision (or a marker written by something else) from this key's result.
-pub(crate) fn check_marker_key(unit: &UnitOfWork, marker: &Marker) -> Result<(), Error> {
-    if marker.key() == unit.key() {
-        return Ok(());
-    }
-    Err(Error::MarkerKeyMismatch {
-        task: unit.task().to_owned(),
-        key: CallerKey::plain(unit.key()),
-        stored_key: CallerKey::plain(marker.key()),
-    })
-}
-
-pub(crate) fn codec(unit: &UnitOfWork, kind: CodecErrorKind, reason: String) -> Error {
-    Error::Codec {
-        task: unit.task().to_owned(),
-        key: CallerKey::plain(unit.key()),
-        kind,
-        reason,
-    }
 }

@@ -9,16 +9,17 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::begin::stored_marker;
-use super::{Call, Outcome, Report, concluded, contended};
+use super::{Call, concluded};
 use crate::context::{Lease, TaskContext};
-use crate::error::Error;
+use crate::error::{Error, contended};
 use crate::observe::{Ending, Observation};
+use crate::outcome::{Outcome, Report};
 use crate::store::{Begin, TransactionScope};
 use crate::unit::LockToken;
 
 /// The validity a transactional execution's context reports: its lock is the transaction's,
 /// held until the transaction ends, whatever the task's lock TTL.
-const HELD_UNTIL_THE_TRANSACTION_ENDS: Duration = crate::task::MAX_TTL;
+const HELD_UNTIL_THE_TRANSACTION_ENDS: Duration = crate::ttl::MAX_TTL;
 
 impl Call<'_> {
     /// Runs `body` inside `transaction` at most once for this key, and commits the body's

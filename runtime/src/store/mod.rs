@@ -324,7 +324,7 @@ impl<S: Store> Store for Arc<S> {
 /// assert_eq!(idempotask::store::ttl_millis(Duration::from_secs(2)), 2000);
 /// ```
 pub fn ttl_millis(ttl: Duration) -> u64 {
-    u64::try_from(crate::task::clamp_ttl(ttl).as_millis())
+    u64::try_from(crate::ttl::clamp_ttl(ttl).as_millis())
         .unwrap_or(u64::MAX)
         .max(1)
 }

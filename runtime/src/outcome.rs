@@ -1,0 +1,37 @@
+//! [`Outcome`] and [`Report`]: how a call's value came about.
+
+/// What happened in one call, next to the value it returned; see [`Call::run_reported`](crate::Call::run_reported).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Report<T> {
+    /// The body's value, or the stored one.
+    pub value: T,
+    /// How the value came about.
+    pub outcome: Outcome,
+    /// The fencing token of the execution that produced the value, when its task uses fencing.
+    pub fencing_token: Option<u64>,
+    /// How many times the call asked for the lock.
+    pub attempts: u32,
+}
+
+/// How a call's value came about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The body ran and its result was stored.
+    Executed,
+    /// The unit was already done; the stored result was returned and the body did not run.
+    Replayed,
+    /// The body ran but its lock had expired by the time it finished: another delivery may have
+    /// run it too. Logged as a warning.
+    #[non_exhaustive]
+    LockLost {
+        /// Whether this execution's result was stored (no other result existed).
+        marker_written: bool,
+    },
+    /// The body ran but the store could not be reached to record it within the lock TTL. The
+    /// value is returned (the side effect did happen, and failing the delivery would only make
+    /// the queue run it again); a later delivery may run the body again once the lock expires.
+    /// Logged as a warning.
+    MarkerNotWritten,
+}
