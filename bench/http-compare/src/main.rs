@@ -2,7 +2,7 @@
 //! run: the routes and workloads of `idempotask_bench::http` (no layer, our layer on fresh keys
 //! and on duplicates) and the same handler under `idempotent::middleware::IdempotencyLayer` on
 //! its `ValkeyStore` over the same Redis, on fresh keys and on duplicates. Prints the table of
-//! `idempotask_bench::http::markdown`, then the ratios the targets of `docs/http.md` name.
+//! `idempotask_bench::http::markdown`, then the ratios the targets of `docs/performance-http.md` name.
 //!
 //! ```text
 //! cargo run --release --ignore-rust-version --manifest-path bench/http-compare/Cargo.toml -- \

@@ -169,6 +169,8 @@
 //! on ([`renew_lock`](Idempotency::renew_lock)): the handler runs detached, so no client
 //! timeout bounds it, and a lock that expired under a slow handler would let a retry run it a
 //! second time.
+//!
+#![doc = include_str!("deployment.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod body;

@@ -120,6 +120,9 @@
 //! - **The lock TTL bounds a crashed holder.** When a consumer dies mid-body, its lock stays until
 //!   it expires; redeliveries wait out the remaining time in the retry queue and then run. A short
 //!   lock TTL with renewal lets work resume sooner after a crash.
+//! - **Prefetch.** With `basic_qos(n)`, up to `n` deliveries wait unacked on a consumer; all of
+//!   them come back at once if it dies. The consumer above settles one delivery at a time; spawn
+//!   `process` per delivery for concurrency, with `n` as the bound.
 //!
 //! Give queue tasks [`RetryPolicy::no_wait`](idempotask::RetryPolicy::no_wait): a busy key then
 //! goes to the retry queue at once for the holder's remaining lock time, which is the wait,
@@ -128,6 +131,32 @@
 //!
 //! Every setting of the [`Task`] applies (lock TTL, result TTL, lock renewal, retry policy, key
 //! logging); the store is the installed one unless [`Idempotent::store`] names another.
+//!
+//! # The key
+//!
+//! - [`MessageId`]: the AMQP `message_id` property the producer set. A delivery without one (or
+//!   with an empty one) is rejected to the dead-letter exchange, never run unprotected.
+//! - Any `Fn(&Delivery) -> Option<String>`: a key from the headers, the routing key or the
+//!   decoded payload; `None` dead-letters the delivery the same way.
+//! - [`fingerprint_payload(true)`](Idempotent::fingerprint_payload) also checks that a key comes
+//!   back with the same payload: a producer that reuses a `message_id` for another message gets
+//!   `KeyReuse` (dead-lettered) instead of the other message's result.
+//!
+//! [`Topology::declare`] declares the work queue, its retry queue and its dead-letter exchange
+//! and queue (the table is on [`Topology`]), and turns on publisher confirms on the channel. A
+//! queue that already exists with other arguments makes the declaration fail with
+//! `PRECONDITION_FAILED`; [`RetryQueue::new`] takes a retry queue declared elsewhere.
+//!
+//! # A run of the `rabbitmq_worker` example
+//!
+//! `cargo run --example rabbitmq_worker --features rabbitmq` (with `AMQP_URL` and `REDIS_URL`):
+//! 12 orders, 3 workers, orders 2, 6 and 10 rejected once by the gateway, the worker that charges
+//! order 5 first killed with SIGKILL before its ack; on the broker and Redis the test starts:
+//!
+//! | | deliveries | side effects | orders charged twice | duplicates answered from the store |
+//! | --- | --- | --- | --- | --- |
+//! | with idempotask | 16 | 12 | 0 | 1 |
+//! | `--without-idempotask` | 16 | 13 | 1 | 0 |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -164,16 +193,6 @@ pub const DEFAULT_FAILURE_BACKOFF: Backoff =
 /// without jitter.
 pub const DEFAULT_STORE_BACKOFF: Backoff =
     Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
-/// The first delay after a store error or a body error, by default.
-#[deprecated(
-    note = "use `DEFAULT_FAILURE_BACKOFF.initial_delay()` or `DEFAULT_STORE_BACKOFF.initial_delay()`"
-)]
-pub const DEFAULT_INITIAL_BACKOFF: Duration = DEFAULT_FAILURE_BACKOFF.initial_delay();
-/// The longest delay after store errors or body errors, by default.
-#[deprecated(
-    note = "use `DEFAULT_FAILURE_BACKOFF.max_delay()` or `DEFAULT_STORE_BACKOFF.max_delay()`"
-)]
-pub const DEFAULT_MAX_BACKOFF: Duration = DEFAULT_FAILURE_BACKOFF.max_delay();
 /// How many times a message's body may fail before it is dead-lettered, by default.
 pub const DEFAULT_MAX_FAILURES: u32 = 5;
 
@@ -270,16 +289,6 @@ impl<K: DeliveryKey> Idempotent<K> {
     pub fn store_backoff(mut self, backoff: Backoff) -> Self {
         self.store_backoff = backoff;
         self
-    }
-
-    /// The same `initial`-to-`max` doubling after store errors and body errors.
-    #[deprecated(
-        note = "use `failure_backoff(Backoff::new(initial, max))` and `store_backoff(Backoff::new(initial, max))`"
-    )]
-    #[must_use]
-    pub fn backoff(self, initial: Duration, max: Duration) -> Self {
-        let backoff = Backoff::new(initial, max);
-        self.failure_backoff(backoff).store_backoff(backoff)
     }
 
     /// How many body errors a message may have before it is dead-lettered instead of retried

@@ -127,6 +127,36 @@
 //! - Give queue tasks [`RetryPolicy::no_wait`](idempotask::RetryPolicy::no_wait): a contended
 //!   delivery is then nak'd at once with the right delay, instead of holding a worker while it
 //!   waits for the lock.
+//!
+//! # The key
+//! The key is the producer's `Nats-Msg-Id` ([`MsgId`]) or a function of the message or its
+//! decoded payload (`Fn(&Message) -> Option<String>`); a message without a usable key is
+//! terminated, never run unprotected. JetStream's own dedup by `Nats-Msg-Id` keeps copies out of
+//! the stream within its duplicate window; it does not stop a message JetStream delivers again
+//! (a consumer died before its ack, an ack was lost) from running twice, nor hand the first
+//! result back: that is what the lock and the completion marker add.
+//!
+//! # The `nats_worker` example
+//!
+//! ```sh
+//! nats-server -js &
+//! NATS_URL=nats://127.0.0.1:4222 REDIS_URL=redis://127.0.0.1:6379 \
+//!     cargo run --example nats_worker --features nats [-- --without-idempotask]
+//! ```
+//!
+//! A producer publishes 12 orders with a `Nats-Msg-Id`; three worker processes pull them from
+//! one durable consumer (`AckWait` 2 s, lock TTL 1 s); the gateway rejects orders 2, 6 and 10
+//! once (nak'd, delivered again); the worker that charges order 5 first is killed with SIGKILL
+//! after the charge and before its ack. The charges are counted in Redis, where the kill cannot
+//! take them back. One run (`nats-server` 2.9.10, Redis 7.0):
+//!
+//! | | deliveries | side effects (charges) | orders charged twice | killed workers |
+//! | --- | --- | --- | --- | --- |
+//! | with idempotask | 16 (12 + 3 rejected + 1 redelivered after the kill, replayed) | 12 | 0 | 1 |
+//! | `--without-idempotask` | 16 | 13 | 1 (order 5) | 1 |
+//!
+//! The test suite runs both and asserts that with idempotask every order is charged once, and
+//! that without it one is charged twice.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -168,18 +198,6 @@ pub const DEFAULT_FAILURE_BACKOFF: Backoff =
 /// jitter.
 pub const DEFAULT_STORE_BACKOFF: Backoff =
     Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
-/// The first delay of a message whose store call failed, by default.
-#[deprecated(note = "use `DEFAULT_STORE_BACKOFF.initial_delay()`")]
-pub const DEFAULT_STORE_RETRY_FIRST: Duration = DEFAULT_STORE_BACKOFF.initial_delay();
-/// The longest delay of a message whose store call failed, by default.
-#[deprecated(note = "use `DEFAULT_STORE_BACKOFF.max_delay()`")]
-pub const DEFAULT_STORE_RETRY_MAX: Duration = DEFAULT_STORE_BACKOFF.max_delay();
-/// The first delay of a message whose body failed, by default.
-#[deprecated(note = "use `DEFAULT_FAILURE_BACKOFF.initial_delay()`")]
-pub const DEFAULT_FAILURE_RETRY_FIRST: Duration = DEFAULT_FAILURE_BACKOFF.initial_delay();
-/// The longest delay of a message whose body failed, by default.
-#[deprecated(note = "use `DEFAULT_FAILURE_BACKOFF.max_delay()`")]
-pub const DEFAULT_FAILURE_RETRY_MAX: Duration = DEFAULT_FAILURE_BACKOFF.max_delay();
 /// The failure of a message's body after which it is terminated instead of tried again, by
 /// default.
 pub const DEFAULT_MAX_FAILURES: u32 = 5;
@@ -290,13 +308,6 @@ impl<K> Idempotent<K> {
         self
     }
 
-    /// `first` after the first failure, doubling up to `max` (raised to `first` when below it).
-    #[deprecated(note = "use `failure_backoff(Backoff::new(first, max))`")]
-    #[must_use]
-    pub fn failure_retry_delay(self, first: Duration, max: Duration) -> Self {
-        self.failure_backoff(Backoff::new(first, max.max(first)))
-    }
-
     /// The failure of a message's body (an `Err` or a panic) on which the message is terminated
     /// instead of nak'd (default [`DEFAULT_MAX_FAILURES`]; at least 1), so that a message no
     /// delivery can succeed with does not loop forever under an unlimited `max_deliver`.
@@ -358,13 +369,6 @@ impl<K> Idempotent<K> {
     pub fn store_backoff(mut self, backoff: Backoff) -> Self {
         self.store_backoff = backoff;
         self
-    }
-
-    /// `first` after the first delivery, doubling up to `max` (raised to `first` when below it).
-    #[deprecated(note = "use `store_backoff(Backoff::new(first, max))`")]
-    #[must_use]
-    pub fn store_retry_delay(self, first: Duration, max: Duration) -> Self {
-        self.store_backoff(Backoff::new(first, max.max(first)))
     }
 
     /// The task every message runs through.
