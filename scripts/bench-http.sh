@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The HTTP layer against the `idempotent` crate's layer: one axum app (handler awaits 1 ms,
-# answers 201), one Redis of its own (free loopback port, persistence off), every workload in
-# one run, best of ROUNDS rounds, rounds interleaved. Prints Markdown for docs/http.md:
+# answers 201), one Redis of its own (started through test-support: free loopback port,
+# persistence off), every workload in one run, best of ROUNDS rounds, rounds interleaved.
+# Prints Markdown for docs/performance-http.md:
 #
 #   1. one process: server and 64 reqwest clients share every core, Redis too;
 #   2. two processes: the server pinned to CPU 0, Redis and the load generator to CPU 1; then
@@ -25,8 +26,10 @@ concurrency=64
 profile=${PROFILE:-1}
 work=$(mktemp -d)
 pids=()
+. scripts/bench-start-servers.sh
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  stop_servers
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -47,19 +50,8 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 cargo build --release --locked --ignore-rust-version --manifest-path bench/http-compare/Cargo.toml >&2
 bench=$CARGO_TARGET_DIR/release/http-compare
 
-# A free port: a taken one makes redis-server exit, so try another.
-redis_pid=
-for _ in $(seq 20); do
-  redis_port=$((20000 + RANDOM % 40000))
-  redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --protected-mode no \
-    --dir "$work" >"$work/redis.log" 2>&1 &
-  redis_pid=$!
-  until redis-cli -p "$redis_port" ping >/dev/null 2>&1 || ! kill -0 "$redis_pid" 2>/dev/null; do sleep 0.05; done
-  if kill -0 "$redis_pid" 2>/dev/null; then pids+=("$redis_pid"); break; fi
-  redis_pid=
-done
-[ -n "$redis_pid" ] || { echo "redis-server did not start" >&2; exit 1; }
-redis_url="redis://127.0.0.1:$redis_port"
+cargo build --release --locked -p idempotask-test-support >&2
+start_servers redis
 
 serve() { # log [command prefix…] -> starts the server on a free port; sets server_pid, server_url
   local log=$1; shift

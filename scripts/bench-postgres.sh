@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The PostgreSQL modes of the bench (PostgresStore, transactional completion, and the
 # hand-written insert-on-conflict pattern they replace), next to RedisStore's fresh and duplicate
-# modes on a redis-server started alongside, in one run. Starts both servers on free loopback
-# ports (PostgreSQL with pg_stat_statements, for statements per task; Redis with persistence
-# off) and writes docs/performance-postgres.md.
+# modes on a redis-server started alongside, in one run. Starts both servers through
+# test-support on free loopback ports (PostgreSQL with pg_stat_statements, for statements per
+# task, and fsync on; Redis with persistence off) and writes docs/performance-postgres.md.
 #
 #   ./scripts/bench-postgres.sh [TASKS] [ROUNDS]      # defaults: 10000 tasks, 3 rounds
 set -euo pipefail
@@ -12,42 +12,28 @@ tasks=${1:-10000}
 rounds=${2:-3}
 out=docs/performance-postgres.md
 work=$(mktemp -d)
-pids=()
+. scripts/bench-start-servers.sh
 cleanup() {
-  for pid in "${pids[@]}"; do kill -INT "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  stop_servers
   rm -rf "$work"
 }
 trap cleanup EXIT
 
+# For the server's version in the page.
 bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
-# PostgreSQL refuses to run as root: the cluster belongs to the postgres user then.
-as_postgres=()
-if [ "$(id -u)" -eq 0 ]; then
-  chown postgres:postgres "$work"
-  as_postgres=(setpriv --reuid=postgres --regid=postgres --init-groups --)
-fi
-"${as_postgres[@]}" "$bin/initdb" -D "$work/pg" -U postgres --auth=trust -E UTF8 >/dev/null
-pg_port=$((20000 + RANDOM % 40000))
-"${as_postgres[@]}" "$bin/postgres" -D "$work/pg" -p "$pg_port" -c listen_addresses=127.0.0.1 \
-  -c "unix_socket_directories=$work" -c shared_preload_libraries=pg_stat_statements \
-  >"$work/pg.log" 2>&1 & # the server's default max_connections (100), as users run it
-pids+=($!)
-until "$bin/pg_isready" -q -h 127.0.0.1 -p "$pg_port"; do sleep 0.1; done
 
-redis_port=$((20000 + RANDOM % 40000))
-redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" \
-  >"$work/redis.log" 2>&1 &
-pids+=($!)
-until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.05; done
-
-cargo build --release --locked -p idempotask-bench
+cargo build --release --locked -p idempotask-bench -p idempotask-test-support
 bench=target/release/bench
+# fsync and full-page writes on, as users run PostgreSQL (the tests turn them off), and the
+# server's default max_connections (100).
+start_servers postgres shared_preload_libraries=pg_stat_statements fsync=on full_page_writes=on \
+  redis
 echo "==> PostgreSQL: $tasks tasks, C = 64, $rounds rounds"
-"$bench" --database-url "postgres://postgres@127.0.0.1:$pg_port/postgres" --tasks "$tasks" \
+"$bench" --database-url "$postgres_url" --tasks "$tasks" \
   --concurrency 64 --rounds "$rounds" --markdown "$work/pg.md" | tee "$work/pg.jsonl"
 echo "==> Redis: fresh and duplicate, $tasks tasks, C = 64"
 for mode in fresh duplicate; do
-  "$bench" --redis-url "redis://127.0.0.1:$redis_port" --mode "$mode" --tasks "$tasks" \
+  "$bench" --redis-url "$redis_url" --mode "$mode" --tasks "$tasks" \
     --concurrency 64 | tee -a "$work/redis.jsonl"
 done
 
@@ -61,7 +47,7 @@ mkdir -p docs
   echo "- Load while measuring: $(cut -d' ' -f1-3 /proc/loadavg) (the cores are shared with other work)"
   echo "- $("$bin/postgres" --version); loopback; \`fsync\` on, default settings (\`max_connections\` 100), \`pg_stat_statements\` loaded"
   echo "- $(rustc --version), release profile; the application's sqlx pool of 64 connections, the store's own of $(grep -o 'DEFAULT_MAX_CONNECTIONS: u32 = [0-9]*' stores/postgres/src/lib.rs | grep -o '[0-9]*$')"
-  echo "- Connections the server refused (\`too many clients\` in its log): $(grep -c 'too many clients' "$work/pg.log" || true)"
+  echo "- Connections the server refused (\`too many clients\` in its log): $(grep -c 'too many clients' "$postgres_log" || true)"
   echo
   echo "Each round runs every idempotask mode right after its hand-written counterpart, so each"
   echo "ratio compares runs that saw the same machine. The hand-written pattern is"

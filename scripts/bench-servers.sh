@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The protocol's targets on the three servers the suite tests, in one run: Redis 7 and Redis 8.2
-# (finish is a script) and Valkey 8.1 (finish is a plain `SET … IFEQ`). Starts one server of each on free
-# loopback ports (persistence off), runs every bench mode against each, one after the other, and
-# writes docs/performance-servers.md. scripts/bench.sh adds the profiles and the cluster.
+# (finish is a script) and Valkey 8.1 (finish is a plain `SET … IFEQ`). Starts one server of each
+# through test-support on free loopback ports (persistence off), runs every bench mode against
+# each, one after the other, and writes docs/performance-servers.md. scripts/bench.sh adds the
+# profiles and the cluster.
 #
 #   ./scripts/bench-servers.sh [TASKS] [ROUNDS]      # defaults: 20000 tasks, 3 rounds
 set -euo pipefail
@@ -11,35 +12,20 @@ tasks=${1:-20000}
 rounds=${2:-3}
 out=docs/performance-servers.md
 work=$(mktemp -d)
-pids=()
+. scripts/bench-start-servers.sh
 cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  stop_servers
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-start() { # program -> prints the port it serves on
-  for _ in $(seq 20); do
-    local port=$((20000 + RANDOM % 40000))
-    mkdir -p "$work/$1"
-    "$1" --port "$port" --bind 127.0.0.1 --save '' --appendonly no --protected-mode no \
-      --dir "$work/$1" >"$work/$1.log" 2>&1 &
-    local pid=$!
-    until redis-cli -p "$port" ping >/dev/null 2>&1 || ! kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
-    if kill -0 "$pid" 2>/dev/null; then pids+=("$pid"); echo "$port"; return; fi
-  done
-  echo "$1 did not start" >&2; exit 1
-}
-
-cargo build --release --locked -p idempotask-bench
+cargo build --release --locked -p idempotask-bench -p idempotask-test-support
 bench=target/release/bench
-redis_port=$(start redis-server)
-valkey_port=$(start valkey-server)
-redis8_port=$(start redis8-server)
+start_servers redis valkey redis8
 for server in redis redis8 valkey; do
-  port_var=${server}_port
+  url_var=${server}_url
   echo "==> $server: all modes, $tasks tasks, C = 64, $rounds rounds"
-  "$bench" --redis-url "redis://127.0.0.1:${!port_var}" --mode all --tasks "$tasks" \
+  "$bench" --redis-url "${!url_var}" --mode all --tasks "$tasks" \
     --concurrency 64 --rounds "$rounds" --markdown "$work/$server.md" | tee "$work/$server.jsonl"
 done
 

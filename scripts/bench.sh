@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The benchmark end to end: starts a redis-server of its own (persistence off, a free
-# loopback port), runs every bench mode in release mode, the criterion micro-benchmarks and a
-# profile, and writes docs/performance.md.
+# The benchmark end to end: starts a redis-server of its own through test-support (persistence
+# off, a free loopback port), runs every bench mode in release mode, the criterion
+# micro-benchmarks and a profile, and writes docs/performance.md.
 #
 #   ./scripts/bench.sh [TASKS] [ROUNDS]      # defaults: 20000 tasks, 3 rounds
 #
@@ -13,12 +13,9 @@ tasks=${1:-20000}
 rounds=${2:-3}
 out=docs/performance.md
 work=$(mktemp -d)
-redis_pid=
-cluster_pids=()
+. scripts/bench-start-servers.sh
 cleanup() {
-  for pid in "$redis_pid" "${cluster_pids[@]}"; do
-    if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
-  done
+  stop_servers
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -27,22 +24,12 @@ for tool in redis-server redis-cli valgrind callgrind_annotate; do
   command -v "$tool" >/dev/null || { echo "bench.sh needs $tool (apt-get install redis-server valgrind)" >&2; exit 1; }
 done
 
-# A free port: a taken one makes redis-server exit, so try another.
-for _ in $(seq 20); do
-  port=$((20000 + RANDOM % 40000))
-  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --protected-mode no \
-    --dir "$work" >"$work/redis.log" 2>&1 &
-  redis_pid=$!
-  until redis-cli -p "$port" ping >/dev/null 2>&1 || ! kill -0 "$redis_pid" 2>/dev/null; do sleep 0.05; done
-  if kill -0 "$redis_pid" 2>/dev/null; then break; fi
-  redis_pid=
-done
-[ -n "$redis_pid" ] || { echo "redis-server did not start" >&2; exit 1; }
-url="redis://127.0.0.1:$port"
-
 echo "==> building (release)"
-cargo build --release --locked -p idempotask-bench
+cargo build --release --locked -p idempotask-bench -p idempotask-test-support
 bench=target/release/bench
+start_servers redis
+url=$redis_url
+port=$redis_port
 
 echo "==> bench: all modes, $tasks tasks, C = 64, $rounds rounds"
 "$bench" --redis-url "$url" --mode all --tasks "$tasks" --concurrency 64 --rounds "$rounds" \
@@ -120,27 +107,8 @@ if perf record -e cpu-clock -o "$work/perf.probe" -- true >/dev/null 2>&1; then
 fi
 
 echo "==> Redis Cluster: 3 masters and 3 replicas on this machine, bench --cluster"
-# Each node on a free port (and its bus port), persistence off, in a directory of its own.
-seeds=()
-for node in 1 2 3 4 5 6; do
-  for _ in $(seq 20); do
-    cport=$((20000 + RANDOM % 40000))
-    mkdir -p "$work/node$node"
-    redis-server --port "$cport" --cluster-port $((cport + 1)) --bind 127.0.0.1 \
-      --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 5000 \
-      --save '' --appendonly no --protected-mode no --dir "$work/node$node" \
-      >"$work/node$node/redis.log" 2>&1 &
-    pid=$!
-    until redis-cli -p "$cport" ping >/dev/null 2>&1 || ! kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
-    if kill -0 "$pid" 2>/dev/null; then cluster_pids+=("$pid"); seeds+=("127.0.0.1:$cport"); break; fi
-  done
-done
-[ "${#seeds[@]}" -eq 6 ] || { echo "the cluster nodes did not start" >&2; exit 1; }
-redis-cli --cluster create "${seeds[@]}" --cluster-replicas 1 --cluster-yes >"$work/cluster-create.log"
-for seed in "${seeds[@]}"; do
-  until redis-cli -h "${seed%:*}" -p "${seed#*:}" cluster info | grep -q 'cluster_state:ok'; do sleep 0.1; done
-done
-cluster_urls=$(printf 'redis://%s,' "${seeds[@]}"); cluster_urls=${cluster_urls%,}
+# Started now, not with the single server: its six processes stay out of the runs above.
+start_servers cluster
 "$bench" --cluster --redis-url "$cluster_urls" --mode all --tasks "$tasks" --concurrency 64 --rounds 1 \
   --markdown "$work/cluster.md" | tee "$work/cluster.jsonl"
 

@@ -76,7 +76,8 @@ impl PostgresServer {
     }
 
     /// Like [`start`](Self::start), with extra `name=value` server settings (`-c`), e.g.
-    /// `shared_preload_libraries=pg_stat_statements`.
+    /// `shared_preload_libraries=pg_stat_statements`; given after the tests' own (`fsync=off`,
+    /// `full_page_writes=off`), they override them.
     pub fn start_with(settings: &[&str]) -> Self {
         let bin = bin_dir();
         let root = running_as_root();
@@ -184,6 +185,11 @@ impl PostgresServer {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
+    /// The file the server's log goes to (its standard error), removed with the server.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("server.log")
+    }
+
     /// A pool of `max_connections` on this server.
     pub async fn pool(&self, max_connections: u32) -> sqlx::PgPool {
         sqlx::postgres::PgPoolOptions::new()
@@ -224,19 +230,27 @@ impl Drop for PostgresServer {
 
 /// Starts `postgres` on the cluster in `dir`, listening on 127.0.0.1:`port` only.
 fn spawn(bin: &Path, root: bool, dir: &Path, port: u16, settings: &[String]) -> Child {
+    // Appended to: a restarted server's log follows the first run's.
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("server.log"))
+        .expect("open the server's log");
     let mut command = command(&bin.join("postgres"), root);
-    for setting in settings {
-        command.arg("-c").arg(setting);
-    }
     command
         .arg("-D")
         .arg(dir.join("data"))
         .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1"])
         .arg("-c")
         .arg(format!("unix_socket_directories={}", dir.display()))
-        .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
+        .args(["-c", "fsync=off", "-c", "full_page_writes=off"]);
+    // After the defaults: the last `-c` of a setting is the one that counts.
+    for setting in settings {
+        command.arg("-c").arg(setting);
+    }
+    command
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .expect("start postgres")
 }
