@@ -4,38 +4,12 @@
 
 use idempotask_test_support as support;
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use support::RedisServer;
 use support::cluster::RedisCluster;
+use support::example_runs::example;
 use support::postgres::PostgresServer;
-use support::rabbitmq::RabbitServer;
-
-fn example(name: &str) -> Command {
-    // target/<profile>/deps/examples-<hash> → target/<profile>/examples/<name>
-    let exe = std::env::current_exe().unwrap();
-    let path: PathBuf = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join(name);
-    assert!(
-        path.exists(),
-        "{} is not built: run through `cargo test --workspace`, which builds the examples package with the features this package asks for",
-        path.display()
-    );
-    let mut command = Command::new(path);
-    command
-        .env_remove("REDIS_URL")
-        .env_remove("REDIS_CLUSTER_URLS")
-        .env_remove("DATABASE_URL")
-        .env_remove("NATS_URL")
-        .env_remove("AMQP_URL");
-    command
-}
 
 fn run(command: &mut Command) -> String {
     let Output {
@@ -263,88 +237,6 @@ fn apalis_worker_on_postgres_charges_each_order_once_despite_a_kill_9() {
             .env("DATABASE_URL", postgres.url());
         command
     });
-}
-
-/// The `apalis_worker` scenario on a NATS stream: a worker killed with SIGKILL after a charge
-/// and before its ack, messages nak'd once; the redelivery after `AckWait` replays with
-/// idempotask and charges again without it.
-#[test]
-fn nats_worker_charges_each_order_once_despite_a_kill_9() {
-    let nats = support::nats::NatsServer::start();
-    let redis = RedisServer::start();
-    let command = || {
-        let mut command = example("nats_worker");
-        command
-            .env("NATS_URL", nats.url())
-            .env("REDIS_URL", redis.url());
-        command
-    };
-    let number = |summary: &serde_json::Value, field: &str| -> u64 {
-        summary[field]
-            .as_u64()
-            .unwrap_or_else(|| panic!("no `{field}` in {summary}"))
-    };
-    let with = apalis_summary(&run(&mut command()));
-    let jobs = number(&with, "jobs");
-    assert_eq!(with["idempotask"], true, "{with}");
-    assert_eq!(number(&with, "killed_workers"), 1, "{with}");
-    assert!(number(&with, "failed_deliveries") > 0, "{with}");
-    assert!(number(&with, "deliveries") > jobs, "{with}");
-    assert_eq!(number(&with, "side_effects"), jobs, "{with}");
-    assert_eq!(number(&with, "charged_twice"), 0, "{with}");
-    assert!(number(&with, "duplicates_prevented") >= 1, "{with}");
-    assert_eq!(number(&with, "acked"), jobs, "{with}");
-
-    let without = apalis_summary(&run(command().arg("--without-idempotask")));
-    assert_eq!(without["idempotask"], false, "{without}");
-    assert_eq!(number(&without, "killed_workers"), 1, "{without}");
-    assert!(number(&without, "charged_twice") >= 1, "{without}");
-    assert!(number(&without, "side_effects") > jobs, "{without}");
-    assert_eq!(number(&without, "duplicates_prevented"), 0, "{without}");
-}
-
-/// AMQP consumers, one killed with SIGKILL after a charge and before its ack (the broker
-/// redelivers at once when its connection closes), and deliveries that fail once: with idempotask
-/// every order is charged once and nothing is left in the queues; without it the redelivery
-/// charges again.
-#[test]
-fn rabbitmq_worker_charges_each_order_once_despite_a_kill_9() {
-    let redis = RedisServer::start();
-    let rabbit = RabbitServer::start();
-    let command = |without: bool| {
-        let mut command = example("rabbitmq_worker");
-        command
-            .env("REDIS_URL", redis.url())
-            .env("AMQP_URL", rabbit.url());
-        if without {
-            command.arg("--without-idempotask");
-        }
-        command
-    };
-    let number = |summary: &serde_json::Value, field: &str| -> u64 {
-        summary[field]
-            .as_u64()
-            .unwrap_or_else(|| panic!("no `{field}` in {summary}"))
-    };
-    let with = apalis_summary(&run(&mut command(false)));
-    let jobs = number(&with, "jobs");
-    assert_eq!(with["idempotask"], true, "{with}");
-    assert_eq!(number(&with, "killed_workers"), 1, "{with}");
-    assert!(number(&with, "failed_deliveries") > 0, "{with}");
-    assert!(number(&with, "deliveries") > jobs, "{with}");
-    // The ledger in Redis: what the kill cannot take away.
-    assert_eq!(number(&with, "side_effects"), jobs, "{with}");
-    assert_eq!(number(&with, "charged_twice"), 0, "{with}");
-    assert!(number(&with, "duplicates_prevented") >= 1, "{with}");
-    assert_eq!(number(&with, "left_in_queues"), 0, "{with}");
-    assert_eq!(number(&with, "dead_lettered"), 0, "{with}");
-
-    let without = apalis_summary(&run(&mut command(true)));
-    assert_eq!(without["idempotask"], false, "{without}");
-    assert_eq!(number(&without, "killed_workers"), 1, "{without}");
-    assert!(number(&without, "charged_twice") >= 1, "{without}");
-    assert!(number(&without, "side_effects") > jobs, "{without}");
-    assert_eq!(number(&without, "duplicates_prevented"), 0, "{without}");
 }
 
 /// Transfers delivered several times at once, one worker killed with SIGKILL inside its
