@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use idempotask::MemoryStore;
-use idempotask::ops::{Status, StoredResult};
+use idempotask::operator::{Status, StoredResult};
 use idempotask::store::{SharedStore, StoreError};
 use idempotask::{Error, Task, idempotent_task};
 use idempotask_redis::{RedisClusterStore, RedisStore};

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idempotask::ops::Marker;
+use idempotask::operator::Marker;
 use idempotask::store::{Begin, Fencing, Finish, Inspection, Store};
 use idempotask::store::{LockToken, StoreError, UnitOfWork};
 use tokio::time::Instant;

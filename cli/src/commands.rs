@@ -4,13 +4,13 @@ use std::io::{BufRead, IsTerminal, Write};
 
 use std::time::Duration;
 
-use idempotask::ops::Forgot;
+use idempotask::operator::Forgot;
 use idempotask::store::UnitOfWork;
 use serde_json::{Value, json};
 
 use crate::exit::{Exit, Failure};
-use crate::render::{self, Counts, result_json};
-use crate::stored::{Seen, preview};
+use crate::render::{self, Counts};
+use crate::stored::{Seen, preview, result_json};
 use crate::target::Target;
 use crate::time::{human, millis};
 

@@ -3,23 +3,12 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use idempotask::ops::{Marker, StoredResult};
+use idempotask::operator::Marker;
 use idempotask::store::UnitOfWork;
-use serde_json::Value;
 
 use crate::scan::Entry;
+use crate::stored::result_json;
 use crate::time::human;
-
-/// The stored result as JSON: the value itself, or `{"unstorable": reason}`.
-pub(crate) fn result_json(marker: &Marker) -> Value {
-    match marker.result() {
-        StoredResult::Json(raw) => {
-            serde_json::from_str(raw.get()).unwrap_or_else(|_| Value::String(raw.get().into()))
-        }
-        StoredResult::Unstorable(reason) => serde_json::json!({ "unstorable": reason }),
-        _ => Value::Null,
-    }
-}
 
 pub(crate) fn done(unit: &UnitOfWork, marker: &Marker, ttl: Option<Duration>) -> String {
     let mut text = format!("{} {:?}: done\n", unit.task(), unit.key());

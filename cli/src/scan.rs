@@ -3,12 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use idempotask::ops::Marker;
-use idempotask_postgres::ops::StoredUnit;
+use idempotask::operator::Marker;
+use idempotask_postgres::operator::StoredUnit;
 use serde::Serialize;
 
-use crate::render::result_json;
-use crate::stored::{Seen, belongs_to, preview};
+use crate::stored::{Seen, belongs_to, preview, result_json};
 use crate::time::millis;
 
 /// One unit of a task that is done or locked, or a key under the task's pattern that is odd.
@@ -118,7 +117,7 @@ pub(crate) fn describe(task: &str, digest: &str, seen: Seen) -> Option<Entry> {
 
 fn describe_marker(
     entry: &mut Entry,
-    marker: Result<Marker, idempotask::ops::MarkerError>,
+    marker: Result<Marker, idempotask::operator::MarkerError>,
     task: &str,
     digest: &str,
 ) {

@@ -1,15 +1,16 @@
 //! What one unit holds, as the commands show it, whichever store it was read from.
 //!
-//! The store crates parse their own layouts ([`idempotask_redis::ops::Stored`], the rows of
-//! [`idempotask_postgres::ops::StoredUnit`]); this is only the view the commands render, so that
-//! `status`, `forget` and `list` are written once for every backend.
+//! The store crates parse their own layouts ([`idempotask_redis::operator::Stored`], the rows
+//! of [`idempotask_postgres::operator::StoredUnit`]); this is only the view the commands
+//! render, so that `status`, `forget` and `list` are written once for every backend.
 
 use std::time::Duration;
 
-use idempotask::ops::{Marker, MarkerError};
+use idempotask::operator::{Marker, MarkerError, StoredResult};
 use idempotask::store::UnitOfWork;
-use idempotask_postgres::ops::{StoredUnit, UnitState};
-use idempotask_redis::ops::{Reading, Stored};
+use idempotask_postgres::operator::{StoredUnit, UnitState};
+use idempotask_redis::operator::{Reading, Stored};
+use serde_json::Value;
 
 /// What a unit holds, for the commands.
 #[derive(Debug)]
@@ -112,4 +113,15 @@ pub(crate) fn preview(bytes: &[u8]) -> String {
         shown.push('…');
     }
     format!("{shown:?}")
+}
+
+/// The stored result as JSON: the value itself, or `{"unstorable": reason}`.
+pub(crate) fn result_json(marker: &Marker) -> Value {
+    match marker.result() {
+        StoredResult::Json(raw) => {
+            serde_json::from_str(raw.get()).unwrap_or_else(|_| Value::String(raw.get().into()))
+        }
+        StoredResult::Unstorable(reason) => serde_json::json!({ "unstorable": reason }),
+        _ => Value::Null,
+    }
 }

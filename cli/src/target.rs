@@ -9,10 +9,10 @@
 
 use std::time::Duration;
 
-use idempotask::ops::Forgot;
+use idempotask::operator::Forgot;
 use idempotask::store::{Store, StoreError, UnitOfWork, check_task_name};
 use idempotask_postgres::PostgresStore;
-use idempotask_redis::ops::{Listing as RedisListing, ServerKind};
+use idempotask_redis::operator::{Listing as RedisListing, ServerKind};
 use idempotask_redis::{RedisClusterStore, RedisStore};
 
 use crate::exit::{Exit, Failure, redact};

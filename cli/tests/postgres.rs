@@ -7,10 +7,10 @@ use idempotask_test_support as support;
 use std::process::{Command, Stdio};
 
 use idempotask::Task;
-use idempotask::ops::Forgot;
+use idempotask::operator::Forgot;
 use idempotask::store::UnitOfWork;
 use idempotask_postgres::PostgresStore;
-use idempotask_postgres::ops::UnitState;
+use idempotask_postgres::operator::UnitState;
 use support::postgres::PostgresServer;
 
 mod common;

@@ -6,11 +6,9 @@ mod call;
 mod context;
 mod error;
 mod fingerprint;
-mod forgot;
-mod guard;
+mod held_lock;
 mod install;
 mod marker;
-mod names;
 mod outcome;
 mod panicked;
 mod redelivery;
@@ -24,11 +22,12 @@ pub mod guide {
     pub mod composing {}
 }
 pub mod observe;
-pub mod ops;
+pub mod operator;
 mod retry;
 mod status;
 pub mod store;
 mod task;
+mod task_names;
 pub mod testing;
 mod ttl;
 mod unit;
@@ -43,8 +42,6 @@ pub use observe::KeyLogging;
 pub use outcome::{Outcome, Report};
 pub use panicked::{Panicked, catch_panic};
 pub use redelivery::Redelivery;
-#[allow(deprecated)]
-pub use retry::{DEFAULT_INITIAL_BACKOFF, DEFAULT_MAX_BACKOFF};
 pub use retry::{DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_BACKOFF, RetryPolicy};
 pub use store::memory::MemoryStore;
 pub use task::{DEFAULT_LOCK_TTL, DEFAULT_RESULT_TTL, Settings, Task};

@@ -29,13 +29,13 @@ pub(crate) const TAG: u8 = b'D';
 /// [`result`](Self::result) back instead of running the task again.
 ///
 /// ```
-/// use idempotask::ops::{Marker, StoredResult};
+/// use idempotask::operator::{Marker, StoredResult};
 /// let marker = Marker::decode(br#"D8,dH-3x,f7|order-42|{"id":"ch_1"}"#)?;
 /// assert_eq!(marker.key(), "order-42");
 /// assert_eq!(marker.delivery(), Some("H-3x"));
 /// assert_eq!(marker.fencing_token(), Some(7));
 /// assert!(matches!(marker.result(), StoredResult::Json(json) if json.get() == r#"{"id":"ch_1"}"#));
-/// # Ok::<(), idempotask::ops::MarkerError>(())
+/// # Ok::<(), idempotask::operator::MarkerError>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct Marker {

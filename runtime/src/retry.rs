@@ -8,12 +8,6 @@ use crate::backoff::Backoff;
 /// 10 ms after the first busy answer, doubling up to 1 s, with full jitter.
 pub const DEFAULT_RETRY_BACKOFF: Backoff =
     Backoff::new(Duration::from_millis(10), Duration::from_secs(1)).full_jitter(true);
-/// The first wait after finding the lock taken, by default.
-#[deprecated(note = "use `DEFAULT_RETRY_BACKOFF.initial_delay()`")]
-pub const DEFAULT_INITIAL_BACKOFF: Duration = DEFAULT_RETRY_BACKOFF.initial_delay();
-/// The longest single wait, by default.
-#[deprecated(note = "use `DEFAULT_RETRY_BACKOFF.max_delay()`")]
-pub const DEFAULT_MAX_BACKOFF: Duration = DEFAULT_RETRY_BACKOFF.max_delay();
 /// How many times a call asks for the lock before it gives up, by default.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 64;
 

@@ -17,7 +17,7 @@ use crate::unit::UnitOfWork;
 ///
 /// ```
 /// use idempotask::{MemoryStore, Task};
-/// use idempotask::ops::Status;
+/// use idempotask::operator::Status;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotask::Error> {
 /// let store = MemoryStore::new();
 /// let task = Task::new("refund");

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
-use idempotask::ops::{Marker, Status, StoredResult};
+use idempotask::operator::{Marker, Status, StoredResult};
 use idempotask::store::{Fencing, LockToken, SharedStore, Store, UnitOfWork};
 use idempotask::{Error, Outcome, Report, RetryPolicy, Task};
 use tokio::time::Instant;

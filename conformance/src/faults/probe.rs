@@ -465,7 +465,7 @@ impl Probe {
 /// What a unit holds, in a few words.
 fn shown(seen: &Inspection) -> String {
     match (&seen.marker, seen.lock_ttl) {
-        (Some(bytes), _) => match idempotask::ops::Marker::decode(bytes) {
+        (Some(bytes), _) => match idempotask::operator::Marker::decode(bytes) {
             Ok(marker) => format!("the result of delivery {:?}", marker.delivery()),
             Err(err) => format!("an unreadable marker ({err})"),
         },

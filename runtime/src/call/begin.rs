@@ -11,7 +11,7 @@ use crate::context::Lease;
 use crate::error::{
     CodecErrorKind, Error, StoreError, StoreErrorKind, check_marker_key, codec, contended,
 };
-use crate::guard::{release, release_in_background};
+use crate::held_lock::{release, release_in_background};
 use crate::marker::Marker;
 use crate::store::{Begin, SharedStore, Store};
 use crate::task::Task;

@@ -12,7 +12,7 @@ use tracing::Instrument;
 use crate::context::TaskContext;
 use crate::error::{CallerKey, CodecErrorKind, Error, codec};
 use crate::fingerprint::Fingerprint;
-use crate::guard::{OnDrop, Recording, Renewal, release, renewing};
+use crate::held_lock::{OnDrop, Recording, Renewal, release, renewing};
 use crate::install::current;
 use crate::marker::{Marker, StoredResult};
 use crate::observe::{Ending, Observation};
@@ -325,7 +325,7 @@ impl Call<'_> {
     /// own, its key valid for a store that takes keys up to `max_key_len` bytes, and the call
     /// neither made from inside the same unit nor outside a tokio runtime.
     fn unit(&self, max_key_len: usize, observation: &Observation<'_>) -> Result<UnitOfWork, Error> {
-        crate::names::claim(self.task)?;
+        crate::task_names::claim(self.task)?;
         let unit = UnitOfWork::with_limit(self.task.name(), self.key.as_str(), max_key_len)?;
         observation.key(&unit, self.task.log_key);
         refuse_misuse(&unit)?;

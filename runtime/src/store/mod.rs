@@ -225,7 +225,7 @@ pub enum Fencing {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Inspection {
-    /// The stored marker's bytes (decode with [`Marker::decode`](crate::ops::Marker::decode)).
+    /// The stored marker's bytes (decode with [`Marker::decode`](crate::operator::Marker::decode)).
     pub marker: Option<Vec<u8>>,
     /// How long the marker has left, when it has an expiry.
     pub marker_ttl: Option<Duration>,

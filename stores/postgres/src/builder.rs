@@ -7,9 +7,9 @@ use sqlx::postgres::PgPool;
 
 use super::PostgresStore;
 use super::errors::store_error;
-use super::statements::{Statements, TableName};
+use super::statements::{DEFAULT_TABLE, Statements, TableName};
 use idempotask::store::Store;
-use idempotask::store::UnitOfWork;
+use idempotask::store::{MAX_KEY_LEN, UnitOfWork};
 use idempotask::store::{StoreError, StoreErrorKind};
 
 /// Configures a [`PostgresStore`]: see [`PostgresStore::builder`].
@@ -28,6 +28,23 @@ pub struct PostgresStoreBuilder {
 /// before the client stops listening (the rest covers the round trip and the statement).
 fn lock_timeout(response_timeout: Duration) -> Duration {
     response_timeout.saturating_sub(response_timeout / 5)
+}
+
+impl PostgresStore {
+    /// A builder on the application's `pool` with the defaults: table
+    /// [`DEFAULT_TABLE`](Self::DEFAULT_TABLE), timeout
+    /// [`DEFAULT_RESPONSE_TIMEOUT`](Self::DEFAULT_RESPONSE_TIMEOUT), keys up to
+    /// [`MAX_KEY_LEN`] bytes, a pool of the store's own as large as `pool` (see
+    /// [Connections](Self#connections)).
+    pub fn builder(pool: PgPool) -> PostgresStoreBuilder {
+        PostgresStoreBuilder {
+            pool,
+            table: DEFAULT_TABLE.to_owned(),
+            response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
+            max_key_len: MAX_KEY_LEN,
+            max_connections: None,
+        }
+    }
 }
 
 impl PostgresStoreBuilder {

@@ -9,17 +9,19 @@
 //!   [`Call::run_in_transaction`](idempotask::Call::run_in_transaction): the body's writes and
 //!   the unit's marker commit together, so a crash between the two cannot happen.
 //!
-//! - [`ops`]: for operators, what one unit's row holds raw, a forget of exactly the marker that
+//! - [`operator`]: for operators, what one unit's row holds raw, a forget of exactly the marker that
 //!   was shown, and a task's units page by page (the `idempotask` command uses them).
 //!
 //! sqlx is part of this crate's public API (`PgPool`, `Transaction`, `PgConnection`): use the
 //! sqlx 0.9 your service already has.
+//!
+#![doc = include_str!("deployment.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod builder;
 mod checkout;
 mod errors;
-pub mod ops;
+pub mod operator;
 mod statements;
 mod transactional;
 
@@ -32,10 +34,10 @@ use sqlx::postgres::{PgConnection, PgPool, PgRow};
 use sqlx::{Row, SqlStr};
 
 use errors::{store_error, unexpected};
-use idempotask::ops::Forgot;
+use idempotask::operator::Forgot;
 use idempotask::store::lock_lost_marker;
 use idempotask::store::{Begin, Fencing, Finish, Inspection, Store, ttl_millis};
-use idempotask::store::{LockToken, MAX_KEY_LEN, UnitOfWork};
+use idempotask::store::{LockToken, UnitOfWork};
 use idempotask::store::{StoreError, StoreErrorKind};
 use statements::{DEFAULT_TABLE, Statements};
 
@@ -172,21 +174,6 @@ impl PostgresStore {
         Self::builder(pool).connect().await
     }
 
-    /// A builder on the application's `pool` with the defaults: table
-    /// [`DEFAULT_TABLE`](Self::DEFAULT_TABLE), timeout
-    /// [`DEFAULT_RESPONSE_TIMEOUT`](Self::DEFAULT_RESPONSE_TIMEOUT), keys up to
-    /// [`MAX_KEY_LEN`] bytes, a pool of the store's own as large as `pool` (see
-    /// [Connections](Self#connections)).
-    pub fn builder(pool: PgPool) -> PostgresStoreBuilder {
-        PostgresStoreBuilder {
-            pool,
-            table: DEFAULT_TABLE.to_owned(),
-            response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
-            max_key_len: MAX_KEY_LEN,
-            max_connections: None,
-        }
-    }
-
     /// The application's pool the store was built on, for beginning the transactions of
     /// [`Call::run_in_transaction`](idempotask::Call::run_in_transaction). The store's own
     /// statements do not use it.
@@ -243,7 +230,7 @@ impl PostgresStore {
     /// ```no_run
     /// # async fn run(store: idempotask_postgres::PostgresStore) -> Result<(), Box<dyn std::error::Error>> {
     /// use idempotask::store::UnitOfWork;
-    /// use idempotask_postgres::ops::UnitState;
+    /// use idempotask_postgres::operator::UnitState;
     ///
     /// let unit = UnitOfWork::new("charge", "order-42")?;
     /// match store.read_unit(&unit).await? {
@@ -262,7 +249,7 @@ impl PostgresStore {
     pub async fn read_unit(
         &self,
         unit: &UnitOfWork,
-    ) -> Result<Option<ops::StoredUnit>, StoreError> {
+    ) -> Result<Option<operator::StoredUnit>, StoreError> {
         let mut connection = self.acquire("read").await?;
         let row = self
             .run(
@@ -277,15 +264,15 @@ impl PostgresStore {
     }
 
     /// For operators: forgets `unit`'s marker only while it is still exactly `shown` (the
-    /// bytes of a [`UnitState::Done`](ops::UnitState::Done) an operator confirmed), in one
+    /// bytes of a [`UnitState::Done`](operator::UnitState::Done) an operator confirmed), in one
     /// statement, so that a marker a delivery wrote meanwhile stays; never a lock. A fenced
     /// unit's row keeps its fencing counter, as [`forget`](Store::forget) leaves it.
     ///
     /// ```no_run
     /// # async fn run(store: idempotask_postgres::PostgresStore) -> Result<(), Box<dyn std::error::Error>> {
     /// use idempotask::store::UnitOfWork;
-    /// use idempotask::ops::Forgot;
-    /// use idempotask_postgres::ops::UnitState;
+    /// use idempotask::operator::Forgot;
+    /// use idempotask_postgres::operator::UnitState;
     ///
     /// let unit = UnitOfWork::new("charge", "order-42")?;
     /// if let Some(row) = store.read_unit(&unit).await? {
@@ -353,7 +340,7 @@ impl PostgresStore {
         task: &str,
         after: Option<&[u8]>,
         limit: usize,
-    ) -> Result<Vec<ops::StoredUnit>, StoreError> {
+    ) -> Result<Vec<operator::StoredUnit>, StoreError> {
         let limit = i64::try_from(limit.clamp(1, Self::LIST_PAGE_MAX)).unwrap_or(1);
         let mut connection = self.acquire("list").await?;
         let rows = self
@@ -376,20 +363,20 @@ impl PostgresStore {
         &self,
         row: &PgRow,
         operation: &'static str,
-    ) -> Result<ops::StoredUnit, StoreError> {
+    ) -> Result<operator::StoredUnit, StoreError> {
         let key: Vec<u8> = get(row, "key", operation, &self.table)?;
         let state: String = get(row, "state", operation, &self.table)?;
         let fence: Option<i64> = get(row, "fence", operation, &self.table)?;
         let left: Option<i64> = get(row, "left_ms", operation, &self.table)?;
         let left = left.map(left_duration).unwrap_or_default();
         let state = match state.as_str() {
-            "locked" => ops::UnitState::Locked {
+            "locked" => operator::UnitState::Locked {
                 fencing_token: fence.map(i64::unsigned_abs),
                 lock_ttl_remaining: left,
             },
             "done" => {
                 let marker: Option<Vec<u8>> = get(row, "marker", operation, &self.table)?;
-                ops::UnitState::Done {
+                operator::UnitState::Done {
                     marker: marker
                         .ok_or_else(|| unexpected(operation, "a done row without a marker"))?,
                     ttl: left,
@@ -397,7 +384,7 @@ impl PostgresStore {
             }
             other => return Err(unexpected(operation, format!("a row in state `{other}`"))),
         };
-        Ok(ops::StoredUnit { key, state })
+        Ok(operator::StoredUnit { key, state })
     }
 
     /// A connection of the store's pool, waited for at most the response timeout (see

@@ -12,7 +12,7 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use idempotask::ops::{Marker, StoredResult};
+use idempotask::operator::{Marker, StoredResult};
 use idempotask::store::Store;
 use idempotask::store::{LockToken, UnitOfWork};
 use idempotask::{Error, MemoryStore, Task};

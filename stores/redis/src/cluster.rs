@@ -8,10 +8,10 @@ use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRou
 
 use super::delegate_store;
 use super::healing::HealingConnection;
-use super::ops::{Listing, Reading};
+use super::operator::{Listing, Reading};
 use super::protocol::{Protocol, check_namespace, connect_within, store_error};
 use super::settings::{ConnectionSettings, connection_setters};
-use idempotask::ops::Forgot;
+use idempotask::operator::Forgot;
 use idempotask::store::UnitOfWork;
 use idempotask::store::{StoreError, StoreErrorKind};
 

@@ -8,7 +8,7 @@ use idempotask::store::{UnitOfWork, check_namespace, check_task_name};
 /// Each unit of work has one key, `idempotask:v2:<namespace>:<task>:<digest>`, where the digest
 /// is [`UnitOfWork::digest`] (16 characters of `A-Z a-z 0-9 - _`). The key holds the unit's
 /// whole state: a lock (`L<token>`, `L<token>.<fencing token>`), a released fenced lock
-/// (`T<fencing token>`) or a completion [`Marker`](idempotask::ops::Marker) (`D…`). One key is one Redis
+/// (`T<fencing token>`) or a completion [`Marker`](idempotask::operator::Marker) (`D…`). One key is one Redis
 /// Cluster slot, so no hash tag is needed. [`RedisStore`](crate::RedisStore) uses this layout;
 /// tools use it to find a unit's key, to `SCAN` one task's keys, and to read a key they found
 /// back into its parts. Nothing here connects to Redis.
@@ -60,6 +60,9 @@ pub(super) fn unit_key(namespace: &str, unit: &UnitOfWork) -> String {
     }
     name
 }
+
+/// How long a `forget` receipt lasts: far longer than a client goes on re-sending one command.
+pub(super) const FORGET_RECEIPT_MS: u64 = 60_000;
 
 /// The receipt a `forget` of `unit` leaves under `namespace`: in the unit's hash slot (its
 /// key, which has no braces, is the hash tag), under the namespace's prefix (so the ACL

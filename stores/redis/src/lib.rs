@@ -9,7 +9,7 @@
 //!
 //! Each implements [`Store`](idempotask::store::Store) and passes the conformance suite of
 //! [idempotask-conformance](https://docs.rs/idempotask-conformance);
-//! [`RedisKeys`] is the key layout and [`ops`] the value layout, for operators and tools, with
+//! [`RedisKeys`] is the key layout and [`operator`] the value layout, for operators and tools, with
 //! the operator calls of [`RedisStore`] and [`RedisClusterStore`]: read one unit raw, forget
 //! exactly what was shown, list one task's units.
 //!
@@ -44,13 +44,15 @@
 //! grants, releases and `forget` read the server's clock from their scripts. A store checks at
 //! connect that its scripts may run, and fails with a configuration error (not retryable) when
 //! they may not.
+//!
+#![doc = include_str!("deployment.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use idempotask::ops::Forgot;
+use idempotask::operator::Forgot;
 use idempotask::store::StoreError;
 use idempotask::store::UnitOfWork;
 use protocol::{Protocol, check_namespace, connect_within, store_error};
@@ -62,12 +64,13 @@ use settings::{
 mod cluster;
 mod healing;
 mod lock;
-pub mod ops;
+pub mod operator;
 mod protocol;
 mod quorum;
 mod reply;
 mod settings;
 mod slow_path;
+mod stored;
 
 mod keys;
 pub use cluster::{RedisClusterStore, RedisClusterStoreBuilder};
@@ -260,11 +263,11 @@ impl RedisStore {
     /// For operators: whether the server is standalone or a node of a Redis Cluster (which
     /// answers this store only for its own slots). It asks with commands a worker's ACL user
     /// may run (`CLUSTER SLOTS`, `CLUSTER INFO`, `READWRITE`), and answers
-    /// [`Undetermined`](ops::ServerKind::Undetermined) rather than guess when none tells.
+    /// [`Undetermined`](operator::ServerKind::Undetermined) rather than guess when none tells.
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), idempotask::store::StoreError> {
-    /// use idempotask_redis::ops::ServerKind;
+    /// use idempotask_redis::operator::ServerKind;
     /// use idempotask_redis::{RedisClusterStore, RedisStore};
     ///
     /// let url = "redis://127.0.0.1:6379";
@@ -278,7 +281,7 @@ impl RedisStore {
     ///
     /// # Errors
     /// A [`StoreError`] when the server cannot be reached.
-    pub async fn server_kind(&self) -> Result<ops::ServerKind, StoreError> {
+    pub async fn server_kind(&self) -> Result<operator::ServerKind, StoreError> {
         self.protocol.server_kind().await
     }
 
@@ -288,7 +291,7 @@ impl RedisStore {
     /// ```no_run
     /// # async fn run(store: idempotask_redis::RedisStore) -> Result<(), Box<dyn std::error::Error>> {
     /// use idempotask::store::UnitOfWork;
-    /// use idempotask_redis::ops::Stored;
+    /// use idempotask_redis::operator::Stored;
     ///
     /// let unit = UnitOfWork::new("charge", "order-42")?;
     /// match store.read_unit(&unit).await?.stored() {
@@ -301,12 +304,12 @@ impl RedisStore {
     ///
     /// # Errors
     /// A [`StoreError`] when Redis cannot be reached or answers out of protocol.
-    pub async fn read_unit(&self, unit: &UnitOfWork) -> Result<ops::Reading, StoreError> {
+    pub async fn read_unit(&self, unit: &UnitOfWork) -> Result<operator::Reading, StoreError> {
         self.protocol.read_unit(unit).await
     }
 
     /// For operators: deletes `unit`'s value only while it is still exactly `shown` (the bytes
-    /// of a [`Stored::Marker`](ops::Stored::Marker) or [`Stored::Foreign`](ops::Stored::Foreign)
+    /// of a [`Stored::Marker`](operator::Stored::Marker) or [`Stored::Foreign`](operator::Stored::Foreign)
     /// an operator confirmed), so that a marker a delivery wrote meanwhile stays. A fenced
     /// marker leaves its counter, as [`forget`](idempotask::store::Store::forget) does, and the
     /// same receipt: a call re-sent after a lost reply answers as the first one did.
@@ -314,8 +317,8 @@ impl RedisStore {
     /// ```no_run
     /// # async fn run(store: idempotask_redis::RedisStore) -> Result<(), Box<dyn std::error::Error>> {
     /// use idempotask::store::UnitOfWork;
-    /// use idempotask::ops::Forgot;
-    /// use idempotask_redis::ops::Stored;
+    /// use idempotask::operator::Forgot;
+    /// use idempotask_redis::operator::Stored;
     ///
     /// let unit = UnitOfWork::new("charge", "order-42")?;
     /// if let Stored::Marker { bytes, .. } = store.read_unit(&unit).await?.stored() {
@@ -349,7 +352,7 @@ impl RedisStore {
     /// # Errors
     /// A [`StoreError`] of kind `Configuration` for a name no task can have, or when Redis
     /// cannot be reached.
-    pub async fn list_task(&self, task: &str) -> Result<ops::Listing, StoreError> {
+    pub async fn list_task(&self, task: &str) -> Result<operator::Listing, StoreError> {
         self.protocol
             .list_on(task, |cmd| {
                 let protocol = &self.protocol;

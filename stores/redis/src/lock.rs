@@ -1,7 +1,7 @@
 //! What a unit's key holds while it is not done: the lock of one delivery, `L<token>` or
 //! `L<token>.<fencing token>`, and after a fenced lock was released, `T<fencing token>`, which
 //! keeps the last fencing token so that the next grant's is higher. The marker (`D…`) is
-//! [`Marker`](idempotask::ops::Marker)'s.
+//! [`Marker`](idempotask::operator::Marker)'s.
 
 use idempotask::store::Begin;
 use idempotask::store::LockToken;

@@ -14,7 +14,7 @@
 //! | finish | `SET key <marker> IFEQ <lock> PX result_ttl` where the server has it (Valkey 8.1+, Redis 8.4+), else script `finish.lua` (GET, SET) |
 //! | renew | `SET key <lock> IFEQ <lock> PX lock_ttl`, else script `renew.lua` |
 //! | release, inspect, forget | scripts |
-//! | the operator calls of [`ops`](crate::ops): read, forget exactly, list | scripts `read.lua`, `forget_exact.lua`; `SCAN` |
+//! | the operator calls of [`operator`](crate::operator): read, forget exactly, list | scripts `read.lua`, `forget_exact.lua`; `SCAN` |
 //!
 //! `forget` also writes a receipt next to the unit's key (see `forget.lua`), so that a re-sent
 //! `forget` answers as the first one did.
@@ -26,11 +26,11 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
-use super::keys::{PREFIX, forget_receipt_key, unit_key};
+use super::keys::{FORGET_RECEIPT_MS, PREFIX, forget_receipt_key, unit_key};
 use super::lock::{holder_value, lock_value};
-use super::ops::Stored;
 pub(super) use super::reply::store_error;
 use super::reply::{foreign, is_out_of_memory, is_syntax_error, parse_flag, pttl, unexpected};
+use super::stored::Stored;
 use idempotask::store::{Begin, Fencing, Finish, Inspection, Store, ttl_millis};
 use idempotask::store::{LockToken, UnitOfWork};
 use idempotask::store::{StoreError, StoreErrorKind};
@@ -47,8 +47,6 @@ static CLOCK: LazyLock<Script> = LazyLock::new(|| Script::new("return redis.call
 
 /// How often a store whose server had no `SET … IFEQ` tries it again.
 const PROBE_AGAIN_AFTER_MS: u64 = 5_000;
-/// How long a `forget` receipt lasts: far longer than a client goes on re-sending one command.
-pub(super) const FORGET_RECEIPT_MS: u64 = 60_000;
 
 /// A namespace check with the error `connect` reports.
 pub(super) fn check_namespace(namespace: &str) -> Result<(), StoreError> {

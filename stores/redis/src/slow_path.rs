@@ -9,7 +9,7 @@ use redis::aio::ConnectionLike;
 use super::lock::{LOCK_TAG, RELEASED_TAG, own_lock};
 use super::protocol::{BEGIN_FENCED, Protocol};
 use super::reply::{foreign, is_out_of_memory, pttl, unexpected};
-use idempotask::ops::Marker;
+use idempotask::operator::Marker;
 use idempotask::store::lock_lost_marker;
 use idempotask::store::{Begin, Finish, LockToken};
 use idempotask::store::{StoreError, StoreErrorKind};

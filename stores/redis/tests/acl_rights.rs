@@ -100,7 +100,7 @@ async fn every_operation(store: impl Store + Clone) {
     assert_eq!(again, 4);
     assert!(matches!(
         fenced.status("k", &store).await.unwrap(),
-        idempotask::ops::Status::Done(_)
+        idempotask::operator::Status::Done(_)
     ));
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idempotask::ops::{Marker, StoredResult};
+use idempotask::operator::{Marker, StoredResult};
 use idempotask::store::{Begin, Fencing, LockToken, Store, UnitOfWork};
 use idempotask::{Error, Outcome, RetryPolicy, Task};
 use idempotask_redis::RedlockStore;

@@ -202,7 +202,7 @@ async fn one_key_per_unit_holds_no_caller_text_and_reads_as_text() {
     let prefix = format!("D{},d", key.len());
     assert!(text.starts_with(&prefix), "{text:?}");
     assert!(text.ends_with(&format!("|{key}|1")), "{text:?}");
-    let marker = idempotask::ops::Marker::decode(&marker).unwrap();
+    let marker = idempotask::operator::Marker::decode(&marker).unwrap();
     assert_eq!(marker.key(), key);
     assert_eq!(marker.delivery().map(str::len), Some(4));
 }

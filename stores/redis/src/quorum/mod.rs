@@ -15,10 +15,11 @@ use super::settings::{ConnectionSettings, connection_setters};
 use idempotask::store::UnitOfWork;
 use idempotask::store::{StoreError, StoreErrorKind};
 
+mod gather;
 mod servers;
 mod store;
 
-use servers::join_all;
+use gather::join_all;
 
 static RAISE_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("raise_fence.lua")));
@@ -397,7 +398,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_round_waits_for_slow_servers_only_while_their_answers_can_decide() {
-        use super::servers::gather;
+        use super::gather::gather;
         let answer = |after: u64, value: u32| async move {
             tokio::time::sleep(Duration::from_millis(after)).await;
             value

@@ -1,10 +1,8 @@
 //! Asking the quorum's servers: one at a time with its timeout, all at once, or until a
 //! majority answered; and what a round's answers add up to.
 
-use std::future::{Future, poll_fn};
-use std::pin::Pin;
+use std::future::Future;
 use std::sync::PoisonError;
-use std::task::Poll;
 use std::time::Duration;
 
 use redis::Value;
@@ -13,6 +11,7 @@ use tokio::time::Instant;
 
 use super::super::lock::lock_value;
 use super::super::protocol::Protocol;
+use super::gather::gather;
 use super::{DOWN_PAUSE, EXPIRY_PRECISION, Inner, PATIENCE, RAISE_FENCE, RETRACT, Server};
 use idempotask::store::Store;
 use idempotask::store::{LockToken, UnitOfWork};
@@ -367,57 +366,6 @@ fn token_at(grants: &[(usize, LockToken)], index: usize) -> Option<&LockToken> {
         .iter()
         .find(|(at, _)| *at == index)
         .map(|(_, token)| token)
-}
-
-/// Polls every future of `futures` until all are ready; their outputs in the same order.
-pub(super) async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
-    gather(futures, Duration::MAX, |_| false)
-        .await
-        .into_iter()
-        .flatten()
-        .collect()
-}
-
-/// Polls every future of `futures` until all are ready, or until `soft` has passed and
-/// `decided` says the outputs so far (`None` for a future not ready) are enough; the outputs
-/// in the same order.
-pub(super) async fn gather<F: Future>(
-    futures: impl IntoIterator<Item = F>,
-    soft: Duration,
-    decided: impl Fn(&[Option<F::Output>]) -> bool,
-) -> Vec<Option<F::Output>> {
-    let mut pending: Vec<Option<Pin<Box<F>>>> =
-        futures.into_iter().map(|f| Some(Box::pin(f))).collect();
-    let mut outputs: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
-    let mut soft_over = Box::pin(tokio::time::sleep(soft));
-    let mut waited = false;
-    poll_fn(|cx| {
-        let mut ready = true;
-        for (slot, output) in pending.iter_mut().zip(outputs.iter_mut()) {
-            if let Some(future) = slot {
-                match future.as_mut().poll(cx) {
-                    Poll::Ready(value) => {
-                        *output = Some(value);
-                        *slot = None;
-                    }
-                    Poll::Pending => ready = false,
-                }
-            }
-        }
-        if ready {
-            return Poll::Ready(());
-        }
-        if !waited && soft_over.as_mut().poll(cx).is_ready() {
-            waited = true;
-        }
-        if waited && decided(&outputs) {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
-    })
-    .await;
-    outputs
 }
 
 /// How long until enough of the busy servers' locks (`remaining`, one per busy server) expire

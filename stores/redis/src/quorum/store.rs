@@ -371,7 +371,7 @@ fn most_common(markers: Vec<Vec<u8>>) -> Vec<u8> {
             .iter()
             .filter(|other| same_delivery(marker, other))
             .count();
-        let in_time = idempotask::ops::Marker::decode(marker)
+        let in_time = idempotask::operator::Marker::decode(marker)
             .is_ok_and(|decoded| !decoded.written_after_lock_lost());
         (count, in_time)
     };

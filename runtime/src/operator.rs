@@ -1,4 +1,10 @@
-//! [`Forgot`]: the answer of a store's compare-and-forget, the same on every backend.
+//! For operators: what a store holds for a unit ([`Status`], [`Marker`]), and what a
+//! compare-and-forget did with it ([`Forgot`]).
+//! [`Task::status`](crate::Task::status) answers it for one unit; the `idempotask` command line
+//! tool is built on these and on each store crate's own layout (`idempotask_redis::RedisKeys`).
+
+pub use crate::marker::{Marker, MarkerError, StoredResult};
+pub use crate::status::{Done, Status};
 
 /// What a store's compare-and-forget (`forget_exact` in `idempotask_redis` and
 /// `idempotask_postgres`) did with the value an operator was shown.
@@ -8,7 +14,7 @@
 /// does not know as [`Changed`](Self::Changed): nothing is known to be deleted.
 ///
 /// ```
-/// use idempotask::ops::Forgot;
+/// use idempotask::operator::Forgot;
 ///
 /// fn say(forgot: Forgot) -> &'static str {
 ///     match forgot {

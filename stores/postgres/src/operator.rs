@@ -4,7 +4,7 @@
 //! [`PostgresStore::read_unit`](crate::PostgresStore::read_unit),
 //! [`PostgresStore::forget_exact`](crate::PostgresStore::forget_exact) and
 //! [`PostgresStore::list_task`](crate::PostgresStore::list_task) answer with these types (and
-//! [`Forgot`](idempotask::ops::Forgot), the same on every backend); the `idempotask` command is
+//! [`Forgot`](idempotask::operator::Forgot), the same on every backend); the `idempotask` command is
 //! built on them.
 
 use std::time::Duration;
@@ -32,8 +32,8 @@ pub struct StoredUnit {
 ///
 /// ```no_run
 /// # async fn run(store: idempotask_postgres::PostgresStore, unit: idempotask::store::UnitOfWork) -> Result<(), Box<dyn std::error::Error>> {
-/// use idempotask::ops::Marker;
-/// use idempotask_postgres::ops::UnitState;
+/// use idempotask::operator::Marker;
+/// use idempotask_postgres::operator::UnitState;
 ///
 /// if let Some(row) = store.read_unit(&unit).await? {
 ///     match row.state {
@@ -61,7 +61,7 @@ pub enum UnitState {
     Done {
         /// The completion marker's bytes, exactly as stored: what
         /// [`forget_exact`](crate::PostgresStore::forget_exact) compares. Decode them with
-        /// [`Marker::decode`](idempotask::ops::Marker::decode).
+        /// [`Marker::decode`](idempotask::operator::Marker::decode).
         marker: Vec<u8>,
         /// How long the marker has left.
         ttl: Duration,

@@ -12,7 +12,7 @@
 //! on these.
 //!
 //! ```
-//! use idempotask_redis::ops::Stored;
+//! use idempotask_redis::operator::Stored;
 //!
 //! let lock = Stored::parse(b"L0123abcd.1764460000123456", None);
 //! assert!(matches!(lock, Stored::Lock { fencing_token: Some(1_764_460_000_123_456), lock_ttl_remaining: None, .. }));
@@ -25,15 +25,15 @@ use std::ops::ControlFlow;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use idempotask::ops::{Forgot, Marker, MarkerError};
+use idempotask::operator::Forgot;
 use idempotask::store::{StoreError, StoreErrorKind, UnitOfWork};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, RedisError, Script, Value};
 
-use super::keys::{RedisKeys, forget_receipt_key};
-use super::lock::{LOCK_TAG, RELEASED_TAG, lock_parts};
-use super::protocol::{FORGET_RECEIPT_MS, Protocol};
+use super::keys::{FORGET_RECEIPT_MS, RedisKeys, forget_receipt_key};
+use super::protocol::Protocol;
 use super::reply::unexpected;
+pub use super::stored::Stored;
 
 /// How many keys one `SCAN` call looks at, and how many keys are read at once.
 const BATCH: usize = 1000;
@@ -44,101 +44,12 @@ pub(super) static READ: LazyLock<Script> = LazyLock::new(|| Script::new(include_
 pub(super) static FORGET_EXACT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("forget_exact.lua")));
 
-/// What one unit's key holds: the value layout of the Redis stores, read in this one place.
-///
-/// A key holds a lock (`L<token>`, `L<token>.<fencing token>`), a released fenced lock's
-/// counter (`T<fencing token>`) or a completion [`Marker`] (`D…`); anything else was not
-/// written by idempotask.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub enum Stored {
-    /// Nothing.
-    Missing,
-    /// A released fenced lock's counter: the unit is neither done nor locked.
-    #[non_exhaustive]
-    Released {
-        /// The last fencing token granted; `None` for a counter that does not read as one.
-        fencing_token: Option<u64>,
-    },
-    /// A lock: a delivery is running the work.
-    #[non_exhaustive]
-    Lock {
-        /// The fencing token it was granted with, for a fenced task.
-        fencing_token: Option<u64>,
-        /// How long the lock has left; `None` when the key has no expiry, which idempotask
-        /// never leaves on a lock (something else changed it).
-        lock_ttl_remaining: Option<Duration>,
-    },
-    /// A completion marker (a value that starts with `D`), readable or not.
-    #[non_exhaustive]
-    Marker {
-        /// The value, exactly as stored: what [`forget_exact`](crate::RedisStore::forget_exact)
-        /// compares.
-        bytes: Vec<u8>,
-        /// How long the marker has left; `None` when it has no expiry.
-        ttl: Option<Duration>,
-        /// The marker decoded, or why it cannot be.
-        marker: Result<Marker, MarkerError>,
-    },
-    /// A string that is neither a marker nor a lock: not idempotask's.
-    #[non_exhaustive]
-    Foreign {
-        /// The value, exactly as stored.
-        bytes: Vec<u8>,
-    },
-    /// A key of another type (`hash`, `list`, …); idempotask writes only strings.
-    #[non_exhaustive]
-    OtherType {
-        /// The type, as `TYPE` names it.
-        kind: String,
-    },
-}
-
-impl Stored {
-    /// Input: a string value of a unit's key and its expiry (`None`: none, or unknown).
-    /// Output: what the value is.
-    ///
-    /// ```
-    /// use idempotask_redis::ops::Stored;
-    /// use std::time::Duration;
-    ///
-    /// let ttl = Some(Duration::from_secs(30));
-    /// match Stored::parse(b"Labc", ttl) {
-    ///     Stored::Lock { fencing_token, lock_ttl_remaining, .. } => {
-    ///         assert_eq!((fencing_token, lock_ttl_remaining), (None, ttl));
-    ///     }
-    ///     other => panic!("{other:?}"),
-    /// }
-    /// ```
-    pub fn parse(value: &[u8], ttl: Option<Duration>) -> Self {
-        match value.first() {
-            Some(&Marker::TAG) => Self::Marker {
-                bytes: value.to_vec(),
-                ttl,
-                marker: Marker::decode(value),
-            },
-            Some(&LOCK_TAG) => Self::Lock {
-                fencing_token: lock_parts(value).and_then(|(_, fence)| fence),
-                lock_ttl_remaining: ttl,
-            },
-            Some(&RELEASED_TAG) => Self::Released {
-                fencing_token: std::str::from_utf8(&value[1..])
-                    .ok()
-                    .and_then(|fence| fence.parse().ok()),
-            },
-            _ => Self::Foreign {
-                bytes: value.to_vec(),
-            },
-        }
-    }
-}
-
 /// One unit's key as [`read_unit`](crate::RedisStore::read_unit) saw it, with the server's
 /// clock at that instant (the clock fencing tokens are taken from).
 ///
 /// ```no_run
 /// # async fn run(store: idempotask_redis::RedisStore, unit: idempotask::store::UnitOfWork) -> Result<(), idempotask::store::StoreError> {
-/// use idempotask_redis::ops::Stored;
+/// use idempotask_redis::operator::Stored;
 ///
 /// let reading = store.read_unit(&unit).await?;
 /// if let Stored::Lock { fencing_token: Some(granted_us), .. } = reading.stored() {
@@ -242,7 +153,7 @@ fn forgot_from_reply(reply: &Value) -> Option<Forgot> {
 ///
 /// ```no_run
 /// # async fn run(store: idempotask_redis::RedisStore) -> Result<(), idempotask::store::StoreError> {
-/// use idempotask_redis::ops::Stored;
+/// use idempotask_redis::operator::Stored;
 ///
 /// let listing = store.list_task("charge").await?;
 /// let locked = listing
@@ -284,7 +195,7 @@ impl Listing {
 ///
 /// ```no_run
 /// # async fn run(store: idempotask_redis::RedisStore) -> Result<(), idempotask::store::StoreError> {
-/// use idempotask_redis::ops::ServerKind;
+/// use idempotask_redis::operator::ServerKind;
 ///
 /// match store.server_kind().await? {
 ///     ServerKind::Standalone => println!("one server holds every key"),

@@ -1,0 +1,97 @@
+//! [`Stored`]: what one unit's key holds, parsed; shown to operators by
+//! [`operator`](crate::operator) and read by the stores' own `inspect`.
+
+use std::time::Duration;
+
+use idempotask::operator::{Marker, MarkerError};
+
+use super::lock::{LOCK_TAG, RELEASED_TAG, lock_parts};
+
+/// What one unit's key holds: the value layout of the Redis stores, read in this one place.
+///
+/// A key holds a lock (`L<token>`, `L<token>.<fencing token>`), a released fenced lock's
+/// counter (`T<fencing token>`) or a completion [`Marker`] (`D…`); anything else was not
+/// written by idempotask.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Stored {
+    /// Nothing.
+    Missing,
+    /// A released fenced lock's counter: the unit is neither done nor locked.
+    #[non_exhaustive]
+    Released {
+        /// The last fencing token granted; `None` for a counter that does not read as one.
+        fencing_token: Option<u64>,
+    },
+    /// A lock: a delivery is running the work.
+    #[non_exhaustive]
+    Lock {
+        /// The fencing token it was granted with, for a fenced task.
+        fencing_token: Option<u64>,
+        /// How long the lock has left; `None` when the key has no expiry, which idempotask
+        /// never leaves on a lock (something else changed it).
+        lock_ttl_remaining: Option<Duration>,
+    },
+    /// A completion marker (a value that starts with `D`), readable or not.
+    #[non_exhaustive]
+    Marker {
+        /// The value, exactly as stored: what [`forget_exact`](crate::RedisStore::forget_exact)
+        /// compares.
+        bytes: Vec<u8>,
+        /// How long the marker has left; `None` when it has no expiry.
+        ttl: Option<Duration>,
+        /// The marker decoded, or why it cannot be.
+        marker: Result<Marker, MarkerError>,
+    },
+    /// A string that is neither a marker nor a lock: not idempotask's.
+    #[non_exhaustive]
+    Foreign {
+        /// The value, exactly as stored.
+        bytes: Vec<u8>,
+    },
+    /// A key of another type (`hash`, `list`, …); idempotask writes only strings.
+    #[non_exhaustive]
+    OtherType {
+        /// The type, as `TYPE` names it.
+        kind: String,
+    },
+}
+
+impl Stored {
+    /// Input: a string value of a unit's key and its expiry (`None`: none, or unknown).
+    /// Output: what the value is.
+    ///
+    /// ```
+    /// use idempotask_redis::operator::Stored;
+    /// use std::time::Duration;
+    ///
+    /// let ttl = Some(Duration::from_secs(30));
+    /// match Stored::parse(b"Labc", ttl) {
+    ///     Stored::Lock { fencing_token, lock_ttl_remaining, .. } => {
+    ///         assert_eq!((fencing_token, lock_ttl_remaining), (None, ttl));
+    ///     }
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// ```
+    pub fn parse(value: &[u8], ttl: Option<Duration>) -> Self {
+        match value.first() {
+            Some(&Marker::TAG) => Self::Marker {
+                bytes: value.to_vec(),
+                ttl,
+                marker: Marker::decode(value),
+            },
+            Some(&LOCK_TAG) => Self::Lock {
+                fencing_token: lock_parts(value).and_then(|(_, fence)| fence),
+                lock_ttl_remaining: ttl,
+            },
+            Some(&RELEASED_TAG) => Self::Released {
+                fencing_token: std::str::from_utf8(&value[1..])
+                    .ok()
+                    .and_then(|fence| fence.parse().ok()),
+            },
+            _ => Self::Foreign {
+                bytes: value.to_vec(),
+            },
+        }
+    }
+}
