@@ -1,6 +1,7 @@
 //! Whether a consumer's own redelivery settings agree with the task's lock, and whether the
 //! failure bucket can be used: checked on the first message, and reported at `WARN`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -184,7 +185,11 @@ fn shortest_backoff_used(backoff: &[Duration], max_deliver: i64) -> Option<(usiz
 /// the consumer could be read; a check that could not read it (or whose task was dropped) goes
 /// back to not yet, and a message at least [`RECHECK_AFTER`] later tries again.
 #[derive(Debug, Default)]
-pub(crate) struct CheckState(Mutex<Check>);
+pub(crate) struct CheckState {
+    check: Mutex<Check>,
+    /// `Check::Done`, readable without the mutex: once done, every message asks only this.
+    done: AtomicBool,
+}
 
 #[derive(Debug, Default, Clone, Copy)]
 enum Check {
@@ -201,10 +206,15 @@ enum Check {
 pub(crate) const RECHECK_AFTER: Duration = Duration::from_secs(5);
 
 impl CheckState {
+    /// Whether a check has completed, after which no message checks again.
+    pub(crate) fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
     /// Claims the check for the caller when none has completed or is under way, and the last
     /// failed one is [`RECHECK_AFTER`] ago.
     pub(crate) fn start(self: &Arc<Self>) -> Option<Claim> {
-        let mut check = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut check = self.check.lock().unwrap_or_else(PoisonError::into_inner);
         match *check {
             Check::NotYet => {}
             Check::FailedUntil(until) if Instant::now() >= until => {}
@@ -234,8 +244,13 @@ impl Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        let mut check = self.state.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut check = self
+            .state
+            .check
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         *check = if self.completed {
+            self.state.done.store(true, Ordering::Release);
             Check::Done
         } else {
             Check::FailedUntil(Instant::now() + RECHECK_AFTER)
@@ -298,11 +313,13 @@ mod tests {
         assert!(state.start().is_none(), "one check at a time");
         drop(claim);
         assert!(state.start().is_none(), "not again before RECHECK_AFTER");
-        *state.0.lock().unwrap() = Check::FailedUntil(Instant::now());
+        assert!(!state.is_done());
+        *state.check.lock().unwrap() = Check::FailedUntil(Instant::now());
         state
             .start()
             .expect("again once RECHECK_AFTER has passed")
             .completed();
+        assert!(state.is_done(), "every later message skips the check");
         assert!(
             state.start().is_none(),
             "a completed check is not run again"
