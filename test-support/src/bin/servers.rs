@@ -1,6 +1,6 @@
 //! The servers a benchmark script measures, started the way the tests start theirs (free
 //! loopback ports, persistence off, a directory of their own), and stopped when this process's
-//! standard input closes or it gets SIGINT, SIGTERM or SIGHUP.
+//! standard input closes, its parent (the script) is gone, or it gets SIGINT, SIGTERM or SIGHUP.
 //! The `scripts/bench*.sh` scripts start it through `scripts/bench-start-servers.sh` with its
 //! standard input a pipe they hold, so the servers end with the script. A binary of this crate
 //! rather than of `idempotask-bench`: `bench/http-compare`, outside the workspace, builds on
@@ -95,9 +95,16 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Returns when standard input reaches its end (the script closed it, or exited) or a SIGINT,
-/// SIGTERM or SIGHUP arrives.
+/// How often the parent is looked for.
+const PARENT_CHECK: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Returns when standard input reaches its end (the script closed it, or exited), the parent
+/// process is gone, or a SIGINT, SIGTERM or SIGHUP arrives.
 fn until_told_to_stop() -> std::io::Result<()> {
+    // The script's children (a bench run, a backgrounded server) inherit the pipe's write end,
+    // so a script killed with SIGKILL may leave it open; the parent going away, which makes
+    // this process an orphan of another parent, is the sign that nothing holds the servers.
+    let parent = std::os::unix::process::parent_id();
     let (closed, stdin_closed) = tokio::sync::oneshot::channel::<()>();
     // A thread of its own: a blocking read cannot be cancelled, and this one need not be, as
     // the process exits once the servers are stopped.
@@ -112,8 +119,14 @@ fn until_told_to_stop() -> std::io::Result<()> {
         let mut interrupt = signal(SignalKind::interrupt())?;
         let mut terminate = signal(SignalKind::terminate())?;
         let mut hangup = signal(SignalKind::hangup())?;
+        let orphaned = async {
+            while std::os::unix::process::parent_id() == parent {
+                tokio::time::sleep(PARENT_CHECK).await;
+            }
+        };
         tokio::select! {
             _ = stdin_closed => {}
+            () = orphaned => {}
             _ = interrupt.recv() => {}
             _ = terminate.recv() => {}
             _ = hangup.recv() => {}
