@@ -3,8 +3,9 @@
 `#anchor` at a heading of that file (GitHub's slugs), so that the maps in README.md,
 CONTRIBUTING.md and docs/ stay true when a document moves.
 
-Markdown that rustdoc includes (`include_str!("….md")`) is tracked too, so it is checked the
-same way. Links with a scheme (`https:`, `mailto:`), rustdoc's intra-doc links (`[`Task`]`,
+Markdown that rustdoc includes (`include_str!("….md")`, the `.md` files under a crate's `src/`)
+becomes part of a docs.rs page, where a relative file link points at nothing: there, any relative
+link to a file is reported, and an absolute URL or an intra-doc link is the fix. Links with a scheme (`https:`, `mailto:`), rustdoc's intra-doc links (`[`Task`]`,
 `(idempotask::Task)`: no `/`, no `.md`, no `#` first) and links inside code are left alone.
 
 Usage: scripts/check-links.py [FILE.md ...]   (default: `git ls-files '*.md'`)
@@ -85,6 +86,11 @@ def is_relative_file_link(target):
     return "/" in path or path.endswith(".md") or "." in os.path.basename(path)
 
 
+def included_by_rustdoc(md):
+    """Whether `md` is a crate's own documentation: a `.md` file under a `src/` folder."""
+    return "src" in os.path.normpath(md).split(os.sep)[:-1]
+
+
 def check(md):
     broken = []
     with open(md, encoding="utf-8") as file:
@@ -98,6 +104,9 @@ def check(md):
             if not is_relative_file_link(target):
                 continue
             path, _, anchor = target.partition("#")
+            if path and included_by_rustdoc(md):
+                broken.append(f"{md}:{number}: {target}: a relative link in docs rustdoc includes")
+                continue
             resolved = os.path.normpath(os.path.join(os.path.dirname(md), path)) if path else md
             if not os.path.exists(resolved):
                 broken.append(f"{md}:{number}: {target}: no such file")

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# A run from a clean clone gains nothing from incremental compilation, whose caches took a third
+# A run from a clean clone gains nothing from incremental compilation, whose caches take a third
 # of the target directory. The packages' verification builds (`cargo package`) are workspaces of
 # their own and do not read the workspace's profile, hence the debug setting here too.
 export CARGO_INCREMENTAL=0

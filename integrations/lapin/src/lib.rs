@@ -147,16 +147,22 @@
 //! queue that already exists with other arguments makes the declaration fail with
 //! `PRECONDITION_FAILED`; [`RetryQueue::new`] takes a retry queue declared elsewhere.
 //!
-//! # A run of the `rabbitmq_worker` example
+//! # The `rabbitmq_worker` example
 //!
 //! `cargo run --example rabbitmq_worker --features rabbitmq` (with `AMQP_URL` and `REDIS_URL`):
-//! 12 orders, 3 workers, orders 2, 6 and 10 rejected once by the gateway, the worker that charges
-//! order 5 first killed with SIGKILL before its ack; on the broker and Redis the test starts:
+//! one worker on the queue `orders` (or `$QUEUE`), charging each order at a stand-in gateway
+//! that counts charges in Redis and rejects the first request for orders 2, 6 and 10, a line
+//! printed per delivery. `CRASH_BEFORE_ACK=5` makes it wait, unacked, after its first charge of
+//! order 5; `WITHOUT_IDEMPOTASK=1` runs the bare consumer.
+//!
+//! `tests/example_queues.rs` runs three copies on one queue, publishes 12 orders, kills with
+//! SIGKILL the copy that charged order 5 (the broker redelivers at once), and reads the charges
+//! from Redis. One run, on the broker and Redis the test starts:
 //!
 //! | | deliveries | side effects | orders charged twice | duplicates answered from the store |
 //! | --- | --- | --- | --- | --- |
 //! | with idempotask | 16 | 12 | 0 | 1 |
-//! | `--without-idempotask` | 16 | 13 | 1 | 0 |
+//! | `WITHOUT_IDEMPOTASK=1` | 16 | 13 | 1 | 0 |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

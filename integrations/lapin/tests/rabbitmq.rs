@@ -2,7 +2,7 @@
 //! tests, each on its own queues): duplicates replay, a busy key comes back through the retry
 //! queue after the holder's lock time and replays, a delivery that can never succeed reaches the
 //! dead-letter queue, and a body error is retried without being cached. The kill -9 scenario is
-//! the `rabbitmq_worker` example, run by `tests/examples.rs`.
+//! the `rabbitmq_worker` example, run by `tests/example_queues.rs`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

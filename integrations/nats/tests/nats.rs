@@ -8,7 +8,7 @@
 //! failure bucket that cannot be opened or written still ends a poison message; the consumer
 //! check reports a short `AckWait` or `backoff` entry, a limited `max_deliver` and an unusable
 //! bucket, and runs again when it could not read the consumer.
-//! The kill -9 scenario is the `nats_worker` example, run by `tests/examples.rs`.
+//! The kill -9 scenario is the `nats_worker` example, run by `tests/example_queues.rs`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
