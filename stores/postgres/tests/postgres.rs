@@ -414,10 +414,11 @@ async fn committed_units_survive_a_fast_shutdown_restart() {
 async fn purge_expired_deletes_expired_rows_only() {
     let server = PostgresServer::start();
     let (store, pool) = setup(&server).await;
-    // Results are kept at least as long as the lock TTL: both short here.
+    // Results are kept at least as long as the lock TTL: both short here, yet long enough that
+    // a loaded machine still gets each lock with time to spare.
     let short = Task::new("pg_short")
-        .lock_ttl(Duration::from_millis(100))
-        .result_ttl(Duration::from_millis(200));
+        .lock_ttl(Duration::from_secs(1))
+        .result_ttl(Duration::from_secs(1));
     let long = Task::new("pg_long");
     for index in 0..50 {
         let _: u32 = short
@@ -435,8 +436,14 @@ async fn purge_expired_deletes_expired_rows_only() {
             .await
             .unwrap();
     }
-    // Expiry is the behaviour under test: there is no signal to wait for.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Expiry is the behaviour under test, on the server's clock: the last marker written is
+    // the last to expire, and once it reads as absent, every short one does.
+    let last = UnitOfWork::new("pg_short", "k49").unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while store.inspect(&last).await.unwrap().is_done() {
+        assert!(std::time::Instant::now() < deadline, "k49 never expired");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let expired = UnitOfWork::new("pg_short", "k3").unwrap();
     assert!(!store.inspect(&expired).await.unwrap().is_done());
     assert_eq!(store.purge_expired().await.unwrap(), 50);
