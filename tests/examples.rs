@@ -50,25 +50,31 @@ fn quickstart_runs_in_memory_and_on_redis() {
     assert_eq!(field(&with_redis, "executions:"), "1");
 }
 
-/// What the example's header says of `charge_customer`: one charge with idempotask, several
-/// with the constraint only, two when the lock expires mid-task; one table row each time.
-fn check_charge_customer(output: &str) {
-    // run, deliveries, gateway charges, table rows, same result
-    let row = |run: &str| -> Vec<u64> {
-        let line = output
-            .lines()
-            .find(|l| l.starts_with(run))
-            .unwrap_or_else(|| panic!("{output}"));
-        line[run.len()..]
-            .split_whitespace()
-            .map(|n| n.parse().unwrap())
-            .collect()
-    };
-    assert_eq!(row("with idempotask"), [11, 1, 1, 11]);
-    let constraint_only = row("constraint only");
-    assert_eq!((constraint_only[0], constraint_only[2]), (11, 1));
-    assert!(constraint_only[1] > 1, "{output}");
-    assert_eq!(row("lock expired mid-task")[1..3], [2, 1]);
+/// What the example's header says of `charge_customer`, one run each: one charge with
+/// idempotask, several with the constraint only, two when the lock expires mid-task; one table
+/// row each time. `command()` is the example with its servers in the environment.
+fn check_charge_customer(command: impl Fn() -> Command) {
+    let number = |output: &str, label: &str| -> u64 { field(output, label).parse().unwrap() };
+    let with = run(&mut command());
+    assert_eq!(field(&with, "run:"), "with-idempotask");
+    for (label, expected) in [
+        ("deliveries:", 11),
+        ("gateway charges:", 1),
+        ("table rows:", 1),
+        ("same result:", 11),
+    ] {
+        assert_eq!(number(&with, label), expected, "{label}\n{with}");
+    }
+    let constraint_only = run(command().arg("constraint-only"));
+    assert_eq!(number(&constraint_only, "deliveries:"), 11);
+    assert_eq!(number(&constraint_only, "table rows:"), 1);
+    assert!(
+        number(&constraint_only, "gateway charges:") > 1,
+        "{constraint_only}"
+    );
+    let expired = run(command().arg("lock-expired"));
+    assert_eq!(number(&expired, "gateway charges:"), 2, "{expired}");
+    assert_eq!(number(&expired, "table rows:"), 1, "{expired}");
 }
 
 fn check_send_order_confirmation(output: &str) {
@@ -110,20 +116,18 @@ fn check_dlq_replay(output: &str) {
 fn charge_customer_shows_what_the_lock_adds_to_the_constraint() {
     let redis = RedisServer::start();
     let postgres = PostgresServer::start();
-    let output = run(example("charge_customer")
-        .env("REDIS_URL", redis.url())
-        .env("DATABASE_URL", postgres.url()));
-    check_charge_customer(&output);
+    let command = || {
+        let mut command = example("charge_customer");
+        command
+            .env("REDIS_URL", redis.url())
+            .env("DATABASE_URL", postgres.url());
+        command
+    };
+    check_charge_customer(command);
 
-    // A second run against the same servers uses fresh orders and holds again.
-    let again = run(example("charge_customer")
-        .env("REDIS_URL", redis.url())
-        .env("DATABASE_URL", postgres.url()));
-    assert!(
-        again
-            .lines()
-            .any(|l| l.starts_with("with idempotask") && l.split_whitespace().nth(3) == Some("1"))
-    );
+    // A second run against the same servers uses a fresh order and holds again.
+    let again = run(&mut command());
+    assert_eq!(field(&again, "gateway charges:"), "1", "{again}");
 }
 
 #[test]
@@ -178,9 +182,11 @@ fn every_example_runs_against_a_redis_cluster() {
         on_cluster("stream_worker").env("REDIS_URL", queue.url())
     ));
     let postgres = PostgresServer::start();
-    check_charge_customer(&run(
-        on_cluster("charge_customer").env("DATABASE_URL", postgres.url())
-    ));
+    check_charge_customer(|| {
+        let mut command = on_cluster("charge_customer");
+        command.env("DATABASE_URL", postgres.url());
+        command
+    });
 }
 
 /// The JSON summary that ends the output of the apalis and ledger examples.
