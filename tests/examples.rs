@@ -6,6 +6,7 @@ use idempotask_test_support as support;
 
 use std::collections::BTreeMap;
 use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use support::RedisServer;
@@ -320,18 +321,19 @@ fn ledger_transfer_writes_each_transfer_once_despite_a_kill_9_mid_transaction() 
     assert!(number("deliveries") > transfers * 5, "{summary}");
 }
 
-/// A running `http_payments` server: its base URL, and the lines it prints after the first.
-struct PaymentsServer {
+/// A running `http_payments` or `webhook_receiver` server: its base URL, and the lines it
+/// prints after the first.
+struct ExampleServer {
     child: tokio::process::Child,
     base: String,
     lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
 }
 
-impl PaymentsServer {
-    /// Starts the example with `env` and waits for its `listening on http://ADDR`.
-    async fn start(env: &[(&str, &str)]) -> Self {
+impl ExampleServer {
+    /// Starts the example `name` with `env` and waits for its `listening on http://ADDR`.
+    async fn start(name: &str, env: &[(&str, &str)]) -> Self {
         use tokio::io::AsyncBufReadExt;
-        let mut command = tokio::process::Command::from(example("http_payments"));
+        let mut command = tokio::process::Command::from(example(name));
         command
             .envs(env.iter().copied())
             .stdout(std::process::Stdio::piped())
@@ -343,7 +345,7 @@ impl PaymentsServer {
             .next_line()
             .await
             .unwrap()
-            .expect("http_payments printed nothing");
+            .unwrap_or_else(|| panic!("{name} printed nothing"));
         let base = first
             .strip_prefix("listening on ")
             .unwrap_or_else(|| panic!("not `listening on http://ADDR`: {first}"))
@@ -358,7 +360,18 @@ impl PaymentsServer {
                 return;
             }
         }
-        panic!("http_payments ended without printing `{line}`");
+        panic!("the server ended without printing `{line}`");
+    }
+
+    /// SIGKILL, then every line the server printed that was not read yet.
+    async fn kill_9_and_read_the_rest(mut self) -> Vec<String> {
+        self.child.start_kill().unwrap();
+        self.child.wait().await.unwrap();
+        let mut rest = Vec::new();
+        while let Some(line) = self.lines.next_line().await.unwrap() {
+            rest.push(line);
+        }
+        rest
     }
 
     /// SIGKILL, as `kill -9` does.
@@ -425,7 +438,7 @@ async fn answer_of(response: reqwest::Response) -> (u16, bool, String) {
 }
 
 /// The payment with `key`, sent eight times at once; every answer.
-async fn eight_at_once(server: &PaymentsServer, key: &str) -> Vec<(u16, bool, String)> {
+async fn eight_at_once(server: &ExampleServer, key: &str) -> Vec<(u16, bool, String)> {
     let mut answers = Vec::new();
     let mut running = tokio::task::JoinSet::new();
     for _ in 0..8 {
@@ -445,7 +458,7 @@ async fn http_payments_charges_once_per_key_in_memory_and_on_redis() {
     let redis = RedisServer::start();
     let url = redis.url();
     for env in [vec![], vec![("REDIS_URL", url.as_str())]] {
-        let server = PaymentsServer::start(&env).await;
+        let server = ExampleServer::start("http_payments", &env).await;
         let done = server.pay_until_done("\"order-42\"").await;
         let again = server.pay(Some("order-42")).await;
         assert_eq!((again.0, again.1), (201, true), "{again:?}");
@@ -481,9 +494,11 @@ async fn http_payments_killed_mid_handler_charges_once_after_the_restart() {
     let lock_ttl = ("LOCK_TTL_MS", "1000");
 
     // Killed while the handler waits on the gateway: nothing was charged, the lock is left.
-    let mut slow =
-        PaymentsServer::start(&[("REDIS_URL", &url), lock_ttl, ("PAYMENT_PAUSE_MS", "60000")])
-            .await;
+    let mut slow = ExampleServer::start(
+        "http_payments",
+        &[("REDIS_URL", &url), lock_ttl, ("PAYMENT_PAUSE_MS", "60000")],
+    )
+    .await;
     let base = slow.base.clone();
     let first = tokio::spawn(payment(&base, Some("\"order-7\"")).send());
     slow.printed("charging \"order-7\"").await;
@@ -493,7 +508,7 @@ async fn http_payments_killed_mid_handler_charges_once_after_the_restart() {
 
     // Restarted: eight retries at once, again and again until the dead lock expires; the
     // payment is charged once, and every answer is that charge.
-    let server = PaymentsServer::start(&[("REDIS_URL", &url), lock_ttl]).await;
+    let server = ExampleServer::start("http_payments", &[("REDIS_URL", &url), lock_ttl]).await;
     let done = server.pay_until_done("\"order-7\"").await;
     assert!(done.iter().all(|body| *body == done[0]), "{done:?}");
     assert_eq!(charged(&mut conn).await, 1);
@@ -503,7 +518,7 @@ async fn http_payments_killed_mid_handler_charges_once_after_the_restart() {
     assert_eq!((answered.0, answered.1), (201, false), "{answered:?}");
     assert_eq!(charged(&mut conn).await, 2);
     server.kill_9().await;
-    let restarted = PaymentsServer::start(&[("REDIS_URL", &url), lock_ttl]).await;
+    let restarted = ExampleServer::start("http_payments", &[("REDIS_URL", &url), lock_ttl]).await;
     let replay = restarted.pay(Some("order-8")).await;
     assert_eq!(replay, (201, true, answered.2));
     assert_eq!(charged(&mut conn).await, 2);
@@ -511,32 +526,109 @@ async fn http_payments_killed_mid_handler_charges_once_after_the_restart() {
     restarted.kill_9().await;
 }
 
-#[test]
-fn webhook_receiver_handles_each_event_once_despite_timeouts_and_double_deliveries() {
-    let redis = RedisServer::start();
-    for env in [None, Some(redis.url())] {
-        let mut command = example("webhook_receiver");
-        if let Some(url) = &env {
-            command.env("REDIS_URL", url);
+/// How the sender's deliveries of one event went.
+#[derive(Debug, Default)]
+struct Tally {
+    attempts: u32,
+    timeouts: u32,
+    replayed: u32,
+}
+
+/// Delivers `order`'s event to `url` with the delivery id `delivery` until it is answered with a
+/// 2xx, retrying on timeouts and errors as webhook senders do; answers the body of that answer.
+async fn deliver_webhook(url: &str, delivery: &str, order: u32, tally: &Mutex<Tally>) -> String {
+    let body = format!(r#"{{"kind": "order.paid", "order": {order}}}"#);
+    for _ in 0..40 {
+        tally.lock().unwrap().attempts += 1;
+        let sent = reqwest::Client::new()
+            .post(url)
+            .header("x-delivery-id", delivery)
+            .header("content-type", "application/json")
+            // Shorter than the receiver takes over an event.
+            .timeout(Duration::from_millis(300))
+            .body(body.clone())
+            .send()
+            .await;
+        match sent {
+            Ok(response) if response.status().is_success() => {
+                if response.headers().contains_key("idempotent-replayed") {
+                    tally.lock().unwrap().replayed += 1;
+                }
+                return response.text().await.unwrap();
+            }
+            Ok(response) => println!("{delivery}: {}", response.status()),
+            Err(err) if err.is_timeout() => tally.lock().unwrap().timeouts += 1,
+            Err(err) => println!("{delivery}: {err}"),
         }
-        let summary = apalis_summary(&run(&mut command));
-        let number = |field: &str| {
-            summary[field]
-                .as_u64()
-                .unwrap_or_else(|| panic!("no `{field}` in {summary}"))
-        };
-        let events = number("events");
-        assert_eq!(number("handled"), events, "{summary}");
-        assert_eq!(number("handled_twice"), 0, "{summary}");
-        assert_eq!(summary["same_answers"], true, "{summary}");
-        // The slow events timed out at least once each, and their retries (and the events
-        // sent twice at once) got the stored answer.
-        assert!(number("timeouts") >= 2, "{summary}");
-        assert!(number("replayed") >= 2, "{summary}");
-        assert!(number("deliveries") >= events + 4, "{summary}");
-        assert_eq!(
-            summary["store"],
-            if env.is_some() { "redis" } else { "memory" }
-        );
+        // A sender's pause between attempts, not a wait for anything.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{delivery} was never answered")
+}
+
+/// A sender that retries on timeout and delivers events 5 and 10 twice at once, to a receiver
+/// that takes longer over each event than the sender waits: each event is handled once, and
+/// every delivery of it gets the same answer. On Redis, the delivery ids are kept there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_receiver_handles_each_event_once_despite_timeouts_and_double_deliveries() {
+    const EVENTS: u32 = 12;
+    let redis = RedisServer::start();
+    let url = redis.url();
+    for on_redis in [false, true] {
+        let mut env = vec![("HANDLING_MS", "1000")];
+        if on_redis {
+            env.push(("REDIS_URL", url.as_str()));
+        }
+        let server = ExampleServer::start("webhook_receiver", &env).await;
+        let webhooks = format!("{}/webhooks", server.base);
+        let tally = Arc::new(Mutex::new(Tally::default()));
+        let mut sending = tokio::task::JoinSet::new();
+        for order in 1..=EVENTS {
+            let copies = if [5, 10].contains(&order) { 2 } else { 1 };
+            for _ in 0..copies {
+                let (webhooks, tally) = (webhooks.clone(), Arc::clone(&tally));
+                sending.spawn(async move {
+                    let delivery = format!("delivery-{order}");
+                    let answer = deliver_webhook(&webhooks, &delivery, order, &tally).await;
+                    (delivery, answer)
+                });
+            }
+        }
+        let mut answers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        while let Some(sent) = sending.join_next().await {
+            let (delivery, answer) = sent.unwrap();
+            answers.entry(delivery).or_default().push(answer);
+        }
+        let printed = server.kill_9_and_read_the_rest().await;
+        let mut handled: BTreeMap<String, u32> = BTreeMap::new();
+        for line in &printed {
+            let (delivery, _) = line
+                .strip_prefix("handled ")
+                .and_then(|rest| rest.split_once(": "))
+                .unwrap_or_else(|| panic!("{line}"));
+            *handled.entry(delivery.to_owned()).or_default() += 1;
+        }
+        let tally = std::mem::take(&mut *tally.lock().unwrap());
+        let context = format!("on Redis: {on_redis}, {tally:?}\n{printed:#?}\n{answers:#?}");
+        assert_eq!(handled.len(), EVENTS as usize, "{context}");
+        assert!(handled.values().all(|&times| times == 1), "{context}");
+        assert_eq!(answers.len(), EVENTS as usize, "{context}");
+        for copies in answers.values() {
+            assert!(
+                copies.iter().all(|answer| *answer == copies[0]),
+                "{context}"
+            );
+            assert!(copies[0].contains("order.paid"), "{context}");
+        }
+        // Every event timed out at least once, and retries (and the copies sent at once) got
+        // the stored answer.
+        assert!(tally.timeouts >= EVENTS, "{context}");
+        assert!(tally.replayed >= 2, "{context}");
+        assert!(tally.attempts >= EVENTS + 4, "{context}");
+        if on_redis {
+            let mut conn = redis.connection().await;
+            let keys: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+            assert!(keys >= u64::from(EVENTS), "{keys} keys in Redis: {context}");
+        }
     }
 }
