@@ -9,7 +9,7 @@
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run --example send_order_confirmation --features redis
 //! ```
 //!
-//! It needs, next to `idempotask`:
+//! `REDIS_CLUSTER_URLS` (comma-separated seed nodes) puts the store on a Redis Cluster instead.
 //!
 //! ```toml
 //! [dependencies]
@@ -19,11 +19,12 @@
 //! tokio = { version = "1", features = ["macros", "rt-multi-thread", "time"] }
 //! ```
 
+use std::env::var;
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use idempotask::MemoryStore;
-use idempotask::store::{SharedStore, StoreError};
+use idempotask::store::SharedStore;
 use idempotask::{Error, idempotent_task};
 use idempotask_redis::{RedisClusterStore, RedisStore};
 use serde::{Deserialize, Serialize};
@@ -50,9 +51,7 @@ struct Confirmation {
     result_ttl = "7d"
 )]
 async fn send_order_confirmation(order_id: u64, email: &str) -> Result<Confirmation, Error> {
-    let mut outbox = OUTBOX
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut outbox = OUTBOX.lock().unwrap();
     outbox.push(Mail {
         to: email.to_owned(),
         subject: format!("Your order {order_id} is confirmed"),
@@ -67,47 +66,17 @@ async fn send_order_confirmation(order_id: u64, email: &str) -> Result<Confirmat
 }
 
 fn outbox_len() -> usize {
-    OUTBOX
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .len()
-}
-
-/// The Redis store the environment names, and which one it is: a Redis Cluster when
-/// `REDIS_CLUSTER_URLS` lists its seed nodes, Redis when `REDIS_URL` is set, `None` otherwise.
-async fn redis_from_env() -> Result<Option<(SharedStore, String)>, StoreError> {
-    if let Ok(urls) = std::env::var("REDIS_CLUSTER_URLS") {
-        let store = RedisClusterStore::connect(urls.split(',').map(str::trim)).await?;
-        return Ok(Some((
-            SharedStore::new(store),
-            format!("Redis Cluster at {urls}"),
-        )));
-    }
-    if let Ok(url) = std::env::var("REDIS_URL") {
-        let store = RedisStore::connect(&url).await?;
-        return Ok(Some((SharedStore::new(store), format!("Redis at {url}"))));
-    }
-    Ok(None)
-}
-
-/// Installs the Redis store the environment names, or the in-memory store when it names none
-/// (a Redis that cannot be reached is an error, never a quiet fallback); answers which.
-async fn install_store() -> Result<String, StoreError> {
-    let (store, backend) = match redis_from_env().await? {
-        Some(found) => found,
-        None => (
-            SharedStore::new(MemoryStore::new()),
-            "the in-memory store".to_owned(),
-        ),
-    };
-    idempotask::install(store);
-    Ok(backend)
+    OUTBOX.lock().unwrap().len()
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // REDIS_CLUSTER_URLS or REDIS_URL when set, else in memory.
-    install_store().await?;
+    // A Redis Cluster or a Redis when the environment names one, else the in-memory store.
+    idempotask::install(match (var("REDIS_CLUSTER_URLS"), var("REDIS_URL")) {
+        (Ok(urls), _) => SharedStore::new(RedisClusterStore::connect(urls.split(',')).await?),
+        (_, Ok(url)) => SharedStore::new(RedisStore::connect(&url).await?),
+        _ => SharedStore::new(MemoryStore::new()),
+    });
     // A fresh order per run, so that a shared Redis does not remember an earlier run.
     let order_id = u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH)?.as_micros())?;
 
@@ -130,9 +99,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             outbox_len()
         );
     }
-    let outbox = OUTBOX
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let outbox = OUTBOX.lock().unwrap();
     println!(
         "outbox: {} mail to {}: {:?}",
         outbox.len(),

@@ -1,283 +1,130 @@
-//! A real at-least-once queue: a Redis Streams consumer group whose workers crash.
+//! A Redis Streams worker that ships each order once, however often the stream delivers it.
 //!
-//! A producer enqueues orders; several workers read them with `XREADGROUP`. Some workers "crash"
-//! after the side effect (shipping the order) and before `XACK`, dropping the rest of their batch
-//! too; `XAUTOCLAIM` hands those messages to another worker once they have been idle longer than
-//! the visibility timeout. Every redelivery reaches `ship_order` again, which replays the stored
-//! result: side effects equal messages.
+//! It reads the orders (entries with an `order_id` field) of the stream `orders` (or `$QUEUE`)
+//! as a member of the consumer group `shippers`, ships each at a stand-in warehouse that counts
+//! shipments per order in the Redis hash `ledger:<stream>`, and acks it with `XACK`. A worker
+//! that dies between the shipment and the ack leaves its entry pending; `XAUTOCLAIM` hands it
+//! to another worker once it has been idle longer than the visibility timeout, and idempotask
+//! answers that redelivery with the stored parcel instead of shipping again. It prints
+//! `order 5: shipped parcel_5_1` or `order 5: replayed parcel_5_1`; Ctrl-C stops it.
 //!
 //! ```text
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run --example stream_worker --features redis
+//! redis-cli XADD orders '*' order_id 5
 //! ```
-//!
-//! It needs, next to `idempotask`:
+//! Run several at once and kill one: no order ships twice. `REDIS_CLUSTER_URLS` (seed nodes)
+//! puts the idempotask store on a Redis Cluster; the stream stays on `REDIS_URL`.
+//! `tests/examples.rs` kills one of three with SIGKILL between a shipment and its ack
+//! (`CRASH_BEFORE_ACK=5` waits there) and checks the ledger.
 //!
 //! ```toml
 //! [dependencies]
 //! idempotask = "0.1"
 //! idempotask-redis = "0.1"
-//! redis = { version = "1", default-features = false, features = ["tokio-comp"] }
-//! tokio = { version = "1", features = ["macros", "rt-multi-thread", "time"] }
+//! redis = { version = "1", default-features = false, features = ["tokio-comp", "streams"] }
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread", "signal", "time"] }
 //! ```
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use idempotask::store::{SharedStore, StoreError};
-use idempotask::{Error, idempotent_task};
+use idempotask::store::SharedStore;
+use idempotask::{Outcome, Task};
 use idempotask_redis::{RedisClusterStore, RedisStore};
-use redis::Value;
+use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
+use redis::streams::{StreamAutoClaimOptions, StreamAutoClaimReply, StreamId};
+use redis::streams::{StreamReadOptions, StreamReadReply};
 
-const ORDERS: u64 = 300;
-const WORKERS: usize = 4;
-/// How long a delivered message may stay unacknowledged before another worker claims it.
-const VISIBILITY_TIMEOUT_MS: u64 = 300;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 const GROUP: &str = "shippers";
+/// How long an entry may stay unacknowledged before another worker claims it.
+const VISIBILITY_TIMEOUT_MS: usize = 2_000;
+/// The lock TTL is shorter than the visibility timeout, so an entry claimed from a worker that
+/// died mid-shipment finds the lock expired.
+static SHIP: Task = Task::new("ship_order").lock_ttl(Duration::from_secs(1));
 
-/// Side effects per order: what the warehouse would see.
-static SHIPMENTS: Mutex<Option<HashMap<u64, u32>>> = Mutex::new(None);
-
-#[idempotent_task(key = "ship-{run}-{order_id}", lock_ttl = "5s")]
-async fn ship_order(run: u64, order_id: u64) -> Result<String, Error> {
-    let mut shipments = SHIPMENTS.lock().unwrap_or_else(PoisonError::into_inner);
-    *shipments
-        .get_or_insert_with(HashMap::new)
-        .entry(order_id)
-        .or_default() += 1;
-    Ok(format!("parcel-{run}-{order_id}"))
-}
-
-#[derive(Default)]
-struct Counters {
-    deliveries: AtomicU64,
-    redeliveries: AtomicU64,
-    crashes: AtomicU64,
-    acked: AtomicU64,
-}
-
-/// `(message id, order id)` pairs from an `XREADGROUP` or `XAUTOCLAIM` entry list.
-fn entries(list: &Value) -> Vec<(String, u64)> {
-    let Value::Array(items) = list else {
-        return Vec::new();
-    };
-    items
-        .iter()
-        .filter_map(|entry| {
-            let Value::Array(parts) = entry else {
-                return None;
-            };
-            let [Value::BulkString(id), Value::Array(fields)] = parts.as_slice() else {
-                return None;
-            };
-            let order = fields.chunks(2).find_map(|pair| match pair {
-                [Value::BulkString(k), Value::BulkString(v)] if k == b"order_id" => {
-                    std::str::from_utf8(v).ok()?.parse().ok()
-                }
-                _ => None,
-            })?;
-            Some((String::from_utf8_lossy(id).into_owned(), order))
-        })
-        .collect()
-}
-
-/// Messages idle longer than the visibility timeout, claimed for `consumer`.
-async fn claim_stale(
-    conn: &mut MultiplexedConnection,
-    stream: &str,
-    consumer: &str,
-) -> redis::RedisResult<Vec<(String, u64)>> {
-    let reply: Value = redis::cmd("XAUTOCLAIM")
-        .arg(stream)
-        .arg(GROUP)
-        .arg(consumer)
-        .arg(VISIBILITY_TIMEOUT_MS)
-        .arg("0-0")
-        .arg("COUNT")
-        .arg(10)
-        .query_async(conn)
-        .await?;
-    Ok(match &reply {
-        Value::Array(parts) if parts.len() >= 2 => entries(&parts[1]),
-        _ => Vec::new(),
-    })
-}
-
-/// New messages for `consumer`, waiting up to 100 ms for some.
-async fn read_new(
-    conn: &mut MultiplexedConnection,
-    stream: &str,
-    consumer: &str,
-) -> redis::RedisResult<Vec<(String, u64)>> {
-    let reply: Value = redis::cmd("XREADGROUP")
-        .arg("GROUP")
-        .arg(GROUP)
-        .arg(consumer)
-        .arg("COUNT")
-        .arg(10)
-        .arg("BLOCK")
-        .arg(100)
-        .arg("STREAMS")
-        .arg(stream)
-        .arg(">")
-        .query_async(conn)
-        .await?;
-    // [[stream, entries]] or nil when nothing arrived.
-    Ok(match &reply {
-        Value::Array(streams) => streams
-            .iter()
-            .flat_map(|s| match s {
-                Value::Array(pair) if pair.len() == 2 => entries(&pair[1]),
-                _ => Vec::new(),
-            })
-            .collect(),
-        _ => Vec::new(),
-    })
-}
-
-async fn worker(
-    mut conn: MultiplexedConnection,
-    stream: String,
-    run: u64,
-    index: usize,
-    counters: Arc<Counters>,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let consumer = format!("worker-{index}");
-    let mut delivered_before: HashSet<String> = HashSet::new();
-    while counters.acked.load(Ordering::SeqCst) < ORDERS {
-        let mut batch = claim_stale(&mut conn, &stream, &consumer).await?;
-        let claimed = !batch.is_empty();
-        if !claimed {
-            batch = read_new(&mut conn, &stream, &consumer).await?;
-        }
-        for (message_id, order_id) in batch {
-            counters.deliveries.fetch_add(1, Ordering::SeqCst);
-            if claimed {
-                counters.redeliveries.fetch_add(1, Ordering::SeqCst);
-            }
-            ship_order(run, order_id).await?;
-            // Every seventh order's first delivery dies after shipping and before the ack,
-            // losing the rest of its batch with it.
-            let first_time = delivered_before.insert(message_id.clone());
-            if order_id % 7 == 0 && first_time && !claimed {
-                counters.crashes.fetch_add(1, Ordering::SeqCst);
-                break;
-            }
-            let acked: u64 = redis::cmd("XACK")
-                .arg(&stream)
-                .arg(GROUP)
-                .arg(&message_id)
-                .query_async(&mut conn)
-                .await?;
-            counters.acked.fetch_add(acked, Ordering::SeqCst);
-        }
-    }
-    Ok(())
-}
-
-/// The Redis store the environment names, and which one it is: a Redis Cluster when
-/// `REDIS_CLUSTER_URLS` lists its seed nodes, Redis when `REDIS_URL` is set, `None` otherwise.
-async fn redis_from_env() -> Result<Option<(SharedStore, String)>, StoreError> {
-    if let Ok(urls) = std::env::var("REDIS_CLUSTER_URLS") {
-        let store = RedisClusterStore::connect(urls.split(',').map(str::trim)).await?;
-        return Ok(Some((
-            SharedStore::new(store),
-            format!("Redis Cluster at {urls}"),
-        )));
-    }
-    if let Ok(url) = std::env::var("REDIS_URL") {
-        let store = RedisStore::connect(&url).await?;
-        return Ok(Some((SharedStore::new(store), format!("Redis at {url}"))));
-    }
-    Ok(None)
+/// The warehouse: shipments per order in the hash `ledger`; the parcel id counts them.
+async fn ship(
+    mut redis: MultiplexedConnection,
+    ledger: String,
+    order: u64,
+) -> Result<String, BoxError> {
+    let shipments: u64 = redis.hincr(&ledger, order, 1).await?;
+    Ok(format!("parcel_{order}_{shipments}"))
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let url = std::env::var("REDIS_URL")
-        .map_err(|_| "set REDIS_URL (redis://…): this example needs a real queue")?;
-    // The store is the queue's Redis, or a Redis Cluster when REDIS_CLUSTER_URLS is set.
-    let (store, _) = redis_from_env().await?.ok_or("set REDIS_URL")?;
-    idempotask::install(store);
-    let client = redis::Client::open(url.as_str())?;
-    let mut conn = client.get_multiplexed_async_connection().await?;
-    let run = u64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_micros(),
-    )?;
-    let stream = format!("orders:{run}");
-
-    let _: () = redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg(&stream)
-        .arg(GROUP)
-        .arg("$")
-        .arg("MKSTREAM")
-        .query_async(&mut conn)
+async fn main() -> Result<(), BoxError> {
+    let url = std::env::var("REDIS_URL").map_err(|_| "set REDIS_URL: the stream lives there")?;
+    idempotask::install(match std::env::var("REDIS_CLUSTER_URLS") {
+        Ok(urls) => SharedStore::new(RedisClusterStore::connect(urls.split(',')).await?),
+        Err(_) => SharedStore::new(RedisStore::connect(&url).await?),
+    });
+    let stream = std::env::var("QUEUE").unwrap_or_else(|_| "orders".to_owned());
+    let ledger = format!("ledger:{stream}");
+    let mut redis = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
         .await?;
-    let started = Instant::now();
-    let counters = Arc::new(Counters::default());
-    let mut workers = Vec::new();
-    for index in 0..WORKERS {
-        // A connection each: a blocking XREADGROUP holds up every command behind it.
-        let own = client.get_multiplexed_async_connection().await?;
-        workers.push(tokio::spawn(worker(
-            own,
-            stream.clone(),
-            run,
-            index,
-            counters.clone(),
-        )));
-    }
-    for order_id in 1..=ORDERS {
-        let _: String = redis::cmd("XADD")
-            .arg(&stream)
-            .arg("*")
-            .arg("order_id")
-            .arg(order_id)
-            .query_async(&mut conn)
+    // Every worker creates the group: all but the first are told that it exists (BUSYGROUP),
+    // and any other failure shows at the first read.
+    let _: redis::RedisResult<()> = redis.xgroup_create_mkstream(&stream, GROUP, "0").await;
+    let consumer = format!("worker-{}", std::process::id());
+    // One entry at a time: a worker that dies is in the middle of no other shipment.
+    let read = StreamReadOptions::default()
+        .group(GROUP, &consumer)
+        .count(1)
+        .block(100);
+    let streams = [stream.as_str()];
+    let crash = std::env::var("CRASH_BEFORE_ACK").map(|order| format!("parcel_{order}_1"));
+    let mut stop = std::pin::pin!(tokio::signal::ctrl_c());
+    println!("waiting for orders on {stream}");
+    loop {
+        // First the entries a dead worker left pending, then new ones.
+        let claim = StreamAutoClaimOptions::default().count(1);
+        let idle = VISIBILITY_TIMEOUT_MS;
+        let stale: StreamAutoClaimReply = redis
+            .xautoclaim_options(&stream, GROUP, &consumer, idle, "0-0", claim)
             .await?;
-    }
-    let all_done = async {
-        for worker in workers {
-            worker.await??;
+        let mut entries: Vec<StreamId> = stale.claimed;
+        if entries.is_empty() {
+            let new: Option<StreamReadReply> = tokio::select! {
+                _ = &mut stop => return Ok(()),
+                new = redis.xread_options(&streams, &[">"], &read) => new?,
+            };
+            entries = new
+                .into_iter()
+                .flat_map(|r| r.keys)
+                .flat_map(|k| k.ids)
+                .collect();
         }
-        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
-    };
-    tokio::time::timeout(Duration::from_secs(60), all_done)
-        .await
-        .map_err(|_| "the workers did not drain the stream in 60 s")??;
-
-    let shipments = SHIPMENTS
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .take()
-        .unwrap_or_default();
-    let side_effects: u32 = shipments.values().sum();
-    let shipped_twice = shipments.values().filter(|n| **n > 1).count();
-    println!("messages:      {ORDERS}");
-    println!(
-        "deliveries:    {}",
-        counters.deliveries.load(Ordering::SeqCst)
-    );
-    println!(
-        "redeliveries:  {}",
-        counters.redeliveries.load(Ordering::SeqCst)
-    );
-    println!("crashes:       {}", counters.crashes.load(Ordering::SeqCst));
-    println!("side effects:  {side_effects}");
-    println!("shipped twice: {shipped_twice}");
-    println!("elapsed:       {} ms", started.elapsed().as_millis());
-    let _: i64 = redis::cmd("DEL")
-        .arg(&stream)
-        .query_async(&mut conn)
-        .await?;
-    if u64::from(side_effects) == ORDERS && shipments.len() == usize::try_from(ORDERS)? {
-        Ok(())
-    } else {
-        Err(format!("{side_effects} side effects for {ORDERS} messages").into())
+        for entry in entries {
+            let order: u64 = entry
+                .get("order_id")
+                .ok_or("an entry without an order_id")?;
+            let body = ship(redis.clone(), ledger.clone(), order);
+            let key = format!("{stream}-order-{order}");
+            match SHIP.call(key).run_reported(body).await {
+                Ok(done) if done.outcome == Outcome::Replayed => {
+                    println!("order {order}: replayed {}", done.value);
+                }
+                // With `CRASH_BEFORE_ACK=<order>`, the first shipment of that order waits,
+                // unacked, for the SIGKILL of the test that asked for it.
+                Ok(done) if crash.as_ref() == Ok(&done.value) => {
+                    println!(
+                        "order {order}: shipped {}, crashing before the ack",
+                        done.value
+                    );
+                    std::future::pending::<()>().await;
+                }
+                Ok(done) => println!("order {order}: shipped {}", done.value),
+                // Unacked, the entry is claimed again after the visibility timeout.
+                Err(err) => {
+                    println!("order {order}: failed: {err}");
+                    continue;
+                }
+            }
+            let _: usize = redis.xack(&stream, GROUP, &[&entry.id]).await?;
+        }
     }
 }

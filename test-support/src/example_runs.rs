@@ -1,5 +1,5 @@
 //! The crash demonstration of the queue examples (`apalis_worker`, `nats_worker`,
-//! `rabbitmq_worker`), run as a user would run the examples: several copies of one example
+//! `rabbitmq_worker`, `stream_worker`), run as a user would run the examples: several copies of one example
 //! binary consume one queue, the copy that charges the crash order first is killed with SIGKILL
 //! between the charge and its ack, and the others are stopped with Ctrl-C (SIGINT) once every
 //! order has an answer. What each order cost is read from the gateway's ledger in Redis, which
@@ -10,7 +10,7 @@
 //! ```text
 //! waiting for orders on orders
 //! order 5: charged ch_5_1, crashing before the ack   (only with CRASH_BEFORE_ACK=5)
-//! order 5: charged ch_5_1
+//! order 5: charged ch_5_1                          (`stream_worker`: `shipped parcel_5_1`)
 //! order 5: replayed ch_5_1
 //! order 2: failed: the gateway is unavailable; try again
 //! ```
@@ -65,7 +65,7 @@ pub const CRASH_ORDER: u64 = 5;
 /// What one delivery came to, as a worker printed it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
-    /// The charge ran: `order 5: charged ch_5_1`.
+    /// The charge ran: `order 5: charged ch_5_1` (or `shipped parcel_5_1`).
     Charged(String),
     /// The stored receipt was handed back: `order 5: replayed ch_5_1`.
     Replayed(String),
@@ -94,7 +94,9 @@ impl Delivery {
         } else if let Some(replayed) = rest.strip_prefix("replayed ") {
             Answer::Replayed(replayed.to_owned())
         } else {
-            let charged = rest.strip_prefix("charged ")?;
+            let charged = rest
+                .strip_prefix("charged ")
+                .or_else(|| rest.strip_prefix("shipped "))?;
             match charged.strip_suffix(", crashing before the ack") {
                 Some(id) => Answer::Crashing(id.to_owned()),
                 None => Answer::Charged(charged.to_owned()),
