@@ -183,98 +183,10 @@ fn every_example_runs_against_a_redis_cluster() {
     ));
 }
 
-/// The JSON summary that ends the output of the apalis and ledger examples.
+/// The JSON summary that ends the output of an example (`webhook_receiver`).
 fn apalis_summary(output: &str) -> serde_json::Value {
     let line = output.lines().last().unwrap_or_default();
     serde_json::from_str(line).unwrap_or_else(|err| panic!("{err}: not a JSON summary\n{output}"))
-}
-
-/// A worker was killed with SIGKILL after a charge and before its ack, and jobs failed once:
-/// with idempotask every order is charged once and acked; without it the redelivery charges again.
-fn check_apalis_worker(backend: &str, mut command: impl FnMut() -> Command) {
-    let with = apalis_summary(&run(command().arg(backend)));
-    let number = |summary: &serde_json::Value, field: &str| -> u64 {
-        summary[field]
-            .as_u64()
-            .unwrap_or_else(|| panic!("no `{field}` in {summary}"))
-    };
-    let jobs = number(&with, "jobs");
-    assert_eq!(with["idempotask"], true, "{with}");
-    assert_eq!(number(&with, "killed_workers"), 1, "{with}");
-    assert!(number(&with, "failed_deliveries") > 0, "{with}");
-    assert!(number(&with, "deliveries") > jobs, "{with}");
-    assert_eq!(number(&with, "side_effects"), jobs, "{with}");
-    assert_eq!(number(&with, "charged_twice"), 0, "{with}");
-    assert!(number(&with, "duplicates_prevented") >= 1, "{with}");
-    assert_eq!(number(&with, "acked"), jobs, "{with}");
-
-    let without = apalis_summary(&run(command().args([backend, "--without-idempotask"])));
-    assert_eq!(without["idempotask"], false, "{without}");
-    assert_eq!(number(&without, "killed_workers"), 1, "{without}");
-    assert!(number(&without, "charged_twice") >= 1, "{without}");
-    assert!(number(&without, "side_effects") > jobs, "{without}");
-    assert_eq!(number(&without, "duplicates_prevented"), 0, "{without}");
-}
-
-#[test]
-fn apalis_worker_on_redis_charges_each_order_once_despite_a_kill_9() {
-    let redis = RedisServer::start();
-    check_apalis_worker("redis", || {
-        let mut command = example("apalis_worker");
-        command.env("REDIS_URL", redis.url());
-        command
-    });
-}
-
-#[test]
-fn apalis_worker_on_postgres_charges_each_order_once_despite_a_kill_9() {
-    let redis = RedisServer::start();
-    let postgres = PostgresServer::start();
-    check_apalis_worker("postgres", || {
-        let mut command = example("apalis_worker");
-        command
-            .env("REDIS_URL", redis.url())
-            .env("DATABASE_URL", postgres.url());
-        command
-    });
-}
-
-/// Transfers delivered several times at once, one worker killed with SIGKILL inside its
-/// transaction: every transfer is written once and the balances add up, with no `UNIQUE`
-/// constraint on the ledger.
-#[test]
-fn ledger_transfer_writes_each_transfer_once_despite_a_kill_9_mid_transaction() {
-    let postgres = PostgresServer::start();
-    let summary = apalis_summary(&run(
-        example("ledger_transfer").env("DATABASE_URL", postgres.url())
-    ));
-    let number = |field: &str| {
-        summary[field]
-            .as_u64()
-            .unwrap_or_else(|| panic!("no `{field}` in {summary}"))
-    };
-    let transfers = number("transfers");
-    // What the database holds: the kill cannot take it away.
-    assert_eq!(number("killed_mid_transaction"), 1, "{summary}");
-    assert_eq!(number("rows_written"), transfers, "{summary}");
-    assert_eq!(number("duplicates"), 0, "{summary}");
-    assert_eq!(summary["balance_ok"], true, "{summary}");
-    // The killed worker may have committed transfers and died before printing `executed`
-    // for them, so its rows are counted from the ledger. Every process that lived printed each
-    // of its executions: those and the killed worker's rows add up.
-    assert_eq!(
-        number("executed_by_survivors") + number("written_by_killed"),
-        transfers,
-        "{summary}"
-    );
-    assert!(number("executed") <= transfers, "{summary}");
-    assert_eq!(number("failed"), 0, "{summary}");
-    // The two surviving workers deliver every transfer twice and the last pass once more:
-    // 5 × transfers deliveries that each either executed or replayed, at most `transfers` of
-    // them executing, whatever the killed worker printed. Its `dying` line is always read,
-    // since it is what the kill answers.
-    assert!(number("replayed") >= transfers * 4, "{summary}");
-    assert!(number("deliveries") > transfers * 5, "{summary}");
 }
 
 /// A running `http_payments` server: its base URL, and the lines it prints after the first.
