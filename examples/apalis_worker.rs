@@ -1,11 +1,11 @@
 //! An apalis worker that charges each order once, however often the queue runs its job.
 //!
-//! It charges the orders (`{"id": 5}`) of the apalis queue `orders` (or `$QUEUE`) on Redis, or
-//! on PostgreSQL when `DATABASE_URL` is set, at a stand-in gateway that counts charges in Redis
-//! and fails the first request for every fourth order (apalis retries the job). The handler is
-//! wrapped in `idempotask_apalis::Idempotent`: a job put back because its worker died before the
-//! ack gets the stored receipt. It prints `order 5: charged ch_5_1`, `… replayed ch_5_1` or
-//! `… failed: …`; Ctrl-C stops it. The idempotask store is the Redis at `REDIS_URL`.
+//! It charges the orders (`{"id": 5}`) of the apalis queue `orders` (or `$QUEUE`), on Redis or
+//! on PostgreSQL (`DATABASE_URL`), at a stand-in gateway that counts charges in Redis and fails
+//! the first request for every fourth order. The handler runs in `idempotask_apalis::Idempotent`
+//! (store: Redis): a job put back because its worker died before the ack gets the stored
+//! receipt. It prints `order 5: charged ch_5_1`, `… replayed ch_5_1` or `… failed: …`; Ctrl-C
+//! stops it.
 //!
 //! ```text
 //! REDIS_URL=redis://127.0.0.1:6379 [DATABASE_URL=postgres://postgres@127.0.0.1/postgres] \
@@ -29,8 +29,7 @@
 //! ```
 
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
-use std::task::{Context, Poll};
-use std::{pin::Pin, time::Duration};
+use std::{pin::Pin, task::Context, task::Poll, time::Duration};
 
 use apalis::prelude::{BoxDynError, Data, Service, Task, WorkerBuilder, WorkerBuilderExt, task_fn};
 use apalis_postgres::{PgPool, PostgresStorage};
@@ -58,9 +57,8 @@ struct Gateway(ConnectionManager, String);
 
 async fn charge(order: Order, gateway: Data<Gateway>) -> Result<String, BoxDynError> {
     let Gateway(mut redis, ledger) = (*gateway).clone();
-    let requests: u64 = redis
-        .hincr(format!("{ledger}:requests"), order.id, 1)
-        .await?;
+    let attempts = format!("{ledger}:requests");
+    let requests: u64 = redis.hincr(attempts, order.id, 1).await?;
     if order.id % 4 == 2 && requests == 1 {
         return Err("the gateway is unavailable; try again".into());
     }
