@@ -150,13 +150,15 @@
 //! # A run of the `rabbitmq_worker` example
 //!
 //! `cargo run --example rabbitmq_worker --features rabbitmq` (with `AMQP_URL` and `REDIS_URL`):
-//! 12 orders, 3 workers, orders 2, 6 and 10 rejected once by the gateway, the worker that charges
-//! order 5 first killed with SIGKILL before its ack; on the broker and Redis the test starts:
+//! one worker process (`WITHOUT_IDEMPOTASK=1`: the bare consumer). Its test
+//! (`tests/example_queues.rs`) publishes 12 orders to 3 copies, orders 2, 6 and 10 rejected once
+//! by the gateway, the copy that charges order 5 first killed with SIGKILL before its ack; on the
+//! broker and Redis the test starts:
 //!
 //! | | deliveries | side effects | orders charged twice | duplicates answered from the store |
 //! | --- | --- | --- | --- | --- |
 //! | with idempotask | 16 | 12 | 0 | 1 |
-//! | `--without-idempotask` | 16 | 13 | 1 | 0 |
+//! | `WITHOUT_IDEMPOTASK=1` | 16 | 13 | 1 | 0 |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -141,19 +141,20 @@
 //! ```sh
 //! nats-server -js &
 //! NATS_URL=nats://127.0.0.1:4222 REDIS_URL=redis://127.0.0.1:6379 \
-//!     cargo run --example nats_worker --features nats [-- --without-idempotask]
+//!     cargo run --example nats_worker --features nats
 //! ```
 //!
-//! A producer publishes 12 orders with a `Nats-Msg-Id`; three worker processes pull them from
-//! one durable consumer (`AckWait` 2 s, lock TTL 1 s); the gateway rejects orders 2, 6 and 10
-//! once (nak'd, delivered again); the worker that charges order 5 first is killed with SIGKILL
+//! One worker process (`WITHOUT_IDEMPOTASK=1`: the bare consumer). Its test
+//! (`tests/example_queues.rs`) publishes 12 orders with a `Nats-Msg-Id`; three copies pull them
+//! from one durable consumer (`AckWait` 2 s, lock TTL 1 s); the gateway rejects orders 2, 6 and
+//! 10 once (nak'd, delivered again); the worker that charges order 5 first is killed with SIGKILL
 //! after the charge and before its ack. The charges are counted in Redis, where the kill cannot
 //! take them back. One run (`nats-server` 2.9.10, Redis 7.0):
 //!
 //! | | deliveries | side effects (charges) | orders charged twice | killed workers |
 //! | --- | --- | --- | --- | --- |
 //! | with idempotask | 16 (12 + 3 rejected + 1 redelivered after the kill, replayed) | 12 | 0 | 1 |
-//! | `--without-idempotask` | 16 | 13 | 1 (order 5) | 1 |
+//! | `WITHOUT_IDEMPOTASK=1` | 16 | 13 | 1 (order 5) | 1 |
 //!
 //! The test suite runs both and asserts that with idempotask every order is charged once, and
 //! that without it one is charged twice.
