@@ -11,9 +11,9 @@
 //! REDIS_URL=redis://127.0.0.1:6379 [DATABASE_URL=postgres://postgres@127.0.0.1/postgres] \
 //!     cargo run --example apalis_worker --features apalis
 //! ```
-//! `tests/example_queues.rs` pushes the orders, kills one of three workers with SIGKILL between
-//! a charge and its ack (`CRASH_BEFORE_ACK=5` waits there) and checks the ledger;
-//! `WITHOUT_IDEMPOTASK=1`, the bare handler, charges that order twice.
+//! `tests/example_queues.rs` pushes the orders and kills one of three workers with SIGKILL
+//! between a charge and its ack (`CRASH_BEFORE_ACK=5` waits there); `WITHOUT_IDEMPOTASK=1`, the
+//! bare handler, charges the orders of that worker twice.
 //!
 //! ```toml
 //! [dependencies]

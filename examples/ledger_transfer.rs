@@ -1,12 +1,10 @@
-//! Exactly once for database work: money transfers whose ledger writes commit together with
-//! their completion marker, in one PostgreSQL transaction.
+//! Exactly once for database work: transfers whose ledger writes commit together with their
+//! completion marker, in one PostgreSQL transaction (`Call::run_in_transaction`).
 //!
-//! It delivers each of 40 transfers between 8 accounts twice at once, as a queue may, each
-//! delivery in a transaction of its own through `Call::run_in_transaction`: the transfer's writes
-//! and the unit's row in idempotask's table commit together or not at all, so the second
-//! delivery waits on the first and replays it. The ledger has no `UNIQUE` constraint of its own.
-//! It prints `transfer 7: executed` or `transfer 7: replayed` per delivery and exits; run again,
-//! it replays every transfer.
+//! It delivers each of 40 transfers between 8 accounts twice at once, as a queue may: the
+//! transfer's writes and the unit's row in idempotask's table commit together or not at all, so
+//! the second delivery waits on the first and replays it; the ledger has no `UNIQUE` constraint.
+//! It prints `transfer 7: executed` or `… replayed` per delivery; run again, it replays them all.
 //!
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1/postgres \
@@ -14,8 +12,7 @@
 //! ```
 //! `tests/example_queues.rs` kills a copy with SIGKILL inside the transaction of transfer 7, the
 //! money moved and not committed (`CRASH_BEFORE_COMMIT=7` waits there), while two more copies
-//! run: their deliveries of transfer 7 wait until PostgreSQL aborts the dead transaction, then
-//! one of them writes it. The ledger, read afterwards, holds each transfer once.
+//! run: they write it once PostgreSQL has aborted the dead transaction.
 //!
 //! ```toml
 //! [dependencies]
@@ -34,7 +31,6 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Transfers between the 8 accounts that [`LEDGER`] opens, each delivered twice at once.
 const TRANSFERS: i64 = 40;
-const ACCOUNTS: i64 = 8;
 const COPIES: usize = 2;
 /// The accounts and the ledger, in one transaction that copies started at once take in turn.
 /// `worker` is the process that wrote the row. No `UNIQUE` constraint on `transfer`: the unit's
@@ -61,8 +57,8 @@ struct Transfer {
 
 /// The producer's transfer `id`, the same in every process.
 fn transfer(id: i64) -> Transfer {
-    let from = id % ACCOUNTS;
-    let (to, amount) = ((from + 1 + id % 5) % ACCOUNTS, 100 + id * 37 % 400);
+    let from = id % 8;
+    let (to, amount) = ((from + 1 + id % 5) % 8, 100 + id * 37 % 400);
     Transfer {
         id,
         from,
@@ -102,9 +98,8 @@ async fn deliver(store: &PostgresStore, t: Transfer, crash: bool) -> Result<&str
         Ok::<_, BoxError>(())
     };
     let transaction = store.transaction(store.pool().begin().await?);
-    let call = TRANSFER
-        .call(format!("transfer-{}", t.id))
-        .fingerprint_of(&t)?;
+    let key = format!("transfer-{}", t.id);
+    let call = TRANSFER.call(key).fingerprint_of(&t)?;
     call.run_in_transaction(transaction, body).await?;
     Ok(if executed { "executed" } else { "replayed" })
 }
