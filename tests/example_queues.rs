@@ -1,8 +1,10 @@
-//! The crash demonstration of the queue examples: three copies of `rabbitmq_worker`,
-//! `nats_worker` or `apalis_worker` on one queue, the one that charges order 5 first killed with SIGKILL between
-//! the charge and its ack, and the ledger in Redis read afterwards. With idempotask the
+//! The crash demonstrations of the examples. Three copies of `rabbitmq_worker`, `nats_worker`
+//! or `apalis_worker` on one queue, the one that charges order 5 first killed with SIGKILL
+//! between the charge and its ack, and the ledger in Redis read afterwards: with idempotask the
 //! redelivery gets the stored receipt and every order is charged once; the bare consumer
-//! (`WITHOUT_IDEMPOTASK=1`) charges it twice. The harness is `support::example_runs`.
+//! (`WITHOUT_IDEMPOTASK=1`) charges it twice. And copies of `ledger_transfer`, one killed inside
+//! a transaction, the ledger in PostgreSQL read afterwards: every transfer written once. The
+//! harness is `support::example_runs`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
