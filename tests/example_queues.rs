@@ -1,16 +1,19 @@
-//! The crash demonstration of the queue examples: three copies of `rabbitmq_worker` or
-//! `nats_worker` on one queue, the one that charges order 5 first killed with SIGKILL between
-//! the charge and its ack, and the ledger in Redis read afterwards. With idempotask the
+//! The crash demonstrations of the examples. Three copies of `rabbitmq_worker`, `nats_worker`
+//! or `apalis_worker` on one queue, the one that charges order 5 first killed with SIGKILL
+//! between the charge and its ack, and the ledger in Redis read afterwards: with idempotask the
 //! redelivery gets the stored receipt and every order is charged once; the bare consumer
-//! (`WITHOUT_IDEMPOTASK=1`) charges it twice. The harness is `support::example_runs`.
+//! (`WITHOUT_IDEMPOTASK=1`) charges it twice. And copies of `ledger_transfer`, one killed inside
+//! a transaction, the ledger in PostgreSQL read afterwards: every transfer written once. The
+//! harness is `support::example_runs`.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use idempotask_test_support as support;
 use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, types::FieldTable};
 use support::RedisServer;
-use support::example_runs::{ORDERS, example, ledger, run_workers};
+use support::example_runs::{CRASH_TRANSFER, ORDERS, example, ledger, run_workers};
 
 /// Time enough for a loaded machine: a run takes a few seconds.
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -157,4 +160,196 @@ async fn nats_worker_charges_each_order_once_despite_a_kill_9() {
     let queue = "orders-without";
     let without = run_workers(worker(true), queue, publish(queue), TIMEOUT).await;
     without.assert_charged_twice(&ledger(&mut conn, queue).await);
+}
+
+/// An order as `examples/apalis_worker.rs` reads its jobs.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Order {
+    id: u64,
+}
+
+/// The command of one `apalis_worker` on the Redis at `redis` (its store and its gateway's
+/// ledger), its queue on the PostgreSQL at `postgres` when given, else on that Redis.
+fn apalis_worker(
+    redis: String,
+    postgres: Option<String>,
+    without: bool,
+) -> impl FnMut() -> std::process::Command {
+    move || {
+        let mut command = example("apalis_worker");
+        command.env("REDIS_URL", &redis);
+        if let Some(postgres) = &postgres {
+            command.env("DATABASE_URL", postgres);
+        }
+        if without {
+            command.env("WITHOUT_IDEMPOTASK", "1");
+        }
+        command
+    }
+}
+
+/// apalis workers on an apalis-redis queue, one killed with SIGKILL after a charge and before
+/// its ack (the queue puts its job back once its heartbeat is overdue), and jobs that fail once:
+/// with idempotask every order is charged once and every job is done; without it the job put
+/// back charges again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apalis_worker_on_redis_charges_each_order_once_despite_a_kill_9() {
+    use apalis::prelude::TaskSink;
+    let redis = RedisServer::start();
+    let mut conn = redis.connection().await;
+    let push = |queue: &'static str| {
+        let url = redis.url();
+        async move {
+            let config = apalis_redis::Config::default().queue(queue);
+            let connection = apalis_redis::connect(url).await.unwrap();
+            let mut storage = apalis_redis::RedisStorage::new(connection).with_config(config);
+            for id in 1..=ORDERS {
+                storage.push(Order { id }).await.unwrap();
+            }
+        }
+    };
+    let worker = |without| apalis_worker(redis.url(), None, without);
+
+    let with = run_workers(worker(false), "orders", push("orders"), TIMEOUT).await;
+    with.assert_charged_once(&ledger(&mut conn, "orders").await);
+    // The queue's word that every job is done, not the workers' lines.
+    let done = apalis_redis::Config::default()
+        .queue("orders")
+        .done_jobs_set();
+    let done: u64 = redis::cmd("SCARD")
+        .arg(done)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(done, ORDERS);
+
+    let queue = "orders-without";
+    let without = run_workers(worker(true), queue, push(queue), TIMEOUT).await;
+    without.assert_charged_twice(&ledger(&mut conn, queue).await);
+}
+
+/// The same on an apalis-postgres queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apalis_worker_on_postgres_charges_each_order_once_despite_a_kill_9() {
+    use apalis::prelude::TaskSink;
+    use apalis_postgres::PostgresStorage;
+    let redis = RedisServer::start();
+    let postgres = support::postgres::PostgresServer::start();
+    let mut conn = redis.connection().await;
+    let pool = postgres.pool(2).await;
+    PostgresStorage::setup(&pool).await.unwrap();
+    let push = |queue: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let config = apalis_postgres::Config::default().queue(queue);
+            let mut storage = PostgresStorage::new(&pool).with_config(config);
+            for id in 1..=ORDERS {
+                storage.push(Order { id }).await.unwrap();
+            }
+        }
+    };
+    let worker = |without| apalis_worker(redis.url(), Some(postgres.url()), without);
+
+    let with = run_workers(worker(false), "orders", push("orders"), TIMEOUT).await;
+    with.assert_charged_once(&ledger(&mut conn, "orders").await);
+    // The queue's word that every job is done, not the workers' lines.
+    let done: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM apalis.jobs WHERE job_type = $1 AND status = 'Done'",
+    )
+    .bind("orders")
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(u64::try_from(done).unwrap(), ORDERS);
+
+    let queue = "orders-without";
+    let without = run_workers(worker(true), queue, push(queue), TIMEOUT).await;
+    without.assert_charged_twice(&ledger(&mut conn, queue).await);
+}
+
+/// Transfers delivered twice at once by each of several copies of `ledger_transfer`, one killed
+/// with SIGKILL inside a transaction that had moved the money, and every transfer delivered once
+/// more afterwards: the ledger holds each transfer once and the balances add up, with no
+/// `UNIQUE` constraint on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_transfer_writes_each_transfer_once_despite_a_kill_9_mid_transaction() {
+    use support::example_runs::{Transferred, run_transfers};
+    let postgres = support::postgres::PostgresServer::start();
+    let url = postgres.url();
+    let run = run_transfers(
+        || {
+            let mut command = example("ledger_transfer");
+            command.env("DATABASE_URL", &url);
+            command
+        },
+        TIMEOUT,
+    )
+    .await;
+    assert_eq!(run.killed.len(), 1, "{run:#?}");
+
+    // What the database holds: the kill cannot take it away.
+    let pool = postgres.pool(1).await;
+    let written: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT transfer, count(*) FROM ledger_transfers GROUP BY transfer ORDER BY transfer",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let transfers = run.transfers;
+    assert!(transfers > CRASH_TRANSFER, "{run:#?}");
+    let once: Vec<(i64, i64)> = (0..i64::try_from(transfers).unwrap())
+        .map(|transfer| (transfer, 1))
+        .collect();
+    assert_eq!(written, once, "{run:#?}");
+    // Each account holds its opening 10 000 and what the written transfers moved.
+    let balances: BTreeMap<i64, i64> = sqlx::query_as("SELECT id, balance FROM ledger_accounts")
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    let mut expected: BTreeMap<i64, i64> = balances.keys().map(|&id| (id, 10_000)).collect();
+    let moves: Vec<(i64, i64, i64)> =
+        sqlx::query_as("SELECT from_account, to_account, amount FROM ledger_transfers")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    for (from, to, amount) in moves {
+        *expected.get_mut(&from).unwrap() -= amount;
+        *expected.get_mut(&to).unwrap() += amount;
+    }
+    assert_eq!(balances, expected);
+
+    // The killed copy may have committed transfers and died before printing `executed` for
+    // them, so its rows are counted from the ledger. Every copy that lived printed each of its
+    // executions: those and the killed copy's rows add up to every transfer.
+    let killed_pids: Vec<i64> = run.killed.values().map(|&pid| i64::from(pid)).collect();
+    let written_by_killed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM ledger_transfers WHERE worker = ANY($1)")
+            .bind(&killed_pids)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let lived = |worker: usize| !run.killed.contains_key(&worker);
+    let executed_by_survivors = run.count(&Transferred::Executed, lived);
+    let transfers = usize::try_from(transfers).unwrap();
+    assert_eq!(
+        executed_by_survivors + usize::try_from(written_by_killed).unwrap(),
+        transfers,
+        "{run:#?}"
+    );
+    assert!(
+        run.count(&Transferred::Executed, |_| true) <= transfers,
+        "{run:#?}"
+    );
+    assert_eq!(run.failed(), 0, "{run:#?}");
+    // The two copies that ran beside the killed one deliver every transfer twice, and the last
+    // copy twice more: 6 × transfers deliveries that each executed or replayed, at most
+    // `transfers` of them executing, whatever the killed copy printed. Its crash line is always
+    // read, since it is what the kill answers.
+    assert!(
+        run.count(&Transferred::Replayed, lived) >= transfers * 5,
+        "{run:#?}"
+    );
+    assert!(run.deliveries.len() > transfers * 6, "{run:#?}");
 }

@@ -109,16 +109,19 @@
 //! # The `apalis_worker` example
 //!
 //! ```sh
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example apalis_worker --features apalis -- redis
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example apalis_worker --features apalis
 //! REDIS_URL=redis://127.0.0.1:6379 DATABASE_URL=postgres://postgres@127.0.0.1/postgres \
-//!     cargo run --example apalis_worker --features apalis -- postgres [--without-idempotask]
+//!     cargo run --example apalis_worker --features apalis
 //! ```
 //!
-//! The queue is apalis-redis or apalis-postgres; the idempotask store is the Redis at
-//! `REDIS_URL` in both cases. A typical run: 12 orders, 3 worker processes, one killed with
-//! SIGKILL after a charge and before its ack, 3 jobs that fail once; with idempotask 16
-//! deliveries, 12 charges, 1 duplicate answered from the store, 0 orders charged twice, 12 acked;
-//! with `--without-idempotask` 13 charges and 1 order charged twice.
+//! One worker process; the queue is apalis-redis, or apalis-postgres when `DATABASE_URL` is set;
+//! the idempotask store is the Redis at `REDIS_URL` in both cases. Its test
+//! (`tests/example_queues.rs`) pushes 12 orders, runs three copies, kills with SIGKILL the one
+//! that charges order 5 first, after the charge and before its ack (`CRASH_BEFORE_ACK=5`), and
+//! lets 3 jobs fail once. A typical run: with idempotask 18 deliveries, 12 charges, 3 answered
+//! from the store (order 5, and jobs the killed worker had finished that the queue had not yet
+//! marked done), 0 orders charged twice, 12 jobs done; with `WITHOUT_IDEMPOTASK=1` 14 to 16
+//! charges, the killed worker's orders charged twice.
 //!
 //! A crash *during* the handler, after the charge and before the result is stored, is not
 //! covered: the redelivery runs the handler again once the lock expires. The charge itself must

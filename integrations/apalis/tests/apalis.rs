@@ -1,7 +1,7 @@
 //! The apalis layer, driven as apalis drives it: duplicates replay the stored value, handler
 //! errors pass through uncached, a busy key is an error apalis retries later, and a job without
-//! a key never runs unprotected. The kill -9 scenarios on real backends are the `apalis_worker`
-//! and `apalis_postgres` examples, run by `tests/examples.rs`.
+//! a key never runs unprotected. The kill -9 scenarios on real backends are the runs of the
+//! `apalis_worker` example on apalis-redis and apalis-postgres, in `tests/example_queues.rs`.
 
 use std::future::poll_fn;
 use std::sync::Arc;

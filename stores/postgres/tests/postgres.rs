@@ -3,7 +3,7 @@
 //! waiting delivery that replays or runs depending on how the first one ended, and a server
 //! restart mid-run.
 //! (The conformance suite runs in `conformance_postgres.rs`; a worker killed with `kill -9`
-//! mid-transaction in the `ledger_transfer` example's test.)
+//! mid-transaction in the `ledger_transfer` example's run, in `tests/example_queues.rs`.)
 
 use idempotask_test_support as support;
 
