@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use crate::marker::Marker;
 use crate::observe::KeyLogging;
 use crate::unit::{InvalidKey, UnitOfWork};
 
@@ -468,14 +467,14 @@ pub(crate) fn contended(
 
 /// Stores find a unit by a digest of its key; the marker's own copy of the key tells a digest
 /// collision (or a marker written by something else) from this key's result.
-pub(crate) fn check_marker_key(unit: &UnitOfWork, marker: &Marker) -> Result<(), Error> {
-    if marker.key() == unit.key() {
+pub(crate) fn check_marker_key(unit: &UnitOfWork, stored_key: &str) -> Result<(), Error> {
+    if stored_key == unit.key() {
         return Ok(());
     }
     Err(Error::MarkerKeyMismatch {
         task: unit.task().to_owned(),
         key: CallerKey::plain(unit.key()),
-        stored_key: CallerKey::plain(marker.key()),
+        stored_key: CallerKey::plain(stored_key),
     })
 }
 

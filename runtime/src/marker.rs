@@ -109,66 +109,20 @@ impl Marker {
     /// [`MarkerError`] when the bytes are not a marker this build understands. The bytes come
     /// from the store, so nothing here panics on them.
     pub fn decode(bytes: &[u8]) -> Result<Self, MarkerError> {
-        let invalid = |why: &str| MarkerError(format!("not a completion marker: {why}"));
-        let rest = bytes
-            .strip_prefix(&[TAG])
-            .ok_or_else(|| invalid("it does not start with `D`"))?;
-        let header_end = rest
-            .iter()
-            .position(|&b| b == b'|')
-            .ok_or_else(|| invalid("no `|` after the header"))?;
-        let header = std::str::from_utf8(&rest[..header_end])
-            .map_err(|_| invalid("the header is not text"))?;
-        let mut fields = header.split(',');
-        let key_len: usize = fields
-            .next()
-            .and_then(|len| len.parse().ok())
-            .ok_or_else(|| invalid("the header does not start with the key's length"))?;
-        let (mut fencing_token, mut fingerprint, mut unstorable) = (None, None, false);
-        let (mut delivery, mut lock_lost) = (None, false);
-        for field in fields {
-            match field.split_at_checked(1) {
-                Some(("d", id)) if delivery.is_none() && is_delivery(id) => {
-                    delivery = Some(id.to_owned());
-                }
-                Some(("l", "")) if !lock_lost => lock_lost = true,
-                Some(("f", fence)) if fencing_token.is_none() => {
-                    fencing_token = Some(
-                        fence
-                            .parse()
-                            .map_err(|_| invalid("the fencing token is not a number"))?,
-                    );
-                }
-                Some(("p", hex)) if fingerprint.is_none() && is_hex(hex) => {
-                    fingerprint = Some(hex.to_owned());
-                }
-                Some(("u", "")) if !unstorable => unstorable = true,
-                _ => return Err(invalid(&format!("unknown header field `{field}`"))),
-            }
-        }
-        let after_header = &rest[header_end + 1..];
-        let (key, after_key) = after_header
-            .split_at_checked(key_len)
-            .ok_or_else(|| invalid("shorter than its key length says"))?;
-        let key = std::str::from_utf8(key).map_err(|_| invalid("the key is not UTF-8"))?;
-        let body = after_key
-            .strip_prefix(b"|")
-            .ok_or_else(|| invalid("no `|` after the key"))?;
-        let body = std::str::from_utf8(body).map_err(|_| invalid("the result is not UTF-8"))?;
-        let result = if unstorable {
-            StoredResult::Unstorable(body.to_owned())
-        } else {
-            StoredResult::Json(
-                RawValue::from_string(body.to_owned())
-                    .map_err(|err| invalid(&format!("the result is not JSON: {err}")))?,
-            )
+        let view = MarkerView::parse(bytes)?;
+        let result = match view.result {
+            Ok(json) => StoredResult::Json(
+                RawValue::from_string(json.to_owned())
+                    .map_err(|err| not_a_marker(&format!("the result is not JSON: {err}")))?,
+            ),
+            Err(reason) => StoredResult::Unstorable(reason.to_owned()),
         };
         Ok(Self {
-            key: key.to_owned(),
-            delivery,
-            lock_lost,
-            fencing_token,
-            fingerprint,
+            key: view.key.to_owned(),
+            delivery: view.delivery.map(str::to_owned),
+            lock_lost: view.lock_lost,
+            fencing_token: view.fencing_token,
+            fingerprint: view.fingerprint.map(str::to_owned),
             result,
         })
     }
@@ -204,6 +158,83 @@ impl Marker {
     pub fn result(&self) -> &StoredResult {
         &self.result
     }
+}
+
+/// A stored marker read in place, as a duplicate delivery reads it: nothing copied, and the
+/// result's JSON left for the one parse that decodes it into the task's type.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MarkerView<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) delivery: Option<&'a str>,
+    pub(crate) lock_lost: bool,
+    pub(crate) fencing_token: Option<u64>,
+    pub(crate) fingerprint: Option<&'a str>,
+    /// The result's JSON text, not yet checked; or why the value could not be encoded.
+    pub(crate) result: Result<&'a str, &'a str>,
+}
+
+impl<'a> MarkerView<'a> {
+    /// Reads the marker's header and finds its key and result in `bytes`.
+    ///
+    /// # Errors
+    /// [`MarkerError`] when the bytes are not a marker this build understands; the result's
+    /// JSON is not checked here.
+    pub(crate) fn parse(bytes: &'a [u8]) -> Result<Self, MarkerError> {
+        let invalid = |why: &str| not_a_marker(why);
+        let rest = bytes
+            .strip_prefix(&[TAG])
+            .ok_or_else(|| invalid("it does not start with `D`"))?;
+        let header_end = rest
+            .iter()
+            .position(|&b| b == b'|')
+            .ok_or_else(|| invalid("no `|` after the header"))?;
+        let header = std::str::from_utf8(&rest[..header_end])
+            .map_err(|_| invalid("the header is not text"))?;
+        let mut fields = header.split(',');
+        let key_len: usize = fields
+            .next()
+            .and_then(|len| len.parse().ok())
+            .ok_or_else(|| invalid("the header does not start with the key's length"))?;
+        let (mut fencing_token, mut fingerprint, mut unstorable) = (None, None, false);
+        let (mut delivery, mut lock_lost) = (None, false);
+        for field in fields {
+            match field.split_at_checked(1) {
+                Some(("d", id)) if delivery.is_none() && is_delivery(id) => delivery = Some(id),
+                Some(("l", "")) if !lock_lost => lock_lost = true,
+                Some(("f", fence)) if fencing_token.is_none() => {
+                    fencing_token = Some(
+                        fence
+                            .parse()
+                            .map_err(|_| invalid("the fencing token is not a number"))?,
+                    );
+                }
+                Some(("p", hex)) if fingerprint.is_none() && is_hex(hex) => fingerprint = Some(hex),
+                Some(("u", "")) if !unstorable => unstorable = true,
+                _ => return Err(invalid(&format!("unknown header field `{field}`"))),
+            }
+        }
+        let after_header = &rest[header_end + 1..];
+        let (key, after_key) = after_header
+            .split_at_checked(key_len)
+            .ok_or_else(|| invalid("shorter than its key length says"))?;
+        let key = std::str::from_utf8(key).map_err(|_| invalid("the key is not UTF-8"))?;
+        let body = after_key
+            .strip_prefix(b"|")
+            .ok_or_else(|| invalid("no `|` after the key"))?;
+        let body = std::str::from_utf8(body).map_err(|_| invalid("the result is not UTF-8"))?;
+        Ok(Self {
+            key,
+            delivery,
+            lock_lost,
+            fencing_token,
+            fingerprint,
+            result: if unstorable { Err(body) } else { Ok(body) },
+        })
+    }
+}
+
+fn not_a_marker(why: &str) -> MarkerError {
+    MarkerError(format!("not a completion marker: {why}"))
 }
 
 /// The delivery field of markers written by the holder of `token`: its first 24 bits in 4

@@ -95,7 +95,8 @@ impl Task {
             .keys_shown_as(self.log_key)
         })?;
         if let Status::Done(done) = &status {
-            check_marker_key(&unit, &done.marker).map_err(|err| err.keys_shown_as(self.log_key))?;
+            check_marker_key(&unit, done.marker.key())
+                .map_err(|err| err.keys_shown_as(self.log_key))?;
         }
         Ok(status)
     }

@@ -12,7 +12,7 @@ use crate::error::{
     CodecErrorKind, Error, StoreError, StoreErrorKind, check_marker_key, codec, contended,
 };
 use crate::held_lock::{release, release_in_background};
-use crate::marker::Marker;
+use crate::marker::MarkerView;
 use crate::store::{Begin, SharedStore, Store};
 use crate::task::Task;
 use crate::unit::{LockToken, UnitOfWork};
@@ -26,8 +26,9 @@ const MIN_LEASE: Duration = Duration::from_millis(10);
 
 /// What asking for the lock came to.
 pub(super) enum Start {
-    /// The unit is done: its marker, for a replay.
-    Replay { marker: Marker, attempts: u32 },
+    /// The unit is done: its stored marker, for a replay. Read only where it is replayed, so
+    /// that a duplicate reads it once, in place.
+    Replay { marker: Vec<u8>, attempts: u32 },
     /// The lock is ours: run the body.
     Run {
         fencing_token: Option<u64>,
@@ -55,9 +56,8 @@ pub(super) async fn begin(
         // The answer is matched into a pause, and the pause slept after the `match`: a value
         // matched on would stay in the call's future for as long as its arms await.
         let pause = match store.begin(unit, token, task.lock_ttl, task.fencing).await {
-            Ok(Begin::Done(bytes)) => {
+            Ok(Begin::Done(marker)) => {
                 attempts += 1;
-                let marker = stored_marker(unit, &bytes)?;
                 return Ok(Start::Replay { marker, attempts });
             }
             Ok(Begin::Acquired { fencing_token }) => {
@@ -124,14 +124,20 @@ pub(super) async fn begin(
 
 /// The marker a store answered for `unit`, once it is known to be readable and this key's own
 /// (stores find a unit by a digest of its key, and a marker holds the key it was written for).
-pub(super) fn stored_marker(unit: &UnitOfWork, bytes: &[u8]) -> Result<Marker, Error> {
-    let marker = Marker::decode(bytes).map_err(|err| {
-        codec(
-            unit,
-            CodecErrorKind::Unreadable,
-            format!("the stored marker cannot be read: {err}"),
-        )
-    })?;
-    check_marker_key(unit, &marker)?;
+pub(super) fn stored_marker<'a>(
+    unit: &UnitOfWork,
+    bytes: &'a [u8],
+) -> Result<MarkerView<'a>, Error> {
+    let marker = MarkerView::parse(bytes).map_err(|err| unreadable(unit, &err))?;
+    check_marker_key(unit, marker.key)?;
     Ok(marker)
+}
+
+/// The [`CodecErrorKind::Unreadable`] error of a stored marker that is not one.
+pub(super) fn unreadable(unit: &UnitOfWork, err: &dyn std::fmt::Display) -> Error {
+    codec(
+        unit,
+        CodecErrorKind::Unreadable,
+        format!("the stored marker cannot be read: {err}"),
+    )
 }

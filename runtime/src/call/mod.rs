@@ -14,14 +14,14 @@ use crate::error::{CallerKey, CodecErrorKind, Error, codec};
 use crate::fingerprint::Fingerprint;
 use crate::held_lock::{OnDrop, Recording, Renewal, release, renewing};
 use crate::install::current;
-use crate::marker::{Marker, StoredResult};
+use crate::marker::{Marker, MarkerView};
 use crate::observe::{Ending, Observation};
 use crate::outcome::{Outcome, Report};
 use crate::panicked::catching_panics;
 use crate::store::{SharedStore, Store};
 use crate::task::Task;
 use crate::unit::{LockToken, UnitOfWork};
-use begin::{Start, begin};
+use begin::{Start, begin, stored_marker, unreadable};
 
 mod begin;
 mod transaction;
@@ -332,32 +332,33 @@ impl Call<'_> {
         Ok(unit)
     }
 
-    /// The report of a duplicate delivery that found `marker` after `attempts` asks.
+    /// The report of a duplicate delivery that found the stored `marker` after `attempts` asks.
     pub(crate) fn replayed<T: DeserializeOwned, E: From<Error>>(
         &self,
         unit: &UnitOfWork,
-        marker: &Marker,
+        marker: &[u8],
         attempts: u32,
         observation: &Observation<'_>,
     ) -> Result<Report<T>, (E, Ending)> {
-        observation.fencing_token(marker.fencing_token());
-        let value = self.replay(unit, marker).map_err(|err| self.failed(err))?;
+        let marker = stored_marker(unit, marker).map_err(|err| self.failed(err))?;
+        observation.fencing_token(marker.fencing_token);
+        let value = self.replay(unit, &marker).map_err(|err| self.failed(err))?;
         Ok(Report {
             value,
             outcome: Outcome::Replayed,
-            fencing_token: marker.fencing_token(),
+            fencing_token: marker.fencing_token,
             attempts,
         })
     }
 
-    /// Decodes a stored result for a duplicate delivery.
+    /// Decodes a stored result for a duplicate delivery: its JSON is parsed once, into `T`.
     pub(crate) fn replay<T: DeserializeOwned>(
         &self,
         unit: &UnitOfWork,
-        marker: &Marker,
+        marker: &MarkerView<'_>,
     ) -> Result<T, Error> {
         if let Some(expected) = &self.fingerprint {
-            match marker.fingerprint() {
+            match marker.fingerprint {
                 Some(stored) if stored == expected.as_str() => {}
                 Some(_) => {
                     return Err(Error::KeyReuse {
@@ -375,15 +376,22 @@ impl Call<'_> {
                 ),
             }
         }
-        match marker.result() {
-            StoredResult::Json(json) => serde_json::from_str(json.get()).map_err(|err| {
+        match marker.result {
+            Ok(json) => serde_json::from_str(json).map_err(|err| {
+                // Text that is not JSON at all is a damaged marker, whichever error the
+                // decoder met first; JSON of another shape is the task's type that changed.
+                if serde_json::from_str::<serde::de::IgnoredAny>(json).is_err() {
+                    let not_json =
+                        format!("not a completion marker: the result is not JSON: {err}");
+                    return unreadable(unit, &not_json);
+                }
                 codec(
                     unit,
                     CodecErrorKind::Undecodable,
                     format!("its stored result does not decode into the task's return type: {err}"),
                 )
             }),
-            StoredResult::Unstorable(reason) => Err(codec(
+            Err(reason) => Err(codec(
                 unit,
                 CodecErrorKind::Unstorable,
                 format!(

@@ -8,7 +8,6 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::begin::stored_marker;
 use super::{Call, concluded};
 use crate::context::{Lease, TaskContext};
 use crate::error::{Error, contended};
@@ -93,10 +92,9 @@ impl Call<'_> {
         observation.waited(attempts, waiting.elapsed());
         let fencing_token = match begun {
             Ok(Begin::Acquired { fencing_token }) => fencing_token,
-            Ok(Begin::Done(bytes)) => {
+            Ok(Begin::Done(marker)) => {
                 // Nothing of this delivery's may commit; the body does not run.
                 transaction.abort().await;
-                let marker = stored_marker(&unit, &bytes).map_err(|err| self.failed(err))?;
                 return self.replayed(&unit, &marker, attempts, observation);
             }
             Ok(Begin::Busy { lock_ttl_remaining }) => {
