@@ -1,5 +1,7 @@
 //! The completion marker: the compact record stored once a unit of work succeeded.
 
+use std::io::Write as _;
+
 use serde_json::value::RawValue;
 
 use crate::fingerprint::Fingerprint;
@@ -81,13 +83,13 @@ impl Marker {
         let fingerprint = fingerprint.map(Fingerprint::as_str);
         let mut out =
             Vec::with_capacity(key.len() + body.len() + fingerprint.map_or(0, str::len) + 32);
+        // Numbers are written in place: a `to_string` would allocate each.
         out.push(TAG);
-        out.extend_from_slice(key.len().to_string().as_bytes());
+        let _ = write!(out, "{}", key.len());
         out.extend_from_slice(b",d");
-        out.extend_from_slice(delivery_of(token).as_bytes());
+        out.extend_from_slice(&delivery_bytes(token));
         if let Some(fence) = fencing_token {
-            out.extend_from_slice(b",f");
-            out.extend_from_slice(fence.to_string().as_bytes());
+            let _ = write!(out, ",f{fence}");
         }
         if let Some(fingerprint) = fingerprint {
             out.extend_from_slice(b",p");
@@ -237,6 +239,12 @@ fn not_a_marker(why: &str) -> MarkerError {
     MarkerError(format!("not a completion marker: {why}"))
 }
 
+/// [`delivery_bytes`] as text, for the tests.
+#[cfg(test)]
+pub(crate) fn delivery_of(token: &LockToken) -> String {
+    String::from_utf8_lossy(&delivery_bytes(token)).into_owned()
+}
+
 /// The delivery field of markers written by the holder of `token`: its first 24 bits in 4
 /// base64url characters.
 ///
@@ -244,17 +252,14 @@ fn not_a_marker(why: &str) -> MarkerError {
 /// markers differ but for a 1 in 16.7 million chance; 4 characters keep a `()` marker of a
 /// 29-character key at 44 bytes, which Redis stores inside the key's allocation (one more byte
 /// costs a second allocation, 16 bytes of memory per unit).
-pub(crate) fn delivery_of(token: &LockToken) -> String {
+fn delivery_bytes(token: &LockToken) -> [u8; 4] {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let bits = token
         .as_str()
         .get(..6)
         .and_then(|hex| u32::from_str_radix(hex, 16).ok())
         .unwrap_or_default();
-    [18, 12, 6, 0]
-        .iter()
-        .map(|shift| char::from(ALPHABET[(bits >> shift & 0x3f) as usize]))
-        .collect()
+    [18, 12, 6, 0].map(|shift| ALPHABET[(bits >> shift & 0x3f) as usize])
 }
 
 fn is_delivery(text: &str) -> bool {

@@ -37,8 +37,12 @@ pub struct UnitOfWork {
 struct Inner {
     task: Box<str>,
     key: Box<str>,
-    digest: Box<str>,
+    /// Base64url text, kept inline: one allocation fewer per unit.
+    digest: [u8; DIGEST_LEN],
 }
+
+/// The length of a unit's digest, in characters.
+const DIGEST_LEN: usize = 16;
 
 impl UnitOfWork {
     /// Validates `task` and `key` (at most [`MAX_KEY_LEN`] bytes) and hashes the key.
@@ -73,12 +77,11 @@ impl UnitOfWork {
                 max: max_key_len,
             });
         }
-        let digest = digest(key.as_bytes());
         Ok(Self {
             inner: Arc::new(Inner {
                 task: task.into(),
+                digest: digest_bytes(key.as_bytes()),
                 key: key.into_boxed_str(),
-                digest: digest.into_boxed_str(),
             }),
         })
     }
@@ -96,7 +99,8 @@ impl UnitOfWork {
     /// The first 96 bits of the caller key's SHA-256 in unpadded base64url (16 characters of
     /// `A-Z a-z 0-9 - _`): what stores put in their key names.
     pub fn digest(&self) -> &str {
-        &self.inner.digest
+        // Base64url is ASCII, so this never falls back.
+        std::str::from_utf8(&self.inner.digest).unwrap_or_default()
     }
 }
 
@@ -172,14 +176,16 @@ pub fn check_task_name(name: &str) -> Result<(), InvalidKey> {
 /// 96 bits keep a Redis key short (the whole unit fits a small allocation) while an accidental
 /// collision stays out of reach (about 2^48 units for even odds); a collision is detected anyway,
 /// because markers carry the plain key.
-fn digest(key: &[u8]) -> String {
+fn digest_bytes(key: &[u8]) -> [u8; DIGEST_LEN] {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let hash = Sha256::digest(key);
-    let mut out = String::with_capacity(16);
+    let mut out = [0; DIGEST_LEN];
+    let mut at = 0;
     for chunk in hash[..12].chunks(3) {
         let bits = u32::from(chunk[0]) << 16 | u32::from(chunk[1]) << 8 | u32::from(chunk[2]);
         for shift in [18, 12, 6, 0] {
-            out.push(char::from(ALPHABET[(bits >> shift & 0x3f) as usize]));
+            out[at] = ALPHABET[(bits >> shift & 0x3f) as usize];
+            at += 1;
         }
     }
     out
@@ -188,7 +194,28 @@ fn digest(key: &[u8]) -> String {
 /// The digest of a key as [`UnitOfWork::digest`] gives it, for a key that may not make a unit
 /// (one too long for a store, or a stored marker's key).
 pub(crate) fn digest_of(key: &str) -> String {
-    digest(key.as_bytes())
+    String::from_utf8_lossy(&digest_bytes(key.as_bytes())).into_owned()
+}
+
+/// Lowercase hex of 16 bytes, on the stack: the token is made into its shared string with no
+/// allocation before that one.
+struct HexBuf([u8; 32]);
+
+impl HexBuf {
+    fn of(bytes: &[u8; 16]) -> Self {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0; 32];
+        for (pair, &b) in out.chunks_exact_mut(2).zip(bytes) {
+            pair[0] = DIGITS[usize::from(b >> 4)];
+            pair[1] = DIGITS[usize::from(b & 0x0f)];
+        }
+        Self(out)
+    }
+
+    fn as_str(&self) -> &str {
+        // Hex digits are ASCII, so this never falls back.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
 }
 
 /// Lowercase hex of `bytes`.
@@ -259,7 +286,9 @@ pub enum InvalidKey {
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct LockToken {
-    random: Box<str>,
+    /// Shared: a call hands its token to the store and to the guard that releases it, and a
+    /// clone costs no allocation.
+    random: Arc<str>,
     fencing_token: Option<u64>,
 }
 
@@ -267,7 +296,7 @@ impl LockToken {
     /// A fresh token from the thread-local CSPRNG, without a fencing token.
     pub fn generate() -> Self {
         Self {
-            random: hex(&rand::random::<[u8; 16]>()).into_boxed_str(),
+            random: Arc::from(HexBuf::of(&rand::random::<[u8; 16]>()).as_str()),
             fencing_token: None,
         }
     }

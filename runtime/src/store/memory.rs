@@ -51,8 +51,9 @@ pub struct MemoryStore {
     state: Arc<Mutex<State>>,
 }
 
-/// A unit's entry in the map: the task name and the full caller key.
-type UnitId = (Box<str>, Box<str>);
+/// A unit by its task and full caller key (a `UnitOfWork` compares and hashes by them): a
+/// shared handle, so finding and filing an entry allocates nothing.
+type UnitId = UnitOfWork;
 
 #[derive(Debug, Default)]
 struct State {
@@ -167,7 +168,7 @@ impl MemoryStore {
         }
         // The full caller key, not the digest: in memory there is no reason to accept even a
         // detectable collision.
-        let id: UnitId = (Box::from(unit.task()), Box::from(unit.key()));
+        let id: UnitId = unit.clone();
         let mut slot = state.units.remove(&id).filter(|entry| entry.until > now);
         let before = slot.as_ref().map(|entry| entry.until);
         let answer = op(&mut slot, now);
@@ -476,7 +477,7 @@ mod tests {
         }
         let state = store.state.lock().unwrap();
         assert_eq!(state.units.len(), 1, "the expired units are still held");
-        assert!(state.units.keys().any(|(_, key)| &**key == "kept"));
+        assert!(state.units.keys().any(|unit| unit.key() == "kept"));
     }
 
     #[tokio::test(start_paused = true)]
