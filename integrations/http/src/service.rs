@@ -149,7 +149,7 @@ where
         (None, KeySource::Header(_)) => unreachable!("a missing header key returned above"),
     };
     let scope = config.scope.as_ref().map(|scope| scope(&parts));
-    let stored_key = key::scoped(scope.as_deref(), &key);
+    let stored_key = key::scoped(scope.as_deref(), key);
     let fingerprint = match config.fingerprinting.of(&parts, &body) {
         Ok(fingerprint) => fingerprint,
         Err(BodyRefused) => {
