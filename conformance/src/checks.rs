@@ -17,11 +17,14 @@ use idempotask::store::SharedStore;
 #[macro_export]
 macro_rules! __checks {
     (@reexports [] plain [$($module:ident::$check:ident,)*]
-        transactions [$($t_module:ident::$t_check:ident,)*]) => {
+        transactions [$($t_module:ident::$t_check:ident,)*]
+        doubt [$($d_module:ident::$d_check:ident,)*]) => {
         $(pub use $crate::$module::$check;)*
         $(pub use $crate::$t_module::$t_check;)*
+        $(pub use $crate::$d_module::$d_check;)*
     };
-    (@table [] plain [$($module:ident::$check:ident,)*] transactions [$($_t:tt)*]) => {
+    (@table [] plain [$($module:ident::$check:ident,)*] transactions [$($_t:tt)*]
+        doubt [$($_d:tt)*]) => {
         &[$($crate::Check {
             name: ::core::stringify!($check),
             run: |store| ::std::boxed::Box::pin(async move {
@@ -29,7 +32,8 @@ macro_rules! __checks {
             }),
         },)*]
     };
-    (@tests [$make:expr] plain [$($module:ident::$check:ident,)*] transactions [$($_t:tt)*]) => {$(
+    (@tests [$make:expr] plain [$($module:ident::$check:ident,)*] transactions [$($_t:tt)*]
+        doubt [$($_d:tt)*]) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $check() {
             let (_guard, store) = $make;
@@ -37,11 +41,19 @@ macro_rules! __checks {
         }
     )*};
     (@transaction_tests [$make:expr] plain [$($_p:tt)*]
-        transactions [$($t_module:ident::$t_check:ident,)*]) => {$(
+        transactions [$($t_module:ident::$t_check:ident,)*] doubt [$($_d:tt)*]) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $t_check() {
             let (_guard, store) = $make;
             $crate::$t_check(store).await;
+        }
+    )*};
+    (@doubt_tests [$make:expr] plain [$($_p:tt)*] transactions [$($_t:tt)*]
+        doubt [$($d_module:ident::$d_check:ident,)*]) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $d_check() {
+            let (_guard, store) = $make;
+            $crate::$d_check($crate::__private::SharedStore::new(store)).await;
         }
     )*};
     ($what:ident $($args:tt)*) => {
@@ -87,6 +99,13 @@ macro_rules! __checks {
                 transactions::concurrent_transactions_run_the_body_once,
                 transactions::a_plain_holder_makes_a_transaction_contended,
             ]
+            doubt [
+                doubt::a_lock_that_ran_out_is_taken_over_in_doubt,
+                doubt::released_and_finished_units_are_never_in_doubt,
+                doubt::concurrent_takeovers_see_the_doubt_once,
+                doubt::a_unit_left_in_doubt_stays_in_doubt_until_its_memory_ends,
+                doubt::hold_keeps_every_delivery_of_a_unit_in_doubt_from_running,
+            ]
         }
     };
 }
@@ -127,6 +146,27 @@ macro_rules! conformance_tests {
 macro_rules! transaction_conformance_tests {
     ($make:expr) => {
         $crate::__checks!(transaction_tests $make);
+    };
+}
+
+/// One `#[tokio::test]` per check of units left in doubt, named as the check, each with a
+/// fresh store from `$make`, as [`conformance_tests!`](crate::conformance_tests!) makes them.
+///
+/// Detecting units in doubt is what a store does when it honours
+/// [`LockToken::doubt_memory`](idempotask::store::LockToken::doubt_memory): it keeps a lock
+/// that ran out for that long and tells the delivery that takes it over
+/// ([`Begin::taken_over`](idempotask::store::Begin::taken_over)). Every store shipped with
+/// idempotask does; a store of one's own that does not still passes
+/// [`conformance_tests!`](crate::conformance_tests!), and its tasks never learn of a doubt.
+///
+/// ```no_run
+/// idempotask_conformance::doubt_conformance_tests!(((), idempotask::MemoryStore::new()));
+/// # fn main() {}
+/// ```
+#[macro_export]
+macro_rules! doubt_conformance_tests {
+    ($make:expr) => {
+        $crate::__checks!(doubt_tests $make);
     };
 }
 

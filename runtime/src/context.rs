@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::store::Doubt;
 use crate::unit::UnitOfWork;
 
 tokio::task_local! {
@@ -43,6 +44,8 @@ pub struct TaskContext {
     fencing_token: Option<u64>,
     attempt: u32,
     lease: Arc<Lease>,
+    /// Boxed: rare, and the context is part of every call's future.
+    in_doubt: Option<Box<Doubt>>,
 }
 
 /// The locally known validity of the lock: acquired at `start`, valid until `start +
@@ -111,7 +114,14 @@ impl TaskContext {
             fencing_token,
             attempt,
             lease,
+            in_doubt: None,
         }
+    }
+
+    /// The context of a body that runs on a unit taken over in doubt.
+    pub(crate) fn with_doubt(mut self, in_doubt: Option<Box<Doubt>>) -> Self {
+        self.in_doubt = in_doubt;
+        self
     }
 
     /// The task's stable name.
@@ -129,6 +139,30 @@ impl TaskContext {
     /// of the same unit of work. `None` when the task does not use fencing.
     pub fn fencing_token(&self) -> Option<u64> {
         self.fencing_token
+    }
+
+    /// Whether this unit is [in doubt](Doubt): an earlier delivery's lock ran out on the
+    /// store's clock without a release or a result (its worker was killed, frozen or cut off
+    /// after it began), so its side effect may have happened. What the store knows of it, to
+    /// ask the downstream system (a payment provider's lookup by idempotency key) before doing
+    /// the work again; `None` when the unit was free.
+    ///
+    /// ```
+    /// use idempotask::{MemoryStore, Task};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let in_doubt = Task::new("charge")
+    ///     .call("order-1")
+    ///     .store(MemoryStore::new())
+    ///     .run(async {
+    ///         Ok::<_, idempotask::Error>(idempotask::context().unwrap().in_doubt().is_some())
+    ///     })
+    ///     .await
+    ///     .unwrap();
+    /// assert!(!in_doubt, "a first delivery is never in doubt");
+    /// # }
+    /// ```
+    pub fn in_doubt(&self) -> Option<Doubt> {
+        self.in_doubt.as_deref().copied()
     }
 
     /// Which request for the lock succeeded (1 when it was free at once).

@@ -46,6 +46,28 @@ pub enum Error {
         attempts: u32,
     },
 
+    /// The unit is in doubt and its task holds such units ([`InDoubt::Hold`](crate::InDoubt)):
+    /// an earlier delivery's lock ran out without a release or a marker, so its side effect
+    /// may have happened, and the body did not run again.
+    ///
+    /// Nothing ran. Do not redeliver it blindly: dead-letter the message (or answer the
+    /// client that the request is in doubt) and let an operator find out whether the effect
+    /// happened, then record a result or free the unit (`idempotask resolve`). Every later
+    /// delivery gets this error until then.
+    #[error(
+        "task `{task}` with key `{key}` is in doubt: an earlier delivery's lock ran out {} ago without a release or a result; nothing ran, an operator must resolve it",
+        crate::error::millis_text(&.doubt.expired_for)
+    )]
+    #[non_exhaustive]
+    InDoubt {
+        /// The task's stable name.
+        task: String,
+        /// The caller's key (shown as the task's [`KeyLogging`](crate::KeyLogging) says).
+        key: CallerKey,
+        /// What the store knows of the earlier delivery.
+        doubt: crate::store::Doubt,
+    },
+
     /// The key was used before with different arguments (the `fingerprint` parameters differ).
     ///
     /// This is almost always a bug at the caller: two different business operations were given
@@ -418,6 +440,11 @@ impl Error {
                 lock_ttl_remaining,
                 attempts,
             },
+            Self::InDoubt { task, key, doubt } => Self::InDoubt {
+                task,
+                key: key.shown_as(logging),
+                doubt,
+            },
             Self::KeyReuse { task, key } => Self::KeyReuse {
                 task,
                 key: key.shown_as(logging),
@@ -463,6 +490,20 @@ pub(crate) fn contended(
         lock_ttl_remaining,
         attempts,
     }
+}
+
+/// The call's error for a unit held in doubt.
+pub(crate) fn held_in_doubt(unit: &UnitOfWork, doubt: crate::store::Doubt) -> Error {
+    Error::InDoubt {
+        task: unit.task().to_owned(),
+        key: CallerKey::plain(unit.key()),
+        doubt,
+    }
+}
+
+/// A duration as `1234 ms` in messages.
+pub(crate) fn millis_text(duration: &Duration) -> String {
+    format!("{} ms", duration.as_millis())
 }
 
 /// Stores find a unit by a digest of its key; the marker's own copy of the key tells a digest

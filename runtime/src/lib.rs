@@ -4,6 +4,7 @@
 mod backoff;
 mod call;
 mod context;
+mod doubt;
 mod error;
 mod fingerprint;
 mod held_lock;
@@ -35,6 +36,7 @@ mod unit;
 pub use backoff::Backoff;
 pub use call::Call;
 pub use context::{TaskContext, context};
+pub use doubt::{DEFAULT_DOUBT_MEMORY, InDoubt};
 pub use error::{CallerKey, CodecErrorKind, Error};
 pub use fingerprint::Fingerprint;
 pub use install::{install, installed, with_store};

@@ -9,14 +9,15 @@
 //! |---|---|
 //! | `task` | the task's stable name |
 //! | `key` | the caller key, or its digest with [`KeyLogging::Hash`] |
-//! | `outcome` | `executed`, `replayed`, `contended`, `failed`, `lock_lost` or `marker_not_written` |
+//! | `outcome` | `executed`, `replayed`, `contended`, `failed`, `lock_lost`, `marker_not_written` or `in_doubt` (held, [`InDoubt::Hold`](crate::InDoubt::Hold)) |
 //! | `attempts` | how many times the call asked for the lock |
 //! | `fencing_token` | the token of the execution that produced the value |
 //! | `waited_ms` | how long the call spent getting the lock or the stored result |
 //!
 //! The span is created once per call; with no subscriber interested in it, creating it and
 //! recording into it costs a cached callsite check and allocates nothing. Warnings (a lost lock,
-//! a result that could not be recorded, a lock that could not be released) are logged inside it
+//! a result that could not be recorded, a lock that could not be released, a unit found in
+//! doubt) are logged inside it
 //! and carry `task` and `key` themselves too, so they stay readable when spans are filtered out.
 //!
 //! # Metrics (feature `metrics`)
@@ -27,6 +28,7 @@
 //! | `idempotask_lock_wait_seconds` | histogram | `task` |
 //! | `idempotask_body_duration_seconds` | histogram | `task` |
 //! | `idempotask_lock_renewals_total` | counter | `task`, `result` (`renewed`, `lost`, `failed`) |
+//! | `idempotask_in_doubt_total` | counter | `task`, `policy` (`rerun`, `hold`): units found [in doubt](crate::store::Doubt) |
 //!
 //! Nothing is recorded until the application installs a recorder (an exporter such as
 //! `metrics-exporter-prometheus`).
@@ -82,6 +84,7 @@ pub(crate) enum Ending {
     Failed,
     LockLost,
     MarkerNotWritten,
+    InDoubt,
 }
 
 impl Ending {
@@ -93,6 +96,7 @@ impl Ending {
             Self::Failed => "failed",
             Self::LockLost => "lock_lost",
             Self::MarkerNotWritten => "marker_not_written",
+            Self::InDoubt => "in_doubt",
         }
     }
 }
@@ -168,6 +172,32 @@ impl<'t> Observation<'t> {
         )
         .increment(1);
     }
+}
+
+/// A unit found in doubt, and what its task's policy makes of it: one `WARN` and a count.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn in_doubt(
+    unit: &UnitOfWork,
+    logging: KeyLogging,
+    policy: crate::InDoubt,
+    doubt: &crate::store::Doubt,
+) {
+    tracing::warn!(
+        target: "idempotask",
+        task = unit.task(),
+        key = logging.show(unit),
+        policy = policy.as_str(),
+        earlier_fencing_token = doubt.fencing_token,
+        expired_ms = u64::try_from(doubt.expired_for.as_millis()).unwrap_or(u64::MAX),
+        "unit in doubt: an earlier delivery's lock ran out without a release or a result, so its side effect may have happened"
+    );
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "idempotask_in_doubt_total",
+        "task" => unit.task().to_owned(),
+        "policy" => policy.as_str(),
+    )
+    .increment(1);
 }
 
 /// One renewal of a lock by the watchdog: `renewed`, `lost` or `failed`.

@@ -12,6 +12,9 @@ pub struct Report<T> {
     pub fencing_token: Option<u64>,
     /// How many times the call asked for the lock.
     pub attempts: u32,
+    /// The body ran on a unit taken over [in doubt](crate::store::Doubt): what the store knew
+    /// of the earlier delivery. `None` for a unit that was free, and for a replay.
+    pub in_doubt: Option<crate::store::Doubt>,
 }
 
 /// How a call's value came about.

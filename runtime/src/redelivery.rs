@@ -16,6 +16,7 @@ use crate::Error;
 /// | [`Store`](Error::Store), [`NotConfigured`](Error::NotConfigured) | [`Later`](Self::Later) | back later, with backoff: the store recovers, or the deploy that installs it comes |
 /// | [`Reentered`](Error::Reentered), [`NoRuntime`](Error::NoRuntime), [`TaskNameTaken`](Error::TaskNameTaken) ([`is_misuse`](Error::is_misuse)) | [`Later`](Self::Later) | back later: the program is wrong, not the message, which must outlive the fix |
 /// | [`KeyReuse`](Error::KeyReuse), [`Codec`](Error::Codec), [`InvalidKey`](Error::InvalidKey), [`MarkerKeyMismatch`](Error::MarkerKeyMismatch) | [`Never`](Self::Never) | to the dead-letter path: no delivery of it can succeed. A [`Codec`](Error::Codec) error means the work already ran once (see [`CodecErrorKind`](crate::CodecErrorKind)): re-driving the message from there runs it again |
+/// | [`InDoubt`](Error::InDoubt) | [`Never`](Self::Never) | to the dead-letter path, with the reason: no delivery can succeed until an operator resolves the unit; re-drive it after that (a recorded result replays, a freed unit runs) |
 ///
 /// ```
 /// use idempotask::{Error, Redelivery};
@@ -44,8 +45,8 @@ pub enum Redelivery {
     /// misuses idempotask. Deliver it again later, with backoff; never drop it.
     Later,
     /// No delivery of this message can succeed: its key is unusable, it reuses a key with other
-    /// arguments, or the stored result does not decode or does not belong to it. Send it to the
-    /// dead-letter path. Nothing ran for this delivery, except on a [`Codec`](Error::Codec)
+    /// arguments, the stored result does not decode or does not belong to it, or its unit is
+    /// held in doubt until an operator resolves it. Send it to the dead-letter path. Nothing ran for this delivery, except on a [`Codec`](Error::Codec)
     /// error: then the work ran once, in this delivery or an earlier one.
     Never,
 }
@@ -60,6 +61,7 @@ impl Error {
                 lock_ttl_remaining, ..
             } => Redelivery::AfterHolder(*lock_ttl_remaining),
             Self::KeyReuse { .. }
+            | Self::InDoubt { .. }
             | Self::Codec { .. }
             | Self::InvalidKey(_)
             | Self::MarkerKeyMismatch { .. } => Redelivery::Never,

@@ -38,6 +38,11 @@ pub enum Status {
         /// How long the lock has left (unless its holder renews it).
         lock_ttl: Duration,
     },
+    /// The unit is [in doubt](crate::store::Doubt): a delivery's lock ran out without a
+    /// release or a result, so its side effect may have happened. The next delivery takes it
+    /// over (and reruns, reconciles or holds it, as its task says); find out downstream
+    /// whether the effect happened before replaying anything.
+    InDoubt(crate::store::Doubt),
     /// The store knows nothing of this unit: it never ran, failed, or its marker expired or
     /// was forgotten. A delivery runs the work.
     Unknown,
@@ -59,13 +64,14 @@ impl Inspection {
     /// # Errors
     /// [`MarkerError`] when the stored marker cannot be read by this build.
     pub fn status(&self) -> Result<Status, MarkerError> {
-        Ok(match (&self.marker, self.lock_ttl) {
-            (Some(bytes), _) => Status::Done(Done {
+        Ok(match (&self.marker, self.lock_ttl, self.in_doubt) {
+            (Some(bytes), _, _) => Status::Done(Done {
                 marker: Marker::decode(bytes)?,
                 ttl: self.marker_ttl,
             }),
-            (None, Some(lock_ttl)) => Status::Locked { lock_ttl },
-            (None, None) => Status::Unknown,
+            (None, Some(lock_ttl), _) => Status::Locked { lock_ttl },
+            (None, None, Some(doubt)) => Status::InDoubt(doubt),
+            (None, None, None) => Status::Unknown,
         })
     }
 }
@@ -125,6 +131,7 @@ mod tests {
             marker: Some(marker()),
             marker_ttl: Some(Duration::from_secs(60)),
             lock_ttl: Some(Duration::from_secs(5)),
+            in_doubt: None,
         };
         let Ok(Status::Done(done)) = both.status() else {
             panic!("{both:?}")

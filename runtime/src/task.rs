@@ -4,9 +4,10 @@ use std::borrow::Cow;
 use std::panic::Location;
 use std::time::Duration;
 
+use crate::doubt::{DEFAULT_DOUBT_MEMORY, InDoubt};
 use crate::observe::KeyLogging;
 use crate::retry::RetryPolicy;
-use crate::store::Fencing;
+use crate::store::{Fencing, LockToken};
 use crate::ttl::{MIN_TTL, clamp_ttl};
 
 /// How long a lock lasts unless renewed, by default.
@@ -31,6 +32,10 @@ pub struct Settings {
     pub fencing: bool,
     /// How the caller key appears in logs.
     pub log_key: KeyLogging,
+    /// What a delivery does with a unit left in doubt.
+    pub in_doubt: InDoubt,
+    /// How long the store remembers a lock that ran out without a release or a marker.
+    pub doubt_memory: Duration,
 }
 
 /// An idempotent task: a stable name and the settings every call of it uses.
@@ -68,6 +73,8 @@ pub struct Task {
     pub(crate) renew: bool,
     pub(crate) fencing: Fencing,
     pub(crate) log_key: KeyLogging,
+    pub(crate) in_doubt: InDoubt,
+    pub(crate) doubt_memory: Duration,
 }
 
 impl Task {
@@ -86,6 +93,8 @@ impl Task {
             renew: false,
             fencing: Fencing::Off,
             log_key: KeyLogging::Plain,
+            in_doubt: InDoubt::Rerun,
+            doubt_memory: DEFAULT_DOUBT_MEMORY,
         }
     }
 
@@ -207,6 +216,31 @@ impl Task {
         self
     }
 
+    /// What a delivery does with a unit left in doubt: one whose earlier delivery's lock ran
+    /// out without a release or a marker, so that its side effect may or may not have
+    /// happened (default [`InDoubt::Rerun`]). See [`Doubt`](crate::store::Doubt) and the
+    /// [guarantees guide](crate::guide::guarantees).
+    pub const fn in_doubt(mut self, policy: InDoubt) -> Self {
+        self.in_doubt = policy;
+        self
+    }
+
+    /// How long the store remembers a lock whose TTL ran out without a release or a marker
+    /// (default [`DEFAULT_DOUBT_MEMORY`], a day). Within it, the delivery that takes the unit
+    /// over knows that it is in doubt; after it, the unit is free and runs again as if new.
+    /// Zero turns detection off. Longer than [`MAX_TTL`](crate::MAX_TTL) is kept as
+    /// `MAX_TTL`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let task = idempotask::Task::new("t").doubt_memory(Duration::from_secs(7 * 24 * 3600));
+    /// assert_eq!(task.settings().doubt_memory, Duration::from_secs(7 * 24 * 3600));
+    /// ```
+    pub const fn doubt_memory(mut self, memory: Duration) -> Self {
+        self.doubt_memory = clamp_ttl(memory);
+        self
+    }
+
     /// Marks the task as the one `#[idempotent_task]` defines where it is expanded, so that
     /// two such tasks with one name are refused ([`Error::TaskNameTaken`](crate::Error)).
     #[track_caller]
@@ -236,6 +270,18 @@ impl Task {
             renew: self.renew,
             fencing: matches!(self.fencing, Fencing::On),
             log_key: self.log_key,
+            in_doubt: self.in_doubt,
+            doubt_memory: self.doubt_memory,
+        }
+    }
+
+    /// A token for one delivery's lock, asking the store to remember it as this task says and
+    /// to leave units in doubt alone when the task holds them.
+    pub(crate) fn lock_token(&self) -> LockToken {
+        let token = LockToken::generate().with_doubt_memory(self.doubt_memory);
+        match self.in_doubt {
+            InDoubt::Hold => token.leaving_doubt(),
+            InDoubt::Rerun => token,
         }
     }
 

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
@@ -199,6 +200,7 @@ pub(crate) fn digest_of(key: &str) -> String {
 
 /// Lowercase hex of 16 bytes, on the stack: the token is made into its shared string with no
 /// allocation before that one.
+#[derive(Clone, PartialEq, Eq, Hash)]
 struct HexBuf([u8; 32]);
 
 impl HexBuf {
@@ -287,18 +289,79 @@ pub enum InvalidKey {
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct LockToken {
     /// Shared: a call hands its token to the store and to the guard that releases it, and a
-    /// clone costs no allocation.
-    random: Arc<str>,
+    /// clone costs no allocation. Behind one thin pointer: a call's future holds several.
+    holder: Arc<Holder>,
     fencing_token: Option<u64>,
+}
+
+/// What a holder is and asks for, set before its first `begin`.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Holder {
+    random: HexBuf,
+    doubt_memory: Duration,
+    takes_over_doubt: bool,
 }
 
 impl LockToken {
     /// A fresh token from the thread-local CSPRNG, without a fencing token.
     pub fn generate() -> Self {
         Self {
-            random: Arc::from(HexBuf::of(&rand::random::<[u8; 16]>()).as_str()),
+            holder: Arc::new(Holder {
+                random: HexBuf::of(&rand::random::<[u8; 16]>()),
+                doubt_memory: Duration::ZERO,
+                takes_over_doubt: true,
+            }),
             fencing_token: None,
         }
+    }
+
+    /// The same holder, asking the store to remember its lock for `memory` after the lock's
+    /// TTL ran out without a release or a marker, so that the delivery that takes the unit
+    /// over learns that it is [in doubt](crate::store::Doubt) (zero, the default of a new
+    /// token: forgotten at once).
+    ///
+    /// A store that keeps a lock as one value keeps the memory in it, as it keeps the fencing
+    /// token, which is why the token carries it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let token = idempotask::store::LockToken::generate();
+    /// assert_eq!(token.doubt_memory(), Duration::ZERO);
+    /// let remembered = token.with_doubt_memory(Duration::from_secs(60));
+    /// assert_eq!(remembered.doubt_memory(), Duration::from_secs(60));
+    /// ```
+    #[must_use]
+    pub fn with_doubt_memory(mut self, memory: Duration) -> Self {
+        Arc::make_mut(&mut self.holder).doubt_memory = crate::ttl::clamp_ttl(memory);
+        self
+    }
+
+    /// How long the store should remember this lock once its TTL ran out; see
+    /// [`with_doubt_memory`](Self::with_doubt_memory).
+    pub fn doubt_memory(&self) -> Duration {
+        self.holder.doubt_memory
+    }
+
+    /// The same holder, asking `begin` not to take over a unit [in doubt](crate::store::Doubt):
+    /// the store then answers [`Begin::InDoubt`](crate::store::Begin::InDoubt) and writes
+    /// nothing, so the unit stays in doubt, as remembered, for every later delivery. What
+    /// [`InDoubt::Hold`](crate::InDoubt::Hold) tasks ask.
+    ///
+    /// ```
+    /// let token = idempotask::store::LockToken::generate();
+    /// assert!(token.takes_over_doubt());
+    /// assert!(!token.leaving_doubt().takes_over_doubt());
+    /// ```
+    #[must_use]
+    pub fn leaving_doubt(mut self) -> Self {
+        Arc::make_mut(&mut self.holder).takes_over_doubt = false;
+        self
+    }
+
+    /// Whether `begin` may take over a unit in doubt (true unless
+    /// [`leaving_doubt`](Self::leaving_doubt)).
+    pub fn takes_over_doubt(&self) -> bool {
+        self.holder.takes_over_doubt
     }
 
     /// The same holder once its lock was granted with `fencing_token`.
@@ -320,7 +383,7 @@ impl LockToken {
 
     /// The random part, which identifies the holder.
     pub fn as_str(&self) -> &str {
-        &self.random
+        self.holder.random.as_str()
     }
 
     /// The fencing token the lock was granted with, if the task uses fencing.
@@ -332,7 +395,7 @@ impl LockToken {
 impl fmt::Debug for LockToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Eight characters identify a holder in logs without handing out the whole token.
-        write!(f, "LockToken({}…", &self.random[..8])?;
+        write!(f, "LockToken({}…", &self.as_str()[..8])?;
         match self.fencing_token {
             Some(fence) => write!(f, ", fencing token {fence})"),
             None => f.write_str(")"),

@@ -236,6 +236,8 @@ async fn a_lost_lock_records_lock_lost_and_warns_with_the_hashed_key() {
     let ttl = Duration::from_millis(100);
     let report = Task::new("charge")
         .lock_ttl(ttl)
+        // Forgotten when it runs out: remembered, the lock would still be this delivery's.
+        .doubt_memory(Duration::ZERO)
         .log_key(KeyLogging::Hash)
         .call("alice@example.com")
         .store(MemoryStore::new())

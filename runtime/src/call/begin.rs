@@ -10,10 +10,12 @@ use crate::backoff::STORE_RETRY_BACKOFF;
 use crate::context::Lease;
 use crate::error::{
     CodecErrorKind, Error, StoreError, StoreErrorKind, check_marker_key, codec, contended,
+    held_in_doubt,
 };
 use crate::held_lock::{release, release_in_background};
 use crate::marker::MarkerView;
-use crate::store::{Begin, SharedStore, Store};
+use crate::observe;
+use crate::store::{Begin, Doubt, SharedStore, Store};
 use crate::task::Task;
 use crate::unit::{LockToken, UnitOfWork};
 
@@ -34,6 +36,9 @@ pub(super) enum Start {
         fencing_token: Option<u64>,
         attempts: u32,
         lease: Arc<Lease>,
+        /// The unit was taken over in doubt (the task reruns such units). Boxed: rare, and
+        /// carried through the whole call's future.
+        in_doubt: Option<Box<Doubt>>,
     },
 }
 
@@ -60,7 +65,15 @@ pub(super) async fn begin(
                 attempts += 1;
                 return Ok(Start::Replay { marker, attempts });
             }
-            Ok(Begin::Acquired { fencing_token }) => {
+            Ok(Begin::InDoubt(doubt)) => {
+                // Asked with a token that leaves doubt alone: nothing was written.
+                observe::in_doubt(unit, task.log_key, task.in_doubt, &doubt);
+                return Err(held_in_doubt(unit, doubt));
+            }
+            Ok(Begin::Acquired {
+                fencing_token,
+                in_doubt,
+            }) => {
                 attempts += 1;
                 let lease_start = first_unconfirmed.unwrap_or(sent).min(sent);
                 let lease = Lease::new(lease_start, task.lock_ttl);
@@ -84,10 +97,14 @@ pub(super) async fn begin(
                         ),
                     )));
                 }
+                if let Some(doubt) = &in_doubt {
+                    observe::in_doubt(unit, task.log_key, task.in_doubt, doubt);
+                }
                 return Ok(Start::Run {
                     fencing_token,
                     attempts,
                     lease: Arc::new(lease),
+                    in_doubt,
                 });
             }
             Ok(Begin::Busy { lock_ttl_remaining }) => {

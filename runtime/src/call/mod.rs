@@ -221,13 +221,13 @@ impl Call<'_> {
             .unit(store.max_key_len(), observation)
             .map_err(|err| self.failed(err))?;
         let logging = self.task.log_key;
-        let token = LockToken::generate();
+        let token = self.task.lock_token();
         // Armed before the first `begin` is sent: dropped while one is in flight, the call may
         // hold a lock nobody else knows of.
         let mut on_drop = OnDrop::release(&store, &unit, &token, logging);
         // In a block of its own, so that the answer's storage ends with it instead of staying
         // in the call's future through the body and the recording.
-        let (fencing_token, attempts, lease) = {
+        let (fencing_token, attempts, lease, in_doubt) = {
             let waiting = Instant::now();
             let start = match begin(self.task, &store, &unit, &token).await {
                 Ok(start) => start,
@@ -251,13 +251,15 @@ impl Call<'_> {
                     fencing_token,
                     attempts,
                     lease,
-                } => (fencing_token, attempts, lease),
+                    in_doubt,
+                } => (fencing_token, attempts, lease, in_doubt),
             }
         };
         observation.fencing_token(fencing_token);
         // From here on the store recognises our lock by its token and fencing token.
         let token = token.granted(fencing_token);
-        let context = TaskContext::new(unit.clone(), fencing_token, attempts, Arc::clone(&lease));
+        let context = TaskContext::new(unit.clone(), fencing_token, attempts, Arc::clone(&lease))
+            .with_doubt(in_doubt.clone());
         let guarded = context.scope(catching_panics(body));
         let running = Instant::now();
         let result = if self.task.renew {
@@ -307,6 +309,7 @@ impl Call<'_> {
             outcome,
             fencing_token,
             attempts,
+            in_doubt: in_doubt.map(|doubt| *doubt),
         })
     }
 
@@ -316,6 +319,7 @@ impl Call<'_> {
     pub(crate) fn failed<E: From<Error>>(&self, err: Error) -> (E, Ending) {
         let ending = match err {
             Error::Contended { .. } => Ending::Contended,
+            Error::InDoubt { .. } => Ending::InDoubt,
             _ => Ending::Failed,
         };
         (E::from(err.keys_shown_as(self.task.log_key)), ending)
@@ -348,6 +352,7 @@ impl Call<'_> {
             outcome: Outcome::Replayed,
             fencing_token: marker.fencing_token,
             attempts,
+            in_doubt: None,
         })
     }
 

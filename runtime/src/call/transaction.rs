@@ -10,11 +10,10 @@ use tracing::Instrument;
 
 use super::{Call, concluded};
 use crate::context::{Lease, TaskContext};
-use crate::error::{Error, contended};
-use crate::observe::{Ending, Observation};
+use crate::error::{Error, contended, held_in_doubt};
+use crate::observe::{self, Ending, Observation};
 use crate::outcome::{Outcome, Report};
 use crate::store::{Begin, TransactionScope};
-use crate::unit::LockToken;
 
 /// The validity a transactional execution's context reports: its lock is the transaction's,
 /// held until the transaction ends, whatever the task's lock TTL.
@@ -83,15 +82,28 @@ impl Call<'_> {
         let unit = self
             .unit(transaction.max_key_len(), observation)
             .map_err(|err| self.failed(err))?;
-        let token = LockToken::generate();
+        let token = self.task.lock_token();
         let attempts = 1;
         let waiting = Instant::now();
         let begun = transaction
             .begin(&unit, &token, self.task.lock_ttl, self.task.fencing)
             .await;
         observation.waited(attempts, waiting.elapsed());
-        let fencing_token = match begun {
-            Ok(Begin::Acquired { fencing_token }) => fencing_token,
+        let (fencing_token, in_doubt) = match begun {
+            Ok(Begin::Acquired {
+                fencing_token,
+                in_doubt,
+            }) => {
+                if let Some(doubt) = &in_doubt {
+                    observe::in_doubt(&unit, self.task.log_key, self.task.in_doubt, doubt);
+                }
+                (fencing_token, in_doubt)
+            }
+            Ok(Begin::InDoubt(doubt)) => {
+                transaction.abort().await;
+                observe::in_doubt(&unit, self.task.log_key, self.task.in_doubt, &doubt);
+                return Err(self.failed(held_in_doubt(&unit, doubt)));
+            }
             Ok(Begin::Done(marker)) => {
                 // Nothing of this delivery's may commit; the body does not run.
                 transaction.abort().await;
@@ -109,7 +121,8 @@ impl Call<'_> {
         };
         observation.fencing_token(fencing_token);
         let lease = Arc::new(Lease::new(Instant::now(), HELD_UNTIL_THE_TRANSACTION_ENDS));
-        let context = TaskContext::new(unit.clone(), fencing_token, attempts, lease);
+        let context = TaskContext::new(unit.clone(), fencing_token, attempts, lease)
+            .with_doubt(in_doubt.clone());
         let running = Instant::now();
         // Boxed, as in `Call::drive`: held inline, the body's future would be stored again
         // in every layer that awaits it.
@@ -133,6 +146,7 @@ impl Call<'_> {
             outcome: Outcome::Executed,
             fencing_token,
             attempts,
+            in_doubt: in_doubt.map(|doubt| *doubt),
         })
     }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
-use super::{Begin, Fencing, Finish, Inspection, Store};
+use super::{Begin, Doubt, Fencing, Finish, Inspection, Store};
 use crate::context::expiry;
 use crate::error::StoreError;
 use crate::marker::{Marker, lock_lost_marker};
@@ -113,15 +113,37 @@ impl State {
 /// What one unit holds: like the single Redis key of a unit, one of three states.
 #[derive(Debug)]
 enum Entry {
+    /// Held by `token` until `lapses_at`; after that, until the entry's expiry (the token's
+    /// doubt memory later), a lock that ran out without a release or a marker: in doubt.
     Locked {
         token: LockToken,
         fencing_token: Option<u64>,
+        lapses_at: Instant,
     },
     Done(Arc<[u8]>),
     /// A released fenced lock, kept so that the next grant's fencing token is higher.
     Released {
         fencing_token: u64,
     },
+}
+
+impl Entry {
+    /// A lock's state at `now`: how long it has left while held, or, once it ran out (and
+    /// is still remembered), the doubt it leaves. Other entries have no lock: zero left.
+    fn lock_state(&self, now: Instant) -> Result<Duration, Doubt> {
+        match self {
+            Self::Locked {
+                fencing_token,
+                lapses_at,
+                ..
+            } if now >= *lapses_at => Err(Doubt::new(
+                *fencing_token,
+                now.saturating_duration_since(*lapses_at),
+            )),
+            Self::Locked { lapses_at, .. } => Ok(lapses_at.saturating_duration_since(now)),
+            Self::Done(_) | Self::Released { .. } => Ok(Duration::ZERO),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -222,10 +244,29 @@ fn released(fencing_token: u64, now: Instant) -> Expiring<Entry> {
     )
 }
 
+/// `token`'s lock with `fencing_token`, held for `lock_ttl` from `now` and remembered for the
+/// token's doubt memory after that.
+fn locked(
+    token: &LockToken,
+    fencing_token: Option<u64>,
+    lock_ttl: Duration,
+    now: Instant,
+) -> Expiring<Entry> {
+    let lapses_at = expiry(now, lock_ttl);
+    Expiring {
+        value: Entry::Locked {
+            token: token.clone(),
+            fencing_token,
+            lapses_at,
+        },
+        until: expiry(lapses_at, token.doubt_memory()),
+    }
+}
+
 fn holds(slot: Option<&Expiring<Entry>>, token: &LockToken) -> bool {
     matches!(
         slot,
-        Some(Expiring { value: Entry::Locked { token: held, fencing_token }, .. })
+        Some(Expiring { value: Entry::Locked { token: held, fencing_token, .. }, .. })
             if held.as_str() == token.as_str() && *fencing_token == token.fencing_token()
     )
 }
@@ -251,22 +292,27 @@ impl Store for MemoryStore {
                         Entry::Locked {
                             token: held,
                             fencing_token,
+                            ..
                         },
                     ..
                 }) if held.as_str() == token.as_str() => {
-                    return Begin::Acquired {
-                        fencing_token: *fencing_token,
-                    };
+                    return Begin::acquired(*fencing_token);
                 }
-                Some(
-                    locked @ Expiring {
-                        value: Entry::Locked { .. },
-                        ..
-                    },
-                ) => {
-                    return Begin::Busy {
-                        lock_ttl_remaining: Some(locked.left(now)),
+                Some(Expiring {
+                    value: held @ Entry::Locked { fencing_token, .. },
+                    ..
+                }) => {
+                    let doubt = match held.lock_state(now) {
+                        Ok(left) => return Begin::busy(Some(left)),
+                        Err(doubt) => doubt,
                     };
+                    if !token.takes_over_doubt() {
+                        return Begin::InDoubt(doubt);
+                    }
+                    let fencing_token = (fencing == Fencing::On || fencing_token.is_some())
+                        .then(|| next_fencing_token(fencing_token.unwrap_or(0)));
+                    *slot = Some(locked(token, fencing_token, lock_ttl, now));
+                    return Begin::taken_over(fencing_token, doubt);
                 }
                 Some(Expiring {
                     value: Entry::Released { fencing_token },
@@ -278,15 +324,8 @@ impl Store for MemoryStore {
             // task did not ask for fencing.
             let fencing_token =
                 (fencing == Fencing::On || last > 0).then(|| next_fencing_token(last));
-            *slot = Some(Expiring::new(
-                Entry::Locked {
-                    token: token.clone(),
-                    fencing_token,
-                },
-                lock_ttl,
-                now,
-            ));
-            Begin::Acquired { fencing_token }
+            *slot = Some(locked(token, fencing_token, lock_ttl, now));
+            Begin::acquired(fencing_token)
         }))
     }
 
@@ -350,6 +389,7 @@ impl Store for MemoryStore {
                     Entry::Locked {
                         token: held,
                         fencing_token,
+                        ..
                     },
                 ..
             }) = slot.as_ref()
@@ -372,8 +412,8 @@ impl Store for MemoryStore {
     ) -> Result<bool, StoreError> {
         Ok(self.with_entry(unit, |slot, now| {
             let held = holds(slot.as_ref(), token);
-            if let (true, Some(lock)) = (held, slot.as_mut()) {
-                lock.until = expiry(now, lock_ttl);
+            if held {
+                *slot = Some(locked(token, token.fencing_token(), lock_ttl, now));
             }
             held
         }))
@@ -386,19 +426,13 @@ impl Store for MemoryStore {
                     value: Entry::Done(marker),
                     ..
                 },
-            ) => Inspection {
-                marker: Some(marker.to_vec()),
-                marker_ttl: Some(done.left(now)),
-                lock_ttl: None,
-            },
-            Some(
-                locked @ Expiring {
-                    value: Entry::Locked { .. },
-                    ..
-                },
-            ) => Inspection {
-                lock_ttl: Some(locked.left(now)),
-                ..Inspection::default()
+            ) => Inspection::done(marker.to_vec(), Some(done.left(now))),
+            Some(Expiring {
+                value: locked @ Entry::Locked { .. },
+                ..
+            }) => match locked.lock_state(now) {
+                Ok(left) => Inspection::locked(left),
+                Err(doubt) => Inspection::doubtful(doubt),
             },
             Some(Expiring {
                 value: Entry::Released { .. },

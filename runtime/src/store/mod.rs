@@ -54,6 +54,7 @@ pub(crate) mod memory;
 mod shared;
 mod transaction;
 
+pub use crate::doubt::Doubt;
 pub use crate::error::{StoreError, StoreErrorKind};
 pub use crate::marker::lock_lost_marker;
 pub use crate::unit::{
@@ -88,6 +89,15 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// `lock_ttl`), with a new fencing token when `fencing` is [`Fencing::On`]; otherwise how
     /// long the current holder's lock has left. If the lock already holds `token` (a repeated
     /// call) the answer is `Acquired` again, with the same fencing token.
+    ///
+    /// A store that remembers locks past their TTL ([`LockToken::doubt_memory`]) keeps this
+    /// lock for `lock_ttl` plus that memory, and judges every lock's expiry on its own clock.
+    /// A lock whose TTL ran out, still remembered, is taken over (not busy), and the answer
+    /// says so: `Acquired` with `in_doubt` ([`Begin::taken_over`]), since that holder neither
+    /// released its lock nor wrote a marker; unless the token asks to leave such units alone
+    /// ([`LockToken::leaving_doubt`]): then the answer is [`Begin::InDoubt`] and nothing is
+    /// written. Until it is taken over, such a lock is still its
+    /// holder's for `finish`, `renew` and `release`: nobody else ran.
     fn begin(
         &self,
         unit: &UnitOfWork,
@@ -150,9 +160,17 @@ pub enum Begin {
         /// With [`Fencing::On`], the new fencing token: greater than every token granted before
         /// for this unit. `None` without fencing.
         fencing_token: Option<u64>,
+        /// The unit was taken over from a holder whose lock ran out without a release or a
+        /// marker: what the store knows of it. `None` for a unit that was free. Boxed: rare,
+        /// and the answer is part of every call's future.
+        in_doubt: Option<Box<Doubt>>,
     },
     /// The unit is done; these are the stored marker's bytes.
     Done(Vec<u8>),
+    /// The unit is in doubt (its last lock ran out without a release or a marker, and the
+    /// store remembers it), and the token asked not to take it over
+    /// ([`LockToken::leaving_doubt`]): nothing was written.
+    InDoubt(Doubt),
     /// Another holder has the lock ([`Begin::busy`] builds it).
     #[non_exhaustive]
     Busy {
@@ -164,7 +182,19 @@ pub enum Begin {
 impl Begin {
     /// The lock is the caller's, with the fencing token granted if the call asked for one.
     pub fn acquired(fencing_token: Option<u64>) -> Self {
-        Self::Acquired { fencing_token }
+        Self::Acquired {
+            fencing_token,
+            in_doubt: None,
+        }
+    }
+
+    /// The lock is the caller's, taken over from a holder whose lock ran out without a
+    /// release or a marker: the unit is in doubt.
+    pub fn taken_over(fencing_token: Option<u64>, doubt: Doubt) -> Self {
+        Self::Acquired {
+            fencing_token,
+            in_doubt: Some(Box::new(doubt)),
+        }
     }
 
     /// Another holder has the lock, for `lock_ttl_remaining` more when the store knows.
@@ -231,6 +261,9 @@ pub struct Inspection {
     pub marker_ttl: Option<Duration>,
     /// How long the current lock has left, if the unit is locked.
     pub lock_ttl: Option<Duration>,
+    /// The unit is in doubt: its last lock ran out without a release or a marker, and the
+    /// store still remembers it. The next delivery takes it over.
+    pub in_doubt: Option<Doubt>,
 }
 
 impl Inspection {
@@ -245,6 +278,7 @@ impl Inspection {
             marker: Some(marker),
             marker_ttl: ttl,
             lock_ttl: None,
+            in_doubt: None,
         }
     }
 
@@ -252,6 +286,14 @@ impl Inspection {
     pub fn locked(ttl: Duration) -> Self {
         Self {
             lock_ttl: Some(ttl),
+            ..Self::default()
+        }
+    }
+
+    /// A lock that ran out without a release or a marker, still remembered.
+    pub fn doubtful(doubt: Doubt) -> Self {
+        Self {
+            in_doubt: Some(doubt),
             ..Self::default()
         }
     }

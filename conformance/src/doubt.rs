@@ -1,0 +1,248 @@
+//! Units left in doubt: a lock that ran out without a release or a marker is remembered for its
+//! token's doubt memory, and the delivery that takes the unit over is told.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use idempotask::store::{Begin, Doubt, Fencing, SharedStore, Store};
+use idempotask::store::{LockToken, UnitOfWork};
+use idempotask::{Error, InDoubt, Task};
+
+use super::{DAY, LONG, marker, outlive, unit};
+
+/// The lock TTL of a delivery that is left to run out.
+const SHORT: Duration = Duration::from_millis(150);
+
+/// A token that asks the store to remember its lock for a day after it ran out.
+fn remembered() -> LockToken {
+    LockToken::generate().with_doubt_memory(DAY)
+}
+
+/// Takes the lock with `token` and lets it run out, as a worker killed after it began would.
+async fn abandoned(store: &SharedStore, unit: &UnitOfWork, fencing: Fencing) -> Option<u64> {
+    let token = remembered();
+    match store.begin(unit, &token, SHORT, fencing).await.unwrap() {
+        Begin::Acquired {
+            fencing_token,
+            in_doubt: None,
+            ..
+        } => {
+            outlive(SHORT).await;
+            fencing_token
+        }
+        other => panic!("expected a free unit, got {other:?}"),
+    }
+}
+
+/// The doubt of a takeover, or a panic naming what `begin` answered instead.
+fn taken_over(answer: Begin) -> (Option<u64>, Doubt) {
+    match answer {
+        Begin::Acquired {
+            fencing_token,
+            in_doubt: Some(doubt),
+            ..
+        } => (fencing_token, *doubt),
+        other => panic!("expected the unit taken over in doubt, got {other:?}"),
+    }
+}
+
+/// Checks that a lock that ran out without a release or a marker is taken over in doubt, with
+/// the earlier holder's fencing token, and that `inspect` shows the doubt until then.
+///
+/// # Panics
+/// When the store does not.
+#[doc = example!(a_lock_that_ran_out_is_taken_over_in_doubt)]
+pub async fn a_lock_that_ran_out_is_taken_over_in_doubt(store: SharedStore) {
+    let plain = unit("doubt-1");
+    abandoned(&store, &plain, Fencing::Off).await;
+    let seen = store.inspect(&plain).await.unwrap();
+    assert!(
+        !seen.is_locked() && !seen.is_done() && seen.in_doubt.is_some(),
+        "a lock that ran out must read as in doubt, not held: {seen:?}"
+    );
+    let (fencing_token, doubt) = taken_over(
+        store
+            .begin(&plain, &remembered(), LONG, Fencing::Off)
+            .await
+            .unwrap(),
+    );
+    assert_eq!((fencing_token, doubt.fencing_token), (None, None));
+    assert!(
+        doubt.expired_for < Duration::from_secs(20),
+        "expired for {:?}, measured on another clock?",
+        doubt.expired_for
+    );
+    // The successor holds the unit now: nobody else is in doubt about it.
+    let seen = store.inspect(&plain).await.unwrap();
+    assert!(seen.is_locked() && seen.in_doubt.is_none(), "{seen:?}");
+
+    let fenced = unit("doubt-1-fenced");
+    let earlier = abandoned(&store, &fenced, Fencing::On).await.unwrap();
+    let (fencing_token, doubt) = taken_over(
+        store
+            .begin(&fenced, &remembered(), LONG, Fencing::On)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(doubt.fencing_token, Some(earlier));
+    assert!(fencing_token.unwrap() > earlier);
+}
+
+/// Checks that a released lock, a finished unit and a lock taken over are never in doubt, and
+/// that a lock that ran out with nobody taking it over is still its holder's to finish.
+///
+/// # Panics
+/// When the store does not.
+#[doc = example!(released_and_finished_units_are_never_in_doubt)]
+pub async fn released_and_finished_units_are_never_in_doubt(store: SharedStore) {
+    let unit = unit("doubt-2");
+    let token = remembered();
+    assert!(matches!(
+        store
+            .begin(&unit, &token, SHORT, Fencing::Off)
+            .await
+            .unwrap(),
+        Begin::Acquired { in_doubt: None, .. }
+    ));
+    assert!(store.release(&unit, &token).await.unwrap());
+    outlive(SHORT).await;
+    let next = remembered();
+    match store
+        .begin(&unit, &next, SHORT, Fencing::Off)
+        .await
+        .unwrap()
+    {
+        Begin::Acquired { in_doubt: None, .. } => {}
+        other => panic!("a released lock left the unit in doubt: {other:?}"),
+    }
+    // Ran out, and nobody took it over: nobody else ran, so the holder still finishes.
+    outlive(SHORT).await;
+    let finished = store
+        .finish(&unit, &next, &marker(unit.key(), None, "late"), DAY)
+        .await
+        .unwrap();
+    assert_eq!(finished, idempotask::store::Finish::Completed);
+    match store
+        .begin(&unit, &remembered(), LONG, Fencing::Off)
+        .await
+        .unwrap()
+    {
+        Begin::Done(_) => {}
+        other => panic!("a finished unit must replay, got {other:?}"),
+    }
+}
+
+/// Checks that when deliveries race for a unit in doubt, exactly one takes it over and learns
+/// of the doubt; the others find it busy.
+///
+/// # Panics
+/// When the store does not.
+#[doc = example!(concurrent_takeovers_see_the_doubt_once)]
+pub async fn concurrent_takeovers_see_the_doubt_once(store: SharedStore) {
+    let unit = unit("doubt-3");
+    abandoned(&store, &unit, Fencing::Off).await;
+    let racers = (0..8).map(|_| {
+        let (store, unit) = (store.clone(), unit.clone());
+        tokio::spawn(async move {
+            store
+                .begin(&unit, &remembered(), LONG, Fencing::Off)
+                .await
+                .unwrap()
+        })
+    });
+    let mut in_doubt = 0;
+    for racer in racers.collect::<Vec<_>>() {
+        match racer.await.unwrap() {
+            Begin::Acquired {
+                in_doubt: Some(_), ..
+            } => in_doubt += 1,
+            Begin::Busy { .. } => {}
+            other => panic!("expected one takeover and busy, got {other:?}"),
+        }
+    }
+    assert_eq!(in_doubt, 1, "exactly one delivery must take the unit over");
+}
+
+/// Checks that a token that leaves doubt alone is answered `InDoubt` and writes nothing, so
+/// that the unit stays in doubt for every later delivery, and that the memory of a lock that
+/// ran out ends when its token said.
+///
+/// # Panics
+/// When the store does not.
+#[doc = example!(a_unit_left_in_doubt_stays_in_doubt_until_its_memory_ends)]
+pub async fn a_unit_left_in_doubt_stays_in_doubt_until_its_memory_ends(store: SharedStore) {
+    let unit = unit("doubt-4");
+    let memory = Duration::from_millis(600);
+    let token = LockToken::generate().with_doubt_memory(memory);
+    store
+        .begin(&unit, &token, SHORT, Fencing::Off)
+        .await
+        .unwrap();
+    outlive(SHORT).await;
+    for _ in 0..3 {
+        match store
+            .begin(&unit, &remembered().leaving_doubt(), LONG, Fencing::Off)
+            .await
+            .unwrap()
+        {
+            Begin::InDoubt(_) => {}
+            other => panic!("expected the unit left in doubt, got {other:?}"),
+        }
+    }
+    assert!(store.inspect(&unit).await.unwrap().in_doubt.is_some());
+    outlive(memory).await;
+    match store
+        .begin(&unit, &remembered().leaving_doubt(), LONG, Fencing::Off)
+        .await
+        .unwrap()
+    {
+        Begin::Acquired { in_doubt: None, .. } => {}
+        other => panic!("the memory of the lock must have ended, got {other:?}"),
+    }
+}
+
+/// Checks the two policies of the runner: a `Hold` task never runs a unit in doubt and fails
+/// with [`Error::InDoubt`] every time; a `Rerun` task runs it once, and its body and report
+/// say it was in doubt.
+///
+/// # Panics
+/// When the store or the runner does not.
+#[doc = example!(hold_keeps_every_delivery_of_a_unit_in_doubt_from_running)]
+pub async fn hold_keeps_every_delivery_of_a_unit_in_doubt_from_running(store: SharedStore) {
+    let held = Task::new("conformance").in_doubt(InDoubt::Hold);
+    let unit = unit("doubt-5");
+    abandoned(&store, &unit, Fencing::Off).await;
+    let ran = Arc::new(AtomicU32::new(0));
+    for _ in 0..3 {
+        let ran = Arc::clone(&ran);
+        let answer = held
+            .call(unit.key())
+            .store(store.clone())
+            .run(async move { Ok::<_, Error>(ran.fetch_add(1, Ordering::SeqCst)) })
+            .await;
+        assert!(matches!(answer, Err(Error::InDoubt { .. })), "{answer:?}");
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "a held unit ran");
+
+    let rerun = Task::new("conformance");
+    let report = rerun
+        .call(unit.key())
+        .store(store.clone())
+        .run_reported(async {
+            let context = idempotask::context().unwrap();
+            Ok::<_, Error>(context.in_doubt().is_some())
+        })
+        .await
+        .unwrap();
+    assert!(report.value, "the body must see that its unit was in doubt");
+    assert!(report.in_doubt.is_some());
+    // Done now: never in doubt again.
+    let again = held
+        .call(unit.key())
+        .store(store.clone())
+        .run_reported(async { Ok::<_, Error>(false) })
+        .await
+        .unwrap();
+    assert!(again.value && again.in_doubt.is_none());
+}
