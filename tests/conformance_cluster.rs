@@ -17,6 +17,16 @@ idempotask_conformance::conformance_tests!({
     (cluster, store)
 });
 
+mod in_doubt {
+    use super::*;
+
+    idempotask_conformance::doubt_conformance_tests!({
+        let cluster = RedisCluster::shared();
+        let store = cluster.fresh_store().await;
+        (cluster, store)
+    });
+}
+
 /// Units of random tasks and keys, odd characters included.
 fn random_units(count: usize) -> Vec<UnitOfWork> {
     (0..count)

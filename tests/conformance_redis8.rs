@@ -15,3 +15,13 @@ idempotask_conformance::conformance_tests!({
     );
     (server, store)
 });
+
+mod in_doubt {
+    use super::*;
+
+    idempotask_conformance::doubt_conformance_tests!({
+        let server = RedisServer::start_flavor(Flavor::Redis8, &[]);
+        let store = server.store().await;
+        (server, store)
+    });
+}

@@ -1,7 +1,14 @@
-//! What a unit's key holds while it is not done: the lock of one delivery, `L<token>` or
-//! `L<token>.<fencing token>`, and after a fenced lock was released, `T<fencing token>`, which
-//! keeps the last fencing token so that the next grant's is higher. The marker (`D…`) is
-//! [`Marker`](idempotask::operator::Marker)'s.
+//! What a unit's key holds while it is not done: the lock of one delivery,
+//! `L<token>[~<doubt memory in ms>][.<fencing token>]`, and after a fenced lock was released,
+//! `T<fencing token>`, which keeps the last fencing token so that the next grant's is higher.
+//! The marker (`D…`) is [`Marker`](idempotask::operator::Marker)'s.
+//!
+//! A lock with a doubt memory `m` is kept for its TTL plus `m`: the key's expiry is the end of
+//! the memory, and the lock itself ran out once the key has `m` ms or less left (the server's
+//! clock, through `PTTL`). In between the unit is in doubt. A lock without `~` (memory 0, or
+//! written by an earlier version) runs out with its key.
+
+use std::time::Duration;
 
 use idempotask::store::Begin;
 use idempotask::store::LockToken;
@@ -9,11 +16,10 @@ use idempotask::store::LockToken;
 pub(super) const LOCK_TAG: u8 = b'L';
 pub(super) const RELEASED_TAG: u8 = b'T';
 
-/// The value of `token`'s lock: `L<token>`, or `L<token>.<fencing token>` once granted with one.
+/// The value of `token`'s lock: `L<token>[~<doubt memory>]`, with `.<fencing token>` once
+/// granted with one.
 pub(super) fn lock_value(token: &LockToken) -> String {
-    let mut value = String::with_capacity(54);
-    value.push(char::from(LOCK_TAG));
-    value.push_str(token.as_str());
+    let mut value = holder_value(token);
     if let Some(fence) = token.fencing_token() {
         value.push('.');
         value.push_str(&fence.to_string());
@@ -21,35 +27,82 @@ pub(super) fn lock_value(token: &LockToken) -> String {
     value
 }
 
-/// The part of `token`'s lock value that names its holder, `L<token>`, whatever fencing token
-/// the lock was granted with.
+/// The part of `token`'s lock value that names its holder, `L<token>[~<doubt memory>]`,
+/// whatever fencing token the lock was granted with.
 pub(super) fn holder_value(token: &LockToken) -> String {
-    let mut value = String::with_capacity(33);
+    let mut value = String::with_capacity(64);
     value.push(char::from(LOCK_TAG));
     value.push_str(token.as_str());
+    let memory = memory_millis(token);
+    if memory > 0 {
+        value.push('~');
+        value.push_str(&memory.to_string());
+    }
     value
 }
 
-/// A lock's value read back into its parts: the holder's token and the fencing token it was
-/// granted with; `None` for a value that is not a well-formed lock.
-///
-/// Input: `L<token>` or `L<token>.<fencing token>`. Output: `(token, fencing token)`.
-pub(super) fn lock_parts(value: &[u8]) -> Option<(&[u8], Option<u64>)> {
-    let rest = value.strip_prefix(&[LOCK_TAG])?;
-    match rest.iter().rposition(|&b| b == b'.') {
-        None => Some((rest, None)),
-        Some(dot) => {
-            let fence = std::str::from_utf8(&rest[dot + 1..]).ok()?.parse().ok()?;
-            Some((&rest[..dot], Some(fence)))
+/// How long the store keeps `token`'s lock after it ran out, in ms (0: not at all).
+pub(super) fn memory_millis(token: &LockToken) -> u64 {
+    let memory = token.doubt_memory();
+    if memory.is_zero() {
+        0
+    } else {
+        idempotask::store::ttl_millis(memory)
+    }
+}
+
+/// How long a key holding `token`'s lock for `lock_ms` lives: the lock, then its memory.
+pub(super) fn key_millis(token: &LockToken, lock_ms: u64) -> u64 {
+    lock_ms.saturating_add(memory_millis(token))
+}
+
+/// A lock's value read back into its parts; `None` for a value that is not a well-formed lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct LockParts<'a> {
+    /// The holder's random token.
+    pub(super) holder: &'a [u8],
+    /// How long the key outlives the lock, in ms.
+    pub(super) memory_ms: u64,
+    /// The fencing token it was granted with.
+    pub(super) fencing_token: Option<u64>,
+}
+
+impl LockParts<'_> {
+    /// The lock's state, given its key's remaining life `key_ttl`: how long it has left, or
+    /// how long ago it ran out (`Err`) while its memory lasts.
+    pub(super) fn left(&self, key_ttl: Duration) -> Result<Duration, Duration> {
+        let memory = Duration::from_millis(self.memory_ms);
+        match key_ttl.checked_sub(memory) {
+            Some(left) if !left.is_zero() => Ok(left),
+            _ => Err(memory.saturating_sub(key_ttl)),
         }
     }
+}
+
+/// Input: `L<token>[~<memory>][.<fencing token>]`. Output: its parts.
+pub(super) fn lock_parts(value: &[u8]) -> Option<LockParts<'_>> {
+    let number = |digits: &[u8]| -> Option<u64> { std::str::from_utf8(digits).ok()?.parse().ok() };
+    let rest = value.strip_prefix(&[LOCK_TAG])?;
+    let (rest, fencing_token) = match rest.iter().rposition(|&b| b == b'.') {
+        None => (rest, None),
+        Some(dot) => (&rest[..dot], Some(number(&rest[dot + 1..])?)),
+    };
+    let (holder, memory_ms) = match rest.iter().position(|&b| b == b'~') {
+        None => (rest, 0),
+        Some(tilde) => (&rest[..tilde], number(&rest[tilde + 1..])?),
+    };
+    Some(LockParts {
+        holder,
+        memory_ms,
+        fencing_token,
+    })
 }
 
 /// `Acquired` when the stored `value` is a lock taken with `token` (a repeated call whose first
 /// reply was lost), with the fencing token it was granted.
 pub(super) fn own_lock(value: &[u8], token: &LockToken) -> Option<Begin> {
-    let (holder, fencing_token) = lock_parts(value)?;
-    (holder == token.as_str().as_bytes()).then(|| Begin::acquired(fencing_token))
+    let parts = lock_parts(value)?;
+    (parts.holder == token.as_str().as_bytes()).then(|| Begin::acquired(parts.fencing_token))
 }
 
 #[cfg(test)]
@@ -78,8 +131,39 @@ mod tests {
         ] {
             assert_eq!(own_lock(damaged.as_bytes(), &token), None, "{damaged}");
         }
-        assert_eq!(lock_parts(b"Labc.7"), Some((&b"abc"[..], Some(7))));
-        assert_eq!(lock_parts(b"Labc"), Some((&b"abc"[..], None)));
+        let parts = |holder: &'static [u8], memory_ms, fencing_token| {
+            Some(LockParts {
+                holder,
+                memory_ms,
+                fencing_token,
+            })
+        };
+        assert_eq!(lock_parts(b"Labc.7"), parts(b"abc", 0, Some(7)));
+        assert_eq!(lock_parts(b"Labc"), parts(b"abc", 0, None));
+        assert_eq!(lock_parts(b"Labc~500.7"), parts(b"abc", 500, Some(7)));
+        assert_eq!(lock_parts(b"Labc~500"), parts(b"abc", 500, None));
+        assert_eq!(lock_parts(b"Labc~x"), None);
         assert_eq!(lock_parts(b"Dabc.7"), None);
+        let remembered = token.clone().with_doubt_memory(Duration::from_secs(2));
+        assert_eq!(
+            lock_value(&remembered.clone().with_fencing_token(9)),
+            format!("L{}~2000.9", token.as_str())
+        );
+        assert_eq!(
+            own_lock(
+                format!("L{}~2000.9", token.as_str()).as_bytes(),
+                &remembered
+            ),
+            acquired(Some(9))
+        );
+        let lapsed = lock_parts(b"Labc~500").unwrap();
+        assert_eq!(
+            lapsed.left(Duration::from_millis(800)),
+            Ok(Duration::from_millis(300))
+        );
+        assert_eq!(
+            lapsed.left(Duration::from_millis(200)),
+            Err(Duration::from_millis(300))
+        );
     }
 }

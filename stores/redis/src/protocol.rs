@@ -3,14 +3,15 @@
 //! Both stores speak one protocol over different connections, so it lives here once, generic
 //! over the connection: [`Protocol`] implements [`Store`] for any redis-rs async connection.
 //!
-//! Each unit of work is one key whose value is its whole state: `L<token>[.<fencing token>]`
-//! while locked, `T<fencing token>` after a fenced lock was released, or the marker (`D…`) once
+//! Each unit of work is one key whose value is its whole state:
+//! `L<token>[~<doubt memory>][.<fencing token>]` while locked (and, with a doubt memory, for
+//! that long after the lock ran out: the unit is in doubt, see [`lock`](super::lock)), `T<fencing token>` after a fenced lock was released, or the marker (`D…`) once
 //! done. The hot path is plain commands:
 //!
 //! | operation | command |
 //! |---|---|
 //! | begin | `SET key L<token> NX GET PX lock_ttl` (the reply is the unit's state) |
-//! | begin, fenced | script `begin_fenced.lua` (GET, TIME, SET) |
+//! | begin, fenced; begin that finds a released fenced lock, or a lock kept past its TTL | script `begin.lua` (GET, PTTL, TIME, SET) |
 //! | finish | `SET key <marker> IFEQ <lock> PX result_ttl` where the server has it (Valkey 8.1+, Redis 8.4+), else script `finish.lua` (GET, SET) |
 //! | renew | `SET key <lock> IFEQ <lock> PX lock_ttl`, else script `renew.lua` |
 //! | release, inspect, forget | scripts |
@@ -27,16 +28,16 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::keys::{FORGET_RECEIPT_MS, PREFIX, forget_receipt_key, unit_key};
-use super::lock::{holder_value, lock_value};
+use super::lock::{holder_value, key_millis, lock_value};
 pub(super) use super::reply::store_error;
 use super::reply::{foreign, is_out_of_memory, is_syntax_error, parse_flag, pttl, unexpected};
 use super::stored::Stored;
-use idempotask::store::{Begin, Fencing, Finish, Inspection, Store, ttl_millis};
+use idempotask::store::{Begin, Doubt, Fencing, Finish, Inspection, Store, ttl_millis};
 use idempotask::store::{LockToken, UnitOfWork};
 use idempotask::store::{StoreError, StoreErrorKind};
 
-pub(super) static BEGIN_FENCED: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("begin_fenced.lua")));
+pub(super) static BEGIN: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("begin.lua")));
 static FINISH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("finish.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("renew.lua")));
@@ -116,14 +117,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         resends: bool,
         call_timeout: Option<Duration>,
     ) -> Result<Self, StoreError> {
-        for script in [
-            &*BEGIN_FENCED,
-            &*FINISH,
-            &*RELEASE,
-            &*RENEW,
-            &*INSPECT,
-            &*FORGET,
-        ] {
+        for script in [&*BEGIN, &*FINISH, &*RELEASE, &*RENEW, &*INSPECT, &*FORGET] {
             script
                 .prepare_invoke()
                 .load_async(&mut connection)
@@ -406,7 +400,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         let key = self.key(unit);
         let lock_ms = ttl_millis(lock_ttl);
         if fencing == Fencing::On {
-            return self.begin_fenced(&key, token, lock_ms).await;
+            return self.begin_script(&key, token, lock_ms, fencing).await;
         }
         let mut cmd = Cmd::with_capacity(7, key.len() + 64);
         cmd.arg("SET")
@@ -415,7 +409,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
             .arg("NX")
             .arg("GET")
             .arg("PX")
-            .arg(lock_ms);
+            .arg(key_millis(token, lock_ms));
         match self.query(&cmd).await {
             Ok(Value::Nil) => Ok(Begin::acquired(None)),
             Ok(Value::BulkString(value)) => self.begin_found(&key, token, lock_ms, value).await,
@@ -488,8 +482,13 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
     ) -> Result<bool, StoreError> {
         let key = self.key(unit);
         let lock = lock_value(token);
-        self.renew_value("renew", &key, lock.as_bytes(), ttl_millis(lock_ttl))
-            .await
+        self.renew_value(
+            "renew",
+            &key,
+            lock.as_bytes(),
+            key_millis(token, ttl_millis(lock_ttl)),
+        )
+        .await
     }
 
     /// Sets the expiry of the lock `lock` (its whole stored value) on `key` to `ttl` ms from
@@ -541,6 +540,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
                 Stored::Lock {
                     lock_ttl_remaining, ..
                 } => Ok(Inspection::locked(lock_ttl_remaining.unwrap_or_default())),
+                Stored::InDoubt {
+                    fencing_token,
+                    expired_for,
+                    ..
+                } => Ok(Inspection::doubtful(Doubt::new(fencing_token, expired_for))),
                 Stored::Released { .. } => Ok(Inspection::default()),
                 _ => Err(foreign("inspect", &key, value)),
             },

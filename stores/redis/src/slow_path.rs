@@ -1,18 +1,23 @@
-//! The protocol's slow paths: `begin` when the unit is not free, the fenced `begin`, `begin` on
-//! a server out of memory, and `finish` once the lock is gone.
+//! The protocol's slow paths: `begin` when the unit is not free (held, done, or in doubt), the
+//! fenced `begin`, `begin` on a server out of memory, and `finish` once the lock is gone.
 
 use std::time::Duration;
 
 use redis::Value;
 use redis::aio::ConnectionLike;
 
-use super::lock::{LOCK_TAG, RELEASED_TAG, own_lock};
-use super::protocol::{BEGIN_FENCED, Protocol};
+use super::lock::{LOCK_TAG, RELEASED_TAG, key_millis, lock_parts, memory_millis, own_lock};
+use super::protocol::{BEGIN, Protocol};
 use super::reply::{foreign, is_out_of_memory, pttl, unexpected};
 use idempotask::operator::Marker;
 use idempotask::store::lock_lost_marker;
-use idempotask::store::{Begin, Finish, LockToken};
+use idempotask::store::{Begin, Doubt, Fencing, Finish, LockToken};
 use idempotask::store::{StoreError, StoreErrorKind};
+
+/// `ms` milliseconds, from a script's integer reply.
+fn millis(ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
     /// Reads the unit's state after `begin` found something there.
@@ -31,11 +36,19 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
                     // counts from then: set it from now, so that the grant lasts the lock TTL
                     // from this request as the caller counts it (a quorum counts its
                     // validity from the round that found it).
-                    if self.renew_value("begin", key, &value, lock_ms).await? {
+                    if self
+                        .renew_value("begin", key, &value, key_millis(token, lock_ms))
+                        .await?
+                    {
                         return Ok(acquired);
                     }
                     // Expired in between: nothing is held, ask again.
                     return Ok(Begin::busy(Some(Duration::ZERO)));
+                }
+                // Another holder's lock kept past its TTL may have run out: only the server's
+                // clock tells, in the script.
+                if lock_parts(&value).is_some_and(|parts| parts.memory_ms > 0) {
+                    return self.begin_script(key, token, lock_ms, Fencing::Off).await;
                 }
                 // The slow path only: another holder's lock. How long it has left lets the
                 // waiter ask again right when it expires.
@@ -46,20 +59,28 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
                 Ok(Begin::busy(pttl("begin", key, &reply)?))
             }
             // A released fenced lock: its counter must go on, which takes the script.
-            Some(&RELEASED_TAG) => self.begin_fenced(key, token, lock_ms).await,
+            Some(&RELEASED_TAG) => self.begin_script(key, token, lock_ms, Fencing::Off).await,
             _ => Err(foreign("begin", key, &value)),
         }
     }
 
-    pub(super) async fn begin_fenced(
+    /// `begin` through the script `begin.lua`: a fenced grant, a released fenced lock's
+    /// counter, or another holder's lock that may have run out (a unit in doubt).
+    pub(super) async fn begin_script(
         &self,
         key: &str,
         token: &LockToken,
         lock_ms: u64,
+        fencing: Fencing,
     ) -> Result<Begin, StoreError> {
+        let flag = |on: bool| if on { "1" } else { "0" };
         let reply = self
-            .invoke("begin", &BEGIN_FENCED, key, |cmd| {
-                cmd.arg(token.as_str()).arg(lock_ms);
+            .invoke("begin", &BEGIN, key, |cmd| {
+                cmd.arg(token.as_str())
+                    .arg(lock_ms)
+                    .arg(memory_millis(token))
+                    .arg(flag(fencing == Fencing::On))
+                    .arg(flag(token.takes_over_doubt()));
             })
             .await;
         let reply = match reply {
@@ -68,15 +89,15 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
             }
             reply => reply?,
         };
+        let fence = |value: i64| u64::try_from(value).ok();
+        let doubt = |expired: i64, earlier: i64| Doubt::new(fence(earlier), millis(expired.max(0)));
         if let Value::Array(items) = &reply {
             match items.as_slice() {
                 [Value::Int(1), Value::BulkString(marker)] => {
                     return Ok(Begin::Done(marker.clone()));
                 }
-                [Value::Int(2), Value::Int(fence)] => {
-                    if let Ok(fence) = u64::try_from(*fence) {
-                        return Ok(Begin::acquired(Some(fence)));
-                    }
+                [Value::Int(2), Value::Int(granted)] => {
+                    return Ok(Begin::acquired(fence(*granted)));
                 }
                 [Value::Int(3), pttl_value] => {
                     return Ok(Begin::busy(pttl("begin", key, pttl_value)?));
@@ -87,6 +108,20 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
                         StoreErrorKind::Protocol,
                         format!("key `{key}` holds a value that is not idempotask's"),
                     ));
+                }
+                [
+                    Value::Int(5),
+                    Value::Int(granted),
+                    Value::Int(expired),
+                    Value::Int(earlier),
+                ] => {
+                    return Ok(Begin::taken_over(
+                        fence(*granted),
+                        doubt(*expired, *earlier),
+                    ));
+                }
+                [Value::Int(6), Value::Int(expired), Value::Int(earlier)] => {
+                    return Ok(Begin::InDoubt(doubt(*expired, *earlier)));
                 }
                 _ => {}
             }

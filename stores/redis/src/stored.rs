@@ -9,7 +9,8 @@ use super::lock::{LOCK_TAG, RELEASED_TAG, lock_parts};
 
 /// What one unit's key holds: the value layout of the Redis stores, read in this one place.
 ///
-/// A key holds a lock (`L<token>`, `L<token>.<fencing token>`), a released fenced lock's
+/// A key holds a lock (`L<token>[~<doubt memory>][.<fencing token>]`, held, or run out and
+/// remembered: in doubt), a released fenced lock's
 /// counter (`T<fencing token>`) or a completion [`Marker`] (`D…`); anything else was not
 /// written by idempotask.
 #[derive(Debug, Clone)]
@@ -31,6 +32,18 @@ pub enum Stored {
         /// How long the lock has left; `None` when the key has no expiry, which idempotask
         /// never leaves on a lock (something else changed it).
         lock_ttl_remaining: Option<Duration>,
+    },
+    /// A lock that ran out without a release or a marker, still remembered: the unit is in
+    /// doubt (its delivery may or may not have done its side effect). The next delivery takes
+    /// it over.
+    #[non_exhaustive]
+    InDoubt {
+        /// The fencing token it was granted with, for a fenced task.
+        fencing_token: Option<u64>,
+        /// How long ago it ran out, on the server's clock.
+        expired_for: Duration,
+        /// How long the server remembers it still.
+        forgotten_in: Duration,
     },
     /// A completion marker (a value that starts with `D`), readable or not.
     #[non_exhaustive]
@@ -72,6 +85,11 @@ impl Stored {
     ///     }
     ///     other => panic!("{other:?}"),
     /// }
+    /// // Kept for 60 s after it runs out, with 20 s of its key left: ran out 40 s ago.
+    /// match Stored::parse(b"Labc~60000", Some(Duration::from_secs(20))) {
+    ///     Stored::InDoubt { expired_for, .. } => assert_eq!(expired_for, Duration::from_secs(40)),
+    ///     other => panic!("{other:?}"),
+    /// }
     /// ```
     pub fn parse(value: &[u8], ttl: Option<Duration>) -> Self {
         match value.first() {
@@ -80,10 +98,27 @@ impl Stored {
                 ttl,
                 marker: Marker::decode(value),
             },
-            Some(&LOCK_TAG) => Self::Lock {
-                fencing_token: lock_parts(value).and_then(|(_, fence)| fence),
-                lock_ttl_remaining: ttl,
-            },
+            Some(&LOCK_TAG) => {
+                let parts = lock_parts(value);
+                let fencing_token = parts.and_then(|parts| parts.fencing_token);
+                match (parts, ttl) {
+                    (Some(parts), Some(ttl)) => match parts.left(ttl) {
+                        Ok(left) => Self::Lock {
+                            fencing_token,
+                            lock_ttl_remaining: Some(left),
+                        },
+                        Err(expired_for) => Self::InDoubt {
+                            fencing_token,
+                            expired_for,
+                            forgotten_in: ttl,
+                        },
+                    },
+                    _ => Self::Lock {
+                        fencing_token,
+                        lock_ttl_remaining: ttl,
+                    },
+                }
+            }
             Some(&RELEASED_TAG) => Self::Released {
                 fencing_token: std::str::from_utf8(&value[1..])
                     .ok()

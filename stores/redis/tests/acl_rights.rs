@@ -1,13 +1,15 @@
 //! The least-privilege ACL users docs/operations.md recommends, exactly as written there, against every
 //! operation of the store: fenced tasks, releases, `forget`, a plain task on a unit that keeps a
-//! fencing counter; and a user missing one right is refused at `connect`, by name.
+//! fencing counter, a unit left in doubt; and a user missing one right is refused at `connect`, by name.
 
 use idempotask_test_support as support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use idempotask::store::{Store, StoreErrorKind, UnitOfWork};
-use idempotask::{Error, Outcome, Task};
+use std::time::Duration;
+
+use idempotask::store::{Fencing, LockToken, Store, StoreErrorKind, UnitOfWork};
+use idempotask::{Error, InDoubt, Outcome, Task};
 use idempotask_redis::{RedisClusterStore, RedisStore};
 use support::cluster::RedisCluster;
 use support::{Flavor, RedisServer};
@@ -102,6 +104,41 @@ async fn every_operation(store: impl Store + Clone) {
         fenced.status("k", &store).await.unwrap(),
         idempotask::operator::Status::Done(_)
     ));
+
+    // A unit left in doubt (a lock that ran out, still remembered): read, left alone by a
+    // task that holds such units, taken over by one that reruns them.
+    let unit = UnitOfWork::new("acl-doubt", "k").unwrap();
+    let abandoned = LockToken::generate().with_doubt_memory(Duration::from_secs(60));
+    let short = Duration::from_millis(100);
+    store
+        .begin(&unit, &abandoned, short, Fencing::On)
+        .await
+        .unwrap();
+    tokio::time::sleep(short + Duration::from_millis(50)).await;
+    let doubtful = Task::new("acl-doubt");
+    assert!(matches!(
+        doubtful.status("k", &store).await.unwrap(),
+        idempotask::operator::Status::InDoubt(_)
+    ));
+    let held: Result<u8, Error> = doubtful
+        .clone()
+        .in_doubt(InDoubt::Hold)
+        .call("k")
+        .store(store.clone())
+        .run(async { Ok(5) })
+        .await;
+    assert!(matches!(held, Err(Error::InDoubt { .. })), "{held:?}");
+    let rerun = doubtful
+        .call("k")
+        .store(store.clone())
+        .run_reported(async { Ok::<_, Error>(6_u8) })
+        .await
+        .unwrap();
+    assert!(
+        rerun
+            .in_doubt
+            .is_some_and(|doubt| doubt.fencing_token.is_some())
+    );
 }
 
 async fn documented_user_runs_everything(flavor: Flavor) {
