@@ -19,3 +19,19 @@ idempotask_conformance::conformance_tests!({
     assert_eq!((store.servers(), store.quorum()), (5, 3));
     (quorum, store)
 });
+
+mod in_doubt {
+    use super::*;
+
+    idempotask_conformance::doubt_conformance_tests!({
+        let quorum = Quorum::start_mixed(&[
+            Flavor::Redis,
+            Flavor::Valkey,
+            Flavor::Redis,
+            Flavor::Valkey,
+            Flavor::Redis,
+        ]);
+        let store = quorum.store().await;
+        (quorum, store)
+    });
+}

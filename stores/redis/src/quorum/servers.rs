@@ -277,6 +277,17 @@ impl Inner {
     /// server runs before it, whenever its answer comes. (Sent, because the connection's queue
     /// has room for every command a burst of calls makes: see `PIPELINE_BUFFER`.)
     pub(super) async fn release_grants(&self, unit: &UnitOfWork, grants: &[(usize, LockToken)]) {
+        self.give_back(unit, grants, false).await;
+    }
+
+    /// Gives back grants that took over a unit in doubt on their servers, so that it stays in
+    /// doubt there: each lock is left to run out at once (kept for its doubt memory) instead
+    /// of deleted, which would make those servers forget the earlier holder.
+    pub(super) async fn lapse_grants(&self, unit: &UnitOfWork, grants: &[(usize, LockToken)]) {
+        self.give_back(unit, grants, true).await;
+    }
+
+    async fn give_back(&self, unit: &UnitOfWork, grants: &[(usize, LockToken)], lapse: bool) {
         if grants.is_empty() {
             return;
         }
@@ -291,6 +302,9 @@ impl Inner {
                     let token = token_at(grants, index).cloned();
                     async move {
                         match token {
+                            Some(token) if lapse => {
+                                protocol.renew(unit, &token, Duration::ZERO).await
+                            }
                             Some(token) => protocol.release(unit, &token).await,
                             None => Ok(false),
                         }

@@ -6,7 +6,7 @@ use tokio::time::Instant;
 
 use super::RedlockStore;
 use super::servers::{Answer, busy_until};
-use idempotask::store::{Begin, Fencing, Finish, Inspection, Store};
+use idempotask::store::{Begin, Doubt, Fencing, Finish, Inspection, Store};
 use idempotask::store::{LockToken, UnitOfWork};
 use idempotask::store::{StoreError, StoreErrorKind};
 
@@ -54,10 +54,27 @@ impl Store for RedlockStore {
         let mut markers = Vec::new();
         let mut busy = Vec::new();
         let mut errors = Vec::new();
+        // What the servers remember of an earlier holder whose lock ran out: from those that
+        // were taken over, and from those left alone (a token that leaves doubt alone).
+        let mut doubts = Vec::new();
+        let mut doubted = Vec::new();
+        let mut left_alone = false;
         for (index, answer) in answers.into_iter().enumerate() {
             match answer {
-                Ok(Begin::Acquired { fencing_token, .. }) => {
+                Ok(Begin::Acquired {
+                    fencing_token,
+                    in_doubt,
+                    ..
+                }) => {
                     grants.push((index, token.clone().granted(fencing_token)));
+                    if let Some(doubt) = in_doubt {
+                        doubts.push(*doubt);
+                        doubted.push(index);
+                    }
+                }
+                Ok(Begin::InDoubt(doubt)) => {
+                    left_alone = true;
+                    doubts.push(doubt);
                 }
                 Ok(Begin::Done(marker)) => markers.push(marker),
                 Ok(Begin::Busy {
@@ -82,6 +99,15 @@ impl Store for RedlockStore {
             inner.release_grants(unit, &grants).await;
             return Ok(Begin::Done(most_common(markers)));
         }
+        // One server that remembers an earlier holder's lock running out is enough: that holder
+        // may have held a majority, and the other servers of it may have restarted without
+        // persistence or not answered this round. (A holder that died during its own round
+        // leaves a doubt too, though its body never ran: the safe side for a task that holds.)
+        if let (true, Some(doubt)) = (left_alone, merged(&doubts)) {
+            grants.append(&mut unknown);
+            inner.release_grants(unit, &grants).await;
+            return Ok(Begin::InDoubt(doubt));
+        }
         // A server that held a released fenced lock continues its counter even for a task
         // without fencing, so the grants of one round may carry counters or not.
         let fence = grants
@@ -100,12 +126,20 @@ impl Store for RedlockStore {
             if !left.is_empty() {
                 inner.release_grants(unit, &left).await;
             }
-            return Ok(Begin::acquired(fence));
+            return Ok(match merged(&doubts) {
+                Some(doubt) => Begin::taken_over(fence, doubt),
+                None => Begin::acquired(fence),
+            });
         }
         grants.append(&mut left);
         let granted_count = grants.len();
         grants.append(&mut unknown);
-        inner.release_grants(unit, &grants).await;
+        // Where this round took over a unit in doubt, the server must go on remembering it.
+        let (lapsing, releasing): (Vec<_>, Vec<_>) = grants
+            .into_iter()
+            .partition(|(index, _)| doubted.contains(index));
+        inner.lapse_grants(unit, &lapsing).await;
+        inner.release_grants(unit, &releasing).await;
         if granted_count >= quorum {
             return Err(StoreError::new(
                 "begin",
@@ -297,6 +331,7 @@ impl Store for RedlockStore {
         let mut seen = Inspection::default();
         let mut markers = Vec::new();
         let mut locks = Vec::new();
+        let mut doubts = Vec::new();
         let mut errors = Vec::new();
         for answer in answers {
             match answer {
@@ -305,6 +340,7 @@ impl Store for RedlockStore {
                         markers.push((marker, inspection.marker_ttl));
                     }
                     locks.extend(inspection.lock_ttl);
+                    doubts.extend(inspection.in_doubt);
                 }
                 Err(err) => errors.push(err),
             }
@@ -323,6 +359,9 @@ impl Store for RedlockStore {
         if locks.len() >= inner.quorum() {
             locks.sort_unstable_by(|a, b| b.cmp(a));
             seen.lock_ttl = locks.get(inner.quorum() - 1).copied();
+        } else if seen.marker.is_none() {
+            // As `begin` judges it: one server that remembers is enough.
+            seen.in_doubt = merged(&doubts);
         }
         Ok(seen)
     }
@@ -390,6 +429,14 @@ fn same_delivery(a: &[u8], b: &[u8]) -> bool {
 
 /// A server's answer that this build of the quorum store has no rule for (a variant the core
 /// added later): counted as a failed server, never as agreement.
+/// The doubts of several servers about one earlier holder as one: its highest fencing token,
+/// and the shortest time since its lock ran out (each server's clock counts its own).
+fn merged(doubts: &[Doubt]) -> Option<Doubt> {
+    let expired_for = doubts.iter().map(|doubt| doubt.expired_for).min()?;
+    let fencing_token = doubts.iter().filter_map(|doubt| doubt.fencing_token).max();
+    Some(Doubt::new(fencing_token, expired_for))
+}
+
 fn unknown_answer(operation: &'static str) -> StoreError {
     StoreError::new(
         operation,
