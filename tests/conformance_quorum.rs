@@ -7,7 +7,8 @@ use idempotask_test_support as support;
 use support::Flavor;
 use support::quorum::Quorum;
 
-idempotask_conformance::conformance_tests!({
+/// Five servers of their own, mixed.
+async fn five_servers() -> (Quorum, idempotask_redis::RedlockStore) {
     let quorum = Quorum::start_mixed(&[
         Flavor::Redis,
         Flavor::Valkey,
@@ -18,20 +19,12 @@ idempotask_conformance::conformance_tests!({
     let store = quorum.store().await;
     assert_eq!((store.servers(), store.quorum()), (5, 3));
     (quorum, store)
-});
+}
+
+idempotask_conformance::conformance_tests!(five_servers().await);
 
 mod in_doubt {
     use super::*;
 
-    idempotask_conformance::doubt_conformance_tests!({
-        let quorum = Quorum::start_mixed(&[
-            Flavor::Redis,
-            Flavor::Valkey,
-            Flavor::Redis,
-            Flavor::Valkey,
-            Flavor::Redis,
-        ]);
-        let store = quorum.store().await;
-        (quorum, store)
-    });
+    idempotask_conformance::doubt_conformance_tests!(five_servers().await);
 }

@@ -47,48 +47,16 @@ impl Store for RedlockStore {
                 |protocol| async move { protocol.begin(unit, token, lock_ttl, fencing).await },
             )
             .await;
-        let mut grants: Vec<(usize, LockToken)> = Vec::new();
-        // Servers whose answer never came (or was cut off): the `SET` may have run there, or
-        // may still run, and leave a lock of ours that nobody would release.
-        let mut unknown: Vec<(usize, LockToken)> = Vec::new();
-        let mut markers = Vec::new();
-        let mut busy = Vec::new();
-        let mut errors = Vec::new();
-        // What the servers remember of an earlier holder whose lock ran out: from those that
-        // were taken over, and from those left alone (a token that leaves doubt alone).
-        let mut doubts = Vec::new();
-        let mut doubted = Vec::new();
-        let mut left_alone = false;
-        for (index, answer) in answers.into_iter().enumerate() {
-            match answer {
-                Ok(Begin::Acquired {
-                    fencing_token,
-                    in_doubt,
-                    ..
-                }) => {
-                    grants.push((index, token.clone().granted(fencing_token)));
-                    if let Some(doubt) = in_doubt {
-                        doubts.push(*doubt);
-                        doubted.push(index);
-                    }
-                }
-                Ok(Begin::InDoubt(doubt)) => {
-                    left_alone = true;
-                    doubts.push(doubt);
-                }
-                Ok(Begin::Done(marker)) => markers.push(marker),
-                Ok(Begin::Busy {
-                    lock_ttl_remaining, ..
-                }) => busy.push(lock_ttl_remaining),
-                Ok(_) => errors.push(unknown_answer("begin")),
-                Err(err) => {
-                    if err.is_ambiguous() {
-                        unknown.push((index, token.clone()));
-                    }
-                    errors.push(err);
-                }
-            }
-        }
+        let Round {
+            mut grants,
+            mut unknown,
+            markers,
+            busy,
+            errors,
+            doubts,
+            doubted,
+            left_alone,
+        } = Round::of(answers, token);
         // A marker on any server counts as done (a server that restarted may have lost its
         // copy), unless a majority is locked by another delivery: then the marker is a stale
         // holder's that no majority stored, and replaying it would answer for work that is
@@ -429,6 +397,71 @@ fn same_delivery(a: &[u8], b: &[u8]) -> bool {
 
 /// A server's answer that this build of the quorum store has no rule for (a variant the core
 /// added later): counted as a failed server, never as agreement.
+/// The answers of one `begin` round, sorted.
+struct Round {
+    grants: Vec<(usize, LockToken)>,
+    /// Servers whose answer never came (or was cut off): the `SET` may have run there, or may
+    /// still run, and leave a lock of ours that nobody would release.
+    unknown: Vec<(usize, LockToken)>,
+    markers: Vec<Vec<u8>>,
+    busy: Vec<Option<Duration>>,
+    errors: Vec<StoreError>,
+    /// What the servers remember of an earlier holder whose lock ran out: from those that
+    /// were taken over (their indices in `doubted`), and from those left alone (a token that
+    /// leaves doubt alone: `left_alone`).
+    doubts: Vec<Doubt>,
+    doubted: Vec<usize>,
+    left_alone: bool,
+}
+
+impl Round {
+    fn of(answers: Vec<Result<Begin, StoreError>>, token: &LockToken) -> Self {
+        let mut round = Self {
+            grants: Vec::new(),
+            unknown: Vec::new(),
+            markers: Vec::new(),
+            busy: Vec::new(),
+            errors: Vec::new(),
+            doubts: Vec::new(),
+            doubted: Vec::new(),
+            left_alone: false,
+        };
+        for (index, answer) in answers.into_iter().enumerate() {
+            match answer {
+                Ok(Begin::Acquired {
+                    fencing_token,
+                    in_doubt,
+                    ..
+                }) => {
+                    round
+                        .grants
+                        .push((index, token.clone().granted(fencing_token)));
+                    if let Some(doubt) = in_doubt {
+                        round.doubts.push(*doubt);
+                        round.doubted.push(index);
+                    }
+                }
+                Ok(Begin::InDoubt(doubt)) => {
+                    round.left_alone = true;
+                    round.doubts.push(doubt);
+                }
+                Ok(Begin::Done(marker)) => round.markers.push(marker),
+                Ok(Begin::Busy {
+                    lock_ttl_remaining, ..
+                }) => round.busy.push(lock_ttl_remaining),
+                Ok(_) => round.errors.push(unknown_answer("begin")),
+                Err(err) => {
+                    if err.is_ambiguous() {
+                        round.unknown.push((index, token.clone()));
+                    }
+                    round.errors.push(err);
+                }
+            }
+        }
+        round
+    }
+}
+
 /// The doubts of several servers about one earlier holder as one: its highest fencing token,
 /// and the shortest time since its lock ran out (each server's clock counts its own).
 fn merged(doubts: &[Doubt]) -> Option<Doubt> {
