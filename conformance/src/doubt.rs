@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use idempotask::store::{Begin, Doubt, Fencing, SharedStore, Store};
 use idempotask::store::{LockToken, UnitOfWork};
-use idempotask::{Error, InDoubt, Task};
+use idempotask::{Error, InDoubt, Outcome, Reconciled, Task};
 
 use super::{DAY, LONG, marker, outlive, unit};
 
@@ -259,4 +259,95 @@ pub async fn hold_keeps_every_delivery_of_a_unit_in_doubt_from_running(store: Sh
         .await
         .unwrap();
     assert!(again.value && again.in_doubt.is_none());
+}
+
+/// Checks that a unit in doubt stays in doubt until a delivery records a result: a delivery
+/// that took it over and fails, or whose reconcile function fails, leaves it in doubt for the
+/// next one.
+///
+/// # Panics
+/// When the store or the runner does not.
+#[doc = example!(a_unit_stays_in_doubt_until_a_result_is_recorded)]
+pub async fn a_unit_stays_in_doubt_until_a_result_is_recorded(store: SharedStore) {
+    let task = Task::new("conformance").lock_ttl(SHORT);
+    let unit = unit("doubt-6");
+    abandoned(&store, &unit, Fencing::On).await;
+    let failed: Result<u8, Error> = task
+        .call(unit.key())
+        .store(store.clone())
+        .run(async { Err(Error::NotConfigured) })
+        .await;
+    assert!(matches!(failed, Err(Error::NotConfigured)), "{failed:?}");
+    let lookup_failed: Result<u8, Error> = task
+        .call(unit.key())
+        .store(store.clone())
+        .reconcile(|_| async { Err(Error::NotConfigured) })
+        .run(async { Ok(1) })
+        .await;
+    assert!(
+        matches!(lookup_failed, Err(Error::NotConfigured)),
+        "{lookup_failed:?}"
+    );
+    let report = task
+        .call(unit.key())
+        .store(store.clone())
+        .run_reported(async { Ok::<_, Error>(2_u8) })
+        .await
+        .unwrap();
+    let doubt = report
+        .in_doubt
+        .expect("a failed delivery must leave the unit in doubt");
+    assert!(doubt.fencing_token.is_some(), "{doubt:?}");
+    assert_eq!(report.value, 2);
+}
+
+/// Checks a reconcile function on a unit in doubt: the result it found is stored and
+/// replayed, and the body does not run; "not done" runs the body; a unit that was free never
+/// calls it.
+///
+/// # Panics
+/// When the store or the runner does not.
+#[doc = example!(reconcile_records_what_the_downstream_system_knows)]
+pub async fn reconcile_records_what_the_downstream_system_knows(store: SharedStore) {
+    let task = Task::new("conformance");
+    let known = unit("doubt-7");
+    abandoned(&store, &known, Fencing::Off).await;
+    let report = task
+        .call(known.key())
+        .store(store.clone())
+        .reconcile(|ctx| async move {
+            assert!(ctx.in_doubt().is_some() && ctx.lock_held());
+            Ok::<_, Error>(Reconciled::Done(7_u8))
+        })
+        .run_reported(async { Ok(8) })
+        .await
+        .unwrap();
+    assert_eq!((report.value, report.outcome), (7, Outcome::Reconciled));
+    let replayed: u8 = task
+        .call(known.key())
+        .store(store.clone())
+        .run(async { Ok::<_, Error>(9) })
+        .await
+        .unwrap();
+    assert_eq!(replayed, 7, "the reconciled result must be stored");
+
+    let unknown = unit("doubt-8");
+    abandoned(&store, &unknown, Fencing::Off).await;
+    let report = task
+        .call(unknown.key())
+        .store(store.clone())
+        .reconcile(|_| async { Ok::<_, Error>(Reconciled::NotDone) })
+        .run_reported(async { Ok(8_u8) })
+        .await
+        .unwrap();
+    assert_eq!((report.value, report.outcome), (8, Outcome::Executed));
+
+    let free = task
+        .call("doubt-9")
+        .store(store.clone())
+        .reconcile(|_| async { panic!("reconciled a unit that was free") })
+        .run(async { Ok::<_, Error>(1_u8) })
+        .await
+        .unwrap();
+    assert_eq!(free, 1);
 }

@@ -2,7 +2,7 @@
 //! [`Store`], and the task runner on top of it, must do. Every store
 //! shipped with idempotask passes it; a store of one's own runs it from its tests.
 //!
-//! Each of the 32 checks (and 5 more for transactions, 5 for units left in doubt) is an `async fn` that takes a fresh,
+//! Each of the 32 checks (and 5 more for transactions, 7 for units left in doubt) is an `async fn` that takes a fresh,
 //! empty store and panics, like a test, when the store breaks the contract.
 //! [`conformance_tests!`] turns the whole list into one `#[tokio::test]` per check, in a test
 //! file of the crate that implements `Store`, with `idempotask-conformance` and `tokio`
@@ -38,7 +38,7 @@
 //! | a call that stops half-way | [`a_call_dropped_while_begin_is_in_flight_leaves_no_lock`] to [`a_panic_while_encoding_the_result_frees_the_lock`] |
 //! | every fault at every point of a call | [`every_fault_point`] |
 //! | transactions | [`a_committed_transaction_is_replayed`] to [`a_plain_holder_makes_a_transaction_contended`] |
-//! | units left in doubt ([`doubt_conformance_tests!`]) | [`a_lock_that_ran_out_is_taken_over_in_doubt`] to [`hold_keeps_every_delivery_of_a_unit_in_doubt_from_running`] |
+//! | units left in doubt ([`doubt_conformance_tests!`]) | [`a_lock_that_ran_out_is_taken_over_in_doubt`] to [`reconcile_records_what_the_downstream_system_knows`] |
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // The checks are public only through the list in `checks.rs`: a check left out of it is never
 // reachable, and so dead code, which must fail the build and not only warn.

@@ -55,6 +55,8 @@ pub(crate) struct Lease {
     start: Instant,
     valid_for_ms: AtomicU64,
     lost: AtomicBool,
+    /// A reconcile function found the work done: its result is recorded instead of a body's.
+    reconciled: AtomicBool,
 }
 
 impl Lease {
@@ -64,6 +66,7 @@ impl Lease {
             start,
             valid_for_ms: AtomicU64::new(millis(ttl)),
             lost: AtomicBool::new(false),
+            reconciled: AtomicBool::new(false),
         }
     }
 
@@ -81,6 +84,14 @@ impl Lease {
     pub(crate) fn expires_at(&self) -> Instant {
         let valid_for = Duration::from_millis(self.valid_for_ms.load(Ordering::Acquire));
         expiry(self.start, valid_for)
+    }
+
+    pub(crate) fn reconcile(&self) {
+        self.reconciled.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn reconciled(&self) -> bool {
+        self.reconciled.load(Ordering::Acquire)
     }
 
     pub(crate) fn held(&self) -> bool {
@@ -174,6 +185,11 @@ impl TaskContext {
     /// the lock TTL has run out without a successful renewal, or a renewal found it taken.
     pub fn lock_held(&self) -> bool {
         self.lease.held()
+    }
+
+    /// The body's value is the one a reconcile function found, not a new execution's.
+    pub(crate) fn mark_reconciled(&self) {
+        self.lease.reconcile();
     }
 
     pub(crate) async fn scope<F: Future>(self, body: F) -> F::Output {

@@ -122,6 +122,30 @@ pub(crate) async fn release(
     }
 }
 
+/// Gives up the lock after a failed or panicked body: released, or, for a unit taken over in
+/// doubt, left to run out at once, so that the store remembers it and the next delivery
+/// still knows that an earlier one may have done the work. A unit in doubt stays in doubt
+/// until a delivery records a result.
+pub(crate) async fn give_up(
+    store: &SharedStore,
+    unit: &UnitOfWork,
+    token: &LockToken,
+    logging: KeyLogging,
+    in_doubt: bool,
+) {
+    if !in_doubt {
+        return release(store, unit, token, logging).await;
+    }
+    if let Err(err) = store.renew(unit, token, Duration::ZERO).await {
+        tracing::warn!(
+            task = unit.task(),
+            key = logging.show(unit),
+            error = %err,
+            "could not give up the lock of a unit in doubt; it stays in doubt once its TTL runs out"
+        );
+    }
+}
+
 pub(crate) fn log_release_failure(unit: &UnitOfWork, err: &StoreError, logging: KeyLogging) {
     tracing::warn!(
         task = unit.task(),
@@ -167,6 +191,8 @@ enum Pending {
         unit: UnitOfWork,
         token: LockToken,
         logging: KeyLogging,
+        /// The unit was taken over in doubt: give the lock up as [`give_up`] does.
+        in_doubt: bool,
     },
     /// Once the body succeeded: its marker is stored even if the caller stops waiting, so the
     /// work is not run again by the next delivery.
@@ -195,7 +221,15 @@ impl OnDrop {
                 unit: unit.clone(),
                 token: token.clone(),
                 logging,
+                in_doubt: false,
             },
+        }
+    }
+
+    /// The unit was taken over in doubt: if dropped, leave it in doubt rather than free it.
+    pub(crate) fn keep_doubt(&mut self) {
+        if let Pending::Release { in_doubt, .. } = &mut self.pending {
+            *in_doubt = true;
         }
     }
 
@@ -243,7 +277,23 @@ impl Drop for OnDrop {
                 unit,
                 token,
                 logging,
+                in_doubt: false,
             } => release_in_background(Some(store), &unit, &token, logging),
+            Pending::Release {
+                store,
+                unit,
+                token,
+                logging,
+                in_doubt: true,
+            } => {
+                let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                    return;
+                };
+                runtime.spawn(
+                    async move { give_up(&store, &unit, &token, logging, true).await }
+                        .in_current_span(),
+                );
+            }
             Pending::Finish {
                 store,
                 unit,
@@ -307,6 +357,7 @@ impl<'a> Recording<'a> {
         let mut failures: u32 = 0;
         loop {
             match store.finish(unit, token, marker, result_ttl).await {
+                Ok(Finish::Completed) if lease.reconciled() => return Outcome::Reconciled,
                 Ok(Finish::Completed) => return Outcome::Executed,
                 Ok(Finish::LockLost { marker_written }) => {
                     tracing::warn!(

@@ -9,7 +9,7 @@
 //! |---|---|
 //! | `task` | the task's stable name |
 //! | `key` | the caller key, or its digest with [`KeyLogging::Hash`] |
-//! | `outcome` | `executed`, `replayed`, `contended`, `failed`, `lock_lost`, `marker_not_written` or `in_doubt` (held, [`InDoubt::Hold`](crate::InDoubt::Hold)) |
+//! | `outcome` | `executed`, `replayed`, `reconciled`, `contended`, `failed`, `lock_lost`, `marker_not_written` or `in_doubt` (held, [`InDoubt::Hold`](crate::InDoubt::Hold)) |
 //! | `attempts` | how many times the call asked for the lock |
 //! | `fencing_token` | the token of the execution that produced the value |
 //! | `waited_ms` | how long the call spent getting the lock or the stored result |
@@ -80,6 +80,7 @@ impl KeyLogging {
 pub(crate) enum Ending {
     Executed,
     Replayed,
+    Reconciled,
     Contended,
     Failed,
     LockLost,
@@ -92,6 +93,7 @@ impl Ending {
         match self {
             Self::Executed => "executed",
             Self::Replayed => "replayed",
+            Self::Reconciled => "reconciled",
             Self::Contended => "contended",
             Self::Failed => "failed",
             Self::LockLost => "lock_lost",

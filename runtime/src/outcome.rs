@@ -25,6 +25,10 @@ pub enum Outcome {
     Executed,
     /// The unit was already done; the stored result was returned and the body did not run.
     Replayed,
+    /// The unit was [in doubt](crate::store::Doubt), and the call's reconcile function
+    /// ([`Call::reconcile`](crate::Call::reconcile)) found that the earlier delivery had done
+    /// the work: the result it answered was stored, and the body did not run.
+    Reconciled,
     /// The body ran but its lock had expired by the time it finished: another delivery may have
     /// run it too. Logged as a warning.
     #[non_exhaustive]

@@ -12,7 +12,7 @@ use tracing::Instrument;
 use crate::context::TaskContext;
 use crate::error::{CallerKey, CodecErrorKind, Error, codec};
 use crate::fingerprint::Fingerprint;
-use crate::held_lock::{OnDrop, Recording, Renewal, release, renewing};
+use crate::held_lock::{OnDrop, Recording, Renewal, give_up, renewing};
 use crate::install::current;
 use crate::marker::{Marker, MarkerView};
 use crate::observe::{Ending, Observation};
@@ -24,7 +24,10 @@ use crate::unit::{LockToken, UnitOfWork};
 use begin::{Start, begin, stored_marker, unreadable};
 
 mod begin;
+mod reconcile;
 mod transaction;
+
+pub use reconcile::{Reconciled, Reconciling};
 
 /// One delivery of a [`Task`] for one caller key; [`run`](Self::run) it with the body.
 #[derive(Debug)]
@@ -256,6 +259,11 @@ impl Call<'_> {
             }
         };
         observation.fencing_token(fencing_token);
+        // A unit taken over in doubt stays in doubt until a result is recorded.
+        let doubted = in_doubt.is_some();
+        if doubted {
+            on_drop.keep_doubt();
+        }
         // From here on the store recognises our lock by its token and fencing token.
         let token = token.granted(fencing_token);
         let context = TaskContext::new(unit.clone(), fencing_token, attempts, Arc::clone(&lease))
@@ -284,12 +292,12 @@ impl Call<'_> {
             Err(panic) => {
                 on_drop.disarm();
                 observation.ended(Ending::Failed);
-                release(&store, &unit, &token, logging).await;
+                give_up(&store, &unit, &token, logging, doubted).await;
                 resume_unwind(panic)
             }
             Ok(Err(err)) => {
                 on_drop.disarm();
-                release(&store, &unit, &token, logging).await;
+                give_up(&store, &unit, &token, logging, doubted).await;
                 return Err((err, Ending::Failed));
             }
             Ok(Ok(value)) => value,
@@ -449,6 +457,7 @@ fn concluded<T, E>(
             observation.ended(match report.outcome {
                 Outcome::Executed => Ending::Executed,
                 Outcome::Replayed => Ending::Replayed,
+                Outcome::Reconciled => Ending::Reconciled,
                 Outcome::LockLost { .. } => Ending::LockLost,
                 Outcome::MarkerNotWritten => Ending::MarkerNotWritten,
             });
