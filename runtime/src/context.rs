@@ -86,6 +86,11 @@ impl Lease {
         expiry(self.start, valid_for)
     }
 
+    /// How long ago the lock was asked for: how much of its TTL the holder has used.
+    pub(crate) fn age(&self) -> Duration {
+        self.start.elapsed()
+    }
+
     pub(crate) fn reconcile(&self) {
         self.reconciled.store(true, Ordering::Release);
     }

@@ -17,7 +17,7 @@
 //! The span is created once per call; with no subscriber interested in it, creating it and
 //! recording into it costs a cached callsite check and allocates nothing. Warnings (a lost lock,
 //! a result that could not be recorded, a lock that could not be released, a unit found in
-//! doubt) are logged inside it
+//! doubt, a body that used more than 80 % of a lock TTL it does not renew) are logged inside it
 //! and carry `task` and `key` themselves too, so they stay readable when spans are filtered out.
 //!
 //! # Metrics (feature `metrics`)
@@ -28,6 +28,7 @@
 //! | `idempotask_lock_wait_seconds` | histogram | `task` |
 //! | `idempotask_body_duration_seconds` | histogram | `task` |
 //! | `idempotask_lock_renewals_total` | counter | `task`, `result` (`renewed`, `lost`, `failed`) |
+//! | `idempotask_lock_ttl_used_ratio` | histogram | `task`: the share of its lock TTL each body used, from the request for the lock to the body's end (renewed locks included: above 1 means renewal carried it) |
 //! | `idempotask_in_doubt_total` | counter | `task`, `policy` (`rerun`, `hold`): units found [in doubt](crate::store::Doubt) |
 //!
 //! Nothing is recorded until the application installs a recorder (an exporter such as
@@ -39,6 +40,9 @@ use tracing::Span;
 use tracing::field::Empty;
 
 use crate::unit::UnitOfWork;
+
+/// The share of its lock TTL past which a body that does not renew its lock is warned about.
+const LOCK_TTL_WARNING_SHARE: f64 = 0.8;
 
 /// How the caller key appears in logs and spans; see [`Task::log_key`](crate::Task::log_key).
 ///
@@ -161,6 +165,34 @@ impl<'t> Observation<'t> {
         #[cfg(feature = "metrics")]
         metrics::histogram!("idempotask_body_duration_seconds", "task" => self.task.clone())
             .record(duration.as_secs_f64());
+    }
+
+    /// How much of its lock TTL a body used, from the request for the lock to its end: a
+    /// histogram of the share, and one `WARN` past 80 % for a lock nobody renews. The seed's
+    /// advice: set the TTL well above the task's p99, and watch the tasks that approach it.
+    #[cfg_attr(not(feature = "metrics"), allow(clippy::unused_self))]
+    pub(crate) fn lock_used(
+        &self,
+        unit: &UnitOfWork,
+        logging: KeyLogging,
+        used: Duration,
+        ttl: Duration,
+        renewed: bool,
+    ) {
+        let share = used.as_secs_f64() / ttl.as_secs_f64().max(f64::MIN_POSITIVE);
+        #[cfg(feature = "metrics")]
+        metrics::histogram!("idempotask_lock_ttl_used_ratio", "task" => self.task.clone())
+            .record(share);
+        if !renewed && share > LOCK_TTL_WARNING_SHARE {
+            tracing::warn!(
+                target: "idempotask",
+                task = unit.task(),
+                key = logging.show(unit),
+                used_ms = u64::try_from(used.as_millis()).unwrap_or(u64::MAX),
+                lock_ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+                "the task ran for more than 80 % of its lock TTL without renewal; a slower run would let a duplicate start: raise `lock_ttl` or turn on `renew`"
+            );
+        }
     }
 
     /// Records `Failed` unless an ending was recorded already.

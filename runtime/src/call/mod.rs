@@ -286,6 +286,13 @@ impl Call<'_> {
             guarded.await
         };
         observation.body_ran(running.elapsed());
+        observation.lock_used(
+            &unit,
+            logging,
+            lease.age(),
+            self.task.lock_ttl,
+            self.task.renew,
+        );
         // The `match` ends before the recording's await, so that its value does not stay in
         // the call's future.
         let value = match result.map(TaskOutput::into_result) {
