@@ -272,6 +272,16 @@ impl Args {
                 ),
             );
         }
+        // A refused `in_doubt` or `doubt_memory` is `None` here: no second error follows it.
+        if args.in_doubt == Some(InDoubt::Hold)
+            && let Some(memory) = args.doubt_memory
+            && memory.ms == 0
+        {
+            errors.at(
+                memory.span,
+                "with a `doubt_memory` of zero no unit is remembered in doubt, so `in_doubt = \"hold\"` would never hold one and every unit would run again; leave `doubt_memory` out (a day) or give it a duration",
+            );
+        }
         Some(args)
     }
 }
