@@ -66,6 +66,14 @@ const OPTIONS: &[(&str, Setter)] = &[
         args.max_backoff = Some(duration(option, &value)?);
         Ok(())
     }),
+    ("in_doubt", |args, _, value| {
+        args.in_doubt = Some(in_doubt(&value)?);
+        Ok(())
+    }),
+    ("doubt_memory", |args, option, value| {
+        args.doubt_memory = Some(duration_or_zero(option, &value)?);
+        Ok(())
+    }),
     ("log_key", |args, _, value| {
         args.log_key_hash = log_key(&value)?;
         Ok(())
@@ -108,6 +116,27 @@ pub(crate) struct Millis {
     pub(crate) span: Span,
 }
 
+/// What a task does with a unit left in doubt: the runtime's `InDoubt`, by the name of its
+/// variant.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InDoubt {
+    Rerun,
+    Hold,
+}
+
+impl InDoubt {
+    /// Each policy as `in_doubt = "…"` spells it, in the order the error message lists them.
+    const ALL: [(&'static str, Self); 2] = [("rerun", Self::Rerun), ("hold", Self::Hold)];
+
+    /// The name of the runtime's variant.
+    pub(crate) fn variant(self) -> &'static str {
+        match self {
+            Self::Rerun => "Rerun",
+            Self::Hold => "Hold",
+        }
+    }
+}
+
 /// The parsed options. `key` is kept as written; `key.rs` checks it against the function.
 pub(crate) struct Args {
     pub(crate) key: Option<Expr>,
@@ -125,6 +154,10 @@ pub(crate) struct Args {
     pub(crate) max_backoff: Option<Millis>,
     /// `log_key = "hash"`: logs show the key's digest instead of the key.
     pub(crate) log_key_hash: bool,
+    /// `in_doubt = "…"`: what a delivery does with a unit left in doubt.
+    pub(crate) in_doubt: Option<InDoubt>,
+    /// `doubt_memory = …`: how long the store remembers an expired lock; zero is allowed.
+    pub(crate) doubt_memory: Option<Millis>,
     /// `crate = "my_crate::idempotask"`: where a crate that re-exports idempotask has it.
     pub(crate) krate: Option<syn::Path>,
 }
@@ -190,6 +223,8 @@ impl Args {
             initial_backoff: None,
             max_backoff: None,
             log_key_hash: false,
+            in_doubt: None,
+            doubt_memory: None,
             krate: None,
         };
         for Opt { name, value } in opts {
@@ -235,6 +270,16 @@ impl Args {
                     show(result.ms),
                     show(lock_ms)
                 ),
+            );
+        }
+        // A refused `in_doubt` or `doubt_memory` is `None` here: no second error follows it.
+        if args.in_doubt == Some(InDoubt::Hold)
+            && let Some(memory) = args.doubt_memory
+            && memory.ms == 0
+        {
+            errors.at(
+                memory.span,
+                "with a `doubt_memory` of zero no unit is remembered in doubt, so `in_doubt = \"hold\"` would never hold one and every unit would run again; leave `doubt_memory` out (a day) or give it a duration",
             );
         }
         Some(args)
@@ -309,6 +354,28 @@ fn lock_ttl(option: &str, value: &Expr) -> syn::Result<Millis> {
 
 /// `30` (seconds) or `"750ms"`, `"30s"`, `"2m"`, `"1h"`, `"7d"`: a positive duration.
 fn duration(option: &str, value: &Expr) -> syn::Result<Millis> {
+    if is_negative(value) {
+        return Err(syn::Error::new_spanned(
+            value,
+            format!("`{option}` must be positive; a negative duration means nothing here"),
+        ));
+    }
+    let ttl = duration_or_zero(option, value)?;
+    if ttl.ms == 0 {
+        return Err(syn::Error::new(
+            ttl.span,
+            format!("`{option}` must be greater than zero"),
+        ));
+    }
+    Ok(ttl)
+}
+
+fn is_negative(value: &Expr) -> bool {
+    matches!(value, Expr::Unary(unary) if matches!(unary.op, UnOp::Neg(_)))
+}
+
+/// Like [`duration`], zero included: `doubt_memory = 0` turns detection off.
+fn duration_or_zero(option: &str, value: &Expr) -> syn::Result<Millis> {
     let span = value.span();
     let expected = || {
         syn::Error::new(
@@ -318,12 +385,10 @@ fn duration(option: &str, value: &Expr) -> syn::Result<Millis> {
             ),
         )
     };
-    if let Expr::Unary(unary) = value
-        && matches!(unary.op, UnOp::Neg(_))
-    {
+    if is_negative(value) {
         return Err(syn::Error::new_spanned(
             value,
-            format!("`{option}` must be positive; a negative duration means nothing here"),
+            format!("`{option}` cannot be negative; a negative duration means nothing here"),
         ));
     }
     let ms = match literal(value) {
@@ -335,12 +400,6 @@ fn duration(option: &str, value: &Expr) -> syn::Result<Millis> {
         Some(Lit::Str(text)) => parse_duration(&text.value()).ok_or_else(expected)?,
         _ => return Err(expected()),
     };
-    if ms == 0 {
-        return Err(syn::Error::new(
-            span,
-            format!("`{option}` must be greater than zero"),
-        ));
-    }
     if ms > MAX_TTL_MS {
         return Err(syn::Error::new(
             span,
@@ -429,6 +488,44 @@ fn log_key(value: &Expr) -> syn::Result<bool> {
     }
 }
 
+/// `"rerun"` or `"hold"`. `"reconcile"` is kept for a `reconcile = path` option of its own.
+fn in_doubt(value: &Expr) -> syn::Result<InDoubt> {
+    let names = InDoubt::ALL.map(|(name, _)| name);
+    let expected = names.map(|name| format!("`\"{name}\"`")).join(", ");
+    let Some(Lit::Str(text)) = literal(value) else {
+        // `in_doubt = hold` or `InDoubt::Hold`: the policy, written as code.
+        let word = match value {
+            Expr::Path(path) => path.path.segments.last().map(|s| s.ident.to_string()),
+            _ => None,
+        };
+        let hint = word
+            .and_then(|word| did_you_mean(&word.to_lowercase(), names))
+            .map_or_else(String::new, |close| {
+                format!("; did you mean `in_doubt = \"{close}\"`?")
+            });
+        return Err(syn::Error::new_spanned(
+            value,
+            format!("expected a string for `in_doubt`{hint}\nexpected one of: {expected}"),
+        ));
+    };
+    let policy = text.value();
+    if let Some((_, policy)) = InDoubt::ALL.iter().find(|(name, _)| *name == policy) {
+        return Ok(*policy);
+    }
+    let message = if policy == "reconcile" {
+        "reconciling is given as its own option, `reconcile = path::to::fn`, which is not available yet".to_owned()
+    } else {
+        let hint = did_you_mean(&policy, names).map_or_else(String::new, |close| {
+            format!("; did you mean `\"{close}\"`?")
+        });
+        format!("unknown `in_doubt` policy `{policy:?}`{hint}")
+    };
+    Err(syn::Error::new(
+        text.span(),
+        format!("{message}\nexpected one of: {expected}"),
+    ))
+}
+
 fn boolean(option: &str, value: &Expr) -> syn::Result<bool> {
     match literal(value) {
         Some(Lit::Bool(flag)) => Ok(flag.value),
@@ -457,7 +554,32 @@ fn count(option: &str, value: &Expr) -> syn::Result<u32> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
+    use super::{InDoubt, in_doubt, parse_duration};
+
+    #[test]
+    fn in_doubt_policies() {
+        let parse = |value: &str| {
+            in_doubt(&syn::parse_str(value).unwrap())
+                .map(InDoubt::variant)
+                .map_err(|err| err.to_string())
+        };
+        assert_eq!(parse(r#""rerun""#), Ok("Rerun"));
+        assert_eq!(parse(r#""hold""#), Ok("Hold"));
+        for (bad, says) in [
+            (r#""Hold""#, "did you mean `\"hold\"`?"),
+            (r#""reruns""#, "did you mean `\"rerun\"`?"),
+            (
+                r#""reconcile""#,
+                "its own option, `reconcile = path::to::fn`",
+            ),
+            (r#""""#, "unknown `in_doubt` policy `\"\"`"),
+            ("Rerun", "did you mean `in_doubt = \"rerun\"`?"),
+            ("1", "expected a string for `in_doubt`"),
+        ] {
+            let err = parse(bad).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
 
     #[test]
     fn durations_in_every_unit() {

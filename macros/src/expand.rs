@@ -45,6 +45,14 @@ fn settings(args: &Args) -> TokenStream {
     if args.log_key_hash {
         settings.extend(quote! { .log_key(#rt::__private::KeyLogging::Hash) });
     }
+    if let Some(policy) = args.in_doubt {
+        let variant = Ident::new(policy.variant(), Span::call_site());
+        settings.extend(quote! { .in_doubt(#rt::__private::InDoubt::#variant) });
+    }
+    if let Some(memory) = args.doubt_memory {
+        let memory = duration(memory.ms);
+        settings.extend(quote! { .doubt_memory(#memory) });
+    }
     let mut retry = TokenStream::new();
     if let Some(attempts) = args.max_attempts {
         retry.extend(quote! { .max_attempts(#attempts) });

@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 pub use crate::call::TaskOutput;
-pub use crate::{Call, CodecErrorKind, Error, Fingerprint, KeyLogging, RetryPolicy, Task};
+pub use crate::{Call, CodecErrorKind, Error, Fingerprint, InDoubt, KeyLogging, RetryPolicy, Task};
 pub use std::format;
 pub use std::string::String;
 

@@ -2,7 +2,7 @@
 // `main` type-checks, so no "cannot find function" error follows.
 use idempotask::{Error, idempotent_task};
 
-#[idempotent_task(key = "order-{ordr_id}", lock_ttl = 0, colour = "blue")]
+#[idempotent_task(key = "order-{ordr_id}", lock_ttl = 0, colour = "blue", in_doubt = "held")]
 fn charge_customer(order_id: u64) -> Result<u64, Error> {
     Ok(order_id)
 }

@@ -6,4 +6,9 @@ async fn charge(id: u64) -> Result<u64, Error> {
     Ok(id)
 }
 
+#[idempotent_task(key = "b-{id}", in_doubt = "hold", doubt_memory = 60, in_doubt = "rerun")]
+async fn transfer(id: u64) -> Result<u64, Error> {
+    Ok(id)
+}
+
 fn main() {}

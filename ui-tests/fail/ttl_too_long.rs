@@ -11,8 +11,13 @@ async fn lock_past_a_century(id: u64) -> Result<u64, Error> {
     Ok(id)
 }
 
+#[idempotent_task(key = "c-{id}", doubt_memory = "36501d")]
+async fn remembered_past_a_century(id: u64) -> Result<u64, Error> {
+    Ok(id)
+}
+
 // Exactly the limit is accepted.
-#[idempotent_task(key = "c-{id}", result_ttl = "36500d")]
+#[idempotent_task(key = "d-{id}", result_ttl = "36500d", doubt_memory = "36500d")]
 async fn a_century(id: u64) -> Result<u64, Error> {
     Ok(id)
 }
