@@ -257,9 +257,13 @@ async fn a_lost_lock_records_lock_lost_and_warns_with_the_hashed_key() {
     assert_eq!(field(&span, "outcome"), "lock_lost");
     assert_eq!(field(&span, "key"), digest);
     let warnings = capture.warnings.lock().unwrap();
-    assert_eq!(warnings.len(), 1, "{warnings:?}");
-    assert!(field(&warnings[0].0, "message").contains("lock expired"));
-    assert_eq!(field(&warnings[0].0, "key"), digest);
+    // First the body's use of its TTL (200 %, unrenewed), then the lost lock.
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(field(&warnings[0].0, "message").contains("more than 80 % of its lock TTL"));
+    assert!(field(&warnings[1].0, "message").contains("lock expired"));
+    for warning in warnings.iter() {
+        assert_eq!(field(&warning.0, "key"), digest);
+    }
     let everything = format!("{span:?}{warnings:?}");
     assert!(!everything.contains("alice"), "{everything}");
 }
@@ -421,4 +425,42 @@ mod metrics_counts {
             4
         );
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_near_its_lock_ttl_is_warned_about_once_and_a_renewed_one_is_not() {
+    let capture = Capture::default();
+    let _guard = capture.install();
+    let ttl = Duration::from_secs(10);
+    let body = |took: Duration| async move {
+        tokio::time::sleep(took).await;
+        Ok::<_, Error>(())
+    };
+    let store = MemoryStore::new();
+    let task = Task::new("export").lock_ttl(ttl);
+    task.call("70%")
+        .store(store.clone())
+        .run(body(ttl * 7 / 10))
+        .await
+        .unwrap();
+    assert!(
+        capture.warnings.lock().unwrap().is_empty(),
+        "70 % is no warning"
+    );
+    task.call("90%")
+        .store(store.clone())
+        .run(body(ttl * 9 / 10))
+        .await
+        .unwrap();
+    task.clone()
+        .renew(true)
+        .call("renewed")
+        .store(store.clone())
+        .run(body(ttl * 2))
+        .await
+        .unwrap();
+    let warnings = capture.warnings.lock().unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(field(&warnings[0].0, "message").contains("more than 80 %"));
+    assert_eq!(field(&warnings[0].0, "key"), "90%");
 }
