@@ -70,6 +70,10 @@ const OPTIONS: &[(&str, Setter)] = &[
         args.in_doubt = Some(in_doubt(&value)?);
         Ok(())
     }),
+    ("reconcile", |args, _, value| {
+        args.reconcile = Some(reconcile_path(value)?);
+        Ok(())
+    }),
     ("doubt_memory", |args, option, value| {
         args.doubt_memory = Some(duration_or_zero(option, &value)?);
         Ok(())
@@ -158,6 +162,8 @@ pub(crate) struct Args {
     pub(crate) in_doubt: Option<InDoubt>,
     /// `doubt_memory = …`: how long the store remembers an expired lock; zero is allowed.
     pub(crate) doubt_memory: Option<Millis>,
+    /// `reconcile = path::to::fn`: asked before a unit in doubt runs again.
+    pub(crate) reconcile: Option<syn::ExprPath>,
     /// `crate = "my_crate::idempotask"`: where a crate that re-exports idempotask has it.
     pub(crate) krate: Option<syn::Path>,
 }
@@ -225,6 +231,7 @@ impl Args {
             log_key_hash: false,
             in_doubt: None,
             doubt_memory: None,
+            reconcile: None,
             krate: None,
         };
         for Opt { name, value } in opts {
@@ -280,6 +287,12 @@ impl Args {
             errors.at(
                 memory.span,
                 "with a `doubt_memory` of zero no unit is remembered in doubt, so `in_doubt = \"hold\"` would never hold one and every unit would run again; leave `doubt_memory` out (a day) or give it a duration",
+            );
+        }
+        if let (Some(InDoubt::Hold), Some(reconcile)) = (args.in_doubt, &args.reconcile) {
+            errors.spanned(
+                reconcile,
+                "`reconcile` runs on a unit in doubt, which `in_doubt = \"hold\"` never runs; keep one of the two (`in_doubt = \"rerun\"`, the default, goes with `reconcile`)",
             );
         }
         Some(args)
@@ -513,7 +526,7 @@ fn in_doubt(value: &Expr) -> syn::Result<InDoubt> {
         return Ok(*policy);
     }
     let message = if policy == "reconcile" {
-        "reconciling is given as its own option, `reconcile = path::to::fn`, which is not available yet".to_owned()
+        "reconciling is an option of its own, `reconcile = path::to::fn`: the async function that asks the downstream system whether the work was done".to_owned()
     } else {
         let hint = did_you_mean(&policy, names).map_or_else(String::new, |close| {
             format!("; did you mean `\"{close}\"`?")
@@ -524,6 +537,21 @@ fn in_doubt(value: &Expr) -> syn::Result<InDoubt> {
         text.span(),
         format!("{message}\nexpected one of: {expected}"),
     ))
+}
+
+/// `reconcile = path::to::fn`: a path, not a call or a closure (the attribute calls it).
+fn reconcile_path(value: Expr) -> syn::Result<syn::ExprPath> {
+    match value {
+        Expr::Path(path) => Ok(path),
+        Expr::Call(call) => Err(syn::Error::new_spanned(
+            &call,
+            "`reconcile` names the function, it does not call it: write `reconcile = path::to::fn`, without arguments (it is given the task's context)",
+        )),
+        other => Err(syn::Error::new_spanned(
+            other,
+            "expected a path to an async function for `reconcile`, such as `reconcile = payments::lookup_charge`",
+        )),
+    }
 }
 
 fn boolean(option: &str, value: &Expr) -> syn::Result<bool> {
@@ -570,7 +598,7 @@ mod tests {
             (r#""reruns""#, "did you mean `\"rerun\"`?"),
             (
                 r#""reconcile""#,
-                "its own option, `reconcile = path::to::fn`",
+                "an option of its own, `reconcile = path::to::fn`",
             ),
             (r#""""#, "unknown `in_doubt` policy `\"\"`"),
             ("Rerun", "did you mean `in_doubt = \"rerun\"`?"),

@@ -129,8 +129,20 @@ pub(crate) fn function(function: &ItemFn, shape: &Shape<'_>, checked: &Checked<'
     // Spanned at the return type, so that an `Ok` type that cannot be stored or an error type
     // without `From<idempotask::Error>` is blamed there, once.
     let rt_at_output = respan(rt.clone(), output.span());
-    let run = quote_spanned! {output.span()=>
-        #rt_at_output::__private::run::<#output, _, _, _>(#call, #body).await
+    let run = match &args.reconcile {
+        None => quote_spanned! {output.span()=>
+            #rt_at_output::__private::run::<#output, _, _, _>(#call, #body).await
+        },
+        // Spanned at the path too: a function whose signature does not fit is blamed there.
+        Some(reconcile) => {
+            let rt_at_path = respan(rt.clone(), reconcile.span());
+            let reconcile = quote_spanned! {reconcile.span()=>
+                #rt_at_path::__private::reconcile_with::<#output, _, _, _>(#reconcile)
+            };
+            quote_spanned! {output.span()=>
+                #rt_at_output::__private::run_reconciled::<#output, _, _, _, _, _>(#call, #reconcile, #body).await
+            }
+        }
     };
 
     let statements = quote! {

@@ -69,6 +69,75 @@ where
     })
 }
 
+/// A function that `reconcile = path` can name, for a task whose result is `T` and error `E`.
+#[diagnostic::on_unimplemented(
+    message = "`reconcile` must name an async function that takes the task's context and answers what it found: `async fn(idempotask::TaskContext) -> Result<idempotask::Reconciled<{T}>, {E}>`",
+    label = "this does not take a `TaskContext` and answer `Result<Reconciled<{T}>, {E}>`",
+    note = "`{T}` and `{E}` are the task's own success and error types"
+)]
+pub trait ReconcileFn<T, E> {
+    /// The function's future.
+    type Answer: Future<Output = Result<crate::Reconciled<T>, E>>;
+
+    /// Calls it.
+    fn reconcile(self, context: crate::TaskContext) -> Self::Answer;
+}
+
+#[diagnostic::do_not_recommend]
+impl<C, A, T, E> ReconcileFn<T, E> for C
+where
+    C: FnOnce(crate::TaskContext) -> A,
+    A: Future<Output = Result<crate::Reconciled<T>, E>>,
+{
+    type Answer = A;
+
+    fn reconcile(self, context: crate::TaskContext) -> A {
+        self(context)
+    }
+}
+
+/// The `reconcile = path` function, checked against the task's return type `R` where it is
+/// named, so that a signature that does not fit is blamed on the path.
+pub fn reconcile_with<R, T, E, C>(
+    reconcile: C,
+) -> Checked<C::Answer, impl FnOnce(crate::TaskContext) -> C::Answer>
+where
+    R: TaskOutput<Ok = T, Err = E>,
+    C: ReconcileFn<T, E>,
+{
+    Checked(
+        move |context| reconcile.reconcile(context),
+        std::marker::PhantomData,
+    )
+}
+
+/// A reconcile function once [`reconcile_with`] checked it: what [`run_reconciled`] takes, so
+/// that a function that does not fit is reported once, at its path.
+pub struct Checked<A, C: FnOnce(crate::TaskContext) -> A>(C, std::marker::PhantomData<fn() -> A>);
+
+/// [`run`] with `reconcile = path`: a unit in doubt is reconciled before the body runs.
+///
+/// # Errors
+/// As [`Call::run`], and the reconcile function's own error.
+pub fn run_reconciled<R, T, E, F, A, C>(
+    call: Call<'_>,
+    reconcile: Checked<A, C>,
+    body: F,
+) -> impl Future<Output = R>
+where
+    R: TaskOutput<Ok = T, Err = E>,
+    T: StorableResult,
+    E: TaskError,
+    F: Future<Output = R>,
+    A: Future<Output = Result<crate::Reconciled<T>, E>>,
+    C: FnOnce(crate::TaskContext) -> A,
+{
+    let body = crate::call::reconciled_first(reconcile.0, async move { body.await.into_result() });
+    call.drive(Box::pin(body), |result| {
+        R::from_result(result.map(|report| report.value))
+    })
+}
+
 /// The key from a `key = parameter` option.
 pub fn key_from<K: Display + ?Sized>(key: &K) -> String {
     key.to_string()

@@ -27,6 +27,7 @@ mod begin;
 mod reconcile;
 mod transaction;
 
+pub(crate) use reconcile::reconciled_first;
 pub use reconcile::{Reconciled, Reconciling};
 
 /// One delivery of a [`Task`] for one caller key; [`run`](Self::run) it with the body.

@@ -118,7 +118,7 @@ where
 }
 
 /// The body as the runner sees it: in doubt, `reconcile` first; its answer, or the body's.
-async fn reconciled_first<T, E, R, Fut, F>(reconcile: R, body: F) -> Result<T, E>
+pub(crate) async fn reconciled_first<T, E, R, Fut, F>(reconcile: R, body: F) -> Result<T, E>
 where
     R: FnOnce(TaskContext) -> Fut,
     Fut: Future<Output = Result<Reconciled<T>, E>>,
