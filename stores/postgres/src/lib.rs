@@ -53,7 +53,8 @@ const PURGE_BLOCKS: i64 = 4096;
 /// One row per unit of work holds either the lock (token, lease expiry, fencing token) or the
 /// completion marker; every operation is one statement in the common case, so a fresh task
 /// costs two statements and a duplicate one, as on Redis (a `finish` after a lost lock, or a
-/// `begin` that raced another writer, finds an expired row or repeats its own grant, adds one). Fencing tokens come from a sequence that
+/// `begin` that raced another writer, finds an expired row, repeats its own grant or takes over
+/// a unit in doubt, adds one). Fencing tokens come from a sequence that
 /// starts at the clock in microseconds, so they increase across all units, not only per unit. It passes the same conformance suite as the Redis
 /// stores and works with every [`Task`](idempotask::Task).
 ///
@@ -109,6 +110,13 @@ const PURGE_BLOCKS: i64 = 4096;
 /// Expired rows count as absent on every read, and a new lock takes an expired row's place.
 /// Rows nobody asks for again stay until [`purge_expired`](Self::purge_expired) deletes them:
 /// schedule it (every few minutes, say) as you would any cleanup job.
+///
+/// A lock that ran out with neither a release nor a marker is remembered for its token's
+/// [doubt memory](idempotask::store::LockToken::doubt_memory), on the server's clock: until
+/// then the unit is [in doubt](idempotask::store::Doubt), the row counts as there (for its
+/// holder, for [`inspect`](Store::inspect) and the operator's reads, and for the purge), and the
+/// delivery that takes it over is told, at the cost of one more statement (see
+/// *Units in doubt* under [Setting it up](crate#setting-it-up)).
 ///
 /// ```no_run
 /// use idempotask::Task;
@@ -224,8 +232,9 @@ impl PostgresStore {
     /// The most rows one [`list_task`](Self::list_task) page answers.
     pub const LIST_PAGE_MAX: usize = 10_000;
 
-    /// For operators: `unit`'s live row, raw (the marker's bytes, the lock's fencing token);
-    /// `None` when it has none (never ran, released, expired or forgotten). Changes nothing.
+    /// For operators: `unit`'s row, raw (the marker's bytes, the lock's fencing token), when it
+    /// is live or in doubt; `None` when it has none (never ran, released, expired or
+    /// forgotten). Changes nothing.
     ///
     /// ```no_run
     /// # async fn run(store: idempotask_postgres::PostgresStore) -> Result<(), Box<dyn std::error::Error>> {
@@ -311,7 +320,7 @@ impl PostgresStore {
         })
     }
 
-    /// For operators: one page of `task`'s live units in key order, at most `limit` of them
+    /// For operators: one page of `task`'s units that are live or in doubt, in key order, at most `limit` of them
     /// (and at most [`LIST_PAGE_MAX`](Self::LIST_PAGE_MAX)), starting after the key `after`
     /// (`None`: from the first). One statement on the primary key per page; pass the last key
     /// of a page to get the next, until a page comes back shorter than asked. The pages are
