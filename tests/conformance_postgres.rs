@@ -1,5 +1,6 @@
 //! The conformance suite on `PostgresStore`, each check against a PostgreSQL server of its own:
-//! the plain checks, and the transaction checks on `PostgresTransaction`.
+//! the plain checks, those of units left in doubt, and the transaction checks on
+//! `PostgresTransaction`.
 
 use idempotask::store::SharedStore;
 use idempotask_conformance::OpensTransactions;
@@ -9,6 +10,12 @@ use idempotask_test_support as support;
 use support::postgres::PostgresServer;
 
 idempotask_conformance::conformance_tests!({
+    let server = PostgresServer::start();
+    let store = server.store().await;
+    (server, store)
+});
+
+idempotask_conformance::doubt_conformance_tests!({
     let server = PostgresServer::start();
     let store = server.store().await;
     (server, store)

@@ -105,8 +105,10 @@ impl PostgresStoreBuilder {
     }
 
     /// The SQL that creates the table and the fencing sequence (and the
-    /// schema, for a `schema.table` name), for a migration tool of your own. Every statement
-    /// is `IF NOT EXISTS`, so running it again changes nothing.
+    /// schema, for a `schema.table` name), for a migration tool of your own, and adds the
+    /// columns of this version to a table of an earlier one. Every statement is `IF NOT
+    /// EXISTS` (the column is added only when the catalog says it is missing), so running it
+    /// again changes nothing and takes no lock on an up-to-date table.
     ///
     /// # Errors
     /// `Configuration` for an unusable table name.
@@ -136,13 +138,13 @@ impl PostgresStoreBuilder {
             .map_err(|err| store_error("migrate", &name.display(), err))
     }
 
-    /// Opens the store's pool, checks through it that the table and its fencing sequence
-    /// exist, and builds the store.
+    /// Opens the store's pool, checks through it that the table (with this version's
+    /// columns) and its fencing sequence exist, and builds the store.
     ///
     /// # Errors
-    /// `Configuration` for an unusable table name or a table that does not exist yet (run
-    /// [`migrate`](Self::migrate) first); `Unreachable` or `Timeout` when the server does not
-    /// answer.
+    /// `Configuration` for an unusable table name, or a table that does not exist yet or is
+    /// of an earlier version (run [`migrate`](Self::migrate) first); `Unreachable` or
+    /// `Timeout` when the server does not answer.
     pub async fn connect(self) -> Result<PostgresStore, StoreError> {
         let name = TableName::parse(&self.table)?;
         let settings = self.pool.options();

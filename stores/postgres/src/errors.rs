@@ -45,8 +45,10 @@ pub(super) fn classify(table: &str, err: &sqlx::Error) -> (StoreErrorKind, bool,
 fn database(db: &dyn sqlx::error::DatabaseError, table: &str) -> (StoreErrorKind, bool, String) {
     let code = db.code().unwrap_or_default();
     match &*code {
-        // undefined_table, undefined_object (the sequence): the migration has not run.
-        "42P01" | "42704" => (
+        // undefined_table, undefined_object (the sequence): the migration has not run;
+        // undefined_column: the table is of an earlier version, and this one's migration
+        // (which adds the column) has not run.
+        "42P01" | "42704" | "42703" => (
             StoreErrorKind::Configuration,
             false,
             format!(

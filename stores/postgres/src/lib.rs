@@ -36,7 +36,7 @@ use sqlx::{Row, SqlStr};
 use errors::{store_error, unexpected};
 use idempotask::operator::Forgot;
 use idempotask::store::lock_lost_marker;
-use idempotask::store::{Begin, Fencing, Finish, Inspection, Store, ttl_millis};
+use idempotask::store::{Begin, Doubt, Fencing, Finish, Inspection, Store, ttl_millis};
 use idempotask::store::{LockToken, UnitOfWork};
 use idempotask::store::{StoreError, StoreErrorKind};
 use statements::{DEFAULT_TABLE, Statements};
@@ -53,7 +53,8 @@ const PURGE_BLOCKS: i64 = 4096;
 /// One row per unit of work holds either the lock (token, lease expiry, fencing token) or the
 /// completion marker; every operation is one statement in the common case, so a fresh task
 /// costs two statements and a duplicate one, as on Redis (a `finish` after a lost lock, or a
-/// `begin` that raced another writer, finds an expired row or repeats its own grant, adds one). Fencing tokens come from a sequence that
+/// `begin` that raced another writer, finds an expired row, repeats its own grant or takes over
+/// a unit in doubt, adds one). Fencing tokens come from a sequence that
 /// starts at the clock in microseconds, so they increase across all units, not only per unit. It passes the same conformance suite as the Redis
 /// stores and works with every [`Task`](idempotask::Task).
 ///
@@ -109,6 +110,13 @@ const PURGE_BLOCKS: i64 = 4096;
 /// Expired rows count as absent on every read, and a new lock takes an expired row's place.
 /// Rows nobody asks for again stay until [`purge_expired`](Self::purge_expired) deletes them:
 /// schedule it (every few minutes, say) as you would any cleanup job.
+///
+/// A lock that ran out with neither a release nor a marker is remembered for its token's
+/// [doubt memory](idempotask::store::LockToken::doubt_memory), on the server's clock: until
+/// then the unit is [in doubt](idempotask::store::Doubt), the row counts as there (for its
+/// holder, for [`inspect`](Store::inspect) and the operator's reads, and for the purge), and the
+/// delivery that takes it over is told, at the cost of one more statement (see
+/// *Units in doubt* under [Setting it up](crate#setting-it-up)).
 ///
 /// ```no_run
 /// use idempotask::Task;
@@ -224,8 +232,9 @@ impl PostgresStore {
     /// The most rows one [`list_task`](Self::list_task) page answers.
     pub const LIST_PAGE_MAX: usize = 10_000;
 
-    /// For operators: `unit`'s live row, raw (the marker's bytes, the lock's fencing token);
-    /// `None` when it has none (never ran, released, expired or forgotten). Changes nothing.
+    /// For operators: `unit`'s row, raw (the marker's bytes, the lock's fencing token), when it
+    /// is live or in doubt; `None` when it has none (never ran, released, expired or
+    /// forgotten). Changes nothing.
     ///
     /// ```no_run
     /// # async fn run(store: idempotask_postgres::PostgresStore) -> Result<(), Box<dyn std::error::Error>> {
@@ -311,7 +320,7 @@ impl PostgresStore {
         })
     }
 
-    /// For operators: one page of `task`'s live units in key order, at most `limit` of them
+    /// For operators: one page of `task`'s units that are live or in doubt, in key order, at most `limit` of them
     /// (and at most [`LIST_PAGE_MAX`](Self::LIST_PAGE_MAX)), starting after the key `after`
     /// (`None`: from the first). One statement on the primary key per page; pass the last key
     /// of a page to get the next, until a page comes back shorter than asked. The pages are
@@ -369,12 +378,17 @@ impl PostgresStore {
         let fence: Option<i64> = get(row, "fence", operation, &self.table)?;
         let left: Option<i64> = get(row, "left_ms", operation, &self.table)?;
         let left = left.map(left_duration).unwrap_or_default();
-        let state = match state.as_str() {
-            "locked" => operator::UnitState::Locked {
+        let in_doubt = doubt(row).map_err(|err| store_error(operation, &self.table, err))?;
+        let state = match (state.as_str(), in_doubt) {
+            ("locked", Some(doubt)) => operator::UnitState::InDoubt {
+                fencing_token: doubt.fencing_token,
+                expired_for: doubt.expired_for,
+            },
+            ("locked", None) => operator::UnitState::Locked {
                 fencing_token: fence.map(i64::unsigned_abs),
                 lock_ttl_remaining: left,
             },
-            "done" => {
+            ("done", _) => {
                 let marker: Option<Vec<u8>> = get(row, "marker", operation, &self.table)?;
                 operator::UnitState::Done {
                     marker: marker
@@ -382,7 +396,9 @@ impl PostgresStore {
                     ttl: left,
                 }
             }
-            other => return Err(unexpected(operation, format!("a row in state `{other}`"))),
+            (other, _) => {
+                return Err(unexpected(operation, format!("a row in state `{other}`")));
+            }
         };
         Ok(operator::StoredUnit { key, state })
     }
@@ -419,14 +435,15 @@ impl PostgresStore {
         }
     }
 
-    /// `begin` with `statements`, `(fresh, full)`: `begin_fresh` (or its fenced form, as
-    /// `fencing` says) and `begin` on the store's connection, their `_in_transaction` forms on
-    /// a transaction's.
+    /// `begin` with `statements`: on the store's connection, or their `_in_transaction` forms
+    /// on a transaction's.
     ///
     /// The fresh statement answers the common cases (no row yet, another's live lock, a live
-    /// marker) alone; an expired row or the caller's own lock goes to the full statement.
+    /// marker) alone; an expired row or the caller's own lock goes to the full statement, and
+    /// a unit in doubt to the takeover (unless the token leaves it in doubt: then nothing is
+    /// written, and the answer is what the fresh statement read).
     async fn begin_on(
-        (fresh, full): (&SqlStr, &SqlStr),
+        statements: BeginStatements<'_>,
         connection: &mut PgConnection,
         unit: &UnitOfWork,
         token: &LockToken,
@@ -439,24 +456,56 @@ impl PostgresStore {
                 .bind(unit.key().as_bytes())
                 .bind(token.as_str())
                 .bind(millis(lock_ttl))
+                .bind(memory_micros(token))
         };
+        let fenced = fencing == Fencing::On;
         for _ in 0..BEGIN_ATTEMPTS {
-            let Some(row) = ask(fresh).fetch_optional(&mut *connection).await? else {
+            let Some(row) = ask(statements.fresh)
+                .fetch_optional(&mut *connection)
+                .await?
+            else {
                 continue;
             };
-            if let Some(answer) = fresh_answer(&row)? {
-                return Ok(answer);
+            let doubt = match fresh_answer(&row)? {
+                Found::Answer(answer) => return Ok(answer),
+                Found::InDoubt(doubt) => doubt,
+                Found::Expired => {
+                    let row = ask(statements.full)
+                        .bind(fenced)
+                        .fetch_optional(&mut *connection)
+                        .await?;
+                    let Some(row) = row else {
+                        continue;
+                    };
+                    match begin_answer(&row)? {
+                        Found::Answer(answer) => return Ok(answer),
+                        Found::InDoubt(doubt) => doubt,
+                        Found::Expired => continue,
+                    }
+                }
+            };
+            if !token.takes_over_doubt() {
+                return Ok(Begin::InDoubt(doubt));
             }
-            let row = ask(full)
-                .bind(fencing == Fencing::On)
+            let row = ask(statements.take_over)
+                .bind(fenced)
                 .fetch_optional(&mut *connection)
                 .await?;
+            // None: another delivery took the unit over first, or its holder came back.
             if let Some(row) = row {
-                return begin_answer(&row);
+                return taken_over(&row);
             }
         }
         Ok(Begin::busy(None))
     }
+}
+
+/// The statements of one `begin` (see [`Statements`]).
+#[derive(Clone, Copy)]
+struct BeginStatements<'s> {
+    fresh: &'s SqlStr,
+    full: &'s SqlStr,
+    take_over: &'s SqlStr,
 }
 
 impl Store for PostgresStore {
@@ -477,15 +526,12 @@ impl Store for PostgresStore {
                 Fencing::On => &self.statements.begin_fresh_fenced,
                 _ => &self.statements.begin_fresh,
             };
-            Self::begin_on(
-                (fresh, &self.statements.begin),
-                &mut connection,
-                unit,
-                token,
-                lock_ttl,
-                fencing,
-            )
-            .await
+            let statements = BeginStatements {
+                fresh,
+                full: &self.statements.begin,
+                take_over: &self.statements.take_over,
+            };
+            Self::begin_on(statements, &mut connection, unit, token, lock_ttl, fencing).await
         })
         .await
     }
@@ -579,6 +625,7 @@ impl Store for PostgresStore {
                     .bind(token.as_str())
                     .bind(fence)
                     .bind(millis(lock_ttl))
+                    .bind(memory_micros(token))
                     .execute(&mut *connection),
             )
             .await?;
@@ -609,7 +656,12 @@ impl Store for PostgresStore {
                     marker.ok_or_else(|| unexpected("inspect", "a done row without a marker"))?;
                 Ok(Inspection::done(marker, left))
             }
-            "locked" => Ok(Inspection::locked(left.unwrap_or_default())),
+            "locked" => {
+                match doubt(&row).map_err(|err| store_error("inspect", &self.table, err))? {
+                    Some(doubt) => Ok(Inspection::doubtful(doubt)),
+                    None => Ok(Inspection::locked(left.unwrap_or_default())),
+                }
+            }
             other => Err(unexpected("inspect", format!("a row in state `{other}`"))),
         }
     }
@@ -629,44 +681,91 @@ impl Store for PostgresStore {
     }
 }
 
-/// Reads the row `begin_fresh` answered: `None` when it is a row that only the full `begin`
-/// may take (expired, or the caller's own lock).
-fn fresh_answer(row: &PgRow) -> Result<Option<Begin>, sqlx::Error> {
-    let state: &str = row.try_get("state")?;
-    if state == "acquired" {
-        return begin_answer(row).map(Some);
-    }
-    let left: Option<i64> = row.try_get("left_ms")?;
-    let mine: Option<bool> = row.try_get("mine")?;
-    // Milliseconds rounded up: a row is live while any time is left.
-    let live = left.is_some_and(|left| left > 0);
-    if !live || (state == "locked" && mine == Some(true)) {
-        return Ok(None);
-    }
-    begin_answer(row).map(Some)
+/// What a row of `begin_fresh` or `begin` comes to.
+enum Found {
+    /// The answer.
+    Answer(Begin),
+    /// The unit is in doubt: take it over, or leave it.
+    InDoubt(Doubt),
+    /// From `begin_fresh`: a row that only `begin` may take (expired, or the caller's own
+    /// lock). From `begin`: never.
+    Expired,
 }
 
-/// Reads the row `begin` answered.
-fn begin_answer(row: &PgRow) -> Result<Begin, sqlx::Error> {
+/// Reads the row `begin_fresh` answered.
+fn fresh_answer(row: &PgRow) -> Result<Found, sqlx::Error> {
     let state: &str = row.try_get("state")?;
-    match state {
+    if state == "acquired" {
+        return begin_answer(row);
+    }
+    let mine: Option<bool> = row.try_get("mine")?;
+    // The caller's own lock, in doubt or not, is the caller's to take again.
+    let mine = state == "locked" && mine == Some(true);
+    if !mine && let Some(doubt) = doubt(row)? {
+        return Ok(Found::InDoubt(doubt));
+    }
+    let left: Option<i64> = row.try_get("left_ms")?;
+    // Milliseconds rounded up: a row is live while any time is left.
+    let live = left.is_some_and(|left| left > 0);
+    if !live || mine {
+        return Ok(Found::Expired);
+    }
+    begin_answer(row)
+}
+
+/// Reads the row `begin` answered (or `begin_fresh`, when it is one `begin` would answer).
+fn begin_answer(row: &PgRow) -> Result<Found, sqlx::Error> {
+    let state: &str = row.try_get("state")?;
+    if let Some(doubt) = doubt(row)? {
+        return Ok(Found::InDoubt(doubt));
+    }
+    let answer = match state {
         "acquired" => {
             let fence: Option<i64> = row.try_get("fence")?;
             // Sequence values are positive; a negative one cannot come from this table.
-            Ok(Begin::acquired(fence.map(i64::unsigned_abs)))
+            Begin::acquired(fence.map(i64::unsigned_abs))
         }
         "done" => {
             let marker: Option<Vec<u8>> = row.try_get("marker")?;
             marker
                 .map(Begin::Done)
-                .ok_or_else(|| sqlx::Error::Protocol("a done row without a marker".to_owned()))
+                .ok_or_else(|| sqlx::Error::Protocol("a done row without a marker".to_owned()))?
         }
         "locked" => {
             let left: Option<i64> = row.try_get("left_ms")?;
-            Ok(Begin::busy(left.map(left_duration)))
+            Begin::busy(left.map(left_duration))
         }
-        other => Err(sqlx::Error::Protocol(format!("a row in state `{other}`"))),
-    }
+        other => return Err(sqlx::Error::Protocol(format!("a row in state `{other}`"))),
+    };
+    Ok(Found::Answer(answer))
+}
+
+/// Input: a row with `fence` and `doubt_us`. Output: the doubt it describes, if its unit is in
+/// doubt (`doubt_us` not null).
+fn doubt(row: &PgRow) -> Result<Option<Doubt>, sqlx::Error> {
+    let expired_us: Option<i64> = row.try_get("doubt_us")?;
+    let Some(expired_us) = expired_us else {
+        return Ok(None);
+    };
+    let fence: Option<i64> = row.try_get("fence")?;
+    Ok(Some(Doubt::new(
+        fence.map(i64::unsigned_abs),
+        Duration::from_micros(expired_us.max(0).unsigned_abs()),
+    )))
+}
+
+/// Reads the row `take_over` answered: the new lock, and the lock it replaced.
+fn taken_over(row: &PgRow) -> Result<Begin, sqlx::Error> {
+    let fence: Option<i64> = row.try_get("fence")?;
+    let replaced: Option<i64> = row.try_get("doubt_fence")?;
+    let expired_us: i64 = row.try_get("doubt_us")?;
+    Ok(Begin::taken_over(
+        fence.map(i64::unsigned_abs),
+        Doubt::new(
+            replaced.map(i64::unsigned_abs),
+            Duration::from_micros(expired_us.max(0).unsigned_abs()),
+        ),
+    ))
 }
 
 fn get<'r, T>(
@@ -687,6 +786,12 @@ where
 /// `Duration::MAX` must not reach the server as it is).
 fn millis(ttl: Duration) -> i64 {
     i64::try_from(ttl_millis(ttl)).unwrap_or(i64::MAX)
+}
+
+/// The token's doubt memory as the statements take it: whole microseconds (0: none), at most
+/// [`MAX_TTL`](idempotask::MAX_TTL).
+fn memory_micros(token: &LockToken) -> i64 {
+    i64::try_from(token.doubt_memory().min(idempotask::MAX_TTL).as_micros()).unwrap_or(i64::MAX)
 }
 
 fn left_duration(millis: i64) -> Duration {

@@ -9,8 +9,9 @@
 
 use std::time::Duration;
 
-/// One live row of the store's table: a unit of work that is locked or done. Rows whose
-/// expiry has passed count as absent and are never answered.
+/// One row of the store's table that counts: a unit of work that is locked, in doubt or done.
+/// Rows whose expiry has passed count as absent and are never answered, except a lock that
+/// ran out and is still remembered ([`UnitState::InDoubt`]).
 ///
 /// ```no_run
 /// # async fn run(store: idempotask_postgres::PostgresStore) -> Result<(), idempotask::store::StoreError> {
@@ -24,11 +25,11 @@ use std::time::Duration;
 pub struct StoredUnit {
     /// The caller's key, as stored (bytes: a key may hold any text).
     pub key: Vec<u8>,
-    /// Whether it is locked or done, and what that holds.
+    /// Whether it is locked, in doubt or done, and what that holds.
     pub state: UnitState,
 }
 
-/// What a live row holds.
+/// What a row holds.
 ///
 /// ```no_run
 /// # async fn run(store: idempotask_postgres::PostgresStore, unit: idempotask::store::UnitOfWork) -> Result<(), Box<dyn std::error::Error>> {
@@ -55,6 +56,16 @@ pub enum UnitState {
         fencing_token: Option<u64>,
         /// How long the lock has left.
         lock_ttl_remaining: Duration,
+    },
+    /// The unit is in doubt: its last lock ran out with neither a release nor a marker, and
+    /// the table still remembers it (for its holder's doubt memory). The next delivery takes
+    /// it over and learns of it; until then its holder may still finish it.
+    #[non_exhaustive]
+    InDoubt {
+        /// The fencing token that lock was granted with, for a fenced task.
+        fencing_token: Option<u64>,
+        /// How long ago the lock ran out, on the server's clock.
+        expired_for: Duration,
     },
     /// The unit is done.
     #[non_exhaustive]

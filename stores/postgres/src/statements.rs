@@ -1,11 +1,22 @@
 //! The SQL of the PostgreSQL store: the table, and one statement per store operation.
 //!
 //! Every operation is a single statement in the common case (two for a `finish` whose plain
-//! `UPDATE` found no lock of the caller's, and for a `begin` that finds an expired row or its
-//! own lock), each atomic on its own. Each statement that can wait on a row lock bounds
-//! that wait itself (see [`lock_wait_bound`]).
+//! `UPDATE` found no lock of the caller's, for a `begin` that finds an expired row or its own
+//! lock, and for a `begin` that takes over a unit in doubt), each atomic on its own. Each
+//! statement that can wait on a row lock bounds that wait itself (see [`lock_wait_bound`]).
 //! Times are the server's `statement_timestamp()`: one clock for every worker, and inside a
 //! long transaction it is still the time of the statement, not of `BEGIN`.
+//!
+//! # Units in doubt
+//! A lock row keeps its holder's doubt memory (`doubt_memory`, an interval; `NULL` for none,
+//! as in rows written before the column existed). Once `expires_at` has passed, the lock is
+//! no longer held, but until `expires_at + doubt_memory` it is remembered: the unit is in
+//! doubt ([`in_doubt`]). Such a row still counts as there: its holder may finish, renew or
+//! release it, `inspect`, `read` and `list` show it, and `purge` leaves it. A `begin` by
+//! another token learns of it from `begin_fresh` (or `begin`, after a race), and then either
+//! answers `InDoubt` having written nothing, or takes it over with `take_over`: one more
+//! statement, which replaces exactly the row it locks and answers that row's fencing token
+//! and expiry. Released and finished units keep no memory (`doubt_memory` is cleared).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,8 +104,17 @@ impl TableName {
     /// There is no index on `expires_at`: it would be updated by every `begin` and `finish` and
     /// keep PostgreSQL from updating rows in place (HOT), while only the occasional purge
     /// needs it, and that walks the table in block ranges instead.
+    ///
+    /// A table created before `doubt_memory` existed gets the column here, nullable and
+    /// without a default: only the catalog changes, no row is rewritten, and the rows already
+    /// there read as remembering nothing. `ALTER TABLE` takes the table's `ACCESS EXCLUSIVE`
+    /// lock even when the column is there already, and waits behind every open transaction
+    /// that touched the table while every statement of the store queues behind it; so it runs
+    /// only when the catalog says the column is missing, and a migration of an up-to-date
+    /// table, run by every replica at each deploy, takes no lock on the table at all.
     pub(super) fn migration(&self) -> String {
         let table = self.table();
+        let table_literal = table.replace('\'', "''");
         let sequence = self.sequence();
         let sequence_literal = sequence.replace('\'', "''");
         let schema = self
@@ -114,15 +134,31 @@ CREATE TABLE IF NOT EXISTS {table} (
     key        bytea       NOT NULL,
     -- `locked`: `token` holds the lock until `expires_at`.
     -- `done`: `marker` is the completion marker, kept until `expires_at`.
-    -- A row whose `expires_at` has passed counts as absent; `purge_expired` deletes it.
+    -- A row whose `expires_at` has passed counts as absent, unless it is a lock still
+    -- remembered (below); `purge_expired` deletes it.
     state      text        NOT NULL CHECK (state IN ('locked', 'done')),
     token      text,
     -- The last fencing token granted for the unit, when it uses fencing.
     fence      bigint,
     marker     bytea,
     expires_at timestamptz NOT NULL,
+    -- How long after `expires_at` a lock that ran out is remembered, so that the delivery
+    -- that takes it over learns that the unit is in doubt (NULL: not at all).
+    doubt_memory interval,
     PRIMARY KEY (task, key)
 );
+-- Tables created before `doubt_memory` existed: the column, added only when it is missing.
+DO $migration$
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_attribute
+        WHERE attrelid = '{table_literal}'::regclass AND attname = 'doubt_memory'
+          AND NOT attisdropped
+    ) THEN
+        ALTER TABLE {table} ADD COLUMN IF NOT EXISTS doubt_memory interval;
+    END IF;
+END
+$migration$;
 CREATE SEQUENCE IF NOT EXISTS {sequence};
 -- Fencing tokens start at the clock in microseconds, like those of the Redis stores, so a
 -- database that remembers the highest token it saw keeps accepting writers after a move from
@@ -138,16 +174,23 @@ SELECT setval('{sequence_literal}', greatest(
 }
 
 /// One statement per store operation, with the table's name in place, built once per store.
+///
+/// The statements of `begin` take the same first five parameters: `$1` task, `$2` key, `$3`
+/// token, `$4` lock TTL in ms, `$5` the token's doubt memory in µs (0: none); those that may
+/// take a fencing token also `$6`, whether the task uses fencing. Their answer rows have the
+/// columns `(state, fence, marker, left_ms, doubt_us)`: state `acquired` means the lock is
+/// the caller's, with `fence`; otherwise they describe the row that is there, live when
+/// `left_ms > 0`, and in doubt when `doubt_us` (how long ago its lock ran out, in µs) is not
+/// null, with `fence` the fencing token that lock was granted with.
 #[derive(Debug, Clone)]
 pub(super) struct Statements {
-    /// `$1` task, `$2` key, `$3` token, `$4` lock TTL in ms, `$5` fencing: the common cases
-    /// of `begin` (no row yet, or another's live lock or marker), one row `(state, fence,
-    /// marker, left_ms, mine)`: state `acquired` means the lock is the caller's; otherwise it
-    /// is the row that is there, live when `left_ms > 0`, `mine` when its token is the
-    /// caller's. For an expired row or the caller's own lock, run [`Self::begin`]. No row: a
-    /// concurrent writer committed after this statement's snapshot; ask again.
+    /// The common cases of `begin` (no row yet, or another's live lock or marker, or a unit
+    /// in doubt), one row with the columns above and `mine`, whether the row's token is the
+    /// caller's. For an expired row or the caller's own lock, run [`Self::begin`]; for a unit
+    /// in doubt, [`Self::take_over`] (or nothing, for a token that leaves it in doubt). No
+    /// row: a concurrent writer committed after this statement's snapshot; ask again.
     pub(super) begin_fresh: SqlStr,
-    /// `begin_fresh` for a task with fencing (`$5` true): the same answers.
+    /// `begin_fresh` for a task with fencing: the same answers.
     pub(super) begin_fresh_fenced: SqlStr,
     /// `begin_fresh` inside a caller's transaction: the same, except that it waits on another
     /// transaction's row for as long as that transaction lasts, and leaves the transaction's
@@ -155,15 +198,23 @@ pub(super) struct Statements {
     pub(super) begin_fresh_in_transaction: SqlStr,
     /// `begin_fresh_fenced` inside a caller's transaction, as `begin_fresh_in_transaction` is.
     pub(super) begin_fresh_fenced_in_transaction: SqlStr,
-    /// `$1` task, `$2` key, `$3` token, `$4` lock TTL in ms, `$5` fencing: one row
-    /// `(state, fence, marker, left_ms)`, where state `acquired` means the lock is the caller's.
-    /// No row: a concurrent writer committed after this statement's snapshot (or the caller's
-    /// own lock row lapsed in between); ask again.
+    /// Takes an absent or expired unit, or repeats the holder's grant: one row, `acquired`,
+    /// or the live row that is there, or a unit in doubt (then take it over with
+    /// [`Self::take_over`]), which it never writes. No row: a concurrent writer committed
+    /// after this statement's snapshot (or the caller's own lock row lapsed in between); ask
+    /// again.
     pub(super) begin: SqlStr,
     /// `begin` inside a caller's transaction, as `begin_fresh_in_transaction` is.
     pub(super) begin_in_transaction: SqlStr,
+    /// Takes over a unit in doubt: at most one row `(fence, doubt_fence, doubt_us)`, the new
+    /// fencing token and the fencing token and lapse of the lock it replaced. No row: the
+    /// unit is no longer in doubt (another delivery took it over, or its holder came back);
+    /// ask again.
+    pub(super) take_over: SqlStr,
+    /// `take_over` inside a caller's transaction, as `begin_fresh_in_transaction` is.
+    pub(super) take_over_in_transaction: SqlStr,
     /// `$1` task, `$2` key, `$3` token, `$4` fence, `$5` marker, `$6` result TTL in ms: the
-    /// marker over the caller's live lock, as a plain `UPDATE` (the common case).
+    /// marker over the caller's lock, as a plain `UPDATE` (the common case).
     pub(super) finish_held: SqlStr,
     /// The same parameters, for when `finish_held` found no lock of the caller's: one row
     /// `(written, held, repeated)`.
@@ -173,23 +224,25 @@ pub(super) struct Statements {
     pub(super) complete_in_transaction: SqlStr,
     /// `$1` task, `$2` key, `$3` token, `$4` fence: one row, how many locks were released.
     pub(super) release: SqlStr,
-    /// `$1` task, `$2` key, `$3` token, `$4` fence, `$5` lock TTL in ms.
+    /// `$1` task, `$2` key, `$3` token, `$4` fence, `$5` lock TTL in ms, `$6` doubt memory
+    /// in µs.
     pub(super) renew: SqlStr,
-    /// `$1` task, `$2` key: at most one row `(state, marker, left_ms)`.
+    /// `$1` task, `$2` key: at most one row `(state, fence, marker, left_ms, doubt_us)`.
     pub(super) inspect: SqlStr,
     /// `$1` task, `$2` key: one row, how many markers were forgotten.
     pub(super) forget: SqlStr,
-    /// `$1` task, `$2` key: at most one live row `(key, state, fence, marker, left_ms)`.
+    /// `$1` task, `$2` key: at most one row that is there `(key, state, fence, marker,
+    /// left_ms, doubt_us)`.
     pub(super) read: SqlStr,
     /// `$1` task, `$2` the key a page starts after (empty for the first page: no caller key is
-    /// empty), `$3` how many: the task's live rows `(key, state, fence, marker, left_ms)` in
-    /// key order.
+    /// empty), `$3` how many: the task's rows that are there `(key, state, fence, marker,
+    /// left_ms, doubt_us)` in key order.
     pub(super) list: SqlStr,
     /// `$1` task, `$2` key, `$3` the marker an operator was shown: one row `(forgotten,
-    /// present)`, how many markers were forgotten and whether a live row was there before.
+    /// present)`, how many markers were forgotten and whether a row was there before.
     pub(super) forget_exact: SqlStr,
-    /// `$1`, `$2`: the first block and the block after the last of a range: deletes the expired
-    /// rows stored there.
+    /// `$1`, `$2`: the first block and the block after the last of a range: deletes the rows
+    /// stored there that are expired and not in doubt.
     pub(super) purge: SqlStr,
     /// How many blocks the table has now.
     pub(super) blocks: SqlStr,
@@ -201,6 +254,39 @@ pub(super) struct Statements {
 const LEFT_MS: &str =
     "ceil(extract(epoch FROM u.expires_at - statement_timestamp()) * 1000)::bigint";
 
+/// A lock's expiry, `$4` ms from now.
+const LOCK_EXPIRY: &str = "statement_timestamp() + $4::bigint * interval '1 millisecond'";
+
+/// The doubt memory `$5` (µs) as the column keeps it: `NULL` for none.
+const MEMORY: &str = "NULLIF($5::bigint, 0) * interval '1 microsecond'";
+
+/// Whether row `a` is a lock that ran out and is still remembered: the unit is in doubt.
+/// Never null. A lock with no token is a released fenced one, kept for its counter only.
+fn in_doubt(a: &str) -> String {
+    format!(
+        "({a}.state = 'locked' AND {a}.token IS NOT NULL \
+         AND {a}.expires_at <= statement_timestamp() \
+         AND COALESCE({a}.expires_at + {a}.doubt_memory > statement_timestamp(), FALSE))"
+    )
+}
+
+/// Whether row `a` counts as there: live, or a lock in doubt. Never null.
+fn present(a: &str) -> String {
+    format!(
+        "({a}.expires_at > statement_timestamp() OR {})",
+        in_doubt(a)
+    )
+}
+
+/// How long ago row `a`'s lock ran out, in µs, when the unit is in doubt; else null.
+fn doubt_us(a: &str) -> String {
+    format!(
+        "CASE WHEN {} THEN \
+         (extract(epoch FROM statement_timestamp() - {a}.expires_at) * 1000000)::bigint END",
+        in_doubt(a)
+    )
+}
+
 /// The condition that bounds a statement's row-lock waits by `lock_timeout` (at least 1 ms, at
 /// most PostgreSQL's limit of `i32::MAX` ms), for the `WHERE` of the rows it writes.
 ///
@@ -209,10 +295,10 @@ const LEFT_MS: &str =
 /// the statement writes, and a row lock is only ever waited for on a row that has passed all
 /// of them, so the setting is in place before any wait: in an `INSERT … SELECT` without
 /// `FROM` it is a one-time filter, evaluated before the source yields its row; in an `UPDATE`
-/// or `DELETE` it is a filter of the scan, evaluated before the row reaches the update. Table
-/// locks are taken before any expression runs and are not covered; only DDL and maintenance
-/// that locks the whole table (`VACUUM FULL`, `CLUSTER`, `ALTER TABLE`) takes them against
-/// these statements.
+/// or `DELETE` (or a `SELECT … FOR UPDATE`) it is a filter of the scan, evaluated before the
+/// row reaches the update or the lock. Table locks are taken before any expression runs and
+/// are not covered; only DDL and maintenance that locks the whole table (`VACUUM FULL`,
+/// `CLUSTER`, `ALTER TABLE`) takes them against these statements.
 pub(super) fn lock_wait_bound(lock_timeout: Duration) -> String {
     // The response timeout ends the wait on the client only: a statement the client gave up
     // on goes on waiting behind a transaction's row and, once that transaction rolls back,
@@ -237,11 +323,13 @@ impl Statements {
         let t = name.table();
         let seq = name.sequence();
         let bound = lock_wait_bound(lock_timeout);
+        let present_u = present("u");
         // Shared, so that handing a statement to sqlx for each call copies no text.
         let sql = |text: String| AssertSqlSafe(Arc::<str>::from(text)).into_sql_str();
         // A fenced release or forget keeps the row for its `fence`, so that the next grant goes
         // on counting even for a task without fencing; other rows are deleted. The kept row
-        // expires at the epoch, not now, so that no clock step can make it live again.
+        // expires at the epoch, not now, so that no clock step can make it live again, and
+        // remembers nothing.
         let free_or_drop = |condition: &str, ours: &str, extra: &str| {
             sql(format!(
                 "WITH dropped AS (
@@ -249,7 +337,8 @@ impl Statements {
                       AND {bound}
                     RETURNING 1
                 ), freed AS (
-                    UPDATE {t} u SET token = NULL, marker = NULL, expires_at = 'epoch'
+                    UPDATE {t} u SET token = NULL, marker = NULL, expires_at = 'epoch',
+                        doubt_memory = NULL
                     WHERE u.task = $1 AND u.key = $2 AND {condition} AND u.fence IS NOT NULL
                       AND {bound}
                     RETURNING 1
@@ -257,8 +346,12 @@ impl Statements {
                 SELECT (SELECT count(*) FROM dropped) + (SELECT count(*) FROM freed) AS {ours}{extra}"
             ))
         };
-        let held = "u.state = 'locked' AND u.token = $3 AND u.fence IS NOT DISTINCT FROM $4 \
-                    AND u.expires_at > statement_timestamp()";
+        // The caller's lock, live or in doubt: nobody else ran, so it is still the holder's.
+        let held = format!(
+            "u.state = 'locked' AND u.token = $3 AND u.fence IS NOT DISTINCT FROM $4 \
+             AND {present_u}"
+        );
+        let [inspect, read, list] = reads(&t);
         Self {
             begin_fresh: sql(begin_fresh(&t, None, &bound)),
             begin_fresh_fenced: sql(begin_fresh(&t, Some(&seq), &bound)),
@@ -266,52 +359,43 @@ impl Statements {
             begin_fresh_fenced_in_transaction: sql(begin_fresh(&t, Some(&seq), "TRUE")),
             begin: sql(begin(&t, &seq, &format!("{bound} AND"))),
             begin_in_transaction: sql(begin(&t, &seq, "")),
+            take_over: sql(take_over(&t, &seq, &bound)),
+            take_over_in_transaction: sql(take_over(&t, &seq, "TRUE")),
             finish: sql(finish(&t, &bound)),
             finish_held: sql(format!(
-                "UPDATE {t} u SET state = 'done', token = NULL, marker = $5,
+                "UPDATE {t} u SET state = 'done', token = NULL, marker = $5, doubt_memory = NULL,
                     expires_at = statement_timestamp() + $6::bigint * interval '1 millisecond'
                  WHERE u.task = $1 AND u.key = $2 AND {held} AND {bound}"
             )),
             // The transaction's own row cannot have been taken, so its expiry does not matter;
             // nothing else can hold it, so there is no wait to bound.
             complete_in_transaction: sql(format!(
-                "UPDATE {t} u SET state = 'done', token = NULL, marker = $5,
+                "UPDATE {t} u SET state = 'done', token = NULL, marker = $5, doubt_memory = NULL,
                     expires_at = statement_timestamp() + $6::bigint * interval '1 millisecond'
                  WHERE u.task = $1 AND u.key = $2 AND u.state = 'locked' AND u.token = $3
                    AND u.fence IS NOT DISTINCT FROM $4"
             )),
             // The holder's token alone, whatever fencing token the lock was granted with: a
-            // caller whose grant's reply was lost never learned it.
+            // caller whose grant's reply was lost never learned it. A released lock leaves no
+            // doubt.
             release: free_or_drop(
-                "u.state = 'locked' AND u.token = $3 AND u.expires_at > statement_timestamp()",
+                &format!("u.state = 'locked' AND u.token = $3 AND {present_u}"),
                 "released",
                 "",
             ),
             renew: sql(format!(
-                "UPDATE {t} u SET expires_at = statement_timestamp() + $5::bigint * interval '1 millisecond'
+                "UPDATE {t} u SET expires_at = statement_timestamp() + $5::bigint * interval '1 millisecond',
+                    doubt_memory = NULLIF($6::bigint, 0) * interval '1 microsecond'
                  WHERE u.task = $1 AND u.key = $2 AND {held} AND {bound}"
             )),
-            inspect: sql(format!(
-                "SELECT u.state, u.marker, {LEFT_MS} AS left_ms FROM {t} u
-                 WHERE u.task = $1 AND u.key = $2 AND u.expires_at > statement_timestamp()"
-            )),
+            inspect: sql(inspect),
             forget: free_or_drop(
                 "u.state = 'done' AND u.expires_at > statement_timestamp()",
                 "forgotten",
                 "",
             ),
-            read: sql(format!(
-                "SELECT u.key, u.state, u.fence, u.marker, {LEFT_MS} AS left_ms FROM {t} u
-                 WHERE u.task = $1 AND u.key = $2 AND u.expires_at > statement_timestamp()"
-            )),
-            // The primary key's order: one index range scan per page, from where the last
-            // page ended (a plain `key > $2`, so that a generic plan keeps the range too).
-            list: sql(format!(
-                "SELECT u.key, u.state, u.fence, u.marker, {LEFT_MS} AS left_ms FROM {t} u
-                 WHERE u.task = $1 AND u.key > $2
-                   AND u.expires_at > statement_timestamp()
-                 ORDER BY u.key LIMIT $3"
-            )),
+            read: sql(read),
+            list: sql(list),
             // `present` reads the snapshot from before the statement's own changes (a
             // data-modifying `WITH` is not visible to the rest of its statement): with nothing
             // forgotten, it tells a row that changed from one that is gone.
@@ -320,18 +404,19 @@ impl Statements {
                 "forgotten",
                 &format!(
                     ", EXISTS (SELECT 1 FROM {t} u WHERE u.task = $1 AND u.key = $2
-                               AND u.expires_at > statement_timestamp()) AS present"
+                               AND {present_u}) AS present"
                 ),
             ),
             // A TID range scan (PostgreSQL 14+) reads only the blocks of the range; rows that
             // another transaction holds (taking an expired unit over, say) are skipped rather
-            // than waited for, so the purge never queues behind a long transaction.
+            // than waited for, so the purge never queues behind a long transaction. A unit in
+            // doubt is kept until its memory ends.
             purge: sql(format!(
                 "DELETE FROM {t} WHERE ctid IN (
-                    SELECT ctid FROM {t}
-                    WHERE ctid >= format('(%s,0)', $1::bigint)::tid
-                      AND ctid < format('(%s,0)', $2::bigint)::tid
-                      AND expires_at <= statement_timestamp()
+                    SELECT u.ctid FROM {t} u
+                    WHERE u.ctid >= format('(%s,0)', $1::bigint)::tid
+                      AND u.ctid < format('(%s,0)', $2::bigint)::tid
+                      AND NOT {present_u}
                     FOR UPDATE SKIP LOCKED
                  )"
             )),
@@ -344,7 +429,29 @@ impl Statements {
     }
 }
 
-/// Takes a unit that has no row, or answers the row that is there; [`begin`] handles the rest.
+/// The statements that read rows for `inspect`, `read` and `list`: the rows that count, a
+/// unit in doubt included.
+fn reads(t: &str) -> [String; 3] {
+    let row = format!(
+        "u.state, u.fence, u.marker, {LEFT_MS} AS left_ms, {} AS doubt_us",
+        doubt_us("u")
+    );
+    let present_u = present("u");
+    [
+        format!("SELECT {row} FROM {t} u WHERE u.task = $1 AND u.key = $2 AND {present_u}"),
+        format!("SELECT u.key, {row} FROM {t} u WHERE u.task = $1 AND u.key = $2 AND {present_u}"),
+        // The primary key's order: one index range scan per page, from where the last page
+        // ended (a plain `key > $2`, so that a generic plan keeps the range too).
+        format!(
+            "SELECT u.key, {row} FROM {t} u
+             WHERE u.task = $1 AND u.key > $2 AND {present_u}
+             ORDER BY u.key LIMIT $3"
+        ),
+    ]
+}
+
+/// Takes a unit that has no row, or answers the row that is there; [`begin`] and
+/// [`take_over`] handle the rest.
 ///
 /// This is the common path of every task, so it is kept to the least work PostgreSQL can do
 /// for it, each execution setting up as few plan nodes and expressions as it can: an `INSERT
@@ -362,79 +469,118 @@ fn begin_fresh(t: &str, seq: Option<&str>, bound: &str) -> String {
         || "NULL::bigint".to_owned(),
         |seq| format!("nextval('{seq}')"),
     );
+    let doubt_us = doubt_us("u");
     format!(
         "WITH taken AS (
-            INSERT INTO {t} AS u (task, key, state, token, fence, marker, expires_at)
-            SELECT $1, $2, 'locked', $3, {fence}, NULL,
-                   statement_timestamp() + $4::bigint * interval '1 millisecond'
+            INSERT INTO {t} AS u (task, key, state, token, fence, marker, expires_at, doubt_memory)
+            SELECT $1, $2, 'locked', $3, {fence}, NULL, {LOCK_EXPIRY}, {MEMORY}
             WHERE NOT EXISTS (SELECT 1 FROM {t} e WHERE e.task = $1 AND e.key = $2)
               AND {bound}
             ON CONFLICT (task, key) DO NOTHING
             RETURNING u.fence
         )
         SELECT 'acquired' AS state, fence, NULL::bytea AS marker, NULL::bigint AS left_ms,
-               NULL::boolean AS mine
+               NULL::boolean AS mine, NULL::bigint AS doubt_us
         FROM taken
         UNION ALL
-        SELECT u.state, NULL, u.marker, {LEFT_MS}, u.token = $3
+        SELECT u.state, u.fence, u.marker, {LEFT_MS}, u.token = $3, {doubt_us}
         FROM {t} u
         WHERE u.task = $1 AND u.key = $2 AND NOT EXISTS (SELECT 1 FROM taken)"
     )
 }
 
 /// Takes an absent or expired unit, or repeats the holder's grant; otherwise answers what is
-/// there.
+/// there, a unit in doubt included (never taken here: [`take_over`] does that, and answers
+/// what it replaced).
 ///
-/// The unit's row is read first, and the `INSERT` is tried only when nothing live (other than
-/// the caller's own lock) is there: a duplicate or a busy answer then writes nothing, locks
-/// nothing and commits without a WAL flush, as a plain `SELECT` would. (An `ON CONFLICT DO
-/// UPDATE` that skips the row still locks it, which costs a transaction id and a flush.)
-/// `bound` is empty or [`lock_wait_bound`] followed by `AND`.
+/// The unit's row is read first, and the `INSERT` is tried only when nothing that is there
+/// (other than the caller's own lock) is: a duplicate or a busy answer then writes nothing,
+/// locks nothing and commits without a WAL flush, as a plain `SELECT` would. (An `ON CONFLICT
+/// DO UPDATE` that skips the row still locks it, which costs a transaction id and a flush.)
+/// The conflict's condition is checked again on the row as it is when locked, so a row that
+/// came into doubt since the read is left alone too. `bound` is empty or [`lock_wait_bound`]
+/// followed by `AND`.
 fn begin(t: &str, seq: &str, bound: &str) -> String {
+    let (doubt_us, present_u) = (doubt_us("u"), present("u"));
     format!(
         "WITH existing AS (
-            SELECT u.state, u.token, u.marker, u.expires_at > statement_timestamp() AS live,
-                   {LEFT_MS} AS left_ms
+            SELECT u.state, u.fence, u.marker, u.expires_at > statement_timestamp() AS live,
+                   {LEFT_MS} AS left_ms, COALESCE(u.token = $3, FALSE) AS mine,
+                   {doubt_us} AS doubt_us
             FROM {t} u WHERE u.task = $1 AND u.key = $2
         ), taken AS (
-            INSERT INTO {t} AS u (task, key, state, token, fence, marker, expires_at)
-            SELECT $1, $2, 'locked', $3, CASE WHEN $5 THEN nextval('{seq}') END, NULL,
-                   statement_timestamp() + $4::bigint * interval '1 millisecond'
+            INSERT INTO {t} AS u (task, key, state, token, fence, marker, expires_at, doubt_memory)
+            SELECT $1, $2, 'locked', $3, CASE WHEN $6 THEN nextval('{seq}') END, NULL,
+                   {LOCK_EXPIRY}, {MEMORY}
             WHERE {bound} NOT EXISTS (
                 SELECT 1 FROM existing e
-                WHERE e.live AND NOT (e.state = 'locked' AND e.token = $3)
+                WHERE (e.live OR e.doubt_us IS NOT NULL) AND NOT (e.state = 'locked' AND e.mine)
             )
             ON CONFLICT (task, key) DO UPDATE SET
                 state = 'locked',
                 token = excluded.token,
                 marker = NULL,
                 expires_at = excluded.expires_at,
+                doubt_memory = excluded.doubt_memory,
                 fence = CASE
                     WHEN u.state = 'locked' AND u.token = excluded.token THEN u.fence
-                    WHEN $5 OR u.fence IS NOT NULL THEN nextval('{seq}')
+                    WHEN $6 OR u.fence IS NOT NULL THEN nextval('{seq}')
                 END
-            WHERE u.expires_at <= statement_timestamp()
+            WHERE NOT {present_u}
                OR (u.state = 'locked' AND u.token = excluded.token)
             RETURNING u.fence
         )
-        SELECT 'acquired' AS state, fence, NULL::bytea AS marker, NULL::bigint AS left_ms
+        SELECT 'acquired' AS state, fence, NULL::bytea AS marker, NULL::bigint AS left_ms,
+               NULL::bigint AS doubt_us
         FROM taken
         UNION ALL
-        SELECT e.state, NULL, e.marker, e.left_ms
+        SELECT e.state, e.fence, e.marker, e.left_ms, e.doubt_us
         FROM existing e
-        WHERE e.live AND NOT EXISTS (SELECT 1 FROM taken)"
+        WHERE (e.live OR (e.doubt_us IS NOT NULL AND NOT e.mine))
+          AND NOT EXISTS (SELECT 1 FROM taken)"
     )
 }
 
-/// Stores the marker where the caller's lock is (`$5`), or where nothing live is (`$7`, the
+/// Takes over a unit in doubt from another holder, answering the lock it replaced: its
+/// fencing token and how long ago it ran out.
+///
+/// The row is locked first (`FOR UPDATE`, in a subquery of the `FROM`, which is how an
+/// `UPDATE` answers a row's values from before it), and its condition checked again on the
+/// row as it is once locked: of deliveries racing for the unit, the first takes it over and
+/// the others, having waited for it, find a live lock and take nothing. The fencing token is
+/// new when the task uses fencing or the unit already had one. `bound` is [`lock_wait_bound`],
+/// or `TRUE` inside a caller's transaction.
+fn take_over(t: &str, seq: &str, bound: &str) -> String {
+    let in_doubt = in_doubt("o");
+    format!(
+        "UPDATE {t} u SET
+            token = $3,
+            expires_at = {LOCK_EXPIRY},
+            doubt_memory = {MEMORY},
+            fence = CASE WHEN $6 OR u.fence IS NOT NULL THEN nextval('{seq}') END
+        FROM (
+            SELECT o.fence, o.expires_at FROM {t} o
+            WHERE o.task = $1 AND o.key = $2 AND o.token <> $3 AND {in_doubt} AND {bound}
+            FOR UPDATE
+        ) old
+        WHERE u.task = $1 AND u.key = $2
+        RETURNING u.fence, old.fence AS doubt_fence,
+            (extract(epoch FROM statement_timestamp() - old.expires_at) * 1000000)::bigint
+                AS doubt_us"
+    )
+}
+
+/// Stores the marker where the caller's lock is (`$5`), or where nothing is (`$7`, the
 /// marker flagged as written after its lock expired); says which, and whether this delivery's
-/// marker was already there (a repeated finish, answered as the first one was). `bound` is
+/// marker was already there (a repeated finish, answered as the first one was). Another
+/// holder's lock in doubt is there: nothing is written over it. `bound` is
 /// [`lock_wait_bound`].
 fn finish(t: &str, bound: &str) -> String {
+    let present_u = present("u");
     format!(
         "WITH old AS (
             SELECT u.state, u.token, u.fence, u.marker FROM {t} u
-            WHERE u.task = $1 AND u.key = $2 AND u.expires_at > statement_timestamp()
+            WHERE u.task = $1 AND u.key = $2 AND {present_u}
         ), written AS (
             INSERT INTO {t} AS u (task, key, state, token, fence, marker, expires_at)
             SELECT $1, $2, 'done', NULL, $4,
@@ -448,9 +594,10 @@ fn finish(t: &str, bound: &str) -> String {
                 token = NULL,
                 fence = COALESCE(excluded.fence, u.fence),
                 marker = excluded.marker,
-                expires_at = excluded.expires_at
+                expires_at = excluded.expires_at,
+                doubt_memory = NULL
             WHERE (u.state = 'locked' AND u.token = $3 AND u.fence IS NOT DISTINCT FROM $4)
-               OR u.expires_at <= statement_timestamp()
+               OR NOT {present_u}
             RETURNING 1
         )
         SELECT EXISTS (SELECT 1 FROM written) AS written,
@@ -506,6 +653,7 @@ mod tests {
             ("begin_fresh", &statements.begin_fresh),
             ("begin_fresh_fenced", &statements.begin_fresh_fenced),
             ("begin", &statements.begin),
+            ("take_over", &statements.take_over),
             ("finish_held", &statements.finish_held),
             ("finish", &statements.finish),
             ("release", &statements.release),
@@ -526,6 +674,10 @@ mod tests {
             ),
             ("begin_in_transaction", &statements.begin_in_transaction),
             (
+                "take_over_in_transaction",
+                &statements.take_over_in_transaction,
+            ),
+            (
                 "complete_in_transaction",
                 &statements.complete_in_transaction,
             ),
@@ -545,5 +697,50 @@ mod tests {
         assert!(migration.contains(
             "pg_advisory_xact_lock(hashtextextended('idempotask migration \"jobs\".\"units\"', 0));\nCREATE SCHEMA IF NOT EXISTS \"jobs\";\nCREATE TABLE"
         ), "{migration}");
+        // The column of units in doubt, on tables of earlier versions, after their creation,
+        // and only when the catalog says it is missing.
+        let guard = migration
+            .find("WHERE attrelid = '\"jobs\".\"units\"'::regclass AND attname = 'doubt_memory'")
+            .expect(&migration);
+        let alter = migration
+            .find("ALTER TABLE \"jobs\".\"units\" ADD COLUMN IF NOT EXISTS doubt_memory interval;")
+            .expect(&migration);
+        assert!(migration.find("CREATE TABLE").unwrap() < guard && guard < alter);
+    }
+
+    #[test]
+    fn a_unit_in_doubt_is_a_remembered_lock_of_a_holder() {
+        let condition = in_doubt("u");
+        for part in [
+            "u.state = 'locked'",
+            "u.token IS NOT NULL",
+            "u.expires_at <= statement_timestamp()",
+            // A row of an earlier version, `NULL`, remembers nothing, and the condition is
+            // never null: `NOT` of it is a plain negation in `purge` and `begin`.
+            "COALESCE(u.expires_at + u.doubt_memory > statement_timestamp(), FALSE)",
+        ] {
+            assert!(condition.contains(part), "{condition}");
+        }
+        let statements = Statements::new(
+            &TableName::parse("units").unwrap(),
+            Duration::from_millis(800),
+        );
+        for (name, sql) in [
+            ("purge", &statements.purge),
+            ("inspect", &statements.inspect),
+            ("read", &statements.read),
+            ("list", &statements.list),
+            ("release", &statements.release),
+            ("renew", &statements.renew),
+            ("finish_held", &statements.finish_held),
+            ("finish", &statements.finish),
+            ("begin", &statements.begin),
+            ("take_over", &statements.take_over),
+        ] {
+            assert!(
+                sql.as_str().contains(&in_doubt("u")) || sql.as_str().contains(&in_doubt("o")),
+                "{name}"
+            );
+        }
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnection, Postgres};
 
 use super::errors::store_error;
-use super::{PostgresStore, fence_param, millis};
+use super::{BeginStatements, PostgresStore, fence_param, millis};
 use idempotask::store::{Begin, Fencing, StoreError, TransactionScope};
 use idempotask::store::{LockToken, UnitOfWork};
 
@@ -97,8 +97,13 @@ impl TransactionScope for PostgresTransaction<'_> {
             Fencing::On => &statements.begin_fresh_fenced_in_transaction,
             _ => &statements.begin_fresh_in_transaction,
         };
+        let statements = BeginStatements {
+            fresh,
+            full: &statements.begin_in_transaction,
+            take_over: &statements.take_over_in_transaction,
+        };
         PostgresStore::begin_on(
-            (fresh, &statements.begin_in_transaction),
+            statements,
             &mut self.transaction,
             unit,
             token,

@@ -1,7 +1,9 @@
 //! What is particular to `PostgresStore` and transactional completion: concurrent deliveries
 //! from one process and from two, bodies that fail or are dropped inside their transaction, a
-//! waiting delivery that replays or runs depending on how the first one ended, and a server
-//! restart mid-run.
+//! waiting delivery that replays or runs depending on how the first one ended, a server
+//! restart mid-run, and units in doubt: the migration of a table of the previous version by
+//! replicas at once, purge, the operator's reads, a takeover inside a transaction that rolls
+//! back, and the least-privileged user.
 //! (The conformance suite runs in `conformance_postgres.rs`; a worker killed with `kill -9`
 //! mid-transaction in the `ledger_transfer` example's run, in `tests/example_queues.rs`.)
 
@@ -12,10 +14,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use idempotask::store::{Begin, Doubt, Fencing, Finish, LockToken};
 use idempotask::store::{Store, StoreErrorKind, UnitOfWork};
 use idempotask::testing::deliver_concurrently;
-use idempotask::{Error, Task};
+use idempotask::{Error, InDoubt, Task};
 use idempotask_postgres::PostgresStore;
+use idempotask_postgres::operator::UnitState;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use sqlx::postgres::PgConnection;
@@ -1084,4 +1088,359 @@ async fn a_server_with_no_room_for_the_stores_connections_is_a_retryable_refusal
     drop(held);
     hog.close().await;
     store.inspect(&unit).await.unwrap();
+}
+
+/// The table and sequence as versions before units in doubt created them.
+const EARLIER_SCHEMA: &str = "
+CREATE TABLE idempotask_units (
+    task       text        NOT NULL,
+    key        bytea       NOT NULL,
+    state      text        NOT NULL CHECK (state IN ('locked', 'done')),
+    token      text,
+    fence      bigint,
+    marker     bytea,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (task, key)
+);
+CREATE SEQUENCE idempotask_units_fence;
+";
+
+/// A lock row as an earlier version writes it (no `doubt_memory`), expiring `expires_in` from
+/// now on the server's clock (negative: already lapsed).
+async fn earlier_lock(pool: &PgPool, key: &str, expires_in: &str) {
+    sqlx::query(
+        "INSERT INTO idempotask_units (task, key, state, token, fence, marker, expires_at)
+         VALUES ('pg_doubt', $1, 'locked', md5($1), NULL, NULL, now() + $2::interval)",
+    )
+    .bind(key.as_bytes())
+    .bind(expires_in)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// A token that asks for its lock to be remembered a minute after it ran out.
+fn remembered() -> LockToken {
+    LockToken::generate().with_doubt_memory(Duration::from_secs(60))
+}
+
+/// What `begin` answers for `key` of `pg_doubt` to a token that would take a unit in doubt over:
+/// whether it was acquired, and what it knew of a doubt.
+async fn begin_doubt(store: &PostgresStore, key: &str) -> (bool, Option<Doubt>) {
+    let unit = UnitOfWork::new("pg_doubt", key).unwrap();
+    match store
+        .begin(&unit, &remembered(), Duration::from_secs(30), Fencing::Off)
+        .await
+        .unwrap()
+    {
+        Begin::Acquired { in_doubt, .. } => (true, in_doubt.map(|doubt| *doubt)),
+        _ => (false, None),
+    }
+}
+
+/// Replicas of the new version deploy onto a table of the previous one that holds locks its
+/// replicas wrote, and all migrate at once: every migration succeeds, the column is added once,
+/// the replicas of the previous version go on writing, and a lock that ran out with no memory
+/// (`NULL`: every row from before) is free, not in doubt, whether it ran out before the
+/// migration or after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_migrating_an_earlier_table_at_once_leave_its_lapsed_locks_free_not_in_doubt() {
+    let server = PostgresServer::start();
+    let pool = server.pool(12).await;
+    sqlx::raw_sql(EARLIER_SCHEMA).execute(&pool).await.unwrap();
+    earlier_lock(&pool, "lapsed-before", "-1 second").await;
+    earlier_lock(&pool, "held-across", "2 seconds").await;
+    // This version refuses the earlier table until it is migrated, and says how.
+    let err = PostgresStore::builder(pool.clone())
+        .connect()
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Configuration, "{err}");
+    assert!(err.to_string().contains("PostgresStore::migrate"), "{err}");
+
+    let migrations: Vec<_> = (0..6)
+        .map(|_| {
+            let builder = PostgresStore::builder(pool.clone());
+            tokio::spawn(async move { builder.migrate().await })
+        })
+        .collect();
+    for migration in migrations {
+        migration.await.unwrap().unwrap();
+    }
+    let columns: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_attribute
+         WHERE attrelid = 'idempotask_units'::regclass AND attname = 'doubt_memory'
+           AND NOT attisdropped",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(columns, 1);
+    // A replica of the previous version names only the columns it knows.
+    earlier_lock(&pool, "lapsed-after", "-1 second").await;
+
+    let store = PostgresStore::builder(pool.clone())
+        .connect()
+        .await
+        .unwrap();
+    for key in ["lapsed-before", "lapsed-after"] {
+        let seen = store
+            .inspect(&UnitOfWork::new("pg_doubt", key).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(seen, idempotask::store::Inspection::empty(), "{key}");
+        assert_eq!(begin_doubt(&store, key).await, (true, None), "{key}");
+    }
+    let held = UnitOfWork::new("pg_doubt", "held-across").unwrap();
+    assert!(store.inspect(&held).await.unwrap().is_locked());
+    assert_eq!(begin_doubt(&store, "held-across").await, (false, None));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while store.inspect(&held).await.unwrap().is_locked() {
+        assert!(std::time::Instant::now() < deadline, "never ran out");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(store.inspect(&held).await.unwrap().in_doubt.is_none());
+    assert_eq!(begin_doubt(&store, "held-across").await, (true, None));
+}
+
+/// Every replica migrates at each deploy. On a table that is up to date, the migration takes
+/// no lock on the table, so it neither waits for a long transaction that touched the table nor
+/// makes the store's statements queue behind it (`ALTER TABLE … ADD COLUMN IF NOT EXISTS`
+/// takes `ACCESS EXCLUSIVE` even when the column is there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrating_an_up_to_date_table_does_not_wait_for_open_transactions() {
+    let server = PostgresServer::start();
+    let (store, pool) = setup(&server).await;
+    let mut open = pool.begin().await.unwrap();
+    let _: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotask_units")
+        .fetch_one(&mut *open)
+        .await
+        .unwrap();
+    let migrated = tokio::time::timeout(
+        Duration::from_secs(20),
+        PostgresStore::builder(pool.clone()).migrate(),
+    )
+    .await;
+    assert!(
+        matches!(migrated, Ok(Ok(()))),
+        "the migration waited for an open transaction: {migrated:?}"
+    );
+    let ran: u8 = Task::new("pg_migrated_twice")
+        .call("k")
+        .store(store)
+        .run(async { Ok::<_, Error>(1) })
+        .await
+        .unwrap();
+    assert_eq!(ran, 1);
+    open.rollback().await.unwrap();
+}
+
+/// Waits until `unit`'s lock has run out on the server's clock.
+async fn until_lapsed(store: &PostgresStore, unit: &UnitOfWork) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while store.inspect(unit).await.unwrap().is_locked() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lock never ran out"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A unit in doubt is kept by `purge_expired` (a lock that ran out with no memory is not),
+/// shows in the operator's reads, and survives a transactional takeover that rolled back: the
+/// body saw the doubt, its write is gone, and the next delivery is told again. A `Hold` task
+/// inside a transaction leaves it alone; a delivery that commits settles it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unit_in_doubt_survives_purge_and_a_rolled_back_takeover_and_shows_to_operators() {
+    let server = PostgresServer::start();
+    let (store, pool) = setup(&server).await;
+    let short = Duration::from_millis(200);
+    let unit = UnitOfWork::new("pg_write", "doubt-tx").unwrap();
+    let forgotten = UnitOfWork::new("pg_write", "no-memory").unwrap();
+    let fence = match store
+        .begin(&unit, &remembered(), short, Fencing::On)
+        .await
+        .unwrap()
+    {
+        Begin::Acquired {
+            fencing_token: Some(fence),
+            in_doubt: None,
+            ..
+        } => fence,
+        other => panic!("expected a fresh fenced lock, got {other:?}"),
+    };
+    store
+        .begin(&forgotten, &LockToken::generate(), short, Fencing::Off)
+        .await
+        .unwrap();
+    until_lapsed(&store, &unit).await;
+    until_lapsed(&store, &forgotten).await;
+
+    assert_eq!(store.purge_expired().await.unwrap(), 1);
+    let seen = store.inspect(&unit).await.unwrap();
+    assert_eq!(
+        seen.in_doubt.and_then(|doubt| doubt.fencing_token),
+        Some(fence)
+    );
+    match store.read_unit(&unit).await.unwrap().map(|row| row.state) {
+        Some(UnitState::InDoubt {
+            fencing_token,
+            expired_for,
+            ..
+        }) => {
+            assert_eq!(fencing_token, Some(fence));
+            assert!(expired_for < Duration::from_secs(60), "{expired_for:?}");
+        }
+        other => panic!("expected the unit in doubt, got {other:?}"),
+    }
+    let listed = store.list_task("pg_write", None, 10).await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert!(matches!(listed[0].state, UnitState::InDoubt { .. }));
+
+    // Taken over inside a transaction that rolls back: the unit is in doubt again.
+    let seen_by_body = Arc::new(std::sync::Mutex::new(None));
+    let failed: Result<i64, BoxError> = WRITE
+        .call("doubt-tx")
+        .run_in_transaction(store.transaction(pool.begin().await.unwrap()), {
+            let seen_by_body = Arc::clone(&seen_by_body);
+            async move |db| {
+                *seen_by_body.lock().unwrap() = idempotask::context().and_then(|c| c.in_doubt());
+                write_effect(db, "doubt-tx", 1).await?;
+                Err("the ledger said no".into())
+            }
+        })
+        .await;
+    assert!(failed.is_err());
+    let told = seen_by_body.lock().unwrap().take();
+    assert_eq!(told.and_then(|doubt| doubt.fencing_token), Some(fence));
+    assert_eq!(effects(&pool, "doubt-tx").await, 0);
+    let again = store.inspect(&unit).await.unwrap().in_doubt;
+    assert_eq!(again.and_then(|doubt| doubt.fencing_token), Some(fence));
+
+    // A `Hold` task writes nothing, inside a transaction too.
+    let held: Result<i64, BoxError> = Task::new("pg_write")
+        .in_doubt(InDoubt::Hold)
+        .call("doubt-tx")
+        .run_in_transaction(store.transaction(pool.begin().await.unwrap()), async |db| {
+            write_effect(db, "doubt-tx", 2).await
+        })
+        .await;
+    let err = held.unwrap_err();
+    assert!(
+        matches!(err.downcast_ref::<Error>(), Some(Error::InDoubt { .. })),
+        "{err}"
+    );
+    assert!(store.inspect(&unit).await.unwrap().in_doubt.is_some());
+
+    // A delivery that commits settles it, told of the doubt.
+    let report = WRITE
+        .call("doubt-tx")
+        .run_in_transaction(store.transaction(pool.begin().await.unwrap()), async |db| {
+            let told = idempotask::context().and_then(|c| c.in_doubt()).is_some();
+            write_effect(db, "doubt-tx", i64::from(told)).await
+        })
+        .await;
+    assert_eq!(report.unwrap(), 1, "the committing body was not told");
+    assert!(store.inspect(&unit).await.unwrap().is_done());
+    assert_eq!(effects(&pool, "doubt-tx").await, 1);
+}
+
+/// The holder of a lock that ran out, which nobody took over, renews it: the lock and its
+/// memory are set again from the token, and its finish completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holder_of_a_lapsed_lock_renews_it_with_its_memory_and_finishes() {
+    let server = PostgresServer::start();
+    let (store, pool) = setup(&server).await;
+    let unit = UnitOfWork::new("pg_doubt", "renewed").unwrap();
+    let token = LockToken::generate().with_doubt_memory(Duration::from_secs(30));
+    store
+        .begin(&unit, &token, Duration::from_millis(200), Fencing::Off)
+        .await
+        .unwrap();
+    until_lapsed(&store, &unit).await;
+    assert!(store.inspect(&unit).await.unwrap().in_doubt.is_some());
+    let renewed = token.clone().with_doubt_memory(Duration::from_secs(90));
+    assert!(
+        store
+            .renew(&unit, &renewed, Duration::from_secs(30))
+            .await
+            .unwrap()
+    );
+    let memory: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM doubt_memory)::float8 FROM idempotask_units WHERE task = 'pg_doubt'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!((memory - 90.0).abs() < f64::EPSILON, "{memory}");
+    let seen = store.inspect(&unit).await.unwrap();
+    assert!(seen.is_locked() && seen.in_doubt.is_none(), "{seen:?}");
+    // A store sees a marker as bytes; these are laid out as a real one is.
+    let marker = format!(r#"D{}|{}|"1""#, unit.key().len(), unit.key()).into_bytes();
+    assert_eq!(
+        store
+            .finish(&unit, &token, &marker, Duration::from_secs(60))
+            .await
+            .unwrap(),
+        Finish::Completed
+    );
+}
+
+/// The rights the deployment notes give the store's user, and no more: it connects, takes a
+/// unit in doubt over with a new fencing token, and purges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_least_privileged_user_takes_units_in_doubt_over() {
+    let server = PostgresServer::start();
+    let owner = server.pool(2).await;
+    PostgresStore::builder(owner.clone())
+        .migrate()
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "CREATE ROLE app LOGIN;
+         GRANT SELECT, INSERT, UPDATE, DELETE ON idempotask_units TO app;
+         GRANT USAGE, SELECT ON SEQUENCE idempotask_units_fence TO app;",
+    )
+    .execute(&owner)
+    .await
+    .unwrap();
+    let url = server
+        .url()
+        .replace("postgres://postgres@", "postgres://app@");
+    let store = PostgresStore::connect(&url).await.unwrap();
+    let unit = UnitOfWork::new("pg_doubt", "least-privilege").unwrap();
+    let first = store
+        .begin(
+            &unit,
+            &remembered(),
+            Duration::from_millis(200),
+            Fencing::On,
+        )
+        .await
+        .unwrap();
+    let Begin::Acquired {
+        fencing_token: Some(first),
+        ..
+    } = first
+    else {
+        panic!("expected a fenced lock, got {first:?}");
+    };
+    until_lapsed(&store, &unit).await;
+    match store
+        .begin(&unit, &remembered(), Duration::from_secs(30), Fencing::On)
+        .await
+        .unwrap()
+    {
+        Begin::Acquired {
+            fencing_token: Some(next),
+            in_doubt: Some(doubt),
+            ..
+        } => {
+            assert_eq!(doubt.fencing_token, Some(first));
+            assert!(next > first);
+        }
+        other => panic!("expected the unit taken over in doubt, got {other:?}"),
+    }
+    store.purge_expired().await.unwrap();
 }
