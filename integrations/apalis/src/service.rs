@@ -129,7 +129,8 @@ where
 }
 
 /// Input: an error of idempotask's own. Output: the error apalis acts on: retry later when the key
-/// is busy, abort when no retry can succeed, an ordinary (retried) failure otherwise.
+/// is busy, abort when no retry can succeed (a unit held in doubt among them: a retry would be
+/// held too, until an operator resolves it), an ordinary (retried) failure otherwise.
 fn to_apalis(err: Error, lock_ttl: Duration) -> BoxDynError {
     match err.redelivery() {
         Redelivery::AfterHolder(remaining) => {

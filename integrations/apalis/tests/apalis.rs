@@ -1,18 +1,20 @@
 //! The apalis layer, driven as apalis drives it: duplicates replay the stored value, handler
 //! errors pass through uncached, a busy key is an error apalis retries later, and a job without
-//! a key never runs unprotected. The kill -9 scenarios on real backends are the runs of the
+//! a key never runs unprotected, and a job whose unit is held in doubt is killed, not retried. The kill -9 scenarios on real backends are the runs of the
 //! `apalis_worker` example on apalis-redis and apalis-postgres, in `tests/example_queues.rs`.
 
 use std::future::poll_fn;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 use apalis::prelude::{
-    AbortError, BoxDynError, Event, EventListenerExt, MemoryStorage, RetryAfterError, Service,
-    Task as Job, TaskBuilder, TaskSink, WorkerBuilder,
+    AbortError, BoxDynError, Event, EventListenerExt, MemoryStorage, RetryAfterError,
+    RetryPolicy as ApalisRetryPolicy, Service, Task as Job, TaskBuilder, TaskSink, WorkerBuilder,
+    WorkerBuilderExt,
 };
-use idempotask::{MemoryStore, RetryPolicy, Task};
+use idempotask::{InDoubt, MemoryStore, RetryPolicy, Task};
 use idempotask_apalis::{IdempotencyKey, Idempotent, MissingKey};
+use idempotask_test_support::doubt::leave_in_doubt;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -269,6 +271,87 @@ async fn the_push_key_is_an_opt_in_source_and_a_job_without_one_never_runs() {
     let cause = std::error::Error::source(abort).unwrap();
     assert!(cause.downcast_ref::<MissingKey>().is_some(), "{cause:?}");
     assert_eq!(charges.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_job_whose_unit_is_in_doubt_is_killed_not_retried_and_nothing_runs() {
+    let store = Arc::new(MemoryStore::new());
+    // A delivery of order 9 took the lock and its worker was killed before it stored a result.
+    leave_in_doubt(&store, "charge_in_doubt", "order-charge-9").await;
+    let mut queue = MemoryStorage::new();
+    queue.push(Order { id: 9 }).await.unwrap();
+    queue.push(Order { id: 10 }).await.unwrap();
+    // Each delivery of order 9 reads its key once, the retries apalis makes too.
+    let deliveries_of_9 = Arc::new(AtomicU32::new(0));
+    let counted = Arc::clone(&deliveries_of_9);
+    let key = move |order: &Order| {
+        if order.id == 9 {
+            counted.fetch_add(1, Ordering::SeqCst);
+        }
+        by_order(order)
+    };
+    // The handler's calls, by order; its first call fails, which apalis retries.
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let handler = {
+        let calls = Arc::clone(&calls);
+        move |order: Order| {
+            let calls = Arc::clone(&calls);
+            async move {
+                let mut calls = calls.lock().unwrap();
+                calls.push(order.id);
+                if calls.len() == 1 {
+                    return Err::<Receipt, BoxDynError>("the gateway timed out".into());
+                }
+                Ok(Receipt {
+                    order: order.id,
+                    charge: 1,
+                })
+            }
+        }
+    };
+    let charge_once = Idempotent::new(Task::new("charge_in_doubt").in_doubt(InDoubt::Hold), key)
+        .store(Arc::clone(&store))
+        .handler(handler);
+    let held = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&held);
+    WorkerBuilder::new("charger-in-doubt")
+        .backend(queue)
+        .concurrency(1)
+        .retry(ApalisRetryPolicy::retries(3))
+        .on_event(move |worker, event| match event {
+            Event::Error(error) => {
+                let abort = error.downcast_ref::<AbortError>();
+                let cause = abort.and_then(|abort| std::error::Error::source(abort));
+                let cause = cause.and_then(|cause| cause.downcast_ref::<idempotask::Error>());
+                seen.lock()
+                    .unwrap()
+                    .push(matches!(cause, Some(idempotask::Error::InDoubt { .. })));
+            }
+            Event::Success(_) => worker.stop().unwrap(),
+            _ => {}
+        })
+        .build(charge_once)
+        .run()
+        .await
+        .unwrap();
+
+    // What apalis did: the in-doubt job ended in one abort, which its retry policy does not
+    // retry, while order 10's failure was retried; the handler never saw order 9.
+    assert_eq!(
+        *held.lock().unwrap(),
+        [true],
+        "one error, the in-doubt abort"
+    );
+    assert_eq!(
+        deliveries_of_9.load(Ordering::SeqCst),
+        1,
+        "killed, not retried"
+    );
+    assert_eq!(
+        *calls.lock().unwrap(),
+        [10, 10],
+        "the retry policy retries failures"
+    );
 }
 
 static WORKER_CHARGES: AtomicU32 = AtomicU32::new(0);

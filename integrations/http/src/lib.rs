@@ -88,6 +88,7 @@
 //! | a retry of a too-large response | `410` [`RESPONSE_NOT_STORED`](problem::RESPONSE_NOT_STORED) | does not run again |
 //! | the key is being processed by another request | `409` [`IN_PROGRESS`](problem::IN_PROGRESS) with `Retry-After`; or, with [`wait_for_result`](Idempotency::wait_for_result), the first request's response once stored | does not run |
 //! | the key was used with another fingerprint | `422` [`KEY_REUSED`](problem::KEY_REUSED) | does not run |
+//! | the key is in doubt and the layer's task holds such keys ([`InDoubt::Hold`](idempotask::InDoubt::Hold)): an earlier request's lock ran out without a response or a release | `409` [`IN_DOUBT`](problem::IN_DOUBT), no `Retry-After`; every retry gets it until an operator resolves the key | does not run |
 //! | the store cannot confirm the lock | `503` [`STORE_UNAVAILABLE`](problem::STORE_UNAVAILABLE) with `Retry-After` | does not run |
 //! | the handler's task is cancelled by its runtime's shutdown while the request is served from another runtime (within one runtime the request goes with it, unanswered) | `503` [`SHUTTING_DOWN`](problem::SHUTTING_DOWN) with `Retry-After` | cancelled: its key is released (or its lock expires), so a retry runs it again |
 //! | the stored response cannot be read back (damaged, or of a later format version) | `410` [`STORED_RESPONSE_UNREADABLE`](problem::STORED_RESPONSE_UNREADABLE) | does not run again |
@@ -146,6 +147,15 @@
 //!   [`wait_for_result`](Idempotency::wait_for_result) makes them wait up to a bound and get the
 //!   first request's response, which is what a webhook sender wants (it only sees `2xx` or a
 //!   failure); waiting asks the store again with backoff.
+//! - **A key in doubt** (under [`InDoubt::Hold`](idempotask::InDoubt::Hold): an earlier request
+//!   whose server was killed or cut off mid-handler, so its lock ran out with neither a stored
+//!   response nor a release) is `409` [`IN_DOUBT`](problem::IN_DOUBT) without `Retry-After`:
+//!   no wait helps before an operator finds out whether the effect happened and resolves the
+//!   key (`idempotask resolve`), after which a retry gets the recorded response, or runs. A
+//!   `503` would have clients and webhook senders retry at once and for ever, as for any
+//!   `5xx`, and a `410` would say the answer is final, which it is not. It differs from the
+//!   other `409`, [`IN_PROGRESS`](problem::IN_PROGRESS), by its `type` and by having no
+//!   `Retry-After`.
 //! - **Responses over the cap** are sent whole to the first client and recorded as too large:
 //!   a retry gets `410` rather than a truncated body, or a second execution. `410` is a `4xx`
 //!   that clients do not retry; `409` would make them retry for ever.

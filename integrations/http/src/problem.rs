@@ -34,6 +34,14 @@ pub const KEY_REUSED: &str =
 /// one.
 pub const IN_PROGRESS: &str =
     "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.IN_PROGRESS.html";
+/// `409` without `Retry-After`: an earlier request with this key stopped without a response
+/// or a release (its lock ran out: a server killed or cut off mid-request), so whether it took
+/// effect is unknown, and the layer's task holds such keys
+/// ([`InDoubt::Hold`](idempotask::InDoubt::Hold)); nothing ran for this one. Every retry gets
+/// the same answer until an operator resolves the key (`idempotask resolve`); after that a
+/// retry gets the recorded response, or runs.
+pub const IN_DOUBT: &str =
+    "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.IN_DOUBT.html";
 /// `410`: the request with this key ran, but its response was larger than the layer stores, so
 /// it cannot be replayed; it does not run again.
 pub const RESPONSE_NOT_STORED: &str = "https://docs.rs/idempotask-http/latest/idempotask_http/problem/constant.RESPONSE_NOT_STORED.html";

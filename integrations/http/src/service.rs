@@ -512,6 +512,15 @@ fn refused<R: Body<Data = Bytes>>(err: &Error, cap: Duration) -> Response<Respon
                 .retry_after(secs),
             )
         }
+        // A 4xx, so that clients and webhook senders do not retry it at once and for ever as
+        // they do a 5xx; 409, as the key's state conflicts with running it; no `Retry-After`,
+        // since no wait helps before an operator resolves the key. Not 410: it is not final.
+        Error::InDoubt { .. } => problem(Problem::new(
+            StatusCode::CONFLICT,
+            problem::IN_DOUBT,
+            "Request in doubt",
+            "an earlier request with this idempotency key stopped before it was answered, so whether it took effect is unknown; nothing ran, and retries get this answer until an operator resolves the key",
+        )),
         Error::KeyReuse { .. } => problem(Problem::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             problem::KEY_REUSED,

@@ -2,7 +2,7 @@
 //! (reqwest), on the in-memory store and on a Redis server of the test's own: concurrent
 //! duplicates run the handler once, retries get the stored response, a reused key with another
 //! body runs nothing, a `5xx` is released, the size caps, a client that goes away mid-handler,
-//! and a Redis that is down. The kill -9 of a server process is `tests/examples.rs`, on the
+//! a key held in doubt, and a Redis that is down. The kill -9 of a server process is `tests/examples.rs`, on the
 //! `http_payments` example.
 
 use std::sync::Arc;
@@ -16,11 +16,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Json};
 use http::StatusCode;
-use idempotask::Task;
 use idempotask::store::SharedStore;
+use idempotask::{InDoubt, Task};
 use idempotask_http::{IDEMPOTENT_REPLAYED, Idempotency, Retention, problem};
 use idempotask_test_support::RedisServer;
 use idempotask_test_support::cluster::RedisCluster;
+use idempotask_test_support::doubt::leave_in_doubt;
 use idempotask_test_support::postgres::PostgresServer;
 use idempotask_test_support::quorum::Quorum;
 use tokio::sync::{Semaphore, mpsc};
@@ -146,6 +147,7 @@ on_every_store!(
     a_key_from_the_body_and_the_stored_headers,
     a_handler_slower_than_the_lock_ttl_keeps_its_lock,
     a_damaged_stored_response_is_410_and_runs_nothing,
+    a_key_in_doubt_is_409_without_retry_after_and_runs_nothing,
     what_counts_in_the_fingerprint,
     throttled_and_timed_out_answers_release_the_key,
     a_chunked_body_over_the_cap_is_413_and_runs_nothing,
@@ -772,6 +774,27 @@ async fn a_damaged_stored_response_is_410_and_runs_nothing(backend: Backend) {
     assert_eq!(answer.status, 410, "{answer:?}");
     assert_eq!(answer.problem_type(), problem::STORED_RESPONSE_UNREADABLE);
     assert_eq!(server.executions(), 0);
+    drop(backend);
+}
+
+async fn a_key_in_doubt_is_409_without_retry_after_and_runs_nothing(backend: Backend) {
+    // A request with this key took the lock, and its server was killed mid-handler.
+    leave_in_doubt(&backend.store, "http_in_doubt", "pay-in-doubt").await;
+    let hold = Idempotency::new(Task::new("http_in_doubt").in_doubt(InDoubt::Hold))
+        .store(backend.store.clone());
+    let server = Server::start(hold, false).await;
+    for _retry in 0..2 {
+        let answer = send(server.post("/payments", Some("pay-in-doubt"), "1 EUR")).await;
+        assert_eq!(answer.status, 409, "{answer:?}");
+        assert_eq!(answer.problem_type(), problem::IN_DOUBT);
+        assert_eq!(answer.retry_after, None, "no wait helps: {answer:?}");
+        assert!(!answer.replayed);
+    }
+    assert_eq!(server.executions(), 0, "the held handler did not run");
+    // Other keys run as ever.
+    let answer = send(server.post("/payments", Some("pay-other"), "2 EUR")).await;
+    assert_eq!(answer.status, 201, "{answer:?}");
+    assert_eq!(server.executions(), 1);
     drop(backend);
 }
 

@@ -64,12 +64,21 @@
 //! | the store failed ([`Error::Store`]) or none is installed; or idempotask is misused (`Reentered`, `NoRuntime`, `TaskNameTaken`: a bug of the consumer, logged as an error, that must not cost the message) | published to the retry queue with a bounded backoff ([`store_backoff`](Idempotent::store_backoff), per store error of this message; [`DEFAULT_STORE_BACKOFF`]: 100 ms doubling up to 30 s), then acked | `Retrying` |
 //! | the body's `Err`, or a panic in it ([`Cause::Panicked`]); the lock is released and nothing is stored | published to the retry queue with a bounded backoff ([`failure_backoff`](Idempotent::failure_backoff), per failure of this message; [`DEFAULT_FAILURE_BACKOFF`]: 100 ms doubling up to 30 s), then acked; after [`max_failures`](Idempotent::max_failures) failures (5 by default), rejected without requeue | `Retrying`, then `DeadLettered` |
 //! | the key cannot be used: [`MissingKey`], [`Error::InvalidKey`], [`Error::KeyReuse`], [`Error::Codec`], [`Error::MarkerKeyMismatch`] | `basic.reject` without requeue: to the work queue's dead-letter exchange; nothing ran | `DeadLettered` |
+//! | the unit is in doubt and the task holds such units ([`Error::InDoubt`], [`InDoubt::Hold`](idempotask::InDoubt::Hold)): an earlier delivery's lock ran out without a release or a result | to the dead-letter exchange with [`REASON_HEADER`] `in-doubt` and the error's text in [`ERROR_HEADER`] (a copy, confirmed, then the delivery acked), never retried: every delivery would be held until an operator resolves the unit (`idempotask resolve`); then move it back to the work queue, and it replays or runs. Nothing ran | `DeadLettered` |
 //!
 //! A body error is retried through the retry queue rather than `basic.nack` with requeue: a
 //! requeued message comes back at once, so a failing dependency would be hammered in a tight loop
 //! by every consumer; the delay gives it time, and the failure count travels with the message in
 //! the [`FAILURES_HEADER`] header. The retry queue keeps the message's properties (its
 //! `message_id`, so the key is the same) and its headers.
+//!
+//! A rejection cannot carry headers, so a unit in doubt, the one dead-letter whose message is
+//! sound and waits for an operator, goes to the dead-letter exchange as a copy that says why,
+//! published with the original's properties and routing key (confirmed by the broker before the
+//! original is acked; a copy that is not confirmed leaves the original rejected there the plain
+//! way, without the headers). The copy goes to the exchange that [`Topology::declare`] declared,
+//! or the one named by [`RetryQueue::dead_letter_exchange`]; without one it is rejected the plain
+//! way too. Unlike a rejected message it has no `x-death` header.
 //!
 //! [`Idempotent::process`] runs and settles in one call; [`Idempotent::run`] answers a
 //! [`Decision`] that [`Decision::settle`] carries out later, for a consumer that records something
@@ -183,7 +192,8 @@ use sha2::{Digest, Sha256};
 
 pub use key::{DeliveryKey, MessageId, MissingKey};
 pub use settle::{
-    Cause, Decision, FAILURES_HEADER, STORE_ERRORS_HEADER, SettleError, SettleFailure, Settled,
+    Cause, Decision, ERROR_HEADER, FAILURES_HEADER, IN_DOUBT, REASON_HEADER, STORE_ERRORS_HEADER,
+    SettleError, SettleFailure, Settled,
 };
 pub use topology::{PublishError, RetryQueue, Topology};
 
@@ -452,6 +462,15 @@ impl<K: DeliveryKey> Idempotent<K> {
             }
         };
         match delay {
+            // Not the message's fault, and every delivery would be held the same until an
+            // operator resolves the unit: dead-lettered with a reason that says so.
+            None if matches!(err, Error::InDoubt { .. }) => (
+                Action::DeadLetterWithReason {
+                    reason: IN_DOUBT,
+                    error: err.to_string(),
+                },
+                Settled::DeadLettered(Cause::Idempotask(err)),
+            ),
             None => (
                 Action::DeadLetter,
                 Settled::DeadLettered(Cause::Idempotask(err)),

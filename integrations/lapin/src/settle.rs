@@ -12,12 +12,22 @@ use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 use lapin::types::AMQPValue;
 
 use crate::key::MissingKey;
-use crate::topology::{PublishError, RetryQueue};
+use crate::topology::{PublishError, RetryQueue, long_string};
 
 /// The header counting a message's failed runs (body errors).
 pub const FAILURES_HEADER: &str = "x-idempotask-failures";
 /// The header counting a message's redeliveries for store errors.
 pub const STORE_ERRORS_HEADER: &str = "x-idempotask-store-errors";
+/// The header that says why idempotask sent a message to the dead-letter exchange itself:
+/// [`IN_DOUBT`] for a unit held in doubt.
+pub const REASON_HEADER: &str = "x-idempotask-reason";
+/// The [`REASON_HEADER`] of a message whose unit is held in doubt
+/// ([`Error::InDoubt`]): nothing ran, and the unit waits for an operator.
+pub const IN_DOUBT: &str = "in-doubt";
+/// The header holding the text of the error that sent a message to the dead-letter exchange,
+/// next to [`REASON_HEADER`]; it shows the key as the task's
+/// [`KeyLogging`](idempotask::KeyLogging) says.
+pub const ERROR_HEADER: &str = "x-idempotask-error";
 
 /// The shortest delay before a redelivery: a lock about to expire still gets a moment.
 const MIN_DELAY: Duration = Duration::from_millis(10);
@@ -38,7 +48,8 @@ pub enum Settled<T, E> {
         delay: Duration,
     },
     /// The delivery was rejected without requeue: it went to the work queue's dead-letter
-    /// exchange and will not come back on its own.
+    /// exchange and will not come back on its own. A delivery whose unit is held in doubt
+    /// went there as a copy with its reason in the headers ([`REASON_HEADER`]), and was acked.
     DeadLettered(Cause<E>),
 }
 
@@ -66,7 +77,9 @@ impl<T, E> Decision<T, E> {
     }
 
     /// Settles the delivery that was run on the broker: acks it, publishes its delayed
-    /// redelivery (confirmed by the broker) and then acks it, or rejects it without requeue.
+    /// redelivery (confirmed by the broker) and then acks it, or rejects it without requeue
+    /// (for a unit held in doubt: publishes a copy with the reason to the dead-letter exchange,
+    /// confirmed, and then acks it).
     ///
     /// When the delayed redelivery cannot be published, the delivery is held unacked for the
     /// delay it would have waited in the retry queue, then nacked with requeue, and the count
@@ -273,6 +286,12 @@ pub(crate) enum Action {
         count: u32,
     },
     DeadLetter,
+    /// To the dead-letter exchange with `reason` and `error` in the headers, which a rejection
+    /// cannot carry: a copy, confirmed, then the original acked.
+    DeadLetterWithReason {
+        reason: &'static str,
+        error: String,
+    },
 }
 
 /// Input: a delivery and the action its outcome calls for. Output: the delivery settled on the
@@ -296,10 +315,34 @@ async fn settle(
         }
         Action::DeadLetter => {
             forget(key);
-            sent(
-                "reject",
-                delivery.reject(BasicRejectOptions { requeue: false }).await,
-            )
+            reject(delivery).await
+        }
+        Action::DeadLetterWithReason { reason, error } => {
+            forget(key);
+            let properties = with_header(
+                &with_header(&delivery.properties, REASON_HEADER, long_string(reason)),
+                ERROR_HEADER,
+                long_string(&error),
+            );
+            let routing_key = delivery.routing_key.as_str();
+            match retries
+                .dead_letter(&delivery.data, properties, routing_key)
+                .await
+            {
+                Some(Ok(())) => sent("ack", delivery.ack(BasicAckOptions::default()).await),
+                // No exchange named: dead-lettered by the broker, without the reason.
+                None => reject(delivery).await,
+                Some(Err(err)) => {
+                    // The copy is not on the broker, so the original goes there the plain way
+                    // rather than being acked away.
+                    tracing::warn!(
+                        error = ?err,
+                        reason,
+                        "the copy for the dead-letter exchange, with its reason, was not confirmed; rejecting the delivery to it without the reason"
+                    );
+                    reject(delivery).await
+                }
+            }
         }
         Action::Retry {
             delay,
@@ -336,6 +379,14 @@ async fn settle(
     }
 }
 
+/// Rejects `delivery` without requeue: to the work queue's dead-letter exchange.
+async fn reject(delivery: &Delivery) -> Result<(), SettleFailure> {
+    sent(
+        "reject",
+        delivery.reject(BasicRejectOptions { requeue: false }).await,
+    )
+}
+
 /// Input: what lapin answered an ack, reject or nack with. Output: whether it was sent.
 fn sent(action: &'static str, result: Result<bool, lapin::Error>) -> Result<(), SettleFailure> {
     match result {
@@ -369,8 +420,13 @@ pub(crate) fn count(properties: &BasicProperties, header: &str) -> u32 {
 
 /// `properties` with `header` set to `count`, the other headers kept.
 fn with_count(properties: &BasicProperties, header: &str, count: u32) -> BasicProperties {
+    with_header(properties, header, AMQPValue::LongLongInt(i64::from(count)))
+}
+
+/// `properties` with `header` set to `value`, the other headers kept.
+fn with_header(properties: &BasicProperties, header: &str, value: AMQPValue) -> BasicProperties {
     let mut headers = properties.headers().clone().unwrap_or_default();
-    headers.insert(header.into(), AMQPValue::LongLongInt(i64::from(count)));
+    headers.insert(header.into(), value);
     properties.clone().with_headers(headers)
 }
 

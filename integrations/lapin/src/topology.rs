@@ -102,7 +102,8 @@ impl Topology {
 
     /// Declares the exchange and the three queues (idempotent when they exist as declared here),
     /// turns on publisher confirms on `channel`, and answers the [`RetryQueue`] a consumer
-    /// publishes its delayed redeliveries to, on that channel.
+    /// publishes its delayed redeliveries to, on that channel (and its deliveries held in
+    /// doubt, to the dead-letter exchange).
     ///
     /// # Errors
     /// The broker's error: a queue of one of these names exists with other arguments
@@ -154,11 +155,13 @@ impl Topology {
         channel
             .queue_declare(self.retry_queue.as_str().into(), durable, retry)
             .await?;
-        RetryQueue::new(channel.clone(), self.retry_queue.clone()).await
+        Ok(RetryQueue::new(channel.clone(), self.retry_queue.clone())
+            .await?
+            .dead_letter_exchange(self.dead_letter_exchange.clone()))
     }
 }
 
-fn long_string(value: &str) -> AMQPValue {
+pub(crate) fn long_string(value: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(value.as_bytes().to_vec()))
 }
 
@@ -168,7 +171,8 @@ fn long_string(value: &str) -> AMQPValue {
 ///
 /// Made by [`Topology::declare`], or by [`new`](Self::new) for a retry queue declared elsewhere
 /// (it must dead-letter to the work queue: `x-dead-letter-exchange = ""` and
-/// `x-dead-letter-routing-key = <work queue>`).
+/// `x-dead-letter-routing-key = <work queue>`), with the work queue's dead-letter exchange
+/// named by [`dead_letter_exchange`](Self::dead_letter_exchange).
 ///
 /// # Behaviour
 /// It publishes on its channel for life: when that channel closes (a channel error, the
@@ -179,12 +183,14 @@ fn long_string(value: &str) -> AMQPValue {
 pub struct RetryQueue {
     channel: Channel,
     queue: String,
+    dead_letter_exchange: Option<String>,
 }
 
 impl std::fmt::Debug for RetryQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RetryQueue")
             .field("queue", &self.queue)
+            .field("dead_letter_exchange", &self.dead_letter_exchange)
             .field("channel", &self.channel.id())
             .finish()
     }
@@ -203,7 +209,18 @@ impl RetryQueue {
         Ok(Self {
             channel,
             queue: queue.into(),
+            dead_letter_exchange: None,
         })
+    }
+
+    /// Names the work queue's dead-letter exchange, which [`Topology::declare`] does itself: a
+    /// delivery whose unit is held in doubt is then published there with its reason in the
+    /// headers ([`REASON_HEADER`](crate::REASON_HEADER), [`ERROR_HEADER`](crate::ERROR_HEADER))
+    /// rather than rejected to it without them (see the [crate docs](crate)).
+    #[must_use]
+    pub fn dead_letter_exchange(mut self, exchange: impl Into<String>) -> Self {
+        self.dead_letter_exchange = Some(exchange.into());
+        self
     }
 
     /// The retry queue's name.
@@ -219,21 +236,50 @@ impl RetryQueue {
         properties: BasicProperties,
         delay: Duration,
     ) -> Result<(), PublishError> {
+        let expiration = ShortString::from(delay.as_millis().to_string());
+        let properties = properties.with_expiration(expiration);
+        self.confirmed("", &self.queue, data, properties).await
+    }
+
+    /// Publishes `data` with `properties` to the dead-letter exchange, when one is named, under
+    /// `routing_key` (as the broker's own dead-lettering keeps it), and waits for the broker to
+    /// confirm it; `None` when none is named.
+    pub(crate) async fn dead_letter(
+        &self,
+        data: &[u8],
+        properties: BasicProperties,
+        routing_key: &str,
+    ) -> Option<Result<(), PublishError>> {
+        let exchange = self.dead_letter_exchange.as_deref()?;
+        Some(
+            self.confirmed(exchange, routing_key, data, properties)
+                .await,
+        )
+    }
+
+    /// Input: a message and where to publish it. Output: whether the broker confirmed that a
+    /// queue took it.
+    async fn confirmed(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        data: &[u8],
+        properties: BasicProperties,
+    ) -> Result<(), PublishError> {
         if !self.channel.status().connected() {
             return Err(PublishError::ChannelClosed);
         }
-        let expiration = ShortString::from(delay.as_millis().to_string());
         let confirm = self
             .channel
             .basic_publish(
-                "".into(),
-                self.queue.as_str().into(),
+                exchange.into(),
+                routing_key.into(),
                 BasicPublishOptions {
                     mandatory: true,
                     ..BasicPublishOptions::default()
                 },
                 data,
-                properties.with_expiration(expiration),
+                properties,
             )
             .await?
             .await?;
@@ -246,7 +292,7 @@ impl RetryQueue {
     }
 }
 
-/// Why a delayed redelivery was not published.
+/// Why a delayed redelivery (or a copy for the dead-letter exchange) was not published.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PublishError {
@@ -254,10 +300,13 @@ pub enum PublishError {
     #[error(transparent)]
     Broker(#[from] lapin::Error),
     /// The broker refused the message (`basic.nack`: an internal error of the queue).
-    #[error("the broker refused the message for the retry queue (basic.nack)")]
+    #[error("the broker refused the message (basic.nack)")]
     Nacked,
-    /// No queue of the retry queue's name exists, so the message went nowhere.
-    #[error("the retry queue does not exist; declare it (`Topology::declare`)")]
+    /// No queue took the message, so it went nowhere: no queue of the retry queue's name
+    /// exists (or none is bound to the dead-letter exchange).
+    #[error(
+        "no queue took the message: the retry queue does not exist, or no queue is bound to the dead-letter exchange; declare them (`Topology::declare`)"
+    )]
     Unroutable,
     /// The retry queue's channel is closed; it does not reopen. Make a new [`RetryQueue`]
     /// ([`Topology::declare`] on a new channel) and a new consumer with it.

@@ -1,7 +1,8 @@
 //! `idempotask-lapin` on a real broker that this test binary starts (one node shared by the
 //! tests, each on its own queues): duplicates replay, a busy key comes back through the retry
 //! queue after the holder's lock time and replays, a delivery that can never succeed reaches the
-//! dead-letter queue, and a body error is retried without being cached. The kill -9 scenario is
+//! dead-letter queue (one whose unit is held in doubt with its reason in the headers), and a
+//! body error is retried without being cached. The kill -9 scenario is
 //! the `rabbitmq_worker` example, run by `tests/example_queues.rs`.
 
 use std::sync::Arc;
@@ -9,10 +10,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use idempotask::{Backoff, Error, MemoryStore, Outcome, RetryPolicy, Task};
+use idempotask::store::Store as _;
+use idempotask::{Backoff, Error, InDoubt, MemoryStore, Outcome, RetryPolicy, Task};
 use idempotask_lapin::{
-    Cause, FAILURES_HEADER, Idempotent, MessageId, RetryQueue, STORE_ERRORS_HEADER, SettleFailure,
-    Settled, Topology,
+    Cause, ERROR_HEADER, FAILURES_HEADER, IN_DOUBT, Idempotent, MessageId, REASON_HEADER,
+    RetryQueue, STORE_ERRORS_HEADER, SettleFailure, Settled, Topology,
 };
 use idempotask_test_support as support;
 use lapin::message::Delivery;
@@ -20,9 +22,10 @@ use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, QueueDeclareOptions,
 };
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Consumer};
 use support::RedisServer;
+use support::doubt::leave_in_doubt;
 use support::rabbitmq::RabbitServer;
 
 /// How long a test waits for a message the broker should deliver; a failure, not a pause.
@@ -143,6 +146,13 @@ fn acked<T: std::fmt::Debug, E: std::fmt::Debug>(settled: Settled<T, E>) -> (T, 
     match settled {
         Settled::Acked(report) => (report.value, report.outcome),
         other => panic!("expected an ack, got {other:?}"),
+    }
+}
+
+fn dead_lettered<T: std::fmt::Debug, E: std::fmt::Debug>(settled: Settled<T, E>) -> Cause<E> {
+    match settled {
+        Settled::DeadLettered(cause) => cause,
+        other => panic!("expected a dead letter, got {other:?}"),
     }
 }
 
@@ -293,11 +303,9 @@ async fn deliveries_that_can_never_succeed_reach_the_dead_letter_queue() {
         .process(fixture.next(&mut deliveries).await, charging(&runs))
         .await
         .unwrap();
+    let reused = dead_lettered(reused);
     assert!(
-        matches!(
-            reused,
-            Settled::DeadLettered(Cause::Idempotask(Error::KeyReuse { .. }))
-        ),
+        matches!(reused, Cause::Idempotask(Error::KeyReuse { .. })),
         "{reused:?}"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -321,6 +329,67 @@ async fn deliveries_that_can_never_succeed_reach_the_dead_letter_queue() {
         payloads.push(message.data.clone());
     }
     assert_eq!(payloads, [b"no key".to_vec(), b"another payload".to_vec()]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_unit_in_doubt_is_dead_lettered_with_its_reason_and_nothing_runs() {
+    let fixture = Fixture::new("in-doubt").await;
+    let store = Arc::new(MemoryStore::new());
+    // A delivery of order-9 took the lock and was killed before it stored a result.
+    let unit = leave_in_doubt(&store, "lapin_in_doubt", "order-9").await;
+    let task = Task::new("lapin_in_doubt")
+        .in_doubt(InDoubt::Hold)
+        .retry(RetryPolicy::no_wait());
+    let consumer =
+        Idempotent::new(task, MessageId, fixture.retries.clone()).store(Arc::clone(&store));
+    let runs = Arc::new(AtomicU32::new(0));
+    fixture.publish(Some("order-9"), b"charge 9").await;
+    let mut deliveries = fixture.consume(fixture.topology.queue()).await;
+
+    let settled = consumer
+        .process(fixture.next(&mut deliveries).await, charging(&runs))
+        .await
+        .unwrap();
+    let held = dead_lettered(settled);
+    assert!(
+        matches!(held, Cause::Idempotask(Error::InDoubt { .. })),
+        "{held:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the held body did not run");
+
+    // What the broker shows: one copy in the dead-letter queue, saying why, and the delivery
+    // gone from the work queue, not retried.
+    let dead_letters = fixture.topology.dead_letter_queue();
+    assert_eq!(fixture.depth(dead_letters).await, 1);
+    assert_eq!(fixture.depth(fixture.topology.queue()).await, 0);
+    assert_eq!(fixture.depth(fixture.topology.retry_queue()).await, 0);
+    let mut dead = fixture.consume(dead_letters).await;
+    let message = fixture.next(&mut dead).await;
+    assert_eq!(message.data, b"charge 9");
+    assert_eq!(
+        message
+            .properties
+            .message_id()
+            .as_ref()
+            .map(ShortString::as_str),
+        Some("order-9")
+    );
+    assert_eq!(
+        header(&message, REASON_HEADER),
+        Some(AMQPValue::LongString(IN_DOUBT.into())),
+        "{:?}",
+        message.properties
+    );
+    let Some(AMQPValue::LongString(error)) = header(&message, ERROR_HEADER) else {
+        panic!("no {ERROR_HEADER}: {:?}", message.properties);
+    };
+    let error = error.to_string();
+    assert!(
+        error.contains("is in doubt") && error.contains("an operator must resolve it"),
+        "{error}"
+    );
+    // The held delivery wrote nothing: the unit stays in doubt for the operator.
+    assert!(store.inspect(&unit).await.unwrap().in_doubt.is_some());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -669,6 +738,8 @@ async fn a_delivery_that_cannot_be_acked_is_an_error_that_keeps_the_outcome() {
 async fn a_body_that_outlasts_its_lock_is_acked_not_run_again() {
     let fixture = Fixture::new("lock-lost").await;
     let lock_ttl = Duration::from_millis(200);
+    // No doubt memory: the lock is gone once it runs out, so `finish` finds it lost (with one,
+    // a lock nobody took over is still the body's, and its result is stored as `Executed`).
     let consumer = Idempotent::new(
         // Forgotten when it runs out: a remembered lock nobody took over would still be this
         // delivery's, and its result recorded as `Executed`.

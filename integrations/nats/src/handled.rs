@@ -54,9 +54,10 @@ pub enum Handled<T, E> {
         /// ([`Idempotent::store_backoff`](crate::Idempotent::store_backoff)) for this delivery.
         delay: Duration,
     },
-    /// No delivery of this message can succeed: it is terminated (`AckKind::Term`), which
-    /// ends its redeliveries and raises JetStream's `MSG_TERMINATED` advisory (see the crate
-    /// docs for what that takes to be a dead-letter path).
+    /// No delivery of this message can succeed: it is terminated (`AckKind::Term`, with
+    /// [`term_reason`](Self::term_reason) on servers that take one), which ends its
+    /// redeliveries and raises JetStream's `MSG_TERMINATED` advisory (see the crate docs for
+    /// what that takes to be a dead-letter path).
     Terminated(Rejection),
 }
 
@@ -102,6 +103,13 @@ pub enum Rejection {
     /// [`Error::KeyReuse`], [`Error::Codec`], [`Error::MarkerKeyMismatch`].
     #[error(transparent)]
     Refused(Error),
+    /// The message's unit is in doubt and its task holds such units ([`Error::InDoubt`],
+    /// [`InDoubt::Hold`](idempotask::InDoubt::Hold)): an earlier delivery's lock ran out
+    /// without a release or a result, and nothing ran for this one. Unlike a refused key, the
+    /// message is sound: once an operator has resolved the unit (recorded a result or freed
+    /// it), re-drive it from the stream, and it replays or runs.
+    #[error(transparent)]
+    InDoubt(Error),
 }
 
 impl<T, E> Handled<T, E> {
@@ -112,6 +120,43 @@ impl<T, E> Handled<T, E> {
             Self::Failed { delay, .. } | Self::Deferred { delay, .. } => AckKind::Nak(Some(*delay)),
             Self::GaveUp { .. } | Self::Terminated(_) => AckKind::Term,
         }
+    }
+
+    /// Why the message is terminated, for the `+TERM` that [`ack_kind`](Self::ack_kind) calls
+    /// for; `None` for every other acknowledgement. A [`Terminated`](Self::Terminated)
+    /// message's reason is its [`Rejection`]'s text (which shows the key as the task's
+    /// [`KeyLogging`](idempotask::KeyLogging) says); a message that [gave up](Self::GaveUp)
+    /// says how many failures ended it.
+    ///
+    /// [`Idempotent::handle`](crate::Idempotent::handle) sends it as `+TERM <reason>` to a
+    /// server of version 2.10.4 or later, which puts it in the `reason` of the
+    /// `MSG_TERMINATED` advisory, and a bare `+TERM` to an older one, which would take a
+    /// `+TERM` followed by anything for no acknowledgement at all and deliver the message
+    /// again after `AckWait`.
+    pub fn term_reason(&self) -> Option<String> {
+        match self {
+            Self::Terminated(rejection) => Some(rejection.to_string()),
+            Self::GaveUp { failures, .. } => Some(format!(
+                "the body failed {failures} times, which is max_failures"
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// The oldest server version that reads a reason after `+TERM` (nats-server 2.10.4).
+const TERM_REASON_SINCE: (u64, u64, u64) = (2, 10, 4);
+
+/// Input: a server's version as it announces it (`2.10.4`, `2.11.0-RC.1`). Output: whether it
+/// reads a reason after `+TERM`; an unreadable version is taken for one that does not.
+pub(crate) fn takes_term_reason(version: &str) -> bool {
+    let release = version.split(['-', '+']).next().unwrap_or_default();
+    let mut parts = release.split('.').map(str::parse::<u64>);
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(Ok(major)), Some(Ok(minor)), Some(Ok(patch))) => {
+            (major, minor, patch) >= TERM_REASON_SINCE
+        }
+        _ => false,
     }
 }
 
@@ -129,6 +174,11 @@ pub(crate) fn undecided<T, E>(
             // redelivery decides at once instead of finding the lock taken again.
             let delay = remaining.unwrap_or(lock_ttl).max(MIN_DELAY);
             Handled::Deferred { error: err, delay }
+        }
+        // Not a fault of the message: terminated all the same, since every delivery would be
+        // held too, but under a rejection of its own that says what an operator must do.
+        Redelivery::Never if matches!(err, Error::InDoubt { .. }) => {
+            Handled::Terminated(Rejection::InDoubt(err))
         }
         Redelivery::Never => Handled::Terminated(Rejection::Refused(err)),
         // A store error, no store installed, misuse, or anything newer: fail closed and try
@@ -148,6 +198,21 @@ pub(crate) fn undecided<T, E>(
                 error: err,
                 delay: nak_delay(&store_backoff, delivered),
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_servers_from_2_10_4_on_take_a_term_reason() {
+        for version in ["2.10.4", "2.10.29", "2.11.0-RC.1", "2.12.1", "3.0.0"] {
+            assert!(takes_term_reason(version), "{version}");
+        }
+        for version in ["2.9.10", "2.10.3", "2.2", "", "v2.11.0"] {
+            assert!(!takes_term_reason(version), "{version}");
         }
     }
 }

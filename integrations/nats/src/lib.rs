@@ -61,11 +61,21 @@
 //! | the store failed ([`Error::Store`]) or none is installed | `Deferred` | `-NAK` with a bounded backoff ([`store_backoff`](Idempotent::store_backoff), [`DEFAULT_STORE_BACKOFF`]: 1 s up to 60 s); nothing ran, or the lock is released |
 //! | the program misuses the task (`Reentered`, `TaskNameTaken`, `NoRuntime`) | `Deferred` | `-NAK` with the store's backoff, and an error log: the deploy is wrong, not the message, which waits for the fixed one |
 //! | the key cannot be used ([`MissingKey`], [`Error::InvalidKey`], [`Error::KeyReuse`], [`Error::Codec`], [`Error::MarkerKeyMismatch`]) | `Terminated` | `+TERM`: no redelivery can succeed; JetStream stops delivering it and publishes a `$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.<stream>.<consumer>` advisory |
+//! | the unit is in doubt and the task holds such units ([`Error::InDoubt`], [`InDoubt::Hold`](idempotask::InDoubt::Hold)): an earlier delivery's lock ran out without a release or a result | `Terminated(Rejection::InDoubt)` | `+TERM` with the error's text as its reason, never an ack and never a nak: every delivery would be held until an operator resolves the unit (`idempotask resolve`: records a result or frees it); then re-drive the message from the stream, and it replays or runs. Nothing ran |
 //!
 //! Every nak asks for a delay of at least 10 ms, so no outcome has JetStream hand the message
 //! straight back to a spinning worker. A message is never run without its key: a key function
 //! that finds none, and [`MsgId`] on a message published without a `Nats-Msg-Id`, end in
 //! `+TERM`.
+//!
+//! **A `+TERM` says why** ([`Handled::term_reason`]): nats-server 2.10.4 and later put the
+//! reason in the `MSG_TERMINATED` advisory (its `reason` member), so whoever reads the
+//! dead-letter path sees, say, that a message's unit is in doubt and what to resolve. An older
+//! server takes a `+TERM` followed by anything for no acknowledgement and would deliver the
+//! message again after `AckWait`, so [`handle`](Idempotent::handle) sends the reason only to a
+//! server that announces 2.10.4 or later, and a bare `+TERM` to the others (the reason is then
+//! in the [`Handled`] value alone). With [`process`](Idempotent::process), send it the same way
+//! yourself.
 //!
 //! **`+TERM` is a dead-letter path only if something keeps the message.** The `MSG_TERMINATED`
 //! advisory names the stream sequence but carries no payload, and on a stream with `WorkQueue`
@@ -189,7 +199,7 @@ pub use key::{MessageKey, MissingKey, MsgId};
 use backoff::{MIN_DELAY, nak_delay};
 use consumer_config::{CheckState, Expected};
 use failures::FailureCounts;
-use handled::undecided;
+use handled::{takes_term_reason, undecided};
 
 /// JetStream's `AckWait` when a consumer sets none.
 pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
@@ -559,7 +569,21 @@ impl<K: MessageKey> Idempotent<K> {
     {
         let handled = self.process(message, body).await;
         let kind = handled.ack_kind();
-        match message.ack_with(kind).await {
+        let sent = match (handled.term_reason(), &message.reply) {
+            (Some(reason), Some(reply))
+                if takes_term_reason(&message.context.client().server_info().version) =>
+            {
+                let term = format!("+TERM {reason}");
+                message
+                    .context
+                    .client()
+                    .publish(reply.clone(), term.into())
+                    .await
+                    .map_err(Into::into)
+            }
+            _ => message.ack_with(kind).await,
+        };
+        match sent {
             Ok(()) => Ok(handled),
             Err(source) => Err(AckError {
                 kind,

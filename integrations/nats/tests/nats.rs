@@ -7,7 +7,8 @@
 //! shorter than the body (one that blocks its thread too) but stop once its lock is gone. A
 //! failure bucket that cannot be opened or written still ends a poison message; the consumer
 //! check reports a short `AckWait` or `backoff` entry, a limited `max_deliver` and an unusable
-//! bucket, and runs again when it could not read the consumer.
+//! bucket, and runs again when it could not read the consumer. A unit in doubt under
+//! `InDoubt::Hold` is terminated with its reason and runs nothing.
 //! The kill -9 scenario is the `nats_worker` example, run by `tests/example_queues.rs`.
 
 use std::sync::Arc;
@@ -19,11 +20,13 @@ use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream::Stream;
 use async_nats::jetstream::{self, AckKind, Message};
 use futures_util::StreamExt;
-use idempotask::{Backoff, Error, InvalidKey, Outcome, RetryPolicy, Task};
+use idempotask::store::Store as _;
+use idempotask::{Backoff, Error, InDoubt, InvalidKey, Outcome, RetryPolicy, Task};
 use idempotask_nats::{
     BodyFailure, ConsumerProblem, Handled, Idempotent, MessageKey, MsgId, Rejection,
 };
 use idempotask_test_support::RedisServer;
+use idempotask_test_support::doubt::leave_in_doubt;
 use idempotask_test_support::nats::NatsServer;
 use serde::Deserialize;
 use tokio::time::Instant;
@@ -138,16 +141,20 @@ async fn eventually(
     }
 }
 
+/// The next `MSG_TERMINATED` advisory; panics after 10 s.
+async fn advisory(advisories: &mut async_nats::Subscriber) -> serde_json::Value {
+    let advisory = tokio::time::timeout(Duration::from_secs(10), advisories.next())
+        .await
+        .expect("a MSG_TERMINATED advisory")
+        .unwrap();
+    serde_json::from_slice(&advisory.payload).unwrap()
+}
+
 /// The stream sequences of the next `count` terminated messages, in order; panics after 10 s.
 async fn terminated(advisories: &mut async_nats::Subscriber, count: usize) -> Vec<u64> {
     let mut sequences = Vec::new();
     for _ in 0..count {
-        let advisory = tokio::time::timeout(Duration::from_secs(10), advisories.next())
-            .await
-            .expect("a MSG_TERMINATED advisory")
-            .unwrap();
-        let advisory: serde_json::Value = serde_json::from_slice(&advisory.payload).unwrap();
-        sequences.push(advisory["stream_seq"].as_u64().unwrap());
+        sequences.push(advisory(advisories).await["stream_seq"].as_u64().unwrap());
     }
     sequences.sort_unstable();
     sequences
@@ -384,6 +391,76 @@ async fn a_stored_result_that_no_longer_decodes_is_terminated_not_run_again() {
     assert_eq!(terminated(&mut advisories, 1).await, [duplicate]);
     let info = eventually(&mut consumer, no_ack_pending).await;
     assert_eq!(deliveries(&info), 2, "{info:#?}");
+}
+
+/// Whether the server puts the reason of a `+TERM` into its advisory (nats-server 2.10.4 on).
+fn server_reports_term_reasons(client: &async_nats::Client) -> bool {
+    let version = client.server_info().version;
+    let numbers: Vec<u64> = version
+        .split(['-', '.'])
+        .take(3)
+        .map(|part| part.parse().unwrap())
+        .collect();
+    numbers.as_slice() >= [2, 10, 4].as_slice()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unit_in_doubt_is_terminated_with_its_reason_and_nothing_runs() {
+    let queue = Queue::start().await;
+    let mut consumer = queue.consumer("charger", Duration::from_secs(30)).await;
+    let mut advisories = queue.terminations("charger").await;
+    let store = queue.store().await;
+    // A delivery of order 9 took the lock and was killed before it stored a result.
+    let unit = leave_in_doubt(&store, "nats_in_doubt", "order-charge-9").await;
+    let sequence = queue.publish(r#"{"id":9}"#, None).await;
+    let hold = Idempotent::new(
+        Task::new("nats_in_doubt")
+            .in_doubt(InDoubt::Hold)
+            .retry(RetryPolicy::no_wait()),
+        by_order,
+    )
+    .store(store.clone());
+    let runs = AtomicU32::new(0);
+    let body = async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, std::io::Error>(())
+    };
+
+    let mut messages = consumer.messages().await.unwrap();
+    let message = messages.next().await.unwrap().unwrap();
+    let handled = hold.handle(&message, body).await.unwrap();
+    assert!(
+        matches!(
+            &handled,
+            Handled::Terminated(Rejection::InDoubt(Error::InDoubt { .. }))
+        ),
+        "{handled:?}"
+    );
+    assert!(matches!(handled.ack_kind(), AckKind::Term));
+    let reason = handled.term_reason().unwrap();
+    assert!(
+        reason.contains("is in doubt") && reason.contains("an operator must resolve it"),
+        "{reason}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the held body did not run");
+
+    // What JetStream shows: the message terminated, its advisory naming it (and the reason,
+    // on a server that reads one), and never delivered again.
+    let advisory = advisory(&mut advisories).await;
+    assert_eq!(advisory["stream_seq"], sequence, "{advisory}");
+    if server_reports_term_reasons(&queue.client) {
+        assert_eq!(advisory["reason"], reason.as_str(), "{advisory}");
+    } else {
+        assert!(advisory.get("reason").is_none(), "{advisory}");
+    }
+    let info = eventually(&mut consumer, no_ack_pending).await;
+    assert_eq!(
+        deliveries(&info),
+        1,
+        "terminated, not redelivered: {info:#?}"
+    );
+    // The held delivery wrote nothing: the unit stays in doubt for the operator.
+    assert!(store.inspect(&unit).await.unwrap().in_doubt.is_some());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
