@@ -1,14 +1,21 @@
 //! The command line, as clap reads it.
 
+use std::time::Duration;
+
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, Parser, Subcommand};
+use serde_json::value::RawValue;
+
+use crate::time::parse_ttl;
 
 /// Inspect and repair idempotask's units of work in Redis, Redis Cluster or PostgreSQL.
 ///
 /// Exit codes: 0 done (or the command succeeded), 1 error (the store unreachable, credentials
-/// refused, unreadable data), 2 usage (bad arguments, `forget` without `--yes` and no
-/// terminal), 3 locked (a delivery is running the work now), 4 unknown (no such key, or no
-/// such task).
+/// refused, unreadable data, a unit that changed meanwhile), 2 usage (bad arguments, `forget`
+/// or `resolve` without `--yes` and no terminal), 3 locked (a delivery is running the work
+/// now), 4 unknown (no such key, or no such task), 5 in doubt (a delivery's lock ran out
+/// without a release or a result: find out downstream whether its side effect happened, then
+/// `resolve` it).
 #[derive(Debug, Parser)]
 #[command(name = "idempotask", version, max_term_width = 100)]
 pub(crate) struct Cli {
@@ -47,7 +54,8 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
-    /// Whether one key is done (with its result), locked, or unknown; the exit code says which.
+    /// Whether one key is done (with its result), locked, in doubt or unknown; the exit code
+    /// says which.
     Status(Unit),
     /// Delete a done key's marker on purpose, so that the next delivery runs the work again.
     Forget {
@@ -61,19 +69,64 @@ pub(crate) enum Command {
         #[arg(long)]
         force: bool,
     },
-    /// Every done and locked key of a task (Redis: found with SCAN; PostgreSQL: one query per
-    /// page), with counts; odd keys are flagged.
+    /// Every done, locked and in-doubt key of a task (Redis: found with SCAN; PostgreSQL: one
+    /// query per page), with counts; odd keys are flagged.
     List {
         /// The task's stable name.
         #[arg(long)]
         task: String,
         /// Only keys that are locked now.
-        #[arg(long, conflicts_with = "done")]
+        #[arg(long, conflicts_with_all = ["done", "in_doubt"])]
         locked: bool,
         /// Only keys that are done.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "in_doubt")]
         done: bool,
+        /// Only keys in doubt: a delivery's lock ran out without a release or a result, and
+        /// the store still remembers it (resolve each with `resolve`).
+        #[arg(long)]
+        in_doubt: bool,
     },
+    /// Settle a key in doubt: record the result its side effect had, or free it.
+    ///
+    /// On Redis and Redis Cluster. First ask the downstream system whether the earlier
+    /// delivery's side effect happened (`status` shows its fencing token); then `--result` if it
+    /// did, `--free` if it did not. Either writes only while the key still holds the lock that
+    /// was read and shown, still run out: a key that changed meanwhile (taken over, finished or
+    /// renewed by its holder, resolved by someone else) is left alone. Exit codes: 0 resolved,
+    /// 1 done (not in doubt) or changed meanwhile, 2 usage, 3 locked, 4 unknown or free
+    /// meanwhile.
+    Resolve {
+        #[command(flatten)]
+        unit: Unit,
+        /// The effect happened: store this result, the task's `Ok` value as JSON (e.g.
+        /// `'{"charge":"ch_1"}'`), as its completion marker, so that every later delivery gets it
+        /// back instead of running the work.
+        #[arg(
+            long,
+            value_name = "JSON",
+            value_parser = parse_json,
+            conflicts_with = "free",
+            required_unless_present = "free"
+        )]
+        result: Option<Box<RawValue>>,
+        /// How long the recorded result is kept: the task's `result_ttl` (e.g. `90s`, `30m`,
+        /// `24h`, `7d`).
+        #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_ttl)]
+        result_ttl: Duration,
+        /// The effect did not happen: delete the lock that ran out, so that the next delivery
+        /// runs the work as new, with no doubt.
+        #[arg(long)]
+        free: bool,
+        /// Do not ask for confirmation.
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+}
+
+/// Input: `--result`'s text. Output: it as JSON, or why it is not.
+fn parse_json(text: &str) -> Result<Box<RawValue>, String> {
+    RawValue::from_string(text.to_owned())
+        .map_err(|err| format!("not JSON ({err}); quote it for the shell, e.g. '{{\"id\":1}}'"))
 }
 
 /// One unit of work: a task and a caller key.

@@ -1,11 +1,12 @@
-//! The three commands. Each returns what it found as a [`Found`]; `main` prints it.
+//! The four commands. Each returns what it found as a [`Found`]; `main` prints it.
 
 use std::io::{BufRead, IsTerminal, Write};
 
 use std::time::Duration;
 
-use idempotask::operator::Forgot;
+use idempotask::operator::{Forgot, Marker, Resolution, Resolved};
 use idempotask::store::UnitOfWork;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::exit::{Exit, Failure};
@@ -21,18 +22,12 @@ pub(crate) struct Found {
     pub(crate) exit: Exit,
 }
 
-/// `status`: done (exit 0), locked (3) or unknown (4); a key that holds something no delivery
-/// can use is an error (1) that names it.
+/// `status`: done (exit 0), locked (3), unknown (4) or in doubt (5); a key that holds
+/// something no delivery can use is an error (1) that names it.
 pub(crate) async fn status(target: &Target, task: &str, key: &str) -> Result<Found, Failure> {
     let unit = target.unit(task, key)?;
     let location = target.location(&unit);
-    let (scope, name) = target.scope();
-    let mut json = json!({
-        scope: name,
-        "task": task,
-        "key": key,
-        "digest": unit.digest(),
-    });
+    let mut json = unit_json(target, &unit);
     let seen = target.read(&unit).await?;
     let (text, exit) = match &seen {
         Seen::Marker {
@@ -58,6 +53,23 @@ pub(crate) async fn status(target: &Target, task: &str, key: &str) -> Result<Fou
             json["token_age_ms"] = json!(age_ms);
             (render::locked(&unit, *ttl, *age_ms), Exit::Locked)
         }
+        Seen::InDoubt {
+            fencing_token,
+            expired_for,
+            forgotten_in,
+            ..
+        } => {
+            json["state"] = json!("in_doubt");
+            json["fencing_token"] = json!(fencing_token);
+            json["expired_for_ms"] = json!(millis(*expired_for));
+            json["forgotten_in_ms"] = json!(millis(*forgotten_in));
+            let text = format!(
+                "{}\n{}",
+                render::in_doubt(&unit, *fencing_token, *expired_for, *forgotten_in),
+                render::resolve_hint(&unit, fencing_token.is_some())
+            );
+            (text, Exit::InDoubt)
+        }
         Seen::Missing => {
             let known = target.task_exists(task).await?;
             json["state"] = json!("unknown");
@@ -70,6 +82,31 @@ pub(crate) async fn status(target: &Target, task: &str, key: &str) -> Result<Fou
         unusable => return Err(unusable_failure(&unit, &location, unusable, false)),
     };
     Ok(Found { json, text, exit })
+}
+
+/// The JSON every command about one unit starts from: where, which task and key, the digest.
+fn unit_json(target: &Target, unit: &UnitOfWork) -> Value {
+    let (scope, name) = target.scope();
+    json!({
+        scope: name,
+        "task": unit.task(),
+        "key": unit.key(),
+        "digest": unit.digest(),
+    })
+}
+
+/// Input: a unit that changed between the read an operator was shown and the write that
+/// depended on it; what was not done ("deleted: the value of"), why it may have changed, and
+/// what to add to the advice. Output: the failure (`changed`, exit 1).
+fn changed(unit: &UnitOfWork, nothing: &str, why: &str, then: &str) -> Failure {
+    let (task, key) = (unit.task(), unit.key());
+    Failure::new(
+        Exit::Error,
+        "changed",
+        format!(
+            "nothing {nothing} {task} {key:?} changed after it was read ({why}); see it with `idempotask status --task {task} --key {key:?}`{then}"
+        ),
+    )
 }
 
 /// Input: a unit and what its key holds, which no delivery can use. Output: the failure that
@@ -119,7 +156,7 @@ fn unusable_failure(unit: &UnitOfWork, location: &str, stored: &Seen, forgetting
             ),
         ),
         // Only unusable values reach here.
-        Seen::Missing | Seen::Lock { .. } => Failure::new(
+        Seen::Missing | Seen::Lock { .. } | Seen::InDoubt { .. } => Failure::new(
             Exit::Error,
             "unreadable",
             format!("`{location}`: {stored:?}"),
@@ -153,7 +190,10 @@ pub(crate) async fn forget(
             marker.fencing_token(),
             false,
         ),
-        Seen::Lock { ttl, .. } => return Err(locked_refusal(&unit, &location, *ttl)),
+        Seen::Lock { ttl, .. } => {
+            return Err(locked_refusal(&unit, &location, *ttl, "forget"));
+        }
+        Seen::InDoubt { expired_for, .. } => return Err(in_doubt_refusal(&unit, *expired_for)),
         Seen::Missing => {
             return Err(Failure::new(
                 Exit::Unknown,
@@ -188,7 +228,12 @@ pub(crate) async fn forget(
         }
     };
     if !yes {
-        confirm(&shown)?;
+        confirm(
+            &shown,
+            "Forget it, so that the next delivery runs the work again?",
+            "forget",
+            "deleted",
+        )?;
     }
     let forgot = target.forget_exact(&unit, bytes).await?;
     // A variant newer than this binary is not known to have deleted anything: it answers as
@@ -197,25 +242,18 @@ pub(crate) async fn forget(
         Forgot::Deleted => true,
         Forgot::Gone => false,
         _ => {
-            return Err(Failure::new(
-                Exit::Error,
-                "changed",
-                format!(
-                    "nothing deleted: the value of {task} {key:?} changed after it was read (a delivery wrote it meanwhile); see it with `idempotask status --task {task} --key {key:?}` and forget again if you still mean to"
-                ),
+            return Err(changed(
+                &unit,
+                "deleted: the value of",
+                "a delivery wrote it meanwhile",
+                " and forget again if you still mean to",
             ));
         }
     };
-    let (scope, name) = target.scope();
-    let json = json!({
-        scope: name,
-        "task": task,
-        "key": key,
-        "digest": unit.digest(),
-        "forgotten": deleted,
-        "forced": forced,
-        "fencing_token": fencing_token,
-    });
+    let mut json = unit_json(target, &unit);
+    json["forgotten"] = json!(deleted);
+    json["forced"] = json!(forced);
+    json["fencing_token"] = json!(fencing_token);
     let text = if deleted {
         format!("forgot {task} {key:?}; the next delivery runs it again")
     } else {
@@ -228,33 +266,52 @@ pub(crate) async fn forget(
     })
 }
 
-fn locked_refusal(unit: &UnitOfWork, location: &str, lock_ttl: Option<Duration>) -> Failure {
+/// Input: a unit in doubt that `forget` was asked to delete. Output: the refusal, with what
+/// settles it instead.
+fn in_doubt_refusal(unit: &UnitOfWork, expired_for: Duration) -> Failure {
+    let (task, key) = (unit.task(), unit.key());
+    Failure::new(
+        Exit::InDoubt,
+        "in_doubt",
+        format!(
+            "refusing to forget {task} {key:?}: it is in doubt, not done (a delivery's lock ran out {} ago without a release or a result), and `forget` deletes only results; find out downstream whether its side effect happened, then `idempotask resolve --task {task} --key {key:?}` with `--result '<its result as JSON>'` or `--free`",
+            human(expired_for)
+        ),
+    )
+}
+
+/// Input: a locked unit that `verb` (`forget`, `resolve`) was asked to change. Output: the
+/// refusal, with when to try again.
+fn locked_refusal(
+    unit: &UnitOfWork,
+    location: &str,
+    lock_ttl: Option<Duration>,
+    verb: &str,
+) -> Failure {
     let (task, key) = (unit.task(), unit.key());
     let message = match lock_ttl {
         Some(ttl) => format!(
-            "refusing to forget {task} {key:?}: it is locked (a delivery is running it; the lock expires in {}); try again once it has finished",
+            "refusing to {verb} {task} {key:?}: it is locked (a delivery is running it; the lock expires in {}); try again once it has finished",
             human(ttl)
         ),
         None => format!(
-            "refusing to forget {task} {key:?}: it is locked, and the lock never expires (it has no TTL, which idempotask always sets: something else changed it); `--force` never deletes a lock: once no delivery runs it, delete it with `redis-cli DEL {location}`"
+            "refusing to {verb} {task} {key:?}: it is locked, and the lock never expires (it has no TTL, which idempotask always sets: something else changed it); `--force` never deletes a lock: once no delivery runs it, delete it with `redis-cli DEL {location}`"
         ),
     };
     Failure::new(Exit::Locked, "locked", message)
 }
 
-/// Asks on the terminal; without one, refuses (a script must say `--yes`).
-fn confirm(what: &str) -> Result<(), Failure> {
+/// Shows `what` and asks `question` on the terminal; without one, refuses (a script must say
+/// `--yes`). `verb` names the command and `undone` what a refusal leaves undone ("deleted").
+fn confirm(what: &str, question: &str, verb: &str, undone: &str) -> Result<(), Failure> {
     let stdin = std::io::stdin();
     if !stdin.is_terminal() {
-        return Err(Failure::usage(
-            "refusing to forget without confirmation: stdin is not a terminal; pass --yes to forget non-interactively",
-        ));
+        return Err(Failure::usage(format!(
+            "refusing to {verb} without confirmation: stdin is not a terminal; pass --yes to {verb} non-interactively"
+        )));
     }
     let mut stderr = std::io::stderr();
-    let _ = write!(
-        stderr,
-        "{what}\nForget it, so that the next delivery runs the work again? [y/N] "
-    );
+    let _ = write!(stderr, "{what}\n{question} [y/N] ");
     let _ = stderr.flush();
     let mut answer = String::new();
     stdin
@@ -267,24 +324,29 @@ fn confirm(what: &str) -> Result<(), Failure> {
         Err(Failure::new(
             Exit::Error,
             "declined",
-            "not confirmed; nothing was deleted",
+            format!("not confirmed; nothing was {undone}"),
         ))
     }
 }
 
-/// `list`: every done and locked unit of a task, and the odd keys under its pattern, with
-/// counts; unknown task → exit 4.
-pub(crate) async fn list(
-    target: &Target,
-    task: &str,
-    only_locked: bool,
-    only_done: bool,
-) -> Result<Found, Failure> {
+/// Which of a task's units `list` shows; the counts are always the whole task's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Only {
+    All,
+    Done,
+    Locked,
+    InDoubt,
+}
+
+/// `list`: every done, locked and in-doubt unit of a task, and the odd keys under its pattern,
+/// with counts; unknown task → exit 4.
+pub(crate) async fn list(target: &Target, task: &str, only: Only) -> Result<Found, Failure> {
     Target::check_task(task)?;
     let listing = target.list(task).await?;
     let scanned = listing.servers_scanned;
     let done = listing.entries.values().filter(|e| e.done).count();
     let locked = listing.entries.values().filter(|e| e.locked).count();
+    let in_doubt = listing.entries.values().filter(|e| e.in_doubt).count();
     let flagged = listing
         .entries
         .values()
@@ -293,7 +355,12 @@ pub(crate) async fn list(
     let shown: Vec<_> = listing
         .entries
         .values()
-        .filter(|e| (!only_locked || e.locked) && (!only_done || e.done))
+        .filter(|e| match only {
+            Only::All => true,
+            Only::Done => e.done,
+            Only::Locked => e.locked,
+            Only::InDoubt => e.in_doubt,
+        })
         .collect();
     if listing.keys_seen == 0 {
         return Err(Failure::new(
@@ -314,6 +381,7 @@ pub(crate) async fn list(
         "servers_scanned": scanned,
         "done": done,
         "locked": locked,
+        "in_doubt": in_doubt,
         "flagged": flagged,
         "entries": shown,
     });
@@ -325,10 +393,154 @@ pub(crate) async fn list(
         Counts {
             done,
             locked,
+            in_doubt,
             flagged,
         },
         &shown,
     );
     let exit = Exit::Ok;
     Ok(Found { json, text, exit })
+}
+
+/// What `resolve` is asked to do with a unit in doubt.
+pub(crate) enum Settle {
+    /// The effect happened: record this result, kept for `result_ttl`.
+    Record {
+        result: Box<RawValue>,
+        result_ttl: Duration,
+    },
+    /// The effect did not happen: free the unit.
+    Free,
+}
+
+/// `resolve`: records a result for a unit in doubt, or frees it, after a confirmation; only
+/// while it still holds the lock that was read and shown, still run out. A unit not in doubt is
+/// refused with the exit code of its state (done 1, locked 3, unknown 4).
+pub(crate) async fn resolve(
+    target: &Target,
+    task: &str,
+    key: &str,
+    settle: Settle,
+    yes: bool,
+) -> Result<Found, Failure> {
+    target.check_resolvable()?;
+    let unit = target.unit(task, key)?;
+    let location = target.location(&unit);
+    let seen = target.read(&unit).await?;
+    let Seen::InDoubt {
+        bytes,
+        fencing_token,
+        expired_for,
+        forgotten_in,
+    } = &seen
+    else {
+        return Err(not_in_doubt(target, &unit, &location, &seen));
+    };
+    let shown = render::in_doubt(&unit, *fencing_token, *expired_for, *forgotten_in);
+    let (resolution, question, recorded) = match settle {
+        Settle::Record { result, result_ttl } => (
+            Resolution::record(
+                Marker::encode_resolution(&unit, *fencing_token, &result),
+                result_ttl,
+            ),
+            format!(
+                "Record {} as its result, kept for {}, so that every delivery gets it back?",
+                result.get(),
+                human(result_ttl)
+            ),
+            Some((result, result_ttl)),
+        ),
+        Settle::Free => (
+            Resolution::Free,
+            "Free it, so that the next delivery runs the work as new?".to_owned(),
+            None,
+        ),
+    };
+    if !yes {
+        confirm(&shown, &question, "resolve", "written")?;
+    }
+    let resolved = target.resolve_exact(&unit, bytes, &resolution).await?;
+    let (word, text) = match (resolved, &recorded) {
+        (Resolved::Recorded, Some((result, ttl))) => (
+            "recorded",
+            format!(
+                "recorded {} as the result of {task} {key:?}; every delivery gets it back (kept for {})",
+                result.get(),
+                human(*ttl)
+            ),
+        ),
+        (Resolved::Freed, None) => (
+            "freed",
+            format!("freed {task} {key:?}; the next delivery runs it as new, with no doubt"),
+        ),
+        (Resolved::Gone, None) => (
+            "gone",
+            format!(
+                "{task} {key:?} became free meanwhile (its doubt memory ran out, someone freed it, or its holder came back and released it); nothing to free: the next delivery runs it as new"
+            ),
+        ),
+        (Resolved::Gone, Some(_)) => {
+            return Err(Failure::new(
+                Exit::Unknown,
+                "gone",
+                format!(
+                    "nothing recorded: {task} {key:?} became free after it was read (its doubt memory ran out, someone freed it, or its holder came back and released it); the next delivery runs it as new"
+                ),
+            ));
+        }
+        // `Changed`, and a variant newer than this binary, which is not known to have written
+        // anything.
+        _ => {
+            return Err(changed(
+                &unit,
+                "written:",
+                "a delivery took it over, its holder came back and finished or renewed it, or someone resolved it",
+                "",
+            ));
+        }
+    };
+    let mut json = unit_json(target, &unit);
+    json["resolved"] = json!(word);
+    json["fencing_token"] = json!(fencing_token);
+    json["result"] = json!(recorded.as_ref().map(|(result, _)| result));
+    json["result_ttl_ms"] = json!(recorded.as_ref().map(|(_, ttl)| millis(*ttl)));
+    Ok(Found {
+        json,
+        text,
+        exit: Exit::Ok,
+    })
+}
+
+/// Input: a unit `resolve` was asked about and what it holds, which is no lock in doubt.
+/// Output: the refusal, with the exit code of the unit's state.
+fn not_in_doubt(target: &Target, unit: &UnitOfWork, location: &str, seen: &Seen) -> Failure {
+    let (task, key) = (unit.task(), unit.key());
+    match seen {
+        Seen::Lock { ttl, .. } => {
+            let mut failure = locked_refusal(unit, location, *ttl, "resolve");
+            failure.kind = "not_in_doubt";
+            failure.message.push_str(
+                "; it is not in doubt: only a lock that ran out without a release or a result is",
+            );
+            failure
+        }
+        Seen::Missing => Failure::new(
+            Exit::Unknown,
+            "not_in_doubt",
+            format!(
+                "nothing to resolve: task `{task}` has nothing for key `{key}` in {} (never ran, failed, expired, forgotten or freed); a delivery runs it as new",
+                target.scope_text()
+            ),
+        ),
+        Seen::Marker {
+            marker: Ok(marker), ..
+        } if marker.key() == key => Failure::new(
+            Exit::Error,
+            "not_in_doubt",
+            format!(
+                "refusing to resolve {task} {key:?}: it is done, not in doubt (its result is stored: see it with `idempotask status --task {task} --key {key:?}`)"
+            ),
+        ),
+        unusable => unusable_failure(unit, location, unusable, false),
+    }
 }

@@ -18,6 +18,9 @@ pub(crate) enum Exit {
     Locked = 3,
     /// The key (or the whole task) is unknown to the store.
     Unknown = 4,
+    /// The unit is in doubt: a delivery's lock ran out without a release or a result, so its
+    /// side effect may have happened; find out downstream, then `resolve` it.
+    InDoubt = 5,
 }
 
 impl From<Exit> for ExitCode {

@@ -1,14 +1,19 @@
-//! `idempotask`: see what happened to a unit of work, forget one on purpose, list a task's keys.
+//! `idempotask`: see what happened to a unit of work, forget one on purpose, list a task's keys,
+//! resolve a unit in doubt.
 //!
 //! ```text
-//! idempotask status --task charge_customer --key order-charge-42   # exit 0 done, 3 locked, 4 unknown
+//! idempotask status --task charge_customer --key order-charge-42   # exit 0 done, 3 locked, 4 unknown, 5 in doubt
 //! idempotask forget --task charge_customer --key order-charge-42 --yes
 //! idempotask forget --task charge_customer --key order-charge-42 --force   # an unreadable marker
 //! idempotask list --task charge_customer --locked --json
+//! idempotask list --task charge_customer --in-doubt
+//! idempotask resolve --task charge_customer --key order-charge-42 --result '{"id":"ch_1"}' --yes
+//! idempotask resolve --task charge_customer --key order-charge-42 --free --yes
 //! idempotask --database-url postgres://app@db/app status --task charge_customer --key order-charge-42
 //! ```
 //!
-//! Exit codes: 0 done (or success), 1 error, 2 usage, 3 locked, 4 unknown key or task.
+//! Exit codes: 0 done (or success), 1 error, 2 usage, 3 locked, 4 unknown key or task, 5 in
+//! doubt.
 
 mod args;
 mod commands;
@@ -25,7 +30,7 @@ use clap::{CommandFactory, FromArgMatches};
 use serde_json::json;
 
 use crate::args::{Cli, Command, Selected};
-use crate::commands::Found;
+use crate::commands::{Found, Only, Settle};
 use crate::exit::{Exit, Failure};
 use crate::target::Target;
 
@@ -86,6 +91,36 @@ async fn run(cli: &Cli, selected: Result<Selected, Failure>) -> Result<Found, Fa
         Command::Forget { unit, yes, force } => {
             commands::forget(&target, &unit.task, &unit.key, *yes, *force).await
         }
-        Command::List { task, locked, done } => commands::list(&target, task, *locked, *done).await,
+        Command::List {
+            task,
+            locked,
+            done,
+            in_doubt,
+        } => {
+            let only = match (*locked, *done, *in_doubt) {
+                (true, _, _) => Only::Locked,
+                (_, true, _) => Only::Done,
+                (_, _, true) => Only::InDoubt,
+                _ => Only::All,
+            };
+            commands::list(&target, task, only).await
+        }
+        Command::Resolve {
+            unit,
+            result,
+            result_ttl,
+            yes,
+            ..
+        } => {
+            // clap lets through exactly one of `--result` and `--free`.
+            let settle = match result {
+                Some(result) => Settle::Record {
+                    result: result.clone(),
+                    result_ttl: *result_ttl,
+                },
+                None => Settle::Free,
+            };
+            commands::resolve(&target, &unit.task, &unit.key, settle, *yes).await
+        }
     }
 }

@@ -39,6 +39,47 @@ pub(crate) fn locked(unit: &UnitOfWork, lock_ttl: Option<Duration>, age_ms: Opti
     text
 }
 
+/// What `status` and `resolve` show of a unit in doubt.
+pub(crate) fn in_doubt(
+    unit: &UnitOfWork,
+    fencing_token: Option<u64>,
+    expired_for: Duration,
+    forgotten_in: Duration,
+) -> String {
+    let mut text = format!(
+        "{} {:?}: in doubt (a delivery's lock ran out without a release or a result: its side effect may or may not have happened)\n",
+        unit.task(),
+        unit.key()
+    );
+    if let Some(token) = fencing_token {
+        let _ = writeln!(text, "  fencing token  {token}");
+    }
+    let _ = write!(
+        text,
+        "  lock ran out   {} ago\n  remembered     for {} more (then a delivery runs it as new)",
+        human(expired_for),
+        human(forgotten_in)
+    );
+    text
+}
+
+/// What to do about a unit in doubt, after [`in_doubt`] in `status`.
+pub(crate) fn resolve_hint(unit: &UnitOfWork, fenced: bool) -> String {
+    let ask = if fenced {
+        "ask the downstream system (with the fencing token) whether the effect happened"
+    } else {
+        "find out downstream whether the effect happened"
+    };
+    let command = format!(
+        "idempotask resolve --task {} --key {:?}",
+        unit.task(),
+        unit.key()
+    );
+    format!(
+        "  resolve it     {ask}, then\n                   {command} --result '<its result as JSON>'   if it did\n                   {command} --free   if it did not\n                 until then the next delivery reruns it (a task that holds units in doubt fails instead)"
+    )
+}
+
 /// `in 29.9 s`, or `never (it has no TTL; …)`.
 pub(crate) fn lock_expiry(lock_ttl: Option<Duration>) -> String {
     lock_ttl.map_or_else(
@@ -77,6 +118,7 @@ pub(crate) fn unknown(
 pub(crate) struct Counts {
     pub(crate) done: usize,
     pub(crate) locked: usize,
+    pub(crate) in_doubt: usize,
     /// Keys with a problem: unreadable, written for another key, or of another type.
     pub(crate) flagged: usize,
 }
@@ -92,9 +134,13 @@ pub(crate) fn listing(
     let Counts {
         done,
         locked,
+        in_doubt,
         flagged,
     } = counts;
     let mut text = format!("{task} in {scope}: {done} done, {locked} locked");
+    if in_doubt > 0 {
+        let _ = write!(text, ", {in_doubt} in doubt");
+    }
     if flagged > 0 {
         let _ = write!(text, ", {flagged} flagged");
     }
@@ -102,9 +148,10 @@ pub(crate) fn listing(
         let _ = write!(text, " (on {masters} cluster masters)");
     }
     for entry in entries {
-        let state = match (entry.done, entry.locked) {
-            (true, _) => "done",
-            (_, true) => "locked",
+        let state = match (entry.done, entry.locked, entry.in_doubt) {
+            (true, _, _) => "done",
+            (_, true, _) => "locked",
+            (_, _, true) => "doubt",
             _ => "odd",
         };
         let name = entry.key.as_ref().map_or_else(
@@ -123,6 +170,14 @@ pub(crate) fn listing(
             );
         } else if entry.lock_expires == Some(false) {
             let _ = write!(text, "  lock never expires (it has no TTL)");
+        }
+        if let (Some(expired), Some(forgotten)) = (entry.expired_for_ms, entry.forgotten_in_ms) {
+            let _ = write!(
+                text,
+                "  lock ran out {} ago, remembered for {} more",
+                human(Duration::from_millis(expired)),
+                human(Duration::from_millis(forgotten))
+            );
         }
         if let Some(err) = &entry.error {
             let _ = write!(text, "  warning: {err}");

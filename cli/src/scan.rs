@@ -10,7 +10,8 @@ use serde::Serialize;
 use crate::stored::{Seen, belongs_to, preview, result_json};
 use crate::time::millis;
 
-/// One unit of a task that is done or locked, or a key under the task's pattern that is odd.
+/// One unit of a task that is done, locked or in doubt, or a key under the task's pattern that
+/// is odd.
 #[derive(Debug, Serialize)]
 pub(crate) struct Entry {
     /// The plain caller key, read from the marker (Redis) or the row (PostgreSQL); Redis locks
@@ -21,6 +22,8 @@ pub(crate) struct Entry {
     pub(crate) digest: String,
     pub(crate) done: bool,
     pub(crate) locked: bool,
+    /// A lock that ran out without a release or a result, still remembered.
+    pub(crate) in_doubt: bool,
     pub(crate) fencing_token: Option<u64>,
     pub(crate) result: Option<serde_json::Value>,
     pub(crate) marker_ttl_ms: Option<u64>,
@@ -28,6 +31,12 @@ pub(crate) struct Entry {
     /// For a lock: `false` when it has no expiry (and `lock_ttl_ms` is null).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) lock_expires: Option<bool>,
+    /// For a unit in doubt: how long ago its lock ran out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) expired_for_ms: Option<u64>,
+    /// For a unit in doubt: how long the store remembers it still.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) forgotten_in_ms: Option<u64>,
     /// A stable word for what is wrong with the key: `unreadable`, `key_mismatch`,
     /// `wrong_type`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -43,7 +52,7 @@ pub(crate) struct Entry {
 /// What the store found for one task.
 #[derive(Debug, Default)]
 pub(crate) struct Listing {
-    /// Done or locked units and odd keys, by digest.
+    /// Done, locked and in-doubt units and odd keys, by digest.
     pub(crate) entries: BTreeMap<String, Entry>,
     /// Every key of the task, released fenced locks included.
     pub(crate) keys_seen: usize,
@@ -67,18 +76,21 @@ pub(crate) fn describe_row(task: &str, row: StoredUnit) -> Option<(String, Entry
 }
 
 /// Input: a task, a digest and what its unit holds. Output: its entry, `None` for a unit that
-/// holds neither a marker, a lock nor anything odd.
+/// holds neither a marker, a lock (held or in doubt) nor anything odd.
 pub(crate) fn describe(task: &str, digest: &str, seen: Seen) -> Option<Entry> {
     let mut entry = Entry {
         key: None,
         digest: digest.to_owned(),
         done: false,
         locked: false,
+        in_doubt: false,
         fencing_token: None,
         result: None,
         marker_ttl_ms: None,
         lock_ttl_ms: None,
         lock_expires: None,
+        expired_for_ms: None,
+        forgotten_in_ms: None,
         problem: None,
         stored_key: None,
         error: None,
@@ -92,6 +104,17 @@ pub(crate) fn describe(task: &str, digest: &str, seen: Seen) -> Option<Entry> {
             entry.lock_ttl_ms = ttl.map(millis);
             entry.lock_expires = Some(ttl.is_some());
             entry.fencing_token = fencing_token;
+        }
+        Seen::InDoubt {
+            fencing_token,
+            expired_for,
+            forgotten_in,
+            ..
+        } => {
+            entry.in_doubt = true;
+            entry.fencing_token = fencing_token;
+            entry.expired_for_ms = Some(millis(expired_for));
+            entry.forgotten_in_ms = Some(millis(forgotten_in));
         }
         Seen::Marker { ttl, marker, .. } => {
             entry.done = true;

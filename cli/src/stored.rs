@@ -2,7 +2,7 @@
 //!
 //! The store crates parse their own layouts ([`idempotask_redis::operator::Stored`], the rows
 //! of [`idempotask_postgres::operator::StoredUnit`]); this is only the view the commands
-//! render, so that `status`, `forget` and `list` are written once for every backend.
+//! render, so that `status`, `forget`, `list` and `resolve` are written once for every backend.
 
 use std::time::Duration;
 
@@ -15,8 +15,8 @@ use serde_json::Value;
 /// What a unit holds, for the commands.
 #[derive(Debug)]
 pub(crate) enum Seen {
-    /// Nothing (a released fenced lock's counter included: the unit is neither done nor
-    /// locked).
+    /// Nothing (a released fenced lock's counter included: the unit is neither done, locked
+    /// nor in doubt).
     Missing,
     /// A lock: a delivery is running the work.
     Lock {
@@ -26,6 +26,18 @@ pub(crate) enum Seen {
         /// About how long ago the lock was granted, where the fencing token tells (Redis's
         /// tokens are the server's clock in microseconds).
         age_ms: Option<u64>,
+    },
+    /// A lock that ran out without a release or a marker, still remembered: the unit is in
+    /// doubt (its delivery may have done its side effect) until an operator resolves it or the
+    /// store forgets it.
+    InDoubt {
+        /// The lock's value, exactly as stored: what `resolve` compares.
+        bytes: Vec<u8>,
+        fencing_token: Option<u64>,
+        /// How long ago the lock ran out.
+        expired_for: Duration,
+        /// How long the store remembers it still.
+        forgotten_in: Duration,
     },
     /// A completion marker, readable or not.
     Marker {
@@ -53,6 +65,18 @@ impl Seen {
                 age_ms: fencing_token
                     .zip(server_time_us)
                     .map(|(token, now)| now.saturating_sub(token) / 1000),
+            },
+            Stored::InDoubt {
+                bytes,
+                fencing_token,
+                expired_for,
+                forgotten_in,
+                ..
+            } => Self::InDoubt {
+                bytes,
+                fencing_token,
+                expired_for,
+                forgotten_in,
             },
             Stored::Marker {
                 bytes, ttl, marker, ..

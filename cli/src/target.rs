@@ -5,11 +5,11 @@
 //! [`RedisStore::server_kind`] tells), it is a seed of a cluster: the commands then use a [`RedisClusterStore`], which routes each unit to
 //! the master of its slot, and `list` scans every master. Nothing has to be told which kind it
 //! is. A database URL selects a [`PostgresStore`] instead. Everything goes through the stores'
-//! public operator calls (`read_unit`, `forget_exact`, `list_task`).
+//! public operator calls (`read_unit`, `forget_exact`, `resolve_exact`, `list_task`).
 
 use std::time::Duration;
 
-use idempotask::operator::Forgot;
+use idempotask::operator::{Forgot, Resolution, Resolved};
 use idempotask::store::{Store, StoreError, UnitOfWork, check_task_name};
 use idempotask_postgres::PostgresStore;
 use idempotask_redis::operator::{Listing as RedisListing, ServerKind};
@@ -190,6 +190,29 @@ impl Target {
         forgot.map_err(|err| self.failure(&err))
     }
 
+    /// Whether `resolve` works here: on Redis and Redis Cluster.
+    pub(crate) fn check_resolvable(&self) -> Result<(), Failure> {
+        if self.is_postgres() {
+            return Err(cannot_resolve_in_postgres());
+        }
+        Ok(())
+    }
+
+    /// Resolves the unit if it still holds exactly `shown`, a lock in doubt.
+    pub(crate) async fn resolve_exact(
+        &self,
+        unit: &UnitOfWork,
+        shown: &[u8],
+        resolution: &Resolution,
+    ) -> Result<Resolved, Failure> {
+        let resolved = match &self.backend {
+            Backend::Server(store) => store.resolve_exact(unit, shown, resolution).await,
+            Backend::Cluster(store) => store.resolve_exact(unit, shown, resolution).await,
+            Backend::Postgres(_) => return Err(cannot_resolve_in_postgres()),
+        };
+        resolved.map_err(|err| self.failure(&err))
+    }
+
     /// Whether `task` has anything stored at all.
     pub(crate) async fn task_exists(&self, task: &str) -> Result<bool, Failure> {
         let exists = match &self.backend {
@@ -251,4 +274,12 @@ impl Target {
             }
         }
     }
+}
+
+fn cannot_resolve_in_postgres() -> Failure {
+    Failure::new(
+        Exit::Error,
+        "unsupported",
+        "`resolve` works on Redis and Redis Cluster; this version cannot resolve a unit in PostgreSQL",
+    )
 }

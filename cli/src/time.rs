@@ -15,6 +15,38 @@ pub(crate) fn human(duration: Duration) -> String {
     }
 }
 
+/// Input: a TTL as an operator types it: `500ms`, `90s`, `30m`, `24h`, `7d`, or whole seconds.
+/// Output: the duration, or why it is none a store keeps (between `MIN_TTL` and `MAX_TTL`).
+pub(crate) fn parse_ttl(text: &str) -> Result<Duration, String> {
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is no duration; give e.g. `90s`, `30m`, `24h` or `7d`"))?;
+    let seconds = |per: u64| Duration::from_secs(number.saturating_mul(per));
+    let ttl = match unit {
+        "ms" => Duration::from_millis(number),
+        "" | "s" => seconds(1),
+        "m" => seconds(60),
+        "h" => seconds(3600),
+        "d" => seconds(86_400),
+        other => {
+            return Err(format!(
+                "unknown unit `{other}` in `{text}`; use ms, s, m, h or d"
+            ));
+        }
+    };
+    if ttl < idempotask::MIN_TTL || ttl > idempotask::MAX_TTL {
+        return Err(format!(
+            "`{text}` is outside what a store keeps: from {} to 100 years",
+            human(idempotask::MIN_TTL)
+        ));
+    }
+    Ok(ttl)
+}
+
 /// Whole milliseconds, for JSON.
 pub(crate) fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
@@ -31,5 +63,19 @@ mod tests {
         assert_eq!(human(Duration::from_secs(250)), "4 m 10 s");
         assert_eq!(human(Duration::from_secs(86_399)), "23 h 59 m");
         assert_eq!(human(Duration::from_secs(7 * 86_400 - 1)), "6 d 23 h");
+    }
+
+    #[test]
+    fn ttls_in_the_units_operators_type() {
+        let ok = |text| parse_ttl(text).unwrap();
+        assert_eq!(ok("500ms"), Duration::from_millis(500));
+        assert_eq!(ok("90"), Duration::from_secs(90));
+        assert_eq!(ok("90s"), Duration::from_secs(90));
+        assert_eq!(ok("30m"), Duration::from_secs(1800));
+        assert_eq!(ok("24h"), idempotask::DEFAULT_RESULT_TTL);
+        assert_eq!(ok("7d"), Duration::from_secs(7 * 86_400));
+        for bad in ["", "h", "1.5h", "-1s", "10 s", "3w", "50ms", "40000d"] {
+            assert!(parse_ttl(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -5,7 +5,7 @@ use std::io::Write as _;
 use serde_json::value::RawValue;
 
 use crate::fingerprint::Fingerprint;
-use crate::unit::LockToken;
+use crate::unit::{LockToken, UnitOfWork};
 
 /// The first byte of every marker: it tells a marker from a lock in a store that keeps both
 /// under one key.
@@ -103,6 +103,47 @@ impl Marker {
         out.push(b'|');
         out.extend_from_slice(body.as_bytes());
         out
+    }
+
+    /// The marker an operator records for `unit` when resolving it [in doubt](crate::store::Doubt)
+    /// with the result its earlier delivery's side effect had: what that delivery's finish
+    /// would have stored, so that every later delivery hands `result` back instead of running
+    /// the work. Write it with a store's compare-and-set for units in doubt
+    /// (`resolve_exact` in `idempotask_redis`), never over whatever a key holds.
+    ///
+    /// `result` is the task's `Ok` value as JSON: a duplicate decodes it into the task's type,
+    /// and a value that does not decode fails that duplicate with [`Error::Codec`](crate::Error::Codec).
+    /// `fencing_token` is the earlier delivery's ([`Doubt::fencing_token`](crate::store::Doubt::fencing_token)),
+    /// so that a fenced unit's later tokens stay above it. The marker names a delivery of its
+    /// own (random), so it is never taken for that earlier delivery's, and has no argument
+    /// fingerprint: a task that declares one replays it with a warning.
+    ///
+    /// ```
+    /// use idempotask::operator::{Marker, StoredResult};
+    /// use idempotask::store::UnitOfWork;
+    /// use serde_json::value::RawValue;
+    ///
+    /// let unit = UnitOfWork::new("charge", "order-42")?;
+    /// let result = RawValue::from_string(r#"{"charge":"ch_1"}"#.to_owned())?;
+    /// let bytes = Marker::encode_resolution(&unit, Some(1_764_460_000_123_456), &result);
+    /// let marker = Marker::decode(&bytes)?;
+    /// assert_eq!(marker.key(), "order-42");
+    /// assert_eq!(marker.fencing_token(), Some(1_764_460_000_123_456));
+    /// assert!(matches!(marker.result(), StoredResult::Json(json) if json.get() == r#"{"charge":"ch_1"}"#));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn encode_resolution(
+        unit: &UnitOfWork,
+        fencing_token: Option<u64>,
+        result: &RawValue,
+    ) -> Vec<u8> {
+        Self::encode(
+            unit.key(),
+            &LockToken::generate(),
+            fencing_token,
+            None,
+            Ok(result),
+        )
     }
 
     /// Reads a stored marker.

@@ -1,10 +1,13 @@
-//! For operators: what a store holds for a unit ([`Status`], [`Marker`]), and what a
-//! compare-and-forget did with it ([`Forgot`]).
+//! For operators: what a store holds for a unit ([`Status`], [`Marker`]), what a
+//! compare-and-forget did with it ([`Forgot`]), and how a unit in doubt is resolved
+//! ([`Resolution`], [`Resolved`]).
 //! [`Task::status`](crate::Task::status) answers it for one unit; the `idempotask` command line
 //! tool is built on these and on each store crate's own layout (`idempotask_redis::RedisKeys`).
 
 pub use crate::marker::{Marker, MarkerError, StoredResult};
 pub use crate::status::{Done, Status};
+
+use std::time::Duration;
 
 /// What a store's compare-and-forget (`forget_exact` in `idempotask_redis` and
 /// `idempotask_postgres`) did with the value an operator was shown.
@@ -34,5 +37,85 @@ pub enum Forgot {
     /// The unit held nothing any more (it expired, or someone else forgot it).
     Gone,
     /// The unit holds something else now (another marker, a lock); nothing was deleted.
+    Changed,
+}
+
+/// How an operator settles a unit [in doubt](crate::store::Doubt), once the downstream system
+/// has told whether the earlier delivery's side effect happened: given to a store's
+/// compare-and-set for units in doubt (`resolve_exact` in `idempotask_redis`).
+///
+/// ```
+/// use std::time::Duration;
+/// use idempotask::operator::{Marker, Resolution};
+/// use idempotask::store::UnitOfWork;
+/// use serde_json::value::RawValue;
+///
+/// let unit = UnitOfWork::new("charge", "order-42")?;
+/// // The charge went through: every later delivery gets its result back.
+/// let result = RawValue::from_string(r#"{"charge":"ch_1"}"#.to_owned())?;
+/// let marker = Marker::encode_resolution(&unit, None, &result);
+/// let recorded = Resolution::record(marker, Duration::from_secs(24 * 60 * 60));
+/// assert!(matches!(recorded, Resolution::Record { .. }));
+/// // It did not: the next delivery runs the work as new.
+/// let _freed = Resolution::Free;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Resolution {
+    /// The effect happened: store this completion marker (see [`Marker::encode_resolution`])
+    /// in place of the lock, kept for `result_ttl`, as a finish would have.
+    #[non_exhaustive]
+    Record {
+        /// The marker's bytes.
+        marker: Vec<u8>,
+        /// How long the marker is kept: the task's result TTL.
+        result_ttl: Duration,
+    },
+    /// The effect did not happen: forget the lock that ran out, so that the next delivery runs
+    /// the work as new, with no doubt (a fenced unit keeps its fencing counter).
+    Free,
+}
+
+impl Resolution {
+    /// [`Record`](Self::Record) `marker`, kept for `result_ttl`.
+    pub fn record(marker: Vec<u8>, result_ttl: Duration) -> Self {
+        Self::Record { marker, result_ttl }
+    }
+}
+
+/// What a store's compare-and-set for units in doubt did with the lock an operator was shown.
+///
+/// It acts only while the unit still holds exactly that lock and the lock is still run out;
+/// a unit that changed meanwhile is left alone. Treat a variant this version does not know as
+/// [`Changed`](Self::Changed): nothing is known to be written.
+///
+/// ```
+/// use idempotask::operator::Resolved;
+///
+/// fn say(resolved: Resolved) -> &'static str {
+///     match resolved {
+///         Resolved::Recorded => "recorded; deliveries get the result back",
+///         Resolved::Freed => "freed; the next delivery runs it as new",
+///         Resolved::Gone => "the store forgot it meanwhile; nothing written",
+///         _ => "it changed since it was shown; nothing written",
+///     }
+/// }
+///
+/// assert_eq!(say(Resolved::Freed), "freed; the next delivery runs it as new");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Resolved {
+    /// The unit was still in doubt with the lock shown; the marker is stored in its place.
+    Recorded,
+    /// The unit was still in doubt with the lock shown; the lock is gone.
+    Freed,
+    /// The unit was free: the store's memory of the lock ran out, or it was freed (or
+    /// released by its holder, come back) meanwhile. Nothing was written; the next delivery
+    /// runs the work as new.
+    Gone,
+    /// The unit holds something else now (a delivery took it over, its holder came back and
+    /// finished or renewed it, or it was resolved); nothing was written.
     Changed,
 }

@@ -83,6 +83,7 @@ pub(crate) trait Backend {
             Some("done") => 0,
             Some("locked") => 3,
             Some("unknown") => 4,
+            Some("in_doubt") => 5,
             _ => 1,
         };
         assert_eq!(code, expected, "{status}");
@@ -115,6 +116,29 @@ pub(crate) async fn lock_on(store: &impl Store, task: &str, key: &str) {
         .begin(&unit, &LockToken::generate(), LONG, Fencing::On)
         .await
         .unwrap();
+}
+
+/// How long a lock left in doubt is remembered after it ran out: longer than any test runs.
+pub(crate) const DOUBT_MEMORY: Duration = Duration::from_secs(60);
+
+/// Leaves each of `task`'s `keys` in doubt on `store`, as a worker killed after its side effect
+/// does: a lock of 100 ms, remembered for [`DOUBT_MEMORY`], taken and left to run out.
+pub(crate) async fn leave_in_doubt_on(
+    store: &impl Store,
+    task: &str,
+    keys: &[&str],
+    fencing: Fencing,
+) {
+    let short = Duration::from_millis(100);
+    for key in keys {
+        let unit = UnitOfWork::new(task, *key).unwrap();
+        let abandoned = LockToken::generate().with_doubt_memory(DOUBT_MEMORY);
+        store
+            .begin(&unit, &abandoned, short, fencing)
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(short + Duration::from_millis(50)).await;
 }
 
 /// A redis-server the test started, in the default namespace.
@@ -269,10 +293,26 @@ pub(crate) fn forget_keeps_a_marker_written_while_it_asks<B: Backend>(
     backend: &B,
     meanwhile: impl FnOnce(),
 ) {
+    let (code, seen) = answer_yes_after(backend, "forget --task charge --key order-1", meanwhile);
+    assert_eq!(code, 1, "{seen}");
+    assert!(
+        seen.contains("nothing deleted: the value of charge \"order-1\" changed"),
+        "{seen}"
+    );
+}
+
+/// Runs the binary with `args` on a terminal (`script` gives it one, so that it asks for
+/// confirmation), runs `meanwhile` once the question is shown, then answers yes. Answers the
+/// exit code and everything the terminal showed.
+pub(crate) fn answer_yes_after<B: Backend>(
+    backend: &B,
+    args: &str,
+    meanwhile: impl FnOnce(),
+) -> (i32, String) {
     use std::io::{Read, Write};
 
     let command = format!(
-        "{} {} {} forget --task charge --key order-1",
+        "{} {} {} {args}",
         env!("CARGO_BIN_EXE_idempotask"),
         B::URL_FLAG,
         backend.url()
@@ -302,11 +342,7 @@ pub(crate) fn forget_keeps_a_marker_written_while_it_asks<B: Backend>(
     child.stdin.take().unwrap().write_all(b"y\n").unwrap();
     let status = child.wait().unwrap();
     stdout.read_to_end(&mut seen).unwrap();
-    let seen = String::from_utf8_lossy(&seen);
+    let seen = String::from_utf8_lossy(&seen).into_owned();
     println!("{seen}");
-    assert_eq!(status.code(), Some(1), "{seen}");
-    assert!(
-        seen.contains("nothing deleted: the value of charge \"order-1\" changed"),
-        "{seen}"
-    );
+    (status.code().expect("exited"), seen)
 }

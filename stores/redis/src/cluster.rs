@@ -11,7 +11,7 @@ use super::healing::HealingConnection;
 use super::operator::{Listing, Reading};
 use super::protocol::{Protocol, check_namespace, connect_within, store_error};
 use super::settings::{ConnectionSettings, connection_setters};
-use idempotask::operator::Forgot;
+use idempotask::operator::{Forgot, Resolution, Resolved};
 use idempotask::store::UnitOfWork;
 use idempotask::store::{StoreError, StoreErrorKind};
 
@@ -232,6 +232,33 @@ impl RedisClusterStore {
         shown: &[u8],
     ) -> Result<Forgot, StoreError> {
         self.protocol.forget_exact(unit, shown).await
+    }
+
+    /// For operators: resolves `unit`, in doubt with the lock `shown`, only while it still
+    /// holds exactly that lock and the lock is still run out; see
+    /// [`RedisStore::resolve_exact`](crate::RedisStore::resolve_exact). The client may re-send
+    /// the script; the receipt makes the second run answer as the first did.
+    ///
+    /// ```no_run
+    /// # async fn run(store: idempotask_redis::RedisClusterStore, shown: Vec<u8>) -> Result<(), Box<dyn std::error::Error>> {
+    /// use idempotask::operator::{Resolution, Resolved};
+    ///
+    /// let unit = idempotask::store::UnitOfWork::new("charge", "order-42")?;
+    /// // The charge did not go through: the next delivery runs it as new.
+    /// let freed = store.resolve_exact(&unit, &shown, &Resolution::Free).await?;
+    /// assert!(matches!(freed, Resolved::Freed | Resolved::Gone | Resolved::Changed));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`RedisStore::resolve_exact`](crate::RedisStore::resolve_exact).
+    pub async fn resolve_exact(
+        &self,
+        unit: &UnitOfWork,
+        shown: &[u8],
+        resolution: &Resolution,
+    ) -> Result<Resolved, StoreError> {
+        self.protocol.resolve_exact(unit, shown, resolution).await
     }
 
     /// For operators: every key of `task`, found with `SCAN` on each master in turn (a task's

@@ -15,7 +15,8 @@ local value = redis.call('GET', KEYS[1])
 if not value or string.sub(value, 1, 1) ~= 'D' then
   return 0
 end
--- This tail (counter, then receipt) is the same in forget_exact.lua: change both together.
+-- This tail (counter, then receipt) is the same in forget_exact.lua, and in resolve_exact.lua
+-- for a lock: change them together.
 local fence = string.match(value, '^D[^|]*,f(%d+)')
 if not fence then
   redis.call('DEL', KEYS[1])

@@ -21,7 +21,8 @@ end
 if value ~= ARGV[1] then
   return -1
 end
--- This tail (counter, then receipt) is the same in forget.lua: change both together.
+-- This tail (counter, then receipt) is the same in forget.lua, and in resolve_exact.lua for a
+-- lock: change them together.
 local fence = string.match(value, '^D[^|]*,f(%d+)')
 if not fence then
   redis.call('DEL', KEYS[1])

@@ -13,9 +13,9 @@ use idempotask::store::{UnitOfWork, check_namespace, check_task_name};
 /// tools use it to find a unit's key, to `SCAN` one task's keys, and to read a key they found
 /// back into its parts. Nothing here connects to Redis.
 ///
-/// A store's `forget` also leaves a receipt for a minute,
-/// `idempotask:v2:<namespace>:{<unit's key>}:forgotten`, so that a client that re-sends the
-/// command after losing its reply is told what the first one did. The hash tag puts it in the
+/// A store's `forget` (and an operator's `forget_exact` or `resolve_exact`) also leaves a
+/// receipt for a minute, `idempotask:v2:<namespace>:{<unit's key>}:forgotten`, so that a client
+/// that re-sends the command after losing its reply is told what the first one did. The hash tag puts it in the
 /// unit's slot; no task's pattern matches it and [`parse`](RedisKeys::parse) reads it as no unit.
 ///
 /// ```

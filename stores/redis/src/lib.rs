@@ -52,7 +52,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use idempotask::operator::Forgot;
+use idempotask::operator::{Forgot, Resolution, Resolved};
 use idempotask::store::StoreError;
 use idempotask::store::UnitOfWork;
 use protocol::{Protocol, check_namespace, connect_within, store_error};
@@ -336,6 +336,51 @@ impl RedisStore {
         shown: &[u8],
     ) -> Result<Forgot, StoreError> {
         self.protocol.forget_exact(unit, shown).await
+    }
+
+    /// For operators: resolves `unit`, [in doubt](idempotask::store::Doubt) with the lock
+    /// `shown` (the bytes of a [`Stored::InDoubt`](operator::Stored::InDoubt) an operator
+    /// confirmed), only while it still holds exactly that lock and the lock is still run out:
+    /// [`Resolution::Record`] stores a completion marker in its place, so that every later
+    /// delivery gets its result back; [`Resolution::Free`] deletes the lock (a fenced one
+    /// leaves its counter, as a release does), so that the next delivery runs the work as new
+    /// with no doubt. A unit that changed meanwhile (taken over, finished or renewed by its
+    /// holder, resolved by someone else) is left alone: [`Resolved::Changed`]. The call leaves
+    /// the same receipt as [`forget_exact`](Self::forget_exact): one re-sent after a lost reply
+    /// answers as the first one did.
+    ///
+    /// ```no_run
+    /// # async fn run(store: idempotask_redis::RedisStore) -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use idempotask::operator::{Marker, Resolution, Resolved};
+    /// use idempotask::store::UnitOfWork;
+    /// use idempotask_redis::operator::Stored;
+    /// use serde_json::value::RawValue;
+    ///
+    /// let unit = UnitOfWork::new("charge", "order-42")?;
+    /// if let Stored::InDoubt { bytes, fencing_token, .. } = store.read_unit(&unit).await?.stored() {
+    ///     // … the payment provider says the charge went through …
+    ///     let result = RawValue::from_string(r#"{"charge":"ch_1"}"#.to_owned())?;
+    ///     let marker = Marker::encode_resolution(&unit, *fencing_token, &result);
+    ///     let resolution = Resolution::record(marker, Duration::from_secs(24 * 60 * 60));
+    ///     match store.resolve_exact(&unit, bytes, &resolution).await? {
+    ///         Resolved::Recorded => println!("deliveries get the charge back"),
+    ///         other => println!("left alone: {other:?}"),
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A [`StoreError`] when Redis cannot be reached or answers out of protocol, and of kind
+    /// `Configuration` for a marker that is not one for `unit`.
+    pub async fn resolve_exact(
+        &self,
+        unit: &UnitOfWork,
+        shown: &[u8],
+        resolution: &Resolution,
+    ) -> Result<Resolved, StoreError> {
+        self.protocol.resolve_exact(unit, shown, resolution).await
     }
 
     /// For operators: every key of `task` in this namespace, found with `SCAN` (never `KEYS`)

@@ -1,12 +1,14 @@
 //! For operators: what one unit's key holds, read raw; the compare-and-forget of exactly the
-//! bytes an operator was shown; and the listing of one task's units with `SCAN`.
+//! bytes an operator was shown; the resolution of a unit in doubt, against exactly the lock an
+//! operator was shown; and the listing of one task's units with `SCAN`.
 //!
 //! [`Store::inspect`](idempotask::store::Store::inspect) answers what a delivery needs and
 //! folds away what an operator needs to see: a lock without an expiry reads as one about to
 //! expire, a key of another type fails the read, and the bytes themselves are not returned, so
 //! a `forget` after a confirmation could not tell whether the value it deletes is still the one
 //! it showed. [`Stored`] keeps all of that; [`RedisStore::read_unit`](crate::RedisStore::read_unit),
-//! [`RedisStore::forget_exact`](crate::RedisStore::forget_exact) and
+//! [`RedisStore::forget_exact`](crate::RedisStore::forget_exact),
+//! [`RedisStore::resolve_exact`](crate::RedisStore::resolve_exact) and
 //! [`RedisStore::list_task`](crate::RedisStore::list_task) (and the same methods of
 //! [`RedisClusterStore`](crate::RedisClusterStore)) use it. The `idempotask` command is built
 //! on these.
@@ -25,8 +27,8 @@ use std::ops::ControlFlow;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use idempotask::operator::Forgot;
-use idempotask::store::{StoreError, StoreErrorKind, UnitOfWork};
+use idempotask::operator::{Forgot, Marker, Resolution, Resolved};
+use idempotask::store::{StoreError, StoreErrorKind, UnitOfWork, ttl_millis};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, RedisError, Script, Value};
 
@@ -138,6 +140,10 @@ fn number(value: &Value) -> Option<u64> {
     }
 }
 
+/// Settles a unit in doubt only while it holds the lock shown, and leaves a receipt.
+pub(super) static RESOLVE_EXACT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("resolve_exact.lua")));
+
 /// Input: the reply of the forget scripts (1, 0 or -1). Output: what they did, or `None` for a
 /// reply they never give.
 fn forgot_from_reply(reply: &Value) -> Option<Forgot> {
@@ -147,6 +153,56 @@ fn forgot_from_reply(reply: &Value) -> Option<Forgot> {
         Value::Int(-1) => Some(Forgot::Changed),
         _ => None,
     }
+}
+
+/// Input: the reply of the resolve script (1, 0 or -1) and what it was asked to do. Output:
+/// what it did, or `None` for a reply it never gives.
+fn resolved_from_reply(reply: &Value, resolution: &Resolution) -> Option<Resolved> {
+    match reply {
+        Value::Int(1) if matches!(resolution, Resolution::Free) => Some(Resolved::Freed),
+        Value::Int(1) => Some(Resolved::Recorded),
+        Value::Int(0) => Some(Resolved::Gone),
+        Value::Int(-1) => Some(Resolved::Changed),
+        _ => None,
+    }
+}
+
+/// Input: a resolution for `unit`. Output: the marker to store (`None` to free it) and its TTL
+/// in ms, or why the marker is refused: it must be one that a delivery of `unit` reads.
+fn resolution_args<'a>(
+    unit: &UnitOfWork,
+    resolution: &'a Resolution,
+) -> Result<Option<(&'a [u8], u64)>, StoreError> {
+    let (marker, result_ttl) = match resolution {
+        Resolution::Record {
+            marker, result_ttl, ..
+        } => (marker, *result_ttl),
+        Resolution::Free => return Ok(None),
+        // A resolution a later core adds, which this store cannot carry out.
+        other => {
+            return Err(StoreError::new(
+                "resolve",
+                StoreErrorKind::Configuration,
+                format!("this version of idempotask-redis cannot carry out {other:?}"),
+            ));
+        }
+    };
+    let refused = |why: String| {
+        StoreError::new(
+            "resolve",
+            StoreErrorKind::Configuration,
+            format!("refusing to record that marker: {why}"),
+        )
+    };
+    let decoded = Marker::decode(marker).map_err(|err| refused(err.to_string()))?;
+    if decoded.key() != unit.key() {
+        return Err(refused(format!(
+            "it was written for key `{}`, not `{}`",
+            decoded.key(),
+            unit.key()
+        )));
+    }
+    Ok(Some((marker, ttl_millis(result_ttl))))
 }
 
 /// One task's keys as [`list_task`](crate::RedisStore::list_task) found them.
@@ -296,24 +352,68 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         self.bounded("read", self.read_key(&self.key(unit))).await
     }
 
-    /// A nonce per call, as `forget` has: a re-sent command finds the receipt of its first run.
     pub(super) async fn forget_exact(
         &self,
         unit: &UnitOfWork,
         shown: &[u8],
     ) -> Result<Forgot, StoreError> {
+        self.exact(
+            "forget",
+            &FORGET_EXACT,
+            unit,
+            shown,
+            |_| {},
+            forgot_from_reply,
+        )
+        .await
+    }
+
+    pub(super) async fn resolve_exact(
+        &self,
+        unit: &UnitOfWork,
+        shown: &[u8],
+        resolution: &Resolution,
+    ) -> Result<Resolved, StoreError> {
+        let marker = resolution_args(unit, resolution)?;
+        let args = |cmd: &mut Cmd| {
+            match marker {
+                Some((marker, ttl)) => cmd.arg(marker).arg(ttl),
+                None => cmd.arg("").arg(0),
+            };
+        };
+        let read = |reply: &Value| resolved_from_reply(reply, resolution);
+        self.exact("resolve", &RESOLVE_EXACT, unit, shown, args, read)
+            .await
+    }
+
+    /// Input: an operator's compare-and-set `script` (`forget_exact.lua`, `resolve_exact.lua`)
+    /// on `unit`'s key against the value `shown`, the script's arguments after the receipt's,
+    /// and how to read its reply. Output: what the reply says.
+    ///
+    /// A nonce per call, as `forget` has: a re-sent command finds the receipt of its first run
+    /// and answers as that run did. Both scripts share the one receipt key of the unit.
+    async fn exact<T>(
+        &self,
+        operation: &'static str,
+        script: &Script,
+        unit: &UnitOfWork,
+        shown: &[u8],
+        args: impl FnOnce(&mut Cmd),
+        read: impl FnOnce(&Value) -> Option<T>,
+    ) -> Result<T, StoreError> {
         let key = self.key(unit);
         let receipt = forget_receipt_key(&self.namespace, &key);
         let nonce = format!("{:016x}", rand::random::<u64>());
         let call = async {
             let reply = self
-                .invoke_on("forget", &FORGET_EXACT, &[&key, &receipt], |cmd| {
+                .invoke_on(operation, script, &[&key, &receipt], |cmd| {
                     cmd.arg(shown).arg(&nonce).arg(FORGET_RECEIPT_MS);
+                    args(cmd);
                 })
                 .await?;
-            forgot_from_reply(&reply).ok_or_else(|| unexpected("forget", &key, &reply))
+            read(&reply).ok_or_else(|| unexpected(operation, &key, &reply))
         };
-        self.bounded("forget", call).await
+        self.bounded(operation, call).await
     }
 
     /// Input: the keys of some units. Output: each key's reading, in order; all in flight at

@@ -15,7 +15,7 @@
 //! | finish | `SET key <marker> IFEQ <lock> PX result_ttl` where the server has it (Valkey 8.1+, Redis 8.4+), else script `finish.lua` (GET, SET) |
 //! | renew | `SET key <lock> IFEQ <lock> PX lock_ttl`, else script `renew.lua` |
 //! | release, inspect, forget | scripts |
-//! | the operator calls of [`operator`](crate::operator): read, forget exactly, list | scripts `read.lua`, `forget_exact.lua`; `SCAN` |
+//! | the operator calls of [`operator`](crate::operator): read, forget exactly, resolve exactly, list | scripts `read.lua`, `forget_exact.lua`, `resolve_exact.lua`; `SCAN` |
 //!
 //! `forget` also writes a receipt next to the unit's key (see `forget.lua`), so that a re-sent
 //! `forget` answers as the first one did.

@@ -35,9 +35,13 @@ pub enum Stored {
     },
     /// A lock that ran out without a release or a marker, still remembered: the unit is in
     /// doubt (its delivery may or may not have done its side effect). The next delivery takes
-    /// it over.
+    /// it over; an operator who finds out whether its side effect happened resolves it
+    /// ([`resolve_exact`](crate::RedisStore::resolve_exact)).
     #[non_exhaustive]
     InDoubt {
+        /// The lock's value, exactly as stored: what
+        /// [`resolve_exact`](crate::RedisStore::resolve_exact) compares.
+        bytes: Vec<u8>,
         /// The fencing token it was granted with, for a fenced task.
         fencing_token: Option<u64>,
         /// How long ago it ran out, on the server's clock.
@@ -108,6 +112,7 @@ impl Stored {
                             lock_ttl_remaining: Some(left),
                         },
                         Err(expired_for) => Self::InDoubt {
+                            bytes: value.to_vec(),
                             fencing_token,
                             expired_for,
                             forgotten_in: ttl,
