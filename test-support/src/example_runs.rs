@@ -66,10 +66,31 @@ pub fn example(name: &str) -> std::process::Command {
         "QUEUE",
         "CRASH_BEFORE_ACK",
         "CRASH_BEFORE_COMMIT",
+        "CRASH_AT",
+        "ORDERS",
         "WITHOUT_IDEMPOTASK",
     ] {
         command.env_remove(variable);
     }
+    command
+}
+
+/// The `idempotask` command (package `idempotask-cli`), built beside the running test binary as
+/// the examples are, with no server URL inherited from the environment.
+pub fn cli() -> std::process::Command {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let path = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .expect("the test binary is in target/<profile>/deps")
+        .join("idempotask");
+    assert!(
+        path.exists(),
+        "{} is not built: run through `cargo test --workspace`, which builds the `idempotask` command for its own tests",
+        path.display()
+    );
+    let mut command = std::process::Command::new(path);
+    command.env_remove("REDIS_URL").env_remove("DATABASE_URL");
     command
 }
 
