@@ -8,6 +8,7 @@
 //! clock, through `PTTL`). In between the unit is in doubt. A lock without `~` (memory 0, or
 //! written by an earlier version) runs out with its key.
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use idempotask::store::Begin;
@@ -21,8 +22,8 @@ pub(super) const RELEASED_TAG: u8 = b'T';
 pub(super) fn lock_value(token: &LockToken) -> String {
     let mut value = holder_value(token);
     if let Some(fence) = token.fencing_token() {
-        value.push('.');
-        value.push_str(&fence.to_string());
+        // Written in place: `to_string` would allocate once more per call.
+        let _ = write!(value, ".{fence}");
     }
     value
 }
@@ -35,8 +36,7 @@ pub(super) fn holder_value(token: &LockToken) -> String {
     value.push_str(token.as_str());
     let memory = memory_millis(token);
     if memory > 0 {
-        value.push('~');
-        value.push_str(&memory.to_string());
+        let _ = write!(value, "~{memory}");
     }
     value
 }
