@@ -274,6 +274,11 @@ mod copied {
     }
 
     #[test]
+    fn reconcile_charges_compiles_alone() {
+        compiles_alone("reconcile_charges");
+    }
+
+    #[test]
     fn stream_worker_compiles_alone() {
         compiles_alone("stream_worker");
     }

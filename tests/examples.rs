@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use support::RedisServer;
 use support::cluster::RedisCluster;
@@ -269,6 +269,85 @@ async fn send_order_confirmation_holds_the_killed_orders_until_an_operator_resol
         mails.values().sum::<usize>()
     );
     assert_eq!(mails, (1..=ORDERS).map(|order| (order, 1)).collect());
+}
+
+/// `reconcile_charges` against its own gateway process, killed with SIGKILL before and after
+/// charges: each order left in doubt is reconciled with the gateway's lookup (a charge it knows is
+/// recorded, not made again; an order it never saw is charged), and the gateway, which the kills
+/// cannot take back, ends with exactly one charge per order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_charges_asks_the_gateway_instead_of_charging_twice() {
+    const ORDERS: u64 = 6;
+    let server = RedisServer::start();
+    let gateway_addr = format!("127.0.0.1:{}", support::free_port());
+    let mut gateway = example("reconcile_charges");
+    gateway.arg("gateway").env("GATEWAY_ADDR", &gateway_addr);
+    let mut gateway = tokio::process::Command::from(gateway)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut ready = BufReader::new(gateway.stdout.take().unwrap()).lines();
+    let line = ready.next_line().await.unwrap().unwrap();
+    assert!(line.starts_with("gateway listening"), "{line}");
+    let worker = |orders: &str| {
+        let mut command = example("reconcile_charges");
+        command
+            .env("REDIS_URL", server.url())
+            .env("GATEWAY_ADDR", &gateway_addr)
+            .env("ORDERS", orders);
+        command
+    };
+    let killed = [
+        (1, "before-charge"),
+        (2, "after-charge"),
+        (3, "after-charge"),
+    ];
+    for (order, point) in killed {
+        let mut command = worker(&format!("{order}-{order}"));
+        command.env("CRASH_AT", format!("{order}:{point}"));
+        kill_at(command, &format!("order {order}: crashing {point}")).await;
+    }
+    let output = run(&mut worker(&format!("1-{ORDERS}")));
+    for (order, point) in killed {
+        let how = if point == "after-charge" {
+            "reconciled"
+        } else {
+            "charged"
+        };
+        assert!(
+            field(&output, &format!("order {order}:")).starts_with(how),
+            "{output}"
+        );
+    }
+    let replayed = run(&mut worker(&format!("1-{ORDERS}")));
+    for order in 1..=ORDERS {
+        assert!(
+            field(&replayed, &format!("order {order}:")).starts_with("replayed"),
+            "{replayed}"
+        );
+    }
+
+    let mut socket = BufReader::new(tokio::net::TcpStream::connect(&gateway_addr).await.unwrap());
+    socket.get_mut().write_all(b"CHARGES\n").await.unwrap();
+    let mut charges: BTreeMap<String, usize> = BTreeMap::new();
+    let mut lines = socket.lines();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        if line == "END" {
+            break;
+        }
+        let (key, _) = line.split_once(' ').unwrap();
+        *charges.entry(key.to_owned()).or_default() += 1;
+    }
+    let reconciled = output.matches(": reconciled").count();
+    println!(
+        "orders {ORDERS}, kills {}, reconciled {reconciled}, charges {}, charged twice {}",
+        killed.len(),
+        charges.values().sum::<usize>(),
+        charges.values().filter(|&&n| n > 1).count()
+    );
+    let expected = (1..=ORDERS).map(|order| (format!("order-charge-{order}"), 1));
+    assert_eq!(charges, expected.collect());
 }
 
 /// Runs `command` until it prints `line` (the first line it prints), then kills it with
