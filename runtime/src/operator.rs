@@ -44,7 +44,8 @@ pub enum Forgot {
 
 /// How an operator settles a unit [in doubt](crate::store::Doubt), once the downstream system
 /// has told whether the earlier delivery's side effect happened: given to a store's
-/// compare-and-set for units in doubt (`resolve_exact` in `idempotask_redis`).
+/// compare-and-set for units in doubt (`resolve_exact` in `idempotask_redis` and
+/// `idempotask_postgres`).
 ///
 /// ```
 /// use std::time::Duration;
