@@ -88,13 +88,12 @@ pub(crate) enum Command {
     },
     /// Settle a key in doubt: record the result its side effect had, or free it.
     ///
-    /// On Redis and Redis Cluster. First ask the downstream system whether the earlier
-    /// delivery's side effect happened (`status` shows its fencing token); then `--result` if it
-    /// did, `--free` if it did not. Either writes only while the key still holds the lock that
-    /// was read and shown, still run out: a key that changed meanwhile (taken over, finished or
-    /// renewed by its holder, resolved by someone else) is left alone. Exit codes: 0 resolved,
-    /// 1 done (not in doubt) or changed meanwhile, 2 usage, 3 locked, 4 unknown or free
-    /// meanwhile.
+    /// First ask the downstream system whether the earlier delivery's side effect happened
+    /// (`status` shows its fencing token); then `--result` if it did, `--free` if it did not.
+    /// Either writes only while the key (or row) still holds the lock that was read and shown,
+    /// still run out: a key that changed meanwhile (taken over, finished or renewed by its
+    /// holder, resolved by someone else) is left alone. Exit codes: 0 resolved, 1 done (not in
+    /// doubt) or changed meanwhile, 2 usage, 3 locked, 4 unknown or free meanwhile.
     Resolve {
         #[command(flatten)]
         unit: Unit,

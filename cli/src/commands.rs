@@ -423,7 +423,6 @@ pub(crate) async fn resolve(
     settle: Settle,
     yes: bool,
 ) -> Result<Found, Failure> {
-    target.check_resolvable()?;
     let unit = target.unit(task, key)?;
     let location = target.location(&unit);
     let seen = target.read(&unit).await?;

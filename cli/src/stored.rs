@@ -31,7 +31,8 @@ pub(crate) enum Seen {
     /// doubt (its delivery may have done its side effect) until an operator resolves it or the
     /// store forgets it.
     InDoubt {
-        /// The lock's value, exactly as stored: what `resolve` compares.
+        /// What `resolve` compares: the lock's value, exactly as stored (Redis), or its
+        /// holder's token (PostgreSQL).
         bytes: Vec<u8>,
         fencing_token: Option<u64>,
         /// How long ago the lock ran out.
@@ -109,6 +110,18 @@ impl Seen {
                 ttl: Some(lock_ttl_remaining),
                 // PostgreSQL's fencing tokens come from a sequence: they tell no age.
                 age_ms: None,
+            },
+            UnitState::InDoubt {
+                token,
+                fencing_token,
+                expired_for,
+                forgotten_in,
+                ..
+            } => Self::InDoubt {
+                bytes: token.into_bytes(),
+                fencing_token,
+                expired_for,
+                forgotten_in,
             },
             UnitState::Done { marker, ttl, .. } => Self::Marker {
                 marker: Marker::decode(&marker),

@@ -190,14 +190,6 @@ impl Target {
         forgot.map_err(|err| self.failure(&err))
     }
 
-    /// Whether `resolve` works here: on Redis and Redis Cluster.
-    pub(crate) fn check_resolvable(&self) -> Result<(), Failure> {
-        if self.is_postgres() {
-            return Err(cannot_resolve_in_postgres());
-        }
-        Ok(())
-    }
-
     /// Resolves the unit if it still holds exactly `shown`, a lock in doubt.
     pub(crate) async fn resolve_exact(
         &self,
@@ -208,7 +200,12 @@ impl Target {
         let resolved = match &self.backend {
             Backend::Server(store) => store.resolve_exact(unit, shown, resolution).await,
             Backend::Cluster(store) => store.resolve_exact(unit, shown, resolution).await,
-            Backend::Postgres(_) => return Err(cannot_resolve_in_postgres()),
+            // The token `Seen::from_postgres` showed; bytes that are no text are no token, so
+            // they are not the lock there.
+            Backend::Postgres(store) => match std::str::from_utf8(shown) {
+                Ok(token) => store.resolve_exact(unit, token, resolution).await,
+                Err(_) => Ok(Resolved::Changed),
+            },
         };
         resolved.map_err(|err| self.failure(&err))
     }
@@ -274,12 +271,4 @@ impl Target {
             }
         }
     }
-}
-
-fn cannot_resolve_in_postgres() -> Failure {
-    Failure::new(
-        Exit::Error,
-        "unsupported",
-        "`resolve` works on Redis and Redis Cluster; this version cannot resolve a unit in PostgreSQL",
-    )
 }

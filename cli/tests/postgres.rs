@@ -1,6 +1,7 @@
-//! The `idempotask` binary against a PostgreSQL server this test starts: `status`, `forget`
-//! and `list` on a `PostgresStore`'s table, with the exit codes and the confirmation they have
-//! on Redis, and a `forget` that deletes only the marker it showed.
+//! The `idempotask` binary against a PostgreSQL server this test starts: `status`, `forget`,
+//! `list` and `resolve` on a `PostgresStore`'s table, with the exit codes and the confirmation
+//! they have on Redis, a `forget` that deletes only the marker it showed, and a `resolve` that
+//! writes only over the lock in doubt it showed.
 
 use idempotask_test_support as support;
 
@@ -302,4 +303,49 @@ fn forget_force_on_postgres_deletes_an_unreadable_marker_but_never_a_lock() {
         idempotask(&url, &["status", "--task", "charge", "--key", "order-2"]).0,
         3
     );
+}
+
+#[test]
+fn status_list_and_forget_show_a_unit_in_doubt_on_postgres() {
+    let pg = Postgres::start();
+    let out = common::status_list_and_forget_show_a_unit_in_doubt(&pg);
+    // The row names its caller key, a lock in doubt's too.
+    assert!(out.contains("\ndoubt   \"order-3\""), "{out}");
+}
+
+#[test]
+fn a_result_recorded_on_postgres_is_what_the_next_delivery_gets_back() {
+    common::a_recorded_result_is_what_the_next_delivery_gets_back(&Postgres::start());
+}
+
+// A fenced unit's row keeps its fencing counter when it is freed, as a release leaves it; an
+// unfenced unit's row goes.
+#[test]
+fn a_unit_freed_on_postgres_runs_as_new_and_a_fenced_one_keeps_its_counter() {
+    let pg = Postgres::start();
+    common::a_freed_unit_runs_as_new_with_no_doubt(&pg, || {
+        let rows: Vec<(String, Option<String>, Option<i64>)> = pg.rt.block_on(async {
+            sqlx::query_as(
+                "SELECT convert_from(key, 'UTF8'), token, fence FROM idempotask_units
+                 WHERE task = 'charge' ORDER BY key",
+            )
+            .fetch_all(pg.store.pool())
+            .await
+            .unwrap()
+        });
+        assert!(
+            matches!(rows.as_slice(), [(key, None, Some(_))] if key == "order-1"),
+            "{rows:?}"
+        );
+    });
+}
+
+#[test]
+fn resolve_on_postgres_refuses_a_unit_not_in_doubt() {
+    common::resolve_refuses_a_unit_not_in_doubt(&Postgres::start());
+}
+
+#[test]
+fn resolve_on_postgres_leaves_alone_a_unit_that_changed_while_it_asked() {
+    common::resolve_leaves_alone_a_unit_that_changed_while_it_asked(&Postgres::start());
 }

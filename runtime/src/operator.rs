@@ -9,6 +9,8 @@ pub use crate::status::{Done, Status};
 
 use std::time::Duration;
 
+use crate::store::{StoreError, StoreErrorKind, UnitOfWork};
+
 /// What a store's compare-and-forget (`forget_exact` in `idempotask_redis` and
 /// `idempotask_postgres`) did with the value an operator was shown.
 ///
@@ -42,7 +44,8 @@ pub enum Forgot {
 
 /// How an operator settles a unit [in doubt](crate::store::Doubt), once the downstream system
 /// has told whether the earlier delivery's side effect happened: given to a store's
-/// compare-and-set for units in doubt (`resolve_exact` in `idempotask_redis`).
+/// compare-and-set for units in doubt (`resolve_exact` in `idempotask_redis` and
+/// `idempotask_postgres`).
 ///
 /// ```
 /// use std::time::Duration;
@@ -81,6 +84,56 @@ impl Resolution {
     /// [`Record`](Self::Record) `marker`, kept for `result_ttl`.
     pub fn record(marker: Vec<u8>, result_ttl: Duration) -> Self {
         Self::Record { marker, result_ttl }
+    }
+
+    /// For a store carrying the resolution out on `unit`: the marker to store in place of the
+    /// lock and how long to keep it, or `None` to free the unit.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotask::operator::{Marker, Resolution};
+    /// use idempotask::store::UnitOfWork;
+    /// use serde_json::value::RawValue;
+    ///
+    /// let unit = UnitOfWork::new("charge", "order-42")?;
+    /// let other = UnitOfWork::new("charge", "order-43")?;
+    /// let result = RawValue::from_string("7".to_owned())?;
+    /// let day = Duration::from_secs(24 * 60 * 60);
+    /// let recorded = Resolution::record(Marker::encode_resolution(&unit, None, &result), day);
+    /// assert_eq!(recorded.marker_to_store(&unit)?.map(|(_, ttl)| ttl), Some(day));
+    /// assert!(recorded.marker_to_store(&other).is_err());
+    /// assert!(Resolution::Free.marker_to_store(&unit)?.is_none());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// A `Configuration` [`StoreError`] of the operation `resolve` when the marker is not one
+    /// that a delivery of `unit` reads: it does not decode, or it was written for another key.
+    /// Every store refuses it before writing anything.
+    pub fn marker_to_store(
+        &self,
+        unit: &UnitOfWork,
+    ) -> Result<Option<(&[u8], Duration)>, StoreError> {
+        let (marker, result_ttl) = match self {
+            Self::Record { marker, result_ttl } => (marker, *result_ttl),
+            Self::Free => return Ok(None),
+        };
+        let refused = |why: String| {
+            StoreError::new(
+                "resolve",
+                StoreErrorKind::Configuration,
+                format!("refusing to record that marker: {why}"),
+            )
+        };
+        let decoded = Marker::decode(marker).map_err(|err| refused(err.to_string()))?;
+        if decoded.key() != unit.key() {
+            return Err(refused(format!(
+                "it was written for key `{}`, not `{}`",
+                decoded.key(),
+                unit.key()
+            )));
+        }
+        Ok(Some((marker, result_ttl)))
     }
 }
 

@@ -10,7 +10,8 @@
 //!   the unit's marker commit together, so a crash between the two cannot happen.
 //!
 //! - [`operator`]: for operators, what one unit's row holds raw, a forget of exactly the marker that
-//!   was shown, and a task's units page by page (the `idempotask` command uses them).
+//!   was shown, the resolution of a unit in doubt against exactly the lock that was shown, and
+//!   a task's units page by page (the `idempotask` command uses them).
 //!
 //! sqlx is part of this crate's public API (`PgPool`, `Transaction`, `PgConnection`): use the
 //! sqlx 0.9 your service already has.
@@ -34,7 +35,7 @@ use sqlx::postgres::{PgConnection, PgPool, PgRow};
 use sqlx::{Row, SqlStr};
 
 use errors::{store_error, unexpected};
-use idempotask::operator::Forgot;
+use idempotask::operator::{Forgot, Resolution, Resolved};
 use idempotask::store::lock_lost_marker;
 use idempotask::store::{Begin, Doubt, Fencing, Finish, Inspection, Store, ttl_millis};
 use idempotask::store::{LockToken, UnitOfWork};
@@ -280,7 +281,7 @@ impl PostgresStore {
     /// ```no_run
     /// # async fn run(store: idempotask_postgres::PostgresStore) -> Result<(), Box<dyn std::error::Error>> {
     /// use idempotask::store::UnitOfWork;
-    /// use idempotask::operator::Forgot;
+    /// use idempotask::operator::{Forgot, Resolution, Resolved};
     /// use idempotask_postgres::operator::UnitState;
     ///
     /// let unit = UnitOfWork::new("charge", "order-42")?;
@@ -300,23 +301,113 @@ impl PostgresStore {
         unit: &UnitOfWork,
         shown: &[u8],
     ) -> Result<Forgot, StoreError> {
-        let mut connection = self.acquire("forget").await?;
+        let statement = sqlx::query(self.statements.forget_exact.clone())
+            .bind(unit.task())
+            .bind(unit.key().as_bytes())
+            .bind(shown);
+        Ok(
+            match self
+                .compare_and_set("forget", "forgotten", statement)
+                .await?
+            {
+                Exact::Written => Forgot::Deleted,
+                Exact::Changed => Forgot::Changed,
+                Exact::Gone => Forgot::Gone,
+            },
+        )
+    }
+
+    /// For operators: resolves `unit`, [in doubt](idempotask::store::Doubt) with the lock
+    /// whose token is `shown` (the `token` of a [`UnitState::InDoubt`](operator::UnitState::InDoubt)
+    /// an operator confirmed), in one statement, only while its row is still that lock, still
+    /// run out and still remembered: [`Resolution::Record`] stores a completion marker in its
+    /// place, kept for its result TTL, so that every later delivery gets its result back;
+    /// [`Resolution::Free`] frees the unit (a fenced unit's row keeps its fencing counter, as
+    /// a release leaves it), so that the next delivery runs the work as new with no doubt. A
+    /// unit that changed meanwhile (taken over, finished or renewed by its holder, resolved by
+    /// someone else) is left alone: [`Resolved::Changed`]; one that became free (its memory
+    /// ran out, or it was freed or released) is [`Resolved::Gone`].
+    ///
+    /// ```no_run
+    /// # async fn run(store: idempotask_postgres::PostgresStore) -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use idempotask::operator::{Marker, Resolution, Resolved};
+    /// use idempotask::store::UnitOfWork;
+    /// use idempotask_postgres::operator::UnitState;
+    /// use serde_json::value::RawValue;
+    ///
+    /// let unit = UnitOfWork::new("charge", "order-42")?;
+    /// if let Some(row) = store.read_unit(&unit).await? {
+    ///     if let UnitState::InDoubt { token, fencing_token, .. } = &row.state {
+    ///         // … the payment provider says the charge went through …
+    ///         let result = RawValue::from_string(r#"{"charge":"ch_1"}"#.to_owned())?;
+    ///         let marker = Marker::encode_resolution(&unit, *fencing_token, &result);
+    ///         let resolution = Resolution::record(marker, Duration::from_secs(24 * 60 * 60));
+    ///         match store.resolve_exact(&unit, token, &resolution).await? {
+    ///             Resolved::Recorded => println!("deliveries get the charge back"),
+    ///             other => println!("left alone: {other:?}"),
+    ///         }
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A [`StoreError`] when the statement fails, and of kind `Configuration` for a marker
+    /// that is not one for `unit` (nothing is sent then).
+    pub async fn resolve_exact(
+        &self,
+        unit: &UnitOfWork,
+        shown: &str,
+        resolution: &Resolution,
+    ) -> Result<Resolved, StoreError> {
+        let marker = resolution.marker_to_store(unit)?;
+        let statement = |sql: &SqlStr| {
+            sqlx::query(sql.clone())
+                .bind(unit.task())
+                .bind(unit.key().as_bytes())
+                .bind(shown)
+        };
+        let (statement, resolved) = match marker {
+            Some((marker, result_ttl)) => (
+                statement(&self.statements.resolve_record)
+                    .bind(marker)
+                    .bind(millis(result_ttl)),
+                Resolved::Recorded,
+            ),
+            None => (statement(&self.statements.resolve_free), Resolved::Freed),
+        };
+        Ok(
+            match self
+                .compare_and_set("resolve", "resolved", statement)
+                .await?
+            {
+                Exact::Written => resolved,
+                Exact::Changed => Resolved::Changed,
+                Exact::Gone => Resolved::Gone,
+            },
+        )
+    }
+
+    /// Input: one of the operator's compare-and-set statements, its parameters bound, and the
+    /// column that counts the rows it wrote. Output: what it did, told by that count and its
+    /// `present` column.
+    async fn compare_and_set(
+        &self,
+        operation: &'static str,
+        written: &str,
+        statement: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> Result<Exact, StoreError> {
+        let mut connection = self.acquire(operation).await?;
         let row = self
-            .run(
-                "forget",
-                sqlx::query(self.statements.forget_exact.clone())
-                    .bind(unit.task())
-                    .bind(unit.key().as_bytes())
-                    .bind(shown)
-                    .fetch_one(&mut *connection),
-            )
+            .run(operation, statement.fetch_one(&mut *connection))
             .await?;
-        let forgotten: i64 = get(&row, "forgotten", "forget", &self.table)?;
-        let present: bool = get(&row, "present", "forget", &self.table)?;
-        Ok(match (forgotten > 0, present) {
-            (true, _) => Forgot::Deleted,
-            (false, true) => Forgot::Changed,
-            (false, false) => Forgot::Gone,
+        let written: i64 = get(&row, written, operation, &self.table)?;
+        let present: bool = get(&row, "present", operation, &self.table)?;
+        Ok(match (written > 0, present) {
+            (true, _) => Exact::Written,
+            (false, true) => Exact::Changed,
+            (false, false) => Exact::Gone,
         })
     }
 
@@ -367,7 +458,7 @@ impl PostgresStore {
             .collect()
     }
 
-    /// Input: a row `(key, state, fence, marker, left_ms)`. Output: the unit it describes.
+    /// Input: a row of `read` or `list`. Output: the unit it describes.
     fn stored_unit(
         &self,
         row: &PgRow,
@@ -380,10 +471,19 @@ impl PostgresStore {
         let left = left.map(left_duration).unwrap_or_default();
         let in_doubt = doubt(row).map_err(|err| store_error(operation, &self.table, err))?;
         let state = match (state.as_str(), in_doubt) {
-            ("locked", Some(doubt)) => operator::UnitState::InDoubt {
-                fencing_token: doubt.fencing_token,
-                expired_for: doubt.expired_for,
-            },
+            ("locked", Some(doubt)) => {
+                let token: Option<String> = get(row, "token", operation, &self.table)?;
+                let forgotten_us: Option<i64> = get(row, "forgotten_us", operation, &self.table)?;
+                operator::UnitState::InDoubt {
+                    token: token
+                        .ok_or_else(|| unexpected(operation, "a lock in doubt without a token"))?,
+                    fencing_token: doubt.fencing_token,
+                    expired_for: doubt.expired_for,
+                    forgotten_in: Duration::from_micros(
+                        forgotten_us.unwrap_or_default().max(0).unsigned_abs(),
+                    ),
+                }
+            }
             ("locked", None) => operator::UnitState::Locked {
                 fencing_token: fence.map(i64::unsigned_abs),
                 lock_ttl_remaining: left,
@@ -679,6 +779,16 @@ impl Store for PostgresStore {
             .await?;
         Ok(forgotten > 0)
     }
+}
+
+/// What an operator's compare-and-set statement did with the value shown.
+enum Exact {
+    /// The row was still that value, and it is written.
+    Written,
+    /// A row is there, but not that value; nothing was written.
+    Changed,
+    /// No row counts as there; nothing was written.
+    Gone,
 }
 
 /// What a row of `begin_fresh` or `begin` comes to.

@@ -1,11 +1,13 @@
 //! For operators: what one unit's row holds, raw, the compare-and-forget of exactly the marker
-//! an operator was shown, and the listing of one task's units, page by page.
+//! an operator was shown, the resolution of a unit in doubt against exactly the lock an
+//! operator was shown, and the listing of one task's units, page by page.
 //!
 //! [`PostgresStore::read_unit`](crate::PostgresStore::read_unit),
-//! [`PostgresStore::forget_exact`](crate::PostgresStore::forget_exact) and
+//! [`PostgresStore::forget_exact`](crate::PostgresStore::forget_exact),
+//! [`PostgresStore::resolve_exact`](crate::PostgresStore::resolve_exact) and
 //! [`PostgresStore::list_task`](crate::PostgresStore::list_task) answer with these types (and
-//! [`Forgot`](idempotask::operator::Forgot), the same on every backend); the `idempotask` command is
-//! built on them.
+//! [`Forgot`](idempotask::operator::Forgot) and [`Resolved`](idempotask::operator::Resolved),
+//! the same on every backend); the `idempotask` command is built on them.
 
 use std::time::Duration;
 
@@ -59,13 +61,20 @@ pub enum UnitState {
     },
     /// The unit is in doubt: its last lock ran out with neither a release nor a marker, and
     /// the table still remembers it (for its holder's doubt memory). The next delivery takes
-    /// it over and learns of it; until then its holder may still finish it.
+    /// it over and learns of it; until then its holder may still finish it. An operator who
+    /// finds out whether its side effect happened resolves it
+    /// ([`resolve_exact`](crate::PostgresStore::resolve_exact)).
     #[non_exhaustive]
     InDoubt {
+        /// The token of that lock's holder, exactly as stored: what
+        /// [`resolve_exact`](crate::PostgresStore::resolve_exact) compares.
+        token: String,
         /// The fencing token that lock was granted with, for a fenced task.
         fencing_token: Option<u64>,
         /// How long ago the lock ran out, on the server's clock.
         expired_for: Duration,
+        /// How long the table remembers it still; then the unit is free.
+        forgotten_in: Duration,
     },
     /// The unit is done.
     #[non_exhaustive]

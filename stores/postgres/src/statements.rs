@@ -12,7 +12,8 @@
 //! as in rows written before the column existed). Once `expires_at` has passed, the lock is
 //! no longer held, but until `expires_at + doubt_memory` it is remembered: the unit is in
 //! doubt ([`in_doubt`]). Such a row still counts as there: its holder may finish, renew or
-//! release it, `inspect`, `read` and `list` show it, and `purge` leaves it. A `begin` by
+//! release it, `inspect`, `read` and `list` show it, `purge` leaves it, and an operator's
+//! `resolve_free` or `resolve_record` settles it. A `begin` by
 //! another token learns of it from `begin_fresh` (or `begin`, after a race), and then either
 //! answers `InDoubt` having written nothing, or takes it over with `take_over`: one more
 //! statement, which replaces exactly the row it locks and answers that row's fencing token
@@ -232,15 +233,22 @@ pub(super) struct Statements {
     /// `$1` task, `$2` key: one row, how many markers were forgotten.
     pub(super) forget: SqlStr,
     /// `$1` task, `$2` key: at most one row that is there `(key, state, fence, marker,
-    /// left_ms, doubt_us)`.
+    /// left_ms, doubt_us, token, forgotten_us)`.
     pub(super) read: SqlStr,
     /// `$1` task, `$2` the key a page starts after (empty for the first page: no caller key is
-    /// empty), `$3` how many: the task's rows that are there `(key, state, fence, marker,
-    /// left_ms, doubt_us)` in key order.
+    /// empty), `$3` how many: the task's rows that are there, as `read` answers them, in key
+    /// order.
     pub(super) list: SqlStr,
     /// `$1` task, `$2` key, `$3` the marker an operator was shown: one row `(forgotten,
     /// present)`, how many markers were forgotten and whether a row was there before.
     pub(super) forget_exact: SqlStr,
+    /// `$1` task, `$2` key, `$3` the token of the lock in doubt an operator was shown: frees
+    /// the unit while its row is still that lock, run out and remembered; one row
+    /// `(resolved, present)`, as `forget_exact` answers.
+    pub(super) resolve_free: SqlStr,
+    /// The same, with `$4` the marker and `$5` the result TTL in ms: the marker in place of
+    /// that lock.
+    pub(super) resolve_record: SqlStr,
     /// `$1`, `$2`: the first block and the block after the last of a range: deletes the rows
     /// stored there that are expired and not in doubt.
     pub(super) purge: SqlStr,
@@ -280,9 +288,21 @@ fn present(a: &str) -> String {
 
 /// How long ago row `a`'s lock ran out, in µs, when the unit is in doubt; else null.
 fn doubt_us(a: &str) -> String {
+    micros_in_doubt(a, &format!("statement_timestamp() - {a}.expires_at"))
+}
+
+/// How long row `a`'s lock in doubt is still remembered, in µs; null when it is not in doubt.
+fn forgotten_us(a: &str) -> String {
+    micros_in_doubt(
+        a,
+        &format!("{a}.expires_at + {a}.doubt_memory - statement_timestamp()"),
+    )
+}
+
+/// The interval `span` in µs, when row `a` is in doubt; else null.
+fn micros_in_doubt(a: &str, span: &str) -> String {
     format!(
-        "CASE WHEN {} THEN \
-         (extract(epoch FROM statement_timestamp() - {a}.expires_at) * 1000000)::bigint END",
+        "CASE WHEN {} THEN (extract(epoch FROM {span}) * 1000000)::bigint END",
         in_doubt(a)
     )
 }
@@ -352,6 +372,15 @@ impl Statements {
              AND {present_u}"
         );
         let [inspect, read, list] = reads(&t);
+        // For the operator's compare-and-set statements: whether a row was there, read from
+        // the snapshot from before the statement's own changes (a data-modifying `WITH` is not
+        // visible to the rest of its statement), so that with nothing written it tells a row
+        // that changed from one that is gone.
+        let present_before = format!(
+            ", EXISTS (SELECT 1 FROM {t} u WHERE u.task = $1 AND u.key = $2
+                       AND {present_u}) AS present"
+        );
+        let shown_in_doubt = format!("u.state = 'locked' AND u.token = $3 AND {}", in_doubt("u"));
         Self {
             begin_fresh: sql(begin_fresh(&t, None, &bound)),
             begin_fresh_fenced: sql(begin_fresh(&t, Some(&seq), &bound)),
@@ -396,17 +425,16 @@ impl Statements {
             ),
             read: sql(read),
             list: sql(list),
-            // `present` reads the snapshot from before the statement's own changes (a
-            // data-modifying `WITH` is not visible to the rest of its statement): with nothing
-            // forgotten, it tells a row that changed from one that is gone.
             forget_exact: free_or_drop(
                 "u.state = 'done' AND u.marker = $3 AND u.expires_at > statement_timestamp()",
                 "forgotten",
-                &format!(
-                    ", EXISTS (SELECT 1 FROM {t} u WHERE u.task = $1 AND u.key = $2
-                               AND {present_u}) AS present"
-                ),
+                &present_before,
             ),
+            // The lock shown is the row's token while the row is a lock in doubt: a holder that
+            // came back and renewed it has a live lock, and a delivery that took it over has a
+            // token of its own. Freed as a release frees it: a fenced row keeps its counter.
+            resolve_free: free_or_drop(&shown_in_doubt, "resolved", &present_before),
+            resolve_record: sql(resolve_record(&t, &shown_in_doubt, &bound, &present_before)),
             // A TID range scan (PostgreSQL 14+) reads only the blocks of the range; rows that
             // another transaction holds (taking an expired unit over, say) are skipped rather
             // than waited for, so the purge never queues behind a long transaction. A unit in
@@ -430,20 +458,27 @@ impl Statements {
 }
 
 /// The statements that read rows for `inspect`, `read` and `list`: the rows that count, a
-/// unit in doubt included.
+/// unit in doubt included. The operator's reads also answer what resolving a unit in doubt
+/// needs: the token of its lock, and how long it is still remembered.
 fn reads(t: &str) -> [String; 3] {
     let row = format!(
         "u.state, u.fence, u.marker, {LEFT_MS} AS left_ms, {} AS doubt_us",
         doubt_us("u")
     );
+    let operator_row = format!(
+        "u.key, {row}, u.token, {} AS forgotten_us",
+        forgotten_us("u")
+    );
     let present_u = present("u");
     [
         format!("SELECT {row} FROM {t} u WHERE u.task = $1 AND u.key = $2 AND {present_u}"),
-        format!("SELECT u.key, {row} FROM {t} u WHERE u.task = $1 AND u.key = $2 AND {present_u}"),
+        format!(
+            "SELECT {operator_row} FROM {t} u WHERE u.task = $1 AND u.key = $2 AND {present_u}"
+        ),
         // The primary key's order: one index range scan per page, from where the last page
         // ended (a plain `key > $2`, so that a generic plan keeps the range too).
         format!(
-            "SELECT u.key, {row} FROM {t} u
+            "SELECT {operator_row} FROM {t} u
              WHERE u.task = $1 AND u.key > $2 AND {present_u}
              ORDER BY u.key LIMIT $3"
         ),
@@ -570,6 +605,22 @@ fn take_over(t: &str, seq: &str, bound: &str) -> String {
     )
 }
 
+/// Stores the marker `$4` for `$5` ms in place of the lock in doubt an operator was shown
+/// (`shown`, a condition on row `u`), as a finish of that lock would have: the row keeps its
+/// fencing counter. Answers one row `(resolved, present)`, the second column being `present`
+/// (`, EXISTS (…) AS present`). `bound` is [`lock_wait_bound`].
+fn resolve_record(t: &str, shown: &str, bound: &str, present: &str) -> String {
+    format!(
+        "WITH recorded AS (
+            UPDATE {t} u SET state = 'done', token = NULL, marker = $4, doubt_memory = NULL,
+                expires_at = statement_timestamp() + $5::bigint * interval '1 millisecond'
+            WHERE u.task = $1 AND u.key = $2 AND {shown} AND {bound}
+            RETURNING 1
+        )
+        SELECT (SELECT count(*) FROM recorded) AS resolved{present}"
+    )
+}
+
 /// Stores the marker where the caller's lock is (`$5`), or where nothing is (`$7`, the
 /// marker flagged as written after its lock expired); says which, and whether this delivery's
 /// marker was already there (a repeated finish, answered as the first one was). Another
@@ -660,6 +711,8 @@ mod tests {
             ("renew", &statements.renew),
             ("forget", &statements.forget),
             ("forget_exact", &statements.forget_exact),
+            ("resolve_free", &statements.resolve_free),
+            ("resolve_record", &statements.resolve_record),
         ] {
             assert!(sql.as_str().contains(&bounded), "{name}");
         }
@@ -736,6 +789,8 @@ mod tests {
             ("finish", &statements.finish),
             ("begin", &statements.begin),
             ("take_over", &statements.take_over),
+            ("resolve_free", &statements.resolve_free),
+            ("resolve_record", &statements.resolve_record),
         ] {
             assert!(
                 sql.as_str().contains(&in_doubt("u")) || sql.as_str().contains(&in_doubt("o")),

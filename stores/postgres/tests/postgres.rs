@@ -2,8 +2,8 @@
 //! from one process and from two, bodies that fail or are dropped inside their transaction, a
 //! waiting delivery that replays or runs depending on how the first one ended, a server
 //! restart mid-run, and units in doubt: the migration of a table of the previous version by
-//! replicas at once, purge, the operator's reads, a takeover inside a transaction that rolls
-//! back, and the least-privileged user.
+//! replicas at once, purge, the operator's reads and resolutions, a takeover inside a
+//! transaction that rolls back, and the least-privileged user.
 //! (The conformance suite runs in `conformance_postgres.rs`; a worker killed with `kill -9`
 //! mid-transaction in the `ledger_transfer` example's run, in `tests/example_queues.rs`.)
 
@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use idempotask::operator::{Marker, Resolution, Resolved};
 use idempotask::store::{Begin, Doubt, Fencing, Finish, LockToken};
 use idempotask::store::{Store, StoreErrorKind, UnitOfWork};
 use idempotask::testing::deliver_concurrently;
@@ -1442,5 +1443,234 @@ async fn the_least_privileged_user_takes_units_in_doubt_over() {
         }
         other => panic!("expected the unit taken over in doubt, got {other:?}"),
     }
+    // The operator's resolution needs no more rights than the store's statements.
+    let freed = UnitOfWork::new("pg_doubt", "least-privilege-freed").unwrap();
+    let holder = in_doubt(&store, &freed, Fencing::On).await;
+    assert_eq!(free(&store, &freed, &holder).await, Resolved::Freed);
     store.purge_expired().await.unwrap();
+}
+
+/// Leaves `unit` in doubt: a lock of 100 ms, remembered for a minute, left to run out.
+/// Answers its holder's token, as granted.
+async fn in_doubt(store: &PostgresStore, unit: &UnitOfWork, fencing: Fencing) -> LockToken {
+    let token = remembered();
+    let Begin::Acquired {
+        fencing_token,
+        in_doubt: None,
+        ..
+    } = store
+        .begin(unit, &token, Duration::from_millis(100), fencing)
+        .await
+        .unwrap()
+    else {
+        panic!("{unit:?} was not free");
+    };
+    until_lapsed(store, unit).await;
+    token.granted(fencing_token)
+}
+
+/// Resolves `unit` if it is still in doubt with the lock of the token `shown`; answers what
+/// that did.
+async fn resolve(
+    store: &PostgresStore,
+    unit: &UnitOfWork,
+    shown: &LockToken,
+    resolution: &Resolution,
+) -> Resolved {
+    let resolved = store.resolve_exact(unit, shown.as_str(), resolution);
+    resolved.await.unwrap()
+}
+
+/// Frees `unit` if it is still in doubt with `holder`'s lock; answers what that did.
+async fn free(store: &PostgresStore, unit: &UnitOfWork, holder: &LockToken) -> Resolved {
+    resolve(store, unit, holder, &Resolution::Free).await
+}
+
+/// The row of `key` of `pg_doubt` as it is stored: `(state, token, fence)`.
+async fn raw_row(pool: &PgPool, key: &str) -> Option<(String, Option<String>, Option<i64>)> {
+    sqlx::query_as(
+        "SELECT state, token, fence FROM idempotask_units WHERE task = 'pg_doubt' AND key = $1",
+    )
+    .bind(key.as_bytes())
+    .fetch_optional(pool)
+    .await
+    .unwrap()
+}
+
+/// How long the markers of the resolution tests are kept.
+const DAY: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Records `{"charge":"ch_1"}` as `unit`'s result, with the fencing token `fence`, for a day.
+fn record(unit: &UnitOfWork, fence: Option<u64>) -> Resolution {
+    let result =
+        serde_json::value::RawValue::from_string(r#"{"charge":"ch_1"}"#.to_owned()).unwrap();
+    Resolution::record(Marker::encode_resolution(unit, fence, &result), DAY)
+}
+
+/// `resolve_exact` records a result only over the lock in doubt it was shown: a marker written
+/// for another key, or a token that is not the row's, writes nothing. The marker keeps the
+/// row's fencing counter, as a finish does, and a second resolution finds it changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolve_exact_records_only_over_the_lock_in_doubt_it_was_shown() {
+    let server = PostgresServer::start();
+    let (store, pool) = setup(&server).await;
+    let unit = UnitOfWork::new("pg_doubt", "recorded").unwrap();
+
+    // What the operator is shown: the holder's token, the lapse and the memory left.
+    let holder = in_doubt(&store, &unit, Fencing::On).await;
+    let fence = holder.fencing_token();
+    let Some(UnitState::InDoubt {
+        token,
+        fencing_token,
+        expired_for,
+        forgotten_in,
+        ..
+    }) = store.read_unit(&unit).await.unwrap().map(|row| row.state)
+    else {
+        panic!("expected the unit in doubt");
+    };
+    assert_eq!((token.as_str(), fencing_token), (holder.as_str(), fence));
+    assert!(expired_for < Duration::from_secs(30), "{expired_for:?}");
+    assert!(
+        forgotten_in > Duration::from_secs(30) && forgotten_in <= Duration::from_secs(60),
+        "remembered a minute after it ran out: {forgotten_in:?}"
+    );
+
+    let other = UnitOfWork::new("pg_doubt", "other").unwrap();
+    let refused = store
+        .resolve_exact(&unit, &token, &record(&other, fence))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), StoreErrorKind::Configuration, "{refused}");
+    let not_the_holder = remembered();
+    let changed = resolve(&store, &unit, &not_the_holder, &record(&unit, fence)).await;
+    assert_eq!(changed, Resolved::Changed);
+    assert!(store.inspect(&unit).await.unwrap().in_doubt.is_some());
+
+    let resolution = record(&unit, fence);
+    // The token shown, as read.
+    let record_shown = || store.resolve_exact(&unit, &token, &resolution);
+    assert_eq!(record_shown().await.unwrap(), Resolved::Recorded);
+    match store.read_unit(&unit).await.unwrap().map(|row| row.state) {
+        Some(UnitState::Done { marker, ttl, .. }) => {
+            assert_eq!(Marker::decode(&marker).unwrap().fencing_token(), fence);
+            assert!(ttl > DAY / 2 && ttl <= DAY, "{ttl:?}");
+        }
+        other => panic!("expected the marker, got {other:?}"),
+    }
+    let kept = raw_row(&pool, "recorded").await.and_then(|row| row.2);
+    assert_eq!(kept.map(i64::unsigned_abs), fence);
+    assert_eq!(
+        record_shown().await.unwrap(),
+        Resolved::Changed,
+        "the row holds the marker now"
+    );
+}
+
+/// `resolve_exact` frees only a lock still in doubt: a fenced unit's row keeps its counter, as
+/// a release leaves it, and an unfenced unit's row goes; a lock its holder renewed is left
+/// alone (and its finish completes), and a unit whose memory ran out is free already.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolve_exact_frees_only_a_lock_still_in_doubt() {
+    let server = PostgresServer::start();
+    let (store, pool) = setup(&server).await;
+    let unit = |key: &str| UnitOfWork::new("pg_doubt", key).unwrap();
+
+    for (key, fencing) in [("freed-fenced", Fencing::On), ("freed", Fencing::Off)] {
+        let freed = unit(key);
+        let holder = in_doubt(&store, &freed, fencing).await;
+        assert_eq!(
+            free(&store, &freed, &holder).await,
+            Resolved::Freed,
+            "{key}"
+        );
+        assert_eq!(store.read_unit(&freed).await.unwrap(), None, "{key}");
+        let row = raw_row(&pool, key).await;
+        match fencing {
+            Fencing::On => assert!(
+                matches!(&row, Some((locked, None, Some(counter)))
+                    if locked == "locked" && Some(counter.unsigned_abs()) == holder.fencing_token()),
+                "{row:?}"
+            ),
+            _ => assert_eq!(row, None),
+        }
+        assert_eq!(free(&store, &freed, &holder).await, Resolved::Gone, "{key}");
+    }
+
+    let renewed = unit("renewed");
+    let holder = in_doubt(&store, &renewed, Fencing::On).await;
+    assert!(store.renew(&renewed, &holder, DAY).await.unwrap());
+    assert_eq!(free(&store, &renewed, &holder).await, Resolved::Changed);
+    let Resolution::Record { marker, .. } = record(&renewed, holder.fencing_token()) else {
+        unreachable!()
+    };
+    assert_eq!(
+        store.finish(&renewed, &holder, &marker, DAY).await.unwrap(),
+        Finish::Completed
+    );
+
+    let lapsed = unit("lapsed");
+    let short_memory = LockToken::generate().with_doubt_memory(Duration::from_millis(100));
+    store
+        .begin(
+            &lapsed,
+            &short_memory,
+            Duration::from_millis(100),
+            Fencing::Off,
+        )
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while store.read_unit(&lapsed).await.unwrap().is_some() {
+        assert!(std::time::Instant::now() < deadline, "never forgotten");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let gone = resolve(&store, &lapsed, &short_memory, &record(&lapsed, None)).await;
+    assert_eq!(gone, Resolved::Gone);
+    assert_eq!(
+        raw_row(&pool, "lapsed").await.map(|row| row.0),
+        Some("locked".to_owned()),
+        "the lapsed row, untouched until the purge"
+    );
+}
+
+/// Operators resolving a unit in doubt while deliveries take it over, all at once, several
+/// times over: exactly one of them settles it. A recording wins once, and the deliveries that
+/// follow find its marker; or a delivery takes it over, and every resolution finds it changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn resolutions_racing_takeovers_settle_the_unit_once() {
+    let server = PostgresServer::start();
+    let (store, _pool) = setup(&server).await;
+    for round in 0..20 {
+        let unit = UnitOfWork::new("pg_doubt", format!("race-{round}")).unwrap();
+        let holder = in_doubt(&store, &unit, Fencing::On).await;
+        let mut racing = tokio::task::JoinSet::new();
+        for racer in 0..8 {
+            let (store, unit, holder) = (store.clone(), unit.clone(), holder.clone());
+            racing.spawn(async move {
+                if racer % 2 == 0 {
+                    let resolution = record(&unit, holder.fencing_token());
+                    let resolved = store.resolve_exact(&unit, holder.as_str(), &resolution);
+                    resolved.await.unwrap() == Resolved::Recorded
+                } else {
+                    let token = remembered();
+                    let begun = store.begin(&unit, &token, DAY, Fencing::On).await.unwrap();
+                    matches!(
+                        begun,
+                        Begin::Acquired {
+                            in_doubt: Some(_),
+                            ..
+                        }
+                    )
+                }
+            });
+        }
+        let winners = racing
+            .join_all()
+            .await
+            .into_iter()
+            .filter(|won| *won)
+            .count();
+        assert_eq!(winners, 1, "round {round}");
+    }
 }

@@ -27,7 +27,7 @@ use std::ops::ControlFlow;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use idempotask::operator::{Forgot, Marker, Resolution, Resolved};
+use idempotask::operator::{Forgot, Resolution, Resolved};
 use idempotask::store::{StoreError, StoreErrorKind, UnitOfWork, ttl_millis};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, RedisError, Script, Value};
@@ -165,44 +165,6 @@ fn resolved_from_reply(reply: &Value, resolution: &Resolution) -> Option<Resolve
         Value::Int(-1) => Some(Resolved::Changed),
         _ => None,
     }
-}
-
-/// Input: a resolution for `unit`. Output: the marker to store (`None` to free it) and its TTL
-/// in ms, or why the marker is refused: it must be one that a delivery of `unit` reads.
-fn resolution_args<'a>(
-    unit: &UnitOfWork,
-    resolution: &'a Resolution,
-) -> Result<Option<(&'a [u8], u64)>, StoreError> {
-    let (marker, result_ttl) = match resolution {
-        Resolution::Record {
-            marker, result_ttl, ..
-        } => (marker, *result_ttl),
-        Resolution::Free => return Ok(None),
-        // A resolution a later core adds, which this store cannot carry out.
-        other => {
-            return Err(StoreError::new(
-                "resolve",
-                StoreErrorKind::Configuration,
-                format!("this version of idempotask-redis cannot carry out {other:?}"),
-            ));
-        }
-    };
-    let refused = |why: String| {
-        StoreError::new(
-            "resolve",
-            StoreErrorKind::Configuration,
-            format!("refusing to record that marker: {why}"),
-        )
-    };
-    let decoded = Marker::decode(marker).map_err(|err| refused(err.to_string()))?;
-    if decoded.key() != unit.key() {
-        return Err(refused(format!(
-            "it was written for key `{}`, not `{}`",
-            decoded.key(),
-            unit.key()
-        )));
-    }
-    Ok(Some((marker, ttl_millis(result_ttl))))
 }
 
 /// One task's keys as [`list_task`](crate::RedisStore::list_task) found them.
@@ -374,7 +336,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         shown: &[u8],
         resolution: &Resolution,
     ) -> Result<Resolved, StoreError> {
-        let marker = resolution_args(unit, resolution)?;
+        let marker = resolution
+            .marker_to_store(unit)?
+            .map(|(marker, result_ttl)| (marker, ttl_millis(result_ttl)));
         let args = |cmd: &mut Cmd| {
             match marker {
                 Some((marker, ttl)) => cmd.arg(marker).arg(ttl),
