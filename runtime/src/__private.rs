@@ -132,7 +132,11 @@ where
     A: Future<Output = Result<crate::Reconciled<T>, E>>,
     C: FnOnce(crate::TaskContext) -> A,
 {
-    let body = crate::call::reconciled_first(reconcile.0, async move { body.await.into_result() });
+    let body =
+        crate::call::reconcile::reconciled_first(
+            reconcile.0,
+            async move { body.await.into_result() },
+        );
     call.drive(Box::pin(body), |result| {
         R::from_result(result.map(|report| report.value))
     })

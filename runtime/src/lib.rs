@@ -34,7 +34,8 @@ mod ttl;
 mod unit;
 
 pub use backoff::Backoff;
-pub use call::{Call, Reconciled, Reconciling};
+pub use call::Call;
+pub use call::reconcile::{Reconciled, Reconciling};
 pub use context::{TaskContext, context};
 pub use doubt::{DEFAULT_DOUBT_MEMORY, InDoubt};
 pub use error::{CallerKey, CodecErrorKind, Error};

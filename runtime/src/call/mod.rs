@@ -24,11 +24,8 @@ use crate::unit::{LockToken, UnitOfWork};
 use begin::{Start, begin, stored_marker, unreadable};
 
 mod begin;
-mod reconcile;
+pub(crate) mod reconcile;
 mod transaction;
-
-pub(crate) use reconcile::reconciled_first;
-pub use reconcile::{Reconciled, Reconciling};
 
 /// One delivery of a [`Task`] for one caller key; [`run`](Self::run) it with the body.
 #[derive(Debug)]
