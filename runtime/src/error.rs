@@ -55,8 +55,8 @@ pub enum Error {
     /// happened, then record a result or free the unit (`idempotask resolve`). Every later
     /// delivery gets this error until then.
     #[error(
-        "task `{task}` with key `{key}` is in doubt: an earlier delivery's lock ran out {} ago without a release or a result; nothing ran, an operator must resolve it",
-        crate::error::millis_text(&.doubt.expired_for)
+        "task `{task}` with key `{key}` is in doubt: an earlier delivery's lock ran out {} ms ago without a release or a result; nothing ran, an operator must resolve it",
+        .doubt.expired_for.as_millis()
     )]
     #[non_exhaustive]
     InDoubt {
@@ -499,11 +499,6 @@ pub(crate) fn held_in_doubt(unit: &UnitOfWork, doubt: crate::store::Doubt) -> Er
         key: CallerKey::plain(unit.key()),
         doubt,
     }
-}
-
-/// A duration as `1234 ms` in messages.
-pub(crate) fn millis_text(duration: &Duration) -> String {
-    format!("{} ms", duration.as_millis())
 }
 
 /// Stores find a unit by a digest of its key; the marker's own copy of the key tells a digest
