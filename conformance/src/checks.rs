@@ -106,6 +106,7 @@ macro_rules! __checks {
                 doubt::a_unit_left_in_doubt_stays_in_doubt_until_its_memory_ends,
                 doubt::hold_keeps_every_delivery_of_a_unit_in_doubt_from_running,
                 doubt::a_unit_stays_in_doubt_until_a_result_is_recorded,
+                doubt::a_takeover_keeps_the_doubt_it_found,
                 doubt::reconcile_records_what_the_downstream_system_knows,
             ]
         }

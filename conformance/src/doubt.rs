@@ -301,6 +301,57 @@ pub async fn a_unit_stays_in_doubt_until_a_result_is_recorded(store: SharedStore
     assert_eq!(report.value, 2);
 }
 
+/// Checks that the lock of a delivery that took a unit over in doubt carries the doubt: asked
+/// again with its token (a retry whose first reply was lost), `begin` answers the same doubt,
+/// and a release leaves the unit in doubt instead of freeing it, fenced or not. Only a result
+/// recorded ends a doubt: a delivery that cannot tell whether it took the unit over (its
+/// `begin` timed out) releases, and must not erase what the earlier one may have done.
+///
+/// # Panics
+/// When the store does not.
+#[doc = example!(a_takeover_keeps_the_doubt_it_found)]
+pub async fn a_takeover_keeps_the_doubt_it_found(store: SharedStore) {
+    for fencing in [Fencing::Off, Fencing::On] {
+        let unit = unit(&format!("doubt-8-{fencing:?}"));
+        let earlier = abandoned(&store, &unit, fencing).await;
+        let token = remembered();
+        let (granted, doubt) = taken_over(store.begin(&unit, &token, LONG, fencing).await.unwrap());
+        assert_eq!(doubt.fencing_token, earlier);
+        let (again, repeated) =
+            taken_over(store.begin(&unit, &token, LONG, fencing).await.unwrap());
+        assert_eq!(
+            (again, repeated.fencing_token),
+            (granted, earlier),
+            "a repeated begin must answer the grant and the doubt it took over"
+        );
+        // Whole milliseconds on the store's clock: at most one apart.
+        assert!(
+            repeated.expired_for.abs_diff(doubt.expired_for) <= Duration::from_millis(1),
+            "the doubt taken over was {doubt:?}, the repeated begin said {repeated:?}"
+        );
+        let token = match granted {
+            Some(fence) => token.with_fencing_token(fence),
+            None => token,
+        };
+        assert!(store.release(&unit, &token).await.unwrap());
+        let seen = store.inspect(&unit).await.unwrap();
+        assert!(
+            !seen.is_locked() && seen.in_doubt.is_some(),
+            "a released takeover must leave the unit in doubt: {seen:?}"
+        );
+        let (next, doubt) = taken_over(
+            store
+                .begin(&unit, &remembered(), LONG, fencing)
+                .await
+                .unwrap(),
+        );
+        assert_eq!(doubt.fencing_token, granted);
+        if let (Some(next), Some(granted)) = (next, granted) {
+            assert!(next > granted, "fencing tokens must go on increasing");
+        }
+    }
+}
+
 /// Checks a reconcile function on a unit in doubt: the result it found is stored and
 /// replayed, and the body does not run; "not done" runs the body; a unit that was free never
 /// calls it.
