@@ -30,7 +30,7 @@ pub const DEFAULT_DOUBT_MEMORY: Duration = Duration::from_secs(24 * 60 * 60);
 /// assert_eq!(doubt.fencing_token, Some(1_764_460_000_123_456));
 /// assert_eq!(doubt.expired_for, Duration::from_secs(3));
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct Doubt {
     /// The earlier delivery's fencing token, when its task used fencing: pass it to the

@@ -300,6 +300,8 @@ struct Holder {
     random: HexBuf,
     doubt_memory: Duration,
     takes_over_doubt: bool,
+    /// Set once the lock took over a unit in doubt.
+    took_over: Option<crate::store::Doubt>,
 }
 
 impl LockToken {
@@ -310,6 +312,7 @@ impl LockToken {
                 random: HexBuf::of(&rand::random::<[u8; 16]>()),
                 doubt_memory: Duration::ZERO,
                 takes_over_doubt: true,
+                took_over: None,
             }),
             fencing_token: None,
         }
@@ -362,6 +365,33 @@ impl LockToken {
     /// [`leaving_doubt`](Self::leaving_doubt)).
     pub fn takes_over_doubt(&self) -> bool {
         self.holder.takes_over_doubt
+    }
+
+    /// The same holder once its lock took over a unit [in doubt](crate::store::Doubt): the
+    /// store keeps that doubt with the lock, and answers it again to a repeated `begin`. A
+    /// store that keeps a lock as one value keeps the doubt in it too, which is why the token
+    /// carries it (the runner sets it from what `begin` answered).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotask::store::{Doubt, LockToken};
+    /// let token = LockToken::generate();
+    /// assert_eq!(token.doubt_taken_over(), None);
+    /// let doubt = Doubt::new(Some(7), Duration::from_secs(3));
+    /// let granted = token.clone().taking_over(doubt);
+    /// assert_eq!(granted.doubt_taken_over(), Some(&doubt));
+    /// assert_eq!(granted.as_str(), token.as_str());
+    /// ```
+    #[must_use]
+    pub fn taking_over(mut self, doubt: crate::store::Doubt) -> Self {
+        Arc::make_mut(&mut self.holder).took_over = Some(doubt);
+        self
+    }
+
+    /// The doubt this holder's lock took over, if it did; see
+    /// [`taking_over`](Self::taking_over).
+    pub fn doubt_taken_over(&self) -> Option<&crate::store::Doubt> {
+        self.holder.took_over.as_ref()
     }
 
     /// The same holder once its lock was granted with `fencing_token`.

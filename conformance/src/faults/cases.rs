@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use idempotask::operator::{Marker, Status, StoredResult};
 use idempotask::store::{Fencing, LockToken, SharedStore, Store, UnitOfWork};
-use idempotask::{Error, Outcome, Report, RetryPolicy, Task};
+use idempotask::{Error, InDoubt, Outcome, Report, RetryPolicy, Task};
 use tokio::time::Instant;
 
 use super::probe::{Faulty, IN_CALL, Plan, Point, Probe};
@@ -32,6 +32,8 @@ pub(super) enum Prior {
     Done,
     /// Another delivery holds the lock for longer than the case lasts.
     Held,
+    /// Another delivery's lock ran out without a release or a result: the unit is in doubt.
+    Lapsed,
 }
 
 /// What the body of a delivery does.
@@ -60,11 +62,17 @@ pub(super) struct Shape {
     pub(super) body: Body,
     pub(super) fencing: bool,
     pub(super) caller: Caller,
+    pub(super) in_doubt: InDoubt,
 }
 
 impl Shape {
     pub(super) fn runs_a_body(&self) -> bool {
-        self.caller != Caller::Operator && self.prior == Prior::Nothing
+        self.caller != Caller::Operator
+            && match self.prior {
+                Prior::Nothing => true,
+                Prior::Lapsed => self.in_doubt != InDoubt::Hold,
+                Prior::Done | Prior::Held => false,
+            }
     }
 }
 
@@ -76,9 +84,10 @@ const PLAIN: Shape = Shape {
     caller: Caller::Delivery {
         other_arguments: false,
     },
+    in_doubt: InDoubt::Rerun,
 };
 
-pub(super) const SHAPES: [Shape; 8] = [
+pub(super) const SHAPES: [Shape; 11] = [
     PLAIN,
     Shape {
         name: "fresh, fenced",
@@ -111,6 +120,23 @@ pub(super) const SHAPES: [Shape; 8] = [
     Shape {
         name: "the unit is held",
         prior: Prior::Held,
+        ..PLAIN
+    },
+    Shape {
+        name: "taken over in doubt",
+        prior: Prior::Lapsed,
+        ..PLAIN
+    },
+    Shape {
+        name: "taken over in doubt, fenced",
+        prior: Prior::Lapsed,
+        fencing: true,
+        ..PLAIN
+    },
+    Shape {
+        name: "held in doubt",
+        prior: Prior::Lapsed,
+        in_doubt: InDoubt::Hold,
         ..PLAIN
     },
     Shape {
@@ -159,6 +185,7 @@ fn task(shape: &Shape, retry: RetryPolicy) -> Task {
     .lock_ttl(LOCK_TTL)
     .fencing(shape.fencing)
     .renew(shape.body == Body::OutlastsARenewal)
+    .in_doubt(shape.in_doubt)
     .retry(retry)
 }
 
@@ -275,8 +302,30 @@ async fn prepare(
             );
             None
         }
+        Prior::Lapsed => {
+            // A worker killed after its `begin`: its lock runs out, and the store remembers it.
+            let killed = LockToken::generate().with_doubt_memory(LONG);
+            let fencing = if shape.fencing {
+                Fencing::On
+            } else {
+                Fencing::Off
+            };
+            let taken = store.begin(unit, &killed, ABANDONED_TTL, fencing).await;
+            assert!(
+                matches!(
+                    taken,
+                    Ok(idempotask::store::Begin::Acquired { in_doubt: None, .. })
+                ),
+                "setting up a unit in doubt: {taken:?}"
+            );
+            tokio::time::sleep(ABANDONED_TTL * 2).await;
+            None
+        }
     }
 }
+
+/// The lock TTL of the delivery that leaves a unit in doubt.
+const ABANDONED_TTL: Duration = Duration::from_millis(100);
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -405,6 +454,12 @@ fn check_ending(
                 // reports the case rather than pass it.
                 _ => false,
             };
+            if ran && shape.prior == Prior::Lapsed && report.in_doubt.is_none() {
+                wrong(format!(
+                    "the body of a unit taken over in doubt ran without being told ({:?})",
+                    report.outcome
+                ));
+            }
             if !fits {
                 wrong(format!(
                     "the call answered {:?} {:?} (its body {}) while the store holds {stored:?}",
@@ -419,6 +474,9 @@ fn check_ending(
                 CaseError::Body => shape.body == Body::Fails && ran && stored.is_none(),
                 CaseError::Call(Error::Store(_)) => !ran && stored == prior,
                 CaseError::Call(Error::Contended { .. }) => shape.prior == Prior::Held && !ran,
+                CaseError::Call(Error::InDoubt { .. }) => {
+                    shape.in_doubt == InDoubt::Hold && shape.prior == Prior::Lapsed && !ran
+                }
                 CaseError::Call(Error::KeyReuse { .. }) => {
                     shape.caller
                         == Caller::Delivery {
@@ -440,7 +498,8 @@ fn check_ending(
 }
 
 /// A later delivery, with the store healthy: it must find the unit runnable (or done) within
-/// its lock TTL, and replay exactly what is stored.
+/// its lock TTL, and replay exactly what is stored. A unit that was in doubt before the call
+/// and has no result is still in doubt: only a result ends a doubt.
 async fn redeliver(faulty: &Faulty, shape: &Shape, key: &str, stored: Option<u32>, since: Instant) {
     let patient = RetryPolicy::new()
         .max_attempts(u32::MAX)
@@ -449,7 +508,16 @@ async fn redeliver(faulty: &Faulty, shape: &Shape, key: &str, stored: Option<u32
     let again = deliver(faulty, &task, key, "a", Body::Succeeds).await;
     let waited = since.elapsed();
     let probe = &faulty.probe;
+    let still_in_doubt = shape.prior == Prior::Lapsed && stored.is_none();
     match again {
+        Some(Err(CaseError::Call(Error::InDoubt { .. })))
+            if still_in_doubt && shape.in_doubt == InDoubt::Hold => {}
+        Some(Ok(report)) if shape.in_doubt == InDoubt::Hold && still_in_doubt => {
+            probe.violation(format!(
+                "the next delivery of a held unit in doubt answered {:?}: it ran",
+                report.outcome
+            ));
+        }
         Some(Ok(report)) => {
             let expected = if stored.is_some() {
                 Outcome::Replayed
@@ -461,6 +529,11 @@ async fn redeliver(faulty: &Faulty, shape: &Shape, key: &str, stored: Option<u32
                     "the next delivery answered {:?} {} while the store held {stored:?}",
                     report.outcome, report.value
                 ));
+            }
+            if still_in_doubt && report.in_doubt.is_none() {
+                probe.violation(
+                    "the unit was in doubt and no result was recorded, yet the next delivery was not told",
+                );
             }
         }
         other => probe.violation(format!(

@@ -257,13 +257,14 @@ impl Call<'_> {
             }
         };
         observation.fencing_token(fencing_token);
-        // A unit taken over in doubt stays in doubt until a result is recorded.
-        let doubted = in_doubt.is_some();
-        if doubted {
+        // From here on the store recognises our lock by its token, fencing token and the doubt
+        // it took over; a unit taken over in doubt stays in doubt until a result is recorded.
+        let mut token = token.granted(fencing_token);
+        if let Some(doubt) = &in_doubt {
             on_drop.keep_doubt();
+            token = token.taking_over(**doubt);
         }
-        // From here on the store recognises our lock by its token and fencing token.
-        let token = token.granted(fencing_token);
+        let doubted = in_doubt.is_some();
         let context = TaskContext::new(unit.clone(), fencing_token, attempts, Arc::clone(&lease))
             .with_doubt(in_doubt.clone());
         let guarded = context.scope(catching_panics(body));

@@ -135,7 +135,10 @@ impl Call<'_> {
                 return Err((err, Ending::Failed));
             }
         };
-        let token = token.granted(fencing_token);
+        let mut token = token.granted(fencing_token);
+        if let Some(doubt) = &in_doubt {
+            token = token.taking_over(**doubt);
+        }
         let marker = self.marker_for(&unit, &token, &value);
         transaction
             .commit(&unit, &token, &marker, self.task.kept_for())

@@ -119,6 +119,9 @@ enum Entry {
         token: LockToken,
         fencing_token: Option<u64>,
         lapses_at: Instant,
+        /// The doubt this lock took over, if it did: a repeated `begin` answers it again, and a
+        /// release leaves the lock to run out instead of freeing the unit.
+        took_over: Option<Box<Doubt>>,
     },
     Done(Arc<[u8]>),
     /// A released fenced lock, kept so that the next grant's fencing token is higher.
@@ -245,12 +248,13 @@ fn released(fencing_token: u64, now: Instant) -> Expiring<Entry> {
 }
 
 /// `token`'s lock with `fencing_token`, held for `lock_ttl` from `now` and remembered for the
-/// token's doubt memory after that.
+/// token's doubt memory after that; `took_over` is the doubt it took over, if it did.
 fn locked(
     token: &LockToken,
     fencing_token: Option<u64>,
     lock_ttl: Duration,
     now: Instant,
+    took_over: Option<Box<Doubt>>,
 ) -> Expiring<Entry> {
     let lapses_at = expiry(now, lock_ttl);
     Expiring {
@@ -258,6 +262,7 @@ fn locked(
             token: token.clone(),
             fencing_token,
             lapses_at,
+            took_over,
         },
         until: expiry(lapses_at, token.doubt_memory()),
     }
@@ -292,11 +297,15 @@ impl Store for MemoryStore {
                         Entry::Locked {
                             token: held,
                             fencing_token,
+                            took_over,
                             ..
                         },
                     ..
                 }) if held.as_str() == token.as_str() => {
-                    return Begin::acquired(*fencing_token);
+                    return Begin::Acquired {
+                        fencing_token: *fencing_token,
+                        in_doubt: took_over.clone(),
+                    };
                 }
                 Some(Expiring {
                     value: held @ Entry::Locked { fencing_token, .. },
@@ -311,8 +320,18 @@ impl Store for MemoryStore {
                     }
                     let fencing_token = (fencing == Fencing::On || fencing_token.is_some())
                         .then(|| next_fencing_token(fencing_token.unwrap_or(0)));
-                    *slot = Some(locked(token, fencing_token, lock_ttl, now));
-                    return Begin::taken_over(fencing_token, doubt);
+                    let doubt = Box::new(doubt);
+                    *slot = Some(locked(
+                        token,
+                        fencing_token,
+                        lock_ttl,
+                        now,
+                        Some(doubt.clone()),
+                    ));
+                    return Begin::Acquired {
+                        fencing_token,
+                        in_doubt: Some(doubt),
+                    };
                 }
                 Some(Expiring {
                     value: Entry::Released { fencing_token },
@@ -324,7 +343,7 @@ impl Store for MemoryStore {
             // task did not ask for fencing.
             let fencing_token =
                 (fencing == Fencing::On || last > 0).then(|| next_fencing_token(last));
-            *slot = Some(locked(token, fencing_token, lock_ttl, now));
+            *slot = Some(locked(token, fencing_token, lock_ttl, now, None));
             Begin::acquired(fencing_token)
         }))
     }
@@ -389,15 +408,27 @@ impl Store for MemoryStore {
                     Entry::Locked {
                         token: held,
                         fencing_token,
-                        ..
+                        took_over,
+                        lapses_at,
                     },
                 ..
-            }) = slot.as_ref()
+            }) = slot.as_mut()
             else {
                 return false;
             };
             if held.as_str() != token.as_str() {
                 return false;
+            }
+            if took_over.is_some() && *lapses_at <= now {
+                return true;
+            }
+            if took_over.is_some() {
+                // Only a result ends a doubt: the lock runs out now (if it has not yet) and is
+                // remembered.
+                let (held, fencing_token, took_over) =
+                    (held.clone(), *fencing_token, took_over.take());
+                *slot = Some(locked(&held, fencing_token, Duration::ZERO, now, took_over));
+                return true;
             }
             *slot = fencing_token.map(|fencing_token| released(fencing_token, now));
             true
@@ -411,11 +442,24 @@ impl Store for MemoryStore {
         lock_ttl: Duration,
     ) -> Result<bool, StoreError> {
         Ok(self.with_entry(unit, |slot, now| {
-            let held = holds(slot.as_ref(), token);
-            if held {
-                *slot = Some(locked(token, token.fencing_token(), lock_ttl, now));
+            if !holds(slot.as_ref(), token) {
+                return false;
             }
-            held
+            let took_over = match slot.take() {
+                Some(Expiring {
+                    value: Entry::Locked { took_over, .. },
+                    ..
+                }) => took_over,
+                _ => None,
+            };
+            *slot = Some(locked(
+                token,
+                token.fencing_token(),
+                lock_ttl,
+                now,
+                took_over,
+            ));
+            true
         }))
     }
 

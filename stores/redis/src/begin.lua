@@ -4,9 +4,12 @@
 -- KEYS[1] the unit's key
 -- ARGV[1] lock token, ARGV[2] lock TTL in ms, ARGV[3] doubt memory in ms (0: none),
 -- ARGV[4] '1' for a fencing token, ARGV[5] '1' to take over a unit in doubt
--- Values: D… marker | L<token>[~<memory>][.<fence>] lock | T<fence> released fenced lock
+-- Values: D… marker | L<token>[~<memory>][!<expired ms>[:<earlier fence>]][.<fence>] lock
+--   | T<fence> released fenced lock
 -- A lock with a memory is kept for its TTL plus that memory: it ran out once its key has no
 -- more than the memory left (the server's clock), and the unit is in doubt from then on.
+-- `!` marks a lock that took over a unit in doubt, with the doubt it found: a repeated begin
+-- answers it again, and release.lua lets such a lock run out rather than delete it.
 -- Returns {1, marker} done | {2, fence or -1} acquired | {3, lock PTTL in ms} busy
 --   | {4} foreign value | {5, fence or -1, expired ms, earlier fence or -1} taken over in doubt
 --   | {6, expired ms, earlier fence or -1} in doubt, left alone (nothing written)
@@ -21,7 +24,8 @@ if value then
   if tag == 'D' then
     return {1, value}
   elseif tag == 'L' then
-    local holder, kept, fence = string.match(value, '^L([^~.]*)~?(%d*)%.?(%d*)$')
+    local holder, kept, took, found, fence =
+      string.match(value, '^L([^~!.]*)~?(%d*)(!?%d*):?(%d*)%.?(%d*)$')
     if not holder then
       return {4}
     end
@@ -29,6 +33,9 @@ if value then
       -- A repeated call whose first reply was lost already holds the lock. Its expiry counts
       -- from that first call: set it from this one, as the caller counts.
       redis.call('PEXPIRE', KEYS[1], key_ms)
+      if took ~= '' then
+        return {5, tonumber(fence) or -1, tonumber(string.sub(took, 2)) or 0, tonumber(found) or -1}
+      end
       return {2, tonumber(fence) or -1}
     end
     local left = redis.call('PTTL', KEYS[1])
@@ -55,6 +62,12 @@ end
 local lock = 'L' .. ARGV[1]
 if memory > 0 then
   lock = lock .. '~' .. ARGV[3]
+end
+if expired then
+  lock = lock .. '!' .. string.format('%.0f', expired)
+  if earlier >= 0 then
+    lock = lock .. ':' .. string.format('%.0f', earlier)
+  end
 end
 local granted = -1
 if ARGV[4] == '1' or last > 0 then

@@ -1,7 +1,13 @@
 //! What a unit's key holds while it is not done: the lock of one delivery,
-//! `L<token>[~<doubt memory in ms>][.<fencing token>]`, and after a fenced lock was released,
-//! `T<fencing token>`, which keeps the last fencing token so that the next grant's is higher.
-//! The marker (`D…`) is [`Marker`](idempotask::operator::Marker)'s.
+//! `L<token>[~<doubt memory in ms>][!<expired ms>[:<earlier fencing token>]][.<fencing token>]`,
+//! and after a fenced lock was released, `T<fencing token>`, which keeps the last fencing token
+//! so that the next grant's is higher. The marker (`D…`) is
+//! [`Marker`](idempotask::operator::Marker)'s.
+//!
+//! `!` marks a lock that took over a unit in doubt, with the doubt it found: how long the
+//! earlier lock had run out, and its fencing token. A `begin` repeated with the same token
+//! answers that doubt again, and a release leaves such a lock to run out (remembered) instead
+//! of deleting it: only a result ends a doubt.
 //!
 //! A lock with a doubt memory `m` is kept for its TTL plus `m`: the key's expiry is the end of
 //! the memory, and the lock itself ran out once the key has `m` ms or less left (the server's
@@ -10,16 +16,24 @@
 
 use std::time::Duration;
 
-use idempotask::store::Begin;
 use idempotask::store::LockToken;
+use idempotask::store::{Begin, Doubt};
 
 pub(super) const LOCK_TAG: u8 = b'L';
 pub(super) const RELEASED_TAG: u8 = b'T';
 
-/// The value of `token`'s lock: `L<token>[~<doubt memory>]`, with `.<fencing token>` once
-/// granted with one.
+/// The value of `token`'s lock: `L<token>[~<doubt memory>]`, with the doubt it took over and
+/// `.<fencing token>` once granted with them.
 pub(super) fn lock_value(token: &LockToken) -> String {
     let mut value = holder_value(token);
+    if let Some(doubt) = token.doubt_taken_over() {
+        value.push('!');
+        push_decimal(&mut value, ttl_millis_of(doubt.expired_for));
+        if let Some(earlier) = doubt.fencing_token {
+            value.push(':');
+            push_decimal(&mut value, earlier);
+        }
+    }
     if let Some(fence) = token.fencing_token() {
         value.push('.');
         push_decimal(&mut value, fence);
@@ -57,6 +71,11 @@ fn push_decimal(value: &mut String, mut number: u64) {
     value.extend(digits[start..].iter().map(|&digit| char::from(digit)));
 }
 
+/// A duration in whole milliseconds, as the scripts count them.
+fn ttl_millis_of(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// How long the store keeps `token`'s lock after it ran out, in ms (0: not at all).
 pub(super) fn memory_millis(token: &LockToken) -> u64 {
     let memory = token.doubt_memory();
@@ -81,6 +100,8 @@ pub(super) struct LockParts<'a> {
     pub(super) memory_ms: u64,
     /// The fencing token it was granted with.
     pub(super) fencing_token: Option<u64>,
+    /// The doubt it took over, if it did.
+    pub(super) took_over: Option<Doubt>,
 }
 
 impl LockParts<'_> {
@@ -95,13 +116,26 @@ impl LockParts<'_> {
     }
 }
 
-/// Input: `L<token>[~<memory>][.<fencing token>]`. Output: its parts.
+/// Input: `L<token>[~<memory>][!<expired ms>[:<earlier fence>]][.<fencing token>]`. Output:
+/// its parts.
 pub(super) fn lock_parts(value: &[u8]) -> Option<LockParts<'_>> {
     let number = |digits: &[u8]| -> Option<u64> { std::str::from_utf8(digits).ok()?.parse().ok() };
     let rest = value.strip_prefix(&[LOCK_TAG])?;
     let (rest, fencing_token) = match rest.iter().rposition(|&b| b == b'.') {
         None => (rest, None),
         Some(dot) => (&rest[..dot], Some(number(&rest[dot + 1..])?)),
+    };
+    let (rest, took_over) = match rest.iter().position(|&b| b == b'!') {
+        None => (rest, None),
+        Some(bang) => {
+            let doubt = &rest[bang + 1..];
+            let (expired, earlier) = match doubt.iter().position(|&b| b == b':') {
+                None => (doubt, None),
+                Some(colon) => (&doubt[..colon], Some(number(&doubt[colon + 1..])?)),
+            };
+            let expired = Duration::from_millis(number(expired)?);
+            (&rest[..bang], Some(Doubt::new(earlier, expired)))
+        }
     };
     let (holder, memory_ms) = match rest.iter().position(|&b| b == b'~') {
         None => (rest, 0),
@@ -111,14 +145,18 @@ pub(super) fn lock_parts(value: &[u8]) -> Option<LockParts<'_>> {
         holder,
         memory_ms,
         fencing_token,
+        took_over,
     })
 }
 
 /// `Acquired` when the stored `value` is a lock taken with `token` (a repeated call whose first
-/// reply was lost), with the fencing token it was granted.
+/// reply was lost), with the fencing token it was granted and the doubt it took over.
 pub(super) fn own_lock(value: &[u8], token: &LockToken) -> Option<Begin> {
     let parts = lock_parts(value)?;
-    (parts.holder == token.as_str().as_bytes()).then(|| Begin::acquired(parts.fencing_token))
+    (parts.holder == token.as_str().as_bytes()).then(|| match parts.took_over {
+        Some(doubt) => Begin::taken_over(parts.fencing_token, doubt),
+        None => Begin::acquired(parts.fencing_token),
+    })
 }
 
 #[cfg(test)]
@@ -152,6 +190,7 @@ mod tests {
                 holder,
                 memory_ms,
                 fencing_token,
+                took_over: None,
             })
         };
         assert_eq!(lock_parts(b"Labc.7"), parts(b"abc", 0, Some(7)));
@@ -177,6 +216,24 @@ mod tests {
             ),
             acquired(Some(9))
         );
+        let doubt = Doubt::new(Some(41), Duration::from_millis(250));
+        let successor = remembered.clone().taking_over(doubt).with_fencing_token(42);
+        let value = lock_value(&successor);
+        assert_eq!(value, format!("L{}~2000!250:41.42", token.as_str()));
+        assert_eq!(
+            own_lock(value.as_bytes(), &remembered),
+            Some(Begin::taken_over(Some(42), doubt))
+        );
+        let unfenced = Doubt::new(None, Duration::from_millis(3));
+        let value = lock_value(&remembered.clone().taking_over(unfenced));
+        assert_eq!(value, format!("L{}~2000!3", token.as_str()));
+        assert_eq!(
+            lock_parts(value.as_bytes()).map(|parts| (parts.memory_ms, parts.took_over)),
+            Some((2000, Some(unfenced)))
+        );
+        for damaged in ["Labc~500!", "Labc~500!x", "Labc~500!3:", "Labc~500!3:y.7"] {
+            assert_eq!(lock_parts(damaged.as_bytes()), None, "{damaged}");
+        }
         let lapsed = lock_parts(b"Labc~500").unwrap();
         assert_eq!(
             lapsed.left(Duration::from_millis(800)),

@@ -26,7 +26,7 @@ end
 if value ~= ARGV[1] then
   return -1
 end
-local kept, fence = string.match(value, '^L[^~.]*~(%d+)%.?(%d*)$')
+local kept, fence = string.match(value, '^L[^~!.]*~(%d+)!?%d*:?%d*%.?(%d*)$')
 local left = redis.call('PTTL', KEYS[1])
 if not kept or left < 0 or left > tonumber(kept) then
   return -1

@@ -317,18 +317,21 @@ impl Inner {
         }
     }
 
-    /// Takes the quorum's fencing token `fence` into the locks granted with another counter
-    /// (`grants` holds each granting server and the token its lock holds); answers the grants
-    /// that now hold `fence`.
+    /// Makes the locks of one round's grants hold one value, the quorum's `raised`: its
+    /// fencing token (the highest that the granting servers gave), and the doubt the round
+    /// took over (each server counts its own; the holder's later `renew` and `finish` compare
+    /// the whole value). `grants` holds each granting server and the token its lock holds;
+    /// answers the grants that now hold `raised`, and those left as they were.
     pub(super) async fn raise(
         &self,
         unit: &UnitOfWork,
         grants: Vec<(usize, LockToken)>,
         raised: &LockToken,
     ) -> (Vec<(usize, LockToken)>, Vec<(usize, LockToken)>) {
-        let (done, lower): (Vec<_>, Vec<_>) = grants
-            .into_iter()
-            .partition(|(_, token)| token.fencing_token() == raised.fencing_token());
+        let (done, lower): (Vec<_>, Vec<_>) = grants.into_iter().partition(|(_, token)| {
+            token.fencing_token() == raised.fencing_token()
+                && token.doubt_taken_over() == raised.doubt_taken_over()
+        });
         if lower.is_empty() {
             return (done, Vec::new());
         }

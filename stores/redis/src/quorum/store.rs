@@ -82,9 +82,13 @@ impl Store for RedlockStore {
             .iter()
             .filter_map(|(_, token)| token.fencing_token())
             .max();
-        let granted = token.clone().granted(fence);
+        let doubt = merged(&doubts);
+        let mut granted = token.clone().granted(fence);
+        if let Some(doubt) = doubt {
+            granted = granted.taking_over(doubt);
+        }
         let mut left = Vec::new();
-        if fence.is_some() && grants.len() >= quorum {
+        if (fence.is_some() || doubt.is_some()) && grants.len() >= quorum {
             (grants, left) = inner.raise(unit, grants, &granted).await;
         }
         let validity = lock_ttl
@@ -94,7 +98,7 @@ impl Store for RedlockStore {
             if !left.is_empty() {
                 inner.release_grants(unit, &left).await;
             }
-            return Ok(match merged(&doubts) {
+            return Ok(match doubt {
                 Some(doubt) => Begin::taken_over(fence, doubt),
                 None => Begin::acquired(fence),
             });
@@ -433,13 +437,13 @@ impl Round {
                     in_doubt,
                     ..
                 }) => {
-                    round
-                        .grants
-                        .push((index, token.clone().granted(fencing_token)));
+                    let mut granted = token.clone().granted(fencing_token);
                     if let Some(doubt) = in_doubt {
+                        granted = granted.taking_over(*doubt);
                         round.doubts.push(*doubt);
                         round.doubted.push(index);
                     }
+                    round.grants.push((index, granted));
                 }
                 Ok(Begin::InDoubt(doubt)) => {
                     round.left_alone = true;
