@@ -175,8 +175,7 @@ impl PostgresStoreBuilder {
             store
                 .run(
                     "connect",
-                    sqlx::query(store.statements.sequence_probe.clone())
-                        .execute(&store.connections),
+                    sqlx::query(store.statements.schema_probe.clone()).execute(&store.connections),
                 )
                 .await
         };

@@ -117,7 +117,9 @@ const PURGE_BLOCKS: i64 = 4096;
 /// then the unit is [in doubt](idempotask::store::Doubt), the row counts as there (for its
 /// holder, for [`inspect`](Store::inspect) and the operator's reads, and for the purge), and the
 /// delivery that takes it over is told, at the cost of one more statement (see
-/// *Units in doubt* under [Setting it up](crate#setting-it-up)).
+/// *Units in doubt* under [Setting it up](crate#setting-it-up)). Its lock carries that doubt
+/// until a result is recorded: a repeated `begin` by its token answers it again, and its
+/// release leaves the unit in doubt (the lock runs out now) instead of freeing it.
 ///
 /// ```no_run
 /// use idempotask::Task;
@@ -806,7 +808,9 @@ enum Found {
 fn fresh_answer(row: &PgRow) -> Result<Found, sqlx::Error> {
     let state: &str = row.try_get("state")?;
     if state == "acquired" {
-        return begin_answer(row);
+        // A new row: it took nothing over.
+        let fence: Option<i64> = row.try_get("fence")?;
+        return Ok(Found::Answer(Begin::acquired(fence.map(i64::unsigned_abs))));
     }
     let mine: Option<bool> = row.try_get("mine")?;
     // The caller's own lock, in doubt or not, is the caller's to take again.
@@ -823,18 +827,16 @@ fn fresh_answer(row: &PgRow) -> Result<Found, sqlx::Error> {
     begin_answer(row)
 }
 
-/// Reads the row `begin` answered (or `begin_fresh`, when it is one `begin` would answer).
+/// Reads the row `begin` answered (or `begin_fresh`, when it is one `begin` would answer
+/// other than `acquired`).
 fn begin_answer(row: &PgRow) -> Result<Found, sqlx::Error> {
     let state: &str = row.try_get("state")?;
     if let Some(doubt) = doubt(row)? {
         return Ok(Found::InDoubt(doubt));
     }
     let answer = match state {
-        "acquired" => {
-            let fence: Option<i64> = row.try_get("fence")?;
-            // Sequence values are positive; a negative one cannot come from this table.
-            Begin::acquired(fence.map(i64::unsigned_abs))
-        }
+        // A repeated grant of a lock that took the unit over in doubt answers that doubt again.
+        "acquired" => granted(row)?,
         "done" => {
             let marker: Option<Vec<u8>> = row.try_get("marker")?;
             marker
@@ -866,11 +868,30 @@ fn doubt(row: &PgRow) -> Result<Option<Doubt>, sqlx::Error> {
 
 /// Reads the row `take_over` answered: the new lock, and the lock it replaced.
 fn taken_over(row: &PgRow) -> Result<Begin, sqlx::Error> {
+    match granted(row)? {
+        taken @ Begin::Acquired {
+            in_doubt: Some(_), ..
+        } => Ok(taken),
+        _ => Err(sqlx::Error::Protocol(
+            "a takeover that answered no lapse".to_owned(),
+        )),
+    }
+}
+
+/// Input: a row with `fence`, `earlier_fence` and `earlier_us` (of `take_over`, or an
+/// `acquired` one of `begin`). Output: the lock granted, taken over in doubt when `earlier_us`
+/// (how long the lock it replaced had run out) is not null.
+fn granted(row: &PgRow) -> Result<Begin, sqlx::Error> {
+    // Sequence values are positive; a negative one cannot come from this table.
     let fence: Option<i64> = row.try_get("fence")?;
-    let replaced: Option<i64> = row.try_get("doubt_fence")?;
-    let expired_us: i64 = row.try_get("doubt_us")?;
+    let fence = fence.map(i64::unsigned_abs);
+    let expired_us: Option<i64> = row.try_get("earlier_us")?;
+    let Some(expired_us) = expired_us else {
+        return Ok(Begin::acquired(fence));
+    };
+    let replaced: Option<i64> = row.try_get("earlier_fence")?;
     Ok(Begin::taken_over(
-        fence.map(i64::unsigned_abs),
+        fence,
         Doubt::new(
             replaced.map(i64::unsigned_abs),
             Duration::from_micros(expired_us.max(0).unsigned_abs()),

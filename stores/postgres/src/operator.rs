@@ -59,8 +59,9 @@ pub enum UnitState {
         /// How long the lock has left.
         lock_ttl_remaining: Duration,
     },
-    /// The unit is in doubt: its last lock ran out with neither a release nor a marker, and
-    /// the table still remembers it (for its holder's doubt memory). The next delivery takes
+    /// The unit is in doubt: its last lock ran out with neither a release nor a marker (or
+    /// was released by a delivery that had itself taken the unit over in doubt), and the
+    /// table still remembers it (for its holder's doubt memory). The next delivery takes
     /// it over and learns of it; until then its holder may still finish it. An operator who
     /// finds out whether its side effect happened resolves it
     /// ([`resolve_exact`](crate::PostgresStore::resolve_exact)).

@@ -17,7 +17,12 @@
 //! another token learns of it from `begin_fresh` (or `begin`, after a race), and then either
 //! answers `InDoubt` having written nothing, or takes it over with `take_over`: one more
 //! statement, which replaces exactly the row it locks and answers that row's fencing token
-//! and expiry. Released and finished units keep no memory (`doubt_memory` is cleared).
+//! and expiry, and keeps them on the new lock (`doubt_earlier_fence`, `doubt_expired_for`;
+//! both `NULL` on a lock that took nothing over in doubt). That lock carries the doubt it
+//! found: its holder's repeated `begin` (a retry whose first reply was lost) answers it again,
+//! and its holder's release makes it run out now instead of deleting it, so that the unit
+//! stays in doubt, for its own doubt memory, until a result is recorded. Other released units
+//! and finished units keep no memory (`doubt_memory` and the doubt taken over are cleared).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -106,13 +111,15 @@ impl TableName {
     /// keep PostgreSQL from updating rows in place (HOT), while only the occasional purge
     /// needs it, and that walks the table in block ranges instead.
     ///
-    /// A table created before `doubt_memory` existed gets the column here, nullable and
-    /// without a default: only the catalog changes, no row is rewritten, and the rows already
-    /// there read as remembering nothing. `ALTER TABLE` takes the table's `ACCESS EXCLUSIVE`
-    /// lock even when the column is there already, and waits behind every open transaction
-    /// that touched the table while every statement of the store queues behind it; so it runs
-    /// only when the catalog says the column is missing, and a migration of an up-to-date
-    /// table, run by every replica at each deploy, takes no lock on the table at all.
+    /// A table created before the columns of units in doubt existed (`doubt_memory`, then
+    /// `doubt_earlier_fence` and `doubt_expired_for`) gets them here, nullable and without a
+    /// default, in one `ALTER TABLE`: only the catalog changes, no row is rewritten, and the
+    /// rows already there read as remembering nothing and as having taken nothing over.
+    /// `ALTER TABLE` takes the table's `ACCESS EXCLUSIVE` lock even when the columns are there
+    /// already, and waits behind every open transaction that touched the table while every
+    /// statement of the store queues behind it; so it runs only when the catalog says a column
+    /// is missing, and a migration of an up-to-date table, run by every replica at each
+    /// deploy, takes no lock on the table at all.
     pub(super) fn migration(&self) -> String {
         let table = self.table();
         let table_literal = table.replace('\'', "''");
@@ -146,17 +153,25 @@ CREATE TABLE IF NOT EXISTS {table} (
     -- How long after `expires_at` a lock that ran out is remembered, so that the delivery
     -- that takes it over learns that the unit is in doubt (NULL: not at all).
     doubt_memory interval,
+    -- A lock that took the unit over in doubt: the fencing token of the lock it replaced, and
+    -- how long that lock had run out (NULL: it took nothing over). Its holder's repeated
+    -- begin answers them, and its release leaves the unit in doubt.
+    doubt_earlier_fence bigint,
+    doubt_expired_for interval,
     PRIMARY KEY (task, key)
 );
--- Tables created before `doubt_memory` existed: the column, added only when it is missing.
+-- Tables of earlier versions: the columns they lack, added only when one is missing.
 DO $migration$
 BEGIN
-    IF NOT EXISTS (
-        SELECT 1 FROM pg_attribute
-        WHERE attrelid = '{table_literal}'::regclass AND attname = 'doubt_memory'
-          AND NOT attisdropped
-    ) THEN
-        ALTER TABLE {table} ADD COLUMN IF NOT EXISTS doubt_memory interval;
+    IF (
+        SELECT count(*) FROM pg_attribute
+        WHERE attrelid = '{table_literal}'::regclass AND NOT attisdropped
+          AND attname IN ('doubt_memory', 'doubt_earlier_fence', 'doubt_expired_for')
+    ) < 3 THEN
+        ALTER TABLE {table}
+            ADD COLUMN IF NOT EXISTS doubt_memory interval,
+            ADD COLUMN IF NOT EXISTS doubt_earlier_fence bigint,
+            ADD COLUMN IF NOT EXISTS doubt_expired_for interval;
     END IF;
 END
 $migration$;
@@ -201,16 +216,18 @@ pub(super) struct Statements {
     pub(super) begin_fresh_fenced_in_transaction: SqlStr,
     /// Takes an absent or expired unit, or repeats the holder's grant: one row, `acquired`,
     /// or the live row that is there, or a unit in doubt (then take it over with
-    /// [`Self::take_over`]), which it never writes. No row: a concurrent writer committed
-    /// after this statement's snapshot (or the caller's own lock row lapsed in between); ask
-    /// again.
+    /// [`Self::take_over`]), which it never writes. Its rows have two more columns,
+    /// `(earlier_fence, earlier_us)`: on a repeated grant of a lock that took the unit over in
+    /// doubt, the doubt it took over (as [`Self::take_over`] answered it); otherwise null. No
+    /// row: a concurrent writer committed after this statement's snapshot (or the caller's
+    /// own lock row lapsed in between); ask again.
     pub(super) begin: SqlStr,
     /// `begin` inside a caller's transaction, as `begin_fresh_in_transaction` is.
     pub(super) begin_in_transaction: SqlStr,
-    /// Takes over a unit in doubt: at most one row `(fence, doubt_fence, doubt_us)`, the new
-    /// fencing token and the fencing token and lapse of the lock it replaced. No row: the
-    /// unit is no longer in doubt (another delivery took it over, or its holder came back);
-    /// ask again.
+    /// Takes over a unit in doubt: at most one row `(fence, earlier_fence, earlier_us)`, the
+    /// new fencing token and the fencing token and lapse of the lock it replaced, which the
+    /// new lock keeps. No row: the unit is no longer in doubt (another delivery took it over,
+    /// or its holder came back); ask again.
     pub(super) take_over: SqlStr,
     /// `take_over` inside a caller's transaction, as `begin_fresh_in_transaction` is.
     pub(super) take_over_in_transaction: SqlStr,
@@ -223,7 +240,8 @@ pub(super) struct Statements {
     /// `$1` task, `$2` key, `$3` token, `$4` fence, `$5` marker, `$6` result TTL in ms: the
     /// marker of a transactional execution, over its own uncommitted lock.
     pub(super) complete_in_transaction: SqlStr,
-    /// `$1` task, `$2` key, `$3` token, `$4` fence: one row, how many locks were released.
+    /// `$1` task, `$2` key, `$3` token: one row, how many locks were released. A lock that
+    /// took the unit over in doubt runs out instead (see [`release`]).
     pub(super) release: SqlStr,
     /// `$1` task, `$2` key, `$3` token, `$4` fence, `$5` lock TTL in ms, `$6` doubt memory
     /// in µs.
@@ -254,8 +272,9 @@ pub(super) struct Statements {
     pub(super) purge: SqlStr,
     /// How many blocks the table has now.
     pub(super) blocks: SqlStr,
-    /// Reads the fencing sequence: fails when the migration has not created it.
-    pub(super) sequence_probe: SqlStr,
+    /// Reads the fencing sequence, and names the columns of this version that `inspect` does
+    /// not: fails when the migration has not created them.
+    pub(super) schema_probe: SqlStr,
 }
 
 /// Milliseconds left until `expires_at`, rounded up so a live entry never reads as 0 ms.
@@ -301,10 +320,12 @@ fn forgotten_us(a: &str) -> String {
 
 /// The interval `span` in µs, when row `a` is in doubt; else null.
 fn micros_in_doubt(a: &str, span: &str) -> String {
-    format!(
-        "CASE WHEN {} THEN (extract(epoch FROM {span}) * 1000000)::bigint END",
-        in_doubt(a)
-    )
+    format!("CASE WHEN {} THEN {} END", in_doubt(a), micros(span))
+}
+
+/// The interval `span` in whole µs (null for null).
+fn micros(span: &str) -> String {
+    format!("(extract(epoch FROM {span}) * 1000000)::bigint")
 }
 
 /// The condition that bounds a statement's row-lock waits by `lock_timeout` (at least 1 ms, at
@@ -346,9 +367,9 @@ impl Statements {
         let present_u = present("u");
         // Shared, so that handing a statement to sqlx for each call copies no text.
         let sql = |text: String| AssertSqlSafe(Arc::<str>::from(text)).into_sql_str();
-        // A fenced release or forget keeps the row for its `fence`, so that the next grant goes
-        // on counting even for a task without fencing; other rows are deleted. The kept row
-        // expires at the epoch, not now, so that no clock step can make it live again, and
+        // A fenced forget or resolution keeps the row for its `fence`, so that the next grant
+        // goes on counting even for a task without fencing; other rows are deleted. The kept
+        // row expires at the epoch, not now, so that no clock step can make it live again, and
         // remembers nothing.
         let free_or_drop = |condition: &str, ours: &str, extra: &str| {
             sql(format!(
@@ -358,7 +379,7 @@ impl Statements {
                     RETURNING 1
                 ), freed AS (
                     UPDATE {t} u SET token = NULL, marker = NULL, expires_at = 'epoch',
-                        doubt_memory = NULL
+                        doubt_memory = NULL, doubt_earlier_fence = NULL, doubt_expired_for = NULL
                     WHERE u.task = $1 AND u.key = $2 AND {condition} AND u.fence IS NOT NULL
                       AND {bound}
                     RETURNING 1
@@ -393,6 +414,7 @@ impl Statements {
             finish: sql(finish(&t, &bound)),
             finish_held: sql(format!(
                 "UPDATE {t} u SET state = 'done', token = NULL, marker = $5, doubt_memory = NULL,
+                    doubt_earlier_fence = NULL, doubt_expired_for = NULL,
                     expires_at = statement_timestamp() + $6::bigint * interval '1 millisecond'
                  WHERE u.task = $1 AND u.key = $2 AND {held} AND {bound}"
             )),
@@ -400,18 +422,12 @@ impl Statements {
             // nothing else can hold it, so there is no wait to bound.
             complete_in_transaction: sql(format!(
                 "UPDATE {t} u SET state = 'done', token = NULL, marker = $5, doubt_memory = NULL,
+                    doubt_earlier_fence = NULL, doubt_expired_for = NULL,
                     expires_at = statement_timestamp() + $6::bigint * interval '1 millisecond'
                  WHERE u.task = $1 AND u.key = $2 AND u.state = 'locked' AND u.token = $3
                    AND u.fence IS NOT DISTINCT FROM $4"
             )),
-            // The holder's token alone, whatever fencing token the lock was granted with: a
-            // caller whose grant's reply was lost never learned it. A released lock leaves no
-            // doubt.
-            release: free_or_drop(
-                &format!("u.state = 'locked' AND u.token = $3 AND {present_u}"),
-                "released",
-                "",
-            ),
+            release: sql(release(&t, &bound)),
             renew: sql(format!(
                 "UPDATE {t} u SET expires_at = statement_timestamp() + $5::bigint * interval '1 millisecond',
                     doubt_memory = NULLIF($6::bigint, 0) * interval '1 microsecond'
@@ -448,7 +464,11 @@ impl Statements {
                     FOR UPDATE SKIP LOCKED
                  )"
             )),
-            sequence_probe: sql(format!("SELECT last_value FROM {seq}")),
+            schema_probe: sql(format!(
+                "SELECT last_value, EXISTS (
+                    SELECT doubt_earlier_fence, doubt_expired_for FROM {t} WHERE FALSE
+                 ) FROM {seq}"
+            )),
             blocks: sql(format!(
                 "SELECT (pg_relation_size('{}') / current_setting('block_size')::bigint)::bigint",
                 t.replace('\'', "''")
@@ -528,6 +548,9 @@ fn begin_fresh(t: &str, seq: Option<&str>, bound: &str) -> String {
 /// there, a unit in doubt included (never taken here: [`take_over`] does that, and answers
 /// what it replaced).
 ///
+/// A repeated grant keeps the lock's fencing token and the doubt it took over, and answers
+/// them both, as the grant did; any other grant clears that doubt.
+///
 /// The unit's row is read first, and the `INSERT` is tried only when nothing that is there
 /// (other than the caller's own lock) is: a duplicate or a busy answer then writes nothing,
 /// locks nothing and commits without a WAL flush, as a plain `SELECT` would. (An `ON CONFLICT
@@ -537,6 +560,8 @@ fn begin_fresh(t: &str, seq: Option<&str>, bound: &str) -> String {
 /// followed by `AND`.
 fn begin(t: &str, seq: &str, bound: &str) -> String {
     let (doubt_us, present_u) = (doubt_us("u"), present("u"));
+    let mine = "(u.state = 'locked' AND u.token = excluded.token)";
+    let earlier_us = micros("doubt_expired_for");
     format!(
         "WITH existing AS (
             SELECT u.state, u.fence, u.marker, u.expires_at > statement_timestamp() AS live,
@@ -558,18 +583,20 @@ fn begin(t: &str, seq: &str, bound: &str) -> String {
                 expires_at = excluded.expires_at,
                 doubt_memory = excluded.doubt_memory,
                 fence = CASE
-                    WHEN u.state = 'locked' AND u.token = excluded.token THEN u.fence
+                    WHEN {mine} THEN u.fence
                     WHEN $6 OR u.fence IS NOT NULL THEN nextval('{seq}')
-                END
-            WHERE NOT {present_u}
-               OR (u.state = 'locked' AND u.token = excluded.token)
-            RETURNING u.fence
+                END,
+                doubt_earlier_fence = CASE WHEN {mine} THEN u.doubt_earlier_fence END,
+                doubt_expired_for = CASE WHEN {mine} THEN u.doubt_expired_for END
+            WHERE NOT {present_u} OR {mine}
+            RETURNING u.fence, u.doubt_earlier_fence, u.doubt_expired_for
         )
         SELECT 'acquired' AS state, fence, NULL::bytea AS marker, NULL::bigint AS left_ms,
-               NULL::bigint AS doubt_us
+               NULL::bigint AS doubt_us, doubt_earlier_fence AS earlier_fence,
+               {earlier_us} AS earlier_us
         FROM taken
         UNION ALL
-        SELECT e.state, e.fence, e.marker, e.left_ms, e.doubt_us
+        SELECT e.state, e.fence, e.marker, e.left_ms, e.doubt_us, NULL, NULL
         FROM existing e
         WHERE (e.live OR (e.doubt_us IS NOT NULL AND NOT e.mine))
           AND NOT EXISTS (SELECT 1 FROM taken)"
@@ -577,7 +604,8 @@ fn begin(t: &str, seq: &str, bound: &str) -> String {
 }
 
 /// Takes over a unit in doubt from another holder, answering the lock it replaced: its
-/// fencing token and how long ago it ran out.
+/// fencing token and how long ago it ran out, which the new lock keeps (a repeated `begin`
+/// answers them again, and a release leaves the unit in doubt).
 ///
 /// The row is locked first (`FOR UPDATE`, in a subquery of the `FROM`, which is how an
 /// `UPDATE` answers a row's values from before it), and its condition checked again on the
@@ -587,21 +615,58 @@ fn begin(t: &str, seq: &str, bound: &str) -> String {
 /// or `TRUE` inside a caller's transaction.
 fn take_over(t: &str, seq: &str, bound: &str) -> String {
     let in_doubt = in_doubt("o");
+    let earlier_us = micros("u.doubt_expired_for");
     format!(
         "UPDATE {t} u SET
             token = $3,
             expires_at = {LOCK_EXPIRY},
             doubt_memory = {MEMORY},
-            fence = CASE WHEN $6 OR u.fence IS NOT NULL THEN nextval('{seq}') END
+            fence = CASE WHEN $6 OR u.fence IS NOT NULL THEN nextval('{seq}') END,
+            doubt_earlier_fence = old.fence,
+            doubt_expired_for = statement_timestamp() - old.expires_at
         FROM (
             SELECT o.fence, o.expires_at FROM {t} o
             WHERE o.task = $1 AND o.key = $2 AND o.token <> $3 AND {in_doubt} AND {bound}
             FOR UPDATE
         ) old
         WHERE u.task = $1 AND u.key = $2
-        RETURNING u.fence, old.fence AS doubt_fence,
-            (extract(epoch FROM statement_timestamp() - old.expires_at) * 1000000)::bigint
-                AS doubt_us"
+        RETURNING u.fence, u.doubt_earlier_fence AS earlier_fence, {earlier_us} AS earlier_us"
+    )
+}
+
+/// Releases the lock of the holder of token `$3`, live or in doubt: whatever fencing token it
+/// was granted with (a caller whose grant's reply was lost never learned it). One row, how
+/// many locks were released.
+///
+/// A plain lock leaves no doubt: it is deleted, or, when fenced, kept for its `fence` alone as
+/// a forget keeps it (expiring at the epoch, remembering nothing). A lock that took the unit
+/// over in doubt (`doubt_expired_for` set) carries that doubt, which only a result recorded
+/// ends: it runs out now (or stays as it ran out, if it had), keeping its token, fencing
+/// token and doubt memory, so that the unit is in doubt, with this holder's fencing token as
+/// the earlier one, until the next delivery takes it over. Both cases are the same two
+/// statements on the primary key as before, so a plain release costs no more. `bound` is
+/// [`lock_wait_bound`].
+fn release(t: &str, bound: &str) -> String {
+    let present_u = present("u");
+    let holder = format!(
+        "u.task = $1 AND u.key = $2 AND u.state = 'locked' AND u.token = $3 AND {present_u}"
+    );
+    let carries = "u.doubt_expired_for IS NOT NULL";
+    format!(
+        "WITH dropped AS (
+            DELETE FROM {t} u
+            WHERE {holder} AND u.fence IS NULL AND u.doubt_expired_for IS NULL AND {bound}
+            RETURNING 1
+        ), kept AS (
+            UPDATE {t} u SET
+                token = CASE WHEN {carries} THEN u.token END,
+                expires_at = CASE WHEN {carries}
+                    THEN least(u.expires_at, statement_timestamp()) ELSE 'epoch' END,
+                doubt_memory = CASE WHEN {carries} THEN u.doubt_memory END
+            WHERE {holder} AND (u.fence IS NOT NULL OR {carries}) AND {bound}
+            RETURNING 1
+        )
+        SELECT (SELECT count(*) FROM dropped) + (SELECT count(*) FROM kept) AS released"
     )
 }
 
@@ -613,6 +678,7 @@ fn resolve_record(t: &str, shown: &str, bound: &str, present: &str) -> String {
     format!(
         "WITH recorded AS (
             UPDATE {t} u SET state = 'done', token = NULL, marker = $4, doubt_memory = NULL,
+                doubt_earlier_fence = NULL, doubt_expired_for = NULL,
                 expires_at = statement_timestamp() + $5::bigint * interval '1 millisecond'
             WHERE u.task = $1 AND u.key = $2 AND {shown} AND {bound}
             RETURNING 1
@@ -646,7 +712,9 @@ fn finish(t: &str, bound: &str) -> String {
                 fence = COALESCE(excluded.fence, u.fence),
                 marker = excluded.marker,
                 expires_at = excluded.expires_at,
-                doubt_memory = NULL
+                doubt_memory = NULL,
+                doubt_earlier_fence = NULL,
+                doubt_expired_for = NULL
             WHERE (u.state = 'locked' AND u.token = $3 AND u.fence IS NOT DISTINCT FROM $4)
                OR NOT {present_u}
             RETURNING 1
@@ -750,15 +818,91 @@ mod tests {
         assert!(migration.contains(
             "pg_advisory_xact_lock(hashtextextended('idempotask migration \"jobs\".\"units\"', 0));\nCREATE SCHEMA IF NOT EXISTS \"jobs\";\nCREATE TABLE"
         ), "{migration}");
-        // The column of units in doubt, on tables of earlier versions, after their creation,
-        // and only when the catalog says it is missing.
+        // The columns of units in doubt, on tables of earlier versions, after their creation,
+        // and only when the catalog says one is missing: all of them in one `ALTER`.
         let guard = migration
-            .find("WHERE attrelid = '\"jobs\".\"units\"'::regclass AND attname = 'doubt_memory'")
+            .find("WHERE attrelid = '\"jobs\".\"units\"'::regclass AND NOT attisdropped\n          AND attname IN ('doubt_memory', 'doubt_earlier_fence', 'doubt_expired_for')\n    ) < 3 THEN")
             .expect(&migration);
         let alter = migration
-            .find("ALTER TABLE \"jobs\".\"units\" ADD COLUMN IF NOT EXISTS doubt_memory interval;")
+            .find(
+                "ALTER TABLE \"jobs\".\"units\"
+            ADD COLUMN IF NOT EXISTS doubt_memory interval,
+            ADD COLUMN IF NOT EXISTS doubt_earlier_fence bigint,
+            ADD COLUMN IF NOT EXISTS doubt_expired_for interval;",
+            )
             .expect(&migration);
         assert!(migration.find("CREATE TABLE").unwrap() < guard && guard < alter);
+        assert_eq!(migration.matches("ALTER TABLE").count(), 1, "{migration}");
+        for column in [
+            "doubt_memory interval,",
+            "doubt_earlier_fence bigint,",
+            "doubt_expired_for interval,",
+        ] {
+            assert!(migration.contains(&format!("    {column}\n")), "{column}");
+        }
+    }
+
+    #[test]
+    fn a_takeover_keeps_the_doubt_it_found_and_the_fresh_path_never_reads_it() {
+        let statements = Statements::new(
+            &TableName::parse("units").unwrap(),
+            Duration::from_millis(800),
+        );
+        for (name, sql) in [
+            ("take_over", &statements.take_over),
+            (
+                "take_over_in_transaction",
+                &statements.take_over_in_transaction,
+            ),
+        ] {
+            for part in [
+                "doubt_earlier_fence = old.fence",
+                "doubt_expired_for = statement_timestamp() - old.expires_at",
+            ] {
+                assert!(sql.as_str().contains(part), "{name}: {part}");
+            }
+        }
+        // Only the holder's repeated grant keeps it; every other grant clears it.
+        for (name, sql) in [
+            ("begin", &statements.begin),
+            ("begin_in_transaction", &statements.begin_in_transaction),
+        ] {
+            assert!(
+                sql.as_str().contains(
+                    "doubt_expired_for = CASE WHEN (u.state = 'locked' AND u.token = excluded.token) THEN u.doubt_expired_for END"
+                ),
+                "{name}"
+            );
+        }
+        // A result recorded, or an operator's decision, ends the doubt.
+        for (name, sql) in [
+            ("finish_held", &statements.finish_held),
+            ("finish", &statements.finish),
+            (
+                "complete_in_transaction",
+                &statements.complete_in_transaction,
+            ),
+            ("resolve_record", &statements.resolve_record),
+            ("resolve_free", &statements.resolve_free),
+        ] {
+            assert!(sql.as_str().contains("doubt_expired_for = NULL"), "{name}");
+        }
+        // A release deletes only a lock that carries none, and lapses one that does.
+        let release = statements.release.as_str();
+        assert!(release.contains("u.fence IS NULL AND u.doubt_expired_for IS NULL"));
+        assert!(release.contains("least(u.expires_at, statement_timestamp())"));
+        assert_eq!(
+            release
+                .matches(&lock_wait_bound(Duration::from_millis(800)))
+                .count(),
+            2
+        );
+        for (name, sql) in [
+            ("begin_fresh", &statements.begin_fresh),
+            ("begin_fresh_fenced", &statements.begin_fresh_fenced),
+        ] {
+            assert!(!sql.as_str().contains("doubt_e"), "{name}");
+        }
     }
 
     #[test]

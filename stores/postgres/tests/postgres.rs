@@ -1,9 +1,9 @@
 //! What is particular to `PostgresStore` and transactional completion: concurrent deliveries
 //! from one process and from two, bodies that fail or are dropped inside their transaction, a
 //! waiting delivery that replays or runs depending on how the first one ended, a server
-//! restart mid-run, and units in doubt: the migration of a table of the previous version by
+//! restart mid-run, and units in doubt: the migration of tables of earlier versions by
 //! replicas at once, purge, the operator's reads and resolutions, a takeover inside a
-//! transaction that rolls back, and the least-privileged user.
+//! transaction that rolls back, a takeover released, and the least-privileged user.
 //! (The conformance suite runs in `conformance_postgres.rs`; a worker killed with `kill -9`
 //! mid-transaction in the `ledger_transfer` example's run, in `tests/example_queues.rs`.)
 
@@ -1139,6 +1139,35 @@ async fn begin_doubt(store: &PostgresStore, key: &str) -> (bool, Option<Doubt>) 
     }
 }
 
+/// The columns that versions after the first added to the table.
+const ADDED_COLUMNS: [&str; 3] = ["doubt_memory", "doubt_earlier_fence", "doubt_expired_for"];
+
+/// Six replicas migrate the table at once: each migration succeeds, and the table ends with
+/// each column of this version once.
+async fn migrate_at_once(pool: &PgPool) {
+    let migrations: Vec<_> = (0..6)
+        .map(|_| {
+            let builder = PostgresStore::builder(pool.clone());
+            tokio::spawn(async move { builder.migrate().await })
+        })
+        .collect();
+    for migration in migrations {
+        migration.await.unwrap().unwrap();
+    }
+    for column in ADDED_COLUMNS {
+        let columns: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_attribute
+             WHERE attrelid = 'idempotask_units'::regclass AND attname = $1
+               AND NOT attisdropped",
+        )
+        .bind(column)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        assert_eq!(columns, 1, "{column}");
+    }
+}
+
 /// Replicas of the new version deploy onto a table of the previous one that holds locks its
 /// replicas wrote, and all migrate at once: every migration succeeds, the column is added once,
 /// the replicas of the previous version go on writing, and a lock that ran out with no memory
@@ -1159,24 +1188,7 @@ async fn replicas_migrating_an_earlier_table_at_once_leave_its_lapsed_locks_free
     assert_eq!(err.kind(), StoreErrorKind::Configuration, "{err}");
     assert!(err.to_string().contains("PostgresStore::migrate"), "{err}");
 
-    let migrations: Vec<_> = (0..6)
-        .map(|_| {
-            let builder = PostgresStore::builder(pool.clone());
-            tokio::spawn(async move { builder.migrate().await })
-        })
-        .collect();
-    for migration in migrations {
-        migration.await.unwrap().unwrap();
-    }
-    let columns: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM pg_attribute
-         WHERE attrelid = 'idempotask_units'::regclass AND attname = 'doubt_memory'
-           AND NOT attisdropped",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(columns, 1);
+    migrate_at_once(&pool).await;
     // A replica of the previous version names only the columns it knows.
     earlier_lock(&pool, "lapsed-after", "-1 second").await;
 
@@ -1202,6 +1214,114 @@ async fn replicas_migrating_an_earlier_table_at_once_leave_its_lapsed_locks_free
     }
     assert!(store.inspect(&held).await.unwrap().in_doubt.is_none());
     assert_eq!(begin_doubt(&store, "held-across").await, (true, None));
+}
+
+/// A table as the version before takeovers kept their doubt created it: `doubt_memory`, and
+/// not the doubt a takeover found.
+const DOUBT_MEMORY_SCHEMA: &str = "
+CREATE TABLE idempotask_units (
+    task       text        NOT NULL,
+    key        bytea       NOT NULL,
+    state      text        NOT NULL CHECK (state IN ('locked', 'done')),
+    token      text,
+    fence      bigint,
+    marker     bytea,
+    expires_at timestamptz NOT NULL,
+    doubt_memory interval,
+    PRIMARY KEY (task, key)
+);
+CREATE SEQUENCE idempotask_units_fence;
+SELECT setval('idempotask_units_fence', 1000);
+";
+
+/// Replicas deploy onto a table of the version before takeovers kept their doubt, which holds
+/// a unit in doubt, and all migrate at once: the table is refused until then, every migration
+/// succeeds and adds the columns once, the unit is still in doubt, a replica of that version
+/// still writes, and the delivery that takes the unit over carries its doubt: asked again, it
+/// answers it, and released, it leaves the unit in doubt for the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_migrating_a_table_of_the_previous_version_keep_its_units_in_doubt() {
+    let server = PostgresServer::start();
+    let pool = server.pool(12).await;
+    sqlx::raw_sql(DOUBT_MEMORY_SCHEMA)
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO idempotask_units
+             (task, key, state, token, fence, marker, expires_at, doubt_memory)
+         VALUES ('pg_doubt', 'lapsed-before', 'locked', 'before', 17, NULL,
+                 now() - interval '1 second', interval '1 minute')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let err = PostgresStore::builder(pool.clone())
+        .connect()
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Configuration, "{err}");
+    assert!(err.to_string().contains("PostgresStore::migrate"), "{err}");
+
+    migrate_at_once(&pool).await;
+    // A replica of the previous version names only the columns it knows.
+    sqlx::query(
+        "INSERT INTO idempotask_units
+             (task, key, state, token, fence, marker, expires_at, doubt_memory)
+         VALUES ('pg_doubt', 'written-after', 'locked', 'after', NULL, NULL,
+                 now() + interval '1 minute', interval '1 minute')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let store = PostgresStore::builder(pool.clone())
+        .connect()
+        .await
+        .unwrap();
+    let unit = UnitOfWork::new("pg_doubt", "lapsed-before").unwrap();
+    let seen = store.inspect(&unit).await.unwrap();
+    assert_eq!(
+        seen.in_doubt.and_then(|doubt| doubt.fencing_token),
+        Some(17)
+    );
+    let token = remembered();
+    let takeover = store
+        .begin(&unit, &token, Duration::from_secs(30), Fencing::On)
+        .await
+        .unwrap();
+    let Begin::Acquired {
+        fencing_token: Some(granted),
+        in_doubt: Some(doubt),
+        ..
+    } = takeover.clone()
+    else {
+        panic!("expected the unit taken over in doubt, got {takeover:?}");
+    };
+    assert_eq!(doubt.fencing_token, Some(17));
+    assert!(granted > 17);
+    let again = store
+        .begin(&unit, &token, Duration::from_secs(30), Fencing::On)
+        .await
+        .unwrap();
+    assert_eq!(
+        again, takeover,
+        "a repeated begin answers the doubt taken over"
+    );
+    assert!(
+        store
+            .release(&unit, &token.clone().granted(Some(granted)))
+            .await
+            .unwrap()
+    );
+    let seen = store.inspect(&unit).await.unwrap();
+    assert!(!seen.is_locked(), "{seen:?}");
+    assert_eq!(
+        seen.in_doubt.and_then(|doubt| doubt.fencing_token),
+        Some(granted)
+    );
+    let after = UnitOfWork::new("pg_doubt", "written-after").unwrap();
+    assert!(store.inspect(&after).await.unwrap().is_locked());
 }
 
 /// Every replica migrates at each deploy. On a table that is up to date, the migration takes
@@ -1428,8 +1548,9 @@ async fn the_least_privileged_user_takes_units_in_doubt_over() {
         panic!("expected a fenced lock, got {first:?}");
     };
     until_lapsed(&store, &unit).await;
-    match store
-        .begin(&unit, &remembered(), Duration::from_secs(30), Fencing::On)
+    let token = remembered();
+    let next = match store
+        .begin(&unit, &token, Duration::from_secs(30), Fencing::On)
         .await
         .unwrap()
     {
@@ -1440,9 +1561,14 @@ async fn the_least_privileged_user_takes_units_in_doubt_over() {
         } => {
             assert_eq!(doubt.fencing_token, Some(first));
             assert!(next > first);
+            next
         }
         other => panic!("expected the unit taken over in doubt, got {other:?}"),
-    }
+    };
+    // Released, the takeover leaves the unit in doubt: an `UPDATE`, no more rights.
+    assert!(store.release(&unit, &token).await.unwrap());
+    let seen = store.inspect(&unit).await.unwrap().in_doubt;
+    assert_eq!(seen.and_then(|doubt| doubt.fencing_token), Some(next));
     // The operator's resolution needs no more rights than the store's statements.
     let freed = UnitOfWork::new("pg_doubt", "least-privilege-freed").unwrap();
     let holder = in_doubt(&store, &freed, Fencing::On).await;
