@@ -19,7 +19,9 @@ pub const DEFAULT_DOUBT_MEMORY: Duration = Duration::from_secs(24 * 60 * 60);
 ///
 /// Expiry is judged on the store's clock, never a worker's. A delivery that released its lock
 /// (the body failed, panicked, or the call was dropped) leaves no doubt, and a finished unit is
-/// never in doubt. A running body reads it from
+/// never in doubt. Only a result ends a doubt: a delivery that took a unit over in doubt and
+/// then fails, panics, is dropped or cannot tell whether its `begin` applied leaves the unit in
+/// doubt for the next one, with its own lock as the earlier attempt. A running body reads it from
 /// [`TaskContext::in_doubt`](crate::TaskContext::in_doubt); what the task does about it is its
 /// [`InDoubt`] policy.
 ///

@@ -88,7 +88,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// the stored marker if the unit is done; otherwise the lock for `token` (expiring after
     /// `lock_ttl`), with a new fencing token when `fencing` is [`Fencing::On`]; otherwise how
     /// long the current holder's lock has left. If the lock already holds `token` (a repeated
-    /// call) the answer is `Acquired` again, with the same fencing token.
+    /// call) the answer is `Acquired` again, with the same fencing token and the same doubt
+    /// taken over, if any.
     ///
     /// A store that remembers locks past their TTL ([`LockToken::doubt_memory`]) keeps this
     /// lock for `lock_ttl` plus that memory, and judges every lock's expiry on its own clock.
@@ -97,7 +98,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// released its lock nor wrote a marker; unless the token asks to leave such units alone
     /// ([`LockToken::leaving_doubt`]): then the answer is [`Begin::InDoubt`] and nothing is
     /// written. Until it is taken over, such a lock is still its
-    /// holder's for `finish`, `renew` and `release`: nobody else ran.
+    /// holder's for `finish`, `renew` and `release`: nobody else ran. The lock that takes a
+    /// unit over carries the doubt it found until a result is recorded (see `release`).
     fn begin(
         &self,
         unit: &UnitOfWork,
@@ -124,7 +126,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Deletes the lock if it still holds `token`, whatever fencing token it was granted with
     /// (the random token alone identifies the holder, and a caller whose grant's reply was lost
     /// releases without knowing the fencing token); answers whether it did. A fenced lock keeps
-    /// its counter, so the next grant's fencing token is still higher.
+    /// its counter, so the next grant's fencing token is still higher. A lock that took the
+    /// unit over in doubt is not deleted but left to run out now (remembered for its doubt
+    /// memory, its expiry unchanged if it ran out already): only a result ends a doubt, and a
+    /// holder that releases after a `begin` it could not confirm may have taken it over.
     fn release(
         &self,
         unit: &UnitOfWork,
