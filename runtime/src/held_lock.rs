@@ -122,30 +122,6 @@ pub(crate) async fn release(
     }
 }
 
-/// Gives up the lock after a failed or panicked body: released, or, for a unit taken over in
-/// doubt, left to run out at once, so that the store remembers it and the next delivery
-/// still knows that an earlier one may have done the work. A unit in doubt stays in doubt
-/// until a delivery records a result.
-pub(crate) async fn give_up(
-    store: &SharedStore,
-    unit: &UnitOfWork,
-    token: &LockToken,
-    logging: KeyLogging,
-    in_doubt: bool,
-) {
-    if !in_doubt {
-        return release(store, unit, token, logging).await;
-    }
-    if let Err(err) = store.renew(unit, token, Duration::ZERO).await {
-        tracing::warn!(
-            task = unit.task(),
-            key = logging.show(unit),
-            error = %err,
-            "could not give up the lock of a unit in doubt; it stays in doubt once its TTL runs out"
-        );
-    }
-}
-
 pub(crate) fn log_release_failure(unit: &UnitOfWork, err: &StoreError, logging: KeyLogging) {
     tracing::warn!(
         task = unit.task(),
@@ -191,8 +167,6 @@ enum Pending {
         unit: UnitOfWork,
         token: LockToken,
         logging: KeyLogging,
-        /// The unit was taken over in doubt: give the lock up as [`give_up`] does.
-        in_doubt: bool,
     },
     /// Once the body succeeded: its marker is stored even if the caller stops waiting, so the
     /// work is not run again by the next delivery.
@@ -221,15 +195,7 @@ impl OnDrop {
                 unit: unit.clone(),
                 token: token.clone(),
                 logging,
-                in_doubt: false,
             },
-        }
-    }
-
-    /// The unit was taken over in doubt: if dropped, leave it in doubt rather than free it.
-    pub(crate) fn keep_doubt(&mut self) {
-        if let Pending::Release { in_doubt, .. } = &mut self.pending {
-            *in_doubt = true;
         }
     }
 
@@ -277,23 +243,7 @@ impl Drop for OnDrop {
                 unit,
                 token,
                 logging,
-                in_doubt: false,
             } => release_in_background(Some(store), &unit, &token, logging),
-            Pending::Release {
-                store,
-                unit,
-                token,
-                logging,
-                in_doubt: true,
-            } => {
-                let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-                    return;
-                };
-                runtime.spawn(
-                    async move { give_up(&store, &unit, &token, logging, true).await }
-                        .in_current_span(),
-                );
-            }
             Pending::Finish {
                 store,
                 unit,

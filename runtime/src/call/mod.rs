@@ -12,7 +12,7 @@ use tracing::Instrument;
 use crate::context::TaskContext;
 use crate::error::{CallerKey, CodecErrorKind, Error, codec};
 use crate::fingerprint::Fingerprint;
-use crate::held_lock::{OnDrop, Recording, Renewal, give_up, renewing};
+use crate::held_lock::{OnDrop, Recording, Renewal, release, renewing};
 use crate::install::current;
 use crate::marker::{Marker, MarkerView};
 use crate::observe::{Ending, Observation};
@@ -258,13 +258,11 @@ impl Call<'_> {
         };
         observation.fencing_token(fencing_token);
         // From here on the store recognises our lock by its token, fencing token and the doubt
-        // it took over; a unit taken over in doubt stays in doubt until a result is recorded.
+        // it took over (a release then leaves the unit in doubt: only a result ends a doubt).
         let mut token = token.granted(fencing_token);
         if let Some(doubt) = &in_doubt {
-            on_drop.keep_doubt();
             token = token.taking_over(**doubt);
         }
-        let doubted = in_doubt.is_some();
         let context = TaskContext::new(unit.clone(), fencing_token, attempts, Arc::clone(&lease))
             .with_doubt(in_doubt.clone());
         let guarded = context.scope(catching_panics(body));
@@ -298,12 +296,12 @@ impl Call<'_> {
             Err(panic) => {
                 on_drop.disarm();
                 observation.ended(Ending::Failed);
-                give_up(&store, &unit, &token, logging, doubted).await;
+                release(&store, &unit, &token, logging).await;
                 resume_unwind(panic)
             }
             Ok(Err(err)) => {
                 on_drop.disarm();
-                give_up(&store, &unit, &token, logging, doubted).await;
+                release(&store, &unit, &token, logging).await;
                 return Err((err, Ending::Failed));
             }
             Ok(Ok(value)) => value,
