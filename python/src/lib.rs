@@ -2,8 +2,8 @@
 //! runner, its stores and its fingerprints, for the decorator in `python/idempotask/`.
 //!
 //! The protocol and the runner are the Rust core's; this crate adapts one call of it to a
-//! Python body ([`pending`]), builds the stores from URLs once per process ([`store`], safe
-//! under a fork) and maps the core's errors to Python exceptions ([`errors`]). The Python
+//! Python body (`pending`), builds the stores from URLs once per process (`store`, safe
+//! under a fork) and maps the core's errors to Python exceptions (`errors`). The Python
 //! layer only computes keys and fingerprints' JSON from the arguments and runs the function.
 
 use pyo3::prelude::*;

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import signal
 import threading
 from typing import Any, List
 
@@ -13,7 +14,7 @@ import pytest
 import redis
 
 import idempotask
-from idempotask import Busy, CodecError, KeyReuse, idempotent_task
+from idempotask import Busy, CodecError, InDoubt, KeyReuse, idempotent_task
 
 
 def test_applied_twice_with_one_key_runs_once_and_replays(store: Any, name: str) -> None:
@@ -333,3 +334,58 @@ def test_a_memory_store_works_in_threads_and_after_a_fork(name: str) -> None:
         os._exit(0 if job(1) == 2 and ran == [1, 1] else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _killed_mid_body(function: Any) -> None:
+    """Runs ``function(1)`` in a forked child and kills the child (SIGKILL) once its body
+    runs: a worker killed after its side effect and before its marker."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            function(1, write)
+        finally:
+            os._exit(1)
+    os.close(write)
+    assert os.read(read, 1) == b"x", "the child's body started"
+    os.close(read)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+
+
+def test_in_doubt_hold_refuses_a_unit_whose_worker_was_killed(store: Any, name: str) -> None:
+    ran: List[int] = []
+
+    @idempotent_task(key="charge-{n}", name=name, lock_ttl=0.3, in_doubt="hold", max_wait=10)
+    def charge(n: int, signal_fd: Any = None) -> str:
+        if signal_fd is not None:
+            os.write(signal_fd, b"x")
+            threading.Event().wait(60)  # the killed worker's gateway call, never returning
+        ran.append(n)
+        return "ch"
+
+    _killed_mid_body(charge)
+    # The call waits on the dead worker's lock until it runs out, then finds the unit in doubt.
+    with pytest.raises(InDoubt) as doubt:
+        charge(1)
+    assert doubt.value.expired_for >= 0
+    with pytest.raises(InDoubt):
+        charge(1)
+    assert ran == []
+
+
+def test_in_doubt_rerun_tells_the_body(store: Any, name: str) -> None:
+    seen: List[Any] = []
+
+    @idempotent_task(key="charge-{n}", name=name, lock_ttl=0.3, max_wait=10)
+    def charge(n: int, signal_fd: Any = None) -> str:
+        if signal_fd is not None:
+            os.write(signal_fd, b"x")
+            threading.Event().wait(60)
+        seen.append(idempotask.context().in_doubt)
+        return "ch"
+
+    _killed_mid_body(charge)
+    assert charge(1) == "ch"
+    (in_doubt,) = seen
+    assert in_doubt is not None and in_doubt >= 0
