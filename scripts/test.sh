@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, unit, integration, doc and UI tests, and the docs.
+# The whole test suite: formatting, lints, unit, integration, doc and UI tests, the Python
+# package's tests, and the docs.
 # Installs redis-server, Redis 8.2, Valkey, PostgreSQL, nats-server and RabbitMQ when
 # missing; the tests start their own servers on free loopback ports and stop them.
 set -euo pipefail
@@ -58,6 +59,10 @@ tee -a "$log" <"$copied_log"
 [ "$copied_status" -eq 0 ]
 # The metrics feature is off in the workspace build; its tests run on their own.
 cargo test -p idempotask --features metrics --locked --test observe 2>&1 | tee -a "$log"
+step "the Python package (python/tests, with pytest)"
+# A virtual environment of its own under the target directory, the wheel built with maturin
+# and installed with pip, then pytest; the tests start their own redis-server.
+scripts/test-python.sh
 step "cargo doc"
 RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
 # As docs.rs builds them (all features), and as users get them by default (none).

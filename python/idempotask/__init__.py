@@ -1,0 +1,50 @@
+"""idempotask for Python: functions run at most once per unit of work under at-least-once
+delivery (Celery with ``acks_late``, any queue), on idempotask's Rust core and its stores.
+
+    from idempotask import idempotent_task, RedisStore, install
+
+    install(RedisStore("redis://127.0.0.1:6379/2"))
+
+    @idempotent_task(key="order-charge-{order_id}", lock_ttl=30)
+    def charge_customer(order_id: int, amount_cents: int) -> str:
+        ...
+
+Units, keys, fingerprints and completion markers are the Rust core's: a Python worker and a Rust
+worker running tasks of the same name share their units. See docs/python.md.
+"""
+
+from ._decorator import TaskContext, context, idempotent_task, install, installed
+from ._native import (
+    Busy,
+    CodecError,
+    IdempotaskError,
+    InDoubt,
+    KeyReuse,
+    MemoryStore,
+    PostgresStore,
+    RedisClusterStore,
+    RedisStore,
+    StoreError,
+)
+
+Contended = Busy
+"""The Rust core's name for ``Busy``."""
+
+__all__ = [
+    "Busy",
+    "CodecError",
+    "Contended",
+    "IdempotaskError",
+    "InDoubt",
+    "KeyReuse",
+    "MemoryStore",
+    "PostgresStore",
+    "RedisClusterStore",
+    "RedisStore",
+    "StoreError",
+    "TaskContext",
+    "context",
+    "idempotent_task",
+    "install",
+    "installed",
+]

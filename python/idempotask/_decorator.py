@@ -1,0 +1,286 @@
+"""``@idempotent_task``: a Python function run at most once per unit, on the Rust core."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import json
+import threading
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar, Union
+
+from . import _native
+from ._keys import KeyTemplate, encode_json, fingerprint_json, fingerprint_names, key_parameters
+
+__all__ = ["TaskContext", "context", "idempotent_task", "install", "installed"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+Store = Union[_native.MemoryStore, _native.RedisStore, _native.RedisClusterStore, _native.PostgresStore]
+
+_ON_BUSY = ("retry", "wait", "raise")
+_installed: Optional[Store] = None
+_install_lock = threading.Lock()
+# Task name -> the function that defined it: two functions with one name would share units.
+_names: Dict[str, str] = {}
+
+
+def install(store: Store) -> Optional[Store]:
+    """Makes ``store`` the one every task without its own ``store=`` uses; returns the one it
+    replaces. Call it once at start-up (in a Celery app module, at import: the store connects
+    lazily in each worker process, never across a fork)."""
+    global _installed
+    _native_store(store)
+    with _install_lock:
+        previous, _installed = _installed, store
+    return previous
+
+
+def installed() -> Optional[Store]:
+    """The installed store, if any."""
+    return _installed
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What a running body can know of its unit (``idempotask.context()`` inside it)."""
+
+    task: str
+    key: str
+    fencing_token: Optional[int]
+    attempt: int
+    in_doubt: Optional[float]
+    """For a unit taken over in doubt, how long (seconds) the earlier delivery's lock had been
+    expired: its side effect may have happened. ``None`` for a unit that was free."""
+
+
+_context: ContextVar[Optional[TaskContext]] = ContextVar("idempotask_context", default=None)
+
+
+def context() -> Optional[TaskContext]:
+    """The running unit's context, inside an idempotent task's body; ``None`` elsewhere."""
+    return _context.get()
+
+
+def _native_store(store: Any) -> Store:
+    if not isinstance(
+        store, (_native.MemoryStore, _native.RedisStore, _native.RedisClusterStore, _native.PostgresStore)
+    ):
+        raise TypeError(
+            f"expected an idempotask store (MemoryStore, RedisStore, RedisClusterStore, PostgresStore), got {type(store).__name__}"
+        )
+    return store
+
+
+def _resolve(future: "asyncio.Future[Any]", ok: bool, value: Any) -> None:
+    """Completes an event's future on its loop (called through ``call_soon_threadsafe``)."""
+    if future.done():
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
+
+
+class _Spec:
+    """One decorated function: its task, key template, fingerprint and busy policy."""
+
+    def __init__(self, function: Callable[..., Any], key: str, name: Optional[str], fingerprint: Any,
+                 on_busy: Optional[str], store: Optional[Store], options: Dict[str, Any]) -> None:
+        qualname = getattr(function, "__qualname__", repr(function))
+        self.function = function
+        self.signature, parameters, self.bound = key_parameters(function)
+        self.key = KeyTemplate(key, parameters, qualname)
+        self.fingerprint = fingerprint_names(fingerprint, parameters, self.key.roots, qualname)
+        if on_busy is not None and on_busy not in _ON_BUSY:
+            raise ValueError(f"{qualname}: on_busy must be one of {', '.join(map(repr, _ON_BUSY))}, not {on_busy!r}")
+        self.on_busy = on_busy
+        self.store = None if store is None else _native_store(store)
+        self.name = name if name is not None else function.__name__
+        try:
+            self.task = _native.Task(self.name, **options)
+        except ValueError as err:
+            raise ValueError(f"{qualname}: {err}") from None
+        defined = f"{function.__module__}.{qualname}"
+        taken = _names.setdefault(self.name, defined)
+        if taken != defined:
+            raise ValueError(
+                f"{qualname}: task name {self.name!r} is taken by {taken}: the two would share their results; give one of them its own name=\"...\""
+            )
+
+    def unit(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[str, Optional[str], Any]:
+        """The call's key, its fingerprinted arguments' JSON, and its ``self`` (or ``None``)."""
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        this = arguments.pop("self") if self.bound else None
+        key = self.key.render(arguments)
+        fingerprint = None if self.fingerprint is None else fingerprint_json(self.fingerprint, arguments)
+        return key, fingerprint, this
+
+    def mode(self, this: Any) -> str:
+        """What a busy unit does for this call: a bound Celery task retries by default."""
+        celery = this is not None and hasattr(this, "retry") and hasattr(this, "request")
+        if self.on_busy is None:
+            return "retry" if celery else "wait"
+        if self.on_busy == "retry" and not celery:
+            return "raise"
+        return self.on_busy
+
+    def start(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple["_native.Pending", str, str, Any]:
+        key, fingerprint, this = self.unit(args, kwargs)
+        store = self.store if self.store is not None else _installed
+        if store is None:
+            raise _native.IdempotaskError(
+                "no idempotency store is installed; call `idempotask.install(store)` at start-up or give the task a `store`"
+            )
+        mode = self.mode(this)
+        return self.task.start(store, key, fingerprint, mode == "wait"), key, mode, this
+
+    def busy(self, mode: str, this: Any, busy: BaseException) -> BaseException:
+        """The exception a busy unit raises: Celery's ``Retry`` in the holder's remaining lock
+        time, or ``Busy`` itself."""
+        if mode != "retry":
+            return busy
+        countdown = getattr(busy, "retry_after", None)
+        if countdown is None:
+            countdown = self.task.lock_ttl
+        return this.retry(exc=busy, countdown=countdown)
+
+    def context(self, key: str, event: Tuple[Any, ...]) -> TaskContext:
+        _, fencing_token, attempt, in_doubt = event
+        return TaskContext(self.name, key, fencing_token, attempt, in_doubt)
+
+
+def _answer(pending: "_native.Pending", value: Any) -> None:
+    """Hands the body's value to the call: its JSON, or why it has none."""
+    try:
+        text = encode_json(value)
+    except (TypeError, ValueError) as err:
+        pending.unstorable(f"the result has no JSON form: {err}")
+    else:
+        pending.finish(text)
+
+
+def _replayed(event: Tuple[Any, ...]) -> Any:
+    """The value of a call whose body did not run: the stored result."""
+    return json.loads(event[1])
+
+
+def _sync(spec: _Spec) -> Callable[..., Any]:
+    function = spec.function
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        pending, key, mode, this = spec.start(args, kwargs)
+        try:
+            event = pending.wait()
+        except _native.Busy as busy:
+            raise spec.busy(mode, this, busy) from None
+        if event[0] != "run":
+            return _replayed(event)
+        token = _context.set(spec.context(key, event))
+        try:
+            value = function(*args, **kwargs)
+        except BaseException:
+            pending.fail()
+            try:
+                pending.wait()  # the release, before the exception goes on
+            except Exception:
+                pass
+            raise
+        finally:
+            _context.reset(token)
+        _answer(pending, value)
+        pending.wait()
+        return value
+
+    return wrapper
+
+
+def _async(spec: _Spec) -> Callable[..., Any]:
+    function = spec.function
+
+    @functools.wraps(function)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        pending, key, mode, this = spec.start(args, kwargs)
+        try:
+            event = await pending.wait_async(loop, _resolve)
+        except _native.Busy as busy:
+            raise spec.busy(mode, this, busy) from None
+        if event[0] != "run":
+            return _replayed(event)
+        token = _context.set(spec.context(key, event))
+        try:
+            value = await function(*args, **kwargs)
+        except Exception:
+            pending.fail()
+            try:
+                await pending.wait_async(loop, _resolve)
+            except Exception:
+                pass
+            raise
+        except BaseException:
+            # Cancelled: the release goes on on idempotask's runtime, not awaited here.
+            pending.fail()
+            raise
+        finally:
+            _context.reset(token)
+        _answer(pending, value)
+        await pending.wait_async(loop, _resolve)
+        return value
+
+    return wrapper
+
+
+def idempotent_task(
+    *,
+    key: str,
+    name: Optional[str] = None,
+    lock_ttl: Any = None,
+    result_ttl: Any = None,
+    renew: bool = False,
+    fencing: bool = False,
+    fingerprint: Union[bool, Sequence[str], None] = None,
+    log_key: Optional[str] = None,
+    in_doubt: Optional[str] = None,
+    doubt_memory: Any = None,
+    max_attempts: Optional[int] = None,
+    max_wait: Any = None,
+    initial_backoff: Any = None,
+    max_backoff: Any = None,
+    on_busy: Optional[str] = None,
+    store: Optional[Store] = None,
+) -> Callable[[F], F]:
+    """Runs the decorated function at most once per unit of work (its task name and the key the
+    template makes of its arguments); every later call gets the first one's result back.
+
+    The key template and the options are checked here, when the decorator is applied: a
+    placeholder that names no parameter is a ``ValueError`` at import time. See docs/python.md
+    for every option; durations are seconds (``int``/``float``) or ``timedelta``.
+    """
+
+    def decorate(function: F) -> F:
+        options = dict(
+            lock_ttl=lock_ttl, result_ttl=result_ttl, renew=renew, fencing=fencing, log_key=log_key,
+            in_doubt=in_doubt, doubt_memory=doubt_memory, max_attempts=max_attempts, max_wait=max_wait,
+            initial_backoff=initial_backoff, max_backoff=max_backoff,
+        )
+        spec = _Spec(function, key, name, fingerprint, on_busy, store, options)
+        wrapper = _async(spec) if inspect.iscoroutinefunction(function) else _sync(spec)
+        wrapper.idempotask_name = spec.name  # type: ignore[attr-defined]
+        wrapper.idempotask_unit = _unit_of(spec)  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def _unit_of(spec: _Spec) -> Callable[..., Tuple[str, Optional[str]]]:
+    def unit(*args: Any, **kwargs: Any) -> Tuple[str, Optional[str]]:
+        """The key and the fingerprint (hex) a call with these arguments has; nothing runs."""
+        key, fingerprint, _ = spec.unit(args, kwargs)
+        return key, None if fingerprint is None else _native.fingerprint(fingerprint)
+
+    return unit

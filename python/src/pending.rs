@@ -1,0 +1,277 @@
+//! [`Pending`]: one call in flight, between the runtime thread that runs the core's `Call` and
+//! the Python thread (or event loop) that runs the body.
+//!
+//! The call runs on idempotask's runtime: it asks for the lock (waiting on a busy unit with the
+//! core's backoff), and its body, instead of doing the work, sends the Python caller a
+//! [`Event::Run`] and waits for the body's result. The caller runs the Python function in its
+//! own thread and answers with [`Pending::finish`] (its JSON), [`Pending::unstorable`] or
+//! [`Pending::fail`] (it raised); the call then records the marker or releases the lock and
+//! sends [`Event::Done`]. The lock's renewal keeps running on the runtime while the Python body
+//! blocks, and the GIL is released whenever the caller waits.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use idempotask::{Error, Fingerprint, Outcome, Report, Task};
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use serde_json::value::RawValue;
+use tokio::runtime::Handle;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::sync::oneshot;
+
+use crate::errors::to_py_err;
+use crate::store::Lazy;
+use crate::stored::Stored;
+
+/// What the call tells its Python caller.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// The lock is held: run the body now and answer through `body`.
+    Run {
+        body: oneshot::Sender<Stored>,
+        fencing_token: Option<u64>,
+        attempt: u32,
+        /// How long the earlier delivery's lock had been expired, for a unit taken over in
+        /// doubt.
+        in_doubt: Option<Duration>,
+    },
+    /// The call is over.
+    Done(Result<Report<Stored>, CallError>),
+}
+
+/// Why a call ended without a value.
+#[derive(Debug)]
+pub(crate) enum CallError {
+    /// idempotask's own error: nothing ran, or the result could not be read.
+    Core(Error),
+    /// The body raised (or its caller went away): the lock was released, nothing was stored.
+    /// The exception itself stays with the Python caller, which raises it as it was.
+    Raised,
+}
+
+impl From<Error> for CallError {
+    fn from(err: Error) -> Self {
+        Self::Core(err)
+    }
+}
+
+/// Input: a task, its store, the caller's key and fingerprint. Output: the events of one call
+/// of it, sent to the Python caller: at most one `Run`, then `Done`.
+pub(crate) async fn drive(
+    task: Arc<Task>,
+    store: Arc<Lazy>,
+    key: String,
+    fingerprint: Option<Fingerprint>,
+    events: UnboundedSender<Event>,
+) {
+    let result = run(&task, &store, key, fingerprint, &events).await;
+    // The caller may have gone (a cancelled coroutine): then nobody needs the answer.
+    let _ = events.send(Event::Done(result));
+}
+
+async fn run(
+    task: &Task,
+    store: &Lazy,
+    key: String,
+    fingerprint: Option<Fingerprint>,
+    events: &UnboundedSender<Event>,
+) -> Result<Report<Stored>, CallError> {
+    let store = store.get().await.map_err(Error::Store)?;
+    let mut call = task.call(key).store(store);
+    if let Some(fingerprint) = fingerprint {
+        call = call.fingerprint(fingerprint);
+    }
+    let body = async {
+        let (body, result) = oneshot::channel();
+        let context = idempotask::context();
+        let run = Event::Run {
+            body,
+            fencing_token: context
+                .as_ref()
+                .and_then(idempotask::TaskContext::fencing_token),
+            attempt: context.as_ref().map_or(1, idempotask::TaskContext::attempt),
+            in_doubt: context
+                .as_ref()
+                .and_then(idempotask::TaskContext::in_doubt)
+                .map(|doubt| doubt.expired_for),
+        };
+        if events.send(run).is_err() {
+            return Err(CallError::Raised);
+        }
+        // A dropped sender is a caller that went away mid-body: released, as a raise is.
+        result.await.map_err(|_| CallError::Raised)
+    };
+    call.run_reported(body).await
+}
+
+/// One call in flight, as Python holds it.
+///
+/// Dropping it does not stop the call at once: a call still waiting for the lock goes on until
+/// it gets it or gives up, then finds nobody to run the body and releases the lock; a call
+/// whose body was running takes the drop for a raise and releases; a result already handed
+/// over is recorded. Stopping it sooner would cut a release or a recording short.
+#[pyclass(frozen, module = "idempotask._native")]
+#[derive(Debug)]
+pub(crate) struct Pending {
+    shared: Arc<Shared>,
+    handle: Handle,
+}
+
+#[derive(Debug)]
+struct Shared {
+    events: tokio::sync::Mutex<UnboundedReceiver<Event>>,
+    /// Where the body's result goes, once the call said `Run`.
+    body: Mutex<Option<oneshot::Sender<Stored>>>,
+}
+
+impl Pending {
+    pub(crate) fn new(handle: Handle, events: UnboundedReceiver<Event>) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                events: tokio::sync::Mutex::new(events),
+                body: Mutex::new(None),
+            }),
+            handle,
+        }
+    }
+
+    /// Sends the body's result to the call.
+    fn answer(&self, result: Option<Stored>) -> PyResult<()> {
+        let body = self
+            .shared
+            .body
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .ok_or_else(|| {
+                PyRuntimeError::new_err("the call is not waiting for a body's result")
+            })?;
+        if let Some(result) = result {
+            // The call is gone only when it was stopped; then nothing waits for the answer.
+            let _ = body.send(result);
+        }
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl Pending {
+    /// Waits, with the GIL released, for the call's next event: `("run", fencing_token,
+    /// attempt, in_doubt)`, `("done", json, outcome, fencing_token)` (`json` is `None` for a value
+    /// that has no JSON form; the body's own value is then the answer), `("raised",)`, or an `IdempotaskError`. Signals (Ctrl-C)
+    /// are handled while it waits.
+    fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        loop {
+            let shared = Arc::clone(&self.shared);
+            let handle = self.handle.clone();
+            let event = py.detach(move || {
+                handle.block_on(async {
+                    let mut events = shared.events.lock().await;
+                    tokio::time::timeout(Duration::from_millis(200), events.recv()).await
+                })
+            });
+            match event {
+                Ok(event) => return to_python(py, &self.shared, event),
+                Err(_) => py.check_signals()?,
+            }
+        }
+    }
+
+    /// Like [`wait`](Self::wait) for asyncio: a future of `loop` that `resolve(future, ok,
+    /// value)` completes from the runtime thread through `loop.call_soon_threadsafe`.
+    fn wait_async(
+        &self,
+        py: Python<'_>,
+        event_loop: Py<PyAny>,
+        resolve: Py<PyAny>,
+    ) -> PyResult<Py<PyAny>> {
+        let future = event_loop.call_method0(py, "create_future")?;
+        let shared = Arc::clone(&self.shared);
+        let answer = future.clone_ref(py);
+        self.handle.spawn(async move {
+            let event = shared.events.lock().await.recv().await;
+            Python::attach(|py| {
+                let (ok, value) = match to_python(py, &shared, event) {
+                    Ok(value) => (true, value),
+                    Err(err) => (false, err.into_value(py).into_any()),
+                };
+                // A closed loop has no one left to tell.
+                let _ = event_loop.call_method1(
+                    py,
+                    "call_soon_threadsafe",
+                    (resolve, answer, ok, value),
+                );
+            });
+        });
+        Ok(future)
+    }
+
+    /// The body returned a value whose JSON text is `json`: the call stores it. Text that is
+    /// not JSON is stored as unstorable, as a value `json.dumps` refused.
+    fn finish(&self, json: String) -> PyResult<()> {
+        let stored = match RawValue::from_string(json) {
+            Ok(json) => Stored::Json(json),
+            Err(err) => Stored::Unstorable(format!("the result's text is not JSON: {err}")),
+        };
+        self.answer(Some(stored))
+    }
+
+    /// The body returned a value that has no JSON form, for `reason`: duplicates get a
+    /// `CodecError` instead of running again.
+    fn unstorable(&self, reason: String) -> PyResult<()> {
+        self.answer(Some(Stored::Unstorable(reason)))
+    }
+
+    /// The body raised: the call releases the lock and stores nothing.
+    fn fail(&self) -> PyResult<()> {
+        self.answer(None)
+    }
+}
+
+/// Input: the call's next event (`None`: the call is gone). Output: its Python form, as
+/// [`Pending::wait`] says.
+fn to_python(py: Python<'_>, shared: &Shared, event: Option<Event>) -> PyResult<Py<PyAny>> {
+    let event = event.ok_or_else(|| PyRuntimeError::new_err("the call ended without an answer"))?;
+    match event {
+        Event::Run {
+            body,
+            fencing_token,
+            attempt,
+            in_doubt,
+        } => {
+            *shared.body.lock().unwrap_or_else(PoisonError::into_inner) = Some(body);
+            let in_doubt = in_doubt.map(|expired| expired.as_secs_f64());
+            Ok(("run", fencing_token, attempt, in_doubt)
+                .into_pyobject(py)?
+                .into_any()
+                .unbind())
+        }
+        Event::Done(Ok(report)) => {
+            let json = match &report.value {
+                Stored::Json(json) => Some(json.get()),
+                Stored::Unstorable(_) => None,
+            };
+            let outcome = outcome_name(report.outcome);
+            Ok(("done", json, outcome, report.fencing_token)
+                .into_pyobject(py)?
+                .into_any()
+                .unbind())
+        }
+        Event::Done(Err(CallError::Raised)) => {
+            Ok(("raised",).into_pyobject(py)?.into_any().unbind())
+        }
+        Event::Done(Err(CallError::Core(err))) => Err(to_py_err(&err)),
+    }
+}
+
+fn outcome_name(outcome: Outcome) -> &'static str {
+    match outcome {
+        Outcome::Executed => "executed",
+        Outcome::Replayed => "replayed",
+        Outcome::Reconciled => "reconciled",
+        Outcome::LockLost { .. } => "lock_lost",
+        Outcome::MarkerNotWritten => "marker_not_written",
+        _ => "other",
+    }
+}

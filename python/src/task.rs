@@ -1,0 +1,121 @@
+//! [`NativeTask`]: a task as the Python decorator builds it, and the start of its calls.
+
+use std::sync::Arc;
+
+use idempotask::{Fingerprint, Task};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::errors::CodecError;
+use crate::options::{Options, seconds};
+use crate::pending::{Pending, drive};
+
+/// A task: its stable name and settings, built once when the decorator is applied.
+#[pyclass(frozen, module = "idempotask._native", name = "Task")]
+#[derive(Debug)]
+pub(crate) struct NativeTask {
+    /// The task that waits on a busy unit with the core's backoff.
+    waiting: Arc<Task>,
+    /// The same task answering `Busy` at once.
+    not_waiting: Arc<Task>,
+}
+
+/// An optional duration argument in seconds or a `timedelta`.
+fn duration(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<std::time::Duration>> {
+    value.map(seconds).transpose()
+}
+
+#[pymethods]
+impl NativeTask {
+    #[new]
+    #[pyo3(signature = (
+        name, *, lock_ttl=None, result_ttl=None, renew=false, fencing=false, log_key=None,
+        in_doubt=None, doubt_memory=None, max_attempts=None, max_wait=None,
+        initial_backoff=None, max_backoff=None,
+    ))]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one keyword argument per option, as Python passes them"
+    )]
+    fn new(
+        name: &str,
+        lock_ttl: Option<&Bound<'_, PyAny>>,
+        result_ttl: Option<&Bound<'_, PyAny>>,
+        renew: bool,
+        fencing: bool,
+        log_key: Option<String>,
+        in_doubt: Option<String>,
+        doubt_memory: Option<&Bound<'_, PyAny>>,
+        max_attempts: Option<u32>,
+        max_wait: Option<&Bound<'_, PyAny>>,
+        initial_backoff: Option<&Bound<'_, PyAny>>,
+        max_backoff: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        idempotask::store::check_task_name(name)
+            .map_err(|err| PyValueError::new_err(format!("task name {name:?}: {err}")))?;
+        let options = Options {
+            lock_ttl: duration(lock_ttl)?,
+            result_ttl: duration(result_ttl)?,
+            renew,
+            fencing,
+            log_key,
+            in_doubt,
+            doubt_memory: duration(doubt_memory)?,
+            max_attempts,
+            max_wait: duration(max_wait)?,
+            initial_backoff: duration(initial_backoff)?,
+            max_backoff: duration(max_backoff)?,
+        };
+        Ok(Self {
+            waiting: Arc::new(options.task(name, true)?),
+            not_waiting: Arc::new(options.task(name, false)?),
+        })
+    }
+
+    /// The task's stable name.
+    #[getter]
+    fn name(&self) -> &str {
+        self.waiting.name()
+    }
+
+    /// The lock TTL in seconds.
+    #[getter]
+    fn lock_ttl(&self) -> f64 {
+        self.waiting.settings().lock_ttl.as_secs_f64()
+    }
+
+    /// Starts one call for `key` on `store`: the call asks for the lock on idempotask's
+    /// runtime, and the returned [`Pending`] says when the body is to run. `fingerprint` is
+    /// the JSON text of the fingerprinted arguments; `wait` false answers a busy unit at once.
+    #[pyo3(signature = (store, key, fingerprint=None, wait=true))]
+    fn start(
+        &self,
+        store: &Bound<'_, PyAny>,
+        key: String,
+        fingerprint: Option<&str>,
+        wait: bool,
+    ) -> PyResult<Pending> {
+        let lazy = crate::store::lazy_of(store)?;
+        let fingerprint = fingerprint.map(fingerprint_of).transpose()?;
+        let task = Arc::clone(if wait {
+            &self.waiting
+        } else {
+            &self.not_waiting
+        });
+        let handle = crate::runtime::handle()?;
+        let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
+        handle.spawn(drive(task, lazy, key, fingerprint, events));
+        Ok(Pending::new(handle, receiver))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Task({:?})", self.waiting.name())
+    }
+}
+
+/// Input: JSON text. Output: its fingerprint, the one the Rust core computes for the same
+/// value (`Fingerprint::of_json`), or `CodecError` for text that is not JSON.
+pub(crate) fn fingerprint_of(json: &str) -> PyResult<Fingerprint> {
+    Fingerprint::of_json(json.as_bytes())
+        .ok_or_else(|| CodecError::new_err("the fingerprinted arguments are not one JSON value"))
+}

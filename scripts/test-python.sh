@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The Python package's tests (python/tests): builds the wheel of python/ with maturin into a
+# virtual environment of its own under the target directory, installs it with pip as users do
+# (`pip install ./python` builds the same wheel), and runs pytest. The tests start their own
+# redis-server (scripts/install-servers.sh installs it); none is skipped when it is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+target="${CARGO_TARGET_DIR:-target}"
+venv="$(realpath -m "$target/python-venv")"
+wheels="$(realpath -m "$target/python-wheels")"
+python="${PYTHON:-python3}"
+if [ ! -x "$venv/bin/python" ]; then
+  "$python" -m venv "$venv"
+fi
+# Pinned to what the tests were written against; pip skips what is already there.
+"$venv/bin/pip" install --quiet --disable-pip-version-check \
+  'maturin>=1.9.4,<2' 'pytest>=8,<10' 'celery[redis]==5.*' 'redis>=5,<8'
+# The wheel is built by the workspace's cargo, with the workspace's Cargo.lock (--locked) and
+# target directory, then installed like any wheel.
+rm -rf "$wheels"
+"$venv/bin/maturin" build --release --locked --manifest-path python/Cargo.toml \
+  --interpreter "$venv/bin/python" --out "$wheels" --quiet
+"$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps \
+  "$wheels"/idempotask-*.whl
+# From python/tests, so that `import idempotask` finds the installed wheel, never the source
+# directory (which has no native module).
+cd python/tests
+"$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"
