@@ -66,6 +66,15 @@ async fn convert(rate: f64, flag: bool) -> Result<(), Error> {
     Ok(())
 }
 
+/// Floats where the texts of Python's `json` and of `serde_json` differ (`1.5e-05` and
+/// `0.000015`, `1e-07` and `1e-7`), in a fingerprint and in a result.
+#[idempotent_task(key = "sensor-{sensor}", fingerprint = [readings])]
+async fn record_readings(sensor: u32, readings: Vec<f64>) -> Result<Vec<f64>, Error> {
+    RAN.fetch_add(1, Ordering::SeqCst);
+    let _ = sensor;
+    Ok(readings.into_iter().rev().collect())
+}
+
 /// The cases: task, key template, fingerprint list, arguments (in declaration order).
 fn cases() -> Vec<(&'static str, &'static str, Vec<&'static str>, Value)> {
     let receipt = json!({
@@ -106,6 +115,12 @@ fn cases() -> Vec<(&'static str, &'static str, Vec<&'static str>, Value)> {
             vec![],
             json!({"rate": 0.000_012_5, "flag": true}),
         ),
+        (
+            "record_readings",
+            "sensor-{sensor}",
+            vec!["readings"],
+            json!({"sensor": 3, "readings": [1.5e-5, 1e16, 1e-7, -0.0, 5e-324, 1.234_567_890_123_456_8e16, 0.1, 100.0, 1e21, 2.5e-5]}),
+        ),
     ]
 }
 
@@ -127,6 +142,9 @@ async fn run(task: &str, args: &Value) -> String {
             .await,
         ),
         "convert" => json_of(&convert(from(args, "rate"), from(args, "flag")).await),
+        "record_readings" => {
+            json_of(&record_readings(from(args, "sensor"), from(args, "readings")).await)
+        }
         other => panic!("no task {other}"),
     }
 }

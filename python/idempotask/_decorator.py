@@ -154,13 +154,32 @@ class _Spec:
 
 
 def _answer(pending: "_native.Pending", value: Any) -> None:
-    """Hands the body's value to the call: its JSON, or why it has none."""
+    """Hands the body's value to the call: its JSON, or why it has none. Once the body returned,
+    its work is done: whatever the encoding raises, the unit is recorded (as unstorable at
+    worst), never released for the work to run again."""
     try:
         text = encode_json(value)
-    except (TypeError, ValueError) as err:
-        pending.unstorable(f"the result has no JSON form: {err}")
+        # A lone surrogate (from `json.loads` of a broken payload) has no UTF-8 form.
+        text.encode("utf-8")
+    except BaseException as err:  # noqa: B036 - an interrupt while encoding too
+        pending.unstorable(f"the result has no JSON form: {err!r}")
+        if not isinstance(err, Exception):
+            raise
     else:
         pending.finish(text)
+
+
+def _not_awaited(function: Callable[..., Any], value: Any) -> Optional[TypeError]:
+    """Why a plain function's return value is no result: an awaitable (a coroutine function
+    that `inspect` could not tell) means the work has not run."""
+    if not inspect.isawaitable(value):
+        return None
+    close = getattr(value, "close", None)
+    if close is not None:
+        close()  # no "never awaited" warning: it is refused, not forgotten
+    return TypeError(
+        f"{getattr(function, '__qualname__', function)!s} returned an awaitable: decorate an `async def` function, or await the work inside it"
+    )
 
 
 def _replayed(event: Tuple[Any, ...]) -> Any:
@@ -174,29 +193,43 @@ def _sync(spec: _Spec) -> Callable[..., Any]:
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         pending, key, mode, this = spec.start(args, kwargs)
+        # Every way out cancels: a caller interrupted while it waits (Ctrl-C, a Celery time
+        # limit) must not leave the call holding a lock for a body nobody runs.
         try:
-            event = pending.wait()
-        except _native.Busy as busy:
-            raise spec.busy(mode, this, busy) from None
-        if event[0] != "run":
-            return _replayed(event)
-        token = _context.set(spec.context(key, event))
-        try:
-            value = function(*args, **kwargs)
-        except BaseException:
-            pending.fail()
-            try:
-                pending.wait()  # the release, before the exception goes on
-            except Exception:
-                pass
-            raise
+            return _run_sync(spec, pending, key, mode, this, args, kwargs)
         finally:
-            _context.reset(token)
-        _answer(pending, value)
-        pending.wait()
-        return value
+            pending.cancel()
 
     return wrapper
+
+
+def _run_sync(spec: _Spec, pending: "_native.Pending", key: str, mode: str, this: Any,
+              args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    function = spec.function
+    try:
+        event = pending.wait()
+    except _native.Busy as busy:
+        raise spec.busy(mode, this, busy) from None
+    if event[0] != "run":
+        return _replayed(event)
+    token = _context.set(spec.context(key, event))
+    try:
+        value = function(*args, **kwargs)
+        refused = _not_awaited(function, value)
+        if refused is not None:
+            raise refused
+    except BaseException:
+        pending.fail()
+        try:
+            pending.wait()  # the release, before the exception goes on
+        except Exception:
+            pass
+        raise
+    finally:
+        _context.reset(token)
+    _answer(pending, value)
+    pending.wait()
+    return value
 
 
 def _async(spec: _Spec) -> Callable[..., Any]:
@@ -204,35 +237,44 @@ def _async(spec: _Spec) -> Callable[..., Any]:
 
     @functools.wraps(function)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        loop = asyncio.get_running_loop()
         pending, key, mode, this = spec.start(args, kwargs)
+        # As in the plain wrapper: a cancelled coroutine cancels its call.
         try:
-            event = await pending.wait_async(loop, _resolve)
-        except _native.Busy as busy:
-            raise spec.busy(mode, this, busy) from None
-        if event[0] != "run":
-            return _replayed(event)
-        token = _context.set(spec.context(key, event))
-        try:
-            value = await function(*args, **kwargs)
-        except Exception:
-            pending.fail()
-            try:
-                await pending.wait_async(loop, _resolve)
-            except Exception:
-                pass
-            raise
-        except BaseException:
-            # Cancelled: the release goes on on idempotask's runtime, not awaited here.
-            pending.fail()
-            raise
+            return await _run_async(spec, pending, key, mode, this, args, kwargs)
         finally:
-            _context.reset(token)
-        _answer(pending, value)
-        await pending.wait_async(loop, _resolve)
-        return value
+            pending.cancel()
 
     return wrapper
+
+
+async def _run_async(spec: _Spec, pending: "_native.Pending", key: str, mode: str, this: Any,
+                     args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    loop = asyncio.get_running_loop()
+    try:
+        event = await pending.wait_async(loop, _resolve)
+    except _native.Busy as busy:
+        raise spec.busy(mode, this, busy) from None
+    if event[0] != "run":
+        return _replayed(event)
+    token = _context.set(spec.context(key, event))
+    try:
+        value = await spec.function(*args, **kwargs)
+    except Exception:
+        pending.fail()
+        try:
+            await pending.wait_async(loop, _resolve)
+        except Exception:
+            pass
+        raise
+    except BaseException:
+        # Cancelled: the release goes on on idempotask's runtime, not awaited here.
+        pending.fail()
+        raise
+    finally:
+        _context.reset(token)
+    _answer(pending, value)
+    await pending.wait_async(loop, _resolve)
+    return value
 
 
 def idempotent_task(
@@ -263,6 +305,10 @@ def idempotent_task(
     """
 
     def decorate(function: F) -> F:
+        if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
+            raise TypeError(
+                f"{getattr(function, '__qualname__', function)!s} is a generator function: its call returns before any work runs, so there is no result to record; return a list instead"
+            )
         options = dict(
             lock_ttl=lock_ttl, result_ttl=result_ttl, renew=renew, fencing=fencing, log_key=log_key,
             in_doubt=in_doubt, doubt_memory=doubt_memory, max_attempts=max_attempts, max_wait=max_wait,

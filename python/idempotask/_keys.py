@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import json
+import re
 import string
 from decimal import Decimal
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -22,13 +23,110 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 __all__ = ["KeyTemplate", "encode_json", "placeholder_text"]
 
 
-def encode_json(value: Any) -> str:
-    """The compact JSON text of ``value``, as serde_json writes it.
+# Python and serde_json write a float alike (the shortest digits, plain from 1e-4 to below
+# 1e16, `1e+16` above) but for small ones: `1.5e-05` and `1e-07` in Python, `0.000015` and `1e-7`
+# in serde_json. Only a text with such an exponent takes the slow path, which writes every float
+# as serde_json does; a string that merely looks like one costs that path, nothing more.
+_PYTHON_EXPONENT = re.compile(r"\de-0\d")
 
-    No whitespace and no ASCII escaping (serde_json writes ``é``, not ``\\u00e9``); a float that
-    JSON cannot carry (NaN, an infinity) is refused with ``ValueError``.
+
+def encode_json(value: Any) -> str:
+    """The compact JSON text of ``value``, byte for byte what serde_json writes for the same
+    value, so that fingerprints and markers match a Rust worker's.
+
+    No whitespace and no ASCII escaping (serde_json writes ``é``, not ``\\u00e9``); floats in
+    serde_json's layout (``0.000015`` and ``1e-7`` where Python writes ``1.5e-05`` and
+    ``1e-07``); a float that JSON cannot carry (NaN, an infinity) is ``null``, as serde_json
+    writes it.
     """
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        # NaN or an infinity (or a cycle, which the slow path reports too).
+        return "".join(_chunks(value, set()))
+    if _PYTHON_EXPONENT.search(text):
+        return "".join(_chunks(value, set()))
+    return text
+
+
+def _chunks(value: Any, open_containers: set) -> Any:
+    """The pieces of ``value``'s JSON text, as ``json.dumps`` makes them but for floats."""
+    if isinstance(value, str):
+        yield json.dumps(value, ensure_ascii=False)
+    elif value is None:
+        yield "null"
+    elif value is True:
+        yield "true"
+    elif value is False:
+        yield "false"
+    elif isinstance(value, int):
+        yield int.__repr__(value)
+    elif isinstance(value, float):
+        yield float_json(value)
+    elif isinstance(value, (list, tuple, dict)):
+        if id(value) in open_containers:
+            raise ValueError("Circular reference detected")
+        open_containers.add(id(value))
+        if isinstance(value, dict):
+            yield "{"
+            for index, (name, item) in enumerate(value.items()):
+                yield ("," if index else "") + json.dumps(_member_name(name), ensure_ascii=False) + ":"
+                yield from _chunks(item, open_containers)
+            yield "}"
+        else:
+            yield "["
+            for index, item in enumerate(value):
+                if index:
+                    yield ","
+                yield from _chunks(item, open_containers)
+            yield "]"
+        open_containers.discard(id(value))
+    else:
+        raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _member_name(name: Any) -> str:
+    """An object member's name, as ``json.dumps`` converts a dict key."""
+    if isinstance(name, str):
+        return name
+    if name is True or name is False:
+        return "true" if name else "false"
+    if name is None:
+        return "null"
+    if isinstance(name, int):
+        return int.__repr__(name)
+    if isinstance(name, float):
+        return float_json(name)
+    raise TypeError(f"keys must be str, int, float, bool or None, not {type(name).__name__}")
+
+
+def float_json(value: float) -> str:
+    """``value`` as serde_json writes an ``f64``: the shortest digits that read back as it, in
+    plain notation from ``0.00001`` to below ``1e16`` (``1.0``, ``0.000015``), else with an
+    exponent (``1e+16``, ``1.5e-7``); ``-0.0``; ``null`` for NaN and the infinities."""
+    if value != value or value in (float("inf"), float("-inf")):
+        return "null"
+    text = float.__repr__(value)
+    sign = "-" if text.startswith("-") else ""
+    mantissa, _, exponent = text.lstrip("-").partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    digits = (whole + fraction).lstrip("0")
+    # Where the decimal point falls, counted from the first significant digit.
+    point = len(whole) + int(exponent or 0) - (len(whole + fraction) - len(digits))
+    digits = digits.rstrip("0")
+    if not digits:
+        return sign + "0.0"
+    length = len(digits)
+    if length <= point <= 16:
+        return sign + digits + "0" * (point - length) + ".0"
+    if 0 < point <= 16:
+        return sign + digits[:point] + "." + digits[point:]
+    if -5 < point <= 0:
+        return sign + "0." + "0" * -point + digits
+    exponent = f"e+{point - 1}" if point > 0 else f"e{point - 1}"
+    if length == 1:
+        return f"{sign}{digits}{exponent}"
+    return f"{sign}{digits[0]}.{digits[1:]}{exponent}"
 
 
 def _float_text(value: float) -> str:
@@ -38,7 +136,7 @@ def _float_text(value: float) -> str:
         return "NaN"
     if value in (float("inf"), float("-inf")):
         return "inf" if value > 0 else "-inf"
-    text = format(Decimal(repr(value)), "f")
+    text = format(Decimal(float.__repr__(value)), "f")
     if "." in text:
         text = text.rstrip("0").rstrip(".")
     return text
@@ -57,6 +155,17 @@ def placeholder_text(value: Any, name: str) -> str:
         return _float_text(value)
     if isinstance(value, str):
         return value
+    if isinstance(value, Decimal):
+        return format(value, "f")
+    kind = type(value)
+    if isinstance(value, (bytes, bytearray, memoryview)) or (
+        kind.__str__ is object.__str__ and kind.__repr__ is object.__repr__
+    ):
+        # `b'..'`, or `<Order object at 0x7f..>`: a text that differs per process would give
+        # every delivery a unit of its own.
+        raise TypeError(
+            f"key placeholder `{{{name}}}` is a {kind.__name__}, which has no stable text; put a field of it in the key, like `{{{name}.id}}`"
+        )
     return str(value)
 
 

@@ -8,6 +8,12 @@
 //! [`Pending::fail`] (it raised); the call then records the marker or releases the lock and
 //! sends [`Event::Done`]. The lock's renewal keeps running on the runtime while the Python body
 //! blocks, and the GIL is released whenever the caller waits.
+//!
+//! A caller that stops waiting (Ctrl-C, a Celery time limit, a cancelled coroutine) calls
+//! [`Pending::cancel`] (the Python layer does, in a `finally`; dropping the `Pending` does it
+//! too): a call still waiting for the lock stops there, and one whose body was handed over takes
+//! it as a raise and releases the lock. Without it, a call that got the lock after its caller
+//! left would wait for a body nobody runs, holding the lock.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -18,7 +24,7 @@ use pyo3::prelude::*;
 use serde_json::value::RawValue;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use crate::errors::to_py_err;
 use crate::store::Lazy;
@@ -64,10 +70,22 @@ pub(crate) async fn drive(
     key: String,
     fingerprint: Option<Fingerprint>,
     events: UnboundedSender<Event>,
+    mut cancelled: watch::Receiver<bool>,
 ) {
-    let result = run(&task, &store, key, fingerprint, &events).await;
+    // The core's call may be dropped at any await: before the body's answer it releases the
+    // lock in the background, after a value was handed over it records it there.
+    let result = tokio::select! {
+        result = run(&task, &store, key, fingerprint, &events) => result,
+        () = gone(&mut cancelled) => Err(CallError::Raised),
+    };
     // The caller may have gone (a cancelled coroutine): then nobody needs the answer.
     let _ = events.send(Event::Done(result));
+}
+
+/// Returns once the Python caller cancelled the call, or dropped it.
+async fn gone(cancelled: &mut watch::Receiver<bool>) {
+    // An error is a dropped sender: the `Pending` is gone, and nobody waits any more.
+    let _ = cancelled.wait_for(|cancelled| *cancelled).await;
 }
 
 async fn run(
@@ -116,6 +134,7 @@ async fn run(
 pub(crate) struct Pending {
     shared: Arc<Shared>,
     handle: Handle,
+    cancel: watch::Sender<bool>,
 }
 
 #[derive(Debug)]
@@ -126,13 +145,18 @@ struct Shared {
 }
 
 impl Pending {
-    pub(crate) fn new(handle: Handle, events: UnboundedReceiver<Event>) -> Self {
+    pub(crate) fn new(
+        handle: Handle,
+        events: UnboundedReceiver<Event>,
+        cancel: watch::Sender<bool>,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 events: tokio::sync::Mutex::new(events),
                 body: Mutex::new(None),
             }),
             handle,
+            cancel,
         }
     }
 
@@ -191,18 +215,24 @@ impl Pending {
         let answer = future.clone_ref(py);
         self.handle.spawn(async move {
             let event = shared.events.lock().await.recv().await;
-            Python::attach(|py| {
-                let (ok, value) = match to_python(py, &shared, event) {
-                    Ok(value) => (true, value),
-                    Err(err) => (false, err.into_value(py).into_any()),
-                };
-                // A closed loop has no one left to tell.
-                let _ = event_loop.call_method1(
-                    py,
-                    "call_soon_threadsafe",
-                    (resolve, answer, ok, value),
-                );
+            // Taking the GIL can wait as long as some Python thread holds it: not on a worker
+            // of the runtime, whose other calls' store I/O and renewals must go on.
+            let resolved = tokio::task::spawn_blocking(move || {
+                Python::attach(|py| {
+                    let (ok, value) = match to_python(py, &shared, event) {
+                        Ok(value) => (true, value),
+                        Err(err) => (false, err.into_value(py).into_any()),
+                    };
+                    // A closed loop has no one left to tell.
+                    let _ = event_loop.call_method1(
+                        py,
+                        "call_soon_threadsafe",
+                        (resolve, answer, ok, value),
+                    );
+                });
             });
+            // Only a panic in the closure fails it; the call ends on its own either way.
+            let _ = resolved.await;
         });
         Ok(future)
     }
@@ -226,6 +256,19 @@ impl Pending {
     /// The body raised: the call releases the lock and stores nothing.
     fn fail(&self) -> PyResult<()> {
         self.answer(None)
+    }
+
+    /// The caller stops waiting: a call still waiting for the lock gives up, one whose body was
+    /// handed over and not answered releases the lock, a value already handed over is still
+    /// recorded. Nothing, once the call is over. The Python layer calls it on every way out.
+    fn cancel(&self) {
+        self.cancel.send_replace(true);
+        // A `Run` not yet read, or read and not answered: nobody will answer it now.
+        self.shared
+            .body
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
     }
 }
 

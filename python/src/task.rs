@@ -104,8 +104,9 @@ impl NativeTask {
         });
         let handle = crate::runtime::handle()?;
         let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
-        handle.spawn(drive(task, lazy, key, fingerprint, events));
-        Ok(Pending::new(handle, receiver))
+        let (cancel, cancelled) = tokio::sync::watch::channel(false);
+        handle.spawn(drive(task, lazy, key, fingerprint, events, cancelled));
+        Ok(Pending::new(handle, receiver, cancel))
     }
 
     fn __repr__(&self) -> String {

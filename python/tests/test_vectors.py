@@ -44,11 +44,18 @@ def convert(rate: float, flag: bool) -> None:
     RAN.append("convert")
 
 
+@idempotent_task(key="sensor-{sensor}", fingerprint=["readings"])
+def record_readings(sensor: int, readings: List[float]) -> List[float]:
+    RAN.append("record_readings")
+    return readings[::-1]
+
+
 TASKS: Dict[str, Callable[..., Any]] = {
     "charge_customer": charge_customer,
     "ledger_total": ledger_total,
     "send_receipt": send_receipt,
     "convert": convert,
+    "record_readings": record_readings,
 }
 CASES = VECTORS["units"]
 
