@@ -262,8 +262,8 @@ pub async fn hold_keeps_every_delivery_of_a_unit_in_doubt_from_running(store: Sh
 }
 
 /// Checks that a unit in doubt stays in doubt until a delivery records a result: a delivery
-/// that took it over and fails, or whose reconcile function fails, leaves it in doubt for the
-/// next one.
+/// that took it over and fails, panics, or whose reconcile function fails, leaves it in doubt
+/// for the next one.
 ///
 /// # Panics
 /// When the store or the runner does not.
@@ -288,6 +288,18 @@ pub async fn a_unit_stays_in_doubt_until_a_result_is_recorded(store: SharedStore
         matches!(lookup_failed, Err(Error::NotConfigured)),
         "{lookup_failed:?}"
     );
+    // A body that panics, on a task of its own so that the panic is caught where it lands.
+    let panicking = {
+        let (task, store, key) = (task.clone(), store.clone(), unit.key().to_owned());
+        tokio::spawn(async move {
+            let _: Result<u8, Error> = task
+                .call(key)
+                .store(store)
+                .run(async { panic!("the body panics on a unit in doubt") })
+                .await;
+        })
+    };
+    assert!(panicking.await.is_err_and(|err| err.is_panic()));
     let report = task
         .call(unit.key())
         .store(store.clone())
