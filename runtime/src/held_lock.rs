@@ -155,6 +155,9 @@ pub(crate) fn release_in_background(
 /// hold, or the recording of a result its body already produced.
 pub(crate) struct OnDrop {
     pending: Pending,
+    /// The marker a `Finish` stores: kept here, so that the call records it from here too
+    /// instead of keeping a copy.
+    marker: Vec<u8>,
 }
 
 enum Pending {
@@ -175,7 +178,6 @@ enum Pending {
         unit: UnitOfWork,
         token: LockToken,
         logging: KeyLogging,
-        marker: Vec<u8>,
         result_ttl: Duration,
         lease: Arc<Lease>,
     },
@@ -196,19 +198,21 @@ impl OnDrop {
                 token: token.clone(),
                 logging,
             },
+            marker: Vec::new(),
         }
     }
 
     /// From now on, stores `marker` in the background if dropped (the body succeeded), as the
     /// holder of `granted`: the lock as it was granted, with its fencing token, which `finish`
-    /// compares whole.
+    /// compares whole. Answers the marker, kept here rather than copied: the call records it
+    /// from here.
     pub(crate) fn finish_instead(
         &mut self,
         granted: &LockToken,
         marker: Vec<u8>,
         result_ttl: Duration,
         lease: &Arc<Lease>,
-    ) {
+    ) -> &[u8] {
         if let Pending::Release {
             store,
             unit,
@@ -221,11 +225,12 @@ impl OnDrop {
                 unit,
                 token: granted.clone(),
                 logging,
-                marker,
                 result_ttl,
                 lease: Arc::clone(lease),
             };
         }
+        self.marker = marker;
+        &self.marker
     }
 
     /// The call took care of everything itself.
@@ -249,13 +254,13 @@ impl Drop for OnDrop {
                 unit,
                 token,
                 logging,
-                marker,
                 result_ttl,
                 lease,
             } => {
                 let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                     return;
                 };
+                let marker = std::mem::take(&mut self.marker);
                 runtime.spawn(
                     async move {
                         Recording::of(&store, &unit, &token, logging, &lease)

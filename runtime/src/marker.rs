@@ -2,6 +2,8 @@
 
 use std::io::Write as _;
 
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 
 use crate::fingerprint::Fingerprint;
@@ -80,9 +82,69 @@ impl Marker {
             Ok(json) => json.get(),
             Err(reason) => reason,
         };
+        let mut out = Self::header(
+            key,
+            token,
+            fencing_token,
+            fingerprint,
+            result.is_err(),
+            body.len(),
+        );
+        out.extend_from_slice(body.as_bytes());
+        out
+    }
+
+    /// Encodes the marker of a successful execution whose value is `value`: its JSON is written
+    /// straight after the marker's header, in the buffer that is the marker. A value that
+    /// cannot be written, or whose JSON does not read back into `T` (JSON writes a `NaN` as
+    /// `null`), is recorded as unstorable instead, and the reason answered beside the marker:
+    /// found at the first execution, so that every duplicate gets the same clear error rather
+    /// than a decoding error that reads like a changed return type.
+    pub(crate) fn encode_value<T: Serialize + DeserializeOwned>(
+        key: &str,
+        token: &LockToken,
+        fencing_token: Option<u64>,
+        fingerprint: Option<&Fingerprint>,
+        value: &T,
+    ) -> (Vec<u8>, Result<(), String>) {
+        let mut out = Self::header(
+            key,
+            token,
+            fencing_token,
+            fingerprint,
+            false,
+            USUAL_RESULT_LEN,
+        );
+        let start = out.len();
+        let reason = match serde_json::to_writer(&mut out, value) {
+            Err(err) => err.to_string(),
+            Ok(()) => match serde_json::from_slice::<T>(&out[start..]) {
+                Ok(_) => return (out, Ok(())),
+                Err(err) => format!(
+                    "its JSON form `{}` does not read back into the task's return type: {err}",
+                    String::from_utf8_lossy(&out[start..])
+                        .chars()
+                        .take(80)
+                        .collect::<String>()
+                ),
+            },
+        };
+        let marker = Self::encode(key, token, fencing_token, fingerprint, Err(&reason));
+        (marker, Err(reason))
+    }
+
+    /// A marker's bytes up to its result, in a buffer with room for `body_len` more.
+    fn header(
+        key: &str,
+        token: &LockToken,
+        fencing_token: Option<u64>,
+        fingerprint: Option<&Fingerprint>,
+        unstorable: bool,
+        body_len: usize,
+    ) -> Vec<u8> {
         let fingerprint = fingerprint.map(Fingerprint::as_str);
         let mut out =
-            Vec::with_capacity(key.len() + body.len() + fingerprint.map_or(0, str::len) + 32);
+            Vec::with_capacity(key.len() + body_len + fingerprint.map_or(0, str::len) + 32);
         // Numbers are written in place: a `to_string` would allocate each.
         out.push(TAG);
         let _ = write!(out, "{}", key.len());
@@ -95,13 +157,12 @@ impl Marker {
             out.extend_from_slice(b",p");
             out.extend_from_slice(fingerprint.as_bytes());
         }
-        if result.is_err() {
+        if unstorable {
             out.extend_from_slice(b",u");
         }
         out.push(b'|');
         out.extend_from_slice(key.as_bytes());
         out.push(b'|');
-        out.extend_from_slice(body.as_bytes());
         out
     }
 
@@ -293,6 +354,10 @@ pub(crate) fn delivery_of(token: &LockToken) -> String {
 /// markers differ but for a 1 in 16.7 million chance; 4 characters keep a `()` marker of a
 /// 29-character key at 44 bytes, which Redis stores inside the key's allocation (one more byte
 /// costs a second allocation, 16 bytes of memory per unit).
+/// Room for a result in a new marker's buffer: most results are small, and a larger one grows
+/// the buffer as it is written.
+const USUAL_RESULT_LEN: usize = 128;
+
 fn delivery_bytes(token: &LockToken) -> [u8; 4] {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let bits = token

@@ -432,19 +432,19 @@ async fn collect<R: Body<Data = Bytes>>(
     handler_panics: &HandlerPanics,
 ) -> Collected<R> {
     let mut rest = Box::pin(body);
-    let mut read = BytesMut::new();
+    let mut read = Gathered::default();
     if rest.size_hint().lower() > cap as u64 {
-        return Collected::Over(read.freeze(), rest);
+        return Collected::Over(read.into_bytes(), rest);
     }
     let mut trailers: Option<HeaderMap> = None;
     loop {
         match handler_panics.watched(rest.frame()).await {
-            None => return Collected::Whole(read.freeze(), trailers),
+            None => return Collected::Whole(read.into_bytes(), trailers),
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(data) => {
-                    read.extend_from_slice(&data);
+                    read.push(data);
                     if read.len() > cap {
-                        return Collected::Over(read.freeze(), rest);
+                        return Collected::Over(read.into_bytes(), rest);
                     }
                 }
                 // Trailers go on with the first response, and are not stored (see the crate
@@ -459,8 +459,39 @@ async fn collect<R: Body<Data = Bytes>>(
                     }
                 }
             },
-            Some(Err(error)) => return Collected::Failed(read.freeze(), error),
+            Some(Err(error)) => return Collected::Failed(read.into_bytes(), error),
         }
+    }
+}
+
+/// A body's data frames, read one after the other: a body of one frame (the usual answer of a
+/// handler) is kept as it came, without a copy.
+#[derive(Default)]
+struct Gathered {
+    first: Bytes,
+    more: Option<BytesMut>,
+}
+
+impl Gathered {
+    fn push(&mut self, data: Bytes) {
+        match &mut self.more {
+            Some(more) => more.extend_from_slice(&data),
+            None if self.first.is_empty() => self.first = data,
+            None => {
+                let mut more = BytesMut::with_capacity(self.first.len() + data.len());
+                more.extend_from_slice(&self.first);
+                more.extend_from_slice(&data);
+                self.more = Some(more);
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.more.as_ref().map_or(self.first.len(), BytesMut::len)
+    }
+
+    fn into_bytes(self) -> Bytes {
+        self.more.map_or(self.first, BytesMut::freeze)
     }
 }
 
@@ -637,6 +668,31 @@ mod tests {
     use tower::ServiceExt;
 
     use crate::{Idempotency, problem};
+
+    use super::{Bytes, Gathered};
+
+    #[test]
+    fn a_body_of_one_frame_is_kept_as_it_came_and_of_several_joined() {
+        let frame = Bytes::from(vec![b'a'; 100]);
+        let mut one = Gathered::default();
+        one.push(frame.clone());
+        assert_eq!(one.len(), 100);
+        // The same buffer: no copy of a whole body.
+        assert_eq!(one.into_bytes().as_ptr(), frame.as_ptr());
+        let mut several = Gathered::default();
+        for part in ["{\"id\":", "\"ch_1\"", "", "}"] {
+            several.push(Bytes::from_static(part.as_bytes()));
+        }
+        assert_eq!(several.len(), 13);
+        assert_eq!(
+            several.into_bytes(),
+            Bytes::from_static(b"{\"id\":\"ch_1\"}")
+        );
+        let mut empty_first = Gathered::default();
+        empty_first.push(Bytes::new());
+        empty_first.push(Bytes::from_static(b"x"));
+        assert_eq!(empty_first.into_bytes(), Bytes::from_static(b"x"));
+    }
 
     struct Unpark(std::thread::Thread);
     impl Wake for Unpark {

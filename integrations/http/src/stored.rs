@@ -58,36 +58,110 @@ pub(crate) enum Stored {
 pub(crate) struct StoredResponse {
     status: u16,
     #[serde(default)]
-    headers: Vec<(String, Octets)>,
+    headers: Vec<(StoredName, Octets)>,
     body: Octets,
+}
+
+/// A header's name as stored: the response's own when written (a standard name is shared, not
+/// copied), its text when read back, checked when the response is made again.
+#[derive(Debug, Deserialize)]
+#[serde(from = "String")]
+enum StoredName {
+    Name(HeaderName),
+    Read(String),
+}
+
+impl From<String> for StoredName {
+    fn from(text: String) -> Self {
+        Self::Read(text)
+    }
+}
+
+impl Serialize for StoredName {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(match self {
+            Self::Name(name) => name.as_str(),
+            Self::Read(text) => text,
+        })
+    }
 }
 
 /// Bytes in JSON: as text when they are UTF-8 (the usual body), else in base64 (the standard
 /// alphabet with padding, RFC 4648 §4).
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Deserialize)]
+#[serde(from = "OctetsRead")]
 enum Octets {
+    /// UTF-8, checked when made. `Bytes`, so that a body is stored without a copy of it.
+    Text(Bytes),
+    Base64(String),
+}
+
+/// [`Octets`] as read from JSON.
+#[derive(Deserialize)]
+enum OctetsRead {
     #[serde(rename = "text")]
     Text(String),
     #[serde(rename = "base64")]
     Base64(String),
 }
 
+impl From<OctetsRead> for Octets {
+    fn from(read: OctetsRead) -> Self {
+        match read {
+            OctetsRead::Text(text) => Self::Text(Bytes::from(text)),
+            OctetsRead::Base64(encoded) => Self::Base64(encoded),
+        }
+    }
+}
+
+impl Serialize for Octets {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Text(bytes) => match std::str::from_utf8(bytes) {
+                Ok(text) => serializer.serialize_newtype_variant("Octets", 0, "text", text),
+                // Made only of UTF-8; base64 keeps the bytes whatever happens.
+                Err(_) => serializer.serialize_newtype_variant(
+                    "Octets",
+                    1,
+                    "base64",
+                    &BASE64.encode(bytes),
+                ),
+            },
+            Self::Base64(encoded) => {
+                serializer.serialize_newtype_variant("Octets", 1, "base64", encoded)
+            }
+        }
+    }
+}
+
 /// Why a stored response cannot be turned back into one.
 pub(crate) type Unreadable = &'static str;
 
 impl Octets {
-    fn of(bytes: &[u8]) -> Self {
-        match std::str::from_utf8(bytes) {
-            Ok(text) => Self::Text(text.to_owned()),
-            Err(_) => Self::Base64(BASE64.encode(bytes)),
+    /// `bytes`, shared rather than copied.
+    fn of(bytes: &Bytes) -> Self {
+        if std::str::from_utf8(bytes).is_ok() {
+            Self::Text(bytes.clone())
+        } else {
+            Self::Base64(BASE64.encode(bytes))
         }
     }
 
-    fn into_bytes(self) -> Result<Vec<u8>, Unreadable> {
+    /// A copy of `bytes` (a header value's, which cannot be shared).
+    fn copied(bytes: &[u8]) -> Self {
+        if std::str::from_utf8(bytes).is_ok() {
+            Self::Text(Bytes::copy_from_slice(bytes))
+        } else {
+            Self::Base64(BASE64.encode(bytes))
+        }
+    }
+
+    fn into_bytes(self) -> Result<Bytes, Unreadable> {
         match self {
-            Self::Text(text) => Ok(text.into_bytes()),
+            Self::Text(bytes) => Ok(bytes),
             Self::Base64(encoded) => BASE64
                 .decode(encoded)
+                .map(Bytes::from)
                 .map_err(|_| "it holds base64 that is not valid"),
         }
     }
@@ -114,7 +188,7 @@ fn is_dropped(name: &HeaderName, connection: &[HeaderName], cookies: bool) -> bo
 impl StoredResponse {
     /// What is kept of a response with `status`, `headers` and `body`; its `Set-Cookie`
     /// headers only when `cookies`.
-    pub(crate) fn of(status: StatusCode, headers: &HeaderMap, body: &[u8], cookies: bool) -> Self {
+    pub(crate) fn of(status: StatusCode, headers: &HeaderMap, body: &Bytes, cookies: bool) -> Self {
         let connection: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
             .iter()
@@ -127,7 +201,12 @@ impl StoredResponse {
             headers: headers
                 .iter()
                 .filter(|(name, _)| !is_dropped(name, &connection, cookies))
-                .map(|(name, value)| (name.as_str().to_owned(), Octets::of(value.as_bytes())))
+                .map(|(name, value)| {
+                    (
+                        StoredName::Name(name.clone()),
+                        Octets::copied(value.as_bytes()),
+                    )
+                })
                 .collect(),
             body: Octets::of(body),
         }
@@ -139,13 +218,16 @@ impl StoredResponse {
             StatusCode::from_u16(self.status).map_err(|_| "its status code is not valid")?;
         let mut headers = HeaderMap::with_capacity(self.headers.len());
         for (name, value) in self.headers {
-            let name = HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| "it holds a header name that is not valid")?;
+            let name = match name {
+                StoredName::Name(name) => name,
+                StoredName::Read(text) => HeaderName::from_bytes(text.as_bytes())
+                    .map_err(|_| "it holds a header name that is not valid")?,
+            };
             let value = HeaderValue::from_bytes(&value.into_bytes()?)
                 .map_err(|_| "it holds a header value that is not valid")?;
             headers.append(name, value);
         }
-        let mut response = Response::new(Bytes::from(self.body.into_bytes()?));
+        let mut response = Response::new(self.body.into_bytes()?);
         *response.status_mut() = status;
         *response.headers_mut() = headers;
         Ok(response)
@@ -160,9 +242,9 @@ mod tests {
     fn bytes_that_are_not_utf8_round_trip_in_base64() {
         for len in 0..40_u8 {
             let bytes: Vec<u8> = (0..len).map(|i| i.wrapping_mul(37) ^ 0xa5).collect();
-            assert_eq!(Octets::of(&bytes).into_bytes().unwrap(), bytes);
+            assert_eq!(Octets::copied(&bytes).into_bytes().unwrap(), bytes);
         }
-        assert!(matches!(Octets::of(b"\xff"), Octets::Base64(ref text) if text == "/w=="));
+        assert!(matches!(Octets::copied(b"\xff"), Octets::Base64(ref text) if text == "/w=="));
         assert!(Octets::Base64("Zm8".to_owned()).into_bytes().is_err());
         assert!(Octets::Base64("Zm*=".to_owned()).into_bytes().is_err());
     }
@@ -180,10 +262,23 @@ mod tests {
         headers.insert("location", HeaderValue::from_static("/payments/1"));
         headers.append("set-cookie", HeaderValue::from_static("a=1"));
         headers.append("set-cookie", HeaderValue::from_bytes(b"b=\xff").unwrap());
-        let unscoped = StoredResponse::of(StatusCode::CREATED, &headers, b"", false);
-        let names: Vec<String> = unscoped.headers.iter().map(|(n, _)| n.clone()).collect();
-        assert_eq!(names, ["location"], "Set-Cookie is stored only when asked");
-        let stored = StoredResponse::of(StatusCode::CREATED, &headers, b"\x00\xff", true);
+        let unscoped = StoredResponse::of(StatusCode::CREATED, &headers, &Bytes::new(), false);
+        let names: Vec<String> = unscoped
+            .headers
+            .iter()
+            .map(|(name, _)| serde_json::to_value(name).unwrap().to_string())
+            .collect();
+        assert_eq!(
+            names,
+            ["\"location\""],
+            "Set-Cookie is stored only when asked"
+        );
+        let stored = StoredResponse::of(
+            StatusCode::CREATED,
+            &headers,
+            &Bytes::from_static(b"\x00\xff"),
+            true,
+        );
         let json = serde_json::to_string(&stored).unwrap();
         let back: StoredResponse = serde_json::from_str(&json).unwrap();
         let response = back.into_response().unwrap();

@@ -27,10 +27,10 @@ const REQUESTS: usize = 200;
 /// Allocations of a fresh request through the layer, and of a duplicate, at the most. Each is a
 /// whole count plus a half: the in-memory store's table grows now and then, a fraction of an
 /// allocation per request.
-const FRESH_CEILING: f64 = 35.5;
+const FRESH_CEILING: f64 = 30.5;
 const DUPLICATE_CEILING: f64 = 23.5;
 /// Allocations of a fresh task call of the core, and of a duplicate, at the most.
-const CORE_FRESH_CEILING: f64 = 12.5;
+const CORE_FRESH_CEILING: f64 = 10.5;
 const CORE_DUPLICATE_CEILING: f64 = 7.5;
 
 /// The handler: a small JSON receipt, as a payments endpoint answers.

@@ -311,9 +311,9 @@ impl Call<'_> {
         // From here a dropped call still records the result in the background: the side
         // effect happened.
         let kept_for = self.task.kept_for();
-        on_drop.finish_instead(&token, marker.clone(), kept_for, &lease);
+        let marker = on_drop.finish_instead(&token, marker, kept_for, &lease);
         let outcome = Recording::of(&store, &unit, &token, logging, &lease)
-            .record(&marker, kept_for)
+            .record(marker, kept_for)
             .await;
         on_drop.disarm();
         Ok(Report {
@@ -426,8 +426,13 @@ impl Call<'_> {
         token: &LockToken,
         value: &T,
     ) -> Vec<u8> {
-        let fencing_token = token.fencing_token();
-        let encoded = encode_result(value);
+        let (marker, encoded) = Marker::encode_value(
+            unit.key(),
+            token,
+            token.fencing_token(),
+            self.fingerprint.as_ref(),
+            value,
+        );
         if let Err(reason) = &encoded {
             tracing::warn!(
                 task = unit.task(),
@@ -436,17 +441,7 @@ impl Call<'_> {
                 "the task succeeded but its result cannot be stored; duplicates will get an error instead of running it again"
             );
         }
-        let result = match &encoded {
-            Ok(json) => Ok(&**json),
-            Err(reason) => Err(reason.as_str()),
-        };
-        Marker::encode(
-            unit.key(),
-            token,
-            fencing_token,
-            self.fingerprint.as_ref(),
-            result,
-        )
+        marker
     }
 }
 
@@ -471,26 +466,6 @@ fn concluded<T, E>(
             observation.ended(ending);
             Err(err)
         }
-    }
-}
-
-/// `value` as the JSON a duplicate will decode, or why it cannot be stored.
-///
-/// JSON cannot carry everything a type can hold: a float that is `NaN` or infinite is written
-/// as `null` and does not read back as a float. Such a result is found here, at the first
-/// execution, and stored as unstorable, so every duplicate gets the same clear error rather
-/// than a decoding error that reads like a changed return type. (Some losses do read back, as
-/// another value: `Some(None)` in an `Option<Option<T>>` comes back as `None`.)
-fn encode_result<T: Serialize + DeserializeOwned>(
-    value: &T,
-) -> Result<Box<serde_json::value::RawValue>, String> {
-    let json = serde_json::value::to_raw_value(value).map_err(|err| err.to_string())?;
-    match serde_json::from_str::<T>(json.get()) {
-        Ok(_) => Ok(json),
-        Err(err) => Err(format!(
-            "its JSON form `{}` does not read back into the task's return type: {err}",
-            json.get().chars().take(80).collect::<String>()
-        )),
     }
 }
 
