@@ -28,7 +28,11 @@ def encode_json(value: Any) -> str:
     No whitespace and no ASCII escaping (serde_json writes ``é``, not ``\\u00e9``); a float that
     JSON cannot carry (NaN, an infinity) is refused with ``ValueError``.
     """
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _ENCODER.encode(value)
+
+
+# One encoder for every call: `json.dumps` with any option builds a new one each time.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def _float_text(value: float) -> str:
@@ -142,8 +146,17 @@ class KeyTemplate:
             out.append(literal)
             if placeholder is not None:
                 root, path = placeholder
-                value = _lookup(arguments[root], path)
-                out.append(placeholder_text(value, ".".join((root,) + path)))
+                value = arguments[root]
+                if path:
+                    value = _lookup(value, path)
+                kind = type(value)
+                # The common cases first; `placeholder_text` writes them the same way.
+                if kind is str:
+                    out.append(value)
+                elif kind is int:
+                    out.append(str(value))
+                else:
+                    out.append(placeholder_text(value, ".".join((root,) + path)))
         return "".join(out)
 
 
