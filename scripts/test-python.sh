@@ -23,6 +23,11 @@ rm -rf "$wheels"
   --interpreter "$venv/bin/python" --out "$wheels" --quiet
 "$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps \
   "$wheels"/idempotask-*.whl
+# The Rust worker of the interop test (python/tests/test_interop.py), built as the Rust tests
+# build the examples.
+cargo build --quiet --locked -p idempotask-examples --example shared_units --features redis
+export IDEMPOTASK_SHARED_UNITS
+IDEMPOTASK_SHARED_UNITS="$(realpath "$target/debug/examples/shared_units")"
 # From python/tests, so that `import idempotask` finds the installed wheel, never the source
 # directory (which has no native module).
 cd python/tests

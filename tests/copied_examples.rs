@@ -284,6 +284,11 @@ mod copied {
     }
 
     #[test]
+    fn shared_units_compiles_alone() {
+        compiles_alone("shared_units");
+    }
+
+    #[test]
     fn quickstart_redis_compiles_alone() {
         compiles_alone("quickstart_redis");
     }

@@ -55,12 +55,18 @@ class TaskContext:
     expired: its side effect may have happened. ``None`` for a unit that was free."""
 
 
-_context: ContextVar[Optional[TaskContext]] = ContextVar("idempotask_context", default=None)
+# The running body's task name, key and "run" event; `context()` builds the `TaskContext` of
+# them when asked, so that a body that never asks does not pay for it.
+_context: ContextVar[Optional[Tuple[str, str, Tuple[Any, ...]]]] = ContextVar("idempotask_context", default=None)
 
 
 def context() -> Optional[TaskContext]:
     """The running unit's context, inside an idempotent task's body; ``None`` elsewhere."""
-    return _context.get()
+    running = _context.get()
+    if running is None:
+        return None
+    name, key, (_, fencing_token, attempt, in_doubt) = running
+    return TaskContext(name, key, fencing_token, attempt, in_doubt)
 
 
 def _native_store(store: Any) -> Store:
@@ -91,6 +97,12 @@ class _Spec:
         qualname = getattr(function, "__qualname__", repr(function))
         self.function = function
         self.signature, parameters, self.bound = key_parameters(function)
+        # A signature of plain parameters only (no `*args`, `**kwargs` or keyword-only ones):
+        # a call that gives each by position binds them in order.
+        kinds = [p.kind for p in self.signature.parameters.values()]
+        plain = all(kind == inspect.Parameter.POSITIONAL_OR_KEYWORD for kind in kinds)
+        self.names = tuple(self.signature.parameters)
+        self.positional = len(kinds) if plain else -1
         self.key = KeyTemplate(key, parameters, qualname)
         self.fingerprint = fingerprint_names(fingerprint, parameters, self.key.roots, qualname)
         if on_busy is not None and on_busy not in _ON_BUSY:
@@ -111,9 +123,13 @@ class _Spec:
 
     def unit(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[str, Optional[str], Any]:
         """The call's key, its fingerprinted arguments' JSON, and its ``self`` (or ``None``)."""
-        bound = self.signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        arguments = dict(bound.arguments)
+        if not kwargs and len(args) == self.positional:
+            # Every parameter given by position, the common call: what `bind` would answer.
+            arguments = dict(zip(self.names, args))
+        else:
+            bound = self.signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            arguments = dict(bound.arguments)
         this = arguments.pop("self") if self.bound else None
         key = self.key.render(arguments)
         fingerprint = None if self.fingerprint is None else fingerprint_json(self.fingerprint, arguments)
@@ -148,9 +164,8 @@ class _Spec:
             countdown = self.task.lock_ttl
         return this.retry(exc=busy, countdown=countdown)
 
-    def context(self, key: str, event: Tuple[Any, ...]) -> TaskContext:
-        _, fencing_token, attempt, in_doubt = event
-        return TaskContext(self.name, key, fencing_token, attempt, in_doubt)
+    def context(self, key: str, event: Tuple[Any, ...]) -> Tuple[str, str, Tuple[Any, ...]]:
+        return self.name, key, event
 
 
 def _answer(pending: "_native.Pending", value: Any) -> None:

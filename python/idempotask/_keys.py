@@ -40,13 +40,17 @@ def encode_json(value: Any) -> str:
     writes it.
     """
     try:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = _ENCODER.encode(value)
     except ValueError:
         # NaN or an infinity (or a cycle, which the slow path reports too).
         return "".join(_chunks(value, set()))
     if _PYTHON_EXPONENT.search(text):
         return "".join(_chunks(value, set()))
     return text
+
+
+# One encoder for every call: `json.dumps` with any option builds a new one each time.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def _chunks(value: Any, open_containers: set) -> Any:
@@ -251,8 +255,17 @@ class KeyTemplate:
             out.append(literal)
             if placeholder is not None:
                 root, path = placeholder
-                value = _lookup(arguments[root], path)
-                out.append(placeholder_text(value, ".".join((root,) + path)))
+                value = arguments[root]
+                if path:
+                    value = _lookup(value, path)
+                kind = type(value)
+                # The common cases first; `placeholder_text` writes them the same way.
+                if kind is str:
+                    out.append(value)
+                elif kind is int:
+                    out.append(str(value))
+                else:
+                    out.append(placeholder_text(value, ".".join((root,) + path)))
         return "".join(out)
 
 
