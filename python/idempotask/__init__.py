@@ -15,7 +15,7 @@ worker running tasks of the same name share their units. See docs/python.md.
 
 from ._decorator import TaskContext, context, idempotent_task, install, installed
 from ._native import (
-    Busy,
+    Contended,
     CodecError,
     IdempotaskError,
     InDoubt,
@@ -27,11 +27,7 @@ from ._native import (
     StoreError,
 )
 
-Contended = Busy
-"""The Rust core's name for ``Busy``."""
-
 __all__ = [
-    "Busy",
     "CodecError",
     "Contended",
     "IdempotaskError",

@@ -156,10 +156,10 @@ class _Spec:
 
     def busy(self, mode: str, this: Any, busy: BaseException) -> BaseException:
         """The exception a busy unit raises: Celery's ``Retry`` in the holder's remaining lock
-        time, or ``Busy`` itself."""
+        time, or ``Contended`` itself."""
         if mode != "retry":
             return busy
-        countdown = getattr(busy, "retry_after", None)
+        countdown = getattr(busy, "lock_ttl_remaining", None)
         if countdown is None:
             countdown = self.task.lock_ttl
         return this.retry(exc=busy, countdown=countdown)
@@ -223,7 +223,7 @@ def _run_sync(spec: _Spec, pending: "_native.Pending", key: str, mode: str, this
     function = spec.function
     try:
         event = pending.wait()
-    except _native.Busy as busy:
+    except _native.Contended as busy:
         raise spec.busy(mode, this, busy) from None
     if event[0] != "run":
         return _replayed(event)
@@ -267,7 +267,7 @@ async def _run_async(spec: _Spec, pending: "_native.Pending", key: str, mode: st
     loop = asyncio.get_running_loop()
     try:
         event = await pending.wait_async(loop, _resolve)
-    except _native.Busy as busy:
+    except _native.Contended as busy:
         raise spec.busy(mode, this, busy) from None
     if event[0] != "run":
         return _replayed(event)

@@ -8,10 +8,10 @@ _Seconds = Union[int, float, timedelta]
 class IdempotaskError(Exception):
     """Every error of idempotask's own (never the task's exceptions, which propagate as raised)."""
 
-class Busy(IdempotaskError):
+class Contended(IdempotaskError):
     """Another delivery holds the unit's lock: nothing ran."""
 
-    retry_after: Optional[float]
+    lock_ttl_remaining: Optional[float]
     """The holder's remaining lock time in seconds, when the store said."""
     attempts: int
     """How many times this call asked for the lock."""

@@ -15,9 +15,9 @@ create_exception!(
 );
 create_exception!(
     _native,
-    Busy,
+    Contended,
     IdempotaskError,
-    "Another delivery holds the unit's lock: nothing ran. `retry_after` is the holder's remaining lock time in seconds (None when the store did not say); redeliver the message then."
+    "Another delivery holds the unit's lock: nothing ran. `lock_ttl_remaining` is the holder's remaining lock time in seconds (None when the store did not say); redeliver the message then."
 );
 create_exception!(
     _native,
@@ -49,7 +49,7 @@ pub(crate) fn to_py_err(err: &Error) -> PyErr {
     let message = err.to_string();
     Python::attach(|py| {
         let exception = match err {
-            Error::Contended { .. } => Busy::new_err(message),
+            Error::Contended { .. } => Contended::new_err(message),
             Error::InDoubt { .. } => InDoubt::new_err(message),
             Error::KeyReuse { .. } => KeyReuse::new_err(message),
             Error::Store(_) => StoreError::new_err(message),
@@ -71,7 +71,7 @@ fn attributes(value: &Bound<'_, pyo3::exceptions::PyBaseException>, err: &Error)
             ..
         } => {
             value.setattr(
-                "retry_after",
+                "lock_ttl_remaining",
                 lock_ttl_remaining.map(|left| left.as_secs_f64()),
             )?;
             value.setattr("attempts", *attempts)?;
@@ -106,7 +106,7 @@ fn store_kind(kind: StoreErrorKind) -> &'static str {
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = module.py();
     module.add("IdempotaskError", py.get_type::<IdempotaskError>())?;
-    module.add("Busy", py.get_type::<Busy>())?;
+    module.add("Contended", py.get_type::<Contended>())?;
     module.add("InDoubt", py.get_type::<InDoubt>())?;
     module.add("KeyReuse", py.get_type::<KeyReuse>())?;
     module.add("StoreError", py.get_type::<StoreError>())?;

@@ -46,7 +46,7 @@ impl Options {
     /// is wrong with an option, as the Rust attribute refuses it at compile time.
     ///
     /// `wait` false: the task never waits on a busy unit (`on_busy="retry"` or `"raise"`), it
-    /// answers `Busy` at once with the holder's remaining lock time.
+    /// answers `Contended` at once with the holder's remaining lock time.
     pub(crate) fn task(&self, name: &str, wait: bool) -> PyResult<Task> {
         let mut task = Task::named(name);
         if let Some(ttl) = self.lock_ttl {

@@ -16,7 +16,7 @@ use crate::pending::{Pending, drive};
 pub(crate) struct NativeTask {
     /// The task that waits on a busy unit with the core's backoff.
     waiting: Arc<Task>,
-    /// The same task answering `Busy` at once.
+    /// The same task answering `Contended` at once.
     not_waiting: Arc<Task>,
 }
 

@@ -24,7 +24,7 @@ import pytest
 import redis
 
 import idempotask
-from idempotask import Busy, IdempotaskError, InDoubt, KeyReuse, _native, idempotent_task
+from idempotask import Contended, IdempotaskError, InDoubt, KeyReuse, _native, idempotent_task
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -73,7 +73,7 @@ def test_a_duplicate_gets_the_stored_result(any_store: Any, name: str) -> None:
 def test_errors_are_not_cached_and_free_the_lock(any_store: Any, name: str, raised: BaseException) -> None:
     runs: List[Optional[float]] = []
 
-    # on_busy="raise": a lock still held after the failure would be `Busy` at once.
+    # on_busy="raise": a lock still held after the failure would be `Contended` at once.
     @idempotent_task(key="k-{n}", name=name, store=any_store, on_busy="raise", lock_ttl=30)
     def flaky(n: int) -> int:
         runs.append(idempotask.context().in_doubt)
@@ -188,7 +188,7 @@ def test_concurrent_deliveries_in_processes_run_once(redis_server: Any, redis_cl
     assert len(executors) > 1, answers[0]
 
 
-# runner::a_waiter_gives_up_with_contended; Busy's retry_after is the holder's remaining time
+# runner::a_waiter_gives_up_with_contended; Contended's lock_ttl_remaining is the holder's remaining time
 def test_a_busy_unit_gives_up_with_busy(any_store: Any, name: str) -> None:
     holder = _Holder(any_store, name, "k-1", lock_ttl=30)
 
@@ -196,16 +196,16 @@ def test_a_busy_unit_gives_up_with_busy(any_store: Any, name: str) -> None:
     def job(n: int) -> str:
         raise AssertionError("a busy unit's body ran")
 
-    with pytest.raises(Busy) as busy:
+    with pytest.raises(Contended) as busy:
         job(1)
     assert busy.value.attempts == 1
-    assert busy.value.retry_after is not None and 20 < busy.value.retry_after <= 30
+    assert busy.value.lock_ttl_remaining is not None and 20 < busy.value.lock_ttl_remaining <= 30
 
     waiter = _native.Task(name, lock_ttl=30, max_attempts=3, initial_backoff=0.001).start(any_store, "k-1", None, True)
-    with pytest.raises(Busy) as gave_up:
+    with pytest.raises(Contended) as gave_up:
         waiter.wait()
     assert gave_up.value.attempts == 3
-    assert 20 < gave_up.value.retry_after <= 30
+    assert 20 < gave_up.value.lock_ttl_remaining <= 30
 
     assert holder.finish('"held"')[:3] == ("done", '"held"', "executed")
     assert job(1) == "held"
@@ -356,7 +356,7 @@ def test_renewal_keeps_a_short_lock_through_a_long_python_body(any_store: Any, n
     holder.start()
     assert halfway.wait(30)
     intruder = _native.Task(name, lock_ttl=0.3).start(any_store, "k-1", None, False)
-    with pytest.raises(Busy):
+    with pytest.raises(Contended):
         intruder.wait()
     resume.set()
     holder.join()

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 import idempotask
-from idempotask import Busy, CodecError, InDoubt, KeyReuse, idempotent_task
+from idempotask import Contended, CodecError, InDoubt, KeyReuse, idempotent_task
 
 
 def test_applied_twice_with_one_key_runs_once_and_replays(store: Any, name: str) -> None:
@@ -176,9 +176,9 @@ def test_a_busy_unit_raises_busy_with_the_holders_remaining_time(store: Any, nam
     holder = threading.Thread(target=export, args=(1,))
     holder.start()
     assert entered.wait(30)
-    with pytest.raises(Busy) as busy:
+    with pytest.raises(Contended) as busy:
         export(1)
-    assert busy.value.retry_after is not None and 15 < busy.value.retry_after <= 20
+    assert busy.value.lock_ttl_remaining is not None and 15 < busy.value.lock_ttl_remaining <= 20
     assert busy.value.attempts == 1
     assert isinstance(busy.value, idempotask.Contended)
     finish.set()
@@ -219,7 +219,7 @@ def test_a_busy_bound_celery_task_retries_in_the_holders_remaining_time(store: A
     with pytest.raises(_FakeCeleryTask.Retry):
         charge_customer(task, 1)
     (retry,) = task.retries
-    assert isinstance(retry["exc"], Busy)
+    assert isinstance(retry["exc"], Contended)
     assert 15 < retry["countdown"] <= 20
     finish.set()
     holder.join()
