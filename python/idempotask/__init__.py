@@ -14,6 +14,7 @@ worker running tasks of the same name share their units. See docs/python.md.
 """
 
 from ._decorator import TaskContext, context, idempotent_task, install, installed
+from ._reconcile import Reconciled
 from ._native import (
     Contended,
     CodecError,
@@ -36,6 +37,7 @@ __all__ = [
     "MemoryStore",
     "PostgresStore",
     "RedisClusterStore",
+    "Reconciled",
     "RedisStore",
     "StoreError",
     "TaskContext",

@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar, Unio
 
 from . import _native
 from ._keys import KeyTemplate, encode_json, fingerprint_json, fingerprint_names, key_parameters
+from ._reconcile import Reconciled
 
 __all__ = ["TaskContext", "context", "idempotent_task", "install", "installed"]
 
@@ -93,9 +94,11 @@ class _Spec:
     """One decorated function: its task, key template, fingerprint and busy policy."""
 
     def __init__(self, function: Callable[..., Any], key: str, name: Optional[str], fingerprint: Any,
-                 on_busy: Optional[str], store: Optional[Store], options: Dict[str, Any]) -> None:
+                 on_busy: Optional[str], store: Optional[Store], options: Dict[str, Any],
+                 reconcile: Optional[Callable[[TaskContext], Any]] = None) -> None:
         qualname = getattr(function, "__qualname__", repr(function))
         self.function = function
+        self.reconcile = _reconcile_of(function, reconcile, qualname)
         self.signature, parameters, self.bound = key_parameters(function)
         # A signature of plain parameters only (no `*args`, `**kwargs` or keyword-only ones):
         # a call that gives each by position binds them in order.
@@ -111,7 +114,7 @@ class _Spec:
         self.store = None if store is None else _native_store(store)
         self.name = name if name is not None else function.__name__
         try:
-            self.task = _native.Task(self.name, **options)
+            self.task = _native.Task(self.name, reconcile=reconcile is not None, **options)
         except ValueError as err:
             raise ValueError(f"{qualname}: {err}") from None
         defined = f"{function.__module__}.{qualname}"
@@ -166,6 +169,47 @@ class _Spec:
 
     def context(self, key: str, event: Tuple[Any, ...]) -> Tuple[str, str, Tuple[Any, ...]]:
         return self.name, key, event
+
+
+def _reconcile_of(function: Callable[..., Any], reconcile: Any, qualname: str) -> Optional[Callable[..., Any]]:
+    """The ``reconcile=`` function, checked: callable, and ``async def`` exactly when the task is."""
+    if reconcile is None:
+        return None
+    if not callable(reconcile):
+        raise TypeError(f"{qualname}: reconcile must be a function of the TaskContext, not {type(reconcile).__name__}")
+    task_async = inspect.iscoroutinefunction(function)
+    if inspect.iscoroutinefunction(reconcile) != task_async:
+        raise TypeError(
+            f"{qualname}: reconcile must be {'an `async def`' if task_async else 'a plain'} function, as the task is"
+        )
+    return reconcile  # type: ignore[no-any-return]
+
+
+def _checked(spec: _Spec, answer: Any) -> Reconciled[Any]:
+    if not isinstance(answer, Reconciled):
+        refused = _not_awaited(spec.reconcile, answer)  # type: ignore[arg-type]
+        if refused is not None:
+            raise refused
+        raise TypeError(
+            f"the reconcile function of {spec.name!r} returned {type(answer).__name__}, not Reconciled.done(value) or Reconciled.NOT_DONE"
+        )
+    return answer
+
+
+def _answer_reconciled(pending: "_native.Pending", answer: Reconciled[Any]) -> None:
+    """Hands the reconcile function's answer to the call, a value as ``_answer`` does."""
+    if not answer.is_done:
+        pending.not_done()
+        return
+    try:
+        text = encode_json(answer.value)
+        text.encode("utf-8")
+    except BaseException as err:  # noqa: B036 - an interrupt while encoding too
+        pending.reconciled_unstorable(f"the result has no JSON form: {err!r}")
+        if not isinstance(err, Exception):
+            raise
+    else:
+        pending.reconciled(text)
 
 
 def _answer(pending: "_native.Pending", value: Any) -> None:
@@ -225,6 +269,23 @@ def _run_sync(spec: _Spec, pending: "_native.Pending", key: str, mode: str, this
         event = pending.wait()
     except _native.Contended as busy:
         raise spec.busy(mode, this, busy) from None
+    if event[0] == "reconcile":
+        token = _context.set(spec.context(key, event))
+        try:
+            answer = _checked(spec, spec.reconcile(context()))  # type: ignore[misc]
+        except BaseException:
+            pending.fail()
+            try:
+                pending.wait()  # the call's end, before the exception goes on
+            except Exception:
+                pass
+            raise
+        finally:
+            _context.reset(token)
+        _answer_reconciled(pending, answer)
+        event = pending.wait()
+        if answer.is_done:
+            return answer.value
     if event[0] != "run":
         return _replayed(event)
     token = _context.set(spec.context(key, event))
@@ -269,6 +330,27 @@ async def _run_async(spec: _Spec, pending: "_native.Pending", key: str, mode: st
         event = await pending.wait_async(loop, _resolve)
     except _native.Contended as busy:
         raise spec.busy(mode, this, busy) from None
+    if event[0] == "reconcile":
+        token = _context.set(spec.context(key, event))
+        try:
+            answer = _checked(spec, await spec.reconcile(context()))  # type: ignore[misc]
+        except Exception:
+            pending.fail()
+            try:
+                await pending.wait_async(loop, _resolve)
+            except Exception:
+                pass
+            raise
+        except BaseException:
+            # Cancelled: the call ends on idempotask's runtime, not awaited here.
+            pending.fail()
+            raise
+        finally:
+            _context.reset(token)
+        _answer_reconciled(pending, answer)
+        event = await pending.wait_async(loop, _resolve)
+        if answer.is_done:
+            return answer.value
     if event[0] != "run":
         return _replayed(event)
     token = _context.set(spec.context(key, event))
@@ -310,6 +392,7 @@ def idempotent_task(
     max_backoff: Any = None,
     on_busy: Optional[str] = None,
     store: Optional[Store] = None,
+    reconcile: Optional[Callable[[TaskContext], Any]] = None,
 ) -> Callable[[F], F]:
     """Runs the decorated function at most once per unit of work (its task name and the key the
     template makes of its arguments); every later call gets the first one's result back.
@@ -317,6 +400,12 @@ def idempotent_task(
     The key template and the options are checked here, when the decorator is applied: a
     placeholder that names no parameter is a ``ValueError`` at import time. See docs/python.md
     for every option; durations are seconds (``int``/``float``) or ``timedelta``.
+
+    ``reconcile``: a function of the ``TaskContext`` (``async def`` for an ``async def`` task)
+    called, before the body, on a unit *in doubt* (an earlier delivery's lock ran out without a
+    result); it asks the downstream system and returns ``Reconciled.done(value)`` (stored as the
+    result, the body does not run) or ``Reconciled.NOT_DONE`` (the body runs). An exception in
+    it propagates unchanged and leaves the unit in doubt.
     """
 
     def decorate(function: F) -> F:
@@ -329,7 +418,7 @@ def idempotent_task(
             in_doubt=in_doubt, doubt_memory=doubt_memory, max_attempts=max_attempts, max_wait=max_wait,
             initial_backoff=initial_backoff, max_backoff=max_backoff,
         )
-        spec = _Spec(function, key, name, fingerprint, on_busy, store, options)
+        spec = _Spec(function, key, name, fingerprint, on_busy, store, options, reconcile)
         wrapper = _async(spec) if inspect.iscoroutinefunction(function) else _sync(spec)
         wrapper.idempotask_name = spec.name  # type: ignore[attr-defined]
         wrapper.idempotask_unit = _unit_of(spec)  # type: ignore[attr-defined]

@@ -39,6 +39,8 @@ pub(crate) struct Options {
     pub(crate) max_wait: Option<Duration>,
     pub(crate) initial_backoff: Option<Duration>,
     pub(crate) max_backoff: Option<Duration>,
+    /// Whether the task has a reconcile function (`reconcile=`).
+    pub(crate) reconcile: bool,
 }
 
 impl Options {
@@ -83,6 +85,11 @@ impl Options {
         });
         task = task.in_doubt(match self.in_doubt.as_deref() {
             None | Some("rerun") => InDoubt::Rerun,
+            Some("hold") if self.reconcile => {
+                return Err(PyValueError::new_err(
+                    "reconcile runs on a unit in doubt, which in_doubt=\"hold\" never runs; keep one of the two (in_doubt=\"rerun\", the default, goes with reconcile)",
+                ));
+            }
             Some("hold") => InDoubt::Hold,
             Some(other) => {
                 return Err(PyValueError::new_err(format!(

@@ -9,6 +9,12 @@
 //! sends [`Event::Done`]. The lock's renewal keeps running on the runtime while the Python body
 //! blocks, and the GIL is released whenever the caller waits.
 //!
+//! A task with a reconcile function (`reconcile=` of the decorator) that takes over a unit in
+//! doubt first sends [`Event::Reconcile`]: the caller runs its Python reconcile function and
+//! answers with [`Pending::reconciled`] (done, with the result's JSON),
+//! [`Pending::reconciled_unstorable`], [`Pending::not_done`] (then `Run` follows) or
+//! [`Pending::fail`] (it raised: nothing is stored and the unit stays in doubt).
+//!
 //! A caller that stops waiting (Ctrl-C, a Celery time limit, a cancelled coroutine) calls
 //! [`Pending::cancel`] (the Python layer does, in a `finally`; dropping the `Pending` does it
 //! too): a call still waiting for the lock stops there, and one whose body was handed over takes
@@ -18,7 +24,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use idempotask::{Error, Fingerprint, Outcome, Report, Task};
+use idempotask::{Error, Fingerprint, Outcome, Reconciled, Report, Task};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use serde_json::value::RawValue;
@@ -42,6 +48,15 @@ pub(crate) enum Event {
         /// doubt.
         in_doubt: Option<Duration>,
     },
+    /// The unit is in doubt and the task reconciles: run the reconcile function now and
+    /// answer through `answer` (dropped: it raised).
+    Reconcile {
+        answer: oneshot::Sender<Reconciled<Stored>>,
+        fencing_token: Option<u64>,
+        attempt: u32,
+        /// How long the earlier delivery's lock had been expired.
+        in_doubt: Option<Duration>,
+    },
     /// The call is over.
     Done(Result<Report<Stored>, CallError>),
 }
@@ -62,10 +77,12 @@ impl From<Error> for CallError {
     }
 }
 
-/// Input: a task, its store, the caller's key and fingerprint. Output: the events of one call
-/// of it, sent to the Python caller: at most one `Run`, then `Done`.
+/// Input: a task (and whether it reconciles a unit in doubt), its store, the caller's key and
+/// fingerprint. Output: the events of one call of it, sent to the Python caller: at most one
+/// `Reconcile`, at most one `Run`, then `Done`.
 pub(crate) async fn drive(
     task: Arc<Task>,
+    reconciles: bool,
     store: Arc<Lazy>,
     key: String,
     fingerprint: Option<Fingerprint>,
@@ -75,7 +92,7 @@ pub(crate) async fn drive(
     // The core's call may be dropped at any await: before the body's answer it releases the
     // lock in the background, after a value was handed over it records it there.
     let result = tokio::select! {
-        result = run(&task, &store, key, fingerprint, &events) => result,
+        result = run(&task, reconciles, &store, key, fingerprint, &events) => result,
         () = gone(&mut cancelled) => Err(CallError::Raised),
     };
     // The caller may have gone (a cancelled coroutine): then nobody needs the answer.
@@ -90,6 +107,7 @@ async fn gone(cancelled: &mut watch::Receiver<bool>) {
 
 async fn run(
     task: &Task,
+    reconciles: bool,
     store: &Lazy,
     key: String,
     fingerprint: Option<Fingerprint>,
@@ -120,7 +138,25 @@ async fn run(
         // A dropped sender is a caller that went away mid-body: released, as a raise is.
         result.await.map_err(|_| CallError::Raised)
     };
-    call.run_reported(body).await
+    if !reconciles {
+        return call.run_reported(body).await;
+    }
+    let reconcile = |context: idempotask::TaskContext| async move {
+        let (answer, answered) = oneshot::channel();
+        let reconcile = Event::Reconcile {
+            answer,
+            fencing_token: context.fencing_token(),
+            attempt: context.attempt(),
+            in_doubt: context.in_doubt().map(|doubt| doubt.expired_for),
+        };
+        if events.send(reconcile).is_err() {
+            return Err(CallError::Raised);
+        }
+        // A dropped sender is a reconcile function that raised (or a caller that went away):
+        // an error, which leaves the unit in doubt.
+        answered.await.map_err(|_| CallError::Raised)
+    };
+    call.reconcile(reconcile).run_reported(body).await
 }
 
 /// One call in flight, as Python holds it.
@@ -142,6 +178,8 @@ struct Shared {
     events: tokio::sync::Mutex<UnboundedReceiver<Event>>,
     /// Where the body's result goes, once the call said `Run`.
     body: Mutex<Option<oneshot::Sender<Stored>>>,
+    /// Where the reconcile function's answer goes, once the call said `Reconcile`.
+    reconcile: Mutex<Option<oneshot::Sender<Reconciled<Stored>>>>,
 }
 
 impl Pending {
@@ -154,6 +192,7 @@ impl Pending {
             shared: Arc::new(Shared {
                 events: tokio::sync::Mutex::new(events),
                 body: Mutex::new(None),
+                reconcile: Mutex::new(None),
             }),
             handle,
             cancel,
@@ -177,12 +216,28 @@ impl Pending {
         }
         Ok(())
     }
+
+    /// Sends the reconcile function's answer to the call.
+    fn answer_reconcile(&self, answer: Reconciled<Stored>) -> PyResult<()> {
+        let reconcile = self
+            .shared
+            .reconcile
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .ok_or_else(|| {
+                PyRuntimeError::new_err("the call is not waiting for a reconcile function's answer")
+            })?;
+        // The call is gone only when it was stopped; then nothing waits for the answer.
+        let _ = reconcile.send(answer);
+        Ok(())
+    }
 }
 
 #[pymethods]
 impl Pending {
     /// Waits, with the GIL released, for the call's next event: `("run", fencing_token,
-    /// attempt, in_doubt)`, `("done", json, outcome, fencing_token)` (`json` is `None` for a value
+    /// attempt, in_doubt)`, `("reconcile", fencing_token, attempt, in_doubt)`, `("done", json, outcome, fencing_token)` (`json` is `None` for a value
     /// that has no JSON form; the body's own value is then the answer), `("raised",)`, or an `IdempotaskError`. Signals (Ctrl-C)
     /// are handled while it waits.
     fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
@@ -253,9 +308,39 @@ impl Pending {
         self.answer(Some(Stored::Unstorable(reason)))
     }
 
-    /// The body raised: the call releases the lock and stores nothing.
+    /// The body raised: the call releases the lock and stores nothing. Or the reconcile
+    /// function raised: nothing is stored and the unit stays in doubt.
     fn fail(&self) -> PyResult<()> {
+        let reconcile = self
+            .shared
+            .reconcile
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if reconcile.is_some() {
+            return Ok(());
+        }
         self.answer(None)
+    }
+
+    /// The reconcile function found the work done, with a result whose JSON text is `json`:
+    /// the call stores it as the body's would be (outcome `reconciled`); the body does not run.
+    fn reconciled(&self, json: String) -> PyResult<()> {
+        let stored = match RawValue::from_string(json) {
+            Ok(json) => Stored::Json(json),
+            Err(err) => Stored::Unstorable(format!("the result's text is not JSON: {err}")),
+        };
+        self.answer_reconcile(Reconciled::Done(stored))
+    }
+
+    /// The reconcile function found the work done, with a result that has no JSON form.
+    fn reconciled_unstorable(&self, reason: String) -> PyResult<()> {
+        self.answer_reconcile(Reconciled::Done(Stored::Unstorable(reason)))
+    }
+
+    /// The reconcile function found the work not done: the body runs (`Run` follows).
+    fn not_done(&self) -> PyResult<()> {
+        self.answer_reconcile(Reconciled::NotDone)
     }
 
     /// The caller stops waiting: a call still waiting for the lock gives up, one whose body was
@@ -263,9 +348,15 @@ impl Pending {
     /// recorded. Nothing, once the call is over. The Python layer calls it on every way out.
     fn cancel(&self) {
         self.cancel.send_replace(true);
-        // A `Run` not yet read, or read and not answered: nobody will answer it now.
+        // A `Run` or `Reconcile` not yet read, or read and not answered: nobody will answer it
+        // now.
         self.shared
             .body
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        self.shared
+            .reconcile
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
@@ -286,6 +377,22 @@ fn to_python(py: Python<'_>, shared: &Shared, event: Option<Event>) -> PyResult<
             *shared.body.lock().unwrap_or_else(PoisonError::into_inner) = Some(body);
             let in_doubt = in_doubt.map(|expired| expired.as_secs_f64());
             Ok(("run", fencing_token, attempt, in_doubt)
+                .into_pyobject(py)?
+                .into_any()
+                .unbind())
+        }
+        Event::Reconcile {
+            answer,
+            fencing_token,
+            attempt,
+            in_doubt,
+        } => {
+            *shared
+                .reconcile
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(answer);
+            let in_doubt = in_doubt.map(|expired| expired.as_secs_f64());
+            Ok(("reconcile", fencing_token, attempt, in_doubt)
                 .into_pyobject(py)?
                 .into_any()
                 .unbind())

@@ -18,6 +18,8 @@ pub(crate) struct NativeTask {
     waiting: Arc<Task>,
     /// The same task answering `Contended` at once.
     not_waiting: Arc<Task>,
+    /// Whether a unit in doubt is first reconciled by the Python layer's reconcile function.
+    reconciles: bool,
 }
 
 /// An optional duration argument in seconds or a `timedelta`.
@@ -31,7 +33,7 @@ impl NativeTask {
     #[pyo3(signature = (
         name, *, lock_ttl=None, result_ttl=None, renew=false, fencing=false, log_key=None,
         in_doubt=None, doubt_memory=None, max_attempts=None, max_wait=None,
-        initial_backoff=None, max_backoff=None,
+        initial_backoff=None, max_backoff=None, reconcile=false,
     ))]
     #[expect(
         clippy::too_many_arguments,
@@ -50,6 +52,7 @@ impl NativeTask {
         max_wait: Option<&Bound<'_, PyAny>>,
         initial_backoff: Option<&Bound<'_, PyAny>>,
         max_backoff: Option<&Bound<'_, PyAny>>,
+        reconcile: bool,
     ) -> PyResult<Self> {
         idempotask::store::check_task_name(name)
             .map_err(|err| PyValueError::new_err(format!("task name {name:?}: {err}")))?;
@@ -65,10 +68,12 @@ impl NativeTask {
             max_wait: duration(max_wait)?,
             initial_backoff: duration(initial_backoff)?,
             max_backoff: duration(max_backoff)?,
+            reconcile,
         };
         Ok(Self {
             waiting: Arc::new(options.task(name, true)?),
             not_waiting: Arc::new(options.task(name, false)?),
+            reconciles: reconcile,
         })
     }
 
@@ -105,7 +110,15 @@ impl NativeTask {
         let handle = crate::runtime::handle()?;
         let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
         let (cancel, cancelled) = tokio::sync::watch::channel(false);
-        handle.spawn(drive(task, lazy, key, fingerprint, events, cancelled));
+        handle.spawn(drive(
+            task,
+            self.reconciles,
+            lazy,
+            key,
+            fingerprint,
+            events,
+            cancelled,
+        ));
         Ok(Pending::new(handle, receiver, cancel))
     }
 
