@@ -2,7 +2,8 @@
 # The Python package's tests (python/tests): builds the wheel of python/ with maturin into a
 # virtual environment of its own under the target directory, installs it with pip as users do
 # (`pip install ./python` builds the same wheel), and runs pytest. The tests start their own
-# redis-server (scripts/install-servers.sh installs it); none is skipped when it is missing.
+# redis-server, and Valkey, a Redis Cluster and PostgreSQL through test-support's `servers`
+# binary (scripts/install-servers.sh installs them); none is skipped when one is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +29,11 @@ rm -rf "$wheels"
 cargo build --quiet --locked -p idempotask-examples --example shared_units --features redis
 export IDEMPOTASK_SHARED_UNITS
 IDEMPOTASK_SHARED_UNITS="$(realpath "$target/debug/examples/shared_units")"
+# The servers of python/tests/test_stores.py (Valkey, a Redis Cluster, PostgreSQL), started by
+# test-support's binary as the bench scripts start theirs.
+cargo build --quiet --locked -p idempotask-test-support --bin servers
+export IDEMPOTASK_SERVERS
+IDEMPOTASK_SERVERS="$(realpath "$target/debug/servers")"
 # From python/tests, so that `import idempotask` finds the installed wheel, never the source
 # directory (which has no native module).
 cd python/tests

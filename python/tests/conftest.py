@@ -99,3 +99,57 @@ def store(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[idem
 def name(request: pytest.FixtureRequest) -> str:
     """A task name of the test's own: task names are process-wide."""
     return "t_" + re.sub(r"[^A-Za-z0-9_]", "_", request.node.name)[:90] + f"_{os.getpid()}"
+
+
+class Servers:
+    """Valkey 8.1, a Redis Cluster and PostgreSQL, started by test-support's ``servers`` binary
+    (its path in ``IDEMPOTASK_SERVERS``; scripts/test-python.sh builds it and sets it), which
+    prints ``name=value`` lines, then ``ready``, and stops them all when its standard input
+    closes."""
+
+    def __init__(self) -> None:
+        path = os.environ.get("IDEMPOTASK_SERVERS")
+        if not path:
+            raise RuntimeError(
+                "IDEMPOTASK_SERVERS is not set: run through scripts/test-python.sh, which builds "
+                "test-support's `servers` binary and sets it to the binary's path"
+            )
+        if not os.access(path, os.X_OK):
+            raise RuntimeError(f"IDEMPOTASK_SERVERS={path} is not an executable")
+        self.process = subprocess.Popen(
+            [path, "valkey", "cluster", "postgres"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        self.values: dict = {}
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            line = line.strip()
+            if line == "ready":
+                return
+            name, _, value = line.partition("=")
+            self.values[name] = value
+        code = self.process.wait()
+        raise RuntimeError(f"`servers valkey cluster postgres` exited with {code} before it was ready")
+
+    @property
+    def valkey_url(self) -> str:
+        return str(self.values["valkey_url"])
+
+    @property
+    def cluster_urls(self) -> list:
+        return str(self.values["cluster_urls"]).split(",")
+
+    @property
+    def postgres_url(self) -> str:
+        return str(self.values["postgres_url"])
+
+    def stop(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def servers() -> Iterator[Servers]:
+    started = Servers()
+    yield started
+    started.stop()
