@@ -21,6 +21,7 @@
 //! it as a raise and releases the lock. Without it, a call that got the lock after its caller
 //! left would wait for a body nobody runs, holding the lock.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -99,10 +100,14 @@ pub(crate) async fn drive(
     let _ = events.send(Event::Done(result));
 }
 
-/// Returns once the Python caller cancelled the call, or dropped it.
+/// Returns once the Python caller cancelled the call; never, once it dropped it.
 async fn gone(cancelled: &mut watch::Receiver<bool>) {
-    // An error is a dropped sender: the `Pending` is gone, and nobody waits any more.
-    let _ = cancelled.wait_for(|cancelled| *cancelled).await;
+    if cancelled.wait_for(|cancelled| *cancelled).await.is_err() {
+        // A dropped `Pending` without a cancel: the call goes on to its own end (its next event
+        // finds nobody and is taken as a raise). Stopping it here could cut a release or a
+        // recording short.
+        std::future::pending::<()>().await;
+    }
 }
 
 async fn run(
@@ -180,6 +185,10 @@ struct Shared {
     body: Mutex<Option<oneshot::Sender<Stored>>>,
     /// Where the reconcile function's answer goes, once the call said `Reconcile`.
     reconcile: Mutex<Option<oneshot::Sender<Reconciled<Stored>>>>,
+    /// A `Run` or `Reconcile` was handed to the caller (and no `Run` is yet to follow): from
+    /// then on the call ends by itself once answered (or its answer dropped), and a cancel must
+    /// not stop it, which could cut its release or recording short.
+    handed: AtomicBool,
 }
 
 impl Pending {
@@ -193,6 +202,7 @@ impl Pending {
                 events: tokio::sync::Mutex::new(events),
                 body: Mutex::new(None),
                 reconcile: Mutex::new(None),
+                handed: AtomicBool::new(false),
             }),
             handle,
             cancel,
@@ -340,6 +350,8 @@ impl Pending {
 
     /// The reconcile function found the work not done: the body runs (`Run` follows).
     fn not_done(&self) -> PyResult<()> {
+        // A `Run` follows, not yet handed over: until then a cancel stops the call.
+        self.shared.handed.store(false, Ordering::SeqCst);
         self.answer_reconcile(Reconciled::NotDone)
     }
 
@@ -347,7 +359,12 @@ impl Pending {
     /// handed over and not answered releases the lock, a value already handed over is still
     /// recorded. Nothing, once the call is over. The Python layer calls it on every way out.
     fn cancel(&self) {
-        self.cancel.send_replace(true);
+        // A call whose `Run` or `Reconcile` was handed over ends by itself: dropping the answer
+        // below is a raise, which it settles (a release) without being cut short. Any other
+        // call (waiting for the lock, or with an event not yet read) is stopped.
+        if !self.shared.handed.load(Ordering::SeqCst) {
+            self.cancel.send_replace(true);
+        }
         // A `Run` or `Reconcile` not yet read, or read and not answered: nobody will answer it
         // now.
         self.shared
@@ -375,6 +392,7 @@ fn to_python(py: Python<'_>, shared: &Shared, event: Option<Event>) -> PyResult<
             in_doubt,
         } => {
             *shared.body.lock().unwrap_or_else(PoisonError::into_inner) = Some(body);
+            shared.handed.store(true, Ordering::SeqCst);
             let in_doubt = in_doubt.map(|expired| expired.as_secs_f64());
             Ok(("run", fencing_token, attempt, in_doubt)
                 .into_pyobject(py)?
@@ -391,6 +409,7 @@ fn to_python(py: Python<'_>, shared: &Shared, event: Option<Event>) -> PyResult<
                 .reconcile
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner) = Some(answer);
+            shared.handed.store(true, Ordering::SeqCst);
             let in_doubt = in_doubt.map(|expired| expired.as_secs_f64());
             Ok(("reconcile", fencing_token, attempt, in_doubt)
                 .into_pyobject(py)?
