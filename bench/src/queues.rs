@@ -61,6 +61,9 @@ pub struct QueueConfig {
     pub in_flight: Vec<usize>,
     /// Rounds; every configuration runs once per round.
     pub rounds: usize,
+    /// The consumers measured, in the first round's order (all three, for the comparisons; one
+    /// alone, to profile it).
+    pub consumers: Vec<Consumer>,
 }
 
 /// One of the three consumers.
@@ -78,6 +81,13 @@ pub enum Consumer {
 impl Consumer {
     /// The three, in the order of the first round.
     pub const ALL: [Self; 3] = [Self::Bare, Self::Handwritten, Self::Idempotask];
+
+    /// The consumer of that name ([`name`](Self::name)), if any.
+    pub fn named(name: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|consumer| consumer.name() == name)
+    }
 
     /// The name in the tables and the JSON lines.
     pub fn name(self) -> &'static str {
@@ -212,7 +222,7 @@ pub async fn run(
         run: rand::random::<u64>() >> 16,
     };
     let nats = match &config.nats_url {
-        Some(url) => Some(NatsBench::new(url, shared.run).await?),
+        Some(url) => Some(NatsBench::new(url, shared.run, &shared.store).await?),
         None => None,
     };
     let rabbit = match &config.amqp_url {
@@ -223,7 +233,7 @@ pub async fn run(
     for round in 0..config.rounds {
         let redis_rtt_us = ping_median_us(&mut shared.redis.clone()).await?;
         for &in_flight in &config.in_flight {
-            for consumer in rotated(round) {
+            for consumer in rotated(&config.consumers, round) {
                 for broker in [Broker::Nats, Broker::Rabbitmq] {
                     let batch = Batch {
                         name: format!(
@@ -265,10 +275,10 @@ pub async fn run(
     Ok(measurements)
 }
 
-/// The consumers in round `round`'s order: rotated by one each round.
-fn rotated(round: usize) -> [Consumer; 3] {
-    let mut order = Consumer::ALL;
-    order.rotate_left(round % Consumer::ALL.len());
+/// `consumers` in round `round`'s order: rotated by one each round.
+fn rotated(consumers: &[Consumer], round: usize) -> Vec<Consumer> {
+    let mut order = consumers.to_vec();
+    order.rotate_left(round % consumers.len().max(1));
     order
 }
 
@@ -350,10 +360,13 @@ async fn handwritten(
 struct NatsBench {
     context: jetstream::Context,
     stream: jetstream::stream::Stream,
+    /// One for the whole run, as a long-running consumer has: its consumer check (and the
+    /// failure bucket's creation) happens once, not in every timed batch.
+    integration: idempotask_nats::Idempotent<idempotask_nats::MsgId>,
 }
 
 impl NatsBench {
-    async fn new(url: &str, run: u64) -> Result<Self, QueueError> {
+    async fn new(url: &str, run: u64, store: &RedisStore) -> Result<Self, QueueError> {
         let context = jetstream::new(async_nats::connect(url).await?);
         let stream = context
             .create_stream(jetstream::stream::Config {
@@ -362,7 +375,14 @@ impl NatsBench {
                 ..Default::default()
             })
             .await?;
-        Ok(Self { context, stream })
+        let integration =
+            idempotask_nats::Idempotent::new(QUEUE_TASK.clone(), idempotask_nats::MsgId)
+                .store(store.clone());
+        Ok(Self {
+            context,
+            stream,
+            integration,
+        })
     }
 
     /// Publishes the batch's messages (untimed), then times a consumer of their own over them.
@@ -395,13 +415,11 @@ impl NatsBench {
             .max_messages_per_batch(batch.in_flight)
             .messages()
             .await?;
-        let integration =
-            idempotask_nats::Idempotent::new(QUEUE_TASK.clone(), idempotask_nats::MsgId)
-                .store(shared.store.clone());
+        let integration = &self.integration;
         messages
             .take(batch.messages)
             .map(|message| {
-                let (integration, mut redis) = (&integration, shared.redis.clone());
+                let mut redis = shared.redis.clone();
                 async move {
                     let message = message?;
                     self.consume(batch, integration, &mut redis, &message).await

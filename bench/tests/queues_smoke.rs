@@ -20,6 +20,7 @@ async fn every_consumer_runs_every_message_exactly_once_on_both_brokers() {
         messages: 24,
         in_flight: vec![1, 8],
         rounds: 2,
+        consumers: Consumer::ALL.to_vec(),
     };
     let mut lines = 0;
     let measurements = queues::run(&config, |_| lines += 1).await.unwrap();

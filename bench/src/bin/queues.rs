@@ -4,14 +4,15 @@
 //! ```text
 //! cargo run --release -p idempotask-bench --bin queue-bench -- --redis-url redis://127.0.0.1:6379 \
 //!     [--nats-url nats://127.0.0.1:4222] [--amqp-url amqp://guest:guest@127.0.0.1:5672/%2f] \
-//!     [--messages 5000] [--in-flight 1,64] [--rounds 5] [--markdown queues.md]
+//!     [--messages 5000] [--in-flight 1,64] [--rounds 5] [--consumers bare,hand-written,idempotask] \
+//!     [--markdown queues.md]
 //! ```
 //!
 //! `scripts/bench-queues.sh` runs it against servers of its own.
 
-use idempotask_bench::queues::{self, QueueConfig};
+use idempotask_bench::queues::{self, Consumer, QueueConfig};
 
-const USAGE: &str = "usage: queue-bench --redis-url URL [--nats-url URL] [--amqp-url URL] [--messages N] [--in-flight 1,64] [--rounds R] [--markdown PATH]";
+const USAGE: &str = "usage: queue-bench --redis-url URL [--nats-url URL] [--amqp-url URL] [--messages N] [--in-flight 1,64] [--rounds R] [--consumers bare,hand-written,idempotask] [--markdown PATH]";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -22,6 +23,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         messages: 5000,
         in_flight: vec![1, 64],
         rounds: 5,
+        consumers: Consumer::ALL.to_vec(),
     };
     let mut markdown = None;
     let mut args = std::env::args().skip(1);
@@ -42,6 +44,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                     .collect::<Result<_, _>>()?;
             }
             "--rounds" => config.rounds = value()?.parse()?,
+            "--consumers" => {
+                config.consumers = value()?
+                    .split(',')
+                    .map(|name| {
+                        Consumer::named(name).ok_or_else(|| format!("no consumer `{name}`"))
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
             "--markdown" => markdown = Some(value()?),
             "-h" | "--help" => {
                 println!("{USAGE}");
