@@ -1,9 +1,9 @@
 # Sourced by the bench scripts, after `cargo build --release -p idempotask-test-support`:
 # `start_servers SERVER…` starts servers through test-support (test-support/src/bin/servers.rs:
 # free loopback ports, persistence off) and sets the variables it prints, such as redis_url,
-# redis_port, redis_pid, cluster_urls, postgres_url and postgres_log. They stop at
-# `stop_servers`, when the script exits (which closes their starter's standard input), or when
-# the script dies without closing it (the starter watches its parent).
+# redis_port, redis_pid, cluster_urls, postgres_url, postgres_log, nats_url and amqp_url. They
+# stop at `stop_servers`, when the script exits (which closes their starter's standard input),
+# or when the script dies without closing it (the starter watches its parent).
 servers_pids=()
 servers_inputs=()
 start_servers() {

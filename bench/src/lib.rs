@@ -16,6 +16,7 @@
 mod driver;
 pub mod http;
 pub mod postgres;
+pub mod queues;
 pub mod report;
 mod server;
 mod target;

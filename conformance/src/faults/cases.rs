@@ -66,6 +66,11 @@ pub(super) struct Shape {
 }
 
 impl Shape {
+    /// Whether the shape needs a store that remembers a lock that ran out.
+    pub(super) fn takes_over_doubt(&self) -> bool {
+        self.prior == Prior::Lapsed
+    }
+
     pub(super) fn runs_a_body(&self) -> bool {
         self.caller != Caller::Operator
             && match self.prior {
@@ -326,6 +331,23 @@ async fn prepare(
 
 /// The lock TTL of the delivery that leaves a unit in doubt.
 const ABANDONED_TTL: Duration = Duration::from_millis(100);
+
+/// Whether `store` remembers a lock that ran out for its token's doubt memory, as every store
+/// shipped with idempotask does.
+pub(super) async fn remembers_doubt(store: &SharedStore) -> bool {
+    let unit = UnitOfWork::new("faults-doubt-probe", fresh_key().as_str()).expect("a valid key");
+    let killed = LockToken::generate().with_doubt_memory(LONG);
+    let taken = store
+        .begin(&unit, &killed, ABANDONED_TTL, Fencing::Off)
+        .await;
+    assert!(
+        matches!(taken, Ok(idempotask::store::Begin::Acquired { .. })),
+        "probing whether the store remembers a lock that ran out: {taken:?}"
+    );
+    tokio::time::sleep(ABANDONED_TTL * 2).await;
+    let seen = store.inspect(&unit).await;
+    seen.is_ok_and(|seen| seen.in_doubt.is_some())
+}
 
 const LONG: Duration = Duration::from_secs(60);
 

@@ -233,7 +233,9 @@ pub const DEFAULT_MAX_FAILURES: u32 = 5;
 pub struct Idempotent<K> {
     task: Arc<Task>,
     key: Arc<K>,
-    retries: RetryQueue,
+    /// Shared with every [`Decision`]: a clone of the queue (its channel, its names) per
+    /// delivery would cost allocations on every message.
+    retries: Arc<RetryQueue>,
     store: Option<SharedStore>,
     failure_backoff: Backoff,
     store_backoff: Backoff,
@@ -260,7 +262,7 @@ impl<K: DeliveryKey> Idempotent<K> {
         Self {
             task: Arc::new(task),
             key: Arc::new(key),
-            retries,
+            retries: Arc::new(retries),
             store: None,
             failure_backoff: DEFAULT_FAILURE_BACKOFF,
             store_backoff: DEFAULT_STORE_BACKOFF,
@@ -373,7 +375,7 @@ impl<K: DeliveryKey> Idempotent<K> {
             key,
             action,
             settled,
-            retries: self.retries.clone(),
+            retries: Arc::clone(&self.retries),
             unpublished: Arc::clone(&self.unpublished),
         }
     }
@@ -501,7 +503,7 @@ impl<K> Clone for Idempotent<K> {
         Self {
             task: Arc::clone(&self.task),
             key: Arc::clone(&self.key),
-            retries: self.retries.clone(),
+            retries: Arc::clone(&self.retries),
             store: self.store.clone(),
             failure_backoff: self.failure_backoff,
             store_backoff: self.store_backoff,

@@ -61,7 +61,7 @@ pub struct Decision<T, E> {
     pub(crate) key: Option<String>,
     pub(crate) action: Action,
     pub(crate) settled: Settled<T, E>,
-    pub(crate) retries: RetryQueue,
+    pub(crate) retries: Arc<RetryQueue>,
     pub(crate) unpublished: Arc<Unpublished>,
 }
 

@@ -243,6 +243,7 @@ pub struct Idempotent<K> {
     fingerprint_payload: bool,
     failures: Arc<FailureCounts>,
     consumer_check: Arc<CheckState>,
+    progress: Arc<progress::Ticker>,
 }
 
 impl<K> Idempotent<K> {
@@ -263,6 +264,7 @@ impl<K> Idempotent<K> {
                 DEFAULT_FAILURE_MEMORY,
             )),
             consumer_check: Arc::new(CheckState::default()),
+            progress: Arc::default(),
         }
     }
 
@@ -607,7 +609,10 @@ impl<K: MessageKey> Idempotent<K> {
     {
         self.check_consumer_once(message);
         let lease = progress::Lease::default();
-        let _progress = progress::start(message, self.progress_interval(), lease.clone()).await;
+        let _progress = self
+            .progress
+            .start(message, self.progress_interval(), lease.clone())
+            .await;
         self.decide(message, body, lease).await
     }
 
@@ -681,6 +686,7 @@ impl<K> Clone for Idempotent<K> {
             fingerprint_payload: self.fingerprint_payload,
             failures: Arc::clone(&self.failures),
             consumer_check: Arc::clone(&self.consumer_check),
+            progress: Arc::clone(&self.progress),
         }
     }
 }

@@ -1,11 +1,16 @@
 //! Progress acks: how a message being worked on keeps JetStream from delivering it again, for
 //! as long as its body holds the lock.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
-use async_nats::jetstream::{AckKind, Message};
+use async_nats::Subject;
+use async_nats::jetstream::Message;
 use idempotask::TaskContext;
+use tokio::sync::{Notify, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// The lock of the body being run, once it has started: what the progress acks follow.
 #[derive(Clone, Default)]
@@ -27,48 +32,163 @@ impl Lease {
     }
 }
 
-/// Stops the progress acks when dropped, however the call that started them ends.
-pub(crate) struct Progress(Option<tokio::task::JoinHandle<()>>);
+/// A message being handled, whose `+WPI` the ticker sends when it is due.
+struct Entry {
+    client: async_nats::Client,
+    reply: Subject,
+    lease: Lease,
+    every: Duration,
+    due: Instant,
+}
 
-impl Drop for Progress {
+#[derive(Default)]
+struct State {
+    entries: HashMap<u64, Entry>,
+    next_id: u64,
+    /// The task sending the acks; spawned on the first message, again if its runtime ended.
+    task: Option<JoinHandle<()>>,
+    /// When the ticker wakes next on its own, if it is asleep on a timer.
+    wakes_at: Option<Instant>,
+}
+
+/// The progress acks of every message one `Idempotent` (and its clones) is handling, sent by one
+/// task of their own.
+///
+/// One task for all messages rather than one per message: a message costs an entry in a map
+/// (no task, no timer, no copy of the message), which matters to a consumer with many messages
+/// in flight, while each message still gets its `+WPI` every `every`. The task runs on its own,
+/// not next to the bodies, so that a body which blocks its thread cannot starve it.
+#[derive(Default)]
+pub(crate) struct Ticker {
+    state: Mutex<State>,
+    wake: Arc<Notify>,
+}
+
+impl Drop for Ticker {
     fn drop(&mut self) {
-        if let Some(task) = &self.0 {
+        let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if let Some(task) = &state.task {
             task.abort();
         }
     }
 }
 
-/// Input: a message about to be handled. Output: a guard, while which a task of its own sends
-/// `+WPI` for the message every `every`, until `lease` says the body's lock is gone.
-///
-/// Each progress ack restarts the consumer's `AckWait` for this message. A lost one costs
-/// nothing as long as the next arrives in time, which is why `every` is a third of the clock it
-/// beats. The acks run as a task of their own, not next to the body, so that a body which
-/// blocks its thread cannot starve them; and they stop with the lock, so that JetStream
-/// redelivers a message whose worker can no longer finish it under its lock. Outside a tokio
-/// runtime nothing is sent: idempotask refuses to run the call there anyway.
-pub(crate) async fn start(message: &Message, every: Duration, lease: Lease) -> Progress {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return Progress(None);
-    };
-    let message = message.clone();
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let task = runtime.spawn(async move {
-        let _ = started_tx.send(());
-        loop {
-            tokio::time::sleep(every).await;
-            if lease.lost() {
-                return;
+/// Stops a message's progress acks when dropped, however the call that started them ends.
+pub(crate) struct Progress {
+    ticker: Weak<Ticker>,
+    id: u64,
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if let Some(ticker) = self.ticker.upgrade() {
+            ticker.lock().entries.remove(&self.id);
+        }
+    }
+}
+
+impl Ticker {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic under the lock leaves the map consistent: every change is one call.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Input: a message about to be handled. Output: a guard, while which `+WPI` goes out for
+    /// the message every `every`, until `lease` says the body's lock is gone.
+    ///
+    /// Each progress ack restarts the consumer's `AckWait` for this message. A lost one costs
+    /// nothing as long as the next arrives in time, which is why `every` is a third of the
+    /// clock it beats. The acks stop with the lock, so that JetStream redelivers a message whose
+    /// worker can no longer finish it under its lock. Outside a tokio runtime, or for a message
+    /// without a reply subject, nothing is sent: idempotask refuses to run the call there
+    /// anyway, and such a message cannot be acked.
+    pub(crate) async fn start(
+        self: &Arc<Self>,
+        message: &Message,
+        every: Duration,
+        lease: Lease,
+    ) -> Progress {
+        let ticker = Arc::downgrade(self);
+        let (Ok(runtime), Some(reply)) = (tokio::runtime::Handle::try_current(), &message.reply)
+        else {
+            return Progress { ticker, id: 0 };
+        };
+        let due = Instant::now() + every;
+        let entry = Entry {
+            client: message.context.client(),
+            reply: reply.clone(),
+            lease,
+            every,
+            due,
+        };
+        let (id, started) = {
+            let mut state = self.lock();
+            state.next_id += 1;
+            let id = state.next_id;
+            state.entries.insert(id, entry);
+            if state.wakes_at.is_none_or(|wakes_at| due < wakes_at) {
+                self.wake.notify_one();
             }
+            let mut started = None;
+            if state.task.as_ref().is_none_or(JoinHandle::is_finished) {
+                let (started_tx, started_rx) = oneshot::channel();
+                let wake = Arc::clone(&self.wake);
+                state.task = Some(runtime.spawn(tick(Weak::clone(&ticker), wake, started_tx)));
+                started = Some(started_rx);
+            }
+            (id, started)
+        };
+        let progress = Progress { ticker, id };
+        // A task spawned from a worker waits in that worker's own slot, which other workers do
+        // not take: were the body to block this thread first, the acks would never start. Once
+        // it has been polled, its timer wakes it on whichever worker is free.
+        if let Some(started) = started {
+            let _ = started.await;
+        }
+        progress
+    }
+
+    /// The messages whose `+WPI` is due, their next one set; a message whose lock is gone is
+    /// dropped, its acks stopped. Also says when the next one is due.
+    fn due(&self) -> (Vec<(async_nats::Client, Subject)>, Option<Instant>) {
+        let now = Instant::now();
+        let mut state = self.lock();
+        state
+            .entries
+            .retain(|_, entry| entry.due > now || !entry.lease.lost());
+        let mut sends = Vec::new();
+        let mut next: Option<Instant> = None;
+        for entry in state.entries.values_mut() {
+            if entry.due <= now {
+                sends.push((entry.client.clone(), entry.reply.clone()));
+                entry.due = now + entry.every;
+            }
+            next = Some(next.map_or(entry.due, |next| next.min(entry.due)));
+        }
+        state.wakes_at = next;
+        (sends, next)
+    }
+}
+
+/// The ticker's task: sends each message's `+WPI` when due, sleeps until the next one is, and
+/// ends with the ticker (its `Drop` aborts it; it holds only a weak reference meanwhile).
+async fn tick(ticker: Weak<Ticker>, wake: Arc<Notify>, started: oneshot::Sender<()>) {
+    let _ = started.send(());
+    loop {
+        let Some((sends, next)) = ticker.upgrade().map(|ticker| ticker.due()) else {
+            return;
+        };
+        for (client, reply) in sends {
             // A progress ack that cannot be sent means the connection is down; the final ack
             // reports that, and until then there is nothing better to do than to try again.
-            let _ = message.ack_with(AckKind::Progress).await;
+            let _ = client.publish(reply, "+WPI".into()).await;
         }
-    });
-    let progress = Progress(Some(task));
-    // A task spawned from a worker waits in that worker's own slot, which other workers do not
-    // take: were the body to block this thread first, the acks would never start. Once it has
-    // been polled, its timer wakes it on whichever worker is free.
-    let _ = started_rx.await;
-    progress
+        match next {
+            // Woken by its timer, or by a message due sooner.
+            Some(due) => {
+                let _ = tokio::time::timeout_at(due, wake.notified()).await;
+            }
+            None => wake.notified().await,
+        }
+    }
 }

@@ -7,7 +7,7 @@
 //! the bench's library, and would otherwise build the test servers' crate too.
 //!
 //! ```text
-//! servers redis|valkey|redis8|cluster|postgres [SETTING=VALUE …] …
+//! servers redis|valkey|redis8|cluster|nats|rabbitmq|postgres [SETTING=VALUE …] …
 //! ```
 //!
 //! `redis`, `valkey` and `redis8` are one server of that program; `cluster` is 3 masters and 3
@@ -17,13 +17,16 @@
 //!
 //! - `<server>_url`, `<server>_port`, `<server>_pid` for `redis`, `valkey` and `redis8`;
 //! - `cluster_urls`, the nodes' URLs separated by commas (the bench's `--redis-url`);
-//! - `postgres_url`, and `postgres_log`, the file its log goes to.
+//! - `postgres_url`, and `postgres_log`, the file its log goes to;
+//! - `nats_url` (a `nats-server -js`) and `amqp_url` (a RabbitMQ broker, as `guest`).
 
 use std::io::Write;
 use std::process::ExitCode;
 
 use idempotask_test_support::cluster::RedisCluster;
+use idempotask_test_support::nats::NatsServer;
 use idempotask_test_support::postgres::PostgresServer;
+use idempotask_test_support::rabbitmq::RabbitServer;
 use idempotask_test_support::{Flavor, RedisServer};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -32,6 +35,8 @@ enum Server {
     Single(&'static str, RedisServer),
     Cluster(RedisCluster),
     Postgres(PostgresServer),
+    Nats(NatsServer),
+    Rabbit(RabbitServer),
 }
 
 impl Server {
@@ -48,6 +53,8 @@ impl Server {
                 format!("postgres_url={}", server.url()),
                 format!("postgres_log={}", server.log_path().display()),
             ],
+            Self::Nats(server) => vec![format!("nats_url={}", server.url())],
+            Self::Rabbit(server) => vec![format!("amqp_url={}", server.url())],
         }
     }
 }
@@ -55,7 +62,9 @@ impl Server {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.is_empty() {
-        eprintln!("usage: servers redis|valkey|redis8|cluster|postgres [SETTING=VALUE …] …");
+        eprintln!(
+            "usage: servers redis|valkey|redis8|cluster|nats|rabbitmq|postgres [SETTING=VALUE …] …"
+        );
         return ExitCode::from(2);
     }
     // Started one after the other; a server that does not come up panics, and the unwinding
@@ -68,6 +77,8 @@ fn main() -> ExitCode {
             "valkey" => Server::Single("valkey", RedisServer::start_flavor(Flavor::Valkey, &[])),
             "redis8" => Server::Single("redis8", RedisServer::start_flavor(Flavor::Redis8, &[])),
             "cluster" => Server::Cluster(RedisCluster::start()),
+            "nats" => Server::Nats(NatsServer::start()),
+            "rabbitmq" => Server::Rabbit(RabbitServer::start()),
             "postgres" => {
                 let mut settings = Vec::new();
                 while let Some(setting) = args.next_if(|arg| arg.contains('=')) {

@@ -1,0 +1,59 @@
+//! The queue bench, run once with a tiny N against a `nats-server -js`, a RabbitMQ broker and a
+//! Redis of the test's own: every consumer acks every message, and runs each body exactly once.
+//! No timing is asserted; `scripts/bench-queues.sh` measures.
+
+use idempotask_bench::queues::{self, Broker, Consumer, QueueConfig};
+use idempotask_test_support as support;
+use support::RedisServer;
+use support::nats::NatsServer;
+use support::rabbitmq::RabbitServer;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_consumer_runs_every_message_exactly_once_on_both_brokers() {
+    let redis = RedisServer::start();
+    let nats = NatsServer::start();
+    let rabbit = RabbitServer::shared();
+    let config = QueueConfig {
+        nats_url: Some(nats.url()),
+        amqp_url: Some(rabbit.url()),
+        redis_url: redis.url(),
+        messages: 24,
+        in_flight: vec![1, 8],
+        rounds: 2,
+        consumers: Consumer::ALL.to_vec(),
+    };
+    let mut lines = 0;
+    let measurements = queues::run(&config, |_| lines += 1).await.unwrap();
+    assert_eq!(lines, measurements.len());
+    // 2 rounds × 2 in-flight limits × 3 consumers × 2 brokers.
+    assert_eq!(measurements.len(), 24, "{measurements:?}");
+    for broker in [Broker::Nats, Broker::Rabbitmq] {
+        for consumer in Consumer::ALL {
+            for in_flight in [1, 8] {
+                let runs = measurements
+                    .iter()
+                    .filter(|m| m.broker == broker && m.consumer == consumer)
+                    .filter(|m| m.in_flight == in_flight)
+                    .count();
+                assert_eq!(runs, 2, "{broker:?} {consumer:?} {in_flight}");
+            }
+        }
+    }
+    for m in &measurements {
+        assert_eq!(m.bodies, 24, "{m:?}");
+        assert_eq!(m.exactly_once, 24, "{m:?}");
+        assert!(m.msgs_per_sec > 0.0 && m.redis_rtt_us > 0.0, "{m:?}");
+    }
+    // The rounds rotate the consumers' order.
+    let first = |round| {
+        measurements
+            .iter()
+            .find(|m| m.round == round)
+            .unwrap()
+            .consumer
+    };
+    assert_ne!(first(0), first(1));
+    let table = queues::markdown(&measurements);
+    assert_eq!(table.matches("| NATS JetStream |").count(), 6, "{table}");
+    assert_eq!(table.matches("| RabbitMQ |").count(), 6, "{table}");
+}

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The queue consumers' bench (bench/src/queues.rs): on NATS JetStream and RabbitMQ, a bare
+# consumer (ack only), the hand-written pattern inside the consumer (GET, SET NX PX, the body,
+# SET of the marker, a compare-and-delete) and the integration crate, each over fresh messages,
+# at 1 and 64 in flight, rounds interleaved, next to the Redis round trip measured in the same
+# run. Starts a nats-server (JetStream), a RabbitMQ broker and a redis-server through
+# test-support on free loopback ports and writes docs/performance-queues.md.
+#
+#   ./scripts/bench-queues.sh [MESSAGES] [ROUNDS]      # defaults: 5000 messages, 5 rounds
+set -euo pipefail
+cd "$(dirname "$0")/.."
+messages=${1:-5000}
+rounds=${2:-5}
+out=docs/performance-queues.md
+work=$(mktemp -d)
+. scripts/bench-start-servers.sh
+cleanup() {
+  stop_servers
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+cargo build --release --locked -p idempotask-bench -p idempotask-test-support
+bench=${CARGO_TARGET_DIR:-target}/release/queue-bench
+start_servers redis nats rabbitmq
+echo "==> queues: $messages messages per run, in flight 1 and 64, $rounds rounds"
+"$bench" --redis-url "$redis_url" --nats-url "$nats_url" --amqp-url "$amqp_url" \
+  --messages "$messages" --in-flight 1,64 --rounds "$rounds" --markdown "$work/queues.md" |
+  tee "$work/queues.jsonl"
+
+mkdir -p docs
+{
+  echo "# Performance of the queue consumers"
+  echo
+  echo "Written by \`scripts/bench-queues.sh $messages $rounds\` on $(date -u '+%Y-%m-%d %H:%M UTC'); do not edit by hand."
+  echo
+  echo "- Machine: $(nproc) cores ($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), $(uname -sr)"
+  echo "- Load while measuring: $(cut -d' ' -f1-3 /proc/loadavg) (the cores are shared with other work)"
+  echo "- $(nats-server --version); RabbitMQ $(dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null || echo '(version unknown)'); $(redis-server --version | awk '{ print $1, $2, $3 }'); loopback, persistence off"
+  echo "- $(rustc --version), release profile; one \`RedisStore\` for the integrations, one redis-rs \`ConnectionManager\` for the hand-written consumer"
+  echo
+  echo "Each round publishes $messages fresh messages (untimed) to a queue of their own for every"
+  echo "broker, in-flight limit and consumer, then times their consumption; the consumers' order"
+  echo "rotates round by round. msg/s are min, median and max over the rounds; the ratios compare"
+  echo "medians of the same run. µs/msg over bare is \`1/median − 1/median(bare)\`, to set against"
+  echo "two Redis round trips at 1 in flight."
+  echo
+  cat "$work/queues.md"
+} >"$out"
+echo "wrote $out"
