@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# The Python package's tests (python/tests): builds the wheel of python/ with maturin into a
-# virtual environment of its own under the target directory, installs it with pip as users do
-# (`pip install ./python` builds the same wheel), and runs pytest. The tests start their own
+# The Python package's tests (python/tests): installs python/ with `pip install ./python`, as
+# users do, into a virtual environment of its own under the target directory, and runs pytest. The tests start their own
 # redis-server, and Valkey, a Redis Cluster and PostgreSQL through test-support's `servers`
 # binary (scripts/install-servers.sh installs them); none is skipped when one is missing.
 set -euo pipefail
@@ -9,21 +8,17 @@ cd "$(dirname "$0")/.."
 
 target="${CARGO_TARGET_DIR:-target}"
 venv="$(realpath -m "$target/python-venv")"
-wheels="$(realpath -m "$target/python-wheels")"
 python="${PYTHON:-python3}"
 if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
 # Pinned to what the tests were written against; pip skips what is already there.
 "$venv/bin/pip" install --quiet --disable-pip-version-check \
-  'maturin>=1.9.4,<2' 'pytest>=8,<10' 'celery[redis]==5.*' 'redis>=5,<8'
-# The wheel is built by the workspace's cargo, with the workspace's Cargo.lock (--locked) and
-# target directory, then installed like any wheel.
-rm -rf "$wheels"
-"$venv/bin/maturin" build --release --locked --manifest-path python/Cargo.toml \
-  --interpreter "$venv/bin/python" --out "$wheels" --quiet
-"$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps \
-  "$wheels"/idempotask-*.whl
+  'pytest>=8,<10' 'celery[redis]==5.*' 'redis>=5,<8'
+# Installed as the README tells users to, `pip install ./python`: maturin (fetched by pip into
+# its build environment) builds the wheel with the workspace's cargo, its Cargo.lock (`locked`
+# in pyproject.toml) and its target directory, and pip installs it.
+"$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps ./python
 # The Rust worker of the interop test (python/tests/test_interop.py), built as the Rust tests
 # build the examples.
 cargo build --quiet --locked -p idempotask-examples --example shared_units --features redis

@@ -60,8 +60,8 @@ tee -a "$log" <"$copied_log"
 # The metrics feature is off in the workspace build; its tests run on their own.
 cargo test -p idempotask --features metrics --locked --test observe 2>&1 | tee -a "$log"
 step "the Python package (python/tests, with pytest)"
-# A virtual environment of its own under the target directory, the wheel built with maturin
-# and installed with pip, then pytest; the tests start their own redis-server.
+# A virtual environment of its own under the target directory, the package installed with
+# `pip install ./python`, then pytest; the tests start their own servers.
 scripts/test-python.sh
 step "cargo doc"
 RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked

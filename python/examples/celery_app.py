@@ -6,7 +6,9 @@ delivered: the issue's seed, on idempotask.
     celery -A celery_app worker --concurrency 4 --loglevel INFO      # from python/examples
     python celery_app.py 42 1200                                     # sends the order 3 times
 
-The worker prints `charging order 42` once; every delivery's result is the same charge id.
+The worker prints `charging order 42` once; every delivery's result is the same charge id. The
+deliveries that found the order busy retry when the first one's lock would have run out (up to
+`lock_ttl`, 30 s: see "A busy unit" in docs/python.md), so the answer takes that long.
 `REDIS_URL` chooses the server (broker, result backend and idempotask's store share it here;
 use one database each in production).
 """
