@@ -4,7 +4,8 @@
 # SET of the marker, a compare-and-delete) and the integration crate, each over fresh messages,
 # at 1 and 64 in flight, rounds interleaved, next to the Redis round trip measured in the same
 # run. Starts a nats-server (JetStream), a RabbitMQ broker and a redis-server through
-# test-support on free loopback ports and writes docs/performance-queues.md.
+# test-support on free loopback ports and writes docs/performance-queues.md, keeping the
+# section that scripts/bench-plot.sh writes there (throughput against messages in flight).
 #
 #   ./scripts/bench-queues.sh [MESSAGES] [ROUNDS]      # defaults: 5000 messages, 5 rounds
 set -euo pipefail
@@ -29,6 +30,7 @@ echo "==> queues: $messages messages per run, in flight 1 and 64, $rounds rounds
   tee "$work/queues.jsonl"
 
 mkdir -p docs
+plots=$(sed -n '/^<!-- BEGIN throughput plots/,/^<!-- END throughput plots/p' "$out" 2>/dev/null || true)
 {
   echo "# Performance of the queue consumers"
   echo
@@ -46,5 +48,9 @@ mkdir -p docs
   echo "two Redis round trips at 1 in flight."
   echo
   cat "$work/queues.md"
+  if [ -n "$plots" ]; then
+    echo
+    echo "$plots"
+  fi
 } >"$out"
 echo "wrote $out"

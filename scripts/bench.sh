@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # The benchmark end to end: starts a redis-server of its own through test-support (persistence
 # off, a free loopback port), runs every bench mode in release mode, the criterion
-# micro-benchmarks and a profile, and writes docs/performance.md.
+# micro-benchmarks and a profile, and writes docs/performance.md; then scripts/bench-plot.sh
+# draws throughput against tasks in flight on Redis 7, Valkey 8.1, NATS and RabbitMQ into it.
 #
 #   ./scripts/bench.sh [TASKS] [ROUNDS]      # defaults: 20000 tasks, 3 rounds
+#   ./scripts/bench.sh --plot-only [ARGS]    # only the plots: scripts/bench-plot.sh [ARGS]
 #
 # Needs redis-server and valgrind (apt-get install redis-server valgrind); uses perf from
 # linux-perf where the kernel lets it sample.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --plot-only ]; then
+  shift
+  exec scripts/bench-plot.sh "$@"
+fi
 tasks=${1:-20000}
 rounds=${2:-3}
 out=docs/performance.md
@@ -128,6 +134,10 @@ mkdir -p docs
   echo "- Redis: $(redis-server --version | awk '{ print $3 }' | sed 's/v=//'), on loopback, persistence off"
   echo "- $(rustc --version), release profile; one \`RedisStore\` (one multiplexed connection)"
   echo
+  # Filled by scripts/bench-plot.sh, below.
+  echo "<!-- BEGIN throughput plots: written by scripts/bench-plot.sh; do not edit by hand -->"
+  echo "<!-- END throughput plots -->"
+  echo
   echo "## Bench (\`cargo run --release -p idempotask-bench -- --mode all --tasks $tasks --concurrency 64 --rounds $rounds\`)"
   echo
   echo "Calls are task calls (C per key in \`contended\`). cmds/task counts the commands the client"
@@ -206,3 +216,8 @@ TEXT
   fi
 } >"$out"
 echo "wrote $out"
+
+# Its own servers, one kind at a time: the ones above would only take CPU from it.
+stop_servers
+echo "==> throughput against tasks in flight (scripts/bench-plot.sh)"
+scripts/bench-plot.sh

@@ -12,13 +12,18 @@
 //!
 //! [`http`] is the HTTP layer's bench (`src/bin/http.rs`, and `bench/http-compare` beside the
 //! `idempotent` crate's layer).
+//!
+//! [`sweep`] measures throughput against tasks in flight (`bench --sweep`), and [`plot`] draws
+//! those measurements, and the queue bench's, as SVG (`src/bin/plot.rs`, `bench-plot`).
 
 mod driver;
 pub mod http;
+pub mod plot;
 pub mod postgres;
 pub mod queues;
 pub mod report;
 mod server;
+pub mod sweep;
 mod target;
 mod workloads;
 
@@ -192,7 +197,8 @@ pub struct Measurement {
     pub marker_bytes: Option<u64>,
 }
 
-/// A benchmark that could not run: Redis unreachable, a task failed, bad arguments.
+/// A benchmark that could not run (Redis unreachable, a task failed, bad arguments), or lines
+/// the plot cannot draw.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BenchError(pub String);
 

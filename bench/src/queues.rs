@@ -33,7 +33,7 @@ use lapin::options::{BasicNackOptions, ConfirmSelectOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection as AmqpConnection, ConnectionProperties};
 use redis::aio::ConnectionManager;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Any error of the queue bench: a broker, Redis, or a count that does not add up.
 pub type QueueError = Box<dyn std::error::Error + Send + Sync>;
@@ -67,7 +67,7 @@ pub struct QueueConfig {
 }
 
 /// One of the three consumers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Consumer {
     /// The body, then the ack.
@@ -100,7 +100,7 @@ impl Consumer {
 }
 
 /// The broker a measurement ran on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Broker {
     /// NATS JetStream, through async-nats and `idempotask-nats`.

@@ -2,8 +2,12 @@
 //! its counts hold.
 //! No timing is asserted; `scripts/bench.sh` measures.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use idempotask_test_support as support;
 
+use idempotask_bench::sweep::{self, Contender, SweepConfig};
 use idempotask_bench::{self as bench, Config, Mode, SCALING_CONCURRENCY, postgres, report};
 use support::RedisServer;
 use support::cluster::RedisCluster;
@@ -189,4 +193,56 @@ async fn two_runs_at_once_keep_their_stores_and_counts_apart() {
             .all(|m| (m.redis_commands_per_task - 6.0).abs() < 0.01),
         "{three:?}"
     );
+}
+
+/// The sweep of `bench --sweep`, with a contender of its own: every (round, concurrency,
+/// implementation) once, each round in a rotated order, named by the server it ran on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_measures_every_implementation_at_every_concurrency() {
+    let server = RedisServer::start_valkey();
+    let ran = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&ran);
+    let other = Contender::new("other", move |_run, _id| {
+        counted.fetch_add(1, Ordering::Relaxed);
+        async { Ok(()) }
+    });
+    let config = SweepConfig {
+        redis_url: server.url(),
+        tasks: 8,
+        concurrency: vec![1, 4],
+        rounds: 2,
+    };
+    let mut emitted = 0;
+    let points = sweep::sweep(&config, vec![other], |_| emitted += 1)
+        .await
+        .unwrap();
+    assert_eq!(emitted, points.len());
+    let order: Vec<(usize, usize, &str)> = points
+        .iter()
+        .map(|p| (p.round, p.concurrency, p.implementation.as_str()))
+        .collect();
+    assert_eq!(
+        order,
+        [
+            (1, 1, "idempotask"),
+            (1, 1, "hand-written"),
+            (1, 1, "other"),
+            (1, 4, "idempotask"),
+            (1, 4, "hand-written"),
+            (1, 4, "other"),
+            (2, 1, "hand-written"),
+            (2, 1, "other"),
+            (2, 1, "idempotask"),
+            (2, 4, "hand-written"),
+            (2, 4, "other"),
+            (2, 4, "idempotask"),
+        ]
+    );
+    assert!(
+        points.iter().all(|p| p.server.starts_with("Valkey 8.")),
+        "{points:?}"
+    );
+    assert!(points.iter().all(|p| p.tasks == 8 && p.tasks_per_sec > 0.0));
+    // 8 untimed tasks to warm up, then 8 per measurement.
+    assert_eq!(ran.load(Ordering::Relaxed), 8 + 4 * 8);
 }

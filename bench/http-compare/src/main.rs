@@ -11,14 +11,28 @@
 //!
 //! `--serve ADDR` (with `--redis-url`) only serves and `--load URL` only loads, as for
 //! `http-bench`; `scripts/bench-http.sh` runs both ways.
+//!
+//! `--sweep 1,4,16,64,256` measures tasks, not requests: `idempotask_bench::sweep` (idempotask
+//! and the hand-written pattern) with the `idempotent` crate's own claim beside them, over N
+//! fresh keys at each number in flight, one JSON line per point; `scripts/bench-plot.sh` draws
+//! them.
+//!
+//! ```text
+//! cargo run --release --ignore-rust-version --manifest-path bench/http-compare/Cargo.toml -- \
+//!     --sweep 1,4,16,64,256 --redis-url redis://127.0.0.1:6379 [--tasks 3000] [--rounds 3]
+//! ```
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
 use axum::routing::post;
+use idempotask_bench::BenchError;
 use idempotask_bench::http::{self, Keys, Row, Workload};
+use idempotask_bench::sweep::{self, Contender, SweepConfig};
 use idempotask_redis::RedisStore;
 use idempotent::middleware::IdempotencyLayer;
 use idempotent::valkey::ValkeyStore;
+use idempotent::{ExecutionOutcome, IdempotencyKey, IdempotencyStore};
 
 /// Every workload: ours first, then `idempotent`'s on `/idempotent`.
 fn workloads() -> Vec<Workload> {
@@ -102,7 +116,68 @@ fn ratios(rows: &[Row]) -> String {
     format!("\n| ratio of requests/s | value |\n| --- | ---: |\n{out}")
 }
 
+/// The `idempotent` crate's task: its JSON claim over the key `(run, id)` with a `()` value,
+/// the closest it has to `#[idempotent_task]` (a claim script with a fencing token, the value
+/// stored on completion). Its leases are the layer's above: 60 s processing, 24 h completed.
+async fn idempotent_task(store: ValkeyStore, run: u64, id: u64) -> Result<(), BenchError> {
+    let failed = |err: &dyn std::error::Error| BenchError(format!("idempotent: {err}"));
+    let key = IdempotencyKey::new(format!("{run}-{id}")).map_err(|err| failed(&err))?;
+    let outcome = store
+        .claim(&key, Duration::from_mins(1))
+        .fingerprint("bench_task", b"")
+        .json()
+        .execute_or_replay(Duration::from_hours(24), |_token| async { Ok(()) })
+        .await
+        .map_err(|err| failed(&err))?;
+    match outcome {
+        ExecutionOutcome::Executed(()) => Ok(()),
+        _ => Err(BenchError(format!(
+            "idempotent: fresh key {key:?} did not execute"
+        ))),
+    }
+}
+
+/// `--sweep`: idempotask, the hand-written pattern and the `idempotent` crate, by tasks in
+/// flight.
+async fn sweep(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
+    let mut config = SweepConfig {
+        redis_url: "redis://127.0.0.1:6379".to_owned(),
+        tasks: 3000,
+        concurrency: sweep::SWEEP_CONCURRENCY.to_vec(),
+        rounds: 3,
+    };
+    let mut args = args.iter();
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--sweep" => {
+                config.concurrency = value.split(',').map(str::parse).collect::<Result<_, _>>()?;
+            }
+            "--redis-url" => config.redis_url.clone_from(value),
+            "--tasks" => config.tasks = value.parse()?,
+            "--rounds" => config.rounds = value.parse()?,
+            other => return Err(format!("`{other}` does not go with --sweep").into()),
+        }
+    }
+    let store = ValkeyStore::with_url(config.redis_url.clone())
+        .prefix("idempotent_sweep")
+        .try_build()
+        .await?;
+    let theirs = Contender::new("idempotent 2.0", move |run, id| {
+        idempotent_task(store.clone(), run, id)
+    });
+    sweep::sweep(&config, vec![theirs], |point| {
+        println!("{}", serde_json::to_string(point).unwrap_or_default());
+    })
+    .await?;
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|arg| arg == "--sweep") {
+        return sweep(&args).await;
+    }
     http::main(workloads(), app, ratios).await
 }
