@@ -658,10 +658,19 @@ async fn deliver_webhook(url: &str, delivery: &str, order: u32, tally: &Mutex<Ta
             .await;
         match sent {
             Ok(response) if response.status().is_success() => {
-                if response.headers().contains_key("idempotent-replayed") {
-                    tally.lock().unwrap().replayed += 1;
+                let replayed = response.headers().contains_key("idempotent-replayed");
+                // The timeout covers the body too: one that runs out while it is read is a
+                // timeout like any other, and the sender tries again.
+                match response.text().await {
+                    Ok(text) => {
+                        if replayed {
+                            tally.lock().unwrap().replayed += 1;
+                        }
+                        return text;
+                    }
+                    Err(err) if err.is_timeout() => tally.lock().unwrap().timeouts += 1,
+                    Err(err) => println!("{delivery}: {err}"),
                 }
-                return response.text().await.unwrap();
             }
             Ok(response) => println!("{delivery}: {}", response.status()),
             Err(err) if err.is_timeout() => tally.lock().unwrap().timeouts += 1,
