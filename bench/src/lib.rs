@@ -16,6 +16,7 @@
 //! [`sweep`] measures throughput against tasks in flight (`bench --sweep`), and [`plot`] draws
 //! those measurements, and the queue bench's, as SVG (`src/bin/plot.rs`, `bench-plot`).
 
+mod cpu;
 mod driver;
 pub mod http;
 pub mod plot;

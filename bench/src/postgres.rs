@@ -5,7 +5,6 @@
 //! Statements per task come from `pg_stat_statements` when the server preloads it
 //! (`shared_preload_libraries = pg_stat_statements`); they are left out otherwise.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -17,6 +16,7 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
 use super::BenchError;
+use super::cpu::CpuClocks;
 use super::driver::{drive, percentile_us};
 
 static FRESH: Task = Task::new("bench_pg");
@@ -227,57 +227,6 @@ async fn wal_position(pool: &PgPool) -> Result<String, BenchError> {
         .await?)
 }
 
-/// The CPU time used so far by the bench process and by the server's processes.
-struct CpuClocks {
-    client: Option<f64>,
-    server: HashMap<u32, f64>,
-}
-
-impl CpuClocks {
-    fn now() -> Self {
-        Self {
-            client: client_cpu_us(),
-            server: server_cpu_us(),
-        }
-    }
-
-    /// The client's and the server's CPU time since `self`, in microseconds.
-    fn since(&self) -> (Option<f64>, Option<f64>) {
-        let client = client_cpu_us()
-            .zip(self.client)
-            .map(|(after, before)| after - before);
-        (client, server_cpu_since(&self.server))
-    }
-}
-
-/// The CPU time so far of each process named `postgres` on this machine, in microseconds.
-fn server_cpu_us() -> HashMap<u32, f64> {
-    let Ok(processes) = std::fs::read_dir("/proc") else {
-        return HashMap::new();
-    };
-    processes
-        .filter_map(|entry| {
-            let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let (head, _) = stat.rsplit_once(')')?;
-            (head.split_once('(')?.1 == "postgres").then_some(())?;
-            Some((pid, cpu_us_of(&stat)?))
-        })
-        .collect()
-}
-
-/// The server's CPU time since `before`, in microseconds: a backend that started meanwhile
-/// counts from zero. `None` when no server process is visible.
-fn server_cpu_since(before: &HashMap<u32, f64>) -> Option<f64> {
-    let after = server_cpu_us();
-    (!after.is_empty()).then(|| {
-        after
-            .iter()
-            .map(|(pid, cpu)| cpu - before.get(pid).copied().unwrap_or(0.0))
-            .sum()
-    })
-}
-
 /// WAL bytes the server wrote since `before`.
 async fn wal_since(pool: &PgPool, before: &str) -> Result<f64, BenchError> {
     let bytes =
@@ -286,22 +235,6 @@ async fn wal_since(pool: &PgPool, before: &str) -> Result<f64, BenchError> {
             .fetch_one(pool)
             .await?;
     Ok(bytes)
-}
-
-/// This process's CPU time (user and system) so far, in microseconds; `None` off Linux.
-fn client_cpu_us() -> Option<f64> {
-    cpu_us_of(&std::fs::read_to_string("/proc/self/stat").ok()?)
-}
-
-/// Input: a process's `/proc/<pid>/stat` line. Output: its CPU time (user and system), in
-/// microseconds.
-fn cpu_us_of(stat: &str) -> Option<f64> {
-    // The fields after the command's name, which is in parentheses and may hold spaces.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks = |index: usize| fields.get(index)?.parse::<f64>().ok();
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name; Linux
-    // reports them in USER_HZ, 100 per second.
-    Some((ticks(11)? + ticks(12)?) * 10_000.0)
 }
 
 async fn measure(
@@ -318,7 +251,7 @@ async fn measure(
         statements.reset(pool).await?;
     }
     let wal_before = wal_position(pool).await?;
-    let clocks = CpuClocks::now();
+    let clocks = CpuClocks::now("postgres");
     let shared = SharedStore::new(store.clone());
     let measuring = pool.clone();
     let (pool, store) = (pool.clone(), store.clone());

@@ -13,7 +13,10 @@
 //! rotated round by round so that none always runs first. "In flight" is the consumer's limit
 //! of unacked messages (JetStream's `max_ack_pending`, RabbitMQ's `basic_qos` prefetch) and the
 //! number of messages handled at once. Every round also measures the Redis `PING` round trip,
-//! which the 1-in-flight comparison is made against.
+//! which the 1-in-flight comparison is made against, and the CPU time each consumption cost
+//! this process (the client), Redis (`INFO cpu`) and the broker's processes on this machine
+//! (`nats-server`, RabbitMQ's `beam.smp`, from `/proc`): on a machine whose cores the client
+//! and both servers share, messages per second follow their sum.
 //!
 //! `src/bin/queues.rs` is its command line; `tests/queues_smoke.rs` runs it with a tiny N.
 
@@ -34,6 +37,9 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection as AmqpConnection, ConnectionProperties};
 use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
+
+use crate::cpu::CpuClocks;
+use crate::server::server_cpu;
 
 /// Any error of the queue bench: a broker, Redis, or a count that does not add up.
 pub type QueueError = Box<dyn std::error::Error + Send + Sync>;
@@ -118,6 +124,14 @@ impl Broker {
         }
     }
 
+    /// Its server's process name on this machine, as `/proc/<pid>/stat` gives it.
+    fn process(self) -> &'static str {
+        match self {
+            Self::Nats => "nats-server",
+            Self::Rabbitmq => "beam.smp",
+        }
+    }
+
     /// The name in the tables.
     pub fn name(self) -> &'static str {
         match self {
@@ -148,6 +162,56 @@ pub struct QueueMeasurement {
     pub msgs_per_sec: f64,
     /// The median Redis `PING` round trip measured in the same round, in microseconds.
     pub redis_rtt_us: f64,
+    /// CPU time of this process (the consumer, and the publisher idle meanwhile) per message
+    /// while the messages were consumed, in microseconds; `None` off Linux.
+    pub client_cpu_us_per_msg: Option<f64>,
+    /// Redis's CPU time per message meanwhile (`INFO cpu`), in microseconds.
+    pub redis_cpu_us_per_msg: f64,
+    /// The broker's CPU time per message meanwhile, in microseconds: every local process of its
+    /// name; `None` when none is found, as for a remote broker.
+    pub broker_cpu_us_per_msg: Option<f64>,
+}
+
+/// What consuming one batch cost: wall time, and CPU time of the client, Redis and the broker.
+struct Consumed {
+    elapsed: Duration,
+    client_cpu_us: Option<f64>,
+    redis_cpu_us: f64,
+    broker_cpu_us: Option<f64>,
+}
+
+/// The clocks a batch's consumption is measured with, started just before its first delivery
+/// is asked for (the publishing before it is not counted).
+struct Clocks {
+    wall: Instant,
+    cpu: CpuClocks,
+    redis: Duration,
+    server: ConnectionManager,
+}
+
+impl Clocks {
+    async fn start(shared: &Shared, broker: Broker) -> Result<Self, QueueError> {
+        let mut server = shared.redis.clone();
+        let redis = server_cpu(std::slice::from_mut(&mut server)).await?;
+        Ok(Self {
+            cpu: CpuClocks::now(broker.process()),
+            redis,
+            server,
+            wall: Instant::now(),
+        })
+    }
+
+    async fn stop(mut self) -> Result<Consumed, QueueError> {
+        let elapsed = self.wall.elapsed();
+        let (client_cpu_us, broker_cpu_us) = self.cpu.since();
+        let redis = server_cpu(std::slice::from_mut(&mut self.server)).await?;
+        Ok(Consumed {
+            elapsed,
+            client_cpu_us,
+            redis_cpu_us: redis.saturating_sub(self.redis).as_secs_f64() * 1e6,
+            broker_cpu_us,
+        })
+    }
 }
 
 /// How many times each message's body ran, by the message's number.
@@ -247,7 +311,7 @@ pub async fn run(
                         consumer,
                         bodies: Bodies::new(config.messages),
                     };
-                    let elapsed = match (broker, &nats, &rabbit) {
+                    let consumed = match (broker, &nats, &rabbit) {
                         (Broker::Nats, Some(nats), _) => nats.measure(&batch, &shared).await?,
                         (Broker::Rabbitmq, _, Some(rabbit)) => {
                             rabbit.measure(&batch, &shared).await?
@@ -255,6 +319,11 @@ pub async fn run(
                         _ => continue,
                     };
                     let (bodies, exactly_once) = batch.bodies.counts();
+                    #[allow(
+                        clippy::cast_precision_loss,
+                        reason = "message counts are far below 2^52"
+                    )]
+                    let per_msg = |us: f64| us / config.messages.max(1) as f64;
                     let measurement = QueueMeasurement {
                         broker,
                         consumer,
@@ -263,8 +332,11 @@ pub async fn run(
                         messages: config.messages,
                         bodies,
                         exactly_once,
-                        msgs_per_sec: per_sec(config.messages, elapsed),
+                        msgs_per_sec: per_sec(config.messages, consumed.elapsed),
                         redis_rtt_us,
+                        client_cpu_us_per_msg: consumed.client_cpu_us.map(per_msg),
+                        redis_cpu_us_per_msg: per_msg(consumed.redis_cpu_us),
+                        broker_cpu_us_per_msg: consumed.broker_cpu_us.map(per_msg),
                     };
                     each(&measurement);
                     measurements.push(measurement);
@@ -386,7 +458,7 @@ impl NatsBench {
     }
 
     /// Publishes the batch's messages (untimed), then times a consumer of their own over them.
-    async fn measure(&self, batch: &Batch, shared: &Shared) -> Result<Duration, QueueError> {
+    async fn measure(&self, batch: &Batch, shared: &Shared) -> Result<Consumed, QueueError> {
         let subject = batch.name.replace('-', ".");
         let mut acks = Vec::with_capacity(256);
         for number in 0..batch.messages {
@@ -409,7 +481,7 @@ impl NatsBench {
                 ..Default::default()
             })
             .await?;
-        let started = Instant::now();
+        let clocks = Clocks::start(shared, Broker::Nats).await?;
         let messages = consumer
             .stream()
             .max_messages_per_batch(batch.in_flight)
@@ -430,9 +502,9 @@ impl NatsBench {
                 done.and(one)
             })
             .await?;
-        let elapsed = started.elapsed();
+        let cost = clocks.stop().await?;
         self.stream.delete_consumer(&batch.name).await?;
-        Ok(elapsed)
+        Ok(cost)
     }
 
     /// One message through the batch's consumer, acked once handled.
@@ -504,7 +576,7 @@ impl RabbitBench {
 
     /// Declares the batch's queue and publishes its messages (untimed), then times a consumer
     /// on a channel of its own over them.
-    async fn measure(&self, batch: &Batch, shared: &Shared) -> Result<Duration, QueueError> {
+    async fn measure(&self, batch: &Batch, shared: &Shared) -> Result<Consumed, QueueError> {
         let channel = self.connection.create_channel().await?;
         let topology = idempotask_lapin::Topology::new(batch.name.as_str());
         let retries = topology.declare(&channel).await?;
@@ -540,7 +612,7 @@ impl RabbitBench {
             retries,
         )
         .store(shared.store.clone());
-        let started = Instant::now();
+        let clocks = Clocks::start(shared, Broker::Rabbitmq).await?;
         let deliveries = channel
             .basic_consume(
                 batch.name.as_str().into(),
@@ -560,9 +632,9 @@ impl RabbitBench {
                 done.and(one)
             })
             .await?;
-        let elapsed = started.elapsed();
+        let cost = clocks.stop().await?;
         channel.close(200, "done".into()).await?;
-        Ok(elapsed)
+        Ok(cost)
     }
 }
 
@@ -659,6 +731,50 @@ pub fn markdown(measurements: &[QueueMeasurement]) -> String {
         "\nRedis round trip (`PING`, median of each round's 1,000, median over the rounds): {rtt:.1} µs; two round trips: {:.1} µs.",
         2.0 * rtt
     );
+    out.push_str(&cpu_table(measurements));
+    out
+}
+
+/// The markdown table of where the CPU went: the client's, Redis's and the broker's CPU time
+/// per message of each (broker, in flight, consumer), medians over the rounds ("–" where it
+/// could not be read).
+fn cpu_table(measurements: &[QueueMeasurement]) -> String {
+    type Samples = [Vec<f64>; 3];
+    let mut cpu: BTreeMap<(Broker, usize, Consumer), Samples> = BTreeMap::new();
+    for m in measurements {
+        let samples = cpu.entry((m.broker, m.in_flight, m.consumer)).or_default();
+        let readings = [
+            m.client_cpu_us_per_msg,
+            Some(m.redis_cpu_us_per_msg),
+            m.broker_cpu_us_per_msg,
+        ];
+        for (sample, reading) in samples.iter_mut().zip(readings) {
+            sample.extend(reading);
+        }
+    }
+    let mut out = String::from(
+        "\nCPU time per message while consuming, in µs (medians over the rounds): the client is this process, Redis its `INFO cpu`, the broker its processes on this machine.\n\n| broker | in flight | consumer | client | Redis | broker | sum |\n| --- | ---: | --- | ---: | ---: | ---: | ---: |\n",
+    );
+    for (&(broker, in_flight, consumer), samples) in &cpu {
+        let [client, redis, server] = samples.clone().map(|mut s| median(&mut s));
+        let cell = |us: f64| {
+            if us.is_nan() {
+                "–".to_owned()
+            } else {
+                format!("{us:.1}")
+            }
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {in_flight} | {} | {} | {} | {} | {} |",
+            broker.name(),
+            consumer.name(),
+            cell(client),
+            cell(redis),
+            cell(server),
+            cell(client + redis + server),
+        );
+    }
     out
 }
 

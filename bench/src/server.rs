@@ -139,18 +139,9 @@ pub(crate) async fn server_cpu(servers: &mut [ConnectionManager]) -> Result<Dura
 }
 
 /// CPU time this process has used (user and system, all threads), from `/proc/self/stat`;
-/// zero where there is no such file. Its resolution is the kernel's clock tick (10 ms), fine
-/// for runs of a second or more.
+/// zero where there is no such file.
 pub(crate) fn client_cpu() -> Duration {
-    // Fields 14 and 15 (utime, stime) in ticks of USER_HZ, which Linux fixes at 100.
-    let ticks = std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|stat| {
-            let after_name = stat.rsplit_once(')')?.1;
-            let fields: Vec<&str> = after_name.split_whitespace().collect();
-            Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
-        });
-    Duration::from_millis(ticks.unwrap_or(0) * 10)
+    Duration::from_secs_f64(crate::cpu::client_cpu_us().unwrap_or(0.0) / 1e6)
 }
 
 /// How many locks of idempotask and of the hand-written pattern exist on `servers`, via `SCAN`

@@ -43,7 +43,18 @@ async fn every_consumer_runs_every_message_exactly_once_on_both_brokers() {
         assert_eq!(m.bodies, 24, "{m:?}");
         assert_eq!(m.exactly_once, 24, "{m:?}");
         assert!(m.msgs_per_sec > 0.0 && m.redis_rtt_us > 0.0, "{m:?}");
+        // The servers run on this machine: each one's CPU time is found and read.
+        assert!(m.redis_cpu_us_per_msg >= 0.0, "{m:?}");
+        assert!(m.client_cpu_us_per_msg.is_some_and(|us| us >= 0.0), "{m:?}");
+        assert!(m.broker_cpu_us_per_msg.is_some_and(|us| us >= 0.0), "{m:?}");
     }
+    // Some work is seen: a clock that never moved would read zero everywhere.
+    let client: f64 = measurements
+        .iter()
+        .filter_map(|m| m.client_cpu_us_per_msg)
+        .sum();
+    let redis: f64 = measurements.iter().map(|m| m.redis_cpu_us_per_msg).sum();
+    assert!(client > 0.0 && redis > 0.0, "{measurements:?}");
     // The rounds rotate the consumers' order.
     let first = |round| {
         measurements
@@ -54,6 +65,11 @@ async fn every_consumer_runs_every_message_exactly_once_on_both_brokers() {
     };
     assert_ne!(first(0), first(1));
     let table = queues::markdown(&measurements);
-    assert_eq!(table.matches("| NATS JetStream |").count(), 6, "{table}");
-    assert_eq!(table.matches("| RabbitMQ |").count(), 6, "{table}");
+    // Six rows each in the rates' table and in the CPU table.
+    assert_eq!(table.matches("| NATS JetStream |").count(), 12, "{table}");
+    assert_eq!(table.matches("| RabbitMQ |").count(), 12, "{table}");
+    assert!(
+        table.contains("| client | Redis | broker | sum |"),
+        "{table}"
+    );
 }
