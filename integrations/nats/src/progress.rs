@@ -47,8 +47,10 @@ struct State {
     next_id: u64,
     /// The task sending the acks; spawned on the first message, again if its runtime ended.
     task: Option<JoinHandle<()>>,
-    /// When the ticker wakes next on its own, if it is asleep on a timer.
+    /// When the ticker wakes next on its own, once it has run.
     wakes_at: Option<Instant>,
+    /// How long the ticker sleeps with no message: the interval of the last message added.
+    idle: Duration,
 }
 
 /// The progress acks of every message one `Idempotent` (and its clones) is handling, sent by one
@@ -126,6 +128,10 @@ impl Ticker {
             state.next_id += 1;
             let id = state.next_id;
             state.entries.insert(id, entry);
+            state.idle = every;
+            // Waking the ticker costs a thread wake-up; it is needed only if it would sleep
+            // past this message's first ack, which its idle sleep (as long as `every`) never
+            // does once it has run.
             if state.wakes_at.is_none_or(|wakes_at| due < wakes_at) {
                 self.wake.notify_one();
             }
@@ -149,8 +155,10 @@ impl Ticker {
     }
 
     /// The messages whose `+WPI` is due, their next one set; a message whose lock is gone is
-    /// dropped, its acks stopped. Also says when the next one is due.
-    fn due(&self) -> (Vec<(async_nats::Client, Subject)>, Option<Instant>) {
+    /// dropped, its acks stopped. Also says when to wake next: when the next one is due, or,
+    /// with no message, after the last interval, so that a message added meanwhile is due no
+    /// sooner than that.
+    fn due(&self) -> (Vec<(async_nats::Client, Subject)>, Instant) {
         let now = Instant::now();
         let mut state = self.lock();
         state
@@ -165,8 +173,9 @@ impl Ticker {
             }
             next = Some(next.map_or(entry.due, |next| next.min(entry.due)));
         }
-        state.wakes_at = next;
-        (sends, next)
+        let wakes_at = next.unwrap_or(now + state.idle);
+        state.wakes_at = Some(wakes_at);
+        (sends, wakes_at)
     }
 }
 
@@ -175,7 +184,7 @@ impl Ticker {
 async fn tick(ticker: Weak<Ticker>, wake: Arc<Notify>, started: oneshot::Sender<()>) {
     let _ = started.send(());
     loop {
-        let Some((sends, next)) = ticker.upgrade().map(|ticker| ticker.due()) else {
+        let Some((sends, wakes_at)) = ticker.upgrade().map(|ticker| ticker.due()) else {
             return;
         };
         for (client, reply) in sends {
@@ -183,12 +192,7 @@ async fn tick(ticker: Weak<Ticker>, wake: Arc<Notify>, started: oneshot::Sender<
             // reports that, and until then there is nothing better to do than to try again.
             let _ = client.publish(reply, "+WPI".into()).await;
         }
-        match next {
-            // Woken by its timer, or by a message due sooner.
-            Some(due) => {
-                let _ = tokio::time::timeout_at(due, wake.notified()).await;
-            }
-            None => wake.notified().await,
-        }
+        // Woken by its timer, or by a message due sooner.
+        let _ = tokio::time::timeout_at(wakes_at, wake.notified()).await;
     }
 }

@@ -660,6 +660,49 @@ async fn progress_acks_keep_a_body_longer_than_ack_wait_from_being_redelivered()
     );
 }
 
+/// The task that sends progress acks outlives each message: with none in hand it sleeps on a
+/// timer, and a message that comes after it has slept so still gets its acks in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_acks_go_out_for_a_message_that_comes_after_the_acks_went_idle() {
+    let queue = Queue::start().await;
+    let ack_wait = Duration::from_secs(2);
+    queue.publish(r#"{"id":21}"#, Some("order-21")).await;
+    queue.publish(r#"{"id":22}"#, Some("order-22")).await;
+    let charge_once = Idempotent::new(Task::new("nats_idle_acks"), MsgId)
+        .store(queue.store().await)
+        .ack_wait(ack_wait);
+    let mut consumer = queue.consumer("charger", ack_wait).await;
+    // One message pulled: the second is not delivered (its `AckWait` not started) until asked.
+    let mut batch = consumer.fetch().max_messages(1).messages().await.unwrap();
+    let first = batch.next().await.unwrap().unwrap();
+    let quick = async { Ok::<_, std::io::Error>(()) };
+    let handled = charge_once.handle(&first, quick).await.unwrap();
+    assert!(matches!(handled, Handled::Acked(_)), "{handled:?}");
+    // Idle for two intervals: the acks' task wakes with no message in hand and sleeps again
+    // (the scenario under test, not a wait for a signal).
+    tokio::time::sleep(charge_once.progress_interval() * 2).await;
+    let mut messages = consumer.messages().await.unwrap();
+    let second = messages.next().await.unwrap().unwrap();
+    assert_eq!(delivered(&second), 1);
+    let pulling =
+        tokio::spawn(async move { messages.next().await.map(|m| m.map(|m| delivered(&m))) });
+    let long = async {
+        tokio::time::sleep(ack_wait * 3).await;
+        Ok::<_, std::io::Error>(())
+    };
+    let handled = charge_once.handle(&second, long).await.unwrap();
+    assert!(matches!(handled, Handled::Acked(_)), "{handled:?}");
+    queue.client.flush().await.unwrap();
+    assert!(!pulling.is_finished(), "redelivered: {:?}", pulling.await);
+    pulling.abort();
+    let info = consumer.info().await.unwrap();
+    assert_eq!(
+        deliveries(info),
+        2,
+        "each message delivered once: {info:#?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_is_down_fails_closed_with_a_growing_delay_until_it_is_back() {
     let mut queue = Queue::start().await;
