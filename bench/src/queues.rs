@@ -482,11 +482,10 @@ impl NatsBench {
             })
             .await?;
         let clocks = Clocks::start(shared, Broker::Nats).await?;
-        let messages = consumer
-            .stream()
-            .max_messages_per_batch(batch.in_flight)
-            .messages()
-            .await?;
+        // The consumer's `max_ack_pending` keeps no more than `in_flight` messages out; the pull
+        // requests ask for async-nats's default batch, as a worker's loop does. Batches of one
+        // message stalled now and then for a pull request's whole expiry (30 s).
+        let messages = consumer.messages().await?;
         let integration = &self.integration;
         messages
             .take(batch.messages)
