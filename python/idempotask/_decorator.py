@@ -241,6 +241,26 @@ def _not_awaited(function: Callable[..., Any], value: Any) -> Optional[TypeError
     )
 
 
+def _settle_failed(pending: "_native.Pending") -> None:
+    """The body or the reconcile function raised: the call releases the lock (or leaves a unit in
+    doubt as it was), and that end is waited for before the exception goes on. Whatever the end
+    says is not the caller's news: the exception is."""
+    pending.fail()
+    try:
+        pending.wait()
+    except Exception:
+        pass
+
+
+async def _settle_failed_async(pending: "_native.Pending", loop: "asyncio.AbstractEventLoop") -> None:
+    """``_settle_failed`` for an ``async def`` task: the call's end awaited on ``loop``."""
+    pending.fail()
+    try:
+        await pending.wait_async(loop, _resolve)
+    except Exception:
+        pass
+
+
 def _replayed(event: Tuple[Any, ...]) -> Any:
     """The value of a call whose body did not run: the stored result."""
     return json.loads(event[1])
@@ -274,11 +294,7 @@ def _run_sync(spec: _Spec, pending: "_native.Pending", key: str, mode: str, this
         try:
             answer = _checked(spec, spec.reconcile(context()))  # type: ignore[misc]
         except BaseException:
-            pending.fail()
-            try:
-                pending.wait()  # the call's end, before the exception goes on
-            except Exception:
-                pass
+            _settle_failed(pending)
             raise
         finally:
             _context.reset(token)
@@ -295,11 +311,7 @@ def _run_sync(spec: _Spec, pending: "_native.Pending", key: str, mode: str, this
         if refused is not None:
             raise refused
     except BaseException:
-        pending.fail()
-        try:
-            pending.wait()  # the release, before the exception goes on
-        except Exception:
-            pass
+        _settle_failed(pending)
         raise
     finally:
         _context.reset(token)
@@ -335,11 +347,7 @@ async def _run_async(spec: _Spec, pending: "_native.Pending", key: str, mode: st
         try:
             answer = _checked(spec, await spec.reconcile(context()))  # type: ignore[misc]
         except Exception:
-            pending.fail()
-            try:
-                await pending.wait_async(loop, _resolve)
-            except Exception:
-                pass
+            await _settle_failed_async(pending, loop)
             raise
         except BaseException:
             # Cancelled: the call ends on idempotask's runtime, not awaited here.
@@ -357,11 +365,7 @@ async def _run_async(spec: _Spec, pending: "_native.Pending", key: str, mode: st
     try:
         value = await spec.function(*args, **kwargs)
     except Exception:
-        pending.fail()
-        try:
-            await pending.wait_async(loop, _resolve)
-        except Exception:
-            pass
+        await _settle_failed_async(pending, loop)
         raise
     except BaseException:
         # Cancelled: the release goes on on idempotask's runtime, not awaited here.
