@@ -3,9 +3,10 @@
 //! service would) and answers `201`.
 //!
 //! `src/bin/http.rs` (`http-bench`) measures [`workloads`] on [`router`]: no layer, the layer
-//! on fresh keys, the layer on duplicates. `bench/http-compare`, a crate outside the workspace
-//! (its dependency declares a newer `rust-version` than the workspace's), merges the `idempotent`
-//! crate's layer into the same app and adds its workloads, so every row comes from one run.
+//! on fresh keys, the layer on duplicates, and the layer on fresh keys without lock renewal.
+//! `bench/http-compare`, a crate outside the workspace (its dependency declares a newer
+//! `rust-version` than the workspace's), merges the `idempotent` crate's layer into the same app
+//! and adds its workloads, so every row comes from one run.
 //!
 //! [`main`] is the command line of both: one process serving and loading by default, or
 //! `--serve ADDR` and `--load URL` as two processes, so that a script can pin them to cores of
@@ -69,7 +70,8 @@ pub struct Workload {
     pub keys: Keys,
 }
 
-/// No layer, the layer on fresh keys, the layer on duplicates: the routes of [`router`].
+/// No layer, the layer on fresh keys, the layer on duplicates, and the layer on fresh keys with
+/// lock renewal off (what renewal costs a request): the routes of [`router`].
 pub fn workloads() -> Vec<Workload> {
     vec![
         Workload {
@@ -90,18 +92,26 @@ pub fn workloads() -> Vec<Workload> {
             path: "/keyed",
             keys: Keys::Duplicates,
         },
+        Workload {
+            id: "fresh-unrenewed",
+            name: "idempotask-http, fresh keys, renewal off",
+            path: "/keyed-unrenewed",
+            keys: Keys::Fresh,
+        },
     ]
 }
 
 /// The app of [`workloads`]: `/plain` is [`handler`] alone, `/keyed` the same handler under
 /// [`Idempotency`] on `store` (default settings but the [`LOCK_TTL`]: the `Idempotency-Key`
-/// header, the body's SHA-256 in the fingerprint, lock renewal on). Callers merge routes of
-/// their own into it.
+/// header, the body's SHA-256 in the fingerprint, lock renewal on); `/keyed-unrenewed` the same
+/// without renewal. Callers merge routes of their own into it.
 pub fn router(store: RedisStore) -> Router {
     let layer = Idempotency::new(Task::new("http_bench").lock_ttl(LOCK_TTL)).store(store);
+    let unrenewed = layer.clone().renew_lock(false);
     Router::new()
         .route("/plain", post(handler))
         .route("/keyed", post(handler).layer(layer))
+        .route("/keyed-unrenewed", post(handler).layer(unrenewed))
 }
 
 /// What one measurement of one workload gave.

@@ -98,6 +98,11 @@ fn ratios(rows: &[Row]) -> String {
             "duplicates",
             "idempotent-duplicates",
         ),
+        (
+            "idempotask-http fresh, renewal off / idempotent fresh",
+            "fresh-unrenewed",
+            "idempotent-fresh",
+        ),
         ("idempotent fresh / no layer", "idempotent-fresh", "plain"),
         (
             "idempotent duplicates / no layer",
