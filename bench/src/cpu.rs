@@ -14,10 +14,13 @@ impl CpuClocks {
     /// The clocks now, of this process and of each process named `process` (as
     /// `/proc/<pid>/stat` names it: `postgres`, `nats-server`, `beam.smp`).
     pub(crate) fn now(process: &'static str) -> Self {
+        let server = processes_cpu_us(process);
+        // Read after the scan of `/proc` (and, in `since`, before it), so that the scan's own
+        // CPU time is not counted as the client's.
         Self {
             process,
             client: client_cpu_us(),
-            server: processes_cpu_us(process),
+            server,
         }
     }
 

@@ -599,9 +599,10 @@ impl<K: MessageKey> Idempotent<K> {
     /// [`handled.ack_kind()`](Handled::ack_kind) yourself, for instance with `double_ack_with`
     /// to wait until JetStream has it, or after writing the result somewhere first.
     ///
-    /// Progress acks go out while this runs and stop when it returns, so acknowledge before
-    /// the consumer's `AckWait` has passed, or JetStream delivers the message again (which is
-    /// safe: a stored result is replayed).
+    /// Progress acks go out while this runs and stop when it returns: none is still on its way
+    /// out then, so the acknowledgement you send after it is the message's last. Acknowledge
+    /// before the consumer's `AckWait` has passed, or JetStream delivers the message again
+    /// (which is safe: a stored result is replayed).
     pub async fn process<T, E, F>(&self, message: &Message, body: F) -> Handled<T, E>
     where
         T: Serialize + DeserializeOwned,
@@ -609,11 +610,13 @@ impl<K: MessageKey> Idempotent<K> {
     {
         self.check_consumer_once(message);
         let lease = progress::Lease::default();
-        let _progress = self
+        let progress = self
             .progress
             .start(message, self.progress_interval(), lease.clone())
             .await;
-        self.decide(message, body, lease).await
+        let handled = self.decide(message, body, lease).await;
+        progress.stop().await;
+        handled
     }
 
     /// What `message` gets once `body` has run, or has not.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_nats::Subject;
 use async_nats::jetstream::Message;
 use idempotask::TaskContext;
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::{Mutex as AsyncMutex, Notify, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -49,7 +49,9 @@ struct State {
     task: Option<JoinHandle<()>>,
     /// When the ticker wakes next on its own, once it has run.
     wakes_at: Option<Instant>,
-    /// How long the ticker sleeps with no message: the interval of the last message added.
+    /// How long the ticker sleeps with no message: the longest interval of the messages added
+    /// so far, so that one message with a short `AckWait` does not keep the ticker waking
+    /// often for as long as it lives.
     idle: Duration,
 }
 
@@ -64,6 +66,10 @@ struct State {
 pub(crate) struct Ticker {
     state: Mutex<State>,
     wake: Arc<Notify>,
+    /// Held while the ticker sends a message's `+WPI`, and by [`Progress::stop`]: once a
+    /// message's acks are stopped, none of its progress acks is still on its way out, so none
+    /// follows its final acknowledgement.
+    sending: Arc<AsyncMutex<()>>,
 }
 
 impl Drop for Ticker {
@@ -75,10 +81,24 @@ impl Drop for Ticker {
     }
 }
 
-/// Stops a message's progress acks when dropped, however the call that started them ends.
+/// Stops a message's progress acks when dropped, however the call that started them ends;
+/// [`stop`](Self::stop) also waits for one that is being sent.
 pub(crate) struct Progress {
     ticker: Weak<Ticker>,
     id: u64,
+}
+
+impl Progress {
+    /// Stops the message's progress acks once none of them is being sent, so that the final
+    /// acknowledgement, sent after this on the same connection, is the last word on the
+    /// message. A `+WPI` that came after a `-NAK` with a delay would restart the message's
+    /// `AckWait` and replace the delay.
+    pub(crate) async fn stop(self) {
+        if let Some(ticker) = self.ticker.upgrade() {
+            let _sending = ticker.sending.lock().await;
+            drop(self);
+        }
+    }
 }
 
 impl Drop for Progress {
@@ -128,18 +148,19 @@ impl Ticker {
             state.next_id += 1;
             let id = state.next_id;
             state.entries.insert(id, entry);
-            state.idle = every;
+            state.idle = state.idle.max(every);
             // Waking the ticker costs a thread wake-up; it is needed only if it would sleep
-            // past this message's first ack, which its idle sleep (as long as `every`) never
-            // does once it has run.
+            // past this message's first ack, which its idle sleep does not when the message's
+            // interval is the longest yet.
             if state.wakes_at.is_none_or(|wakes_at| due < wakes_at) {
                 self.wake.notify_one();
             }
             let mut started = None;
             if state.task.as_ref().is_none_or(JoinHandle::is_finished) {
                 let (started_tx, started_rx) = oneshot::channel();
-                let wake = Arc::clone(&self.wake);
-                state.task = Some(runtime.spawn(tick(Weak::clone(&ticker), wake, started_tx)));
+                let (wake, sending) = (Arc::clone(&self.wake), Arc::clone(&self.sending));
+                state.task =
+                    Some(runtime.spawn(tick(Weak::clone(&ticker), wake, sending, started_tx)));
                 started = Some(started_rx);
             }
             (id, started)
@@ -156,9 +177,9 @@ impl Ticker {
 
     /// The messages whose `+WPI` is due, their next one set; a message whose lock is gone is
     /// dropped, its acks stopped. Also says when to wake next: when the next one is due, or,
-    /// with no message, after the last interval, so that a message added meanwhile is due no
-    /// sooner than that.
-    fn due(&self) -> (Vec<(async_nats::Client, Subject)>, Instant) {
+    /// with no message, after the longest interval, so that a message added meanwhile is due
+    /// no sooner than that unless its interval is shorter (its `start` then wakes the ticker).
+    fn due(&self) -> (Vec<(u64, async_nats::Client, Subject)>, Instant) {
         let now = Instant::now();
         let mut state = self.lock();
         state
@@ -166,9 +187,9 @@ impl Ticker {
             .retain(|_, entry| entry.due > now || !entry.lease.lost());
         let mut sends = Vec::new();
         let mut next: Option<Instant> = None;
-        for entry in state.entries.values_mut() {
+        for (id, entry) in &mut state.entries {
             if entry.due <= now {
-                sends.push((entry.client.clone(), entry.reply.clone()));
+                sends.push((*id, entry.client.clone(), entry.reply.clone()));
                 entry.due = now + entry.every;
             }
             next = Some(next.map_or(entry.due, |next| next.min(entry.due)));
@@ -181,13 +202,26 @@ impl Ticker {
 
 /// The ticker's task: sends each message's `+WPI` when due, sleeps until the next one is, and
 /// ends with the ticker (its `Drop` aborts it; it holds only a weak reference meanwhile).
-async fn tick(ticker: Weak<Ticker>, wake: Arc<Notify>, started: oneshot::Sender<()>) {
+async fn tick(
+    ticker: Weak<Ticker>,
+    wake: Arc<Notify>,
+    sending: Arc<AsyncMutex<()>>,
+    started: oneshot::Sender<()>,
+) {
     let _ = started.send(());
     loop {
         let Some((sends, wakes_at)) = ticker.upgrade().map(|ticker| ticker.due()) else {
             return;
         };
-        for (client, reply) in sends {
+        for (id, client, reply) in sends {
+            let _sending = sending.lock().await;
+            // Stopped since `due` picked it: its final acknowledgement may be out already.
+            let handled = ticker
+                .upgrade()
+                .is_some_and(|ticker| ticker.lock().entries.contains_key(&id));
+            if !handled {
+                continue;
+            }
             // A progress ack that cannot be sent means the connection is down; the final ack
             // reports that, and until then there is nothing better to do than to try again.
             let _ = client.publish(reply, "+WPI".into()).await;

@@ -4,7 +4,8 @@
 //! delivered again with a growing delay, not cached, and terminated after `max_failures`, a
 //! misused task defers instead of terminating, a store that is down fails closed with a growing
 //! delay, an ack that cannot be sent keeps the outcome, and progress acks outlast an `AckWait`
-//! shorter than the body (one that blocks its thread too) but stop once its lock is gone. A
+//! shorter than the body (one that blocks its thread too) but stop once its lock is gone, and
+//! none follows a message's final acknowledgement. A
 //! failure bucket that cannot be opened or written still ends a poison message; the consumer
 //! check reports a short `AckWait` or `backoff` entry, a limited `max_deliver` and an unusable
 //! bucket, and runs again when it could not read the consumer. A unit in doubt under
@@ -701,6 +702,72 @@ async fn progress_acks_go_out_for_a_message_that_comes_after_the_acks_went_idle(
         2,
         "each message delivered once: {info:#?}"
     );
+}
+
+/// A message's progress acks end before its final acknowledgement goes out: a `+WPI` that came
+/// after a `-NAK` with a delay would restart the message's `AckWait` and replace the delay.
+/// Hundreds of messages whose bodies end around the moment their progress ack falls due, and
+/// every ack the client sends watched on the wire, in the order the server routes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_progress_ack_follows_the_final_acknowledgement() {
+    const MESSAGES: u64 = 400;
+    let queue = Queue::start().await;
+    let mut wire = queue.client.subscribe("$JS.ACK.>").await.unwrap();
+    queue.client.flush().await.unwrap();
+    // The shortest `AckWait` there is, so that progress acks come as often as they can.
+    let charge_once = Idempotent::new(Task::new("nats_last_word"), MsgId)
+        .store(queue.store().await)
+        .ack_wait(Duration::from_millis(30));
+    let interval = charge_once.progress_interval();
+    let mut handling = tokio::task::JoinSet::new();
+    for n in 1..=MESSAGES {
+        let mut message = without_reply(&queue, &format!("last-word-{n}"));
+        message.message.reply =
+            Some(format!("$JS.ACK.{STREAM}.last.1.{n}.{n}.1764547200000000000.0").into());
+        let charge_once = charge_once.clone();
+        // Bodies that end from just before their first progress ack to just after it.
+        let lasts = interval * 4 / 5 + interval * u32::try_from(n % 40).unwrap() / 100;
+        handling.spawn(async move {
+            let body = async move {
+                tokio::time::sleep(lasts).await;
+                Ok::<_, std::io::Error>(())
+            };
+            charge_once.handle(&message, body).await.unwrap()
+        });
+    }
+    while let Some(handled) = handling.join_next().await {
+        assert!(matches!(handled.unwrap(), Handled::Acked(_)));
+    }
+    // Long past any progress ack still on its way (the scenario under test: what the client
+    // sends after it has answered every message), then a marker that arrives after all of it.
+    tokio::time::sleep(interval * 10).await;
+    drop(charge_once);
+    queue
+        .client
+        .publish("$JS.ACK.end", "end".into())
+        .await
+        .unwrap();
+    let mut sent = std::collections::HashMap::<String, Vec<String>>::new();
+    while let Some(ack) = tokio::time::timeout(Duration::from_secs(30), wire.next())
+        .await
+        .expect("the marker arrives")
+    {
+        if ack.subject.as_str() == "$JS.ACK.end" {
+            break;
+        }
+        let payload = String::from_utf8_lossy(&ack.payload).into_owned();
+        sent.entry(ack.subject.to_string())
+            .or_default()
+            .push(payload);
+    }
+    assert_eq!(sent.len() as u64, MESSAGES, "every message acked");
+    let late: Vec<_> = sent
+        .iter()
+        .filter(|(_, acks)| acks.iter().position(|ack| ack != "+WPI") != Some(acks.len() - 1))
+        .collect();
+    assert!(late.is_empty(), "acks after the final one: {late:?}");
+    let progress_acks = sent.values().flatten().filter(|ack| *ack == "+WPI").count();
+    assert!(progress_acks > 0, "no progress ack went out at all");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
