@@ -44,8 +44,9 @@ mkdir -p docs
   echo "--concurrency 64 --rounds $rounds\`: idempotask and the hand-written four-command pattern (\`SET NX\`,"
   echo "\`GET\`, \`SET\`, a release script) alternate within each round, so each ratio compares runs that"
   echo "saw the same machine. cmds/task counts the commands the client sent (\`INFO commandstats\`"
-  echo "deltas less what scripts ran inside); Redis CPU is the server process's CPU time per call"
-  echo "(\`INFO cpu\`)."
+  echo "deltas less what scripts ran inside, and less the store's refused \`SET … IFEQ\` that asks a"
+  echo "server without it every 5 s whether it has it now); Redis CPU is the server process's CPU"
+  echo "time per call (\`INFO cpu\`)."
   echo
   echo "## Redis 7 (\`finish\` is a two-command script)"
   echo

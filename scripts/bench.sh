@@ -141,7 +141,8 @@ mkdir -p docs
   echo "## Bench (\`cargo run --release -p idempotask-bench -- --mode all --tasks $tasks --concurrency 64 --rounds $rounds\`)"
   echo
   echo "Calls are task calls (C per key in \`contended\`). cmds/task counts the commands the client"
-  echo "sent (\`INFO commandstats\` deltas, leaving out what scripts run inside). Redis cmd µs is the"
+  echo "sent (\`INFO commandstats\` deltas, leaving out what scripts run inside and the store's"
+  echo "refused \`SET … IFEQ\` that asks a server without it every 5 s). Redis cmd µs is the"
   echo "commands' own time from commandstats; Redis CPU and client CPU are process CPU time per call"
   echo "(\`INFO cpu\`, \`/proc/self/stat\`)."
   echo
