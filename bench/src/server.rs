@@ -221,53 +221,47 @@ mod tests {
 
     const BEFORE: &str = "# Commandstats\r\ncmdstat_get:calls=10,usec=10,usec_per_call=1.00,rejected_calls=0,failed_calls=0\r\ncmdstat_info:calls=1,usec=5,usec_per_call=5.00,rejected_calls=0,failed_calls=0\r\n";
 
+    /// What `client_cost` makes of the change from [`BEFORE`] to `after`.
+    fn cost(after: &str, counting: Counting) -> ClientCost {
+        client_cost(
+            &parse_command_stats(BEFORE),
+            &parse_command_stats(after),
+            counting,
+        )
+    }
+
     #[test]
     fn idempotask_counts_its_plain_sets_and_script_calls_not_what_scripts_run() {
-        let before = parse_command_stats(BEFORE);
         // Two fresh tasks on Redis 7: SET NX GET, then EVALSHA of `finish` (GET, SET) each;
         // one fenced: EVALSHA of `begin_fenced` (GET, TIME, SET), then of `finish`.
-        let after = parse_command_stats(
-            "cmdstat_get:calls=14,usec=14,usec_per_call=1.00\r\ncmdstat_set:calls=6,usec=12,usec_per_call=2.00\r\ncmdstat_time:calls=1,usec=1\r\ncmdstat_evalsha:calls=4,usec=80,usec_per_call=20.00\r\ncmdstat_info:calls=2,usec=10,usec_per_call=5.00\r\ncmdstat_replconf:calls=4,usec=4,usec_per_call=1.00\r\n",
-        );
-        assert_eq!(
-            client_cost(&before, &after, Counting::Idempotask),
-            ClientCost {
-                client_calls: 2 + 4,
-                usec: 4 + 80
-            }
-        );
+        let after = "cmdstat_get:calls=14,usec=14,usec_per_call=1.00\r\ncmdstat_set:calls=6,usec=12,usec_per_call=2.00\r\ncmdstat_time:calls=1,usec=1\r\ncmdstat_evalsha:calls=4,usec=80,usec_per_call=20.00\r\ncmdstat_info:calls=2,usec=10,usec_per_call=5.00\r\ncmdstat_replconf:calls=4,usec=4,usec_per_call=1.00\r\n";
+        let expected = ClientCost {
+            client_calls: 2 + 4,
+            usec: 4 + 80,
+        };
+        assert_eq!(cost(after, Counting::Idempotask), expected);
     }
 
     #[test]
     fn idempotask_leaves_out_the_refused_capability_probe() {
-        let before = parse_command_stats(BEFORE);
         // One fresh task on Redis 7 (SET NX GET, EVALSHA of `finish`: GET, SET) and the store's
         // probe for `SET … IFEQ`, refused.
-        let after = parse_command_stats(
-            "cmdstat_get:calls=11,usec=11\r\ncmdstat_set:calls=3,usec=6,usec_per_call=2.00,rejected_calls=0,failed_calls=1\r\ncmdstat_evalsha:calls=1,usec=20\r\n",
-        );
-        assert_eq!(
-            client_cost(&before, &after, Counting::Idempotask),
-            ClientCost {
-                client_calls: 2,
-                usec: 2 + 20
-            }
-        );
+        let after = "cmdstat_get:calls=11,usec=11\r\ncmdstat_set:calls=3,usec=6,usec_per_call=2.00,rejected_calls=0,failed_calls=1\r\ncmdstat_evalsha:calls=1,usec=20\r\n";
+        let expected = ClientCost {
+            client_calls: 2,
+            usec: 2 + 20,
+        };
+        assert_eq!(cost(after, Counting::Idempotask), expected);
     }
 
     #[test]
     fn handwritten_takes_the_release_scripts_own_get_back_out() {
-        let before = parse_command_stats(BEFORE);
         // One fresh task: SET NX, GET, SET, EVAL (which runs GET and DEL).
-        let after = parse_command_stats(
-            "cmdstat_get:calls=12,usec=12\r\ncmdstat_set:calls=2,usec=4\r\ncmdstat_eval:calls=1,usec=9\r\ncmdstat_del:calls=1,usec=1\r\n",
-        );
-        assert_eq!(
-            client_cost(&before, &after, Counting::Handwritten),
-            ClientCost {
-                client_calls: 4,
-                usec: 4 + 1 + 9
-            }
-        );
+        let after = "cmdstat_get:calls=12,usec=12\r\ncmdstat_set:calls=2,usec=4\r\ncmdstat_eval:calls=1,usec=9\r\ncmdstat_del:calls=1,usec=1\r\n";
+        let expected = ClientCost {
+            client_calls: 4,
+            usec: 4 + 1 + 9,
+        };
+        assert_eq!(cost(after, Counting::Handwritten), expected);
     }
 }
