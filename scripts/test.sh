@@ -75,6 +75,11 @@ step "module cycles in the core and the store crates"
 python3 scripts/check-module-cycles.py runtime stores/redis stores/postgres
 step "links in the Markdown files"
 ./scripts/check-links.py
+step "performance pages"
+# Every figure on docs/performance*.md comes from bench/results/ through its template; the
+# self-test proves the check fails on a planted inconsistency.
+scripts/perf-report --self-test
+scripts/perf-report --check
 step "cargo package"
 # Every published crate packages and builds from its own .crate, the workspace's crates taken
 # from the packages made alongside (not from crates.io, where they are not yet). The crates
