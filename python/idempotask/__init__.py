@@ -15,6 +15,7 @@ worker running tasks of the same name share their units. See docs/python.md.
 
 from ._decorator import TaskContext, context, idempotent_task, install, installed
 from ._reconcile import Reconciled
+from ._report import Outcome, Report, ResultNotRecorded, UnrecordedResultWarning
 from ._native import (
     Contended,
     CodecError,
@@ -35,12 +36,16 @@ __all__ = [
     "InDoubt",
     "KeyReuse",
     "MemoryStore",
+    "Outcome",
     "PostgresStore",
     "RedisClusterStore",
     "Reconciled",
     "RedisStore",
+    "Report",
+    "ResultNotRecorded",
     "StoreError",
     "TaskContext",
+    "UnrecordedResultWarning",
     "context",
     "idempotent_task",
     "install",

@@ -7,6 +7,7 @@ import functools
 import inspect
 import json
 import threading
+import warnings
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar, Union
@@ -14,6 +15,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar, Unio
 from . import _native
 from ._keys import KeyTemplate, encode_json, fingerprint_json, fingerprint_names, key_parameters
 from ._reconcile import Reconciled
+from ._report import Report, ResultNotRecorded, UnrecordedResultWarning, outcome_of
 
 __all__ = ["TaskContext", "context", "idempotent_task", "install", "installed"]
 
@@ -21,6 +23,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 Store = Union[_native.MemoryStore, _native.RedisStore, _native.RedisClusterStore, _native.PostgresStore]
 
 _ON_BUSY = ("retry", "wait", "raise")
+_ON_UNRECORDED = ("warn", "raise")
+# The outcomes under which the body's result is recorded as this call's: any other one warns
+# (or raises, with `on_unrecorded="raise"`).
+_RECORDED = frozenset(("executed", "replayed", "reconciled"))
 _installed: Optional[Store] = None
 _install_lock = threading.Lock()
 # Task name -> the function that defined it: two functions with one name would share units.
@@ -95,7 +101,8 @@ class _Spec:
 
     def __init__(self, function: Callable[..., Any], key: str, name: Optional[str], fingerprint: Any,
                  on_busy: Optional[str], store: Optional[Store], options: Dict[str, Any],
-                 reconcile: Optional[Callable[[TaskContext], Any]] = None) -> None:
+                 reconcile: Optional[Callable[[TaskContext], Any]] = None,
+                 on_unrecorded: str = "warn") -> None:
         qualname = getattr(function, "__qualname__", repr(function))
         self.function = function
         self.reconcile = _reconcile_of(function, reconcile, qualname)
@@ -111,6 +118,11 @@ class _Spec:
         if on_busy is not None and on_busy not in _ON_BUSY:
             raise ValueError(f"{qualname}: on_busy must be one of {', '.join(map(repr, _ON_BUSY))}, not {on_busy!r}")
         self.on_busy = on_busy
+        if on_unrecorded not in _ON_UNRECORDED:
+            raise ValueError(
+                f"{qualname}: on_unrecorded must be one of {', '.join(map(repr, _ON_UNRECORDED))}, not {on_unrecorded!r}"
+            )
+        self.on_unrecorded = on_unrecorded
         self.store = None if store is None else _native_store(store)
         self.name = name if name is not None else function.__name__
         try:
@@ -135,7 +147,16 @@ class _Spec:
             arguments = dict(bound.arguments)
         this = arguments.pop("self") if self.bound else None
         key = self.key.render(arguments)
-        fingerprint = None if self.fingerprint is None else fingerprint_json(self.fingerprint, arguments)
+        if self.fingerprint is None:
+            return key, None, this
+        try:
+            fingerprint = fingerprint_json(self.fingerprint, arguments)
+        except (TypeError, ValueError, RecursionError) as err:
+            # No JSON text (an object, a cycle, a dict key that is no JSON name, nesting too
+            # deep for `json`): nothing ran, as for the Rust attribute's `Fingerprint` kind.
+            raise _codec_error(
+                "fingerprint", f"task {self.name!r}: the fingerprinted arguments have no JSON text: {err}"
+            ) from err
         return key, fingerprint, this
 
     def mode(self, this: Any) -> str:
@@ -169,6 +190,42 @@ class _Spec:
 
     def context(self, key: str, event: Tuple[Any, ...]) -> Tuple[str, str, Tuple[Any, ...]]:
         return self.name, key, event
+
+    def end(self, value: Any, done: Tuple[Any, ...], key: str, reported: bool) -> Any:
+        """What a call whose value is ``value`` and whose end is the ``done`` event returns: a
+        ``Report`` for ``run_reported``, else the value, after the warning (or the exception)
+        of a result that is not recorded."""
+        if reported:
+            return Report(value, outcome_of(done[2], done[4]), done[3])
+        if done[2] not in _RECORDED:
+            self.unrecorded(value, done, key)
+        return value
+
+    def unrecorded(self, value: Any, done: Tuple[Any, ...], key: str) -> None:
+        """Warns of a result that is not recorded, or raises ``ResultNotRecorded``. The core
+        has logged it already (a WARN record of the ``idempotask`` logger)."""
+        outcome = outcome_of(done[2], done[4])
+        shown = self.task.shown_key(key)
+        if outcome.kind == "marker_not_written":
+            what = "the store did not record its result; a delivery after the lock expires runs the body again"
+        elif outcome.kind == "lock_lost" and outcome.marker_written:
+            what = "its lock had expired before it finished, so another delivery may have run it too (its result was stored)"
+        elif outcome.kind == "lock_lost":
+            what = "its lock had expired before it finished, so another delivery may have run it too, and its result was not stored"
+        else:
+            what = f"its outcome is {outcome.kind!r}"
+        message = f"task {self.name!r} with key {shown!r}: the body returned, but {what}"
+        if self.on_unrecorded == "raise":
+            raise ResultNotRecorded(message, value, outcome, self.name, shown)
+        # Points at the task's caller: the wrapper, `call`, the runner, `end` and this are idempotask's.
+        warnings.warn(message, UnrecordedResultWarning, stacklevel=6)
+
+
+def _codec_error(kind: str, message: str) -> "_native.CodecError":
+    """A ``CodecError`` of ``kind``, as the native module raises them."""
+    error = _native.CodecError(message)
+    error.kind = kind
+    return error
 
 
 def _reconcile_of(function: Callable[..., Any], reconcile: Any, qualname: str) -> Optional[Callable[..., Any]]:
@@ -269,21 +326,30 @@ def _replayed(event: Tuple[Any, ...]) -> Any:
 def _sync(spec: _Spec) -> Callable[..., Any]:
     function = spec.function
 
-    @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def call(args: Tuple[Any, ...], kwargs: Dict[str, Any], reported: bool) -> Any:
         pending, key, mode, this = spec.start(args, kwargs)
         # Every way out cancels: a caller interrupted while it waits (Ctrl-C, a Celery time
         # limit) must not leave the call holding a lock for a body nobody runs.
         try:
-            return _run_sync(spec, pending, key, mode, this, args, kwargs)
+            return _run_sync(spec, pending, key, mode, this, args, kwargs, reported)
         finally:
             pending.cancel()
 
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return call(args, kwargs, False)
+
+    def run_reported(*args: Any, **kwargs: Any) -> Report[Any]:
+        """Calls the task and returns its value with how the call ended, a ``Report``; an
+        unrecorded result is reported there, neither warned of nor raised."""
+        return call(args, kwargs, True)  # type: ignore[no-any-return]
+
+    wrapper.run_reported = run_reported  # type: ignore[attr-defined]
     return wrapper
 
 
 def _run_sync(spec: _Spec, pending: "_native.Pending", key: str, mode: str, this: Any,
-              args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+              args: Tuple[Any, ...], kwargs: Dict[str, Any], reported: bool) -> Any:
     function = spec.function
     try:
         event = pending.wait()
@@ -301,9 +367,9 @@ def _run_sync(spec: _Spec, pending: "_native.Pending", key: str, mode: str, this
         _answer_reconciled(pending, answer)
         event = pending.wait()
         if answer.is_done:
-            return answer.value
+            return spec.end(answer.value, event, key, reported)
     if event[0] != "run":
-        return _replayed(event)
+        return spec.end(_replayed(event), event, key, reported)
     token = _context.set(spec.context(key, event))
     try:
         value = function(*args, **kwargs)
@@ -316,27 +382,35 @@ def _run_sync(spec: _Spec, pending: "_native.Pending", key: str, mode: str, this
     finally:
         _context.reset(token)
     _answer(pending, value)
-    pending.wait()
-    return value
+    return spec.end(value, pending.wait(), key, reported)
 
 
 def _async(spec: _Spec) -> Callable[..., Any]:
     function = spec.function
 
-    @functools.wraps(function)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+    async def call(args: Tuple[Any, ...], kwargs: Dict[str, Any], reported: bool) -> Any:
         pending, key, mode, this = spec.start(args, kwargs)
         # As in the plain wrapper: a cancelled coroutine cancels its call.
         try:
-            return await _run_async(spec, pending, key, mode, this, args, kwargs)
+            return await _run_async(spec, pending, key, mode, this, args, kwargs, reported)
         finally:
             pending.cancel()
 
+    @functools.wraps(function)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return await call(args, kwargs, False)
+
+    async def run_reported(*args: Any, **kwargs: Any) -> Report[Any]:
+        """Calls the task and returns its value with how the call ended, a ``Report``; an
+        unrecorded result is reported there, neither warned of nor raised."""
+        return await call(args, kwargs, True)  # type: ignore[no-any-return]
+
+    wrapper.run_reported = run_reported  # type: ignore[attr-defined]
     return wrapper
 
 
 async def _run_async(spec: _Spec, pending: "_native.Pending", key: str, mode: str, this: Any,
-                     args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+                     args: Tuple[Any, ...], kwargs: Dict[str, Any], reported: bool) -> Any:
     loop = asyncio.get_running_loop()
     try:
         event = await pending.wait_async(loop, _resolve)
@@ -358,9 +432,9 @@ async def _run_async(spec: _Spec, pending: "_native.Pending", key: str, mode: st
         _answer_reconciled(pending, answer)
         event = await pending.wait_async(loop, _resolve)
         if answer.is_done:
-            return answer.value
+            return spec.end(answer.value, event, key, reported)
     if event[0] != "run":
-        return _replayed(event)
+        return spec.end(_replayed(event), event, key, reported)
     token = _context.set(spec.context(key, event))
     try:
         value = await spec.function(*args, **kwargs)
@@ -374,8 +448,7 @@ async def _run_async(spec: _Spec, pending: "_native.Pending", key: str, mode: st
     finally:
         _context.reset(token)
     _answer(pending, value)
-    await pending.wait_async(loop, _resolve)
-    return value
+    return spec.end(value, await pending.wait_async(loop, _resolve), key, reported)
 
 
 def idempotent_task(
@@ -397,6 +470,7 @@ def idempotent_task(
     on_busy: Optional[str] = None,
     store: Optional[Store] = None,
     reconcile: Optional[Callable[[TaskContext], Any]] = None,
+    on_unrecorded: str = "warn",
 ) -> Callable[[F], F]:
     """Runs the decorated function at most once per unit of work (its task name and the key the
     template makes of its arguments); every later call gets the first one's result back.
@@ -410,6 +484,13 @@ def idempotent_task(
     result); it asks the downstream system and returns ``Reconciled.done(value)`` (stored as the
     result, the body does not run) or ``Reconciled.NOT_DONE`` (the body runs). An exception in
     it propagates unchanged and leaves the unit in doubt.
+
+    ``on_unrecorded``: what a call does when the body returned but its result is not recorded
+    as it should be (the store refused the completion marker, or the lock expired before it):
+    ``"warn"`` (the default) returns the value after an ``UnrecordedResultWarning``;
+    ``"raise"`` raises ``ResultNotRecorded``, which carries the value. Either way the
+    ``idempotask`` logger gets a WARN record. ``task.run_reported(...)`` returns the value with
+    its ``Outcome`` instead, and neither warns nor raises.
     """
 
     def decorate(function: F) -> F:
@@ -422,7 +503,7 @@ def idempotent_task(
             in_doubt=in_doubt, doubt_memory=doubt_memory, max_attempts=max_attempts, max_wait=max_wait,
             initial_backoff=initial_backoff, max_backoff=max_backoff,
         )
-        spec = _Spec(function, key, name, fingerprint, on_busy, store, options, reconcile)
+        spec = _Spec(function, key, name, fingerprint, on_busy, store, options, reconcile, on_unrecorded)
         wrapper = _async(spec) if inspect.iscoroutinefunction(function) else _sync(spec)
         wrapper.idempotask_name = spec.name  # type: ignore[attr-defined]
         wrapper.idempotask_unit = _unit_of(spec)  # type: ignore[attr-defined]

@@ -35,6 +35,9 @@ class CodecError(IdempotaskError):
     """A result could not be stored or read back, or the arguments could not be fingerprinted."""
 
     kind: str
+    """``fingerprint`` (the fingerprinted arguments have no JSON text: nothing ran),
+    ``unstorable`` (the first execution's result had none), ``unreadable`` (a damaged marker)
+    or ``undecodable`` (Rust only)."""
 
 class MemoryStore:
     def __init__(self) -> None: ...
@@ -101,6 +104,7 @@ class Task:
     def name(self) -> str: ...
     @property
     def lock_ttl(self) -> float: ...
+    def shown_key(self, key: str) -> str: ...
     def start(
         self, store: _Store, key: str, fingerprint: Optional[str] = None, wait: bool = True
     ) -> Pending: ...

@@ -44,6 +44,17 @@ create_exception!(
     "A result could not be stored or read back, or the arguments could not be fingerprinted; `kind` says which."
 );
 
+/// A `CodecError` raised by the binding itself, with its `kind` (`fingerprint`: arguments that
+/// have no JSON text the core takes), as every `CodecError` has one.
+pub(crate) fn codec_error(kind: &str, message: String) -> PyErr {
+    Python::attach(|py| {
+        let exception = CodecError::new_err(message);
+        // An exception instance takes any attribute; a failure here would only lose it.
+        let _ = exception.value(py).setattr("kind", kind);
+        exception
+    })
+}
+
 /// Input: an error of the core. Output: the Python exception that carries it.
 pub(crate) fn to_py_err(err: &Error) -> PyErr {
     let message = err.to_string();

@@ -9,6 +9,7 @@
 use pyo3::prelude::*;
 
 mod errors;
+mod logs;
 mod options;
 mod pending;
 mod runtime;
@@ -57,5 +58,6 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(fingerprint, module)?)?;
     module.add_function(wrap_pyfunction!(decode_marker, module)?)?;
     errors::register(module)?;
+    logs::install();
     Ok(())
 }

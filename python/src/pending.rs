@@ -247,7 +247,7 @@ impl Pending {
 #[pymethods]
 impl Pending {
     /// Waits, with the GIL released, for the call's next event: `("run", fencing_token,
-    /// attempt, in_doubt)`, `("reconcile", fencing_token, attempt, in_doubt)`, `("done", json, outcome, fencing_token)` (`json` is `None` for a value
+    /// attempt, in_doubt)`, `("reconcile", fencing_token, attempt, in_doubt)`, `("done", json, outcome, fencing_token, marker_written)` (`json` is `None` for a value
     /// that has no JSON form; the body's own value is then the answer), `("raised",)`, or an `IdempotaskError`. Signals (Ctrl-C)
     /// are handled while it waits.
     fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
@@ -261,7 +261,12 @@ impl Pending {
                 })
             });
             match event {
-                Ok(event) => return to_python(py, &self.shared, event),
+                Ok(event) => {
+                    let event = to_python(py, &self.shared, event);
+                    // What the call logged on the runtime, before its caller goes on.
+                    crate::logs::flush(py);
+                    return event;
+                }
                 Err(_) => py.check_signals()?,
             }
         }
@@ -288,6 +293,8 @@ impl Pending {
                         Ok(value) => (true, value),
                         Err(err) => (false, err.into_value(py).into_any()),
                     };
+                    // What the call logged on the runtime, before the coroutine goes on.
+                    crate::logs::flush(py);
                     // A closed loop has no one left to tell.
                     let _ = event_loop.call_method1(
                         py,
@@ -421,11 +428,13 @@ fn to_python(py: Python<'_>, shared: &Shared, event: Option<Event>) -> PyResult<
                 Stored::Json(json) => Some(json.get()),
                 Stored::Unstorable(_) => None,
             };
-            let outcome = outcome_name(report.outcome);
-            Ok(("done", json, outcome, report.fencing_token)
-                .into_pyobject(py)?
-                .into_any()
-                .unbind())
+            let (outcome, marker_written) = outcome_of(report.outcome);
+            Ok(
+                ("done", json, outcome, report.fencing_token, marker_written)
+                    .into_pyobject(py)?
+                    .into_any()
+                    .unbind(),
+            )
         }
         Event::Done(Err(CallError::Raised)) => {
             Ok(("raised",).into_pyobject(py)?.into_any().unbind())
@@ -434,13 +443,15 @@ fn to_python(py: Python<'_>, shared: &Shared, event: Option<Event>) -> PyResult<
     }
 }
 
-fn outcome_name(outcome: Outcome) -> &'static str {
+/// Input: a call's outcome. Output: its name and whether the unit's marker is in the store as
+/// far as the call knows (false only when this call's result may not be recorded).
+fn outcome_of(outcome: Outcome) -> (&'static str, bool) {
     match outcome {
-        Outcome::Executed => "executed",
-        Outcome::Replayed => "replayed",
-        Outcome::Reconciled => "reconciled",
-        Outcome::LockLost { .. } => "lock_lost",
-        Outcome::MarkerNotWritten => "marker_not_written",
-        _ => "other",
+        Outcome::Executed => ("executed", true),
+        Outcome::Replayed => ("replayed", true),
+        Outcome::Reconciled => ("reconciled", true),
+        Outcome::LockLost { marker_written, .. } => ("lock_lost", marker_written),
+        Outcome::MarkerNotWritten => ("marker_not_written", false),
+        _ => ("other", false),
     }
 }

@@ -6,7 +6,7 @@ use idempotask::{Fingerprint, Task};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::errors::CodecError;
+use crate::errors::codec_error;
 use crate::options::{Options, seconds};
 use crate::pending::{Pending, drive};
 
@@ -83,6 +83,17 @@ impl NativeTask {
         self.waiting.name()
     }
 
+    /// `key` as this task shows it in logs and errors: the key, or its digest with
+    /// `log_key="hash"`.
+    fn shown_key(&self, key: String) -> PyResult<String> {
+        if self.waiting.settings().log_key != idempotask::KeyLogging::Hash {
+            return Ok(key);
+        }
+        let unit = idempotask::store::UnitOfWork::new(self.waiting.name(), key)
+            .map_err(|err| PyValueError::new_err(err.to_string()))?;
+        Ok(unit.digest().to_owned())
+    }
+
     /// The lock TTL in seconds.
     #[getter]
     fn lock_ttl(&self) -> f64 {
@@ -100,6 +111,8 @@ impl NativeTask {
         fingerprint: Option<&str>,
         wait: bool,
     ) -> PyResult<Pending> {
+        // Records a call left behind (a release after its caller went away) go out now.
+        crate::logs::flush(store.py());
         let lazy = crate::store::lazy_of(store)?;
         let fingerprint = fingerprint.map(fingerprint_of).transpose()?;
         let task = Arc::clone(if wait {
@@ -130,6 +143,10 @@ impl NativeTask {
 /// Input: JSON text. Output: its fingerprint, the one the Rust core computes for the same
 /// value (`Fingerprint::of_json`), or `CodecError` for text that is not JSON.
 pub(crate) fn fingerprint_of(json: &str) -> PyResult<Fingerprint> {
-    Fingerprint::of_json(json.as_bytes())
-        .ok_or_else(|| CodecError::new_err("the fingerprinted arguments are not one JSON value"))
+    Fingerprint::of_json(json.as_bytes()).ok_or_else(|| {
+        codec_error(
+            "fingerprint",
+            "the fingerprinted arguments are not one JSON value the core takes (nested more than 128 deep?)".to_owned(),
+        )
+    })
 }

@@ -1,0 +1,262 @@
+"""A Python caller sees what a Rust caller sees: every call's outcome (``run_reported``), the
+core's log events as records of the ``idempotask`` logger, and a result the store did not record
+as a warning, or with ``on_unrecorded="raise"`` an exception, never in silence."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import warnings
+from typing import Any, Iterator, List
+
+import pytest
+from celery import Celery
+
+import idempotask
+from idempotask import (
+    MemoryStore,
+    Outcome,
+    Reconciled,
+    Report,
+    ResultNotRecorded,
+    UnrecordedResultWarning,
+    idempotent_task,
+)
+
+from test_reconcile import _killed_mid_body, _killed_worker
+
+# The shortest lock a task takes; a body that sleeps past it finishes without its lock.
+SHORT_TTL = 0.1
+
+
+@pytest.fixture
+def memory() -> Iterator[MemoryStore]:
+    store = MemoryStore()
+    previous = idempotask.install(store)
+    yield store
+    if previous is not None:
+        idempotask.install(previous)
+
+
+@pytest.fixture
+def doomed_redis(redis_server: Any) -> Iterator[Any]:
+    """A redis-server of the test's own, which the test kills mid-body: another of the class
+    that started the session's (conftest's ``RedisServer``, whose module name another
+    ``conftest`` of the suite shadows)."""
+    server = type(redis_server)()
+    yield server
+    server.stop()
+
+
+def _outlives_its_lock() -> None:
+    # The lock's expiry is the event: nothing signals it but the time passing.
+    time.sleep(SHORT_TTL * 3)
+
+
+def _unrecorded_records(caplog: pytest.LogCaptureFixture, name: str) -> List[logging.LogRecord]:
+    return [
+        record
+        for record in caplog.records
+        if record.name == "idempotask"
+        and record.levelno == logging.WARNING
+        and getattr(record, "idempotask", {}).get("task") == name
+        and ("could not be recorded" in record.getMessage() or "lock expired" in record.getMessage())
+    ]
+
+
+def test_run_reported_says_executed_then_replayed(memory: MemoryStore, name: str) -> None:
+    @idempotent_task(key="order-{order_id}", name=name, fencing=True)
+    def charge(order_id: int) -> str:
+        return f"ch_{order_id}"
+
+    first = charge.run_reported(7)
+    assert isinstance(first, Report)
+    assert first.value == "ch_7"
+    assert first.outcome == Outcome.EXECUTED
+    assert first.outcome.recorded and first.outcome.marker_written
+    assert first.fencing_token is not None
+    again = charge.run_reported(order_id=7)
+    assert again == Report("ch_7", Outcome.REPLAYED, first.fencing_token)
+
+
+def test_run_reported_of_an_async_task(memory: MemoryStore, name: str) -> None:
+    @idempotent_task(key="order-{order_id}", name=name)
+    async def charge(order_id: int) -> str:
+        return f"ch_{order_id}"
+
+    async def scenario() -> List[Report[Any]]:
+        return [await charge.run_reported(1), await charge.run_reported(1)]
+
+    first, second = asyncio.run(scenario())
+    assert (first.value, first.outcome) == ("ch_1", Outcome.EXECUTED)
+    assert (second.value, second.outcome) == ("ch_1", Outcome.REPLAYED)
+
+
+def test_run_reported_says_reconciled(store: Any, name: str) -> None:
+    ran: List[int] = []
+
+    @idempotent_task(key="order-{order_id}", name=name, lock_ttl=0.3, max_wait=10,
+                     reconcile=lambda ctx: Reconciled.done("ch_found"))
+    def charge(order_id: int, signal_fd: Any = None) -> str:
+        if signal_fd is not None:
+            _killed_worker(signal_fd)
+        ran.append(order_id)
+        return "ch_ran"
+
+    # A worker killed mid-body: its lock runs out and the unit is in doubt.
+    _killed_mid_body(lambda fd: charge(1, fd))
+    assert charge.run_reported(1) == Report("ch_found", Outcome.RECONCILED, None)
+    assert charge.run_reported(1) == Report("ch_found", Outcome.REPLAYED, None)
+    assert ran == []
+
+
+def test_an_executed_call_warns_of_nothing(memory: MemoryStore, name: str) -> None:
+    @idempotent_task(key="order-{order_id}", name=name)
+    def charge(order_id: int) -> str:
+        return "ch"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert charge(1) == "ch"
+        assert charge(1) == "ch"
+
+
+def test_a_lock_lost_under_the_body_warns_and_logs(memory: MemoryStore, name: str, caplog: pytest.LogCaptureFixture) -> None:
+    ran: List[int] = []
+
+    @idempotent_task(key="order-{order_id}", name=name, lock_ttl=SHORT_TTL)
+    def charge(order_id: int) -> str:
+        ran.append(order_id)
+        _outlives_its_lock()
+        return "ch"
+
+    caplog.set_level(logging.DEBUG, logger="idempotask")
+    with pytest.warns(UnrecordedResultWarning, match=f"task '{name}' with key 'order-1'.*lock had expired"):
+        assert charge(1) == "ch"
+    (record,) = _unrecorded_records(caplog, name)
+    assert record.idempotask["key"] == "order-1"
+    assert record.idempotask["marker_written"] is True
+    assert "marker_written=true" in record.getMessage()
+    # The memory store kept the result: a duplicate replays it.
+    assert charge.run_reported(1).outcome == Outcome.REPLAYED
+    assert ran == [1]
+
+
+def test_run_reported_says_lock_lost_and_does_not_warn(memory: MemoryStore, name: str) -> None:
+    @idempotent_task(key="order-{order_id}", name=name, lock_ttl=SHORT_TTL, on_unrecorded="raise")
+    def charge(order_id: int) -> str:
+        _outlives_its_lock()
+        return "ch"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = charge.run_reported(1)
+    assert report.value == "ch"
+    assert report.outcome == Outcome.lock_lost(marker_written=True)
+    assert not report.outcome.recorded
+
+
+def test_a_store_that_refuses_the_finish_warns_logs_and_raises(
+    doomed_redis: Any, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The body succeeded, then the store went away before the completion marker: the value is
+    returned with an UnrecordedResultWarning and a WARN record, and with on_unrecorded="raise"
+    a ResultNotRecorded carries it."""
+    store = idempotask.RedisStore(doomed_redis.url, connection_timeout=0.2, response_timeout=0.2)
+    side_effects: List[str] = []
+
+    def task(on_unrecorded: str, suffix: str) -> Any:
+        @idempotent_task(key="order-{order_id}", name=name + suffix, lock_ttl=0.5, store=store, on_unrecorded=on_unrecorded)
+        def charge(order_id: int) -> str:
+            side_effects.append(suffix)
+            if suffix == "_raise":
+                doomed_redis.stop()
+            return f"ch_{order_id}"
+
+        return charge
+
+    warn, raising = task("warn", "_warn"), task("raise", "_raise")
+    caplog.set_level(logging.DEBUG, logger="idempotask")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert warn(1) == "ch_1"  # executed: no warning
+    # The store refuses the next finish: its server is gone by the time the body returns.
+    with pytest.raises(ResultNotRecorded) as refused:
+        raising(2)
+    assert refused.value.value == "ch_2"
+    assert refused.value.outcome == Outcome.MARKER_NOT_WRITTEN
+    assert (refused.value.task, refused.value.key) == (name + "_raise", "order-2")
+    assert isinstance(refused.value, idempotask.IdempotaskError)
+    (record,) = _unrecorded_records(caplog, name + "_raise")
+    assert record.idempotask["key"] == "order-2"
+    assert "error" in record.idempotask
+    assert side_effects == ["_warn", "_raise"]
+
+
+def test_a_store_that_refuses_the_finish_warns_by_default(
+    doomed_redis: Any, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = idempotask.RedisStore(doomed_redis.url, connection_timeout=0.2, response_timeout=0.2)
+
+    @idempotent_task(key="order-{order_id}", name=name, lock_ttl=0.5, store=store)
+    def charge(order_id: int) -> str:
+        doomed_redis.stop()
+        return "ch"
+
+    caplog.set_level(logging.WARNING, logger="idempotask")
+    with pytest.warns(UnrecordedResultWarning, match="the store did not record its result") as warned:
+        assert charge(3) == "ch"
+    assert warned[0].filename == __file__
+    (record,) = _unrecorded_records(caplog, name)
+    assert "could not be recorded" in record.getMessage()
+
+
+def test_a_lost_lock_raises_in_an_async_task(memory: MemoryStore, name: str) -> None:
+    @idempotent_task(key="order-{order_id}", name=name, lock_ttl=SHORT_TTL, on_unrecorded="raise", log_key="hash")
+    async def charge(order_id: int) -> str:
+        await asyncio.sleep(SHORT_TTL * 3)
+        return "ch"
+
+    with pytest.raises(ResultNotRecorded) as refused:
+        asyncio.run(charge(5))
+    assert refused.value.value == "ch"
+    # `log_key="hash"` holds for the exception too: the key's digest, never the key.
+    assert "order-5" not in str(refused.value) and refused.value.key != "order-5"
+
+
+def test_the_log_level_of_the_logger_filters_the_records(memory: MemoryStore, name: str, caplog: pytest.LogCaptureFixture) -> None:
+    @idempotent_task(key="order-{order_id}", name=name, lock_ttl=SHORT_TTL)
+    def charge(order_id: int) -> str:
+        _outlives_its_lock()
+        return "ch"
+
+    caplog.set_level(logging.ERROR, logger="idempotask")
+    with pytest.warns(UnrecordedResultWarning):
+        charge(1)
+    assert [r for r in caplog.records if r.name == "idempotask"] == []
+
+
+def test_on_unrecorded_is_checked_when_decorated(name: str) -> None:
+    with pytest.raises(ValueError, match=r"on_unrecorded must be one of 'warn', 'raise', not 'ignore'"):
+
+        @idempotent_task(key="order-{order_id}", name=name, on_unrecorded="ignore")
+        def charge(order_id: int) -> str:
+            return "ch"
+
+
+def test_run_reported_from_a_celery_task(memory: MemoryStore, name: str) -> None:
+    app = Celery("outcomes", broker="memory://", backend="cache+memory://")
+    app.conf.task_always_eager = True
+
+    @idempotent_task(key="order-{order_id}", name=name)
+    def charge(order_id: int) -> str:
+        return f"ch_{order_id}"
+
+    @app.task(bind=True, acks_late=True)
+    def charge_message(self: Any, order_id: int) -> Any:
+        report = charge.run_reported(order_id)
+        return [report.value, report.outcome.kind]
+
+    assert charge_message.apply(args=(4,)).get() == ["ch_4", "executed"]
+    assert charge_message.apply(args=(4,)).get() == ["ch_4", "replayed"]
