@@ -16,7 +16,8 @@
 //!
 //! Fork safety: the queue's lock is held only for a push or a swap, never across Python or
 //! I/O, and only on threads of a runtime, which Celery's prefork parent does not start before
-//! it forks (the runtime is built on a process's first call).
+//! it forks (the runtime is built on a process's first call). Records a child finds queued are
+//! its parent's, and are left to the parent.
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -41,6 +42,9 @@ const QUEUE_LIMIT: usize = 1024;
 /// One event, written down on the thread that emitted it.
 #[derive(Debug)]
 struct LogRecord {
+    /// The process that emitted it: a child forked with records still queued drops the
+    /// parent's, which the parent hands to `logging` itself.
+    pid: u32,
     level: Level,
     target: &'static str,
     message: String,
@@ -152,6 +156,7 @@ impl Subscriber for Bridge {
         let mut fields = Fields::default();
         event.record(&mut fields);
         let record = LogRecord {
+            pid: std::process::id(),
             level: *event.metadata().level(),
             target: event.metadata().target(),
             message: fields.message,
@@ -219,7 +224,8 @@ fn emit(py: Python<'_>, records: VecDeque<LogRecord>, dropped: u64) -> PyResult<
             ),),
         )?;
     }
-    for record in records {
+    let pid = std::process::id();
+    for record in records.into_iter().filter(|record| record.pid == pid) {
         let level = python_level(record.level);
         if !logger.call_method1("isEnabledFor", (level,))?.is_truthy()? {
             continue;

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import warnings
 from typing import Any, Iterator, List
@@ -167,7 +168,7 @@ def test_a_store_that_refuses_the_finish_warns_logs_and_raises(
     side_effects: List[str] = []
 
     def task(on_unrecorded: str, suffix: str) -> Any:
-        @idempotent_task(key="order-{order_id}", name=name + suffix, lock_ttl=0.5, store=store, on_unrecorded=on_unrecorded)
+        @idempotent_task(key="order-{order_id}", name=name + suffix, lock_ttl=1, store=store, on_unrecorded=on_unrecorded)
         def charge(order_id: int) -> str:
             side_effects.append(suffix)
             if suffix == "_raise":
@@ -199,7 +200,7 @@ def test_a_store_that_refuses_the_finish_warns_by_default(
 ) -> None:
     store = idempotask.RedisStore(doomed_redis.url, connection_timeout=0.2, response_timeout=0.2)
 
-    @idempotent_task(key="order-{order_id}", name=name, lock_ttl=0.5, store=store)
+    @idempotent_task(key="order-{order_id}", name=name, lock_ttl=1, store=store)
     def charge(order_id: int) -> str:
         doomed_redis.stop()
         return "ch"
@@ -260,3 +261,39 @@ def test_run_reported_from_a_celery_task(memory: MemoryStore, name: str) -> None
 
     assert charge_message.apply(args=(4,)).get() == ["ch_4", "executed"]
     assert charge_message.apply(args=(4,)).get() == ["ch_4", "replayed"]
+
+
+def test_the_log_records_reach_logging_in_a_forked_child(memory: MemoryStore, name: str) -> None:
+    """Celery's prefork pool: the parent made calls (its runtime and the bridge's queue exist)
+    before the fork; the child's own records reach the child's `logging`."""
+
+    @idempotent_task(key="order-{order_id}", name=name, lock_ttl=SHORT_TTL)
+    def charge(order_id: int) -> str:
+        _outlives_its_lock()
+        return "ch"
+
+    with pytest.warns(UnrecordedResultWarning):
+        charge(1)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            records: List[logging.LogRecord] = []
+            handler = logging.Handler()
+            handler.emit = records.append  # type: ignore[method-assign]
+            logger = logging.getLogger("idempotask")
+            logger.addHandler(handler)
+            logger.setLevel(logging.WARNING)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                charge(2)
+            keys = sorted({r.idempotask["key"] for r in records if r.idempotask.get("task") == name})
+            os.write(write, ",".join(keys).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        told = answer.read()
+    os.waitpid(pid, 0)
+    # The child's own call, and none of the parent's records again.
+    assert told == b"order-2"
