@@ -438,7 +438,10 @@ impl RedisStoreBuilder {
     ///
     /// # Errors
     /// A [`StoreError`] of kind `Configuration` for a bad URL, namespace or credentials, and
-    /// `Unreachable` or `Timeout` when the server cannot be reached in time.
+    /// `Unreachable` or `Timeout` when the server cannot be reached in time. The latter's
+    /// `Display` is one line that names the URL (its password as `***`) and says that nothing
+    /// answers there; for a server on this machine that refuses the connection, it adds the
+    /// `redis-server` command that starts one.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
         let settings = &self.settings;
         check_namespace(&settings.namespace)?;
@@ -464,7 +467,15 @@ impl RedisStoreBuilder {
             client.get_connection_manager_with_config(config),
             false,
         )
-        .await?;
+        .await
+        .map_err(|err| {
+            reply::unanswered(
+                &self.url,
+                client.get_connection_info().addr(),
+                deadline,
+                err,
+            )
+        })?;
         let response_timeout = self.settings.response_timeout();
         let ConnectionSettings {
             namespace,

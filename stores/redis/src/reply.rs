@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{ConnectionAddr, ErrorKind, RedisError, ServerErrorKind, Value};
 
 use idempotask::store::{StoreError, StoreErrorKind};
 
@@ -137,6 +137,82 @@ pub(super) fn store_error(operation: &'static str, err: &RedisError, resends: bo
         .with_source(err.clone())
 }
 
+/// A first connection that found no server, said in one line: the URL (its password hidden),
+/// that nothing answers there, and for a server on this machine the command that starts one.
+///
+/// Input: the URL the builder was given, the address the client made of it, the deadline of
+/// the attempt, and its error. Output: for an unreachable or silent server, an error of the same
+/// kind, not ambiguous (connecting applies nothing), with the client's error as its source;
+/// any other error as it is.
+pub(super) fn unanswered(
+    url: &str,
+    addr: &ConnectionAddr,
+    deadline: Duration,
+    err: StoreError,
+) -> StoreError {
+    let cause = std::error::Error::source(&err)
+        .and_then(|source| source.downcast_ref::<RedisError>())
+        .cloned();
+    let shown = shown_url(url);
+    let message = match err.kind() {
+        StoreErrorKind::Unreachable
+            if cause
+                .as_ref()
+                .is_some_and(RedisError::is_connection_refusal) =>
+        {
+            format!(
+                "nothing answers at {shown} (connection refused){}",
+                start_hint(addr)
+            )
+        }
+        StoreErrorKind::Unreachable => match &cause {
+            Some(cause) => format!("nothing answers at {shown} ({cause})"),
+            None => format!("nothing answers at {shown}"),
+        },
+        StoreErrorKind::Timeout => format!(
+            "nothing answers at {shown} within {} ms",
+            deadline.as_millis()
+        ),
+        _ => return err,
+    };
+    let unanswered = StoreError::new("connect", err.kind(), message);
+    match cause {
+        Some(cause) => unanswered.with_source(cause),
+        None => unanswered,
+    }
+}
+
+/// `url` as an error may show it: with `***` for its password.
+fn shown_url(url: &str) -> String {
+    let Some(mut parsed) = redis::parse_redis_url(url) else {
+        // The client parsed it before it tried to connect, so this is not reached; what it
+        // holds is unknown, so none of it is shown.
+        return "the URL given".to_owned();
+    };
+    if parsed.password().is_some() {
+        // Only a URL that cannot have a host refuses a password, and a Redis URL has one.
+        let _ = parsed.set_password(Some("***"));
+    }
+    parsed.to_string()
+}
+
+/// For a plain TCP address on this machine, how to start a server there: a newcomer's first
+/// run without one is the common case. Elsewhere the server is someone else's to start.
+fn start_hint(addr: &ConnectionAddr) -> String {
+    match addr {
+        ConnectionAddr::Tcp(host, port)
+            if host == "localhost"
+                || host
+                    .trim_matches(['[', ']'])
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback()) =>
+        {
+            format!("; start a Redis server there with `redis-server --port {port} --save ''`")
+        }
+        _ => String::new(),
+    }
+}
+
 /// Whether the client refused the server's TLS certificate (an unknown CA, a name it does not
 /// cover, an expired one). The cluster client passes on only the text of the error it met on
 /// the seed nodes, so it is recognised by rustls's wording.
@@ -156,4 +232,37 @@ fn is_permanent_refusal(err: &RedisError) -> bool {
     ];
     let text = err.to_string();
     REFUSALS.iter().any(|refusal| text.contains(refusal))
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::ConnectionAddr;
+
+    use super::{shown_url, start_hint};
+
+    #[test]
+    fn a_password_never_reaches_the_message() {
+        assert_eq!(
+            shown_url("redis://app:hunter2@redis.internal:6379/0"),
+            "redis://app:***@redis.internal:6379/0"
+        );
+        assert_eq!(shown_url("redis://:hunter2@h:1"), "redis://:***@h:1");
+        assert_eq!(
+            shown_url("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
+    }
+
+    #[test]
+    fn only_a_server_on_this_machine_gets_the_command_that_starts_it() {
+        let hint = |host: &str| start_hint(&ConnectionAddr::Tcp(host.to_owned(), 6380));
+        for here in ["127.0.0.1", "localhost", "::1", "[::1]"] {
+            assert_eq!(
+                hint(here),
+                "; start a Redis server there with `redis-server --port 6380 --save ''`"
+            );
+        }
+        assert_eq!(hint("redis.internal"), "");
+        assert_eq!(hint("10.0.0.7"), "");
+    }
 }
