@@ -23,8 +23,8 @@
 //! same list as values, for a harness of one's own.
 //!
 //! The checks use short TTLs (100–300 ms) and wait them out, so a store must honour expiries to
-//! the tens of milliseconds; the whole list takes a few seconds, and [`every_fault_point`] about
-//! ten more.
+//! the tens of milliseconds; the whole list takes a few seconds, and [`every_fault_point`] a minute
+//! or two more (on `MemoryStore`; a store on a server, a few minutes).
 //!
 //! # The checks
 //!

@@ -4,12 +4,14 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
-use idempotask::store::{LockToken, SharedStore, Store, TransactionScope};
-use idempotask::{Error, Task};
+use idempotask::store::{Begin, Fencing, LockToken, SharedStore, Store, StoreError};
+use idempotask::store::{StoreErrorKind, TransactionScope, UnitOfWork};
+use idempotask::{Error, RetryPolicy, Task};
 use tokio::task::JoinSet;
 
-use super::{LONG, acquire};
+use super::{LONG, acquire, outlive};
 
 /// A store the transaction checks can open fresh transactions on, and call the plain way too.
 ///
@@ -185,4 +187,151 @@ pub async fn a_plain_holder_makes_a_transaction_contended<S: OpensTransactions>(
 /// The unit a check's call of `task` with `key` runs.
 fn unit_of(task: &Task, key: &str) -> idempotask::store::UnitOfWork {
     idempotask::store::UnitOfWork::new(task.name(), key).unwrap()
+}
+
+/// What [`FaultyCommit`] does to the commit of the transaction it wraps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CommitFault {
+    /// The commit is refused before it reaches the database: the transaction rolls back.
+    Refused,
+    /// The commit applies and its reply is lost.
+    ReplyLost,
+    /// The commit comes once the call's lock TTL has passed, while a second delivery waits.
+    Overdue,
+}
+
+/// A transaction whose commit meets `fault`.
+struct FaultyCommit<T> {
+    inner: T,
+    fault: CommitFault,
+    lock_ttl: Duration,
+}
+
+impl<T: TransactionScope> TransactionScope for FaultyCommit<T> {
+    type Handle = T::Handle;
+
+    fn max_key_len(&self) -> usize {
+        self.inner.max_key_len()
+    }
+
+    fn begin(
+        &mut self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        lock_ttl: Duration,
+        fencing: Fencing,
+    ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
+        self.inner.begin(unit, token, lock_ttl, fencing)
+    }
+
+    fn handle(&mut self) -> &mut Self::Handle {
+        self.inner.handle()
+    }
+
+    async fn commit(
+        self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        marker: &[u8],
+        result_ttl: Duration,
+    ) -> Result<(), StoreError> {
+        match self.fault {
+            CommitFault::Refused => {
+                self.inner.abort().await;
+                Err(StoreError::new(
+                    "commit",
+                    StoreErrorKind::Unreachable,
+                    "injected: refused before it applied",
+                ))
+            }
+            CommitFault::ReplyLost => {
+                self.inner.commit(unit, token, marker, result_ttl).await?;
+                Err(StoreError::new(
+                    "commit",
+                    StoreErrorKind::Timeout,
+                    "injected: it applied and its reply was lost",
+                )
+                .ambiguous_if(true))
+            }
+            CommitFault::Overdue => {
+                outlive(self.lock_ttl).await;
+                self.inner.commit(unit, token, marker, result_ttl).await
+            }
+        }
+    }
+
+    fn abort(self) -> impl Future<Output = ()> + Send {
+        self.inner.abort()
+    }
+}
+
+/// Checks that a transactional call reports what its commit did: `Ok` only when its marker
+/// committed, an error that is not ambiguous only when nothing did; and that a commit coming
+/// after the lock TTL still holds the unit against a second delivery (the transaction's row
+/// lock is the lock: it cannot lapse), which replays the committed result or is told the unit
+/// is busy, and never runs.
+///
+/// # Panics
+/// When the store or the runner does not.
+#[doc = example!(transactions commit_faults_are_reported_as_they_happened)]
+pub async fn commit_faults_are_reported_as_they_happened<S: OpensTransactions>(store: S) {
+    let lock_ttl = Duration::from_millis(200);
+    let task = Task::new("tx_commit_faults").lock_ttl(lock_ttl);
+    let second_delivery = Task::new("tx_commit_faults")
+        .lock_ttl(lock_ttl)
+        .retry(RetryPolicy::no_wait());
+    let plain = store.plain();
+    for (key, fault) in [
+        ("refused", CommitFault::Refused),
+        ("reply-lost", CommitFault::ReplyLost),
+        ("overdue", CommitFault::Overdue),
+    ] {
+        let runs = AtomicUsize::new(0);
+        let transaction = FaultyCommit {
+            inner: store.open().await,
+            fault,
+            lock_ttl,
+        };
+        let first = task.call(key).run_in_transaction(transaction, async |_| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<u32, Error>(1)
+        });
+        // Past the lock TTL, while the first delivery has not committed yet.
+        let second = async {
+            outlive(lock_ttl).await;
+            second_delivery
+                .call(key)
+                .store(plain.clone())
+                .run(async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<u32, Error>(2)
+                })
+                .await
+        };
+        let (first, second) = if fault == CommitFault::Overdue {
+            let (first, second) = tokio::join!(first, second);
+            (first, Some(second))
+        } else {
+            (first.await, None)
+        };
+        let stored = plain.inspect(&unit_of(&task, key)).await.unwrap().is_done();
+        let fits = match &first {
+            Ok(1) => stored,
+            Err(Error::Store(err)) if err.is_ambiguous() => true,
+            Err(Error::Store(_)) => !stored,
+            _ => false,
+        };
+        assert!(
+            fits,
+            "{key}: the call answered {first:?} while the marker is {}",
+            if stored { "committed" } else { "not committed" }
+        );
+        if let Some(second) = second {
+            assert!(
+                matches!(second, Ok(1) | Err(Error::Contended { .. })),
+                "{key}: a second delivery during a commit past the lock TTL answered {second:?}"
+            );
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{key}: bodies run");
+    }
 }

@@ -12,6 +12,7 @@ use tracing::Instrument;
 use crate::backoff::STORE_RETRY_BACKOFF;
 use crate::context::Lease;
 use crate::error::StoreError;
+use crate::marker::lock_lost_marker;
 use crate::observe::{KeyLogging, renewal as observe_renewal};
 use crate::outcome::Outcome;
 use crate::store::{Finish, SharedStore, Store};
@@ -305,37 +306,26 @@ impl<'a> Recording<'a> {
             store,
             unit,
             token,
-            logging,
             lease,
+            ..
         } = *self;
-        let fencing_token = token.fencing_token();
         let mut failures: u32 = 0;
         loop {
             match store.finish(unit, token, marker, result_ttl).await {
-                Ok(Finish::Completed) if lease.reconciled() => return Outcome::Reconciled,
-                Ok(Finish::Completed) => return Outcome::Executed,
-                Ok(Finish::LockLost { marker_written }) => {
-                    tracing::warn!(
-                        task = unit.task(),
-                        key = logging.show(unit),
-                        fencing_token,
-                        marker_written,
-                        "the lock expired before the task finished; another delivery may have run it too"
-                    );
-                    return Outcome::LockLost { marker_written };
-                }
+                Ok(Finish::Completed) if lease.held() => return self.completed(),
+                // A store keeps a lapsed lock that nobody took over as its holder's (it
+                // remembers it for the doubt), and answers a re-sent finish that finds its own
+                // marker as the first one was answered. An answer that comes after the lease
+                // ended cannot tell whether the finish applied before the lock lapsed, and the
+                // lease ends no later than the store's lock: the lock may have been gone, and
+                // a duplicate may have run beside the body.
+                Ok(Finish::Completed) => return self.lost(true),
+                Ok(Finish::LockLost { marker_written }) => return self.lost(marker_written),
                 Err(err) => {
                     failures += 1;
                     let pause = STORE_RETRY_BACKOFF.delay(failures);
                     if !err.is_retryable() || Instant::now() + pause >= lease.expires_at() {
-                        tracing::warn!(
-                            task = unit.task(),
-                            key = logging.show(unit),
-                            fencing_token,
-                            error = %err,
-                            "the task succeeded but its completion could not be recorded; a redelivery after the lock expires will run it again"
-                        );
-                        return Outcome::MarkerNotWritten;
+                        return self.unconfirmed(marker, &err).await;
                     }
                     // Boxed: a timer is large, and most recordings never wait.
                     Box::pin(sleep(pause)).await;
@@ -343,4 +333,60 @@ impl<'a> Recording<'a> {
             }
         }
     }
+
+    /// The marker is stored and the lock was held until the store said so.
+    fn completed(&self) -> Outcome {
+        if self.lease.reconciled() {
+            Outcome::Reconciled
+        } else {
+            Outcome::Executed
+        }
+    }
+
+    /// The lock had lapsed (or may have) before the finish applied.
+    fn lost(&self, marker_written: bool) -> Outcome {
+        tracing::warn!(
+            task = self.unit.task(),
+            key = self.logging.show(self.unit),
+            fencing_token = self.token.fencing_token(),
+            marker_written,
+            "the lock expired before the task finished; another delivery may have run it too"
+        );
+        Outcome::LockLost { marker_written }
+    }
+
+    /// Input: the last error of a finish that never got an answer. Output: what the unit holds,
+    /// read back once. A finish may have applied and lost only its reply (a timeout is
+    /// ambiguous): the call's own marker there means it did, and the outcome says so instead of
+    /// reporting a result as unrecorded while every later delivery replays it. The read-back
+    /// costs a round trip on this failure path only.
+    async fn unconfirmed(&self, marker: &[u8], err: &StoreError) -> Outcome {
+        let seen = self.store.inspect(self.unit).await;
+        let ours = seen
+            .as_ref()
+            .ok()
+            .and_then(|seen| seen.marker.as_deref())
+            .is_some_and(|stored| is_own_marker(stored, marker));
+        if ours {
+            return if self.lease.held() {
+                self.completed()
+            } else {
+                self.lost(true)
+            };
+        }
+        tracing::warn!(
+            task = self.unit.task(),
+            key = self.logging.show(self.unit),
+            fencing_token = self.token.fencing_token(),
+            error = %err,
+            "the task succeeded but its completion could not be recorded; a redelivery after the lock expires will run it again"
+        );
+        Outcome::MarkerNotWritten
+    }
+}
+
+/// Whether `stored` is `marker` as a store keeps it: as written, or with the lock-lost flag a
+/// store adds when it writes it after the lock expired.
+fn is_own_marker(stored: &[u8], marker: &[u8]) -> bool {
+    stored == marker || lock_lost_marker(marker).is_some_and(|lost| stored == lost.as_slice())
 }

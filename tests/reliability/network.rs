@@ -123,6 +123,86 @@ async fn s06b_a_forget_whose_reply_was_lost_still_reports_the_delete(server_flav
     );
 }
 
+// 6c. A finish sent after its lock lapsed (no renewal, nobody took the unit over), whose reply
+// is lost after it applied: the cluster client re-sends it and finds its own marker,
+// `RedisStore` hears an ambiguous error. Either way the lock was gone before the finish, and
+// the outcome must say so: the result is stored, but a duplicate could have run beside the body.
+on_both_servers!(s06c_a_finish_after_the_lock_lapsed_is_reported_lost_when_its_reply_is_lost);
+async fn s06c_a_finish_after_the_lock_lapsed_is_reported_lost_when_its_reply_is_lost(
+    server_flavor: Flavor,
+) {
+    let server = RedisServer::start_flavor(server_flavor, &["--cluster-enabled", "yes"]);
+    let proxy = Proxy::start(server.addr()).await;
+    tokio::task::block_in_place(|| {
+        support::cluster::serve_every_slot(server.port(), proxy.port());
+    });
+    let timeout = Duration::from_millis(500);
+    let cluster = RedisClusterStore::builder([proxy.url()])
+        .response_timeout(timeout)
+        .connect()
+        .await
+        .unwrap();
+    // A plain client of the same node: the node serves every slot, so it answers it too.
+    let single = store_with_timeout(&proxy.url(), timeout).await;
+    let stores = [
+        ("cluster", SharedStore::new(cluster)),
+        ("single", SharedStore::new(single)),
+    ];
+    let lock_ttl = Duration::from_millis(300);
+    let task = Task::new("s06c").lock_ttl(lock_ttl).renew(false);
+    let executions = AtomicU64::new(0);
+    for (key, store) in &stores {
+        let swallowed = proxy.swallowed();
+        let report = task
+            .call(*key)
+            .store(store.clone())
+            .run_reported(async {
+                executions.fetch_add(1, Ordering::SeqCst);
+                // The body outlives its lock; nobody takes the unit meanwhile.
+                tokio::time::sleep(lock_ttl + Duration::from_millis(400)).await;
+                // The next reply is the one to `finish`.
+                proxy.swallow_next_reply();
+                Ok::<_, Error>(7)
+            })
+            .await
+            .unwrap();
+        assert_eq!(proxy.swallowed(), swallowed + 1, "{key}: no reply was lost");
+        assert!(
+            matches!(
+                report.outcome,
+                Outcome::LockLost {
+                    marker_written: true,
+                    ..
+                }
+            ),
+            "{key}: the lock lapsed before the finish, yet the call reported {:?}",
+            report.outcome
+        );
+        let unit = UnitOfWork::new("s06c", *key).unwrap();
+        assert!(store.inspect(&unit).await.unwrap().is_done(), "{key}");
+        let replay = task
+            .call(*key)
+            .store(store.clone())
+            .run_reported(async {
+                executions.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Error>(0)
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            (replay.value, replay.outcome),
+            (7, Outcome::Replayed),
+            "{key}"
+        );
+    }
+    assert_eq!(executions.load(Ordering::SeqCst), 2);
+    record_on(
+        server_flavor,
+        "6c. reply lost on a finish sent after the lock lapsed",
+        "Cluster client (re-sends) and RedisStore (does not): both report LockLost with the marker written; the next delivery replays",
+    );
+}
+
 // 7. Redis slow or paused, shorter and longer than the response timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[allow(clippy::too_many_lines)] // one scenario reads best as one story

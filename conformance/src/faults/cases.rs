@@ -14,7 +14,7 @@ use idempotask::store::{Fencing, LockToken, SharedStore, Store, UnitOfWork};
 use idempotask::{Error, InDoubt, Outcome, Report, RetryPolicy, Task};
 use tokio::time::Instant;
 
-use super::probe::{Faulty, IN_CALL, Plan, Point, Probe};
+use super::probe::{Faulty, IN_CALL, Lock, Plan, Point, Probe};
 
 /// Short enough to wait out in every case that leaves a lock behind, long enough that a
 /// renewal (every third of it) comes well before it expires.
@@ -63,6 +63,8 @@ pub(super) struct Shape {
     pub(super) fencing: bool,
     pub(super) caller: Caller,
     pub(super) in_doubt: InDoubt,
+    /// Whether the store remembers the call's lock once it ran out (the task's doubt memory).
+    pub(super) remembered: bool,
 }
 
 impl Shape {
@@ -90,13 +92,21 @@ const PLAIN: Shape = Shape {
         other_arguments: false,
     },
     in_doubt: InDoubt::Rerun,
+    remembered: true,
 };
 
-pub(super) const SHAPES: [Shape; 11] = [
+pub(super) const SHAPES: [Shape; 12] = [
     PLAIN,
     Shape {
         name: "fresh, fenced",
         fencing: true,
+        ..PLAIN
+    },
+    // Without a doubt memory, a lock that ran out is gone: a finish after it stores the
+    // result flagged as written after the lock was lost.
+    Shape {
+        name: "fresh, no doubt memory",
+        remembered: false,
         ..PLAIN
     },
     Shape {
@@ -191,6 +201,11 @@ fn task(shape: &Shape, retry: RetryPolicy) -> Task {
     .fencing(shape.fencing)
     .renew(shape.body == Body::OutlastsARenewal)
     .in_doubt(shape.in_doubt)
+    .doubt_memory(if shape.remembered {
+        idempotask::DEFAULT_DOUBT_MEMORY
+    } else {
+        Duration::ZERO
+    })
     .retry(retry)
 }
 
@@ -203,7 +218,12 @@ fn fresh_key() -> String {
 /// Runs one case of `shape` on `store` under `plan`.
 pub(super) async fn run(store: &SharedStore, shape: &Shape, plan: Plan) -> Case {
     let key = fresh_key();
-    let probe = Probe::new(plan);
+    let fencing = if shape.fencing {
+        Fencing::On
+    } else {
+        Fencing::Off
+    };
+    let probe = Probe::new(plan, LOCK_TTL, fencing);
     let faulty = Faulty {
         inner: store.clone(),
         probe: Arc::clone(&probe),
@@ -232,6 +252,7 @@ pub(super) async fn run(store: &SharedStore, shape: &Shape, plan: Plan) -> Case 
                 .map_or(Ended::Dropped, Ended::Delivered)
         }
     };
+    probe.answered();
     settle(&probe, baseline).await;
     probe.flush(store).await;
     probe.recover();
@@ -464,14 +485,26 @@ fn check_ending(
         Ended::Status(Err(err)) => wrong(format!("the status failed with {err}")),
         Ended::Delivered(Ok(report)) => {
             let value = Some(report.value);
+            // The outcome oracle: what the call reported against how its marker reached the
+            // store, as the wrapper saw every operation apply.
+            let written = probe.written().filter(|written| written.before_the_answer);
             let fits = match report.outcome {
-                Outcome::Executed => ran && report.value == call && stored == value,
+                // Only when the lock was held through the finish.
+                Outcome::Executed => {
+                    ran && report.value == call
+                        && stored == value
+                        && written.is_some_and(|written| written.lock != Lock::Lapsed)
+                }
                 Outcome::Replayed => !ran && stored == value && value == prior,
                 Outcome::LockLost {
                     marker_written: true,
                     ..
-                } => ran && stored == value,
-                Outcome::LockLost { .. } | Outcome::MarkerNotWritten => ran,
+                } => ran && stored == value && written.is_some(),
+                Outcome::LockLost {
+                    marker_written: false,
+                    ..
+                }
+                | Outcome::MarkerNotWritten => ran && written.is_none(),
                 // An outcome newer than this harness: it cannot say what should hold, so it
                 // reports the case rather than pass it.
                 _ => false,
@@ -484,10 +517,18 @@ fn check_ending(
             }
             if !fits {
                 wrong(format!(
-                    "the call answered {:?} {:?} (its body {}) while the store holds {stored:?}",
+                    "the call answered {:?} {:?} (its body {}) while the store holds {stored:?}; its own marker: {}",
                     report.outcome,
                     report.value,
                     if ran { "ran" } else { "did not run" },
+                    match written {
+                        Some(written) if written.lock == Lock::Lapsed =>
+                            "written after its lock lapsed",
+                        Some(written) if written.lock == Lock::Expiring =>
+                            "written as its lock expired",
+                        Some(_) => "written while its lock was held",
+                        None => "not written before the call answered",
+                    }
                 ));
             }
         }
@@ -495,7 +536,9 @@ fn check_ending(
             let fits = match err {
                 CaseError::Body => shape.body == Body::Fails && ran && stored.is_none(),
                 CaseError::Call(Error::Store(_)) => !ran && stored == prior,
-                CaseError::Call(Error::Contended { .. }) => shape.prior == Prior::Held && !ran,
+                CaseError::Call(Error::Contended { .. }) => {
+                    (shape.prior == Prior::Held || probe.taken_over()) && !ran && stored == prior
+                }
                 CaseError::Call(Error::InDoubt { .. }) => {
                     shape.in_doubt == InDoubt::Hold && shape.prior == Prior::Lapsed && !ran
                 }

@@ -67,6 +67,14 @@ impl fmt::Display for FaultCensus {
 /// | reply lost | an ambiguous timeout | the operation |
 /// | applied late | an ambiguous timeout | the operation, after the next one |
 /// | store down | errors from here on | nothing more, until the call is over |
+/// | reply lost, re-sent | the second answer | the operation, twice |
+/// | past the lock TTL | the answer | the operation, once the call's lock TTL has passed |
+/// | past the TTL, reply lost | an ambiguous timeout | the same |
+/// | past the TTL, re-sent | the second answer | the same, twice |
+/// | taken over first (, reply lost) | the answer (an ambiguous timeout) | past the TTL, a second delivery takes the unit and dies; then the operation |
+///
+/// The faults past the lock TTL are injected at the operations made under a lock (`finish`,
+/// `renew`, `release`).
 ///
 /// The call is dropped before each of its operations is sent, after each one applied (its
 /// reply not yet read), and in its body before and after the side effect.
@@ -76,6 +84,12 @@ impl fmt::Display for FaultCensus {
 /// - no operation deletes or overwrites a lock its delivery did not hold, or a stored result;
 /// - what the call answered matches what the store holds (an `Executed` value is the stored
 ///   one; a store error or a busy unit means the body did not run; and so on);
+/// - the outcome oracle: `Executed` only when the call's marker was written while its lock was
+///   held, `LockLost { marker_written: true }` only when it is stored, `LockLost` with nothing
+///   written and `MarkerNotWritten` only when none was written before the call answered; and
+///   every `finish` answer of the store fits what the unit held before and after it (a finish
+///   that finds its own marker written after the lock was lost answers `LockLost` again, not
+///   `Completed`);
 /// - the next delivery, with the store healthy, finds the unit runnable or done within its lock
 ///   TTL and replays exactly what is stored;
 /// - a body that runs on a unit taken over in doubt is told so, a unit in doubt stays in doubt
@@ -83,8 +97,8 @@ impl fmt::Display for FaultCensus {
 ///
 ///
 /// Runs on a multi-threaded tokio runtime of the test's own (it counts the runtime's tasks to
-/// know when a call's background work is over). Takes a few seconds: the cases that leave a
-/// lock behind wait out its 450 ms TTL.
+/// know when a call's background work is over). Takes a minute or two: the cases that leave a
+/// lock behind, or delay an operation past it, wait out its 450 ms TTL.
 ///
 /// ```no_run
 /// # #[tokio::main(flavor = "multi_thread", worker_threads = 2)] async fn main() {
@@ -113,7 +127,7 @@ pub async fn every_fault_point(store: SharedStore) -> FaultCensus {
         census.cases += 1;
         broken.extend(clean.violations);
         for (at, operation) in clean.trace.iter().enumerate() {
-            for fault in Fault::ALL {
+            for fault in Fault::ALL.into_iter().filter(|fault| fault.fits(operation)) {
                 let case = cases::run(&store, shape, Plan::Inject { at, fault }).await;
                 census.cases += 1;
                 *census

@@ -19,6 +19,16 @@ tokio::task_local! {
 /// How far a store's clock may be from what the harness measured around an operation.
 const STORE_CLOCK_TOLERANCE: Duration = Duration::from_millis(5);
 
+/// How much longer than the call's lock TTL an overdue operation waits.
+const OVERDUE_MARGIN: Duration = Duration::from_millis(60);
+
+/// The lock of the second delivery that takes the unit over: short, so the next delivery does
+/// not wait long for it.
+const SECOND_HOLDER_TTL: Duration = Duration::from_millis(100);
+
+/// How long the store remembers the second delivery's lock once it ran out.
+const SECOND_HOLDER_MEMORY: Duration = Duration::from_secs(60);
+
 /// A fault injected at one operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Fault {
@@ -33,15 +43,36 @@ pub(super) enum Fault {
     AppliedLate,
     /// The store goes down: this operation and every later one of the call is refused.
     Down,
+    /// The operation applies and its reply is lost; the client sends it again (as the cluster
+    /// client does), and the call gets the second answer.
+    Resent,
+    /// The operation reaches the store only once the call's lock TTL has passed, and its
+    /// answer reaches the call.
+    Overdue,
+    /// As [`Overdue`](Self::Overdue), and its reply is lost.
+    OverdueReplyLost,
+    /// As [`Overdue`](Self::Overdue), and the client sends it again.
+    OverdueResent,
+    /// The operation reaches the store once the call's lock TTL has passed and a second
+    /// delivery took the unit (and was then killed: its lock runs out).
+    TakenOver,
+    /// As [`TakenOver`](Self::TakenOver), and its reply is lost.
+    TakenOverReplyLost,
 }
 
 impl Fault {
-    pub(super) const ALL: [Self; 5] = [
+    pub(super) const ALL: [Self; 11] = [
         Self::Refused,
         Self::Unconfirmed,
         Self::ReplyLost,
         Self::AppliedLate,
         Self::Down,
+        Self::Resent,
+        Self::Overdue,
+        Self::OverdueReplyLost,
+        Self::OverdueResent,
+        Self::TakenOver,
+        Self::TakenOverReplyLost,
     ];
 
     pub(super) fn name(self) -> &'static str {
@@ -51,8 +82,51 @@ impl Fault {
             Self::ReplyLost => "reply lost",
             Self::AppliedLate => "applied late",
             Self::Down => "store down",
+            Self::Resent => "reply lost, re-sent",
+            Self::Overdue => "past the lock TTL",
+            Self::OverdueReplyLost => "past the TTL, reply lost",
+            Self::OverdueResent => "past the TTL, re-sent",
+            Self::TakenOver => "taken over first",
+            Self::TakenOverReplyLost => "taken over, reply lost",
         }
     }
+
+    /// Whether the fault is worth injecting at `operation`. A delay past the lock TTL says
+    /// something of the operations made under a lock: a `begin` that comes late takes a fresh
+    /// lock (the late grant is `overruns`'s case), and an operator's read holds none.
+    pub(super) fn fits(self, operation: &str) -> bool {
+        !self.outlives_the_lock() || matches!(operation, "finish" | "renew" | "release")
+    }
+
+    fn outlives_the_lock(self) -> bool {
+        matches!(
+            self,
+            Self::Overdue
+                | Self::OverdueReplyLost
+                | Self::OverdueResent
+                | Self::TakenOver
+                | Self::TakenOverReplyLost
+        )
+    }
+}
+
+/// How the call's lock stood when its marker was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lock {
+    /// Held, with time to spare.
+    Held,
+    /// Held with so little time left that it may have expired before the finish reached it.
+    Expiring,
+    /// Gone: run out (remembered or not), or another delivery's.
+    Lapsed,
+}
+
+/// The call's own marker reaching the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Written {
+    pub(super) lock: Lock,
+    /// Before the call answered (not by an operation applied late, after its last one).
+    pub(super) before_the_answer: bool,
 }
 
 /// Where the call under test can be suspended, and so dropped.
@@ -162,9 +236,14 @@ pub(super) struct Probe {
     /// One operation at a time reaches the store, as on one connection, so that each one is
     /// checked against the state it found.
     order: tokio::sync::Mutex<()>,
+    /// The call's lock TTL, which an overdue operation waits out.
+    lock_ttl: Duration,
+    /// Whether the call's task asks for fencing tokens, as the second holder then does.
+    fencing: Fencing,
 }
 
 #[derive(Debug)]
+#[allow(clippy::struct_excessive_bools)] // independent facts of one case, not a state machine
 struct State {
     plan: Plan,
     fired: bool,
@@ -175,6 +254,12 @@ struct State {
     late: Vec<(UnitOfWork, Op)>,
     /// The token of the lock's holder, as the store's answers tell it.
     holder: Option<String>,
+    /// Whether the call under test answered.
+    answered: bool,
+    /// When and how the call's own marker was first stored.
+    written: Option<Written>,
+    /// Whether a second delivery asked for the unit during the call.
+    taken_over: bool,
     deliveries: u32,
     started: BTreeSet<u32>,
     running: u32,
@@ -184,7 +269,7 @@ struct State {
 }
 
 impl Probe {
-    pub(super) fn new(plan: Plan) -> Arc<Self> {
+    pub(super) fn new(plan: Plan, lock_ttl: Duration, fencing: Fencing) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(State {
                 plan,
@@ -195,6 +280,9 @@ impl Probe {
                 parked: None,
                 late: Vec::new(),
                 holder: None,
+                answered: false,
+                written: None,
+                taken_over: false,
                 deliveries: 0,
                 started: BTreeSet::new(),
                 running: 0,
@@ -203,6 +291,8 @@ impl Probe {
             }),
             renewals: tokio::sync::watch::Sender::new(0),
             order: tokio::sync::Mutex::new(()),
+            lock_ttl,
+            fencing,
         })
     }
 
@@ -232,6 +322,16 @@ impl Probe {
 
     pub(super) fn fired(&self) -> bool {
         self.state().fired
+    }
+
+    /// The call under test answered: what its operations do from now on, it did not wait for.
+    pub(super) fn answered(&self) {
+        self.state().answered = true;
+    }
+
+    /// When and how the call's own marker was first stored, if it was.
+    pub(super) fn written(&self) -> Option<Written> {
+        self.state().written
     }
 
     /// The store is back: the call under test is over.
@@ -317,7 +417,7 @@ impl Probe {
         let _turn = self.order.lock().await;
         let late = std::mem::take(&mut self.state().late);
         for (unit, op) in late {
-            self.checked(store, &unit, &op).await;
+            self.checked(store, &unit, &op, true).await;
         }
     }
 
@@ -382,6 +482,36 @@ impl Probe {
                     "it applied and its reply was lost",
                 ))
             }
+            Some(Fault::Resent) => {
+                self.apply(store, unit, &op).await;
+                Ok(self.apply(store, unit, &op).await)
+            }
+            Some(Fault::Overdue) => {
+                self.outlive_the_lock().await;
+                Ok(self.apply(store, unit, &op).await)
+            }
+            Some(Fault::OverdueReplyLost | Fault::TakenOverReplyLost) => {
+                self.outlive_the_lock().await;
+                if fault == Some(Fault::TakenOverReplyLost) {
+                    self.second_holder_takes(store, unit).await;
+                }
+                self.apply(store, unit, &op).await;
+                Err(injected(
+                    StoreErrorKind::Timeout,
+                    true,
+                    "it applied past the lock TTL and its reply was lost",
+                ))
+            }
+            Some(Fault::OverdueResent) => {
+                self.outlive_the_lock().await;
+                self.apply(store, unit, &op).await;
+                Ok(self.apply(store, unit, &op).await)
+            }
+            Some(Fault::TakenOver) => {
+                self.outlive_the_lock().await;
+                self.second_holder_takes(store, unit).await;
+                Ok(self.apply(store, unit, &op).await)
+            }
             None => Ok(self.apply(store, unit, &op).await),
         };
         self.park(Point::After(index)).await;
@@ -391,16 +521,44 @@ impl Probe {
     /// Applies `op`, then the late operations waiting for the next one to pass.
     async fn apply(&self, store: &SharedStore, unit: &UnitOfWork, op: &Op) -> Answer {
         let _turn = self.order.lock().await;
-        let answer = self.checked(store, unit, op).await;
+        let answer = self.checked(store, unit, op, false).await;
         let late = std::mem::take(&mut self.state().late);
         for (unit, op) in late {
-            self.checked(store, &unit, &op).await;
+            self.checked(store, &unit, &op, true).await;
         }
         answer
     }
 
+    /// Waits until the call's lock has run out, however recently it was taken or renewed.
+    async fn outlive_the_lock(&self) {
+        tokio::time::sleep(self.lock_ttl + OVERDUE_MARGIN).await;
+    }
+
+    /// A second delivery takes the unit, then dies: its lock runs out soon after, and the
+    /// store remembers it, as a killed worker's.
+    async fn second_holder_takes(&self, store: &SharedStore, unit: &UnitOfWork) {
+        let second = Op::Begin {
+            token: LockToken::generate().with_doubt_memory(SECOND_HOLDER_MEMORY),
+            lock_ttl: SECOND_HOLDER_TTL,
+            fencing: self.fencing,
+        };
+        self.state().taken_over = true;
+        // A unit that is done, or held by the harness for longer, is not taken: the fault is
+        // then only a delay.
+        if let Answer::Begin(Err(err)) = self.apply(store, unit, &second).await {
+            self.violation(format!(
+                "a second delivery could not ask for the unit after the call's lock ran out: {err}"
+            ));
+        }
+    }
+
+    /// Whether a second delivery asked for the unit while the call's operation was delayed.
+    pub(super) fn taken_over(&self) -> bool {
+        self.state().taken_over
+    }
+
     /// Applies `op` and checks what it did against what the store held before.
-    async fn checked(&self, store: &SharedStore, unit: &UnitOfWork, op: &Op) -> Answer {
+    async fn checked(&self, store: &SharedStore, unit: &UnitOfWork, op: &Op, late: bool) -> Answer {
         let looked = tokio::time::Instant::now();
         let before = store.inspect(unit).await;
         let answer = op.apply(store, unit).await;
@@ -415,10 +573,11 @@ impl Probe {
             ));
             return answer;
         };
-        self.check(op, &before, took, &answer, &after);
+        self.check(op, &before, took, &answer, &after, late);
         answer
     }
 
+    #[allow(clippy::too_many_lines)] // every rule on one operation, in one place
     fn check(
         &self,
         op: &Op,
@@ -426,6 +585,7 @@ impl Probe {
         took: Duration,
         answer: &Answer,
         after: &Inspection,
+        late: bool,
     ) {
         let mut state = self.state();
         if !before.is_locked() {
@@ -434,6 +594,26 @@ impl Probe {
         let by = op.token().map(LockToken::as_str);
         let name = op.name();
         let mut broken = Vec::new();
+        if let Op::Finish { marker, .. } = op {
+            let ours = |stored: &Option<Vec<u8>>| {
+                stored
+                    .as_deref()
+                    .is_some_and(|stored| own_marker(stored, marker).is_some())
+            };
+            let held = state.holder.is_some() && state.holder.as_deref() == by;
+            let lock = match before.lock_ttl {
+                Some(left) if held && left > took + STORE_CLOCK_TOLERANCE => Lock::Held,
+                Some(_) if held => Lock::Expiring,
+                _ => Lock::Lapsed,
+            };
+            if state.written.is_none() && !ours(&before.marker) && ours(&after.marker) {
+                state.written = Some(Written {
+                    lock,
+                    before_the_answer: !state.answered && !late,
+                });
+            }
+            broken.extend(finish_answer(marker, before, answer, after, lock));
+        }
         if let Some(stored) = &before.marker
             && after.marker.as_ref() != Some(stored)
         {
@@ -479,6 +659,70 @@ fn shown(seen: &Inspection) -> String {
         },
         (None, Some(left)) => format!("a lock with {} ms left", left.as_millis()),
         (None, None) => "nothing".to_owned(),
+    }
+}
+
+/// Input: a stored marker and the one a finish wrote. Output: whether it is that finish's,
+/// and if so whether the store flagged it as written after the lock was lost.
+fn own_marker(stored: &[u8], marker: &[u8]) -> Option<bool> {
+    if stored == marker {
+        Some(false)
+    } else {
+        (idempotask::store::lock_lost_marker(marker).as_deref() == Some(stored)).then_some(true)
+    }
+}
+
+/// What a store's answer to a finish may be, given what the unit held around it: the store's
+/// half of the outcome oracle (the runner's half is in `cases`).
+fn finish_answer(
+    marker: &[u8],
+    before: &Inspection,
+    answer: &Answer,
+    after: &Inspection,
+    lock: Lock,
+) -> Option<String> {
+    let Answer::Finish(Ok(finish)) = answer else {
+        return None;
+    };
+    let found = before
+        .marker
+        .as_deref()
+        .map(|stored| own_marker(stored, marker));
+    let kept = after
+        .marker
+        .as_deref()
+        .and_then(|stored| own_marker(stored, marker));
+    match finish {
+        Finish::Completed => match found {
+            Some(Some(true)) => Some(
+                "a finish answered `Completed` on finding its own result written after its lock was lost"
+                    .to_owned(),
+            ),
+            Some(None) => Some("a finish answered `Completed` on finding another result".to_owned()),
+            None if kept.is_none() => {
+                Some("a finish answered `Completed` and its result is not stored".to_owned())
+            }
+            None if lock == Lock::Lapsed && before.is_locked() => Some(
+                "a finish answered `Completed` over another delivery's lock".to_owned(),
+            ),
+            Some(Some(false)) | None => None,
+        },
+        Finish::LockLost {
+            marker_written: true,
+            ..
+        } if kept.is_none() => {
+            Some("a finish answered `LockLost` with its marker written, and it is not stored".to_owned())
+        }
+        Finish::LockLost {
+            marker_written: false,
+            ..
+        } if kept.is_some() && found.is_none() => {
+            Some("a finish answered `LockLost` with nothing written, and stored its result".to_owned())
+        }
+        _ if lock == Lock::Held && !matches!(finish, Finish::Completed) => Some(format!(
+            "a finish answered {finish:?} while its lock was held"
+        )),
+        _ => None,
     }
 }
 
