@@ -6,7 +6,8 @@
 # implementations back to back at each number in flight, rounds rotating their order. Starts
 # the servers through test-support (free loopback ports, persistence off), keeps the JSON lines
 # in docs/img/, draws docs/img/throughput-*.svg with `bench-plot`, and writes the section of
-# docs/performance.md and docs/performance-queues.md that shows them.
+# the pages for docs/performance.md and docs/performance-queues.md that shows them (into the
+# target directory: scripts/perf-report publishes them).
 #
 #   ./scripts/bench-plot.sh [TASKS] [ROUNDS] [MESSAGES]   # defaults: 5000 tasks, 5 rounds, 2000 messages
 #   ./scripts/bench-plot.sh --draw-only                   # redraws from docs/img/*.jsonl; no servers
@@ -168,6 +169,10 @@ fill() { # page fragment -> the page with its plots section replaced, or added a
     { echo; cat "$2"; } >>"$1"
   fi
 }
-fill docs/performance.md "$work/performance.md"
-fill docs/performance-queues.md "$work/performance-queues.md"
-echo "wrote $img/throughput-{redis,valkey,nats,rabbitmq}.svg and their sections of docs/performance.md and docs/performance-queues.md" >&2
+# The sections go into the pages the bench scripts wrote under the target directory, never into
+# docs/: scripts/perf-report writes the published pages from recorded runs.
+pages="${CARGO_TARGET_DIR:-target}/bench-pages"
+mkdir -p "$pages"
+fill "$pages/performance.md" "$work/performance.md"
+fill "$pages/performance-queues.md" "$work/performance-queues.md"
+echo "wrote $img/throughput-{redis,valkey,nats,rabbitmq}.svg and their sections of $pages/performance.md and $pages/performance-queues.md; to publish them: scripts/perf-report record plot-$(date -u +%Y-%m-%d) $pages/performance.md && scripts/perf-report" >&2

@@ -3,14 +3,19 @@
 # hand-written insert-on-conflict pattern they replace), next to RedisStore's fresh and duplicate
 # modes on a redis-server started alongside, in one run. Starts both servers through
 # test-support on free loopback ports (PostgreSQL with pg_stat_statements, for statements per
-# task, and fsync on; Redis with persistence off) and writes docs/performance-postgres.md.
+# task, and fsync on; Redis with persistence off) and writes the page for docs/performance-postgres.md
+# (into the target directory: see below).
 #
 #   ./scripts/bench-postgres.sh [TASKS] [ROUNDS]      # defaults: 10000 tasks, 3 rounds
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tasks=${1:-10000}
 rounds=${2:-3}
-out=docs/performance-postgres.md
+# The page goes to the target directory, never to docs/: the published pages are written by
+# scripts/perf-report from recorded runs (bench/results/), and `--check` fails on a page typed
+# or pasted by hand. The closing line says how to record this run.
+mkdir -p "${CARGO_TARGET_DIR:-target}/bench-pages"
+out="${CARGO_TARGET_DIR:-target}/bench-pages/performance-postgres.md"
 work=$(mktemp -d)
 . scripts/bench-start-servers.sh
 cleanup() {
@@ -95,4 +100,4 @@ for line in open(sys.argv[1]):
     print("| {mode} | {concurrency} | {tasks} | {tasks_per_sec:.0f} | {redis_commands_per_task:.2f} | {p50_us} | {p99_us} |".format(**m))
 PY
 } >"$out"
-echo "wrote $out"
+echo "wrote $out; to publish it: scripts/perf-report record postgres-$(date -u +%Y-%m-%d) $out && scripts/perf-report"

@@ -4,7 +4,8 @@
 # SET of the marker, a compare-and-delete) and the integration crate, each over fresh messages,
 # at 1 and 64 in flight, rounds interleaved, next to the Redis round trip measured in the same
 # run. Starts a nats-server (JetStream), a RabbitMQ broker and a redis-server through
-# test-support on free loopback ports and writes docs/performance-queues.md, keeping the
+# test-support on free loopback ports and writes the page for docs/performance-queues.md (into
+# the target directory: see below), keeping the
 # section that scripts/bench-plot.sh writes there (throughput against messages in flight).
 #
 #   ./scripts/bench-queues.sh [MESSAGES] [ROUNDS]      # defaults: 5000 messages, 5 rounds
@@ -12,7 +13,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 messages=${1:-5000}
 rounds=${2:-5}
-out=docs/performance-queues.md
+# The page goes to the target directory, never to docs/: the published pages are written by
+# scripts/perf-report from recorded runs (bench/results/), and `--check` fails on a page typed
+# or pasted by hand. The closing line says how to record this run.
+mkdir -p "${CARGO_TARGET_DIR:-target}/bench-pages"
+out="${CARGO_TARGET_DIR:-target}/bench-pages/performance-queues.md"
 work=$(mktemp -d)
 . scripts/bench-start-servers.sh
 cleanup() {
@@ -53,4 +58,4 @@ plots=$(sed -n '/^<!-- BEGIN throughput plots/,/^<!-- END throughput plots/p' "$
     echo "$plots"
   fi
 } >"$out"
-echo "wrote $out"
+echo "wrote $out; to publish it: scripts/perf-report record queues-$(date -u +%Y-%m-%d) $out && scripts/perf-report"

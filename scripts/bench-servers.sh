@@ -2,7 +2,8 @@
 # The protocol's targets on the three servers the suite tests, in one run: Redis 7 and Redis 8.2
 # (finish is a script) and Valkey 8.1 (finish is a plain `SET … IFEQ`). Starts one server of each
 # through test-support on free loopback ports (persistence off), runs every bench mode against
-# each, one after the other, and writes docs/performance-servers.md. scripts/bench.sh adds the
+# each, one after the other, and writes the page for docs/performance-servers.md
+# (into the target directory: see below). scripts/bench.sh adds the
 # profiles and the cluster.
 #
 #   ./scripts/bench-servers.sh [TASKS] [ROUNDS]      # defaults: 20000 tasks, 3 rounds
@@ -10,7 +11,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tasks=${1:-20000}
 rounds=${2:-3}
-out=docs/performance-servers.md
+# The page goes to the target directory, never to docs/: the published pages are written by
+# scripts/perf-report from recorded runs (bench/results/), and `--check` fails on a page typed
+# or pasted by hand. The closing line says how to record this run.
+mkdir -p "${CARGO_TARGET_DIR:-target}/bench-pages"
+out="${CARGO_TARGET_DIR:-target}/bench-pages/performance-servers.md"
 work=$(mktemp -d)
 . scripts/bench-start-servers.sh
 cleanup() {
@@ -60,4 +65,4 @@ mkdir -p docs
   echo
   cat "$work/valkey.md"
 } >"$out"
-echo "wrote $out"
+echo "wrote $out; to publish it: scripts/perf-report record servers-$(date -u +%Y-%m-%d) $out && scripts/perf-report"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The benchmark end to end: starts a redis-server of its own through test-support (persistence
 # off, a free loopback port), runs every bench mode in release mode, the criterion
-# micro-benchmarks and a profile, and writes docs/performance.md; then scripts/bench-plot.sh
+# micro-benchmarks and a profile, and writes the page for docs/performance.md (into the target
+# directory: see below); then scripts/bench-plot.sh
 # draws throughput against tasks in flight on Redis 7, Valkey 8.1, NATS and RabbitMQ into it.
 #
 #   ./scripts/bench.sh [TASKS] [ROUNDS]      # defaults: 20000 tasks, 3 rounds
@@ -17,7 +18,11 @@ if [ "${1:-}" = --plot-only ]; then
 fi
 tasks=${1:-20000}
 rounds=${2:-3}
-out=docs/performance.md
+# The page goes to the target directory, never to docs/: the published pages are written by
+# scripts/perf-report from recorded runs (bench/results/), and `--check` fails on a page typed
+# or pasted by hand. The closing line says how to record this run.
+mkdir -p "${CARGO_TARGET_DIR:-target}/bench-pages"
+out="${CARGO_TARGET_DIR:-target}/bench-pages/performance.md"
 work=$(mktemp -d)
 . scripts/bench-start-servers.sh
 cleanup() {
@@ -216,7 +221,7 @@ TEXT
     cat docs/performance-notes.md
   fi
 } >"$out"
-echo "wrote $out"
+echo "wrote $out; to publish it: scripts/perf-report record redis-$(date -u +%Y-%m-%d) $out && scripts/perf-report"
 
 # Its own servers, one kind at a time: the ones above would only take CPU from it.
 stop_servers
