@@ -10,9 +10,10 @@ use quote::{quote, quote_spanned};
 use syn::{Expr, FnArg, Ident, ItemFn, LitStr, Pat, Type};
 
 use crate::args::Errors;
-use crate::misuse::{first_generator, generated_key};
+use crate::generators::generated_key;
 use crate::shape::Move;
 use crate::suggest::did_you_mean;
+use crate::taint::first_generator;
 
 /// A parameter the key or fingerprint can name.
 pub(crate) struct Param {

@@ -3,11 +3,13 @@
 
 mod args;
 mod expand;
+mod generators;
 mod key;
 mod misuse;
 mod shape;
 mod suggest;
 mod taint;
+mod values;
 
 use proc_macro::TokenStream;
 use quote::{ToTokens, quote};

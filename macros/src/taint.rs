@@ -18,7 +18,7 @@ use syn::punctuated::Punctuated;
 use syn::visit::{self, Visit};
 use syn::{Expr, Ident, Pat};
 
-use crate::misuse::{is_generator, is_seeded_construction};
+use crate::generators::{is_generator, is_seeded_construction};
 
 /// Where a value that differs on every delivery comes from.
 #[derive(Clone)]
