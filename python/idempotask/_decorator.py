@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar, Unio
 from . import _native
 from ._keys import KeyTemplate, encode_json, fingerprint_json, fingerprint_names, key_parameters
 from ._reconcile import Reconciled
-from ._report import Report, ResultNotRecorded, UnrecordedResultWarning, outcome_of
+from ._report import RECORDED_KINDS, Report, ResultNotRecorded, UnrecordedResultWarning, outcome_of
 
 __all__ = ["TaskContext", "context", "idempotent_task", "install", "installed"]
 
@@ -24,9 +24,6 @@ Store = Union[_native.MemoryStore, _native.RedisStore, _native.RedisClusterStore
 
 _ON_BUSY = ("retry", "wait", "raise")
 _ON_UNRECORDED = ("warn", "raise")
-# The outcomes under which the body's result is recorded as this call's: any other one warns
-# (or raises, with `on_unrecorded="raise"`).
-_RECORDED = frozenset(("executed", "replayed", "reconciled"))
 _installed: Optional[Store] = None
 _install_lock = threading.Lock()
 # Task name -> the function that defined it: two functions with one name would share units.
@@ -151,9 +148,13 @@ class _Spec:
             return key, None, this
         try:
             fingerprint = fingerprint_json(self.fingerprint, arguments)
+            # A lone surrogate (from `json.loads` of a broken payload) has no UTF-8 form: the
+            # native call would raise a bare UnicodeEncodeError.
+            fingerprint.encode("utf-8")
         except (TypeError, ValueError, RecursionError) as err:
             # No JSON text (an object, a cycle, a dict key that is no JSON name, nesting too
-            # deep for `json`): nothing ran, as for the Rust attribute's `Fingerprint` kind.
+            # deep for `json`, a lone surrogate): nothing ran, as for the Rust attribute's
+            # `Fingerprint` kind.
             raise _codec_error(
                 "fingerprint", f"task {self.name!r}: the fingerprinted arguments have no JSON text: {err}"
             ) from err
@@ -197,7 +198,7 @@ class _Spec:
         of a result that is not recorded."""
         if reported:
             return Report(value, outcome_of(done[2], done[4]), done[3])
-        if done[2] not in _RECORDED:
+        if done[2] not in RECORDED_KINDS:
             self.unrecorded(value, done, key)
         return value
 

@@ -13,6 +13,9 @@ __all__ = ["Outcome", "Report", "ResultNotRecorded", "UnrecordedResultWarning"]
 T = TypeVar("T")
 
 _KINDS = ("executed", "replayed", "reconciled", "lock_lost", "marker_not_written")
+# The kinds under which the body's result is recorded as the call's: any other one (a kind this
+# build does not know too) is warned of, or raised with `on_unrecorded="raise"`.
+RECORDED_KINDS = frozenset(("executed", "replayed", "reconciled"))
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ class Outcome:
         """Whether the body's result is recorded as this call's, under a lock it held through the
         end: false for ``lock_lost`` and ``marker_not_written``, the outcomes a caller is
         warned of (``UnrecordedResultWarning``)."""
-        return self.kind not in ("lock_lost", "marker_not_written")
+        return self.kind in RECORDED_KINDS
 
 
 Outcome.EXECUTED = Outcome("executed")
@@ -106,3 +109,8 @@ class ResultNotRecorded(IdempotaskError):
         """The task's name."""
         self.key = key
         """The key, as the task shows it (its digest with ``log_key="hash"``)."""
+
+    def __reduce__(self) -> Any:
+        # Pickled with every field (Celery's result backends, multiprocessing): the default
+        # rebuilds an exception from its message alone, which this constructor refuses.
+        return (type(self), (str(self), self.value, self.outcome, self.task, self.key))

@@ -52,6 +52,7 @@ def _charge_task(name: str, ran: List[Any]) -> Any:
         pytest.param({(1, 2): "a tuple as a name"}, id="dict_key"),
         pytest.param(_deep(200), id="deeper_than_the_core_reads"),
         pytest.param(_deep(100_000), id="deeper_than_json_writes"),
+        pytest.param("\udc80", id="lone_surrogate"),
     ],
 )
 def test_fingerprinted_arguments_without_json_text_are_kind_fingerprint(memory: MemoryStore, name: str, payment: Any) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import pickle
 import time
 import warnings
 from typing import Any, Iterator, List
@@ -297,3 +298,18 @@ def test_the_log_records_reach_logging_in_a_forked_child(memory: MemoryStore, na
     os.waitpid(pid, 0)
     # The child's own call, and none of the parent's records again.
     assert told == b"order-2"
+
+
+def test_an_outcome_this_build_does_not_know_is_not_recorded() -> None:
+    # The decorator warns of it, so `recorded` must not call it recorded.
+    assert not Outcome("a_later_variant", False).recorded
+    assert Outcome.EXECUTED.recorded and Outcome.REPLAYED.recorded and Outcome.RECONCILED.recorded
+
+
+def test_result_not_recorded_survives_pickling() -> None:
+    """Celery's result backends and multiprocessing pickle a task's exception."""
+    raised = ResultNotRecorded("task 't': not recorded", {"charge": "ch"}, Outcome.MARKER_NOT_WRITTEN, "t", "order-1")
+    again = pickle.loads(pickle.dumps(raised))
+    assert (str(again), again.value, again.outcome, again.task, again.key) == (
+        str(raised), raised.value, raised.outcome, raised.task, raised.key
+    )
