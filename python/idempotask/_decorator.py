@@ -208,11 +208,11 @@ class _Spec:
         outcome = outcome_of(done[2], done[4])
         shown = self.task.shown_key(key)
         if outcome.kind == "marker_not_written":
-            what = "the store did not record its result; a delivery after the lock expires runs the body again"
+            what = "the store did not record its result (nor was it found when read back); a delivery after the lock expires may run the body again"
         elif outcome.kind == "lock_lost" and outcome.marker_written:
-            what = "its lock had expired before it finished, so another delivery may have run it too (its result was stored)"
+            what = "its lock had expired (or may have) before its result was recorded, so another delivery may have run it too (its result was stored)"
         elif outcome.kind == "lock_lost":
-            what = "its lock had expired before it finished, so another delivery may have run it too, and its result was not stored"
+            what = "its lock had expired (or may have) before its result was recorded, so another delivery may have run it too, and its result was not stored"
         else:
             what = f"its outcome is {outcome.kind!r}"
         message = f"task {self.name!r} with key {shown!r}: the body returned, but {what}"

@@ -22,15 +22,18 @@ RECORDED_KINDS = frozenset(("executed", "replayed", "reconciled"))
 class Outcome:
     """How one call ended, the Rust core's ``Outcome`` (``kind`` is its variant in snake case).
 
-    - ``executed``: the body ran and its result was stored.
+    - ``executed``: the body ran, its result was stored, and the lock was held until the store
+      confirmed it: no other delivery could have run the body meanwhile.
     - ``replayed``: the unit was done; the stored result was returned, the body did not run.
     - ``reconciled``: the unit was in doubt and the reconcile function found the work done; its
       answer was stored, the body did not run.
-    - ``lock_lost``: the body ran, but its lock had expired by the time it finished: another
+    - ``lock_lost``: the body ran, but its lock had expired (or may have: the store's answer to
+      the completion came after the lock's time) before its result was recorded: another
       delivery may have run it too. ``marker_written`` says whether this call's result was
       stored all the same (no other result existed).
-    - ``marker_not_written``: the body ran, but the store could not record its result within the
-      lock TTL: a delivery after the lock expires runs the body again.
+    - ``marker_not_written``: the body ran, but the store did not confirm its result within the
+      lock TTL, and reading the unit back did not find it: a delivery after the lock expires
+      may run the body again.
 
     Compare with the constants (``report.outcome == Outcome.EXECUTED``) or match on the fields
     (``case Outcome(kind="lock_lost", marker_written=False)``).
