@@ -96,7 +96,7 @@ impl Expected {
             // Zero is what a configuration that sets none reads as: JetStream's default then
             // applies.
             let ack_wait = if config.ack_wait.is_zero() {
-                crate::DEFAULT_ACK_WAIT
+                crate::defaults::DEFAULT_ACK_WAIT
             } else {
                 config.ack_wait
             };
