@@ -15,9 +15,11 @@ fi
 # Pinned to what the tests were written against; pip skips what is already there.
 "$venv/bin/pip" install --quiet --disable-pip-version-check \
   'pytest>=8,<10' 'celery[redis]==5.*' 'redis>=5,<8'
-# Installed as the README tells users to, `pip install ./python`: maturin (fetched by pip into
-# its build environment) builds the wheel with the workspace's cargo, its Cargo.lock (`locked`
-# in pyproject.toml) and its target directory, and pip installs it.
+# Installed as the README tells users to, `pip install ./python` (without the README's `-v`,
+# which would print a line per crate here): maturin (fetched by pip into its build environment)
+# builds the wheel with the workspace's cargo, its Cargo.lock (`locked` in pyproject.toml), its
+# `python-extension` profile and its target directory, and pip installs it.
+echo "==> pip install ./python (the extension's build takes about 3 minutes on 2 cores the first time)"
 "$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps ./python
 # The Rust worker of the interop test (python/tests/test_interop.py), built as the Rust tests
 # build the examples.
