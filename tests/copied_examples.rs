@@ -103,6 +103,22 @@ mod copied {
         output
     }
 
+    /// [`in_user_project`], which must succeed: a failure shows `what` did not build, and why.
+    fn builds_in_user_project(
+        name: &str,
+        dependencies: &str,
+        main: &str,
+        args: &[&str],
+        what: &str,
+    ) {
+        let output = in_user_project(name, dependencies, main, args);
+        assert!(
+            output.status.success(),
+            "{what}:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
     /// `cargo check`, not `build`: what is under test is that the copied source type-checks
     /// against its header's dependencies alone; `tests/examples.rs` builds and runs every example
     /// in the workspace, and codegen and linking here took minutes of the suite.
@@ -110,16 +126,12 @@ mod copied {
         let source = std::fs::read_to_string(root().join("examples").join(format!("{example}.rs")))
             .unwrap_or_else(|err| panic!("{example}: {err}"));
         let dependencies = listed_dependencies(&source, &root());
-        let output = in_user_project(
+        builds_in_user_project(
             &format!("copied-{example}"),
             &dependencies,
             &source,
             &["check", "--quiet"],
-        );
-        assert!(
-            output.status.success(),
-            "{example} does not compile on its own:\n{}",
-            String::from_utf8_lossy(&output.stderr)
+            &format!("{example} does not compile on its own"),
         );
     }
 
@@ -193,26 +205,124 @@ mod copied {
         }
     }
 
-    /// The README's ```` ```rust ```` blocks, each a whole program.
-    fn readme_programs() -> Vec<String> {
+    /// The README's blocks opened by `fence` (```` ```rust ````, ```` ```toml ````), in order.
+    fn readme_blocks(fence: &str) -> Vec<String> {
         let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
-        let mut programs = Vec::new();
+        let mut blocks = Vec::new();
         let mut current: Option<String> = None;
         for line in readme.lines() {
             match (&mut current, line.trim_end()) {
-                (None, "```rust") => current = Some(String::new()),
-                (Some(program), "```") => {
-                    programs.push(std::mem::take(program));
+                (None, line) if line == fence => current = Some(String::new()),
+                (Some(block), "```") => {
+                    blocks.push(std::mem::take(block));
                     current = None;
                 }
-                (Some(program), line) => {
-                    program.push_str(line);
-                    program.push('\n');
+                (Some(block), line) => {
+                    block.push_str(line);
+                    block.push('\n');
                 }
                 (None, _) => {}
             }
         }
-        programs
+        blocks
+    }
+
+    /// The README's ```` ```rust ```` blocks, each a whole program.
+    fn readme_programs() -> Vec<String> {
+        readme_blocks("```rust")
+    }
+
+    /// Where the README's dependency lines expect a clone of this repository.
+    const README_CLONE: &str = "../idempotask/";
+
+    /// The README's dependency lines (its first ```` ```toml ```` block), as a user copies them
+    /// into a project beside a clone, with the clone's path made this checkout. Version lines,
+    /// as they read once the crates are published, point at this checkout too.
+    fn readme_dependencies() -> String {
+        let block = readme_blocks("```toml")
+            .into_iter()
+            .next()
+            .expect("a toml block");
+        let clone = format!("{}/", root().display());
+        block
+            .lines()
+            .map(|line| from_checkout(&line.replace(README_CLONE, &clone), &root()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Pins two bugs of a newcomer's first hour: the README told users `idempotask = "0.1"`,
+    /// which is not published, and "Ten lines" without a Redis server printed a connection
+    /// error's `Debug` dump. A new project with the README's dependency lines, as written,
+    /// builds its first program, which run where nothing listens prints the one line the
+    /// README shows, for that port, and exits with 1.
+    #[test]
+    fn the_readmes_ten_lines_build_from_its_dependency_lines_and_say_when_no_redis_answers() {
+        const URL: &str = "redis://127.0.0.1:6379";
+        let program = readme_programs().into_iter().next().expect("a rust block");
+        assert!(program.contains(URL), "{program}");
+        let port = idempotask_test_support::free_port();
+        let program = program.replace(URL, &format!("redis://127.0.0.1:{port}"));
+        builds_in_user_project(
+            "readme-ten-lines",
+            &readme_dependencies(),
+            &program,
+            &["build", "--quiet"],
+            "the README's dependency lines do not build its first program",
+        );
+        let shown = readme_blocks("```text")
+            .into_iter()
+            .find(|block| block.contains(URL))
+            .expect("the README shows what \"Ten lines\" prints without a server");
+        let run = Command::new(root().join("target/copied-examples/debug/readme-ten-lines"))
+            .output()
+            .unwrap();
+        assert_eq!(run.status.code(), Some(1), "{run:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&run.stderr),
+            shown.replace("6379", &port.to_string())
+        );
+        assert!(run.stdout.is_empty(), "{run:?}");
+    }
+
+    /// Every crate the README names has a dependency line there, commented out or not, and
+    /// each `path` in the clone holds the crate its line names.
+    #[test]
+    fn the_readmes_dependency_lines_name_each_crate_where_it_is() {
+        let block = readme_blocks("```toml")
+            .into_iter()
+            .next()
+            .expect("a toml block");
+        let in_clone = format!("path = \"{README_CLONE}");
+        let lines: Vec<(&str, Option<&str>)> = block
+            .lines()
+            .filter_map(|line| {
+                let (name, rest) = line.trim_start_matches(['#', ' ']).split_once(" = ")?;
+                let dir = rest
+                    .split_once(&in_clone)
+                    .and_then(|(_, path)| path.split_once('"'))
+                    .map(|(dir, _)| dir);
+                Some((name, dir))
+            })
+            .collect();
+        for (name, _) in WORKSPACE_CRATES
+            .iter()
+            .chain(&[("idempotask-conformance", "")])
+        {
+            assert!(
+                lines.iter().any(|(listed, _)| listed == name),
+                "{name} has no line in:\n{block}"
+            );
+        }
+        for (name, dir) in lines {
+            let Some(dir) = dir else { continue };
+            let manifest = std::fs::read_to_string(root().join(dir).join("Cargo.toml"))
+                .unwrap_or_else(|err| panic!("{name} = {dir}: {err}"));
+            assert!(
+                manifest.contains(&format!("name = \"{name}\"")),
+                "{dir} does not hold {name}"
+            );
+        }
     }
 
     #[test]
@@ -233,17 +343,14 @@ mod copied {
     ]
     .map(|line| from_checkout(line, &root()))
     .join("\n");
-        for (index, program) in programs.iter().enumerate() {
-            let output = in_user_project(
+        // The first, "Ten lines", is built and run on the README's own dependency lines above.
+        for (index, program) in programs.iter().enumerate().skip(1) {
+            builds_in_user_project(
                 &format!("readme-block-{index}"),
                 &dependencies,
                 program,
                 &["check", "--quiet"],
-            );
-            assert!(
-                output.status.success(),
-                "the README's rust block {index} does not compile on its own:\n{program}\n{}",
-                String::from_utf8_lossy(&output.stderr)
+                &format!("the README's rust block {index} does not compile on its own:\n{program}"),
             );
         }
     }
@@ -316,6 +423,53 @@ mod copied {
     #[test]
     fn webhook_receiver_compiles_alone() {
         compiles_alone("webhook_receiver");
+    }
+
+    /// The README's second command, `./scripts/test.sh`, installs the servers first. Pins a bug:
+    /// without root or sudo it failed inside `apt-get`; it says in one line what it needs.
+    /// Run as `nobody` when the test runs as root, with a `PATH` where no server and no sudo is.
+    #[test]
+    fn the_server_install_without_root_says_what_it_needs() {
+        // The child's PATH is where its program is looked up too, so tools are given by path.
+        let system = |tool: &str| {
+            ["/usr/bin", "/bin"]
+                .iter()
+                .map(|dir| Path::new(dir).join(tool))
+                .find(|path| path.exists())
+                .unwrap_or_else(|| panic!("no {tool}"))
+        };
+        let bin =
+            std::env::temp_dir().join(format!("idempotask-no-servers-{}", std::process::id()));
+        std::fs::create_dir_all(&bin).unwrap();
+        for tool in ["bash", "id", "ls"] {
+            std::os::unix::fs::symlink(system(tool), bin.join(tool)).unwrap();
+        }
+        let script = root().join("scripts/install-servers.sh");
+        let as_root = Command::new("id").arg("-u").output().unwrap().stdout == b"0\n";
+        let mut command = if as_root {
+            let mut command = Command::new(system("setpriv"));
+            command.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"]);
+            command.arg(system("bash"));
+            command
+        } else {
+            Command::new(system("bash"))
+        };
+        let output = command
+            .arg(&script)
+            .env_clear()
+            .env("PATH", &bin)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&bin);
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{output:?}");
+        assert!(output.stdout.is_empty(), "{output:?}");
+        assert_eq!(said.lines().count(), 1, "{said}");
+        assert!(
+            said.starts_with("install-servers.sh: installing redis-server, ")
+                && said.contains(" needs root or sudo; "),
+            "{said}"
+        );
     }
 
     /// `cargo run --example quickstart`, the README's first command, builds the core and the
