@@ -72,9 +72,10 @@ impl fmt::Display for FaultCensus {
 /// | past the TTL, reply lost | an ambiguous timeout | the same |
 /// | past the TTL, re-sent | the second answer | the same, twice |
 /// | taken over first (, reply lost) | the answer (an ambiguous timeout) | past the TTL, a second delivery takes the unit and dies; then the operation |
+/// | answered past the TTL (, taken over) | the answer, once the lock TTL has passed | the operation at once (then a second delivery takes the unit) |
 ///
-/// The faults past the lock TTL are injected at the operations made under a lock (`finish`,
-/// `renew`, `release`).
+/// The faults that reach the store past the lock TTL are injected at the operations made
+/// under a lock (`finish`, `renew`, `release`); those answered past it at `begin` too.
 ///
 /// The call is dropped before each of its operations is sent, after each one applied (its
 /// reply not yet read), and in its body before and after the side effect.

@@ -58,10 +58,16 @@ pub(super) enum Fault {
     TakenOver,
     /// As [`TakenOver`](Self::TakenOver), and its reply is lost.
     TakenOverReplyLost,
+    /// The operation applies at once; its answer reaches the call only once the lock TTL has
+    /// passed (a grant that comes too late to use, a confirmation the call cannot trust).
+    AnsweredLate,
+    /// As [`AnsweredLate`](Self::AnsweredLate), and a second delivery takes the unit before
+    /// the answer comes.
+    AnsweredLateTakenOver,
 }
 
 impl Fault {
-    pub(super) const ALL: [Self; 11] = [
+    pub(super) const ALL: [Self; 13] = [
         Self::Refused,
         Self::Unconfirmed,
         Self::ReplyLost,
@@ -73,6 +79,8 @@ impl Fault {
         Self::OverdueResent,
         Self::TakenOver,
         Self::TakenOverReplyLost,
+        Self::AnsweredLate,
+        Self::AnsweredLateTakenOver,
     ];
 
     pub(super) fn name(self) -> &'static str {
@@ -88,25 +96,26 @@ impl Fault {
             Self::OverdueResent => "past the TTL, re-sent",
             Self::TakenOver => "taken over first",
             Self::TakenOverReplyLost => "taken over, reply lost",
+            Self::AnsweredLate => "answered past the TTL",
+            Self::AnsweredLateTakenOver => "answered past, taken over",
         }
     }
 
     /// Whether the fault is worth injecting at `operation`. A delay past the lock TTL says
-    /// something of the operations made under a lock: a `begin` that comes late takes a fresh
-    /// lock (the late grant is `overruns`'s case), and an operator's read holds none.
+    /// something of the operations that take or use a lock, not of an operator's read; and a
+    /// `begin` that reaches the store late takes a fresh lock, so only its answer is delayed.
     pub(super) fn fits(self, operation: &str) -> bool {
-        !self.outlives_the_lock() || matches!(operation, "finish" | "renew" | "release")
-    }
-
-    fn outlives_the_lock(self) -> bool {
-        matches!(
-            self,
+        match self {
             Self::Overdue
-                | Self::OverdueReplyLost
-                | Self::OverdueResent
-                | Self::TakenOver
-                | Self::TakenOverReplyLost
-        )
+            | Self::OverdueReplyLost
+            | Self::OverdueResent
+            | Self::TakenOver
+            | Self::TakenOverReplyLost => matches!(operation, "finish" | "renew" | "release"),
+            Self::AnsweredLate | Self::AnsweredLateTakenOver => {
+                matches!(operation, "begin" | "finish" | "renew" | "release")
+            }
+            _ => true,
+        }
     }
 }
 
@@ -511,6 +520,14 @@ impl Probe {
                 self.outlive_the_lock().await;
                 self.second_holder_takes(store, unit).await;
                 Ok(self.apply(store, unit, &op).await)
+            }
+            Some(Fault::AnsweredLate | Fault::AnsweredLateTakenOver) => {
+                let answer = self.apply(store, unit, &op).await;
+                self.outlive_the_lock().await;
+                if fault == Some(Fault::AnsweredLateTakenOver) {
+                    self.second_holder_takes(store, unit).await;
+                }
+                Ok(answer)
             }
             None => Ok(self.apply(store, unit, &op).await),
         };
