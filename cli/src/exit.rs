@@ -65,6 +65,13 @@ impl Failure {
             );
         }
         match err.kind() {
+            // The store's own connect error names the URL (redacted) and how to start a local
+            // server; saying the URL again would only make the line longer.
+            StoreErrorKind::Unreachable if err.operation() == "connect" => Self::new(
+                Exit::Error,
+                "unreachable",
+                format!("{err}; check --redis-url or REDIS_URL"),
+            ),
             StoreErrorKind::Unreachable | StoreErrorKind::Timeout => Self::new(
                 Exit::Error,
                 "unreachable",
