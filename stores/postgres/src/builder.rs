@@ -7,7 +7,8 @@ use sqlx::postgres::PgPool;
 
 use super::PostgresStore;
 use super::errors::store_error;
-use super::statements::{DEFAULT_TABLE, Statements, TableName};
+use super::statements::Statements;
+use super::table::{DEFAULT_TABLE, TableName};
 use idempotask::store::Store;
 use idempotask::store::{MAX_KEY_LEN, UnitOfWork};
 use idempotask::store::{StoreError, StoreErrorKind};

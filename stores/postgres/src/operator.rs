@@ -6,10 +6,20 @@
 //! [`PostgresStore::forget_exact`](crate::PostgresStore::forget_exact),
 //! [`PostgresStore::resolve_exact`](crate::PostgresStore::resolve_exact) and
 //! [`PostgresStore::list_task`](crate::PostgresStore::list_task) answer with these types (and
-//! [`Forgot`](idempotask::operator::Forgot) and [`Resolved`](idempotask::operator::Resolved),
+//! [`Forgot`] and [`Resolved`],
 //! the same on every backend); the `idempotask` command is built on them.
 
 use std::time::Duration;
+
+use idempotask::operator::{Forgot, Resolution, Resolved};
+use idempotask::store::StoreError;
+use idempotask::store::UnitOfWork;
+use sqlx::SqlStr;
+use sqlx::postgres::PgRow;
+
+use crate::PostgresStore;
+use crate::errors::{store_error, unexpected};
+use crate::rows::{Exact, doubt, get, left_duration, millis};
 
 /// One row of the store's table that counts: a unit of work that is locked, in doubt or done.
 /// Rows whose expiry has passed count as absent and are never answered, except a lock that
@@ -87,4 +97,272 @@ pub enum UnitState {
         /// How long the marker has left.
         ttl: Duration,
     },
+}
+
+impl PostgresStore {
+    /// The most rows one [`list_task`](Self::list_task) page answers.
+    pub const LIST_PAGE_MAX: usize = 10_000;
+
+    /// For operators: `unit`'s row, raw (the marker's bytes, the lock's fencing token), when it
+    /// is live or in doubt; `None` when it has none (never ran, released, expired or
+    /// forgotten). Changes nothing.
+    ///
+    /// ```no_run
+    /// # async fn run(store: idempotask_postgres::PostgresStore) -> Result<(), Box<dyn std::error::Error>> {
+    /// use idempotask::store::UnitOfWork;
+    /// use idempotask_postgres::operator::UnitState;
+    ///
+    /// let unit = UnitOfWork::new("charge", "order-42")?;
+    /// match store.read_unit(&unit).await? {
+    ///     Some(row) => match row.state {
+    ///         UnitState::Done { ttl, .. } => println!("done, kept for {ttl:?}"),
+    ///         UnitState::Locked { lock_ttl_remaining, .. } => println!("locked for {lock_ttl_remaining:?}"),
+    ///         _ => {}
+    ///     },
+    ///     None => println!("unknown"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A [`StoreError`] when the statement fails or its row is not one this store writes.
+    pub async fn read_unit(&self, unit: &UnitOfWork) -> Result<Option<StoredUnit>, StoreError> {
+        let mut connection = self.acquire("read").await?;
+        let row = self
+            .run(
+                "read",
+                sqlx::query(self.statements.read.clone())
+                    .bind(unit.task())
+                    .bind(unit.key().as_bytes())
+                    .fetch_optional(&mut *connection),
+            )
+            .await?;
+        row.map(|row| self.stored_unit(&row, "read")).transpose()
+    }
+
+    /// For operators: forgets `unit`'s marker only while it is still exactly `shown` (the
+    /// bytes of a [`UnitState::Done`](UnitState::Done) an operator confirmed), in one
+    /// statement, so that a marker a delivery wrote meanwhile stays; never a lock. A fenced
+    /// unit's row keeps its fencing counter, as [`forget`](idempotask::store::Store::forget) leaves it.
+    ///
+    /// ```no_run
+    /// # async fn run(store: idempotask_postgres::PostgresStore) -> Result<(), Box<dyn std::error::Error>> {
+    /// use idempotask::store::UnitOfWork;
+    /// use idempotask::operator::{Forgot, Resolution, Resolved};
+    /// use idempotask_postgres::operator::UnitState;
+    ///
+    /// let unit = UnitOfWork::new("charge", "order-42")?;
+    /// if let Some(row) = store.read_unit(&unit).await? {
+    ///     if let UnitState::Done { marker, .. } = &row.state {
+    ///         // … shown to the operator, who confirmed …
+    ///         assert_ne!(store.forget_exact(&unit, marker).await?, Forgot::Changed);
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A [`StoreError`] when the statement fails.
+    pub async fn forget_exact(
+        &self,
+        unit: &UnitOfWork,
+        shown: &[u8],
+    ) -> Result<Forgot, StoreError> {
+        let statement = sqlx::query(self.statements.forget_exact.clone())
+            .bind(unit.task())
+            .bind(unit.key().as_bytes())
+            .bind(shown);
+        Ok(
+            match self
+                .compare_and_set("forget", "forgotten", statement)
+                .await?
+            {
+                Exact::Written => Forgot::Deleted,
+                Exact::Changed => Forgot::Changed,
+                Exact::Gone => Forgot::Gone,
+            },
+        )
+    }
+
+    /// For operators: resolves `unit`, [in doubt](idempotask::store::Doubt) with the lock
+    /// whose token is `shown` (the `token` of a [`UnitState::InDoubt`](UnitState::InDoubt)
+    /// an operator confirmed), in one statement, only while its row is still that lock, still
+    /// run out and still remembered: [`Resolution::Record`] stores a completion marker in its
+    /// place, kept for its result TTL, so that every later delivery gets its result back;
+    /// [`Resolution::Free`] frees the unit (a fenced unit's row keeps its fencing counter, as
+    /// a release leaves it), so that the next delivery runs the work as new with no doubt. A
+    /// unit that changed meanwhile (taken over, finished or renewed by its holder, resolved by
+    /// someone else) is left alone: [`Resolved::Changed`]; one that became free (its memory
+    /// ran out, or it was freed or released) is [`Resolved::Gone`].
+    ///
+    /// ```no_run
+    /// # async fn run(store: idempotask_postgres::PostgresStore) -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use idempotask::operator::{Marker, Resolution, Resolved};
+    /// use idempotask::store::UnitOfWork;
+    /// use idempotask_postgres::operator::UnitState;
+    /// use serde_json::value::RawValue;
+    ///
+    /// let unit = UnitOfWork::new("charge", "order-42")?;
+    /// if let Some(row) = store.read_unit(&unit).await? {
+    ///     if let UnitState::InDoubt { token, fencing_token, .. } = &row.state {
+    ///         // … the payment provider says the charge went through …
+    ///         let result = RawValue::from_string(r#"{"charge":"ch_1"}"#.to_owned())?;
+    ///         let marker = Marker::encode_resolution(&unit, *fencing_token, &result);
+    ///         let resolution = Resolution::record(marker, Duration::from_secs(24 * 60 * 60));
+    ///         match store.resolve_exact(&unit, token, &resolution).await? {
+    ///             Resolved::Recorded => println!("deliveries get the charge back"),
+    ///             other => println!("left alone: {other:?}"),
+    ///         }
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A [`StoreError`] when the statement fails, and of kind `Configuration` for a marker
+    /// that is not one for `unit` (nothing is sent then).
+    pub async fn resolve_exact(
+        &self,
+        unit: &UnitOfWork,
+        shown: &str,
+        resolution: &Resolution,
+    ) -> Result<Resolved, StoreError> {
+        let marker = resolution.marker_to_store(unit)?;
+        let statement = |sql: &SqlStr| {
+            sqlx::query(sql.clone())
+                .bind(unit.task())
+                .bind(unit.key().as_bytes())
+                .bind(shown)
+        };
+        let (statement, resolved) = match marker {
+            Some((marker, result_ttl)) => (
+                statement(&self.statements.resolve_record)
+                    .bind(marker)
+                    .bind(millis(result_ttl)),
+                Resolved::Recorded,
+            ),
+            None => (statement(&self.statements.resolve_free), Resolved::Freed),
+        };
+        Ok(
+            match self
+                .compare_and_set("resolve", "resolved", statement)
+                .await?
+            {
+                Exact::Written => resolved,
+                Exact::Changed => Resolved::Changed,
+                Exact::Gone => Resolved::Gone,
+            },
+        )
+    }
+
+    /// Input: one of the operator's compare-and-set statements, its parameters bound, and the
+    /// column that counts the rows it wrote. Output: what it did, told by that count and its
+    /// `present` column.
+    async fn compare_and_set(
+        &self,
+        operation: &'static str,
+        written: &str,
+        statement: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> Result<Exact, StoreError> {
+        let mut connection = self.acquire(operation).await?;
+        let row = self
+            .run(operation, statement.fetch_one(&mut *connection))
+            .await?;
+        let written: i64 = get(&row, written, operation, &self.table)?;
+        let present: bool = get(&row, "present", operation, &self.table)?;
+        Ok(match (written > 0, present) {
+            (true, _) => Exact::Written,
+            (false, true) => Exact::Changed,
+            (false, false) => Exact::Gone,
+        })
+    }
+
+    /// For operators: one page of `task`'s units that are live or in doubt, in key order, at most `limit` of them
+    /// (and at most [`LIST_PAGE_MAX`](Self::LIST_PAGE_MAX)), starting after the key `after`
+    /// (`None`: from the first). One statement on the primary key per page; pass the last key
+    /// of a page to get the next, until a page comes back shorter than asked. The pages are
+    /// not one snapshot: rows written meanwhile may or may not appear.
+    ///
+    /// ```no_run
+    /// # async fn run(store: idempotask_postgres::PostgresStore) -> Result<(), idempotask::store::StoreError> {
+    /// let mut after: Option<Vec<u8>> = None;
+    /// loop {
+    ///     let page = store.list_task("charge", after.as_deref(), 1000).await?;
+    ///     for unit in &page {
+    ///         println!("{:?}: {:?}", String::from_utf8_lossy(&unit.key), unit.state);
+    ///     }
+    ///     if page.len() < 1000 {
+    ///         break;
+    ///     }
+    ///     after = page.last().map(|unit| unit.key.clone());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A [`StoreError`] when the statement fails or a row is not one this store writes.
+    pub async fn list_task(
+        &self,
+        task: &str,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<StoredUnit>, StoreError> {
+        let limit = i64::try_from(limit.clamp(1, Self::LIST_PAGE_MAX)).unwrap_or(1);
+        let mut connection = self.acquire("list").await?;
+        let rows = self
+            .run(
+                "list",
+                sqlx::query(self.statements.list.clone())
+                    .bind(task)
+                    .bind(after.unwrap_or_default())
+                    .bind(limit)
+                    .fetch_all(&mut *connection),
+            )
+            .await?;
+        rows.iter()
+            .map(|row| self.stored_unit(row, "list"))
+            .collect()
+    }
+
+    /// Input: a row of `read` or `list`. Output: the unit it describes.
+    fn stored_unit(&self, row: &PgRow, operation: &'static str) -> Result<StoredUnit, StoreError> {
+        let key: Vec<u8> = get(row, "key", operation, &self.table)?;
+        let state: String = get(row, "state", operation, &self.table)?;
+        let fence: Option<i64> = get(row, "fence", operation, &self.table)?;
+        let left: Option<i64> = get(row, "left_ms", operation, &self.table)?;
+        let left = left.map(left_duration).unwrap_or_default();
+        let in_doubt = doubt(row).map_err(|err| store_error(operation, &self.table, err))?;
+        let state = match (state.as_str(), in_doubt) {
+            ("locked", Some(doubt)) => {
+                let token: Option<String> = get(row, "token", operation, &self.table)?;
+                let forgotten_us: Option<i64> = get(row, "forgotten_us", operation, &self.table)?;
+                UnitState::InDoubt {
+                    token: token
+                        .ok_or_else(|| unexpected(operation, "a lock in doubt without a token"))?,
+                    fencing_token: doubt.fencing_token,
+                    expired_for: doubt.expired_for,
+                    forgotten_in: Duration::from_micros(
+                        forgotten_us.unwrap_or_default().max(0).unsigned_abs(),
+                    ),
+                }
+            }
+            ("locked", None) => UnitState::Locked {
+                fencing_token: fence.map(i64::unsigned_abs),
+                lock_ttl_remaining: left,
+            },
+            ("done", _) => {
+                let marker: Option<Vec<u8>> = get(row, "marker", operation, &self.table)?;
+                UnitState::Done {
+                    marker: marker
+                        .ok_or_else(|| unexpected(operation, "a done row without a marker"))?,
+                    ttl: left,
+                }
+            }
+            (other, _) => {
+                return Err(unexpected(operation, format!("a row in state `{other}`")));
+            }
+        };
+        Ok(StoredUnit { key, state })
+    }
 }

@@ -9,12 +9,14 @@
 
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnection, Postgres};
-
-use super::errors::store_error;
-use super::{BeginStatements, PostgresStore, fence_param, millis};
 use idempotask::store::{Begin, Fencing, StoreError, TransactionScope};
 use idempotask::store::{LockToken, UnitOfWork};
+use sqlx::postgres::{PgConnection, Postgres};
+
+use crate::PostgresStore;
+use crate::errors::store_error;
+use crate::rows::{fence_param, millis};
+use crate::store::BeginStatements;
 
 /// One PostgreSQL transaction in which a call takes its unit's row, runs its body and commits
 /// the marker: what [`Call::run_in_transaction`](idempotask::Call::run_in_transaction) is given.
