@@ -49,7 +49,7 @@ ITEM = re.compile(
     r"|\bmacro_rules!\s*([A-Za-z_]\w*)"
 )
 USE = re.compile(r"(\bpub(?:\s*\([^)]*\))?\s+)?\buse\s+([^;]*);")
-PATH = re.compile(r"(?<![\w:])(?:::)?((?:[A-Za-z_]\w*\s*::\s*)+(?:[A-Za-z_]\w*|\*|\{))")
+PATH = re.compile(r"(?<![\w:$])(?:::)?((?:[A-Za-z_]\w*\s*::\s*)+(?:[A-Za-z_]\w*|\*|\{))")
 MOD_DECL = re.compile(r"\bmod\s+([A-Za-z_]\w*)\s*;")
 INLINE_MOD = re.compile(r"\bmod\s+([A-Za-z_]\w*)\s*\{")
 

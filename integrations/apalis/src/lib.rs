@@ -60,7 +60,7 @@
 //! job's outcome exactly as if the handler had produced it, whatever order apalis gives its
 //! layers: a redelivered duplicate returns the stored value, so it is acked as done.
 //!
-//! [`Idempotent`] is also a tower [`Layer`] for a handler that is
+//! [`Idempotent`] is also a tower [`Layer`](apalis_core::layers::Layer) for a handler that is
 //! already a service (`.build(idempotent.layer(my_service))`). Adding it with
 //! `WorkerBuilder::layer` works too, but then every layer added after it sits *inside* it and is
 //! skipped for duplicates (an `ack_with` added later would never ack a replayed job); wrapping the
@@ -134,9 +134,6 @@ mod key;
 mod service;
 
 use std::sync::Arc;
-
-use apalis_core::layers::Layer;
-use apalis_core::task::task_fn::{TaskFn, task_fn};
 
 pub use key::{IdempotencyKey, JobKey, MissingKey};
 pub use service::IdempotentService;
@@ -221,18 +218,6 @@ impl<K> Idempotent<K> {
     pub fn task(&self) -> &Task {
         &self.task
     }
-
-    /// Wraps an apalis handler function (any `async fn(Args, extractors…)` that `build` accepts)
-    /// so that its jobs run at most once per key.
-    ///
-    /// The handler's `Ok` type is stored as JSON, so it must implement `Serialize` and
-    /// `DeserializeOwned` (`()` does).
-    pub fn handler<F, Args, FnArgs>(
-        self,
-        handler: F,
-    ) -> IdempotentService<TaskFn<F, Args, FnArgs>, K> {
-        self.layer(task_fn(handler))
-    }
 }
 
 impl<K> Clone for Idempotent<K> {
@@ -252,16 +237,5 @@ impl<K> std::fmt::Debug for Idempotent<K> {
             .field("key", &std::any::type_name::<K>())
             .field("store", &self.store.as_ref().map(|_| "own store"))
             .finish()
-    }
-}
-
-impl<S, K> Layer<S> for Idempotent<K> {
-    type Service = IdempotentService<S, K>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        IdempotentService {
-            inner,
-            config: self.clone(),
-        }
     }
 }

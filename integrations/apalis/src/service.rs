@@ -7,8 +7,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use apalis_core::error::{AbortError, BoxDynError, RetryAfterError};
-use apalis_core::layers::Service;
+use apalis_core::layers::{Layer, Service};
 use apalis_core::task::Task as Job;
+use apalis_core::task::task_fn::{TaskFn, task_fn};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -141,6 +142,31 @@ fn to_apalis(err: Error, lock_ttl: Duration) -> BoxDynError {
         // A store error, no store installed, misuse, and anything newer: an ordinary failure,
         // retried (apalis reports it). Aborting on misuse would kill a bad deploy's backlog.
         _ => Box::new(err),
+    }
+}
+
+impl<K> Idempotent<K> {
+    /// Wraps an apalis handler function (any `async fn(Args, extractors…)` that `build` accepts)
+    /// so that its jobs run at most once per key.
+    ///
+    /// The handler's `Ok` type is stored as JSON, so it must implement `Serialize` and
+    /// `DeserializeOwned` (`()` does).
+    pub fn handler<F, Args, FnArgs>(
+        self,
+        handler: F,
+    ) -> IdempotentService<TaskFn<F, Args, FnArgs>, K> {
+        self.layer(task_fn(handler))
+    }
+}
+
+impl<S, K> Layer<S> for Idempotent<K> {
+    type Service = IdempotentService<S, K>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotentService {
+            inner,
+            config: self.clone(),
+        }
     }
 }
 
