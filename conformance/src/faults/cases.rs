@@ -1,6 +1,6 @@
-//! The shapes of call the harness faults, and one case: set the unit up, run the call under its
-//! plan, let the background settle, then hold what the caller saw against what the store holds
-//! and deliver again.
+//! One case of the fault harness: set the unit up, run the call under its plan, let the
+//! background settle, then hold what the caller saw against what the store holds and deliver
+//! again.
 
 use std::future::{Future, poll_fn};
 use std::pin::pin;
@@ -9,12 +9,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
-use idempotask::operator::{Marker, Status, StoredResult};
+use idempotask::operator::{Marker, StoredResult};
 use idempotask::store::{Fencing, LockToken, SharedStore, Store, UnitOfWork};
 use idempotask::{Error, InDoubt, Outcome, Report, RetryPolicy, Task};
 use tokio::time::Instant;
 
-use super::probe::{Faulty, IN_CALL, Lock, Plan, Point, Probe};
+use super::faulty::Faulty;
+use super::plan::{Plan, Point};
+use super::probe::{IN_CALL, Probe};
+use super::shapes::{Body, Caller, Prior, Shape};
+use super::verdict::{CaseError, Ended, check_ending};
 
 /// Short enough to wait out in every case that leaves a lock behind, long enough that a
 /// renewal (every third of it) comes well before it expires.
@@ -24,144 +28,6 @@ pub(super) const LOCK_TTL: Duration = Duration::from_millis(450);
 /// dropped call, and a loaded machine.
 const SLACK: Duration = Duration::from_secs(2);
 
-/// What the unit holds before the call under test.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Prior {
-    Nothing,
-    /// A delivery with the same arguments succeeded.
-    Done,
-    /// Another delivery holds the lock for longer than the case lasts.
-    Held,
-    /// Another delivery's lock ran out without a release or a result: the unit is in doubt.
-    Lapsed,
-}
-
-/// What the body of a delivery does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Body {
-    Succeeds,
-    Fails,
-    /// Succeeds once a renewal of its lock reached the store.
-    OutlastsARenewal,
-}
-
-/// Who calls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Caller {
-    /// A delivery, with the arguments of the stored result, or with other ones.
-    Delivery { other_arguments: bool },
-    /// An operator reading the unit's status.
-    Operator,
-}
-
-/// One shape of call.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Shape {
-    pub(super) name: &'static str,
-    pub(super) prior: Prior,
-    pub(super) body: Body,
-    pub(super) fencing: bool,
-    pub(super) caller: Caller,
-    pub(super) in_doubt: InDoubt,
-    /// Whether the store remembers the call's lock once it ran out (the task's doubt memory).
-    pub(super) remembered: bool,
-}
-
-impl Shape {
-    /// Whether the shape needs a store that remembers a lock that ran out.
-    pub(super) fn takes_over_doubt(&self) -> bool {
-        self.prior == Prior::Lapsed
-    }
-
-    pub(super) fn runs_a_body(&self) -> bool {
-        self.caller != Caller::Operator
-            && match self.prior {
-                Prior::Nothing => true,
-                Prior::Lapsed => self.in_doubt != InDoubt::Hold,
-                Prior::Done | Prior::Held => false,
-            }
-    }
-}
-
-const PLAIN: Shape = Shape {
-    name: "fresh",
-    prior: Prior::Nothing,
-    body: Body::Succeeds,
-    fencing: false,
-    caller: Caller::Delivery {
-        other_arguments: false,
-    },
-    in_doubt: InDoubt::Rerun,
-    remembered: true,
-};
-
-pub(super) const SHAPES: [Shape; 12] = [
-    PLAIN,
-    Shape {
-        name: "fresh, fenced",
-        fencing: true,
-        ..PLAIN
-    },
-    // Without a doubt memory, a lock that ran out is gone: a finish after it stores the
-    // result flagged as written after the lock was lost.
-    Shape {
-        name: "fresh, no doubt memory",
-        remembered: false,
-        ..PLAIN
-    },
-    Shape {
-        name: "the body fails",
-        body: Body::Fails,
-        ..PLAIN
-    },
-    Shape {
-        name: "renewed while it runs",
-        body: Body::OutlastsARenewal,
-        ..PLAIN
-    },
-    Shape {
-        name: "a duplicate",
-        prior: Prior::Done,
-        ..PLAIN
-    },
-    Shape {
-        name: "a duplicate with other arguments",
-        prior: Prior::Done,
-        caller: Caller::Delivery {
-            other_arguments: true,
-        },
-        ..PLAIN
-    },
-    Shape {
-        name: "the unit is held",
-        prior: Prior::Held,
-        ..PLAIN
-    },
-    Shape {
-        name: "taken over in doubt",
-        prior: Prior::Lapsed,
-        ..PLAIN
-    },
-    Shape {
-        name: "taken over in doubt, fenced",
-        prior: Prior::Lapsed,
-        fencing: true,
-        ..PLAIN
-    },
-    Shape {
-        name: "held in doubt",
-        prior: Prior::Lapsed,
-        in_doubt: InDoubt::Hold,
-        ..PLAIN
-    },
-    Shape {
-        name: "an operator's status",
-        prior: Prior::Done,
-        caller: Caller::Operator,
-        ..PLAIN
-    },
-];
-
 /// What one case found.
 pub(super) struct Case {
     /// The operations that reached the store, in order, and which of them the call awaited.
@@ -170,26 +36,6 @@ pub(super) struct Case {
     /// Whether the plan happened (a drop point the call never reached does not count).
     pub(super) fired: bool,
     pub(super) violations: Vec<String>,
-}
-
-/// The body's error, next to the runner's.
-#[derive(Debug)]
-enum CaseError {
-    Body,
-    Call(Error),
-}
-
-impl From<Error> for CaseError {
-    fn from(err: Error) -> Self {
-        Self::Call(err)
-    }
-}
-
-/// What the call under test came to.
-enum Ended {
-    Delivered(Result<Report<u32>, CaseError>),
-    Status(Result<Status, Error>),
-    Dropped,
 }
 
 fn task(shape: &Shape, retry: RetryPolicy) -> Task {
@@ -462,103 +308,6 @@ async fn stored_value(store: &SharedStore, unit: &UnitOfWork) -> Option<u32> {
     match marker.result() {
         StoredResult::Json(json) => serde_json::from_str(json.get()).ok(),
         _ => None,
-    }
-}
-
-/// Holds what the caller saw against what the store holds now.
-fn check_ending(
-    probe: &Probe,
-    shape: &Shape,
-    ended: &Ended,
-    stored: Option<u32>,
-    prior: Option<u32>,
-) {
-    let call = 1;
-    let ran = probe.started(call);
-    let wrong = |what: String| probe.violation(what);
-    match ended {
-        Ended::Dropped | Ended::Status(Err(Error::Store(_))) => {}
-        Ended::Status(Ok(Status::Done(_))) if stored.is_some() => {}
-        Ended::Status(Ok(status)) => wrong(format!(
-            "the status says {status:?} while the store holds {stored:?}"
-        )),
-        Ended::Status(Err(err)) => wrong(format!("the status failed with {err}")),
-        Ended::Delivered(Ok(report)) => {
-            let value = Some(report.value);
-            // The outcome oracle: what the call reported against how its marker reached the
-            // store, as the wrapper saw every operation apply.
-            let written = probe.written().filter(|written| written.before_the_answer);
-            let fits = match report.outcome {
-                // Only when the lock was held through the finish.
-                Outcome::Executed => {
-                    ran && report.value == call
-                        && stored == value
-                        && written.is_some_and(|written| written.lock != Lock::Lapsed)
-                }
-                Outcome::Replayed => !ran && stored == value && value == prior,
-                Outcome::LockLost {
-                    marker_written: true,
-                    ..
-                } => ran && stored == value && written.is_some(),
-                Outcome::LockLost {
-                    marker_written: false,
-                    ..
-                }
-                | Outcome::MarkerNotWritten => ran && written.is_none(),
-                // An outcome newer than this harness: it cannot say what should hold, so it
-                // reports the case rather than pass it.
-                _ => false,
-            };
-            if ran && shape.prior == Prior::Lapsed && report.in_doubt.is_none() {
-                wrong(format!(
-                    "the body of a unit taken over in doubt ran without being told ({:?})",
-                    report.outcome
-                ));
-            }
-            if !fits {
-                wrong(format!(
-                    "the call answered {:?} {:?} (its body {}) while the store holds {stored:?}; its own marker: {}",
-                    report.outcome,
-                    report.value,
-                    if ran { "ran" } else { "did not run" },
-                    match written {
-                        Some(written) if written.lock == Lock::Lapsed =>
-                            "written after its lock lapsed",
-                        Some(written) if written.lock == Lock::Expiring =>
-                            "written as its lock expired",
-                        Some(_) => "written while its lock was held",
-                        None => "not written before the call answered",
-                    }
-                ));
-            }
-        }
-        Ended::Delivered(Err(err)) => {
-            let fits = match err {
-                CaseError::Body => shape.body == Body::Fails && ran && stored.is_none(),
-                CaseError::Call(Error::Store(_)) => !ran && stored == prior,
-                CaseError::Call(Error::Contended { .. }) => {
-                    (shape.prior == Prior::Held || probe.taken_over()) && !ran && stored == prior
-                }
-                CaseError::Call(Error::InDoubt { .. }) => {
-                    shape.in_doubt == InDoubt::Hold && shape.prior == Prior::Lapsed && !ran
-                }
-                CaseError::Call(Error::KeyReuse { .. }) => {
-                    shape.caller
-                        == Caller::Delivery {
-                            other_arguments: true,
-                        }
-                        && !ran
-                        && stored == prior
-                }
-                CaseError::Call(_) => false,
-            };
-            if !fits {
-                wrong(format!(
-                    "the call failed with {err:?} (its body {}) while the store holds {stored:?}",
-                    if ran { "ran" } else { "did not run" },
-                ));
-            }
-        }
     }
 }
 

@@ -1,15 +1,21 @@
 //! Every fault point of a call: see [`every_fault_point`].
 
 mod cases;
+mod faulty;
+mod op;
+mod oracle;
+mod plan;
 mod probe;
+mod shapes;
+mod verdict;
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use idempotask::store::SharedStore;
 
-use cases::SHAPES;
-use probe::{Fault, Plan, Point};
+use plan::{Fault, Plan, Point};
+use shapes::SHAPES;
 
 /// How many cases [`every_fault_point`] ran, by where their fault or drop was.
 ///
