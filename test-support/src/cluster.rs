@@ -1,56 +1,37 @@
 //! A local Redis Cluster of the test's own: 3 masters and 3 replicas on free loopback ports.
+//!
+//! [`RedisCluster`] starts the nodes (`process`), joins them and waits on them; [`SlotMove`]
+//! moves a slot between its masters; `admin` holds what one node says of the cluster.
+
+mod admin;
+mod process;
+mod slot_move;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use super::tls::PrivateCa;
-use super::{free_port, spawn};
+
+pub use admin::{Master, masters_seen_by, node, serve_every_slot};
+pub use slot_move::SlotMove;
+
+use admin::{SETTLE, parse_masters};
+use process::Node;
 
 /// How long the cluster waits before it declares a silent node failed, unless told otherwise.
 /// Generous, so that a starved machine does not fail over on its own in the middle of a test.
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_secs(5);
 
 const NODES: usize = 6;
-/// Cluster start-up, a failover and a slot move each finish well within this.
-const SETTLE: Duration = Duration::from_secs(60);
 
 /// Six `redis-server --cluster-enabled yes` processes joined by `redis-cli --cluster create
 /// --cluster-replicas 1`, each with its own temporary directory and persistence off; killed
 /// and cleaned up when dropped.
 pub struct RedisCluster {
     nodes: Vec<Node>,
-}
-
-struct Node {
-    child: Child,
-    port: u16,
-    /// The node's TLS port, on a cluster started with [`RedisCluster::start_tls`].
-    tls_port: Option<u16>,
-    dir: PathBuf,
-}
-
-/// One master as `CLUSTER NODES` shows it.
-#[derive(Debug, Clone)]
-pub struct Master {
-    /// The node's cluster id.
-    pub id: String,
-    /// The node's port.
-    pub port: u16,
-    /// Slot ranges, both ends included.
-    pub slots: Vec<(u16, u16)>,
-    /// The ids of its replicas.
-    pub replicas: Vec<String>,
-}
-
-impl Master {
-    /// Whether this master serves `slot`.
-    pub fn owns(&self, slot: u16) -> bool {
-        self.slots.iter().any(|&(lo, hi)| (lo..=hi).contains(&slot))
-    }
 }
 
 impl RedisCluster {
@@ -322,285 +303,4 @@ impl RedisCluster {
                     || replication.contains("master_link_status:up"))
         })
     }
-}
-
-/// A slot on its way from one master to the next (by port), moved the way `redis-cli --cluster
-/// reshard` does it.
-pub struct SlotMove {
-    /// The slot being moved.
-    pub slot: u16,
-    /// The master that gives it up.
-    pub source: Master,
-    /// The master that takes it.
-    pub target: Master,
-    /// How many keys `MIGRATE` moved.
-    pub keys_moved: usize,
-}
-
-impl SlotMove {
-    /// The first half: `IMPORTING` on the target, `MIGRATING` on the source, then `MIGRATE` of
-    /// every key. The slot still belongs to the source; reads of its keys are answered with
-    /// `ASK`. Starts only once every node knows every master's config epoch (see
-    /// [`RedisCluster::epochs_agree`]).
-    pub fn start(cluster: &RedisCluster, slot: u16) -> Self {
-        cluster.wait_until(
-            "every node knows every master's config epoch",
-            RedisCluster::epochs_agree,
-        );
-        let masters = cluster.masters();
-        let from = masters
-            .iter()
-            .position(|m| m.owns(slot))
-            .expect("the slot's owner");
-        let (source, target) = (
-            masters[from].clone(),
-            masters[(from + 1) % masters.len()].clone(),
-        );
-        let (mut src, mut dst) = (node(source.port), node(target.port));
-        setslot(&mut dst, slot, "IMPORTING", &source.id);
-        setslot(&mut src, slot, "MIGRATING", &target.id);
-        let mut keys_moved = 0;
-        loop {
-            let keys: Vec<String> = redis::cmd("CLUSTER")
-                .arg("GETKEYSINSLOT")
-                .arg(slot)
-                .arg(100)
-                .query(&mut src)
-                .unwrap();
-            if keys.is_empty() {
-                break;
-            }
-            // No REPLACE: a key already on the target would mean a script wrote to both sides.
-            let _: redis::Value = redis::cmd("MIGRATE")
-                .arg("127.0.0.1")
-                .arg(target.port)
-                .arg("")
-                .arg(0)
-                .arg(5000)
-                .arg("KEYS")
-                .arg(&keys)
-                .query(&mut src)
-                .unwrap();
-            keys_moved += keys.len();
-        }
-        Self {
-            slot,
-            source,
-            target,
-            keys_moved,
-        }
-    }
-
-    /// The second half: `NODE` on the target, the source and every other master, then waits
-    /// until every node sees the target own the slot. Answers how many keys moved.
-    pub fn finish(self, cluster: &RedisCluster) -> usize {
-        setslot(
-            &mut node(self.target.port),
-            self.slot,
-            "NODE",
-            &self.target.id,
-        );
-        setslot(
-            &mut node(self.source.port),
-            self.slot,
-            "NODE",
-            &self.target.id,
-        );
-        for other in cluster
-            .masters()
-            .iter()
-            .filter(|m| m.id != self.source.id && m.id != self.target.id)
-        {
-            setslot(&mut node(other.port), self.slot, "NODE", &self.target.id);
-        }
-        cluster.wait_until("every node sees the slot moved", |cluster| {
-            cluster.ports().into_iter().all(|port| {
-                masters_seen_by(port)
-                    .iter()
-                    .any(|m| m.id == self.target.id && m.owns(self.slot))
-            })
-        });
-        self.keys_moved
-    }
-}
-
-fn setslot(conn: &mut redis::Connection, slot: u16, state: &str, id: &str) {
-    let () = redis::cmd("CLUSTER")
-        .arg("SETSLOT")
-        .arg(slot)
-        .arg(state)
-        .arg(id)
-        .query(conn)
-        .unwrap();
-}
-
-impl Node {
-    fn spawn(node_timeout: Duration, tls: Option<&PrivateCa>) -> Self {
-        let mut last_error = String::new();
-        // A free port can be taken by someone else between probing and binding: try a few.
-        for _ in 0..5 {
-            let (port, bus_port) = (free_port(), free_port());
-            let dir = std::env::temp_dir()
-                .join(format!("idempotask-cluster-{}-{port}", std::process::id()));
-            std::fs::create_dir_all(&dir).expect("create the node's directory");
-            let tls_port = tls.map(|_| free_port());
-            let mut cluster_args: Vec<String> = [
-                // Given explicitly: the default, port + 10000, may be above 65535 or taken.
-                "--cluster-port",
-                &bus_port.to_string(),
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-node-timeout",
-                &node_timeout.as_millis().to_string(),
-                // Replicas sync at once instead of after the default 5 s of waiting for company.
-                "--repl-diskless-sync-delay",
-                "0",
-            ]
-            .map(str::to_owned)
-            .into();
-            if let (Some(ca), Some(tls_port)) = (tls, tls_port) {
-                cluster_args.extend(ca.redis_args(tls_port));
-                cluster_args.extend(
-                    ["--tls-cluster", "yes", "--tls-replication", "yes"].map(str::to_owned),
-                );
-            }
-            match spawn("redis-server", port, &dir, &cluster_args) {
-                Ok(child) => {
-                    return Self {
-                        child,
-                        port,
-                        tls_port,
-                        dir,
-                    };
-                }
-                Err(err) => last_error = err,
-            }
-            let _ = std::fs::remove_dir_all(&dir);
-        }
-        panic!("a cluster node did not come up: {last_error}");
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        // SIGKILL: the same as `kill -9`, which is also what the failover test wants.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// The masters as the node on `port` sees them (failed ones left out).
-pub fn masters_seen_by(port: u16) -> Vec<Master> {
-    let nodes: String = redis::cmd("CLUSTER")
-        .arg("NODES")
-        .query(&mut node(port))
-        .unwrap();
-    parse_masters(&nodes)
-}
-
-/// Makes the server on `port`, started with `--cluster-enabled yes`, a cluster of one master
-/// that serves every slot and names itself at `announced_port`, and waits until it says
-/// `cluster_state:ok`.
-///
-/// A cluster client connects to the addresses the nodes give for themselves: announcing the
-/// port of a [`Proxy`](crate::proxy::Proxy) in front of the node sends every command of the
-/// client through that proxy, so that a test can lose the reply to one of them.
-pub fn serve_every_slot(port: u16, announced_port: u16) {
-    let mut conn = node(port);
-    let () = redis::cmd("CLUSTER")
-        .arg("ADDSLOTSRANGE")
-        .arg(0)
-        .arg(16383)
-        .query(&mut conn)
-        .unwrap();
-    for (name, value) in [
-        ("cluster-announce-ip", "127.0.0.1".to_owned()),
-        ("cluster-announce-port", announced_port.to_string()),
-    ] {
-        let () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg(name)
-            .arg(value)
-            .query(&mut conn)
-            .unwrap();
-    }
-    let deadline = Instant::now() + SETTLE;
-    loop {
-        let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut conn).unwrap();
-        if info.contains("cluster_state:ok") {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "a one-node cluster did not come up:\n{info}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// A plain connection to the node on `port`, for cluster administration.
-pub fn node(port: u16) -> redis::Connection {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
-    let connection = client
-        .get_connection_with_timeout(Duration::from_secs(5))
-        .unwrap();
-    connection
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    connection
-}
-
-/// The masters in a `CLUSTER NODES` reply that are not flagged as failed.
-fn parse_masters(nodes: &str) -> Vec<Master> {
-    let mut masters = Vec::new();
-    let mut replicas: HashMap<String, Vec<String>> = HashMap::new();
-    for line in nodes.lines() {
-        let fields: Vec<&str> = line.split(' ').collect();
-        let [id, address, flags, master, _, _, _, _, slots @ ..] = fields.as_slice() else {
-            continue;
-        };
-        if flags.contains("fail") && !flags.contains("fail?") {
-            continue;
-        }
-        if flags.contains("slave") {
-            replicas
-                .entry((*master).to_owned())
-                .or_default()
-                .push((*id).to_owned());
-            continue;
-        }
-        if !flags.contains("master") {
-            continue;
-        }
-        let port = address
-            .split(['@', ','])
-            .next()
-            .and_then(|host_port| host_port.rsplit_once(':'))
-            .and_then(|(_, port)| port.parse().ok())
-            .unwrap_or(0);
-        let slots = slots
-            .iter()
-            // `[slot->-id]` and `[slot-<-id]` are slots being migrated or imported.
-            .filter(|range| !range.starts_with('['))
-            .filter_map(|range| match range.split_once('-') {
-                Some((lo, hi)) => Some((lo.parse().ok()?, hi.parse().ok()?)),
-                None => range.parse().ok().map(|slot| (slot, slot)),
-            })
-            .collect();
-        masters.push(Master {
-            id: (*id).to_owned(),
-            port,
-            slots,
-            replicas: Vec::new(),
-        });
-    }
-    for master in &mut masters {
-        master.replicas = replicas.remove(&master.id).unwrap_or_default();
-    }
-    masters.retain(|master| !master.slots.is_empty());
-    masters.sort_by_key(|master| master.port);
-    masters
 }
