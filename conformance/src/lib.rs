@@ -22,6 +22,9 @@
 //! [`transaction_conformance_tests!`] too, through [`OpensTransactions`]. [`CHECKS`] is the
 //! same list as values, for a harness of one's own.
 //!
+//! A store that also implements [`Operator`](idempotask::operator::Operator), for operators'
+//! tools, runs [`check_operator`] from one test of its own.
+//!
 //! The checks use short TTLs (100–300 ms) and wait them out, so a store must honour expiries to
 //! the tens of milliseconds; the whole list takes a few seconds, and [`every_fault_point`] a minute
 //! or two more (on `MemoryStore`; a store on a server, a few minutes).
@@ -75,6 +78,7 @@ mod checks;
 mod doubt;
 mod faults;
 mod fencing;
+mod operator;
 mod overruns;
 mod refusals;
 mod runner;
@@ -84,6 +88,7 @@ mod transactions;
 
 pub use checks::{CHECKS, Check};
 pub use faults::FaultCensus;
+pub use operator::check_operator;
 pub use transactions::OpensTransactions;
 
 crate::__checks!(reexports);

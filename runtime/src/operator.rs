@@ -1,18 +1,219 @@
-//! For operators: what a store holds for a unit ([`Status`], [`Marker`]), what a
-//! compare-and-forget did with it ([`Forgot`]), and how a unit in doubt is resolved
-//! ([`Resolution`], [`Resolved`]).
-//! [`Task::status`](crate::Task::status) answers it for one unit; the `idempotask` command line
-//! tool is built on these and on each store crate's own layout (`idempotask_redis::RedisKeys`).
+//! For operators: what a store holds for a unit, and the calls that act on it, the same on
+//! every store.
+//!
+//! - [`Operator`]: the calls an operator's tool makes (read one unit raw, list a task's units
+//!   page by page, count them, forget exactly the marker shown, resolve a unit in doubt against
+//!   exactly the lock shown), implemented by every store crate's stores and by
+//!   [`MemoryStore`](crate::MemoryStore); [`SharedOperator`] is any of them behind one
+//!   pointer, for a tool that picks its store at run time (the `idempotask` command does).
+//! - What they answer: [`Held`] (what one unit holds), [`Page`] of [`Listed`] units with a
+//!   [`Cursor`], [`Stats`], [`Scope`], and [`Forgot`] and [`Resolved`] for what an action did.
+//! - [`Resolution`]: how a unit in doubt is settled; [`Marker`] and [`Status`] read what a
+//!   unit holds ([`Task::status`](crate::Task::status) answers it for one unit).
+//!
+//! ```
+//! use idempotask::operator::{Forgot, Held, Operator};
+//! use idempotask::{MemoryStore, Task};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = MemoryStore::new();
+//! let refund = Task::new("refund");
+//! refund.call("order-7").store(store.clone()).run(async { Ok::<_, idempotask::Error>(5) }).await?;
+//!
+//! // What an operator is shown, and the exact bytes behind it.
+//! let unit = store.scope().unit("refund", "order-7")?;
+//! let Held::Marker { bytes, marker: Ok(marker), .. } = store.read(&unit).await? else {
+//!     panic!("not done");
+//! };
+//! assert_eq!(marker.key(), "order-7");
+//! // Forgotten only while it still holds what was shown: the next delivery runs it again.
+//! assert_eq!(store.forget_exact(&unit, &bytes).await?, Forgot::Deleted);
+//! assert!(matches!(store.read(&unit).await?, Held::Nothing));
+//! assert_eq!(store.stats("refund").await?.keys_seen, 0);
+//! # Ok(()) }
+//! ```
 
 pub use crate::marker::{Marker, MarkerError, StoredResult};
 pub use crate::status::{Done, Status};
+pub use held::{Held, Listed};
+pub use page::{Cursor, Page, Scope, Stats};
+pub use shared::SharedOperator;
 
+use std::collections::HashSet;
+use std::fmt;
+use std::future::Future;
 use std::time::Duration;
 
 use crate::store::{StoreError, StoreErrorKind, UnitOfWork};
 
-/// What a store's compare-and-forget (`forget_exact` in `idempotask_redis` and
-/// `idempotask_postgres`) did with the value an operator was shown.
+mod held;
+mod page;
+mod shared;
+
+/// How many keys or rows a page of the provided [`Operator::stats`] looks at.
+const STATS_PAGE: usize = 1000;
+
+/// How many keys or rows a page of the provided [`Operator::task_exists`] looks at.
+const EXISTS_PAGE: usize = 100;
+
+/// What an operator's tool does with a store, the same on every store: read one unit raw,
+/// list a task's units page by page, count them, forget exactly the marker it was shown,
+/// resolve a unit in doubt against exactly the lock it was shown.
+///
+/// Every store crate implements it for its stores (`RedisStore` and `RedisClusterStore` in
+/// `idempotask_redis`, `PostgresStore` in `idempotask_postgres`), and this crate for
+/// [`MemoryStore`](crate::MemoryStore); a tool written against it (the `idempotask` command,
+/// a web page) needs no arm per store. [`SharedOperator`] holds any of them.
+///
+/// Implement it with `async fn`s, as [`Store`](crate::store::Store); their futures must be
+/// `Send`. [`task_exists`](Self::task_exists) and [`stats`](Self::stats) are provided on top
+/// of [`list`](Self::list); a store with a cheaper way overrides them.
+///
+/// # Contract
+/// - Reads change nothing and never panic, whatever the store holds: a value no delivery wrote
+///   is [`Held::Foreign`] or [`Held::OtherType`], a marker that does not decode is
+///   [`Held::Marker`] with its error, and what cannot be a unit at all (a PostgreSQL row in a
+///   state the table does not have) is a [`StoreError`] of kind `Protocol`, as an unreachable
+///   store is one of its own kind.
+/// - [`forget_exact`](Self::forget_exact) and [`resolve_exact`](Self::resolve_exact) act only
+///   while the unit still holds exactly the bytes shown, in one atomic step; a unit that
+///   changed meanwhile is left alone and the answer says so. Neither ever deletes a lock that
+///   is held.
+///
+/// ```
+/// use std::time::Duration;
+/// use idempotask::operator::{Held, Operator};
+/// use idempotask::store::{Fencing, LockToken, Store};
+/// use idempotask::MemoryStore;
+///
+/// /// The units of `task` a delivery is running, with how long their locks have left.
+/// async fn running(operator: &impl Operator, task: &str) -> Result<Vec<(String, Duration)>, Box<dyn std::error::Error>> {
+///     let mut running = Vec::new();
+///     let mut from = None;
+///     loop {
+///         let page = operator.list(task, from.as_ref(), 100).await?;
+///         for listed in page.units {
+///             if let Held::Lock { lock_ttl_remaining: Some(left), .. } = listed.held {
+///                 running.push((listed.digest, left));
+///             }
+///         }
+///         match page.next {
+///             Some(next) => from = Some(next),
+///             None => return Ok(running),
+///         }
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = MemoryStore::new();
+/// let unit = store.scope().unit("charge", "order-42")?;
+/// store.begin(&unit, &LockToken::generate(), Duration::from_secs(30), Fencing::Off).await?;
+/// let running = running(&store, "charge").await?;
+/// assert_eq!(running.len(), 1);
+/// assert_eq!(running[0].0, unit.digest());
+/// # Ok(()) }
+/// ```
+pub trait Operator: Send + Sync + fmt::Debug + 'static {
+    /// Where this store keeps its units (the namespace `default`, the table
+    /// `idempotask_units`), and the longest caller key it takes.
+    fn scope(&self) -> Scope;
+
+    /// Where `unit` is kept, for messages: its Redis key, or which table's row.
+    fn location(&self, unit: &UnitOfWork) -> String;
+
+    /// What `unit` holds now, raw. Changes nothing.
+    fn read(&self, unit: &UnitOfWork) -> impl Future<Output = Result<Held, StoreError>> + Send;
+
+    /// One page of `task`'s units that hold something: the first with `from` `None`, then each
+    /// from the [`next`](Page::next) cursor of the one before, until a page has none. `limit`
+    /// bounds the work of one page: about how many keys or rows it looks at (the rows of one
+    /// PostgreSQL statement, the `COUNT` of one Redis `SCAN`; never `KEYS`), so that no page
+    /// holds the store for long. A page may hold no unit and still have a next one.
+    ///
+    /// # Errors
+    /// A [`StoreError`] when the store cannot be reached, and of kind `Configuration` for a
+    /// task name no task can have or a cursor this store did not make.
+    fn list(
+        &self,
+        task: &str,
+        from: Option<&Cursor>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Page, StoreError>> + Send;
+
+    /// Forgets `unit`'s completion marker (or a value no delivery can use) only while it is
+    /// still exactly `shown`: the bytes of a [`Held::Marker`] or [`Held::Foreign`] an operator
+    /// confirmed. A marker a delivery wrote meanwhile stays; a lock is never deleted. A fenced
+    /// unit keeps its fencing counter, as [`Store::forget`](crate::store::Store::forget)
+    /// leaves it.
+    fn forget_exact(
+        &self,
+        unit: &UnitOfWork,
+        shown: &[u8],
+    ) -> impl Future<Output = Result<Forgot, StoreError>> + Send;
+
+    /// Settles `unit`, in doubt with the lock `shown` (the bytes of a [`Held::InDoubt`] an
+    /// operator confirmed), only while it still holds exactly that lock and the lock is still
+    /// run out: [`Resolution::Record`] stores the marker in its place, [`Resolution::Free`]
+    /// frees the unit. A unit that changed meanwhile is left alone ([`Resolved::Changed`]),
+    /// one that became free is [`Resolved::Gone`].
+    ///
+    /// # Errors
+    /// A [`StoreError`] when the store cannot be reached, and of kind `Configuration` for a
+    /// marker that is not one for `unit` ([`Resolution::marker_to_store`]): nothing is written
+    /// then.
+    fn resolve_exact(
+        &self,
+        unit: &UnitOfWork,
+        shown: &[u8],
+        resolution: &Resolution,
+    ) -> impl Future<Output = Result<Resolved, StoreError>> + Send;
+
+    /// Whether the store holds anything of `task` at all: whether a listing would see any of
+    /// its keys or rows ([`Page::keys_seen`]). Provided: pages through
+    /// [`list`](Self::list) until one does.
+    fn task_exists(&self, task: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        async move {
+            let mut from = None;
+            loop {
+                let page = self.list(task, from.as_ref(), EXISTS_PAGE).await?;
+                if page.keys_seen > 0 {
+                    return Ok(true);
+                }
+                match page.next {
+                    Some(next) => from = Some(next),
+                    None => return Ok(false),
+                }
+            }
+        }
+    }
+
+    /// How `task`'s units stand: how many are done, locked, in doubt and unreadable, each unit
+    /// counted once. Provided: pages through [`list`](Self::list) to the end, so it costs a
+    /// whole listing.
+    fn stats(&self, task: &str) -> impl Future<Output = Result<Stats, StoreError>> + Send {
+        async move {
+            let mut stats = Stats::default();
+            let mut counted = HashSet::new();
+            let mut from = None;
+            loop {
+                let page = self.list(task, from.as_ref(), STATS_PAGE).await?;
+                stats.add_walked(&page);
+                for listed in &page.units {
+                    if counted.insert(listed.digest.clone()) {
+                        stats.count(listed);
+                    }
+                }
+                match page.next {
+                    Some(next) => from = Some(next),
+                    None => return Ok(stats),
+                }
+            }
+        }
+    }
+}
+
+/// What a store's compare-and-forget ([`Operator::forget_exact`]) did with the value an
+/// operator was shown.
 ///
 /// The operator reads a unit, shows it, and asks to forget it only if it still holds exactly
 /// what was shown; this says which of the three things happened. Treat a variant this version
@@ -44,8 +245,7 @@ pub enum Forgot {
 
 /// How an operator settles a unit [in doubt](crate::store::Doubt), once the downstream system
 /// has told whether the earlier delivery's side effect happened: given to a store's
-/// compare-and-set for units in doubt (`resolve_exact` in `idempotask_redis` and
-/// `idempotask_postgres`).
+/// compare-and-set for units in doubt ([`Operator::resolve_exact`]).
 ///
 /// ```
 /// use std::time::Duration;

@@ -13,6 +13,8 @@ use crate::error::StoreError;
 use crate::marker::{Marker, lock_lost_marker};
 use crate::unit::{LockToken, UnitOfWork};
 
+mod operator;
+
 /// How many expired entries one operation sweeps at most: the work under the lock stays small
 /// whatever the size of the store.
 const SWEEP_BUDGET: usize = 64;
