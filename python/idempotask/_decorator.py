@@ -10,7 +10,7 @@ import threading
 import warnings
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _native
 from ._keys import KeyTemplate, encode_json, fingerprint_json, fingerprint_names, key_parameters
@@ -19,7 +19,64 @@ from ._report import RECORDED_KINDS, Report, ResultNotRecorded, UnrecordedResult
 
 __all__ = ["TaskContext", "context", "idempotent_task", "install", "installed"]
 
-F = TypeVar("F", bound=Callable[..., Any])
+if TYPE_CHECKING:
+    # For type checkers only (`typing_extensions` ships with them): what `@idempotent_task`
+    # makes of a function, so that `task.run_reported(...)` type-checks, on a method too.
+    from typing import Coroutine, overload
+
+    from typing_extensions import Concatenate, ParamSpec, Protocol
+
+    P = ParamSpec("P")
+    Q = ParamSpec("Q")
+    R = TypeVar("R")
+    S = TypeVar("S")
+
+    class IdempotentTask(Protocol[P, R]):
+        """A decorated plain function: called as the function, with ``run_reported``."""
+
+        idempotask_name: str
+
+        def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+        def run_reported(self, *args: P.args, **kwargs: P.kwargs) -> Report[R]: ...
+
+        def idempotask_unit(self, *args: P.args, **kwargs: P.kwargs) -> Tuple[str, Optional[str]]: ...
+
+        @overload
+        def __get__(self, instance: None, owner: Any) -> IdempotentTask[P, R]: ...
+
+        @overload
+        def __get__(self: IdempotentTask[Concatenate[S, Q], R], instance: S, owner: Any) -> IdempotentTask[Q, R]: ...
+
+    class AsyncIdempotentTask(Protocol[P, R]):
+        """A decorated ``async def`` function: its call and ``run_reported`` are coroutines."""
+
+        idempotask_name: str
+
+        def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]: ...
+
+        def run_reported(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, Report[R]]: ...
+
+        def idempotask_unit(self, *args: P.args, **kwargs: P.kwargs) -> Tuple[str, Optional[str]]: ...
+
+        @overload
+        def __get__(self, instance: None, owner: Any) -> AsyncIdempotentTask[P, R]: ...
+
+        @overload
+        def __get__(
+            self: AsyncIdempotentTask[Concatenate[S, Q], R], instance: S, owner: Any
+        ) -> AsyncIdempotentTask[Q, R]: ...
+
+    class Decorator(Protocol):
+        """What ``idempotent_task(...)`` returns."""
+
+        @overload
+        def __call__(  # type: ignore[overload-overlap]  # an `async def` first
+            self, function: Callable[P, Coroutine[Any, Any, R]]
+        ) -> AsyncIdempotentTask[P, R]: ...
+
+        @overload
+        def __call__(self, function: Callable[P, R]) -> IdempotentTask[P, R]: ...
 Store = Union[_native.MemoryStore, _native.RedisStore, _native.RedisClusterStore, _native.PostgresStore]
 
 _ON_BUSY = ("retry", "wait", "raise")
@@ -84,13 +141,17 @@ def _native_store(store: Any) -> Store:
 
 
 def _resolve(future: "asyncio.Future[Any]", ok: bool, value: Any) -> None:
-    """Completes an event's future on its loop (called through ``call_soon_threadsafe``)."""
-    if future.done():
-        return
-    if ok:
-        future.set_result(value)
-    else:
-        future.set_exception(value)
+    """Completes an event's future on its loop (called through ``call_soon_threadsafe``), after
+    handing what the call logged on idempotask's runtime to ``logging``, on the loop's thread.
+    A handler's ``KeyboardInterrupt`` goes on through the loop, the future completed."""
+    try:
+        _native.flush_logs()
+    finally:
+        if not future.done():
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
 
 
 class _Spec:
@@ -192,17 +253,18 @@ class _Spec:
     def context(self, key: str, event: Tuple[Any, ...]) -> Tuple[str, str, Tuple[Any, ...]]:
         return self.name, key, event
 
-    def end(self, value: Any, done: Tuple[Any, ...], key: str, reported: bool) -> Any:
-        """What a call whose value is ``value`` and whose end is the ``done`` event returns: a
-        ``Report`` for ``run_reported``, else the value, after the warning (or the exception)
-        of a result that is not recorded."""
+    def end(self, value: Any, done: Tuple[Any, ...], key: str, reported: bool, reconciled: bool = False) -> Any:
+        """What a call whose value is ``value`` (the reconcile function's answer when
+        ``reconciled``) and whose end is the ``done`` event returns: a ``Report`` for
+        ``run_reported``, else the value, after the warning (or the exception) of a result that
+        is not recorded."""
         if reported:
             return Report(value, outcome_of(done[2], done[4]), done[3])
         if done[2] not in RECORDED_KINDS:
-            self.unrecorded(value, done, key)
+            self.unrecorded(value, done, key, reconciled)
         return value
 
-    def unrecorded(self, value: Any, done: Tuple[Any, ...], key: str) -> None:
+    def unrecorded(self, value: Any, done: Tuple[Any, ...], key: str, reconciled: bool) -> None:
         """Warns of a result that is not recorded, or raises ``ResultNotRecorded``. The core
         has logged it already (a WARN record of the ``idempotask`` logger)."""
         outcome = outcome_of(done[2], done[4])
@@ -215,7 +277,8 @@ class _Spec:
             what = "its lock had expired (or may have) before its result was recorded, so another delivery may have run it too, and its result was not stored"
         else:
             what = f"its outcome is {outcome.kind!r}"
-        message = f"task {self.name!r} with key {shown!r}: the body returned, but {what}"
+        answered = "its reconcile function answered" if reconciled else "the body returned"
+        message = f"task {self.name!r} with key {shown!r}: {answered}, but {what}"
         if self.on_unrecorded == "raise":
             raise ResultNotRecorded(message, value, outcome, self.name, shown)
         # Points at the task's caller: the wrapper, `call`, the runner, `end` and this are idempotask's.
@@ -345,8 +408,7 @@ def _sync(spec: _Spec) -> Callable[..., Any]:
         unrecorded result is reported there, neither warned of nor raised."""
         return call(args, kwargs, True)  # type: ignore[no-any-return]
 
-    wrapper.run_reported = run_reported  # type: ignore[attr-defined]
-    return wrapper
+    return _finished(spec, wrapper, run_reported)
 
 
 def _run_sync(spec: _Spec, pending: "_native.Pending", key: str, mode: str, this: Any,
@@ -368,7 +430,7 @@ def _run_sync(spec: _Spec, pending: "_native.Pending", key: str, mode: str, this
         _answer_reconciled(pending, answer)
         event = pending.wait()
         if answer.is_done:
-            return spec.end(answer.value, event, key, reported)
+            return spec.end(answer.value, event, key, reported, reconciled=True)
     if event[0] != "run":
         return spec.end(_replayed(event), event, key, reported)
     token = _context.set(spec.context(key, event))
@@ -406,8 +468,87 @@ def _async(spec: _Spec) -> Callable[..., Any]:
         unrecorded result is reported there, neither warned of nor raised."""
         return await call(args, kwargs, True)  # type: ignore[no-any-return]
 
+    return _finished(spec, wrapper, run_reported)
+
+
+def _finished(spec: _Spec, wrapper: Callable[..., Any], run_reported: Callable[..., Any]) -> Callable[..., Any]:
+    """The decorated object: ``wrapper`` with ``run_reported``, ``idempotask_name`` and
+    ``idempotask_unit``; for a method (a first parameter ``self``), a ``_Method`` that binds
+    ``self`` for each of them."""
     wrapper.run_reported = run_reported  # type: ignore[attr-defined]
-    return wrapper
+    wrapper.idempotask_name = spec.name  # type: ignore[attr-defined]
+    wrapper.idempotask_unit = _unit_of(spec)  # type: ignore[attr-defined]
+    if not spec.bound:
+        return wrapper
+    return _Method(wrapper)
+
+
+class _Method:
+    """A decorated method: called as the function is, and bound to an instance (``obj.task``)
+    as a function is, ``run_reported`` and ``idempotask_unit`` included, which a plain function
+    attribute would not be (``obj.task.run_reported(x)`` would lose ``self``). Celery's
+    ``bind=True`` tasks are such methods: Celery binds them to the task."""
+
+    def __init__(self, wrapper: Callable[..., Any]) -> None:
+        functools.update_wrapper(self, wrapper)
+        self.__wrapped__ = wrapper.__wrapped__  # type: ignore[attr-defined]
+        self._wrapper = wrapper
+        if inspect.iscoroutinefunction(wrapper):
+            _mark_coroutine_function(self)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._wrapper(*args, **kwargs)
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        return _BoundMethod(self._wrapper, instance)
+
+    def __reduce__(self) -> str:
+        # Pickled by name, as the function it replaces is.
+        return self._wrapper.__qualname__
+
+    def __repr__(self) -> str:
+        return f"<idempotent task {self._wrapper.__qualname__}>"
+
+
+class _BoundMethod:
+    """A ``_Method`` bound to ``instance``: each of its calls gets ``instance`` first."""
+
+    def __init__(self, wrapper: Callable[..., Any], instance: Any) -> None:
+        # Not the wrapper's `__dict__`: its `run_reported` would hide this class's.
+        functools.update_wrapper(self, wrapper, updated=())
+        self.idempotask_name: str = wrapper.idempotask_name  # type: ignore[attr-defined]
+        self.__wrapped__ = wrapper.__wrapped__  # type: ignore[attr-defined]
+        self.__self__ = instance
+        self._wrapper = wrapper
+        if inspect.iscoroutinefunction(wrapper):
+            _mark_coroutine_function(self)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._wrapper(self.__self__, *args, **kwargs)
+
+    def run_reported(self, *args: Any, **kwargs: Any) -> Any:
+        """Calls the task and returns its value with how the call ended, a ``Report``."""
+        return self._wrapper.run_reported(self.__self__, *args, **kwargs)  # type: ignore[attr-defined]
+
+    def idempotask_unit(self, *args: Any, **kwargs: Any) -> Tuple[str, Optional[str]]:
+        """The key and the fingerprint (hex) a call with these arguments has; nothing runs."""
+        return self._wrapper.idempotask_unit(self.__self__, *args, **kwargs)  # type: ignore[attr-defined, no-any-return]
+
+    def __repr__(self) -> str:
+        return f"<bound idempotent task {self._wrapper.__qualname__} of {self.__self__!r}>"
+
+
+def _mark_coroutine_function(task: Any) -> None:
+    """Makes ``inspect.iscoroutinefunction`` (3.12 and later) and
+    ``asyncio.iscoroutinefunction`` say what the wrapped ``async def`` is."""
+    mark = getattr(inspect, "markcoroutinefunction", None)
+    if mark is not None:
+        mark(task)
+    marker = getattr(asyncio.coroutines, "_is_coroutine", None)
+    if marker is not None:
+        task._is_coroutine = marker
 
 
 async def _run_async(spec: _Spec, pending: "_native.Pending", key: str, mode: str, this: Any,
@@ -433,7 +574,7 @@ async def _run_async(spec: _Spec, pending: "_native.Pending", key: str, mode: st
         _answer_reconciled(pending, answer)
         event = await pending.wait_async(loop, _resolve)
         if answer.is_done:
-            return spec.end(answer.value, event, key, reported)
+            return spec.end(answer.value, event, key, reported, reconciled=True)
     if event[0] != "run":
         return spec.end(_replayed(event), event, key, reported)
     token = _context.set(spec.context(key, event))
@@ -472,7 +613,7 @@ def idempotent_task(
     store: Optional[Store] = None,
     reconcile: Optional[Callable[[TaskContext], Any]] = None,
     on_unrecorded: str = "warn",
-) -> Callable[[F], F]:
+) -> Decorator:
     """Runs the decorated function at most once per unit of work (its task name and the key the
     template makes of its arguments); every later call gets the first one's result back.
 
@@ -494,7 +635,7 @@ def idempotent_task(
     its ``Outcome`` instead, and neither warns nor raises.
     """
 
-    def decorate(function: F) -> F:
+    def decorate(function: Callable[..., Any]) -> Any:
         if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
             raise TypeError(
                 f"{getattr(function, '__qualname__', function)!s} is a generator function: its call returns before any work runs, so there is no result to record; return a list instead"
@@ -505,11 +646,9 @@ def idempotent_task(
             initial_backoff=initial_backoff, max_backoff=max_backoff,
         )
         spec = _Spec(function, key, name, fingerprint, on_busy, store, options, reconcile, on_unrecorded)
-        wrapper = _async(spec) if inspect.iscoroutinefunction(function) else _sync(spec)
-        wrapper.idempotask_name = spec.name  # type: ignore[attr-defined]
-        wrapper.idempotask_unit = _unit_of(spec)  # type: ignore[attr-defined]
-        return wrapper  # type: ignore[return-value]
+        return _async(spec) if inspect.iscoroutinefunction(function) else _sync(spec)
 
+    # `Decorator`'s overloads say what `decorate` makes of a function.
     return decorate
 
 

@@ -58,6 +58,5 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(fingerprint, module)?)?;
     module.add_function(wrap_pyfunction!(decode_marker, module)?)?;
     errors::register(module)?;
-    logs::install();
-    Ok(())
+    logs::install(module)
 }

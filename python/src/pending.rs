@@ -249,7 +249,8 @@ impl Pending {
     /// Waits, with the GIL released, for the call's next event: `("run", fencing_token,
     /// attempt, in_doubt)`, `("reconcile", fencing_token, attempt, in_doubt)`, `("done", json, outcome, fencing_token, marker_written)` (`json` is `None` for a value
     /// that has no JSON form; the body's own value is then the answer), `("raised",)`, or an `IdempotaskError`. Signals (Ctrl-C)
-    /// are handled while it waits.
+    /// are handled while it waits, and the core's queued log records handed to `logging` on
+    /// each 200 ms tick and before it returns (a handler's `KeyboardInterrupt` is raised here).
     fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         loop {
             let shared = Arc::clone(&self.shared);
@@ -260,15 +261,18 @@ impl Pending {
                     tokio::time::timeout(Duration::from_millis(200), events.recv()).await
                 })
             });
-            match event {
-                Ok(event) => {
-                    let event = to_python(py, &self.shared, event);
-                    // What the call logged on the runtime, before its caller goes on.
-                    crate::logs::flush(py);
-                    return event;
-                }
-                Err(_) => py.check_signals()?,
-            }
+            let Ok(event) = event else {
+                py.check_signals()?;
+                // What the runtime logged meanwhile (a renewal's warning), on this tick.
+                crate::logs::flush(py)?;
+                continue;
+            };
+            let event = to_python(py, &self.shared, event);
+            // What the call logged on the runtime, before its caller goes on. A handler's
+            // `KeyboardInterrupt` wins over the event, as Ctrl-C in the caller would: a call
+            // handed to no one is cancelled by the decorator.
+            crate::logs::flush(py)?;
+            return event;
         }
     }
 
@@ -293,8 +297,8 @@ impl Pending {
                         Ok(value) => (true, value),
                         Err(err) => (false, err.into_value(py).into_any()),
                     };
-                    // What the call logged on the runtime, before the coroutine goes on.
-                    crate::logs::flush(py);
+                    // What the call logged on the runtime goes to `logging` on the event
+                    // loop's thread, in `resolve`, before the coroutine goes on.
                     // A closed loop has no one left to tell.
                     let _ = event_loop.call_method1(
                         py,

@@ -111,8 +111,9 @@ impl NativeTask {
         fingerprint: Option<&str>,
         wait: bool,
     ) -> PyResult<Pending> {
-        // Records a call left behind (a release after its caller went away) go out now.
-        crate::logs::flush(store.py());
+        // Records a call left behind (a release after its caller went away) go out now; a
+        // handler's `KeyboardInterrupt` stops the call before it starts.
+        crate::logs::flush(store.py())?;
         let lazy = crate::store::lazy_of(store)?;
         let fingerprint = fingerprint.map(fingerprint_of).transpose()?;
         let task = Arc::clone(if wait {

@@ -244,7 +244,7 @@ def test_the_body_sees_its_context_and_fencing_tokens_increase(any_store: Any, n
 
 def _expired_holder(function: Any, started: threading.Event, release: threading.Event) -> threading.Thread:
     """A delivery of ``function(1, hold=…)`` whose body outlives its lock: it blocks until
-    ``release`` is set, far past its 0.3 s TTL, without renewal."""
+    ``release`` is set, far past its lock TTL, without renewal."""
     thread = threading.Thread(target=function, args=(1,), kwargs={"hold": (started, release)})
     thread.start()
     assert started.wait(30)
@@ -256,7 +256,7 @@ def _expired_holder(function: Any, started: threading.Event, release: threading.
 def test_an_expired_lock_is_taken_over_in_doubt(any_store: Any, name: str) -> None:
     seen: List[Any] = []
 
-    @idempotent_task(key="k-{n}", name=name, store=any_store, lock_ttl=0.3, fencing=True, max_wait=10)
+    @idempotent_task(key="k-{n}", name=name, store=any_store, lock_ttl=1, fencing=True, max_wait=10)
     def charge(n: int, hold: Any = None) -> str:
         ctx = idempotask.context()
         seen.append((ctx.in_doubt, ctx.fencing_token))
@@ -314,7 +314,7 @@ def test_an_expired_lock_held_in_doubt_refuses_every_delivery(any_store: Any, na
 def test_a_killed_holders_unit_is_taken_over_with_a_greater_token(store: Any, name: str) -> None:
     seen: List[Any] = []
 
-    @idempotent_task(key="k-{n}", name=name, lock_ttl=0.3, fencing=True, max_wait=10)
+    @idempotent_task(key="k-{n}", name=name, lock_ttl=1, fencing=True, max_wait=10)
     def charge(n: int, fd: Any = None) -> str:
         ctx = idempotask.context()
         if fd is not None:

@@ -8,9 +8,12 @@ import asyncio
 import logging
 import os
 import pickle
+import select
+import signal
+import threading
 import time
 import warnings
-from typing import Any, Iterator, List
+from typing import Any, Callable, Iterator, List
 
 import pytest
 from celery import Celery
@@ -18,6 +21,7 @@ from celery import Celery
 import idempotask
 from idempotask import (
     MemoryStore,
+    _native,
     Outcome,
     Reconciled,
     Report,
@@ -98,7 +102,7 @@ def test_run_reported_of_an_async_task(memory: MemoryStore, name: str) -> None:
 def test_run_reported_says_reconciled(store: Any, name: str) -> None:
     ran: List[int] = []
 
-    @idempotent_task(key="order-{order_id}", name=name, lock_ttl=0.3, max_wait=10,
+    @idempotent_task(key="order-{order_id}", name=name, lock_ttl=1, max_wait=10,
                      reconcile=lambda ctx: Reconciled.done("ch_found"))
     def charge(order_id: int, signal_fd: Any = None) -> str:
         if signal_fd is not None:
@@ -275,8 +279,19 @@ def test_the_log_records_reach_logging_in_a_forked_child(memory: MemoryStore, na
 
     with pytest.warns(UnrecordedResultWarning):
         charge(1)
+    # The child's own call, and none of the parent's records again.
+    assert _logged_in_a_forked_child(charge) == f"{name}:order-2"
+
+
+def _logged_in_a_forked_child(charge: Callable[[int], Any]) -> str:
+    """Forks a child that calls ``charge(2)`` and answers with the ``task:key`` of each
+    ``idempotask`` record its `logging` got (WARNING and above); a child that hangs is killed
+    and fails the test."""
     read, write = os.pipe()
-    pid = os.fork()
+    with warnings.catch_warnings():
+        # Python 3.12 warns of a fork with threads running; a test forks so on purpose.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:
         try:
             records: List[logging.LogRecord] = []
@@ -288,16 +303,194 @@ def test_the_log_records_reach_logging_in_a_forked_child(memory: MemoryStore, na
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 charge(2)
-            keys = sorted({r.idempotask["key"] for r in records if r.idempotask.get("task") == name})
-            os.write(write, ",".join(keys).encode())
+            tasks = sorted({f"{r.idempotask['task']}:{r.idempotask['key']}" for r in records})
+            os.write(write, ",".join(tasks).encode())
         finally:
             os._exit(0)
     os.close(write)
+    ready, _, _ = select.select([read], [], [], 60)
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
     with os.fdopen(read, "rb") as answer:
         told = answer.read()
     os.waitpid(pid, 0)
-    # The child's own call, and none of the parent's records again.
-    assert told == b"order-2"
+    assert ready, "the forked child hung"
+    return told.decode()
+
+
+def _until_records_are_queued() -> None:
+    """Waits until the core queued a record no call has handed to `logging` yet (a renewal's
+    warning, on a runtime thread); nothing signals it but the queue itself."""
+    deadline = time.monotonic() + 30
+    while _native.queued_records() == 0:
+        assert time.monotonic() < deadline, "no record was queued"
+        time.sleep(0.01)
+
+
+def _renewing_on(doomed_redis: Any, name: str, body: Callable[[], None]) -> Any:
+    """A task that renews its lock on ``doomed_redis``, whose body stops the server and waits
+    until a renewal's warning is queued, then runs ``body``."""
+    store = idempotask.RedisStore(doomed_redis.url, connection_timeout=0.2, response_timeout=0.2)
+
+    @idempotent_task(key="order-{order_id}", name=name, lock_ttl=1, renew=True, store=store)
+    def charge(order_id: int) -> str:
+        doomed_redis.stop()
+        _until_records_are_queued()
+        body()
+        return "ch"
+
+    return charge
+
+
+def test_a_child_forked_while_records_are_queued_logs_only_its_own(
+    memory: MemoryStore, doomed_redis: Any, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Celery's prefork pool forks while a call on another thread has records queued (a
+    renewal's warnings): the child logs none of them, and does not hang on the queue."""
+    queued, forked = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        queued.set()
+        forked.wait(30)
+
+    renewing = _renewing_on(doomed_redis, name + "_renewing", hold)
+
+    @idempotent_task(key="order-{order_id}", name=name, lock_ttl=SHORT_TTL)
+    def charge(order_id: int) -> str:
+        _outlives_its_lock()
+        return "ch"
+
+    caplog.set_level(logging.WARNING, logger="idempotask")
+    reports: List[Report[Any]] = []
+    thread = threading.Thread(target=lambda: reports.append(renewing.run_reported(1)))
+    thread.start()
+    try:
+        assert queued.wait(30)
+        told = _logged_in_a_forked_child(charge)
+    finally:
+        forked.set()
+        thread.join()
+    assert told == f"{name}:order-2"
+    # The parent handed its own records to `logging` itself.
+    assert any(
+        r.idempotask.get("task") == name + "_renewing" and "renew" in r.getMessage()
+        for r in caplog.records
+        if r.name == "idempotask"
+    )
+    assert reports and not reports[0].outcome.recorded
+
+
+def test_a_keyboard_interrupt_in_a_handler_reaches_the_caller(memory: MemoryStore, name: str) -> None:
+    """Ctrl-C while a handler writes the core's records: the caller gets the KeyboardInterrupt,
+    as it would anywhere else in its code."""
+
+    @idempotent_task(key="order-{order_id}", name=name, lock_ttl=SHORT_TTL)
+    def charge(order_id: int) -> str:
+        _outlives_its_lock()
+        return "ch"
+
+    class Interrupted(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            raise KeyboardInterrupt
+
+    logger = logging.getLogger("idempotask")
+    handler, level = Interrupted(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings(), pytest.raises(KeyboardInterrupt):
+            warnings.simplefilter("ignore")
+            charge(1)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def test_a_failing_filter_loses_no_other_record(
+    doomed_redis: Any, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A filter that raises for one record: that record is reported on stderr as `logging`
+    reports a handler's error, and the other records of the hand-over still go out."""
+    charge = _renewing_on(doomed_redis, name, lambda: None)
+    seen: List[str] = []
+    delivered: List[str] = []
+
+    def refuse_the_first(record: logging.LogRecord) -> bool:
+        seen.append(record.getMessage())
+        if len(seen) == 1:
+            raise ValueError("a broken filter")
+        return True
+
+    handler = logging.Handler()
+    handler.emit = lambda record: delivered.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("idempotask")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.addFilter(refuse_the_first)
+    logger.setLevel(logging.WARNING)
+    try:
+        report = charge.run_reported(1)
+    finally:
+        logger.removeFilter(refuse_the_first)
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert not report.outcome.recorded
+    # The renewal's warning and the unrecorded result's, at least.
+    assert len(seen) >= 2
+    assert delivered == seen[1:]
+    err = capsys.readouterr().err
+    assert "--- Logging error" in err and "a broken filter" in err
+
+
+def test_a_reconciled_result_not_recorded_says_the_reconcile_function_answered(
+    doomed_redis: Any, name: str
+) -> None:
+    store = idempotask.RedisStore(doomed_redis.url, connection_timeout=0.2, response_timeout=0.2)
+
+    def found(ctx: Any) -> Reconciled[Any]:
+        doomed_redis.stop()
+        return Reconciled.done("ch_found")
+
+    @idempotent_task(key="order-{order_id}", name=name, lock_ttl=1, max_wait=10, store=store, reconcile=found)
+    def charge(order_id: int, signal_fd: Any = None) -> str:
+        if signal_fd is not None:
+            _killed_worker(signal_fd)
+        return "ch_ran"
+
+    _killed_mid_body(lambda fd: charge(1, fd))
+    with pytest.warns(UnrecordedResultWarning, match="its reconcile function answered, but the store did not record"):
+        assert charge(1) == "ch_found"
+
+
+def test_run_reported_binds_self_on_a_method(memory: MemoryStore, name: str) -> None:
+    class Orders:
+        def __init__(self) -> None:
+            self.charged: List[int] = []
+
+        @idempotent_task(key="order-{order_id}", name=name)
+        def charge(self, order_id: int) -> str:
+            self.charged.append(order_id)
+            return f"ch_{order_id}"
+
+        @idempotent_task(key="order-{order_id}", name=name + "_async")
+        async def refund(self, order_id: int) -> str:
+            self.charged.append(-order_id)
+            return f"re_{order_id}"
+
+    orders = Orders()
+    assert orders.charge.run_reported(1) == Report("ch_1", Outcome.EXECUTED, None)
+    assert orders.charge(1) == "ch_1"
+    assert Orders.charge.run_reported(orders, 1) == Report("ch_1", Outcome.REPLAYED, None)
+    assert orders.charge.idempotask_unit(1) == ("order-1", None)
+    assert orders.charge.idempotask_name == name
+    assert asyncio.run(orders.refund.run_reported(2)) == Report("re_2", Outcome.EXECUTED, None)
+    assert asyncio.run(orders.refund(2)) == "re_2"
+    assert asyncio.iscoroutinefunction(Orders.refund) and asyncio.iscoroutinefunction(orders.refund)
+    assert orders.charged == [1, -2]
+
+
+def test_the_trace_level_has_a_name() -> None:
+    assert logging.getLevelName(5) == "TRACE"
 
 
 def test_an_outcome_this_build_does_not_know_is_not_recorded() -> None:

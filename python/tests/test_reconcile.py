@@ -48,7 +48,7 @@ def test_reconciled_done_stores_the_value_and_the_body_does_not_run(store: Any, 
         asked.append(ctx)
         return Reconciled.done({"charge": f"ch_{ctx.key}", "amount": 2**70})
 
-    @idempotent_task(key="charge-{n}", name=name, lock_ttl=0.3, max_wait=10, reconcile=charge_known_to_provider)
+    @idempotent_task(key="charge-{n}", name=name, lock_ttl=1, max_wait=10, reconcile=charge_known_to_provider)
     def charge(n: int, signal_fd: Any = None) -> Any:
         if signal_fd is not None:
             _killed_worker(signal_fd)
@@ -68,7 +68,7 @@ def test_reconciled_done_stores_the_value_and_the_body_does_not_run(store: Any, 
 
 
 def test_reconciled_done_is_the_marker_a_rust_worker_reads(store: Any, name: str, redis_client: redis.Redis) -> None:
-    @idempotent_task(key="charge-{n}", name=name, lock_ttl=0.3, max_wait=10,
+    @idempotent_task(key="charge-{n}", name=name, lock_ttl=1, max_wait=10,
                      reconcile=lambda ctx: Reconciled.done("ch_found"))
     def charge(n: int, signal_fd: Any = None) -> str:
         if signal_fd is not None:
@@ -90,7 +90,7 @@ def test_not_done_runs_the_body_once(store: Any, name: str) -> None:
         asked.append(ctx.in_doubt)
         return Reconciled.NOT_DONE
 
-    @idempotent_task(key="charge-{n}", name=name, lock_ttl=0.3, max_wait=10, reconcile=not_known)
+    @idempotent_task(key="charge-{n}", name=name, lock_ttl=1, max_wait=10, reconcile=not_known)
     def charge(n: int, signal_fd: Any = None) -> str:
         if signal_fd is not None:
             _killed_worker(signal_fd)
@@ -118,7 +118,7 @@ def test_a_raising_reconcile_propagates_and_leaves_the_unit_in_doubt(store: Any,
             raise answer
         return answer  # type: ignore[no-any-return]
 
-    @idempotent_task(key="charge-{n}", name=name, lock_ttl=0.3, max_wait=10, reconcile=provider_lookup)
+    @idempotent_task(key="charge-{n}", name=name, lock_ttl=1, max_wait=10, reconcile=provider_lookup)
     def charge(n: int, signal_fd: Any = None) -> str:
         if signal_fd is not None:
             _killed_worker(signal_fd)
@@ -141,7 +141,7 @@ def test_a_reconcile_that_returns_no_answer_is_a_type_error_and_leaves_the_unit_
 ) -> None:
     answers: List[Any] = ["done", Reconciled.done("ch_found")]
 
-    @idempotent_task(key="charge-{n}", name=name, lock_ttl=0.3, max_wait=10, reconcile=lambda ctx: answers.pop(0))
+    @idempotent_task(key="charge-{n}", name=name, lock_ttl=1, max_wait=10, reconcile=lambda ctx: answers.pop(0))
     def charge(n: int, signal_fd: Any = None) -> str:
         if signal_fd is not None:
             _killed_worker(signal_fd)
@@ -201,7 +201,7 @@ def test_async_reconciled_done(store: Any, name: str) -> None:
         asked.append(ctx.in_doubt)
         return Reconciled.done(f"ch_{ctx.key}")
 
-    @idempotent_task(key="charge-{n}", name=name, lock_ttl=0.3, max_wait=10, reconcile=lookup)
+    @idempotent_task(key="charge-{n}", name=name, lock_ttl=1, max_wait=10, reconcile=lookup)
     async def charge(n: int, signal_fd: Any = None) -> str:
         if signal_fd is not None:
             _killed_worker(signal_fd)
@@ -225,7 +225,7 @@ def test_async_reconcile_raising_then_not_done(store: Any, name: str) -> None:
             raise answer
         return answer  # type: ignore[no-any-return]
 
-    @idempotent_task(key="charge-{n}", name=name, lock_ttl=0.3, max_wait=10, reconcile=lookup)
+    @idempotent_task(key="charge-{n}", name=name, lock_ttl=1, max_wait=10, reconcile=lookup)
     async def charge(n: int, signal_fd: Any = None) -> str:
         if signal_fd is not None:
             _killed_worker(signal_fd)
@@ -254,7 +254,7 @@ def test_a_call_cancelled_while_it_reconciles_leaves_the_unit_in_doubt(store: An
             await asyncio.Event().wait()  # a provider that never answers
         return Reconciled.NOT_DONE
 
-    @idempotent_task(key="charge-{n}", name=name, lock_ttl=0.3, max_wait=10, reconcile=lookup)
+    @idempotent_task(key="charge-{n}", name=name, lock_ttl=1, max_wait=10, reconcile=lookup)
     async def charge(n: int, signal_fd: Any = None) -> str:
         if signal_fd is not None:
             _killed_worker(signal_fd)

@@ -377,7 +377,7 @@ def test_in_doubt_hold_refuses_a_unit_whose_worker_was_killed(store: Any, name: 
 def test_in_doubt_rerun_tells_the_body(store: Any, name: str) -> None:
     seen: List[Any] = []
 
-    @idempotent_task(key="charge-{n}", name=name, lock_ttl=0.3, max_wait=10)
+    @idempotent_task(key="charge-{n}", name=name, lock_ttl=1, max_wait=10)
     def charge(n: int, signal_fd: Any = None) -> str:
         if signal_fd is not None:
             os.write(signal_fd, b"x")
