@@ -23,12 +23,14 @@ The rules, each the honest reading of "this file needs that one":
   a loop, as they are for cargo-modules. (A `mod tests` inside a file is part of that file.)
 
 Usage: scripts/check-module-cycles.py [crate dir ...]; with no argument, the workspace's
-crates. Exit status 1 when a cycle is found, each printed as its files.
+crates (`CRATES`), which must name every member of the root `Cargo.toml` that has a `src/`.
+Exit status 1 when a cycle is found, each printed as its files, or when a member is missing.
 """
 
 import os
 import re
 import sys
+import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CRATES = [
@@ -42,6 +44,10 @@ CRATES = [
     "integrations/lapin",
     "cli",
     "conformance",
+    "bench",
+    "test-support",
+    "python",
+    "ui-tests",
 ]
 
 ITEM = re.compile(
@@ -353,9 +359,20 @@ def cycles(graph):
     return out
 
 
+def unlisted():
+    """The workspace's members with a `src/` that `CRATES` leaves out."""
+    with open(os.path.join(ROOT, "Cargo.toml"), "rb") as f:
+        members = tomllib.load(f)["workspace"]["members"]
+    return [m for m in members if os.path.isdir(os.path.join(ROOT, m, "src")) and m not in CRATES]
+
+
 def main(args):
     crates = args or CRATES
     failed = False
+    if not args:
+        for member in unlisted():
+            failed = True
+            print(f"{member}: a workspace member with a src/ that CRATES leaves out; add it")
     for crate in crates:
         src = os.path.join(ROOT, crate, "src")
         c = Crate(src)

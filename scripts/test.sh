@@ -95,8 +95,10 @@ for crate in "${published[@]}"; do
   RUSTDOCFLAGS=-Dwarnings cargo doc -p "$crate" --all-features --no-deps --locked
   RUSTDOCFLAGS=-Dwarnings cargo doc -p "$crate" --no-default-features --no-deps --locked
 done
-step "module cycles in the core and the store crates"
-python3 scripts/check-module-cycles.py runtime stores/redis stores/postgres
+step "module cycles in every crate"
+python3 scripts/check-module-cycles.py
+step "file sizes"
+python3 scripts/check-file-sizes.py
 step "links in the Markdown files"
 ./scripts/check-links.py
 step "performance pages"
