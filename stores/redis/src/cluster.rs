@@ -80,7 +80,7 @@ pub(crate) const DEFAULT_CLUSTER_RETRIES: u32 = 4;
 /// ```
 #[derive(Clone)]
 pub struct RedisClusterStore {
-    protocol: Protocol<HealingConnection>,
+    pub(super) protocol: Protocol<HealingConnection>,
 }
 
 impl std::fmt::Debug for RedisClusterStore {
@@ -313,7 +313,7 @@ impl RedisClusterStore {
     }
 
     /// Sends a command to one master by its address, as the client names it.
-    fn on_master(
+    pub(super) fn on_master(
         &self,
         host: &str,
         port: u16,

@@ -8,14 +8,16 @@
 -- ARGV[1] the exact value that was shown
 -- ARGV[2] a nonce of this forget call
 -- ARGV[3] how long the receipt lasts, in ms
--- Returns 1 deleted (now or by this call's earlier run) | 0 the key is gone | -1 it holds
--- something else now
+-- Returns 1 deleted (now or by this call's earlier run) | 0 the unit holds nothing (no key, or a
+-- released fenced lock's counter) | -1 it holds something else now
 if redis.call('GET', KEYS[2]) == ARGV[2] then
   return 1
 end
 -- pcall: a key of another type is "something else", not an error.
 local value = redis.pcall('GET', KEYS[1])
-if not value then
+-- Nothing, or the counter a forget or a release left: nothing is there to forget, as
+-- resolve_exact.lua reads it too.
+if not value or (type(value) == 'string' and string.sub(value, 1, 1) == 'T') then
   return 0
 end
 if value ~= ARGV[1] then

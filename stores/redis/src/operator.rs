@@ -37,6 +37,8 @@ use super::protocol::Protocol;
 use super::reply::unexpected;
 pub use super::stored::Stored;
 
+mod impls;
+
 /// How many keys one `SCAN` call looks at, and how many keys are read at once.
 const BATCH: usize = 1000;
 
@@ -433,21 +435,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
     {
         let mut cursor = 0;
         loop {
-            let mut scan = redis::cmd("SCAN");
-            scan.arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(BATCH);
-            let page = self
-                .bounded("scan", async {
-                    send(scan)
-                        .await
-                        .map_err(|err| self.error("scan", pattern, &err))
-                })
-                .await?;
-            let (next, keys): (u64, Vec<String>) = redis::from_redis_value(page.clone())
-                .map_err(|_| unexpected("scan", pattern, &page))?;
+            let (next, keys) = self.scan_once(&mut send, pattern, cursor, BATCH).await?;
             if each(keys).is_break() {
                 return Ok(true);
             }
@@ -456,6 +444,42 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
             }
             cursor = next;
         }
+    }
+
+    /// Input: how to send `SCAN`, a key pattern, where the walk stands (0: at its start) and
+    /// about how many keys to look at. Output: where it stands after this call (0: done), and
+    /// the names it matched; a name that is not UTF-8 is none of idempotask's, and left out.
+    async fn scan_once<F, Fut>(
+        &self,
+        send: &mut F,
+        pattern: &str,
+        cursor: u64,
+        count: usize,
+    ) -> Result<(u64, Vec<String>), StoreError>
+    where
+        F: FnMut(Cmd) -> Fut,
+        Fut: Future<Output = Result<Value, RedisError>>,
+    {
+        let mut scan = redis::cmd("SCAN");
+        scan.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(count);
+        let page = self
+            .bounded("scan", async {
+                send(scan)
+                    .await
+                    .map_err(|err| self.error("scan", pattern, &err))
+            })
+            .await?;
+        let (next, names): (u64, Vec<Vec<u8>>) = redis::from_redis_value(page.clone())
+            .map_err(|_| unexpected("scan", pattern, &page))?;
+        let names = names
+            .into_iter()
+            .filter_map(|name| String::from_utf8(name).ok())
+            .collect();
+        Ok((next, names))
     }
 
     /// Whether any key of `task` is on the server `send` reaches (`SCAN` stops at the first).
@@ -516,69 +540,4 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn reply(kind: &str, value: Value, pttl: i64) -> Value {
-        Value::Array(vec![
-            Value::SimpleString(kind.into()),
-            value,
-            Value::Int(pttl),
-            Value::Array(vec![
-                Value::BulkString(b"1700000000".to_vec()),
-                Value::BulkString(b"250".to_vec()),
-            ]),
-        ])
-    }
-
-    #[test]
-    fn a_lock_without_an_expiry_has_no_ttl() {
-        let read = Reading::from_reply(&reply("string", Value::BulkString(b"Labc.7".to_vec()), -1))
-            .unwrap();
-        assert!(matches!(
-            read.stored,
-            Stored::Lock {
-                fencing_token: Some(7),
-                lock_ttl_remaining: None
-            }
-        ));
-        assert_eq!(read.server_time_us, 1_700_000_000_000_250);
-    }
-
-    #[test]
-    fn values_are_read_by_their_tag() {
-        let marker = Stored::parse(b"Dgarbage", Some(Duration::from_secs(5)));
-        assert!(matches!(
-            marker,
-            Stored::Marker { ref bytes, ttl: Some(_), marker: Err(_) } if bytes == b"Dgarbage"
-        ));
-        assert!(matches!(
-            Stored::parse(b"T17", None),
-            Stored::Released {
-                fencing_token: Some(17)
-            }
-        ));
-        assert!(matches!(
-            Stored::parse(b"Labc.x", None),
-            Stored::Lock {
-                fencing_token: None,
-                ..
-            }
-        ));
-        assert!(matches!(Stored::parse(b"", None), Stored::Foreign { .. }));
-        assert_eq!(forgot_from_reply(&Value::Int(-1)), Some(Forgot::Changed));
-        assert_eq!(forgot_from_reply(&Value::Int(2)), None);
-    }
-
-    #[test]
-    fn other_types_and_foreign_strings_are_named() {
-        let hash = Reading::from_reply(&reply("hash", Value::Nil, -1)).unwrap();
-        assert!(matches!(hash.stored, Stored::OtherType { kind } if kind == "hash"));
-        let foreign =
-            Reading::from_reply(&reply("string", Value::BulkString(b"OK".to_vec()), 5)).unwrap();
-        assert!(matches!(foreign.stored, Stored::Foreign { .. }));
-        let gone = Reading::from_reply(&reply("none", Value::Nil, -2)).unwrap();
-        assert!(matches!(gone.stored, Stored::Missing));
-        assert!(Reading::from_reply(&Value::Int(1)).is_err());
-    }
-}
+mod tests;
