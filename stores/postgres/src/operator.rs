@@ -7,13 +7,16 @@
 //! [`PostgresStore::resolve_exact`](crate::PostgresStore::resolve_exact) and
 //! [`PostgresStore::list_task`](crate::PostgresStore::list_task) answer with these types (and
 //! [`Forgot`] and [`Resolved`],
-//! the same on every backend); the `idempotask` command is built on them.
+//! the same on every backend). [`PostgresStore`] implements the core's
+//! [`Operator`](idempotask::operator::Operator) with them, which the `idempotask` command is
+//! built on.
 
 use std::time::Duration;
 
-use idempotask::operator::{Forgot, Resolution, Resolved};
-use idempotask::store::StoreError;
-use idempotask::store::UnitOfWork;
+use idempotask::operator::{
+    Cursor, Forgot, Held, Listed, Operator, Page, Resolution, Resolved, Scope,
+};
+use idempotask::store::{Doubt, Store, StoreError, StoreErrorKind, UnitOfWork, check_task_name};
 use sqlx::SqlStr;
 use sqlx::postgres::PgRow;
 
@@ -364,5 +367,136 @@ impl PostgresStore {
             }
         };
         Ok(StoredUnit { key, state })
+    }
+}
+
+impl From<UnitState> for Held {
+    fn from(state: UnitState) -> Self {
+        match state {
+            UnitState::Locked {
+                fencing_token,
+                lock_ttl_remaining,
+            } => Held::lock(fencing_token, Some(lock_ttl_remaining), None),
+            UnitState::InDoubt {
+                token,
+                fencing_token,
+                expired_for,
+                forgotten_in,
+            } => Held::in_doubt(
+                token.into_bytes(),
+                Doubt::new(fencing_token, expired_for),
+                forgotten_in,
+            ),
+            UnitState::Done { marker, ttl } => Held::marker(marker, Some(ttl)),
+        }
+    }
+}
+
+/// A cursor: the last key of the page before, in hexadecimal (a key may hold any bytes).
+fn key_cursor(key: &[u8]) -> Cursor {
+    use std::fmt::Write;
+    let mut hex = String::with_capacity(2 * key.len());
+    for byte in key {
+        let _ = write!(hex, "{byte:02x}");
+    }
+    Cursor::new(hex)
+}
+
+/// Reads a [`key_cursor`]; `None` for text that is not one.
+fn cursor_key(cursor: &Cursor) -> Option<Vec<u8>> {
+    let hex = cursor.as_str().as_bytes();
+    if hex.is_empty() || !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    hex.chunks(2)
+        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+        .collect()
+}
+
+/// The units are the rows of the store's table, in key order: a listing's cursor is the last
+/// key of the page before, and each page one statement on the primary key, as
+/// [`list_task`](PostgresStore::list_task) reads them. A lock in doubt is shown as its
+/// holder's token, which [`resolve_exact`](PostgresStore::resolve_exact) compares.
+impl Operator for PostgresStore {
+    fn scope(&self) -> Scope {
+        Scope::new("table", self.table()).with_max_key_len(Store::max_key_len(self))
+    }
+
+    fn location(&self, _unit: &UnitOfWork) -> String {
+        format!("the row of table {}", self.table())
+    }
+
+    async fn read(&self, unit: &UnitOfWork) -> Result<Held, StoreError> {
+        let row = self.read_unit(unit).await?;
+        Ok(row.map_or(Held::Nothing, |row| row.state.into()))
+    }
+
+    async fn list(
+        &self,
+        task: &str,
+        from: Option<&Cursor>,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        let refused = |why: String| StoreError::new("list", StoreErrorKind::Configuration, why);
+        check_task_name(task).map_err(|err| refused(err.to_string()))?;
+        let after = from
+            .map(|cursor| {
+                cursor_key(cursor).ok_or_else(|| {
+                    refused(format!(
+                        "`{cursor}` is not a cursor of this store's listings (a key in hexadecimal); start from the first page, or pass the `next` of the page before"
+                    ))
+                })
+            })
+            .transpose()?;
+        let limit = limit.clamp(1, Self::LIST_PAGE_MAX);
+        let rows = self.list_task(task, after.as_deref(), limit).await?;
+        let next = (rows.len() == limit)
+            .then(|| rows.last().map(|row| key_cursor(&row.key)))
+            .flatten();
+        let keys_seen = rows.len();
+        let units = rows
+            .into_iter()
+            .filter_map(|row| {
+                // Keys are text when a delivery writes them; a row that holds no unit's key is
+                // none of idempotask's units, and only counted.
+                let key = String::from_utf8_lossy(&row.key).into_owned();
+                let unit = UnitOfWork::with_limit(task, key, usize::MAX).ok()?;
+                let listed = Listed::new(task, unit.digest(), row.state.into());
+                Some(listed.with_key(unit.key()))
+            })
+            .collect();
+        Ok(Page::new(units, keys_seen, next))
+    }
+
+    async fn forget_exact(&self, unit: &UnitOfWork, shown: &[u8]) -> Result<Forgot, StoreError> {
+        PostgresStore::forget_exact(self, unit, shown).await
+    }
+
+    async fn resolve_exact(
+        &self,
+        unit: &UnitOfWork,
+        shown: &[u8],
+        resolution: &Resolution,
+    ) -> Result<Resolved, StoreError> {
+        // The token `read` showed; bytes that are no text are no token, so not the lock there.
+        match std::str::from_utf8(shown) {
+            Ok(token) => PostgresStore::resolve_exact(self, unit, token, resolution).await,
+            Err(_) => Ok(Resolved::Changed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_read_back_any_key_and_refuse_what_is_not_one() {
+        for key in [&b"order-42"[..], b"\x00\xff|", "ключ".as_bytes()] {
+            assert_eq!(cursor_key(&key_cursor(key)).as_deref(), Some(key));
+        }
+        for text in ["", "a", "zz", "0g", "é1", "-1"] {
+            assert_eq!(cursor_key(&Cursor::new(text)), None, "{text}");
+        }
     }
 }
