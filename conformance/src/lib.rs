@@ -2,7 +2,7 @@
 //! [`Store`], and the task runner on top of it, must do. Every store
 //! shipped with idempotask passes it; a store of one's own runs it from its tests.
 //!
-//! Each of the 32 checks (and 5 more for transactions, 7 for units left in doubt) is an `async fn` that takes a fresh,
+//! Each of the 35 checks (and 6 more for transactions, 7 for units left in doubt) is an `async fn` that takes a fresh,
 //! empty store and panics, like a test, when the store breaks the contract.
 //! [`conformance_tests!`] turns the whole list into one `#[tokio::test]` per check, in a test
 //! file of the crate that implements `Store`, with `idempotask-conformance` and `tokio`
@@ -34,6 +34,7 @@
 //! | what | checks |
 //! |---|---|
 //! | the store, operation by operation | [`begin_grants_one_holder_and_reports_busy`] to [`the_longest_ttls_are_kept`] |
+//! | batches: each unit answered as if alone | [`a_batched_begin_answers_each_unit_as_alone`] to [`a_large_batch_answers_every_unit`] |
 //! | the runner on top: replays, errors, panics, contention, renewal | [`a_duplicate_gets_the_stored_result_without_running`] to [`an_expired_lock_is_reported_as_lost`] |
 //! | what the runner refuses to run or replay | [`a_reused_key_with_other_arguments_is_rejected`] to [`invalid_keys_are_rejected_before_the_store`] |
 //! | the fencing counter at its edges | [`fencing_tokens_never_go_back_after_a_burst_and_an_expiry`], [`a_release_without_the_fencing_token_frees_the_lock`] |
@@ -73,6 +74,7 @@ macro_rules! example {
     };
 }
 
+mod batch;
 mod cancellation;
 mod checks;
 mod doubt;

@@ -7,6 +7,7 @@
 )]
 
 pub mod cluster;
+pub mod commandstats;
 pub mod doubt;
 pub mod example_runs;
 pub mod faulty_store;

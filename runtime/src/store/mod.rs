@@ -50,6 +50,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod batch;
 pub(crate) mod memory;
 mod shared;
 mod transaction;
@@ -60,6 +61,7 @@ pub use crate::marker::lock_lost_marker;
 pub use crate::unit::{
     LockToken, MAX_KEY_LEN, MAX_NAME_LEN, UnitOfWork, check_namespace, check_task_name,
 };
+pub use batch::{Claim, Completion, begin_each, finish_each};
 pub use shared::SharedStore;
 pub use transaction::TransactionScope;
 
@@ -153,6 +155,78 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Deletes the completion marker on purpose so that the work may run again; answers whether
     /// there was one. Locks are left alone.
     fn forget(&self, unit: &UnitOfWork) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// [`begin`](Self::begin) for each of `claims`, with the same `lock_ttl` and `fencing`, in
+    /// as few round trips as the store can: the answer at index `i` is `claims[i]`'s, exactly
+    /// what `begin` would have answered for it (its own lock, fencing token and doubt taken
+    /// over). The claims apply in order, as if sent one after another: a unit claimed twice
+    /// with two tokens is acquired by the first and busy for the second.
+    ///
+    /// One unit's failure is its answer alone, never another's: a unit whose key holds a value
+    /// that is not idempotask's answers an error, the others their own answers. A round trip
+    /// that fails as a whole (the connection dropped) answers that error for each unit it
+    /// carried, ambiguous where any of them may have been applied, as `begin` would.
+    ///
+    /// The default ([`begin_each`]) asks for each unit in turn, one `begin` each; a store that can do better
+    /// overrides it (`RedisStore`: one pipeline, one command per unit and one round trip in
+    /// all). The answers are always as many as the claims.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotask::MemoryStore;
+    /// use idempotask::store::{Begin, Claim, Fencing, LockToken, Store, UnitOfWork};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = MemoryStore::new();
+    /// let units = [UnitOfWork::new("charge", "order-1")?, UnitOfWork::new("charge", "order-2")?];
+    /// let tokens = [LockToken::generate(), LockToken::generate()];
+    /// let claims: Vec<_> = units.iter().zip(&tokens).map(|(unit, token)| Claim::new(unit, token)).collect();
+    /// let answers = store.begin_batch(&claims, Duration::from_secs(30), Fencing::Off).await;
+    /// assert!(answers.iter().all(|answer| matches!(answer, Ok(Begin::Acquired { .. }))));
+    /// # Ok(()) }
+    /// ```
+    fn begin_batch(
+        &self,
+        claims: &[Claim<'_>],
+        lock_ttl: Duration,
+        fencing: Fencing,
+    ) -> impl Future<Output = Vec<Result<Begin, StoreError>>> + Send {
+        begin_each(self, claims, lock_ttl, fencing)
+    }
+
+    /// [`finish`](Self::finish) for each of `completions`, with the same `result_ttl`, in as
+    /// few round trips as the store can: the answer at index `i` is `completions[i]`'s, exactly
+    /// what `finish` would have answered for it. Applied in order, as if sent one after
+    /// another; one unit's failure is its answer alone, and a round trip that fails as a whole
+    /// answers that error for each unit it carried, as for
+    /// [`begin_batch`](Self::begin_batch).
+    ///
+    /// The default ([`finish_each`]) records each unit in turn, one `finish` each; `RedisStore` sends one
+    /// pipeline. The answers are always as many as the completions.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotask::MemoryStore;
+    /// use idempotask::store::{Begin, Completion, Fencing, Finish, LockToken, Store, UnitOfWork};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = MemoryStore::new();
+    /// let unit = UnitOfWork::new("charge", "order-1")?;
+    /// let token = LockToken::generate();
+    /// store.begin(&unit, &token, Duration::from_secs(30), Fencing::Off).await?;
+    /// let done = [Completion::new(&unit, &token, b"a marker")];
+    /// let answers = store.finish_batch(&done, Duration::from_secs(3600)).await;
+    /// assert_eq!(answers.len(), 1);
+    /// assert!(matches!(answers[0], Ok(Finish::Completed)));
+    /// # Ok(()) }
+    /// ```
+    fn finish_batch(
+        &self,
+        completions: &[Completion<'_>],
+        result_ttl: Duration,
+    ) -> impl Future<Output = Vec<Result<Finish, StoreError>>> + Send {
+        finish_each(self, completions, result_ttl)
+    }
 }
 
 /// The answer of [`Store::begin`].
@@ -358,6 +432,23 @@ impl<S: Store> Store for Arc<S> {
 
     async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
         (**self).forget(unit).await
+    }
+
+    async fn begin_batch(
+        &self,
+        claims: &[Claim<'_>],
+        lock_ttl: Duration,
+        fencing: Fencing,
+    ) -> Vec<Result<Begin, StoreError>> {
+        (**self).begin_batch(claims, lock_ttl, fencing).await
+    }
+
+    async fn finish_batch(
+        &self,
+        completions: &[Completion<'_>],
+        result_ttl: Duration,
+    ) -> Vec<Result<Finish, StoreError>> {
+        (**self).finish_batch(completions, result_ttl).await
     }
 }
 

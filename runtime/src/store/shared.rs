@@ -8,11 +8,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Begin, Fencing, Finish, Inspection, Store};
+use super::{Begin, Claim, Completion, Fencing, Finish, Inspection, Store};
 use crate::error::StoreError;
 use crate::unit::{LockToken, UnitOfWork};
 
 type Boxed<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+type BoxedBatch<'a, T> = Pin<Box<dyn Future<Output = Vec<Result<T, StoreError>>> + Send + 'a>>;
 
 /// [`Store`] with boxed futures, so that it can be a trait object; every store is one.
 ///
@@ -43,6 +44,17 @@ trait ErasedStore: Send + Sync + fmt::Debug {
     ) -> Boxed<'a, bool>;
     fn inspect<'a>(&'a self, unit: &'a UnitOfWork) -> Boxed<'a, Inspection>;
     fn forget<'a>(&'a self, unit: &'a UnitOfWork) -> Boxed<'a, bool>;
+    fn begin_batch<'a>(
+        &'a self,
+        claims: &'a [Claim<'a>],
+        lock_ttl: Duration,
+        fencing: Fencing,
+    ) -> BoxedBatch<'a, Begin>;
+    fn finish_batch<'a>(
+        &'a self,
+        completions: &'a [Completion<'a>],
+        result_ttl: Duration,
+    ) -> BoxedBatch<'a, Finish>;
 }
 
 impl<S: Store> ErasedStore for S {
@@ -83,6 +95,21 @@ impl<S: Store> ErasedStore for S {
     }
     fn forget<'a>(&'a self, unit: &'a UnitOfWork) -> Boxed<'a, bool> {
         Box::pin(Store::forget(self, unit))
+    }
+    fn begin_batch<'a>(
+        &'a self,
+        claims: &'a [Claim<'a>],
+        lock_ttl: Duration,
+        fencing: Fencing,
+    ) -> BoxedBatch<'a, Begin> {
+        Box::pin(Store::begin_batch(self, claims, lock_ttl, fencing))
+    }
+    fn finish_batch<'a>(
+        &'a self,
+        completions: &'a [Completion<'a>],
+        result_ttl: Duration,
+    ) -> BoxedBatch<'a, Finish> {
+        Box::pin(Store::finish_batch(self, completions, result_ttl))
     }
 }
 
@@ -168,5 +195,22 @@ impl Store for SharedStore {
 
     async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
         self.0.forget(unit).await
+    }
+
+    async fn begin_batch(
+        &self,
+        claims: &[Claim<'_>],
+        lock_ttl: Duration,
+        fencing: Fencing,
+    ) -> Vec<Result<Begin, StoreError>> {
+        self.0.begin_batch(claims, lock_ttl, fencing).await
+    }
+
+    async fn finish_batch(
+        &self,
+        completions: &[Completion<'_>],
+        result_ttl: Duration,
+    ) -> Vec<Result<Finish, StoreError>> {
+        self.0.finish_batch(completions, result_ttl).await
     }
 }

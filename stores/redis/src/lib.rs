@@ -61,9 +61,11 @@ use settings::{
     connection_setters,
 };
 
+mod batch;
 mod cluster;
 mod healing;
 mod lock;
+mod native_cas;
 pub mod operator;
 mod protocol;
 mod quorum;
@@ -139,6 +141,21 @@ macro_rules! delegate_store {
                 unit: &::idempotask::store::UnitOfWork,
             ) -> Result<bool, ::idempotask::store::StoreError> {
                 self.protocol.forget(unit).await
+            }
+            async fn begin_batch(
+                &self,
+                claims: &[::idempotask::store::Claim<'_>],
+                lock_ttl: ::std::time::Duration,
+                fencing: ::idempotask::store::Fencing,
+            ) -> Vec<Result<::idempotask::store::Begin, ::idempotask::store::StoreError>> {
+                self.protocol.begin_batch(claims, lock_ttl, fencing).await
+            }
+            async fn finish_batch(
+                &self,
+                completions: &[::idempotask::store::Completion<'_>],
+                result_ttl: ::std::time::Duration,
+            ) -> Vec<Result<::idempotask::store::Finish, ::idempotask::store::StoreError>> {
+                self.protocol.finish_batch(completions, result_ttl).await
             }
         }
     };
@@ -490,7 +507,8 @@ impl RedisStoreBuilder {
                 false,
                 Some(response_timeout),
             )
-            .await?,
+            .await?
+            .pipelining(),
         })
     }
 }

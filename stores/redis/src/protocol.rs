@@ -20,15 +20,15 @@
 //! `forget` also writes a receipt next to the unit's key (see `forget.lua`), so that a re-sent
 //! `forget` answers as the first one did.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::keys::{FORGET_RECEIPT_MS, PREFIX, forget_receipt_key, unit_key};
 use super::lock::{holder_value, key_millis, lock_value};
+use super::native_cas::NativeCas;
 pub(super) use super::reply::store_error;
 use super::reply::{foreign, is_out_of_memory, is_syntax_error, parse_flag, pttl, unexpected};
 use super::stored::Stored;
@@ -38,16 +38,14 @@ use idempotask::store::{StoreError, StoreErrorKind};
 
 pub(super) static BEGIN: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("begin.lua")));
-static FINISH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("finish.lua")));
+pub(super) static FINISH: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("finish.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("renew.lua")));
 static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("inspect.lua")));
 static FORGET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("forget.lua")));
 /// The server clock, as the scripts read it: what `connect` checks the user's rights with.
 static CLOCK: LazyLock<Script> = LazyLock::new(|| Script::new("return redis.call('TIME')"));
-
-/// How often a store whose server had no `SET … IFEQ` tries it again.
-const PROBE_AGAIN_AFTER_MS: u64 = 5_000;
 
 /// A namespace check with the error `connect` reports.
 pub(super) fn check_namespace(namespace: &str) -> Result<(), StoreError> {
@@ -73,6 +71,20 @@ pub(super) async fn connect_within<T>(
         .map_err(|err| store_error("connect", &err, resends))
 }
 
+/// The ambiguous `Timeout` of a call cut short by the call timeout `limit`. The wait it cuts
+/// short may have been for a reconnection (nothing sent yet) or for a reply (the command may
+/// have run): nothing tells them apart from here, so it is ambiguous, as a response timeout is.
+fn timed_out(operation: &'static str, limit: Duration) -> StoreError {
+    StoreError::ambiguous(
+        operation,
+        StoreErrorKind::Timeout,
+        format!(
+            "no answer within the response timeout of {} ms (reconnecting included)",
+            limit.as_millis()
+        ),
+    )
+}
+
 /// The protocol over one connection `C`; the public stores wrap one of these.
 ///
 /// Input: a redis-rs async connection (a `ConnectionManager`, a cluster connection).
@@ -90,11 +102,10 @@ pub(super) struct Protocol<C> {
     /// client's overall response timeout).
     call_timeout: Option<Duration>,
     /// Whether the server has a native compare-and-set (`SET … IFEQ`).
-    native_cas: Arc<AtomicBool>,
-    /// While it has not: when to try it again, in ms since `created` (a failover, a rolling
-    /// upgrade or a restart can put a server that has it behind the same address).
-    probe_again_at: Arc<AtomicU64>,
-    created: Instant,
+    pub(super) native_cas: NativeCas,
+    /// Whether a batch goes in one pipeline: on one server, yes; a cluster spreads a batch's
+    /// keys over nodes, which one pipeline cannot carry.
+    pub(super) pipelines: bool,
 }
 
 impl<C> std::fmt::Debug for Protocol<C> {
@@ -102,7 +113,7 @@ impl<C> std::fmt::Debug for Protocol<C> {
         f.debug_struct("Protocol")
             .field("namespace", &self.namespace)
             .field("max_key_len", &self.max_key_len)
-            .field("native_cas", &self.native_cas.load(Ordering::Relaxed))
+            .field("native_cas", &self.native_cas.known())
             .finish_non_exhaustive()
     }
 }
@@ -177,41 +188,20 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
             max_key_len,
             resends,
             call_timeout,
-            native_cas: Arc::new(AtomicBool::new(native_cas)),
-            probe_again_at: Arc::new(AtomicU64::new(PROBE_AGAIN_AFTER_MS)),
-            created: Instant::now(),
+            native_cas: NativeCas::new(native_cas),
+            pipelines: false,
         })
+    }
+
+    /// Sends each batch in one pipeline (a connection to one server).
+    pub(super) fn pipelining(mut self) -> Self {
+        self.pipelines = true;
+        self
     }
 
     /// Whether `finish` and `renew` run as plain `SET … IFEQ` commands, as last found out.
     pub(super) fn native_cas(&self) -> bool {
-        self.native_cas.load(Ordering::Relaxed)
-    }
-
-    /// Whether the next `finish` or `renew` tries `SET … IFEQ`: yes where the server has it,
-    /// and once every few seconds where it had not (one caller at a time), since another
-    /// server may answer at the same address now. A server without it refuses the command
-    /// before doing anything, so a try costs one round trip.
-    fn try_native_cas(&self) -> bool {
-        if self.native_cas() {
-            return true;
-        }
-        let now = self.elapsed_ms();
-        let due = self.probe_again_at.load(Ordering::Relaxed);
-        now >= due
-            && self
-                .probe_again_at
-                .compare_exchange(
-                    due,
-                    now + PROBE_AGAIN_AFTER_MS,
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-    }
-
-    fn elapsed_ms(&self) -> u64 {
-        u64::try_from(self.created.elapsed().as_millis()).unwrap_or(u64::MAX)
+        self.native_cas.known()
     }
 
     pub(super) fn key(&self, unit: &UnitOfWork) -> String {
@@ -232,15 +222,26 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         let Some(limit) = self.call_timeout else {
             return call.await;
         };
+        tokio::time::timeout(limit, call)
+            .await
+            .unwrap_or_else(|_| Err(timed_out(operation, limit)))
+    }
+
+    /// [`bounded`](Self::bounded) for a batch of `len` units: past the call timeout, each unit
+    /// answers the ambiguous `Timeout`.
+    pub(super) async fn bounded_batch<T>(
+        &self,
+        operation: &'static str,
+        len: usize,
+        call: impl Future<Output = Vec<Result<T, StoreError>>>,
+    ) -> Vec<Result<T, StoreError>> {
+        let Some(limit) = self.call_timeout else {
+            return call.await;
+        };
         tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
-            Err(StoreError::ambiguous(
-                operation,
-                StoreErrorKind::Timeout,
-                format!(
-                    "no answer within the response timeout of {} ms (reconnecting included)",
-                    limit.as_millis()
-                ),
-            ))
+            std::iter::repeat_with(|| Err(timed_out(operation, limit)))
+                .take(len)
+                .collect()
         })
     }
 
@@ -322,14 +323,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
     ) -> Result<Option<Value>, StoreError> {
         match self.query(cmd).await {
             Err(err) if is_syntax_error(&err) => {
-                self.native_cas.store(false, Ordering::Relaxed);
-                self.probe_again_at
-                    .store(self.elapsed_ms() + PROBE_AGAIN_AFTER_MS, Ordering::Relaxed);
+                self.native_cas.refused();
                 Ok(None)
             }
             Ok(reply) => {
-                // Tried again after a fallback, and the server has it now.
-                self.native_cas.store(true, Ordering::Relaxed);
+                self.native_cas.answered();
                 Ok(Some(reply))
             }
             Err(err) => Err(self.error(operation, key, &err)),
@@ -425,7 +423,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         }
     }
 
-    async fn finish_call(
+    pub(super) async fn finish_call(
         &self,
         unit: &UnitOfWork,
         token: &LockToken,
@@ -435,7 +433,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         let key = self.key(unit);
         let lock = lock_value(token);
         let ttl = ttl_millis(result_ttl);
-        if self.try_native_cas() {
+        if self.native_cas.try_now() {
             let mut cmd = Cmd::with_capacity(7, key.len() + marker.len() + lock.len() + 32);
             cmd.arg("SET")
                 .arg(&key)
@@ -500,7 +498,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         lock: &[u8],
         ttl: u64,
     ) -> Result<bool, StoreError> {
-        if self.try_native_cas() {
+        if self.native_cas.try_now() {
             let mut cmd = redis::cmd("SET");
             cmd.arg(key)
                 .arg(lock)

@@ -89,44 +89,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
             }
             reply => reply?,
         };
-        let fence = |value: i64| u64::try_from(value).ok();
-        let doubt = |expired: i64, earlier: i64| Doubt::new(fence(earlier), millis(expired.max(0)));
-        if let Value::Array(items) = &reply {
-            match items.as_slice() {
-                [Value::Int(1), Value::BulkString(marker)] => {
-                    return Ok(Begin::Done(marker.clone()));
-                }
-                [Value::Int(2), Value::Int(granted)] => {
-                    return Ok(Begin::acquired(fence(*granted)));
-                }
-                [Value::Int(3), pttl_value] => {
-                    return Ok(Begin::busy(pttl("begin", key, pttl_value)?));
-                }
-                [Value::Int(4)] => {
-                    return Err(StoreError::new(
-                        "begin",
-                        StoreErrorKind::Protocol,
-                        format!("key `{key}` holds a value that is not idempotask's"),
-                    ));
-                }
-                [
-                    Value::Int(5),
-                    Value::Int(granted),
-                    Value::Int(expired),
-                    Value::Int(earlier),
-                ] => {
-                    return Ok(Begin::taken_over(
-                        fence(*granted),
-                        doubt(*expired, *earlier),
-                    ));
-                }
-                [Value::Int(6), Value::Int(expired), Value::Int(earlier)] => {
-                    return Ok(Begin::InDoubt(doubt(*expired, *earlier)));
-                }
-                _ => {}
-            }
-        }
-        Err(unexpected("begin", key, &reply))
+        begin_script_answer(key, &reply)
     }
 
     /// `begin` on a server that refuses writes (`maxmemory` with `noeviction` refuses even a
@@ -215,4 +178,46 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
             other => Err(unexpected("finish", key, &other)),
         }
     }
+}
+
+/// What the script `begin.lua` answered, as a [`Begin`] for the unit at `key`.
+pub(super) fn begin_script_answer(key: &str, reply: &Value) -> Result<Begin, StoreError> {
+    let fence = |value: i64| u64::try_from(value).ok();
+    let doubt = |expired: i64, earlier: i64| Doubt::new(fence(earlier), millis(expired.max(0)));
+    if let Value::Array(items) = reply {
+        match items.as_slice() {
+            [Value::Int(1), Value::BulkString(marker)] => {
+                return Ok(Begin::Done(marker.clone()));
+            }
+            [Value::Int(2), Value::Int(granted)] => {
+                return Ok(Begin::acquired(fence(*granted)));
+            }
+            [Value::Int(3), pttl_value] => {
+                return Ok(Begin::busy(pttl("begin", key, pttl_value)?));
+            }
+            [Value::Int(4)] => {
+                return Err(StoreError::new(
+                    "begin",
+                    StoreErrorKind::Protocol,
+                    format!("key `{key}` holds a value that is not idempotask's"),
+                ));
+            }
+            [
+                Value::Int(5),
+                Value::Int(granted),
+                Value::Int(expired),
+                Value::Int(earlier),
+            ] => {
+                return Ok(Begin::taken_over(
+                    fence(*granted),
+                    doubt(*expired, *earlier),
+                ));
+            }
+            [Value::Int(6), Value::Int(expired), Value::Int(earlier)] => {
+                return Ok(Begin::InDoubt(doubt(*expired, *earlier)));
+            }
+            _ => {}
+        }
+    }
+    Err(unexpected("begin", key, reply))
 }

@@ -11,48 +11,8 @@ use std::time::Duration;
 use idempotask::store::{StoreErrorKind, UnitOfWork};
 use idempotask::{Error, Task};
 use idempotask_redis::RedisStore;
+use support::commandstats::{commands_run, reset_stats, stats};
 use support::{RedisServer, scan_keys};
-
-/// Calls per command since the last `CONFIG RESETSTAT`, from `INFO commandstats`.
-async fn command_calls(conn: &mut redis::aio::MultiplexedConnection) -> HashMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|line| {
-            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.parse().ok()?))
-        })
-        .collect()
-}
-
-async fn reset_stats(conn: &mut redis::aio::MultiplexedConnection) {
-    let _: String = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(conn)
-        .await
-        .unwrap();
-}
-
-/// The data commands the server ran since the last `CONFIG RESETSTAT`, leaving out the measuring
-/// connection's own `INFO`/`CONFIG`. `commandstats` counts a script's inner commands too.
-async fn commands_run(conn: &mut redis::aio::MultiplexedConnection) -> HashMap<String, u64> {
-    command_calls(conn)
-        .await
-        .into_iter()
-        .filter(|(name, _)| !name.starts_with("config") && name != "info")
-        .collect()
-}
-
-fn stats(pairs: &[(&str, u64)]) -> HashMap<String, u64> {
-    pairs
-        .iter()
-        .map(|(name, calls)| ((*name).to_owned(), *calls))
-        .collect()
-}
 
 /// Input: a server and the command mix it must show for a fresh and a fenced fresh task.
 /// Output: asserts them, that a duplicate is one `SET`, and that an invalid key never reaches
