@@ -4,14 +4,14 @@ use std::io::{BufRead, IsTerminal, Write};
 
 use std::time::Duration;
 
-use idempotask::operator::{Forgot, Marker, Resolution, Resolved};
+use idempotask::operator::{Forgot, Held, Marker, Resolution, Resolved};
 use idempotask::store::UnitOfWork;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::exit::{Exit, Failure};
 use crate::render::{self, Counts};
-use crate::stored::{Seen, preview, result_json};
+use crate::stored::{preview, result_json};
 use crate::target::Target;
 use crate::time::{human, millis};
 
@@ -30,7 +30,7 @@ pub(crate) async fn status(target: &Target, task: &str, key: &str) -> Result<Fou
     let mut json = unit_json(target, &unit);
     let seen = target.read(&unit).await?;
     let (text, exit) = match &seen {
-        Seen::Marker {
+        Held::Marker {
             marker: Ok(marker),
             ttl,
             ..
@@ -41,19 +41,21 @@ pub(crate) async fn status(target: &Target, task: &str, key: &str) -> Result<Fou
             json["ttl_ms"] = json!(ttl.map(millis));
             (render::done(&unit, marker, *ttl), Exit::Ok)
         }
-        Seen::Lock {
+        Held::Lock {
             fencing_token,
-            ttl,
-            age_ms,
+            lock_ttl_remaining: ttl,
+            age,
+            ..
         } => {
+            let age_ms = age.map(millis);
             json["state"] = json!("locked");
             json["fencing_token"] = json!(fencing_token);
             json["lock_ttl_ms"] = json!(ttl.map(millis));
             json["lock_expires"] = json!(ttl.is_some());
             json["token_age_ms"] = json!(age_ms);
-            (render::locked(&unit, *ttl, *age_ms), Exit::Locked)
+            (render::locked(&unit, *ttl, age_ms), Exit::Locked)
         }
-        Seen::InDoubt {
+        Held::InDoubt {
             fencing_token,
             expired_for,
             forgotten_in,
@@ -70,7 +72,7 @@ pub(crate) async fn status(target: &Target, task: &str, key: &str) -> Result<Fou
             );
             (text, Exit::InDoubt)
         }
-        Seen::Missing => {
+        Held::Nothing => {
             let known = target.task_exists(task).await?;
             json["state"] = json!("unknown");
             json["task_has_keys"] = json!(known);
@@ -111,7 +113,7 @@ fn changed(unit: &UnitOfWork, nothing: &str, why: &str, then: &str) -> Failure {
 
 /// Input: a unit and what its key holds, which no delivery can use. Output: the failure that
 /// says so and what to do; `forgetting` when `forget` refuses it without `--force`.
-fn unusable_failure(unit: &UnitOfWork, location: &str, stored: &Seen, forgetting: bool) -> Failure {
+fn unusable_failure(unit: &UnitOfWork, location: &str, stored: &Held, forgetting: bool) -> Failure {
     let (task, key) = (unit.task(), unit.key());
     let remedy = if forgetting {
         "; pass --force to delete it (deliveries fail on it until it is gone)".to_owned()
@@ -121,7 +123,7 @@ fn unusable_failure(unit: &UnitOfWork, location: &str, stored: &Seen, forgetting
         )
     };
     match stored {
-        Seen::Marker {
+        Held::Marker {
             marker: Ok(marker), ..
         } => Failure::new(
             Exit::Error,
@@ -131,7 +133,7 @@ fn unusable_failure(unit: &UnitOfWork, location: &str, stored: &Seen, forgetting
                 marker.key()
             ),
         ),
-        Seen::Marker {
+        Held::Marker {
             marker: Err(err), ..
         } => Failure::new(
             Exit::Error,
@@ -140,7 +142,7 @@ fn unusable_failure(unit: &UnitOfWork, location: &str, stored: &Seen, forgetting
                 "task `{task}` with key `{key}`: the stored marker cannot be read: {err}{remedy}"
             ),
         ),
-        Seen::Foreign { bytes } => Failure::new(
+        Held::Foreign { bytes, .. } => Failure::new(
             Exit::Error,
             "unreadable",
             format!(
@@ -148,15 +150,15 @@ fn unusable_failure(unit: &UnitOfWork, location: &str, stored: &Seen, forgetting
                 preview(bytes)
             ),
         ),
-        Seen::OtherType(kind) => Failure::new(
+        Held::OtherType { kind, .. } => Failure::new(
             Exit::Error,
             "wrong_type",
             format!(
                 "task `{task}` with key `{key}`: `{location}` is a {kind} key, and idempotask writes only strings: something else uses this name; rename that data, or delete it with `redis-cli DEL` once nothing needs it"
             ),
         ),
-        // Only unusable values reach here.
-        Seen::Missing | Seen::Lock { .. } | Seen::InDoubt { .. } => Failure::new(
+        // Only unusable values reach here, and what a later version of the core shows.
+        _ => Failure::new(
             Exit::Error,
             "unreadable",
             format!("`{location}`: {stored:?}"),
@@ -180,21 +182,29 @@ pub(crate) async fn forget(
     // What the operator is shown, the exact bytes behind it, and whether only `--force` lets
     // them go.
     let (shown, bytes, fencing_token, forced) = match &seen {
-        Seen::Marker {
+        Held::Marker {
             bytes,
             ttl,
             marker: Ok(marker),
+            ..
         } if marker.key() == unit.key() => (
             render::done(&unit, marker, *ttl),
             bytes,
             marker.fencing_token(),
             false,
         ),
-        Seen::Lock { ttl, .. } => {
-            return Err(locked_refusal(&unit, &location, *ttl, "forget"));
+        Held::Lock {
+            lock_ttl_remaining, ..
+        } => {
+            return Err(locked_refusal(
+                &unit,
+                &location,
+                *lock_ttl_remaining,
+                "forget",
+            ));
         }
-        Seen::InDoubt { expired_for, .. } => return Err(in_doubt_refusal(&unit, *expired_for)),
-        Seen::Missing => {
+        Held::InDoubt { expired_for, .. } => return Err(in_doubt_refusal(&unit, *expired_for)),
+        Held::Nothing => {
             return Err(Failure::new(
                 Exit::Unknown,
                 "unknown",
@@ -204,15 +214,12 @@ pub(crate) async fn forget(
                 ),
             ));
         }
-        Seen::OtherType(_) => {
-            return Err(unusable_failure(&unit, &location, &seen, true));
-        }
-        Seen::Marker { bytes, .. } | Seen::Foreign { bytes } => {
+        Held::Marker { bytes, .. } | Held::Foreign { bytes, .. } => {
             if !force {
                 return Err(unusable_failure(&unit, &location, &seen, true));
             }
             let (what, fencing_token) = match &seen {
-                Seen::Marker {
+                Held::Marker {
                     marker: Ok(marker), ..
                 } => (
                     format!("a marker written for key {:?}", marker.key()),
@@ -226,6 +233,8 @@ pub(crate) async fn forget(
             );
             (shown, bytes, fencing_token, true)
         }
+        // Data of another type, and what a later version of the core shows: never deleted.
+        _ => return Err(unusable_failure(&unit, &location, &seen, true)),
     };
     if !yes {
         confirm(
@@ -426,11 +435,12 @@ pub(crate) async fn resolve(
     let unit = target.unit(task, key)?;
     let location = target.location(&unit);
     let seen = target.read(&unit).await?;
-    let Seen::InDoubt {
+    let Held::InDoubt {
         bytes,
         fencing_token,
         expired_for,
         forgotten_in,
+        ..
     } = &seen
     else {
         return Err(not_in_doubt(target, &unit, &location, &seen));
@@ -512,18 +522,20 @@ pub(crate) async fn resolve(
 
 /// Input: a unit `resolve` was asked about and what it holds, which is no lock in doubt.
 /// Output: the refusal, with the exit code of the unit's state.
-fn not_in_doubt(target: &Target, unit: &UnitOfWork, location: &str, seen: &Seen) -> Failure {
+fn not_in_doubt(target: &Target, unit: &UnitOfWork, location: &str, seen: &Held) -> Failure {
     let (task, key) = (unit.task(), unit.key());
     match seen {
-        Seen::Lock { ttl, .. } => {
-            let mut failure = locked_refusal(unit, location, *ttl, "resolve");
+        Held::Lock {
+            lock_ttl_remaining, ..
+        } => {
+            let mut failure = locked_refusal(unit, location, *lock_ttl_remaining, "resolve");
             failure.kind = "not_in_doubt";
             failure.message.push_str(
                 "; it is not in doubt: only a lock that ran out without a release or a result is",
             );
             failure
         }
-        Seen::Missing => Failure::new(
+        Held::Nothing => Failure::new(
             Exit::Unknown,
             "not_in_doubt",
             format!(
@@ -531,7 +543,7 @@ fn not_in_doubt(target: &Target, unit: &UnitOfWork, location: &str, seen: &Seen)
                 target.scope_text()
             ),
         ),
-        Seen::Marker {
+        Held::Marker {
             marker: Ok(marker), ..
         } if marker.key() == key => Failure::new(
             Exit::Error,

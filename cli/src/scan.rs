@@ -1,13 +1,13 @@
-//! `list`: one task's units as the store found them (Redis: `SCAN` on every server that holds
-//! keys; PostgreSQL: one query per page), each turned into an [`Entry`].
+//! `list`: one task's units as the store's [`Operator`](idempotask::operator::Operator) lists
+//! them, page by page (Redis: `SCAN` on every server that holds keys; PostgreSQL: one query per
+//! page), each turned into an [`Entry`].
 
 use std::collections::BTreeMap;
 
-use idempotask::operator::Marker;
-use idempotask_postgres::operator::StoredUnit;
+use idempotask::operator::{Held, Listed, Marker, MarkerError};
 use serde::Serialize;
 
-use crate::stored::{Seen, belongs_to, preview, result_json};
+use crate::stored::{preview, result_json};
 use crate::time::millis;
 
 /// One unit of a task that is done, locked or in doubt, or a key under the task's pattern that
@@ -60,27 +60,12 @@ pub(crate) struct Listing {
     pub(crate) servers_scanned: usize,
 }
 
-/// Input: a PostgreSQL row of `task`. Output: its digest and entry (the row names its key, so
-/// the entry does too).
-pub(crate) fn describe_row(task: &str, row: StoredUnit) -> Option<(String, Entry)> {
-    let key = String::from_utf8_lossy(&row.key).into_owned();
-    let digest = idempotask::store::UnitOfWork::with_limit(task, &key, usize::MAX)
-        .map(|unit| unit.digest().to_owned())
-        .ok()?;
-    let mut entry = describe(task, &digest, Seen::from_postgres(Some(row)))?;
-    // The row's key is the unit's, whatever its marker says.
-    if entry.key.is_none() {
-        entry.key = Some(key);
-    }
-    Some((digest, entry))
-}
-
-/// Input: a task, a digest and what its unit holds. Output: its entry, `None` for a unit that
-/// holds neither a marker, a lock (held or in doubt) nor anything odd.
-pub(crate) fn describe(task: &str, digest: &str, seen: Seen) -> Option<Entry> {
+/// Input: one unit of a listing. Output: its digest and entry, `None` for a unit that holds
+/// neither a marker, a lock (held or in doubt) nor anything odd.
+pub(crate) fn describe(listed: &Listed) -> Option<(String, Entry)> {
     let mut entry = Entry {
         key: None,
-        digest: digest.to_owned(),
+        digest: listed.digest.clone(),
         done: false,
         locked: false,
         in_doubt: false,
@@ -95,62 +80,71 @@ pub(crate) fn describe(task: &str, digest: &str, seen: Seen) -> Option<Entry> {
         stored_key: None,
         error: None,
     };
-    match seen {
-        Seen::Missing => return None,
-        Seen::Lock {
-            fencing_token, ttl, ..
+    match &listed.held {
+        Held::Nothing => return None,
+        Held::Lock {
+            fencing_token,
+            lock_ttl_remaining: ttl,
+            ..
         } => {
             entry.locked = true;
             entry.lock_ttl_ms = ttl.map(millis);
             entry.lock_expires = Some(ttl.is_some());
-            entry.fencing_token = fencing_token;
+            entry.fencing_token = *fencing_token;
         }
-        Seen::InDoubt {
+        Held::InDoubt {
             fencing_token,
             expired_for,
             forgotten_in,
             ..
         } => {
             entry.in_doubt = true;
-            entry.fencing_token = fencing_token;
-            entry.expired_for_ms = Some(millis(expired_for));
-            entry.forgotten_in_ms = Some(millis(forgotten_in));
+            entry.fencing_token = *fencing_token;
+            entry.expired_for_ms = Some(millis(*expired_for));
+            entry.forgotten_in_ms = Some(millis(*forgotten_in));
         }
-        Seen::Marker { ttl, marker, .. } => {
+        Held::Marker { ttl, marker, .. } => {
             entry.done = true;
             entry.marker_ttl_ms = ttl.map(millis);
-            describe_marker(&mut entry, marker, task, digest);
+            describe_marker(&mut entry, listed.own_marker(), marker);
         }
-        Seen::Foreign { bytes } => {
+        Held::Foreign { bytes, .. } => {
             entry.problem = Some("unreadable");
             entry.error = Some(format!(
                 "holds {}, which is not idempotask's",
-                preview(&bytes)
+                preview(bytes)
             ));
         }
-        Seen::OtherType(kind) => {
+        Held::OtherType { kind, .. } => {
             entry.problem = Some("wrong_type");
             entry.error = Some(format!(
                 "a {kind} key; idempotask writes only strings, so something else uses this name"
             ));
         }
+        // What a later version of the core shows: listed, as nothing a delivery can use.
+        other => {
+            entry.problem = Some("unreadable");
+            entry.error = Some(format!("holds {other:?}"));
+        }
     }
-    Some(entry)
+    // A key the store keeps beside the unit (a PostgreSQL row) is the unit's, whatever its
+    // marker says.
+    if entry.key.is_none() {
+        entry.key.clone_from(&listed.key);
+    }
+    Some((listed.digest.clone(), entry))
 }
 
-fn describe_marker(
-    entry: &mut Entry,
-    marker: Result<Marker, idempotask::operator::MarkerError>,
-    task: &str,
-    digest: &str,
-) {
-    match marker {
-        Ok(marker) if belongs_to(&marker, task, digest) => {
+/// Input: a done unit's entry, its marker if it is the unit's own, and what its marker decoded
+/// to. Output: the entry with the marker's key, fencing token and result, or what is wrong.
+fn describe_marker(entry: &mut Entry, own: Option<&Marker>, decoded: &Result<Marker, MarkerError>) {
+    match (own, decoded) {
+        (Some(marker), _) => {
             entry.key = Some(marker.key().to_owned());
             entry.fencing_token = marker.fencing_token();
-            entry.result = Some(result_json(&marker));
+            entry.result = Some(result_json(marker));
         }
-        Ok(marker) => {
+        (None, Ok(marker)) => {
             entry.problem = Some("key_mismatch");
             entry.error = Some(format!(
                 "the marker names key `{}`, whose digest is not this key's; a forged value or a digest collision (`status` refuses it, `forget --force` deletes it)",
@@ -158,7 +152,7 @@ fn describe_marker(
             ));
             entry.stored_key = Some(marker.key().to_owned());
         }
-        Err(err) => {
+        (None, Err(err)) => {
             entry.problem = Some("unreadable");
             entry.error = Some(format!("unreadable marker: {err}"));
         }

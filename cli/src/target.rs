@@ -4,35 +4,36 @@
 //! A Redis URL names one server. If that server is a cluster node (as
 //! [`RedisStore::server_kind`] tells), it is a seed of a cluster: the commands then use a [`RedisClusterStore`], which routes each unit to
 //! the master of its slot, and `list` scans every master. Nothing has to be told which kind it
-//! is. A database URL selects a [`PostgresStore`] instead. Everything goes through the stores'
-//! public operator calls (`read_unit`, `forget_exact`, `resolve_exact`, `list_task`).
+//! is. A database URL selects a [`PostgresStore`] instead. Once connected, everything goes
+//! through the core's [`Operator`], the same calls on every store: a store that implements it
+//! needs only a way here to connect.
 
 use std::time::Duration;
 
-use idempotask::operator::{Forgot, Resolution, Resolved};
-use idempotask::store::{Store, StoreError, UnitOfWork, check_task_name};
+use idempotask::operator::{Forgot, Held, Operator, Resolution, Resolved, Scope, SharedOperator};
+use idempotask::store::{StoreError, UnitOfWork, check_task_name};
 use idempotask_postgres::PostgresStore;
-use idempotask_redis::operator::{Listing as RedisListing, ServerKind};
+use idempotask_redis::operator::ServerKind;
 use idempotask_redis::{RedisClusterStore, RedisStore};
 
 use crate::exit::{Exit, Failure, redact};
-use crate::scan::{Listing, describe, describe_row};
-use crate::stored::Seen;
+use crate::scan::{Listing, describe};
 
-/// How many rows one page of a PostgreSQL listing reads.
+/// How many keys or rows one page of a listing looks at.
 const PAGE: usize = 1000;
 
 /// The store, with the URL for error messages.
 pub(crate) struct Target {
-    backend: Backend,
+    operator: SharedOperator,
+    /// Where the units live, asked of the store once.
+    scope: Scope,
     pub(crate) url: String,
-}
-
-enum Backend {
-    Server(RedisStore),
-    // Boxed: these stores are several times the size of the server one.
-    Cluster(Box<RedisClusterStore>),
-    Postgres(Box<PostgresStore>),
+    /// Whether the URL's server is part of a Redis Cluster.
+    cluster: bool,
+    /// The flag that selects another scope, for hints.
+    scope_flag: &'static str,
+    /// A failed store call as the CLI reports it, with the flags of the URL's kind of server.
+    report: fn(&StoreError, &str) -> Failure,
 }
 
 impl Target {
@@ -49,15 +50,15 @@ impl Target {
             .server_kind()
             .await
             .map_err(|err| Failure::redis(&err, url))?;
-        let backend = match kind {
-            ServerKind::Standalone => Backend::Server(store),
+        let (operator, cluster) = match kind {
+            ServerKind::Standalone => (SharedOperator::new(store), false),
             ServerKind::ClusterNode => {
                 let cluster = RedisClusterStore::builder([url])
                     .namespace(namespace)
                     .connect()
                     .await
                     .map_err(|err| Failure::redis(&err, url))?;
-                Backend::Cluster(Box::new(cluster))
+                (SharedOperator::new(cluster), true)
             }
             // A wrong guess would give a partial answer that looks complete.
             undetermined => {
@@ -75,10 +76,13 @@ impl Target {
                 ));
             }
         };
-        Ok(Self {
-            backend,
-            url: url.to_owned(),
-        })
+        Ok(Self::new(
+            operator,
+            url,
+            cluster,
+            "--namespace",
+            Failure::redis,
+        ))
     }
 
     /// Input: a PostgreSQL URL and the store's table. Output: a target on that table.
@@ -95,62 +99,62 @@ impl Target {
             .connect()
             .await
             .map_err(|err| Failure::postgres(&err, url))?;
-        Ok(Self {
-            backend: Backend::Postgres(Box::new(store)),
+        Ok(Self::new(
+            SharedOperator::new(store),
+            url,
+            false,
+            "--table",
+            Failure::postgres,
+        ))
+    }
+
+    /// Input: a connected store's operator, its URL, and what the CLI says of that kind of
+    /// server. Output: the target.
+    fn new(
+        operator: SharedOperator,
+        url: &str,
+        cluster: bool,
+        scope_flag: &'static str,
+        report: fn(&StoreError, &str) -> Failure,
+    ) -> Self {
+        Self {
+            scope: operator.scope(),
+            operator,
             url: url.to_owned(),
-        })
+            cluster,
+            scope_flag,
+            report,
+        }
     }
 
     /// Whether the URL's server is part of a Redis Cluster.
     pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self.backend, Backend::Cluster(..))
-    }
-
-    /// Whether the units live in PostgreSQL.
-    pub(crate) fn is_postgres(&self) -> bool {
-        matches!(self.backend, Backend::Postgres(..))
+        self.cluster
     }
 
     /// A failed store call as the CLI reports it.
     pub(crate) fn failure(&self, err: &StoreError) -> Failure {
-        if self.is_postgres() {
-            Failure::postgres(err, &self.url)
-        } else {
-            Failure::redis(err, &self.url)
-        }
+        (self.report)(err, &self.url)
     }
 
     /// Where the units live, for JSON: `("namespace", "default")` or `("table", "…")`.
     pub(crate) fn scope(&self) -> (&'static str, &str) {
-        match &self.backend {
-            Backend::Server(store) => ("namespace", store.namespace()),
-            Backend::Cluster(store) => ("namespace", store.namespace()),
-            Backend::Postgres(store) => ("table", store.table()),
-        }
+        (self.scope.kind, &self.scope.name)
     }
 
     /// Where the units live, for people: "namespace `default`" or "table `idempotask_units`".
     pub(crate) fn scope_text(&self) -> String {
-        let (what, name) = self.scope();
-        format!("{what} `{name}`")
+        self.scope.to_string()
     }
 
     /// The flag that selects another scope, for hints.
     pub(crate) fn scope_flag(&self) -> &'static str {
-        if self.is_postgres() {
-            "--table"
-        } else {
-            "--namespace"
-        }
+        self.scope_flag
     }
 
     /// Where `unit` is stored, for messages: its Redis key, or its table's row.
     pub(crate) fn location(&self, unit: &UnitOfWork) -> String {
-        match &self.backend {
-            Backend::Server(store) => store.key(unit),
-            Backend::Cluster(store) => store.key(unit),
-            Backend::Postgres(store) => format!("the row of table {}", store.table()),
-        }
+        self.operator.location(unit)
     }
 
     pub(crate) fn check_task(task: &str) -> Result<(), Failure> {
@@ -158,22 +162,17 @@ impl Target {
     }
 
     pub(crate) fn unit(&self, task: &str, key: &str) -> Result<UnitOfWork, Failure> {
-        let max = match &self.backend {
-            Backend::Server(store) => store.max_key_len(),
-            Backend::Cluster(store) => store.max_key_len(),
-            Backend::Postgres(store) => store.max_key_len(),
-        };
-        UnitOfWork::with_limit(task, key, max).map_err(|err| Failure::usage(err.to_string()))
+        self.scope
+            .unit(task, key)
+            .map_err(|err| Failure::usage(err.to_string()))
     }
 
     /// What the unit holds now.
-    pub(crate) async fn read(&self, unit: &UnitOfWork) -> Result<Seen, Failure> {
-        let seen = match &self.backend {
-            Backend::Server(store) => store.read_unit(unit).await.map(Seen::from_reading),
-            Backend::Cluster(store) => store.read_unit(unit).await.map(Seen::from_reading),
-            Backend::Postgres(store) => store.read_unit(unit).await.map(Seen::from_postgres),
-        };
-        seen.map_err(|err| self.failure(&err))
+    pub(crate) async fn read(&self, unit: &UnitOfWork) -> Result<Held, Failure> {
+        self.operator
+            .read(unit)
+            .await
+            .map_err(|err| self.failure(&err))
     }
 
     /// Forgets the unit if it still holds exactly `shown`.
@@ -182,12 +181,10 @@ impl Target {
         unit: &UnitOfWork,
         shown: &[u8],
     ) -> Result<Forgot, Failure> {
-        let forgot = match &self.backend {
-            Backend::Server(store) => store.forget_exact(unit, shown).await,
-            Backend::Cluster(store) => store.forget_exact(unit, shown).await,
-            Backend::Postgres(store) => store.forget_exact(unit, shown).await,
-        };
-        forgot.map_err(|err| self.failure(&err))
+        self.operator
+            .forget_exact(unit, shown)
+            .await
+            .map_err(|err| self.failure(&err))
     }
 
     /// Resolves the unit if it still holds exactly `shown`, a lock in doubt.
@@ -197,77 +194,39 @@ impl Target {
         shown: &[u8],
         resolution: &Resolution,
     ) -> Result<Resolved, Failure> {
-        let resolved = match &self.backend {
-            Backend::Server(store) => store.resolve_exact(unit, shown, resolution).await,
-            Backend::Cluster(store) => store.resolve_exact(unit, shown, resolution).await,
-            // The token `Seen::from_postgres` showed; bytes that are no text are no token, so
-            // they are not the lock there.
-            Backend::Postgres(store) => match std::str::from_utf8(shown) {
-                Ok(token) => store.resolve_exact(unit, token, resolution).await,
-                Err(_) => Ok(Resolved::Changed),
-            },
-        };
-        resolved.map_err(|err| self.failure(&err))
+        self.operator
+            .resolve_exact(unit, shown, resolution)
+            .await
+            .map_err(|err| self.failure(&err))
     }
 
     /// Whether `task` has anything stored at all.
     pub(crate) async fn task_exists(&self, task: &str) -> Result<bool, Failure> {
-        let exists = match &self.backend {
-            Backend::Server(store) => store.task_has_keys(task).await,
-            Backend::Cluster(store) => store.task_has_keys(task).await,
-            Backend::Postgres(store) => store
-                .list_task(task, None, 1)
-                .await
-                .map(|page| !page.is_empty()),
-        };
-        exists.map_err(|err| self.failure(&err))
+        self.operator
+            .task_exists(task)
+            .await
+            .map_err(|err| self.failure(&err))
     }
 
-    /// Every done and locked unit of `task`, and the odd keys.
+    /// Every done and locked unit of `task`, and the odd keys, page by page.
     pub(crate) async fn list(&self, task: &str) -> Result<Listing, Failure> {
-        let redis = |found: RedisListing| {
-            let mut listing = Listing {
-                keys_seen: found.keys_seen,
-                servers_scanned: found.servers_scanned,
-                ..Listing::default()
-            };
-            for (digest, stored) in found.units {
-                if let Some(entry) = describe(task, &digest, Seen::from_redis(stored, None)) {
-                    listing.entries.insert(digest, entry);
-                }
-            }
-            listing
-        };
-        let found = match &self.backend {
-            Backend::Server(store) => store.list_task(task).await,
-            Backend::Cluster(store) => store.list_task(task).await,
-            Backend::Postgres(store) => return self.list_rows(store, task).await,
-        };
-        found.map(redis).map_err(|err| self.failure(&err))
-    }
-
-    /// A PostgreSQL listing, page by page.
-    async fn list_rows(&self, store: &PostgresStore, task: &str) -> Result<Listing, Failure> {
-        let mut listing = Listing {
-            servers_scanned: 1,
-            ..Listing::default()
-        };
-        let mut after: Option<Vec<u8>> = None;
+        let mut listing = Listing::default();
+        let mut from = None;
         loop {
-            let page = store
-                .list_task(task, after.as_deref(), PAGE)
+            let page = self
+                .operator
+                .list(task, from.as_ref(), PAGE)
                 .await
                 .map_err(|err| self.failure(&err))?;
-            let full = page.len() == PAGE;
-            after = page.last().map(|row| row.key.clone());
-            for row in page {
-                listing.keys_seen += 1;
-                if let Some((digest, entry)) = describe_row(task, row) {
-                    listing.entries.insert(digest, entry);
-                }
+            listing.keys_seen += page.keys_seen;
+            listing.servers_scanned += page.servers_scanned;
+            // A unit answered twice (a `SCAN` may) is shown as last read.
+            for (digest, entry) in page.units.iter().filter_map(describe) {
+                listing.entries.insert(digest, entry);
             }
-            if !full {
-                return Ok(listing);
+            match page.next {
+                Some(next) => from = Some(next),
+                None => return Ok(listing),
             }
         }
     }
