@@ -8,7 +8,7 @@
 //! [`PostgresStore::list_task`](crate::PostgresStore::list_task) answer with these types (and
 //! [`Forgot`] and [`Resolved`],
 //! the same on every backend). [`PostgresStore`] implements the core's
-//! [`Operator`](idempotask::operator::Operator) with them, which the `idempotask` command is
+//! [`Operator`] with them, which the `idempotask` command is
 //! built on.
 
 use std::time::Duration;

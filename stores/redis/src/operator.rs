@@ -10,8 +10,9 @@
 //! [`RedisStore::forget_exact`](crate::RedisStore::forget_exact),
 //! [`RedisStore::resolve_exact`](crate::RedisStore::resolve_exact) and
 //! [`RedisStore::list_task`](crate::RedisStore::list_task) (and the same methods of
-//! [`RedisClusterStore`](crate::RedisClusterStore)) use it. The `idempotask` command is built
-//! on these.
+//! [`RedisClusterStore`](crate::RedisClusterStore)) use it. Both stores implement the core's
+//! [`Operator`](idempotask::operator::Operator) with these (a listing there is one `SCAN` call a
+//! page), which the `idempotask` command is built on.
 //!
 //! ```
 //! use idempotask_redis::operator::Stored;
