@@ -503,41 +503,82 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
     /// Input: a task, and how to send `SCAN` to one server. Output: that server's keys of the
     /// task, each read once; the reads are routed by key, which lands on the same master unless
     /// a slot moves meanwhile (then the cluster client follows the redirection).
-    pub(super) async fn list_on<F, Fut>(&self, task: &str, send: F) -> Result<Listing, StoreError>
+    pub(super) async fn list_on<F, Fut>(
+        &self,
+        task: &str,
+        mut send: F,
+    ) -> Result<Listing, StoreError>
+    where
+        F: FnMut(Cmd) -> Fut,
+        Fut: Future<Output = Result<Value, RedisError>>,
+    {
+        let mut listing = Listing {
+            servers_scanned: 1,
+            ..Listing::default()
+        };
+        let mut cursor = 0;
+        loop {
+            let page = self.scan_page(task, cursor, BATCH, &mut send).await?;
+            listing.keys_seen += page.keys_seen;
+            let units = page.readings.into_iter();
+            listing
+                .units
+                .extend(units.map(|(digest, reading)| (digest, reading.stored)));
+            if page.next == 0 {
+                return Ok(listing);
+            }
+            cursor = page.next;
+        }
+    }
+
+    /// Input: a task, where its `SCAN` on one server stands (0: at the start), about how many
+    /// keys to look at, and how to send the `SCAN` there. Output: the keys of the task that one
+    /// call matched, each read once (routed by key, as every read is).
+    async fn scan_page<F, Fut>(
+        &self,
+        task: &str,
+        cursor: u64,
+        count: usize,
+        send: &mut F,
+    ) -> Result<Scanned, StoreError>
     where
         F: FnMut(Cmd) -> Fut,
         Fut: Future<Output = Result<Value, RedisError>>,
     {
         let (keys, pattern) = self.task_layout("scan", task)?;
-        // digest → the unit's key
+        let (next, names) = self.scan_once(send, &pattern, cursor, count).await?;
+        // digest → the unit's key; `SCAN` may answer a key twice.
         let mut found: BTreeMap<String, String> = BTreeMap::new();
-        let mut listing = Listing {
-            servers_scanned: 1,
-            ..Listing::default()
-        };
-        self.scan(send, &pattern, |page| {
-            for key in page {
-                let Some(digest) = keys.parse(&key).map(|parsed| parsed.digest.to_owned()) else {
-                    continue;
-                };
-                listing.keys_seen += 1;
-                found.insert(digest, key);
-            }
-            ControlFlow::Continue(())
-        })
-        .await?;
-        let found: Vec<(String, String)> = found.into_iter().collect();
-        for chunk in found.chunks(BATCH) {
-            let names: Vec<String> = chunk.iter().map(|(_, key)| key.clone()).collect();
-            let readings = self.read_keys(&names).await?;
-            for ((digest, _), reading) in chunk.iter().zip(readings) {
-                if !matches!(reading.stored, Stored::Missing) {
-                    listing.units.insert(digest.clone(), reading.stored);
-                }
+        let mut keys_seen = 0;
+        for name in names {
+            if let Some(digest) = keys.parse(&name).map(|parsed| parsed.digest.to_owned()) {
+                keys_seen += 1;
+                found.insert(digest, name);
             }
         }
-        Ok(listing)
+        let (digests, names): (Vec<String>, Vec<String>) = found.into_iter().unzip();
+        let readings = self.read_keys(&names).await?;
+        let readings = digests
+            .into_iter()
+            .zip(readings)
+            .filter(|(_, reading)| !matches!(reading.stored, Stored::Missing))
+            .collect();
+        Ok(Scanned {
+            readings,
+            keys_seen,
+            next,
+        })
     }
+}
+
+/// What one `SCAN` call of a task's keys found on one server.
+struct Scanned {
+    /// Each key that still held something when it was read, by the digest in its name.
+    readings: Vec<(String, Reading)>,
+    /// How many of the task's keys the call matched.
+    keys_seen: usize,
+    /// Where the `SCAN` stands after the call: 0 when it is done.
+    next: u64,
 }
 
 #[cfg(test)]

@@ -1,15 +1,18 @@
 //! The core's `Operator` on `RedisStore` (Redis 7 and Valkey 8.1) and on `RedisClusterStore`:
 //! the operator's contract (`idempotask_conformance::check_operator`), and what only Redis can
 //! hold under a unit's key (a value no delivery wrote, a hash, a lock without an expiry, a
-//! name that is not UTF-8), read back as data and never a panic.
+//! name that is not UTF-8), read back as data and never a panic; and the stores' own `list_task`
+//! finding what the trait's pages find.
 
 use idempotask_test_support as support;
 
 use std::collections::BTreeMap;
 
+use idempotask::Task;
 use idempotask::operator::{Cursor, Forgot, Held, Operator, SharedOperator};
 use idempotask::store::{StoreErrorKind, UnitOfWork};
-use idempotask_redis::RedisStore;
+use idempotask_redis::operator::Listing;
+use idempotask_redis::{RedisClusterStore, RedisStore};
 use support::RedisServer;
 use support::cluster::RedisCluster;
 
@@ -32,7 +35,7 @@ async fn a_redis_cluster_keeps_the_operator_contract() {
 }
 
 /// Every unit of `task`, walked with pages of `limit`, by digest.
-async fn listing(operator: &impl Operator, task: &str, limit: usize) -> BTreeMap<String, Held> {
+async fn listing_of(operator: &impl Operator, task: &str, limit: usize) -> BTreeMap<String, Held> {
     let mut units = BTreeMap::new();
     let mut from = None;
     loop {
@@ -100,7 +103,7 @@ async fn what_no_delivery_wrote_reads_back_as_data() {
         }
     ));
     for limit in [1, 1000] {
-        let units = listing(&operator, "charge", limit).await;
+        let units = listing_of(&operator, "charge", limit).await;
         let digests: Vec<&str> = units.keys().map(String::as_str).collect();
         let mut expected = [foreign.digest(), hash.digest(), forever.digest()];
         expected.sort_unstable();
@@ -136,4 +139,41 @@ async fn a_cursor_of_another_store_is_refused() {
         assert_eq!(refused.kind(), StoreErrorKind::Configuration, "{refused}");
         assert!(refused.to_string().contains(cursor), "{refused}");
     }
+}
+
+/// The store's own `list_task` (what the CLI used before the trait) and the trait's pages agree:
+/// both are one walk of `SCAN` pages, read by key.
+async fn list_task_agrees_with_the_pages<S>(store: S, list_task: impl AsyncFnOnce(&S) -> Listing)
+where
+    S: Operator + idempotask::store::Store + Clone,
+{
+    for key in 0..40 {
+        let task = Task::named("charge").fencing(true);
+        let call = task.call(format!("order-{key}")).store(store.clone());
+        call.run(async { Ok::<_, idempotask::Error>(key) })
+            .await
+            .unwrap();
+    }
+    let listing = list_task(&store).await;
+    let paged = listing_of(&store, "charge", 7).await;
+    let digests: Vec<&String> = listing.units.keys().collect();
+    assert_eq!(digests, paged.keys().collect::<Vec<_>>());
+    assert_eq!(listing.keys_seen, 40);
+    assert!(listing.servers_scanned >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_task_agrees_with_the_pages_on_redis_and_a_cluster() {
+    let server = RedisServer::start();
+    list_task_agrees_with_the_pages(server.store().await, async |store: &RedisStore| {
+        store.list_task("charge").await.unwrap()
+    })
+    .await;
+    let cluster = RedisCluster::shared().fresh_store().await;
+    list_task_agrees_with_the_pages(cluster, async |store: &RedisClusterStore| {
+        let listing = store.list_task("charge").await.unwrap();
+        assert_eq!(listing.servers_scanned, 3);
+        listing
+    })
+    .await;
 }

@@ -2,7 +2,6 @@
 //! value as the [`Held`] every store answers, and a listing one `SCAN` call per page (on each
 //! master in turn, for a cluster).
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use idempotask::operator::{
@@ -65,9 +64,8 @@ struct Found {
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
-    /// Input: a task, where its `SCAN` on one server stands (0: at the start), about how many
-    /// keys to look at, and how to send the `SCAN` there. Output: the units of the keys that one
-    /// call matched, each read once (routed by key, as every read is).
+    /// Input: a task, where its `SCAN` on one server stands, about how many keys to look at,
+    /// and how to send the `SCAN` there. Output: one page's units, as an operator is shown them.
     async fn page_on<F, Fut>(
         &self,
         task: &str,
@@ -79,23 +77,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         F: FnMut(Cmd) -> Fut,
         Fut: Future<Output = Result<Value, RedisError>>,
     {
-        let (keys, pattern) = self.task_layout("list", task)?;
         let count = limit.clamp(1, PAGE_MAX);
-        let (next, names) = self.scan_once(&mut send, &pattern, cursor, count).await?;
-        // digest → the unit's key; `SCAN` may answer a key twice.
-        let mut found: BTreeMap<String, String> = BTreeMap::new();
-        let mut keys_seen = 0;
-        for name in names {
-            if let Some(digest) = keys.parse(&name).map(|parsed| parsed.digest.to_owned()) {
-                keys_seen += 1;
-                found.insert(digest, name);
-            }
-        }
-        let (digests, names): (Vec<String>, Vec<String>) = found.into_iter().unzip();
-        let readings = self.read_keys(&names).await?;
-        let units = digests
+        let scanned = self.scan_page(task, cursor, count, &mut send).await?;
+        let units = scanned
+            .readings
             .into_iter()
-            .zip(readings)
             .filter_map(|(digest, reading)| match held(reading) {
                 Held::Nothing => None,
                 held => Some(Listed::new(task, digest, held)),
@@ -103,8 +89,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
             .collect();
         Ok(Found {
             units,
-            keys_seen,
-            next,
+            keys_seen: scanned.keys_seen,
+            next: scanned.next,
         })
     }
 }
