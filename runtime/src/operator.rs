@@ -60,10 +60,12 @@ const EXISTS_PAGE: usize = 100;
 /// list a task's units page by page, count them, forget exactly the marker it was shown,
 /// resolve a unit in doubt against exactly the lock it was shown.
 ///
-/// Every store crate implements it for its stores (`RedisStore` and `RedisClusterStore` in
-/// `idempotask_redis`, `PostgresStore` in `idempotask_postgres`), and this crate for
-/// [`MemoryStore`](crate::MemoryStore); a tool written against it (the `idempotask` command,
-/// a web page) needs no arm per store. [`SharedOperator`] holds any of them.
+/// `RedisStore` and `RedisClusterStore` in `idempotask_redis`, `PostgresStore` in
+/// `idempotask_postgres` and this crate's [`MemoryStore`](crate::MemoryStore) implement it
+/// (`RedlockStore` does not yet); a tool written against it (the `idempotask` command, a web
+/// page) needs no arm per store. [`SharedOperator`] holds any of them.
+/// `idempotask_conformance::check_operator` checks an implementation against the contract
+/// below.
 ///
 /// Implement it with `async fn`s, as [`Store`](crate::store::Store); their futures must be
 /// `Send`. [`task_exists`](Self::task_exists) and [`stats`](Self::stats) are provided on top
