@@ -78,3 +78,16 @@ impl Store for ResentFinishBug {
 async fn the_fault_harness_catches_a_resent_finish_that_takes_its_own_marker_for_success() {
     idempotask_conformance::every_fault_point(SharedStore::new(ResentFinishBug::default())).await;
 }
+
+/// The suite through `BatchingStore`, which sends concurrent calls to the store as batches:
+/// every check holds for a unit whose calls go in a batch with others'.
+mod batching {
+    idempotask_conformance::conformance_tests!((
+        (),
+        idempotask::store::BatchingStore::new(idempotask::MemoryStore::new())
+    ));
+    idempotask_conformance::doubt_conformance_tests!((
+        (),
+        idempotask::store::BatchingStore::new(idempotask::MemoryStore::new())
+    ));
+}

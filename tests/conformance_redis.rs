@@ -24,3 +24,22 @@ mod in_doubt {
         (server, store)
     });
 }
+
+/// The suite through `BatchingStore`, whose batches `RedisStore` sends as one pipeline.
+mod batching {
+    use super::*;
+
+    use idempotask::store::BatchingStore;
+
+    idempotask_conformance::conformance_tests!({
+        let server = RedisServer::start();
+        let store = BatchingStore::new(server.store().await);
+        (server, store)
+    });
+
+    idempotask_conformance::doubt_conformance_tests!({
+        let server = RedisServer::start();
+        let store = BatchingStore::new(server.store().await);
+        (server, store)
+    });
+}

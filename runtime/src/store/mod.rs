@@ -51,6 +51,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod batch;
+mod batching;
 pub(crate) mod memory;
 mod shared;
 mod transaction;
@@ -61,7 +62,8 @@ pub use crate::marker::lock_lost_marker;
 pub use crate::unit::{
     LockToken, MAX_KEY_LEN, MAX_NAME_LEN, UnitOfWork, check_namespace, check_task_name,
 };
-pub use batch::{Claim, Completion, begin_each, finish_each};
+pub use batch::{Claim, Completion};
+pub use batching::BatchingStore;
 pub use shared::SharedStore;
 pub use transaction::TransactionScope;
 
@@ -227,6 +229,76 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ) -> impl Future<Output = Vec<Result<Finish, StoreError>>> + Send {
         finish_each(self, completions, result_ttl)
     }
+}
+
+/// [`Store::begin_batch`](Store::begin_batch) one unit at a time: `store`'s `begin` for
+/// each claim in turn. The trait's default, and the fallback of a store that batches only
+/// where it can (`RedisClusterStore`, whose units spread over nodes).
+///
+/// ```
+/// use std::time::Duration;
+/// use idempotask::MemoryStore;
+/// use idempotask::store::{Claim, Fencing, LockToken, UnitOfWork, begin_each};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let unit = UnitOfWork::new("charge", "order-1")?;
+/// let token = LockToken::generate();
+/// let answers = begin_each(&MemoryStore::new(), &[Claim::new(&unit, &token)], Duration::from_secs(30), Fencing::Off).await;
+/// assert_eq!(answers.len(), 1);
+/// # Ok(()) }
+/// ```
+pub async fn begin_each<S: Store + ?Sized>(
+    store: &S,
+    claims: &[Claim<'_>],
+    lock_ttl: Duration,
+    fencing: Fencing,
+) -> Vec<Result<Begin, StoreError>> {
+    let mut answers = Vec::with_capacity(claims.len());
+    for claim in claims {
+        answers.push(
+            store
+                .begin(claim.unit, claim.token, lock_ttl, fencing)
+                .await,
+        );
+    }
+    answers
+}
+
+/// [`Store::finish_batch`](Store::finish_batch) one unit at a time: `store`'s `finish`
+/// for each completion in turn, as [`begin_each`] does for a begin.
+///
+/// ```
+/// use std::time::Duration;
+/// use idempotask::MemoryStore;
+/// use idempotask::store::{Completion, Finish, LockToken, UnitOfWork, finish_each};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let unit = UnitOfWork::new("charge", "order-1")?;
+/// let token = LockToken::generate();
+/// // Nobody held the unit: the result is kept, as a lock lost.
+/// let answers = finish_each(&MemoryStore::new(), &[Completion::new(&unit, &token, b"D1|x|1")], Duration::from_secs(60)).await;
+/// assert!(matches!(answers[0], Ok(Finish::LockLost { marker_written: true, .. })));
+/// # Ok(()) }
+/// ```
+pub async fn finish_each<S: Store + ?Sized>(
+    store: &S,
+    completions: &[Completion<'_>],
+    result_ttl: Duration,
+) -> Vec<Result<Finish, StoreError>> {
+    let mut answers = Vec::with_capacity(completions.len());
+    for completion in completions {
+        answers.push(
+            store
+                .finish(
+                    completion.unit,
+                    completion.token,
+                    completion.marker,
+                    result_ttl,
+                )
+                .await,
+        );
+    }
+    answers
 }
 
 /// The answer of [`Store::begin`].
