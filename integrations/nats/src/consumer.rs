@@ -90,8 +90,8 @@ impl<K> Idempotent<K> {
 
     /// Uses `store` instead of the installed one.
     ///
-    /// With many messages in flight, wrap it in
-    /// [`BatchingStore`](idempotask::store::BatchingStore): the calls of the messages of
+    /// With many messages in flight and a store that batches natively (`RedisStore`), wrap it
+    /// in [`BatchingStore`](idempotask::store::BatchingStore): the calls of the messages of
     /// a fetch that run at the same time then reach the store as one batch (one pipeline on
     /// `RedisStore`) instead of one round trip each.
     #[must_use]

@@ -1,6 +1,7 @@
 //! [`BatchingStore`]: a store whose concurrent `begin`s and `finish`es go to the store it wraps
 //! as batches, one round trip for as many calls as arrived together.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -24,17 +25,25 @@ const MAX_BATCH: usize = 256;
 /// of 128, with no timer and no added wait when the store is idle. Each call gets its own
 /// answer, exactly the one its unit's single call would have had (the wrapped store's
 /// `begin_batch` promises that). `release`, `renew`, `inspect` and `forget` go straight
-/// through, except that a `release` waits for a batched `begin` it may overtake.
+/// through, except that a `release` waits for a batched `begin` of its unit that it could
+/// overtake. It needs a tokio runtime, as the runner does.
 ///
-/// What it costs: a call may wait for the batch in flight before its own is sent, at most one
-/// round trip; a lock's lease is counted from the moment the call was made, so that wait only
-/// shortens the lease the caller counts, never lengthens it. It pays where the wrapped store
-/// batches (`RedisStore`: one pipeline) and many calls are in flight; with one call at a time
-/// it adds a spawned task per call.
+/// What it costs: one batch of each kind is in flight at a time, so a call may wait for the
+/// batch in flight before its own is sent, and a batch's answers come back together, when its
+/// slowest unit is answered (a `PTTL` for another holder's lock, a row-lock wait). A lock's
+/// lease is counted from the moment the call was made, so waiting only shortens the lease the
+/// caller counts, never lengthens it; a grant that comes back with less than the runner's
+/// floor left is released and the body does not run. Use it over a store that batches
+/// natively (`RedisStore`: one pipeline) with many calls in flight; over a store that answers
+/// a batch one unit at a time (the trait's default: `MemoryStore`, `PostgresStore`,
+/// `RedisClusterStore`, `RedlockStore`) it would only put every call behind the others.
 ///
 /// A call dropped while it waits is left out of the next batch; one dropped after its batch
 /// was sent is in flight, as a dropped single call's command is, and the runner's release of
-/// it waits until that batch's answer is in, so that it cannot reach the store first.
+/// it waits until that batch's answer is in, so that it cannot reach the store first (a
+/// release of a unit in no batch in flight goes at once). A batch lost with its sender (the
+/// wrapped store panicked, the runtime shut down) answers each of its calls an ambiguous
+/// error, and the next calls get a new sender.
 ///
 /// ```
 /// use idempotask::store::BatchingStore;
@@ -72,9 +81,9 @@ struct Shared<S> {
     store: S,
     begins: Lane<BeginRequest>,
     finishes: Lane<FinishRequest>,
-    /// How many begin batches were taken from the queue, and how many came back: a release
-    /// waits until every batch taken before it came back.
-    begins_sent: watch::Sender<(u64, u64)>,
+    /// The number of the last begin batch that came back (or was lost): a release whose unit
+    /// is in a batch in flight waits until that batch's number is reached.
+    begins_back: watch::Sender<u64>,
 }
 
 /// One kind of call waiting to be sent, and whether a flusher is sending them.
@@ -85,6 +94,10 @@ struct Lane<R> {
 struct LaneState<R> {
     waiting: Vec<R>,
     flushing: bool,
+    /// How many batches were taken from this lane.
+    taken: u64,
+    /// For begins: the units of the batch in flight, by the number of that batch.
+    in_flight: HashMap<UnitOfWork, u64>,
 }
 
 impl<R> Lane<R> {
@@ -93,59 +106,123 @@ impl<R> Lane<R> {
             state: Mutex::new(LaneState {
                 waiting: Vec::new(),
                 flushing: false,
+                taken: 0,
+                in_flight: HashMap::new(),
             }),
         }
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, LaneState<R>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Queues `request`; answers whether the caller must start a flusher (none is running).
     fn push(&self, request: R) -> bool {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = self.lock();
         state.waiting.push(request);
         !std::mem::replace(&mut state.flushing, true)
     }
 
-    /// Up to [`MAX_BATCH`] waiting requests, oldest first; none (and the flusher stops) when
-    /// nothing waits.
-    fn take(&self) -> Vec<R> {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+    /// Up to [`MAX_BATCH`] waiting requests, oldest first, and the batch's number, with the
+    /// units `unit_of` names marked in flight; none (and the flusher stops) when nothing waits.
+    fn take(&self, unit_of: impl Fn(&R) -> Option<&UnitOfWork>) -> (Vec<R>, u64) {
+        let mut state = self.lock();
         if state.waiting.is_empty() {
             state.flushing = false;
-            return Vec::new();
+            return (Vec::new(), state.taken);
         }
         let len = state.waiting.len().min(MAX_BATCH);
-        state.waiting.drain(..len).collect()
+        let taken: Vec<R> = state.waiting.drain(..len).collect();
+        state.taken += 1;
+        let number = state.taken;
+        for request in &taken {
+            if let Some(unit) = unit_of(request) {
+                state.in_flight.insert(unit.clone(), number);
+            }
+        }
+        (taken, number)
     }
 
-    /// After a flusher's panic: answers whether a new flusher must take over the requests
-    /// that arrived meanwhile (they still wait), else marks the lane idle.
-    fn restart(&self) -> bool {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        state.flushing = !state.waiting.is_empty();
-        state.flushing
+    /// The batch `number` came back: its units are no longer in flight.
+    fn back(&self, number: u64) {
+        self.lock().in_flight.retain(|_, batch| *batch != number);
+    }
+
+    /// The number of the batch in flight that carries `unit`, if any.
+    fn carrying(&self, unit: &UnitOfWork) -> Option<u64> {
+        self.lock().in_flight.get(unit).copied()
+    }
+
+    /// After a flusher ended before its work was done: nothing is in flight any more, and
+    /// answers whether a new flusher must take over the requests still waiting (`restart`),
+    /// else drops them (their callers hear that their batch was lost) and marks the lane idle.
+    /// Also answers the number of the last batch taken, which counts as back now.
+    fn settle(&self, restart: bool) -> (bool, u64) {
+        let mut state = self.lock();
+        state.in_flight.clear();
+        if restart && !state.waiting.is_empty() {
+            return (true, state.taken);
+        }
+        state.waiting.clear();
+        state.flushing = false;
+        (false, state.taken)
     }
 }
 
-/// Settles a lane when its flusher unwinds (the wrapped store panicked): the batch it carried
-/// is lost (its callers hear so as their answers are dropped), a release waiting for it goes
-/// on, and the calls that arrived meanwhile get a new flusher instead of waiting forever.
-struct Unwinding<S: Store> {
+/// Owned by a flusher from the moment it is spawned, so that a flusher that ends before its
+/// work is done (the wrapped store panicked, or its runtime shut down, even before its first
+/// poll) leaves no caller waiting forever: the batch it carried is lost (its callers' answers
+/// are dropped, and they hear so), a release waiting for that batch goes on, and the calls
+/// that arrived meanwhile get a new flusher after a panic, or are failed when the runtime is
+/// going away.
+struct Flusher<S: Store> {
     shared: Arc<Shared<S>>,
     begins: bool,
+    done: bool,
 }
 
-impl<S: Store> Drop for Unwinding<S> {
+impl<S: Store> Flusher<S> {
+    /// Spawns the flusher of the begins (`begins`) or of the finishes.
+    fn spawn(shared: Arc<Shared<S>>, begins: bool) {
+        let flusher = Self {
+            shared,
+            begins,
+            done: false,
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                if begins {
+                    runtime.spawn(flusher.flush_begins());
+                } else {
+                    runtime.spawn(flusher.flush_finishes());
+                }
+            }
+            // Dropped undone: its lane's callers hear their batch was lost.
+            Err(_) => drop(flusher),
+        }
+    }
+}
+
+impl<S: Store> Drop for Flusher<S> {
     fn drop(&mut self) {
-        if !std::thread::panicking() {
+        if self.done {
             return;
         }
+        // A panic in the wrapped store leaves the runtime running: the calls that arrived
+        // meanwhile get a new flusher. A flusher dropped undone otherwise is a runtime going
+        // away, where a new one would be dropped as well.
+        let restart = std::thread::panicking() && tokio::runtime::Handle::try_current().is_ok();
         let shared = Arc::clone(&self.shared);
         if self.begins {
-            shared.begins_sent.send_modify(|(sent, back)| *back = *sent);
-            if shared.begins.restart() {
-                tokio::spawn(shared.flush_begins());
+            let (restart, taken) = shared.begins.settle(restart);
+            shared
+                .begins_back
+                .send_modify(|back| *back = (*back).max(taken));
+            if restart {
+                Self::spawn(shared, true);
             }
-        } else if shared.finishes.restart() {
-            tokio::spawn(shared.flush_finishes());
+        } else if shared.finishes.settle(restart).0 {
+            Self::spawn(shared, false);
         }
     }
 }
@@ -174,7 +251,7 @@ impl<S: Store> BatchingStore<S> {
                 store,
                 begins: Lane::new(),
                 finishes: Lane::new(),
-                begins_sent: watch::channel((0, 0)).0,
+                begins_back: watch::channel(0).0,
             }),
         }
     }
@@ -185,19 +262,15 @@ impl<S: Store> BatchingStore<S> {
     }
 }
 
-impl<S: Store> Shared<S> {
+impl<S: Store> Flusher<S> {
     /// Sends the waiting begins, batch after batch, until none waits.
-    async fn flush_begins(self: Arc<Self>) {
-        let _unwinding = Unwinding {
-            shared: Arc::clone(&self),
-            begins: true,
-        };
+    async fn flush_begins(mut self) {
         loop {
-            let taken = self.begins.take();
+            let (taken, number) = self.shared.begins.take(|request| Some(&request.unit));
             if taken.is_empty() {
+                self.done = true;
                 return;
             }
-            self.begins_sent.send_modify(|(sent, _)| *sent += 1);
             // A caller that gave up before its request was sent is left out.
             let mut requests: Vec<BeginRequest> = taken
                 .into_iter()
@@ -214,25 +287,29 @@ impl<S: Store> Shared<S> {
                     .iter()
                     .map(|request| Claim::new(&request.unit, &request.token))
                     .collect();
-                let answers = self.store.begin_batch(&claims, lock_ttl, fencing).await;
+                let answers = self
+                    .shared
+                    .store
+                    .begin_batch(&claims, lock_ttl, fencing)
+                    .await;
                 drop(claims);
                 answer_each(group, answers, "begin", |request| request.answer);
             }
-            self.begins_sent.send_modify(|(_, back)| *back += 1);
+            self.shared.begins.back(number);
+            self.shared
+                .begins_back
+                .send_modify(|back| *back = (*back).max(number));
         }
     }
 
     /// Sends the waiting finishes, batch after batch, until none waits. A finish is sent even
     /// when its caller gave up: the body ran, so its result is recorded (the runner records a
     /// dropped call's result in the background the same way).
-    async fn flush_finishes(self: Arc<Self>) {
-        let _unwinding = Unwinding {
-            shared: Arc::clone(&self),
-            begins: false,
-        };
+    async fn flush_finishes(mut self) {
         loop {
-            let mut requests = self.finishes.take();
+            let (mut requests, _) = self.shared.finishes.take(|_| None);
             if requests.is_empty() {
+                self.done = true;
                 return;
             }
             while !requests.is_empty() {
@@ -245,7 +322,11 @@ impl<S: Store> Shared<S> {
                     .iter()
                     .map(|request| Completion::new(&request.unit, &request.token, &request.marker))
                     .collect();
-                let answers = self.store.finish_batch(&completions, result_ttl).await;
+                let answers = self
+                    .shared
+                    .store
+                    .finish_batch(&completions, result_ttl)
+                    .await;
                 drop(completions);
                 answer_each(group, answers, "finish", |request| request.answer);
             }
@@ -275,8 +356,8 @@ fn answer_each<R, T>(
     }
 }
 
-/// The answer of a call whose batch was lost with its flusher (a panic in the wrapped store):
-/// it may have been applied.
+/// The answer of a call whose batch was lost with its flusher (a panic in the wrapped store, a
+/// runtime shutting down): it may have been applied.
 fn lost(operation: &'static str) -> StoreError {
     StoreError::ambiguous(
         operation,
@@ -306,7 +387,7 @@ impl<S: Store> Store for BatchingStore<S> {
             answer,
         };
         if self.shared.begins.push(request) {
-            tokio::spawn(Arc::clone(&self.shared).flush_begins());
+            Flusher::spawn(Arc::clone(&self.shared), true);
         }
         answered.await.unwrap_or_else(|_| Err(lost("begin")))
     }
@@ -327,19 +408,20 @@ impl<S: Store> Store for BatchingStore<S> {
             answer,
         };
         if self.shared.finishes.push(request) {
-            tokio::spawn(Arc::clone(&self.shared).flush_finishes());
+            Flusher::spawn(Arc::clone(&self.shared), false);
         }
         answered.await.unwrap_or_else(|_| Err(lost("finish")))
     }
 
     async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
-        // A begin of this lock's may be in a batch sent before this release was asked for:
-        // the release waits for every such batch to come back, so that it cannot reach the
-        // store before the lock it releases.
-        let mut sent = self.shared.begins_sent.subscribe();
-        let target = sent.borrow().0;
-        // The sender lives as long as `self`: `wait_for` cannot fail while it is borrowed.
-        let _ = sent.wait_for(|(_, back)| *back >= target).await;
+        // A begin of this unit's may be in the batch in flight: the release waits for that
+        // batch to come back, so that it cannot reach the store before the lock it releases.
+        // Only that batch: a release of a unit in no batch goes at once.
+        if let Some(number) = self.shared.begins.carrying(unit) {
+            let mut back = self.shared.begins_back.subscribe();
+            // The sender lives as long as `self`: `wait_for` cannot fail while it is borrowed.
+            let _ = back.wait_for(|back| *back >= number).await;
+        }
         self.shared.store.release(unit, token).await
     }
 

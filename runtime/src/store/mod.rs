@@ -231,7 +231,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     }
 }
 
-/// [`Store::begin_batch`](Store::begin_batch) one unit at a time: `store`'s `begin` for
+/// [`Store::begin_batch`] one unit at a time: `store`'s `begin` for
 /// each claim in turn. The trait's default, and the fallback of a store that batches only
 /// where it can (`RedisClusterStore`, whose units spread over nodes).
 ///
@@ -264,7 +264,7 @@ pub async fn begin_each<S: Store + ?Sized>(
     answers
 }
 
-/// [`Store::finish_batch`](Store::finish_batch) one unit at a time: `store`'s `finish`
+/// [`Store::finish_batch`] one unit at a time: `store`'s `finish`
 /// for each completion in turn, as [`begin_each`] does for a begin.
 ///
 /// ```

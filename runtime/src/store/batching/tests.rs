@@ -272,3 +272,70 @@ async fn a_store_that_panics_loses_its_batch_but_not_the_next() {
     // A release waits for no batch that will never come back.
     assert!(store.release(&unit, &token).await.unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_of_a_unit_in_no_batch_goes_at_once() {
+    let (recording, gate) = Recording::gated();
+    let arrived = Arc::clone(&recording.arrived);
+    let store = BatchingStore::new(recording);
+    let held = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .begin(&unit("slow"), &LockToken::generate(), TTL, Fencing::Off)
+                .await
+        })
+    };
+    arrived.notified().await;
+    // Another unit's release does not wait behind the batch the store is holding.
+    let released = tokio::time::timeout(
+        Duration::from_secs(10),
+        store.release(&unit("other"), &LockToken::generate()),
+    )
+    .await
+    .expect("the release waited for a batch that does not carry its unit");
+    assert!(!released.unwrap());
+    gate.add_permits(1);
+    held.await.unwrap().unwrap();
+}
+
+#[test]
+fn a_runtime_that_shuts_down_mid_batch_leaves_the_store_usable() {
+    let (recording, gate) = Recording::gated();
+    let arrived = Arc::clone(&recording.arrived);
+    let store = BatchingStore::new(recording);
+    let (lost, token) = (unit("lost-with-its-runtime"), LockToken::generate());
+    let first = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    first.block_on(async {
+        let (store, lost, token) = (store.clone(), lost.clone(), token.clone());
+        tokio::spawn(async move { store.begin(&lost, &token, TTL, Fencing::Off).await });
+        arrived.notified().await;
+    });
+    // The batch is in the store when its runtime goes: its flusher is dropped mid-batch.
+    drop(first);
+    gate.add_permits(10);
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    second.block_on(async {
+        let fresh = tokio::time::timeout(
+            Duration::from_secs(10),
+            store.begin(&unit("after"), &LockToken::generate(), TTL, Fencing::Off),
+        )
+        .await;
+        assert!(matches!(
+            fresh.expect("a begin after the shutdown waited forever"),
+            Ok(Begin::Acquired { .. })
+        ));
+        let released =
+            tokio::time::timeout(Duration::from_secs(10), store.release(&lost, &token)).await;
+        released
+            .expect("the release of the lost batch's unit waited forever")
+            .unwrap();
+    });
+}
