@@ -19,7 +19,7 @@ use redis::aio::ConnectionLike;
 use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
 use super::lock::{key_millis, lock_value, memory_millis};
-use super::protocol::{BEGIN, FINISH, Protocol};
+use super::protocol::{BEGIN, FINISH, Protocol, timed_out};
 use super::reply::{is_out_of_memory, is_syntax_error, unexpected};
 use super::slow_path::begin_script_answer;
 use idempotask::store::{
@@ -57,38 +57,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         }
     }
 
-    /// [`Store::begin_batch`](idempotask::store::Store::begin_batch) in one pipeline, within
-    /// the call timeout.
+    /// [`Store::begin_batch`](idempotask::store::Store::begin_batch) in one pipeline. The
+    /// pipeline has the call timeout of one call, and each unit's follow-up its own: a slow
+    /// follow-up never turns another unit's settled answer into a timeout.
     async fn begin_pipelined(
-        &self,
-        claims: &[Claim<'_>],
-        lock_ttl: Duration,
-        fencing: Fencing,
-    ) -> Vec<Result<Begin, StoreError>> {
-        self.bounded_batch(
-            "begin",
-            claims.len(),
-            self.begin_pipeline(claims, lock_ttl, fencing),
-        )
-        .await
-    }
-
-    /// [`Store::finish_batch`](idempotask::store::Store::finish_batch) in one pipeline, within
-    /// the call timeout.
-    async fn finish_pipelined(
-        &self,
-        completions: &[Completion<'_>],
-        result_ttl: Duration,
-    ) -> Vec<Result<Finish, StoreError>> {
-        self.bounded_batch(
-            "finish",
-            completions.len(),
-            self.finish_pipeline(completions, result_ttl),
-        )
-        .await
-    }
-
-    async fn begin_pipeline(
         &self,
         claims: &[Claim<'_>],
         lock_ttl: Duration,
@@ -125,7 +97,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         }
         let replies = match self.send(&pipe, claims.len()).await {
             Ok(replies) => replies,
-            Err(err) => return self.each_failed("begin", &keys, &err),
+            Err(failure) => return self.each_failed("begin", &keys, &failure),
         };
         let mut answers = Vec::with_capacity(claims.len());
         for ((claim, key), reply) in claims.iter().zip(&keys).zip(replies) {
@@ -133,17 +105,23 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
                 Ok(reply) if fencing == Fencing::On => begin_script_answer(key, &reply),
                 Ok(Value::Nil) => Ok(Begin::acquired(None)),
                 Ok(Value::BulkString(value)) => {
-                    self.begin_found(key, claim.token, lock_ms, value).await
+                    self.bounded("begin", self.begin_found(key, claim.token, lock_ms, value))
+                        .await
                 }
                 Ok(other) => Err(unexpected("begin", key, &other)),
                 // The server lost the script: the single call loads it and sends it again.
                 Err(err) if is_no_script(&err) => {
-                    self.begin_script(key, claim.token, lock_ms, fencing).await
+                    self.bounded(
+                        "begin",
+                        self.begin_script(key, claim.token, lock_ms, fencing),
+                    )
+                    .await
                 }
                 Err(err) => {
                     let err = self.error("begin", key, &err);
                     if is_out_of_memory(&err) {
-                        self.begin_read_only(key, claim.token, err).await
+                        self.bounded("begin", self.begin_read_only(key, claim.token, err))
+                            .await
                     } else {
                         Err(err)
                     }
@@ -154,7 +132,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         answers
     }
 
-    async fn finish_pipeline(
+    /// [`Store::finish_batch`](idempotask::store::Store::finish_batch) in one pipeline, timed
+    /// as [`begin_pipelined`](Self::begin_pipelined) is.
+    async fn finish_pipelined(
         &self,
         completions: &[Completion<'_>],
         result_ttl: Duration,
@@ -186,7 +166,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         }
         let replies = match self.send(&pipe, completions.len()).await {
             Ok(replies) => replies,
-            Err(err) => return self.each_failed("finish", &keys, &err),
+            Err(failure) => return self.each_failed("finish", &keys, &failure),
         };
         let mut answers = Vec::with_capacity(completions.len());
         for ((completion, key), reply) in completions.iter().zip(&keys).zip(replies) {
@@ -197,7 +177,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
                 }
                 Ok(Value::Nil) if native => {
                     self.native_cas.answered();
-                    self.finish_lost(key, completion.marker, ttl).await
+                    self.bounded("finish", self.finish_lost(key, completion.marker, ttl))
+                        .await
                 }
                 Ok(Value::Int(1)) if !native => Ok(Finish::Completed),
                 Ok(Value::Int(2)) if !native => Ok(Finish::lost_marker_written()),
@@ -209,7 +190,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
                     if native && is_syntax_error(&err) {
                         self.native_cas.refused();
                     }
-                    self.finish_one(completion, result_ttl).await
+                    self.bounded("finish", self.finish_one(completion, result_ttl))
+                        .await
                 }
                 Err(err) => Err(self.error("finish", key, &err)),
             };
@@ -223,34 +205,47 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         units.map(|unit| self.key(unit)).collect()
     }
 
-    /// Sends `pipe` of `len` commands; each command's reply or error, in order.
+    /// Sends `pipe` of `len` commands within the call timeout; each command's reply or error,
+    /// in order.
     async fn send(
         &self,
         pipe: &redis::Pipeline,
         len: usize,
-    ) -> Result<Vec<RedisResult<Value>>, RedisError> {
+    ) -> Result<Vec<RedisResult<Value>>, Failure> {
         let mut connection = self.connection.clone();
-        let replies: Vec<RedisResult<Value>> = pipe.query_async(&mut connection).await?;
+        let sent = pipe.query_async::<Vec<RedisResult<Value>>>(&mut connection);
+        let replies = match self.call_timeout {
+            Some(limit) => tokio::time::timeout(limit, sent)
+                .await
+                .map_err(|_| Failure::TimedOut(limit))?,
+            None => sent.await,
+        }
+        .map_err(Failure::Redis)?;
         if replies.len() == len {
             Ok(replies)
         } else {
-            Err(RedisError::from((
+            Err(Failure::Redis(RedisError::from((
                 ErrorKind::Client,
                 "a pipeline's reply",
                 format!("{} replies to {len} commands", replies.len()),
-            )))
+            ))))
         }
     }
 
-    /// The error of a pipeline that failed as a whole, as each unit's answer.
+    /// The failure of a pipeline as a whole, as each unit's answer.
     fn each_failed<T>(
         &self,
         operation: &'static str,
         keys: &[String],
-        err: &RedisError,
+        failure: &Failure,
     ) -> Vec<Result<T, StoreError>> {
         keys.iter()
-            .map(|key| Err(self.error(operation, key, err)))
+            .map(|key| {
+                Err(match failure {
+                    Failure::Redis(err) => self.error(operation, key, err),
+                    Failure::TimedOut(limit) => timed_out(operation, *limit),
+                })
+            })
             .collect()
     }
 
@@ -269,6 +264,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         )
         .await
     }
+}
+
+/// Why a pipeline failed as a whole.
+enum Failure {
+    /// The connection or the server's reply.
+    Redis(RedisError),
+    /// No reply within the call timeout: ambiguous, as a single call's.
+    TimedOut(Duration),
 }
 
 /// Whether the server answered `NOSCRIPT` (it runs nothing then).

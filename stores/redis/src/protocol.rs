@@ -74,7 +74,7 @@ pub(super) async fn connect_within<T>(
 /// The ambiguous `Timeout` of a call cut short by the call timeout `limit`. The wait it cuts
 /// short may have been for a reconnection (nothing sent yet) or for a reply (the command may
 /// have run): nothing tells them apart from here, so it is ambiguous, as a response timeout is.
-fn timed_out(operation: &'static str, limit: Duration) -> StoreError {
+pub(super) fn timed_out(operation: &'static str, limit: Duration) -> StoreError {
     StoreError::ambiguous(
         operation,
         StoreErrorKind::Timeout,
@@ -100,7 +100,7 @@ pub(super) struct Protocol<C> {
     /// How long one store call may take, its commands, a wait for a connection and reloaded
     /// scripts included; `None` where the connection bounds its calls itself (the cluster
     /// client's overall response timeout).
-    call_timeout: Option<Duration>,
+    pub(super) call_timeout: Option<Duration>,
     /// Whether the server has a native compare-and-set (`SET … IFEQ`).
     pub(super) native_cas: NativeCas,
     /// Whether a batch goes in one pipeline: on one server, yes; a cluster spreads a batch's
@@ -225,24 +225,6 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         tokio::time::timeout(limit, call)
             .await
             .unwrap_or_else(|_| Err(timed_out(operation, limit)))
-    }
-
-    /// [`bounded`](Self::bounded) for a batch of `len` units: past the call timeout, each unit
-    /// answers the ambiguous `Timeout`.
-    pub(super) async fn bounded_batch<T>(
-        &self,
-        operation: &'static str,
-        len: usize,
-        call: impl Future<Output = Vec<Result<T, StoreError>>>,
-    ) -> Vec<Result<T, StoreError>> {
-        let Some(limit) = self.call_timeout else {
-            return call.await;
-        };
-        tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
-            std::iter::repeat_with(|| Err(timed_out(operation, limit)))
-                .take(len)
-                .collect()
-        })
     }
 
     /// Sends one plain command.
