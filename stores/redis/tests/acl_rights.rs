@@ -8,7 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use std::time::Duration;
 
-use idempotask::store::{Fencing, LockToken, Store, StoreErrorKind, UnitOfWork};
+use idempotask::store::{
+    BatchingStore, Begin, Claim, Completion, Fencing, Finish, LockToken, Store, StoreErrorKind,
+    UnitOfWork,
+};
 use idempotask::{Error, InDoubt, Outcome, Task};
 use idempotask_redis::{RedisClusterStore, RedisStore};
 use support::cluster::RedisCluster;
@@ -139,6 +142,64 @@ async fn every_operation(store: impl Store + Clone) {
             .in_doubt
             .is_some_and(|doubt| doubt.fencing_token.is_some())
     );
+    batches(store).await;
+}
+
+/// Batches send the same commands, in one pipeline on one server: the same rights suffice.
+async fn batches(store: impl Store + Clone) {
+    for fencing in [Fencing::Off, Fencing::On] {
+        let units: Vec<UnitOfWork> = (0..3)
+            .map(|i| UnitOfWork::new("acl-batch", format!("{fencing:?}-{i}")).unwrap())
+            .collect();
+        let tokens: Vec<LockToken> = units.iter().map(|_| LockToken::generate()).collect();
+        let claims: Vec<Claim<'_>> = units
+            .iter()
+            .zip(&tokens)
+            .map(|(unit, token)| Claim::new(unit, token))
+            .collect();
+        let mut granted = Vec::new();
+        for (answer, token) in store
+            .begin_batch(&claims, Duration::from_secs(30), fencing)
+            .await
+            .into_iter()
+            .zip(&tokens)
+        {
+            match answer.unwrap() {
+                Begin::Acquired { fencing_token, .. } => {
+                    let token = token.clone();
+                    granted.push(match fencing_token {
+                        Some(fence) => token.with_fencing_token(fence),
+                        None => token,
+                    });
+                }
+                other => panic!("expected the lock, got {other:?}"),
+            }
+        }
+        let markers: Vec<Vec<u8>> = units
+            .iter()
+            .map(|unit| format!(r#"D{}|{}|"done""#, unit.key().len(), unit.key()).into_bytes())
+            .collect();
+        let completions: Vec<Completion<'_>> = units
+            .iter()
+            .zip(&granted)
+            .zip(&markers)
+            .map(|((unit, token), marker)| Completion::new(unit, token, marker))
+            .collect();
+        for answer in store
+            .finish_batch(&completions, Duration::from_secs(60))
+            .await
+        {
+            assert_eq!(answer.unwrap(), Finish::Completed);
+        }
+    }
+    // And through BatchingStore, as a consumer's calls go.
+    let batched: u8 = Task::new("acl-batched")
+        .call("k")
+        .store(BatchingStore::new(store.clone()))
+        .run(async { Ok::<_, Error>(7) })
+        .await
+        .unwrap();
+    assert_eq!(batched, 7);
 }
 
 async fn documented_user_runs_everything(flavor: Flavor) {
