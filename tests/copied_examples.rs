@@ -444,7 +444,10 @@ mod copied {
         for tool in ["bash", "id", "ls"] {
             std::os::unix::fs::symlink(system(tool), bin.join(tool)).unwrap();
         }
-        let script = root().join("scripts/install-servers.sh");
+        // Copied where `nobody` can read it, and run from there: the checkout may be under a
+        // directory only root may enter (`mktemp -d`, mode 700).
+        let script = bin.join("install-servers.sh");
+        std::fs::copy(root().join("scripts/install-servers.sh"), &script).unwrap();
         let as_root = Command::new("id").arg("-u").output().unwrap().stdout == b"0\n";
         let mut command = if as_root {
             let mut command = Command::new(system("setpriv"));
@@ -456,6 +459,7 @@ mod copied {
         };
         let output = command
             .arg(&script)
+            .current_dir(&bin)
             .env_clear()
             .env("PATH", &bin)
             .output()

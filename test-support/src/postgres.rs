@@ -54,7 +54,10 @@ fn running_as_root() -> bool {
 fn command(program: &Path, root: bool) -> Command {
     if root {
         let mut command = Command::new("setpriv");
+        // The caller's directory may be one the `postgres` user cannot enter (a checkout under
+        // a `mktemp -d` directory, mode 700), and initdb and the server refuse to start there.
         command
+            .current_dir("/")
             .args([
                 "--reuid=postgres",
                 "--regid=postgres",
