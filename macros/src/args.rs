@@ -13,7 +13,7 @@ use syn::{Expr, Ident, LitStr, Token};
 use crate::suggest::did_you_mean;
 use crate::values::{InDoubt, Millis};
 use crate::values::{
-    boolean, count, crate_path, duration, duration_or_zero, idents, in_doubt, lock_ttl, log_key,
+    boolean, count, crate_path, duration, duration_or_zero, in_doubt, lock_ttl, log_key,
     reconcile_path, show, task_name,
 };
 
@@ -39,7 +39,7 @@ const OPTIONS: &[(&str, Setter)] = &[
         Ok(())
     }),
     ("fingerprint", |args, _, value| {
-        args.fingerprint = Some(idents(&value)?);
+        args.fingerprint = Some(value);
         Ok(())
     }),
     ("store", |args, _, value| {
@@ -123,7 +123,8 @@ pub(crate) struct Args {
     pub(crate) lock_ttl: Option<Millis>,
     pub(crate) result_ttl: Option<Millis>,
     pub(crate) name: Option<LitStr>,
-    pub(crate) fingerprint: Option<Vec<Ident>>,
+    /// Kept as written, like `key`: `fingerprint.rs` reads it against the function.
+    pub(crate) fingerprint: Option<Expr>,
     pub(crate) store: Option<Expr>,
     pub(crate) renew: bool,
     /// `fencing = true`: each execution gets a fencing token.

@@ -6,7 +6,7 @@
 //! [`misuse`](crate::misuse)'s.
 
 use proc_macro2::{Span, TokenStream, TokenTree};
-use quote::{quote, quote_spanned};
+use quote::quote_spanned;
 use syn::{Expr, FnArg, Ident, ItemFn, LitStr, Pat, Type};
 
 use crate::args::Errors;
@@ -239,7 +239,11 @@ fn placeholder(
 }
 
 /// The parameter named `ident`, or an error with a suggestion.
-fn find_param<'p>(ident: &Ident, params: &'p [Param], errors: &mut Errors) -> Option<&'p Param> {
+pub(crate) fn find_param<'p>(
+    ident: &Ident,
+    params: &'p [Param],
+    errors: &mut Errors,
+) -> Option<&'p Param> {
     if let Some(param) = params.iter().find(|p| p.ident == *ident) {
         return Some(param);
     }
@@ -281,30 +285,4 @@ pub(crate) fn respan(tokens: TokenStream, span: Span) -> TokenStream {
             tree
         })
         .collect()
-}
-
-/// Input: the `fingerprint` list. Output: the expression that fingerprints those parameters, or
-/// an error for each name that is no parameter or is part of the key.
-pub(crate) fn fingerprint(
-    names: &[Ident],
-    params: &[Param],
-    roots: &[Ident],
-    errors: &mut Errors,
-) -> Option<TokenStream> {
-    let mut fields = Vec::new();
-    for name in names {
-        if roots.contains(name) {
-            errors.at(
-                name.span(),
-                format!("`{name}` is part of the key; the fingerprint lists the other parameters, the ones that must match when the key is reused"),
-            );
-            continue;
-        }
-        if let Some(param) = find_param(name, params, errors) {
-            let ident = &param.ident;
-            let ident = Ident::new(&ident.to_string(), name.span());
-            fields.push(quote! { &#ident });
-        }
-    }
-    (fields.len() == names.len()).then(|| quote! { &(#(#fields,)*) })
 }

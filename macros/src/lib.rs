@@ -3,6 +3,7 @@
 
 mod args;
 mod expand;
+mod fingerprint;
 mod generators;
 mod key;
 mod misuse;
@@ -91,7 +92,7 @@ fn rewrite(
         misuse::check_declarations(&params, &key.roots, &mut errors);
         misuse::check_body(body, &key.roots, &not_users, self_renamed, &mut errors);
         let fingerprint = match &args.fingerprint {
-            Some(names) => Some(key::fingerprint(names, &params, &key.roots, &mut errors)?),
+            Some(value) => Some(fingerprint::check(value, &params, &key.roots, &mut errors)?),
             None => None,
         };
         Some(expand::Checked {

@@ -5,7 +5,7 @@
 
 use proc_macro2::Span;
 use syn::spanned::Spanned;
-use syn::{Expr, ExprLit, Ident, Lit, LitStr, UnOp};
+use syn::{Expr, ExprLit, Lit, LitStr, UnOp};
 
 use crate::suggest::did_you_mean;
 
@@ -190,31 +190,6 @@ pub(crate) fn task_name(value: &Expr) -> syn::Result<LitStr> {
             "a task name is 1 to 128 characters of `A-Z a-z 0-9 _ - .`; it becomes part of the store's keys",
         ))
     }
-}
-
-pub(crate) fn idents(value: &Expr) -> syn::Result<Vec<Ident>> {
-    let expected = || {
-        syn::Error::new(
-            value.span(),
-            "expected a list of parameter names for `fingerprint`, like `fingerprint = [amount_cents, currency]`",
-        )
-    };
-    let Expr::Array(array) = value else {
-        return Err(expected());
-    };
-    array
-        .elems
-        .iter()
-        .map(|elem| match elem {
-            Expr::Path(path) if path.qself.is_none() => {
-                path.path.get_ident().cloned().ok_or_else(expected)
-            }
-            _ => Err(syn::Error::new(
-                elem.span(),
-                "expected a parameter name; the fingerprint is made of whole parameters",
-            )),
-        })
-        .collect()
 }
 
 /// `"plain"` (false) or `"hash"` (true).
