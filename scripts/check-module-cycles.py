@@ -40,6 +40,7 @@ CRATES = [
     "stores/postgres",
     "integrations/apalis",
     "integrations/http",
+    "integrations/consumer",
     "integrations/nats",
     "integrations/lapin",
     "cli",

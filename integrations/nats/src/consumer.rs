@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::ConsumerProblem;
-use crate::backoff::MIN_DELAY;
 use crate::consumer_config::{self, CheckState, Expected};
 use crate::defaults::{
     DEFAULT_ACK_WAIT, DEFAULT_FAILURE_BACKOFF, DEFAULT_MAX_FAILURES, DEFAULT_STORE_BACKOFF,
@@ -13,8 +12,9 @@ use crate::defaults::{
 use crate::failures::{DEFAULT_FAILURE_BUCKET, DEFAULT_FAILURE_MEMORY, FailureCounts};
 use crate::progress;
 use async_nats::jetstream::{self, Message, consumer};
-use idempotask::store::{SharedStore, Store};
+use idempotask::store::Store;
 use idempotask::{Backoff, Task};
+use idempotask_consumer::{ConsumerSettings, MIN_DELAY};
 
 /// Runs JetStream messages through a [`Task`]: the key comes from each message through `K` (a
 /// `Fn(&Message) -> Option<String>`, or [`MsgId`](crate::MsgId)).
@@ -33,14 +33,10 @@ use idempotask::{Backoff, Task};
 /// assert_eq!(charge_once.progress_interval(), Duration::from_secs(3));
 /// ```
 pub struct Idempotent<K> {
-    pub(crate) task: Arc<Task>,
+    /// The task, the store and the backoffs, which every queue consumer has.
+    pub(crate) settings: ConsumerSettings,
     pub(crate) key: Arc<K>,
-    pub(crate) store: Option<SharedStore>,
     pub(crate) ack_wait: Duration,
-    pub(crate) failure_backoff: Backoff,
-    pub(crate) max_failures: u32,
-    pub(crate) store_backoff: Backoff,
-    pub(crate) fingerprint_payload: bool,
     pub(crate) failures: Arc<FailureCounts>,
     pub(crate) consumer_check: Arc<CheckState>,
     pub(crate) progress: Arc<progress::Ticker>,
@@ -51,14 +47,12 @@ impl<K> Idempotent<K> {
     /// `AckWait` ([`DEFAULT_ACK_WAIT`]).
     pub fn new(task: Task, key: K) -> Self {
         Self {
-            task: Arc::new(task),
+            settings: ConsumerSettings::new(task)
+                .failure_backoff(DEFAULT_FAILURE_BACKOFF)
+                .store_backoff(DEFAULT_STORE_BACKOFF)
+                .max_failures(DEFAULT_MAX_FAILURES),
             key: Arc::new(key),
-            store: None,
             ack_wait: DEFAULT_ACK_WAIT,
-            failure_backoff: DEFAULT_FAILURE_BACKOFF,
-            max_failures: DEFAULT_MAX_FAILURES,
-            store_backoff: DEFAULT_STORE_BACKOFF,
-            fingerprint_payload: false,
             failures: Arc::new(FailureCounts::new(
                 DEFAULT_FAILURE_BUCKET.to_owned(),
                 DEFAULT_FAILURE_MEMORY,
@@ -84,7 +78,7 @@ impl<K> Idempotent<K> {
     /// ```
     #[must_use]
     pub fn fingerprint_payload(mut self, on: bool) -> Self {
-        self.fingerprint_payload = on;
+        self.settings = self.settings.fingerprint_payload(on);
         self
     }
 
@@ -96,7 +90,7 @@ impl<K> Idempotent<K> {
     /// `RedisStore`) instead of one round trip each.
     #[must_use]
     pub fn store(mut self, store: impl Store) -> Self {
-        self.store = Some(SharedStore::new(store));
+        self.settings = self.settings.store(store);
         self
     }
 
@@ -125,7 +119,7 @@ impl<K> Idempotent<K> {
     /// ```
     #[must_use]
     pub fn failure_backoff(mut self, backoff: Backoff) -> Self {
-        self.failure_backoff = backoff;
+        self.settings = self.settings.failure_backoff(backoff);
         self
     }
 
@@ -153,7 +147,7 @@ impl<K> Idempotent<K> {
     /// report such a bucket ([`ConsumerProblem::FailureBucketUnusable`]).
     #[must_use]
     pub fn max_failures(mut self, failures: u32) -> Self {
-        self.max_failures = failures.max(1);
+        self.settings = self.settings.max_failures(failures);
         self
     }
 
@@ -188,19 +182,19 @@ impl<K> Idempotent<K> {
     /// its first (default [`DEFAULT_STORE_BACKOFF`]; at least 10 ms, as every nak delay).
     #[must_use]
     pub fn store_backoff(mut self, backoff: Backoff) -> Self {
-        self.store_backoff = backoff;
+        self.settings = self.settings.store_backoff(backoff);
         self
     }
 
     /// The task every message runs through.
     pub fn task(&self) -> &Task {
-        &self.task
+        self.settings.task()
     }
 
     /// How often a message being handled gets a progress ack: a third of the shorter of the
     /// declared `AckWait` and the task's lock TTL, at least 10 ms.
     pub fn progress_interval(&self) -> Duration {
-        (self.ack_wait.min(self.task.settings().lock_ttl) / 3).max(MIN_DELAY)
+        (self.ack_wait.min(self.task().settings().lock_ttl) / 3).max(MIN_DELAY)
     }
 
     /// The settings of a consumer that work against this task's lock: an `AckWait` shorter
@@ -318,14 +312,9 @@ impl<K> Idempotent<K> {
 impl<K> Clone for Idempotent<K> {
     fn clone(&self) -> Self {
         Self {
-            task: Arc::clone(&self.task),
+            settings: self.settings.clone(),
             key: Arc::clone(&self.key),
-            store: self.store.clone(),
             ack_wait: self.ack_wait,
-            failure_backoff: self.failure_backoff,
-            max_failures: self.max_failures,
-            store_backoff: self.store_backoff,
-            fingerprint_payload: self.fingerprint_payload,
             failures: Arc::clone(&self.failures),
             consumer_check: Arc::clone(&self.consumer_check),
             progress: Arc::clone(&self.progress),
@@ -336,14 +325,9 @@ impl<K> Clone for Idempotent<K> {
 impl<K> std::fmt::Debug for Idempotent<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Idempotent")
-            .field("task", &self.task)
+            .field("settings", &self.settings)
             .field("key", &std::any::type_name::<K>())
-            .field("store", &self.store.as_ref().map(|_| "own store"))
             .field("ack_wait", &self.ack_wait)
-            .field("failure_backoff", &self.failure_backoff)
-            .field("max_failures", &self.max_failures)
-            .field("store_backoff", &self.store_backoff)
-            .field("fingerprint_payload", &self.fingerprint_payload)
             .field("failure_bucket", &self.failures.bucket())
             .finish_non_exhaustive()
     }

@@ -19,6 +19,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use async_nats::jetstream::{self, Message, kv, stream};
+use idempotask_consumer::History;
 use tokio::sync::OnceCell;
 
 /// The bucket the failure counts are kept in, by default.
@@ -230,6 +231,26 @@ impl FailureCounts {
                 }
             })
             .await
+    }
+}
+
+/// One delivery's history, as the consumer core counts it: its body failures from the bucket
+/// (read only once the body failed), and its deliveries before this one as its store
+/// deferrals, which JetStream does not count apart.
+pub(crate) struct MessageHistory<'a> {
+    pub(crate) counts: &'a FailureCounts,
+    pub(crate) message: &'a Message,
+}
+
+impl History for MessageHistory<'_> {
+    async fn failures(&self) -> u32 {
+        self.counts.recorded(self.message).await
+    }
+
+    async fn deferrals(&self) -> u32 {
+        self.message.info().map_or(0, |info| {
+            u32::try_from(info.delivered.saturating_sub(1).max(0)).unwrap_or(u32::MAX)
+        })
     }
 }
 

@@ -1,17 +1,16 @@
 //! Handling one message: the call under its key, the acknowledgement its outcome becomes, and
 //! [`AckError`] when that acknowledgement could not be sent.
 
-use crate::backoff::nak_delay;
 use crate::consumer::Idempotent;
-use crate::handled::{takes_term_reason, undecided};
+use crate::failures::MessageHistory;
+use crate::handled::takes_term_reason;
 use crate::key::MessageKey;
 use crate::progress;
-use crate::{BodyFailure, Handled, Rejection};
+use crate::{Handled, Rejection};
 use async_nats::jetstream::{AckKind, Message};
-use idempotask::{Error, Fingerprint, catch_panic};
+use idempotask_consumer::Verdict;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use sha2::{Digest, Sha256};
 
 impl<K: MessageKey> Idempotent<K> {
     /// Runs `body` for `message` at most once per key, then acks, naks or terminates the
@@ -137,57 +136,24 @@ impl<K: MessageKey> Idempotent<K> {
             Ok(key) => key,
             Err(missing) => return Handled::Terminated(Rejection::MissingKey(missing)),
         };
-        let mut call = self.task.call(key);
-        if let Some(store) = &self.store {
-            call = call.store(store.clone());
-        }
-        if self.fingerprint_payload {
-            let digest = Sha256::digest(&message.payload);
-            call = call.fingerprint(Fingerprint::from_sha256(digest.into()));
-        }
+        let history = MessageHistory {
+            counts: &self.failures,
+            message,
+        };
         let body = async move {
             lease.record();
-            body.await.map_err(Failure::Body)
+            body.await
         };
-        // Around the whole call: the runner releases the lock of a body that panics and lets
-        // the panic go on, and a panic left to unwind from here would leave the message to
-        // `AckWait` with its failure uncounted, delivered again and again.
-        let error = match catch_panic(call.run_reported(body)).await {
-            Ok(Ok(report)) => return Handled::Acked(report),
-            Ok(Err(Failure::Idempotask(err))) => {
-                let delivered = message.info().map_or(1, |info| info.delivered);
-                return undecided(
-                    err,
-                    self.task.settings().lock_ttl,
-                    self.store_backoff,
-                    delivered,
-                );
-            }
-            Ok(Err(Failure::Body(error))) => BodyFailure::Error(error),
-            Err(panic) => BodyFailure::Panicked(panic),
-        };
-        let failures = self.failures.recorded(message).await.saturating_add(1);
-        if failures >= self.max_failures {
-            self.failures.forget(message);
-            return Handled::GaveUp { error, failures };
+        let verdict = self
+            .settings
+            .run(key, &message.payload, &history, body)
+            .await;
+        match &verdict {
+            Verdict::Retry { failures, .. } => self.failures.record(message, *failures).await,
+            Verdict::GiveUp { .. } => self.failures.forget(message),
+            _ => {}
         }
-        self.failures.record(message, failures).await;
-        Handled::Failed {
-            error,
-            delay: nak_delay(&self.failure_backoff, i64::from(failures)),
-        }
-    }
-}
-
-/// Why a message's call ended without a value: the body said so, or idempotask did.
-enum Failure<E> {
-    Body(E),
-    Idempotask(Error),
-}
-
-impl<E> From<Error> for Failure<E> {
-    fn from(err: Error) -> Self {
-        Self::Idempotask(err)
+        Handled::from_verdict(verdict)
     }
 }
 

@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use async_nats::jetstream::AckKind;
-use idempotask::{Backoff, Error, Panicked, Redelivery, Report};
+use idempotask::{Error, Report};
+use idempotask_consumer::{BodyFailure, Verdict};
 
-use crate::backoff::{MIN_DELAY, nak_delay};
 use crate::key::MissingKey;
 
 /// What became of one message; [`ack_kind`](Self::ack_kind) is the acknowledgement it calls
@@ -59,37 +59,6 @@ pub enum Handled<T, E> {
     /// redeliveries and raises JetStream's `MSG_TERMINATED` advisory (see the crate docs for
     /// what that takes to be a dead-letter path).
     Terminated(Rejection),
-}
-
-/// Why a body gave no value: it returned an error, or it panicked. Both are failures of the
-/// body alike: counted against [`max_failures`](crate::Idempotent::max_failures), retried with
-/// the failure backoff, the message terminated once they are used up.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum BodyFailure<E> {
-    /// The body's `Err`.
-    Error(E),
-    /// The body panicked. idempotask released its lock, as after an `Err`; the panic is caught
-    /// so that the message is settled instead of left to JetStream's `AckWait`.
-    Panicked(Panicked),
-}
-
-impl<E: std::fmt::Display> std::fmt::Display for BodyFailure<E> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Error(err) => err.fmt(f),
-            Self::Panicked(panic) => panic.fmt(f),
-        }
-    }
-}
-
-impl<E: std::error::Error + 'static> std::error::Error for BodyFailure<E> {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Error(err) => Some(err),
-            Self::Panicked(panic) => Some(panic),
-        }
-    }
 }
 
 /// Why a message was terminated.
@@ -160,44 +129,25 @@ pub(crate) fn takes_term_reason(version: &str) -> bool {
     }
 }
 
-/// Input: an error of idempotask's own for a message delivered `delivered` times. Output: a
-/// delayed nak when a later delivery can succeed, a term when none can.
-pub(crate) fn undecided<T, E>(
-    err: Error,
-    lock_ttl: Duration,
-    store_backoff: Backoff,
-    delivered: i64,
-) -> Handled<T, E> {
-    match err.redelivery() {
-        Redelivery::AfterHolder(remaining) => {
-            // The holder has stored its result or lost its lock by then: either way the
-            // redelivery decides at once instead of finding the lock taken again.
-            let delay = remaining.unwrap_or(lock_ttl).max(MIN_DELAY);
-            Handled::Deferred { error: err, delay }
-        }
-        // Not a fault of the message: terminated all the same, since every delivery would be
-        // held too, but under a rejection of its own that says what an operator must do.
-        Redelivery::Never if matches!(err, Error::InDoubt { .. }) => {
-            Handled::Terminated(Rejection::InDoubt(err))
-        }
-        Redelivery::Never => Handled::Terminated(Rejection::Refused(err)),
-        // A store error, no store installed, misuse, or anything newer: fail closed and try
-        // later.
-        _ => {
-            if err.is_misuse() {
-                // The program is wrong, not the message: terminating would delete the backlog
-                // on a WorkQueue or Interest stream, while a deferred message waits for the
-                // fixed deploy.
-                tracing::error!(
-                    error = %err,
-                    delivered,
-                    "the task is misused; the message is delivered again later, fix the program"
-                );
-            }
-            Handled::Deferred {
-                error: err,
-                delay: nak_delay(&store_backoff, delivered),
-            }
+impl<T, E> Handled<T, E> {
+    /// Input: what the consumer core made of a message's call. Output: the same in
+    /// JetStream's verbs: an ack, a delayed nak, or a `+TERM`.
+    pub(crate) fn from_verdict(verdict: Verdict<T, E>) -> Self {
+        match verdict {
+            Verdict::Ack(report) => Self::Acked(report),
+            Verdict::Retry { failure, delay, .. } => Self::Failed {
+                error: failure,
+                delay,
+            },
+            Verdict::GiveUp {
+                failure, failures, ..
+            } => Self::GaveUp {
+                error: failure,
+                failures,
+            },
+            Verdict::Defer { error, delay, .. } => Self::Deferred { error, delay },
+            Verdict::Refuse(err) => Self::Terminated(Rejection::Refused(err)),
+            Verdict::Hold(err) => Self::Terminated(Rejection::InDoubt(err)),
         }
     }
 }

@@ -174,7 +174,6 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod backoff;
 mod consumer;
 mod consumer_config;
 mod defaults;
@@ -191,5 +190,6 @@ pub use defaults::{
 };
 pub use failures::{DEFAULT_FAILURE_BUCKET, DEFAULT_FAILURE_MEMORY};
 pub use handle::AckError;
-pub use handled::{BodyFailure, Handled, Rejection};
+pub use handled::{Handled, Rejection};
+pub use idempotask_consumer::BodyFailure;
 pub use key::{MessageKey, MissingKey, MsgId};
