@@ -14,7 +14,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 # Pinned to what the tests were written against; pip skips what is already there.
 "$venv/bin/pip" install --quiet --disable-pip-version-check \
-  'pytest>=8,<10' 'celery[redis]==5.*' 'redis>=5,<8'
+  'pytest>=8,<10' 'celery[redis]==5.*' 'redis>=5,<8' 'pydantic>=2,<3'
 # Installed as the README tells users to, `pip install ./python` (without the README's `-v`,
 # which would print a line per crate here): maturin (fetched by pip into its build environment)
 # builds the wheel with the workspace's cargo, its Cargo.lock (`locked` in pyproject.toml), its

@@ -13,9 +13,10 @@ Units, keys, fingerprints and completion markers are the Rust core's: a Python w
 worker running tasks of the same name share their units. See docs/python.md.
 """
 
-from ._decorator import TaskContext, context, idempotent_task, install, installed
+from ._decorator import TaskContext, UnitRecord, context, idempotent_task, install, installed
 from ._reconcile import Reconciled
 from ._report import Outcome, Report, ResultNotRecorded, UnrecordedResultWarning
+from ._results import Serializer
 from ._native import (
     Contended,
     CodecError,
@@ -43,8 +44,10 @@ __all__ = [
     "RedisStore",
     "Report",
     "ResultNotRecorded",
+    "Serializer",
     "StoreError",
     "TaskContext",
+    "UnitRecord",
     "UnrecordedResultWarning",
     "context",
     "idempotent_task",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import json
+import logging
 import threading
 import warnings
 from contextvars import ContextVar
@@ -13,11 +13,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _native
-from ._keys import KeyTemplate, encode_json, fingerprint_json, fingerprint_names, key_parameters
+from ._keys import KeyTemplate, MissingField, fingerprint_json, fingerprint_paths, key_parameters
 from ._reconcile import Reconciled
 from ._report import RECORDED_KINDS, Report, ResultNotRecorded, UnrecordedResultWarning, outcome_of
+from ._results import UnfitResult, result_codec
 
-__all__ = ["TaskContext", "context", "idempotent_task", "install", "installed"]
+__all__ = ["TaskContext", "UnitRecord", "context", "idempotent_task", "install", "installed"]
+
+_log = logging.getLogger("idempotask")
 
 if TYPE_CHECKING:
     # For type checkers only (`typing_extensions` ships with them): what `@idempotent_task`
@@ -116,6 +119,23 @@ class TaskContext:
     expired: its side effect may have happened. ``None`` for a unit that was free."""
 
 
+@dataclass(frozen=True)
+class UnitRecord:
+    """What the core knows of a replayed unit, handed to the ``on_replay`` hook with the
+    value: its task, its key and the fencing token of the execution that stored the result.
+
+    The marker's stored time and expiry are not here: the core's report of a replay does not
+    carry them (yet), and reading them would cost the duplicate another store round trip."""
+
+    task: str
+    key: str
+    """The unit's key as the template made it (never its digest, whatever ``log_key`` says:
+    the hook runs in the caller's process, which has the arguments)."""
+    fencing_token: Optional[int]
+    """The fencing token of the execution whose result was replayed, for a task with
+    ``fencing=True``; ``None`` otherwise."""
+
+
 # The running body's task name, key and "run" event; `context()` builds the `TaskContext` of
 # them when asked, so that a body that never asks does not pay for it.
 _context: ContextVar[Optional[Tuple[str, str, Tuple[Any, ...]]]] = ContextVar("idempotask_context", default=None)
@@ -160,10 +180,13 @@ class _Spec:
     def __init__(self, function: Callable[..., Any], key: str, name: Optional[str], fingerprint: Any,
                  on_busy: Optional[str], store: Optional[Store], options: Dict[str, Any],
                  reconcile: Optional[Callable[[TaskContext], Any]] = None,
-                 on_unrecorded: str = "warn") -> None:
+                 on_unrecorded: str = "warn", result_serializer: Any = None,
+                 on_replay: Optional[Callable[[Any, UnitRecord], Any]] = None) -> None:
         qualname = getattr(function, "__qualname__", repr(function))
         self.function = function
         self.reconcile = _reconcile_of(function, reconcile, qualname)
+        self.on_replay = _on_replay_of(function, on_replay, qualname)
+        self.result = result_codec(function, result_serializer, qualname)
         self.signature, parameters, self.bound = key_parameters(function)
         # A signature of plain parameters only (no `*args`, `**kwargs` or keyword-only ones):
         # a call that gives each by position binds them in order.
@@ -172,7 +195,14 @@ class _Spec:
         self.names = tuple(self.signature.parameters)
         self.positional = len(kinds) if plain else -1
         self.key = KeyTemplate(key, parameters, qualname)
-        self.fingerprint = fingerprint_names(fingerprint, parameters, self.key.roots, qualname)
+        annotations = {
+            name: parameter.annotation
+            for name, parameter in self.signature.parameters.items()
+            if parameter.annotation is not inspect.Parameter.empty
+        }
+        self.fingerprint = fingerprint_paths(
+            fingerprint, parameters, self.key, annotations, getattr(function, "__globals__", {}), qualname
+        )
         if on_busy is not None and on_busy not in _ON_BUSY:
             raise ValueError(f"{qualname}: on_busy must be one of {', '.join(map(repr, _ON_BUSY))}, not {on_busy!r}")
         self.on_busy = on_busy
@@ -212,6 +242,10 @@ class _Spec:
             # A lone surrogate (from `json.loads` of a broken payload) has no UTF-8 form: the
             # native call would raise a bare UnicodeEncodeError.
             fingerprint.encode("utf-8")
+        except MissingField as err:
+            # A path the annotation could not check (a dict, an untyped parameter): nothing
+            # ran, as for a value without JSON text.
+            raise _codec_error("fingerprint", f"task {self.name!r}: {err}") from None
         except (TypeError, ValueError, RecursionError) as err:
             # No JSON text (an object, a cycle, a dict key that is no JSON name, nesting too
             # deep for `json`, a lone surrogate): nothing ran, as for the Rust attribute's
@@ -252,6 +286,26 @@ class _Spec:
 
     def context(self, key: str, event: Tuple[Any, ...]) -> Tuple[str, str, Tuple[Any, ...]]:
         return self.name, key, event
+
+    def replayed(self, event: Tuple[Any, ...]) -> Any:
+        """The value of a call whose body did not run: the stored result, rebuilt as the task's
+        serializer says (a ``CodecError`` of kind ``undecodable`` when it does not fit)."""
+        return self.result.decode(event[1], self.name)
+
+    def replay_record(self, event: Tuple[Any, ...], key: str) -> Optional[UnitRecord]:
+        """The record the ``on_replay`` hook gets for a ``done`` event, if it is a replay and
+        the task has a hook."""
+        if self.on_replay is None or event[2] != "replayed":
+            return None
+        return UnitRecord(self.name, key, event[3])
+
+    def hook_failed(self, key: str) -> None:
+        """The ``on_replay`` hook raised: logged, and the replayed value returned all the
+        same (the unit is done; failing its duplicate would only redeliver it to fail again)."""
+        _log.warning(
+            "the on_replay hook of task %r raised; the replayed result is returned as if it had not",
+            self.name, exc_info=True, extra={"idempotask": {"task": self.name, "key": self.task.shown_key(key)}},
+        )
 
     def end(self, value: Any, done: Tuple[Any, ...], key: str, reported: bool, reconciled: bool = False) -> Any:
         """What a call whose value is ``value`` (the reconcile function's answer when
@@ -317,36 +371,43 @@ def _checked(spec: _Spec, answer: Any) -> Reconciled[Any]:
     return answer
 
 
-def _answer_reconciled(pending: "_native.Pending", answer: Reconciled[Any]) -> None:
+def _answer_reconciled(spec: _Spec, pending: "_native.Pending", answer: Reconciled[Any]) -> None:
     """Hands the reconcile function's answer to the call, a value as ``_answer`` does."""
     if not answer.is_done:
         pending.not_done()
         return
     try:
-        text = encode_json(answer.value)
+        text = spec.result.encode(answer.value)
         text.encode("utf-8")
     except BaseException as err:  # noqa: B036 - an interrupt while encoding too
-        pending.reconciled_unstorable(f"the result has no JSON form: {err!r}")
+        pending.reconciled_unstorable(_unstorable_reason(err))
         if not isinstance(err, Exception):
             raise
     else:
         pending.reconciled(text)
 
 
-def _answer(pending: "_native.Pending", value: Any) -> None:
+def _answer(spec: _Spec, pending: "_native.Pending", value: Any) -> None:
     """Hands the body's value to the call: its JSON, or why it has none. Once the body returned,
     its work is done: whatever the encoding raises, the unit is recorded (as unstorable at
     worst), never released for the work to run again."""
     try:
-        text = encode_json(value)
+        text = spec.result.encode(value)
         # A lone surrogate (from `json.loads` of a broken payload) has no UTF-8 form.
         text.encode("utf-8")
     except BaseException as err:  # noqa: B036 - an interrupt while encoding too
-        pending.unstorable(f"the result has no JSON form: {err!r}")
+        pending.unstorable(_unstorable_reason(err))
         if not isinstance(err, Exception):
             raise
     else:
         pending.finish(text)
+
+
+def _unstorable_reason(err: BaseException) -> str:
+    """Why a result is recorded as unstorable, as duplicates' ``CodecError`` says it."""
+    if isinstance(err, UnfitResult):
+        return str(err)
+    return f"the result has no JSON form: {err!r}"
 
 
 def _not_awaited(function: Callable[..., Any], value: Any) -> Optional[TypeError]:
@@ -382,9 +443,44 @@ async def _settle_failed_async(pending: "_native.Pending", loop: "asyncio.Abstra
         pass
 
 
-def _replayed(event: Tuple[Any, ...]) -> Any:
-    """The value of a call whose body did not run: the stored result."""
-    return json.loads(event[1])
+def _on_replay_of(function: Callable[..., Any], on_replay: Any, qualname: str) -> Optional[Callable[..., Any]]:
+    """The ``on_replay=`` hook, checked: callable, and a plain function for a plain task (an
+    ``async def`` task takes either)."""
+    if on_replay is None:
+        return None
+    if not callable(on_replay):
+        raise TypeError(f"{qualname}: on_replay must be a function of the value and the UnitRecord, not {type(on_replay).__name__}")
+    if inspect.iscoroutinefunction(on_replay) and not inspect.iscoroutinefunction(function):
+        raise TypeError(f"{qualname}: on_replay is an `async def` function, but the task is not; give it a plain one")
+    return on_replay  # type: ignore[no-any-return]
+
+
+def _notify_sync(spec: _Spec, value: Any, event: Tuple[Any, ...], key: str) -> None:
+    """Calls the ``on_replay`` hook of a replay; an ``Exception`` in it is logged, never the
+    caller's."""
+    record = spec.replay_record(event, key)
+    if record is None:
+        return
+    try:
+        returned = spec.on_replay(value, record)  # type: ignore[misc]
+        refused = _not_awaited(spec.on_replay, returned)  # type: ignore[arg-type]
+        if refused is not None:
+            raise refused
+    except Exception:
+        spec.hook_failed(key)
+
+
+async def _notify_async(spec: _Spec, value: Any, event: Tuple[Any, ...], key: str) -> None:
+    """``_notify_sync`` for an ``async def`` task: an ``async def`` hook is awaited."""
+    record = spec.replay_record(event, key)
+    if record is None:
+        return
+    try:
+        returned = spec.on_replay(value, record)  # type: ignore[misc]
+        if inspect.isawaitable(returned):
+            await returned
+    except Exception:
+        spec.hook_failed(key)
 
 
 def _sync(spec: _Spec) -> Callable[..., Any]:
@@ -427,12 +523,14 @@ def _run_sync(spec: _Spec, pending: "_native.Pending", key: str, mode: str, this
             raise
         finally:
             _context.reset(token)
-        _answer_reconciled(pending, answer)
+        _answer_reconciled(spec, pending, answer)
         event = pending.wait()
         if answer.is_done:
             return spec.end(answer.value, event, key, reported, reconciled=True)
     if event[0] != "run":
-        return spec.end(_replayed(event), event, key, reported)
+        value = spec.replayed(event)
+        _notify_sync(spec, value, event, key)
+        return spec.end(value, event, key, reported)
     token = _context.set(spec.context(key, event))
     try:
         value = function(*args, **kwargs)
@@ -444,7 +542,7 @@ def _run_sync(spec: _Spec, pending: "_native.Pending", key: str, mode: str, this
         raise
     finally:
         _context.reset(token)
-    _answer(pending, value)
+    _answer(spec, pending, value)
     return spec.end(value, pending.wait(), key, reported)
 
 
@@ -571,12 +669,14 @@ async def _run_async(spec: _Spec, pending: "_native.Pending", key: str, mode: st
             raise
         finally:
             _context.reset(token)
-        _answer_reconciled(pending, answer)
+        _answer_reconciled(spec, pending, answer)
         event = await pending.wait_async(loop, _resolve)
         if answer.is_done:
             return spec.end(answer.value, event, key, reported, reconciled=True)
     if event[0] != "run":
-        return spec.end(_replayed(event), event, key, reported)
+        value = spec.replayed(event)
+        await _notify_async(spec, value, event, key)
+        return spec.end(value, event, key, reported)
     token = _context.set(spec.context(key, event))
     try:
         value = await spec.function(*args, **kwargs)
@@ -589,7 +689,7 @@ async def _run_async(spec: _Spec, pending: "_native.Pending", key: str, mode: st
         raise
     finally:
         _context.reset(token)
-    _answer(pending, value)
+    _answer(spec, pending, value)
     return spec.end(value, await pending.wait_async(loop, _resolve), key, reported)
 
 
@@ -613,6 +713,8 @@ def idempotent_task(
     store: Optional[Store] = None,
     reconcile: Optional[Callable[[TaskContext], Any]] = None,
     on_unrecorded: str = "warn",
+    result_serializer: Any = None,
+    on_replay: Optional[Callable[[Any, UnitRecord], Any]] = None,
 ) -> Decorator:
     """Runs the decorated function at most once per unit of work (its task name and the key the
     template makes of its arguments); every later call gets the first one's result back.
@@ -633,6 +735,25 @@ def idempotent_task(
     ``"raise"`` raises ``ResultNotRecorded``, which carries the value. Either way the
     ``idempotask`` logger gets a WARN record. ``task.run_reported(...)`` returns the value with
     its ``Outcome`` instead, and neither warns nor raises.
+
+    ``fingerprint``: ``True``, or a list of parameters and paths of fields in them
+    (``["order.amount", "currency"]``: the item of a dict, the field of a dataclass or of a
+    pydantic model), fingerprinted as the JSON list of the selected values, as the Rust
+    attribute's ``fingerprint = [order.amount, currency]``; a dataclass or a model as the JSON
+    object of its fields. A path into a parameter annotated with a dataclass or a model is
+    checked here; any other one when called (a ``CodecError`` of kind ``fingerprint``).
+
+    ``result_serializer``: how a duplicate rebuilds the result; by default the return
+    annotation says (a dataclass, a pydantic v2 model, an ``Enum``, a tuple, and lists, dicts
+    and optionals of them; plain JSON values stay as ``json.loads`` gives them). A type here
+    takes the annotation's place; ``Serializer(dump=..., load=...)`` gives two functions. An
+    annotation that no serializer can rebuild is a ``TypeError`` here.
+
+    ``on_replay``: a function of the replayed value and its ``UnitRecord`` (task, key, fencing
+    token), called on each replay only, before the value is returned (an ``async def`` one is
+    awaited, in an ``async def`` task). An ``Exception`` in it is logged (a WARNING of the
+    ``idempotask`` logger, with the traceback) and the value returned all the same; what it
+    returns is ignored.
     """
 
     def decorate(function: Callable[..., Any]) -> Any:
@@ -645,7 +766,9 @@ def idempotent_task(
             in_doubt=in_doubt, doubt_memory=doubt_memory, max_attempts=max_attempts, max_wait=max_wait,
             initial_backoff=initial_backoff, max_backoff=max_backoff,
         )
-        spec = _Spec(function, key, name, fingerprint, on_busy, store, options, reconcile, on_unrecorded)
+        spec = _Spec(
+            function, key, name, fingerprint, on_busy, store, options, reconcile, on_unrecorded, result_serializer, on_replay
+        )
         return _async(spec) if inspect.iscoroutinefunction(function) else _sync(spec)
 
     # `Decorator`'s overloads say what `decorate` makes of a function.

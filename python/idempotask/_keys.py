@@ -12,6 +12,7 @@ template and fingerprint list name the same units and store the same fingerprint
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 import json
@@ -19,6 +20,8 @@ import re
 import string
 from decimal import Decimal
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ._types import dotted, field_types, is_pydantic_type, json_form, resolve, unwrap_optional
 
 __all__ = ["KeyTemplate", "encode_json", "placeholder_text"]
 
@@ -30,30 +33,33 @@ __all__ = ["KeyTemplate", "encode_json", "placeholder_text"]
 _PYTHON_EXPONENT = re.compile(r"\de-0\d")
 
 
-def encode_json(value: Any) -> str:
+def encode_json(value: Any, structured: bool = False) -> str:
     """The compact JSON text of ``value``, byte for byte what serde_json writes for the same
     value, so that fingerprints and markers match a Rust worker's.
 
     No whitespace and no ASCII escaping (serde_json writes ``é``, not ``\\u00e9``); floats in
     serde_json's layout (``0.000015`` and ``1e-7`` where Python writes ``1.5e-05`` and
     ``1e-07``); a float that JSON cannot carry (NaN, an infinity) is ``null``, as serde_json
-    writes it.
+    writes it. ``structured``: a dataclass or a pydantic model is the JSON object of its
+    fields (as fingerprints take them), not a ``TypeError``.
     """
+    default = json_form if structured else None
     try:
-        text = _ENCODER.encode(value)
+        text = (_STRUCTURED_ENCODER if structured else _ENCODER).encode(value)
     except ValueError:
         # NaN or an infinity (or a cycle, which the slow path reports too).
-        return "".join(_chunks(value, set()))
+        return "".join(_chunks(value, set(), default))
     if _PYTHON_EXPONENT.search(text):
-        return "".join(_chunks(value, set()))
+        return "".join(_chunks(value, set(), default))
     return text
 
 
 # One encoder for every call: `json.dumps` with any option builds a new one each time.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_STRUCTURED_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=json_form)
 
 
-def _chunks(value: Any, open_containers: set) -> Any:
+def _chunks(value: Any, open_containers: set, default: Optional[Callable[[Any], Any]] = None) -> Any:
     """The pieces of ``value``'s JSON text, as ``json.dumps`` makes them but for floats."""
     if isinstance(value, str):
         yield json.dumps(value, ensure_ascii=False)
@@ -75,15 +81,21 @@ def _chunks(value: Any, open_containers: set) -> Any:
             yield "{"
             for index, (name, item) in enumerate(value.items()):
                 yield ("," if index else "") + json.dumps(_member_name(name), ensure_ascii=False) + ":"
-                yield from _chunks(item, open_containers)
+                yield from _chunks(item, open_containers, default)
             yield "}"
         else:
             yield "["
             for index, item in enumerate(value):
                 if index:
                     yield ","
-                yield from _chunks(item, open_containers)
+                yield from _chunks(item, open_containers, default)
             yield "]"
+        open_containers.discard(id(value))
+    elif default is not None:
+        if id(value) in open_containers:
+            raise ValueError("Circular reference detected")
+        open_containers.add(id(value))
+        yield from _chunks(default(value), open_containers, default)
         open_containers.discard(id(value))
     else:
         raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
@@ -286,39 +298,118 @@ def key_parameters(function: Callable[..., Any]) -> Tuple[inspect.Signature, Lis
     return signature, names, bound
 
 
-def fingerprint_names(
-    fingerprint: Any, parameters: Sequence[str], key_roots: Sequence[str], qualname: str
-) -> Optional[Tuple[str, ...]]:
-    """The fingerprinted parameters, checked: ``True`` is every parameter that is not part of
-    the key, in declaration order; a list names them (in its order), never one of the key's."""
+def fingerprint_paths(
+    fingerprint: Any,
+    parameters: Sequence[str],
+    template: "KeyTemplate",
+    annotations: Mapping[str, Any],
+    namespace: Mapping[str, Any],
+    qualname: str,
+) -> Optional[Tuple[Tuple[str, Tuple[str, ...]], ...]]:
+    """The fingerprinted values, checked, each a parameter and a path of fields in it:
+    ``True`` is every parameter that is not part of the key, in declaration order; a list
+    names them (in its order) as ``"currency"`` or ``"order.amount"``, each once, never a
+    parameter the key holds (a field of one may be listed), as the Rust attribute checks them.
+    A path into a parameter annotated with a dataclass or a pydantic model is checked against
+    its fields here; any other one when a call selects it."""
     if fingerprint is None or fingerprint is False:
         return None
     if fingerprint is True:
-        names = tuple(p for p in parameters if p not in key_roots)
+        names = tuple((p, ()) for p in parameters if p not in template.roots)
         if not names:
             raise ValueError(f"{qualname}: fingerprint=True, but every parameter is part of the key")
         return names
     if isinstance(fingerprint, str) or not isinstance(fingerprint, (list, tuple)):
         raise TypeError(
-            f"{qualname}: fingerprint must be True or a list of parameter names, like fingerprint=[\"amount_cents\"]"
+            f"{qualname}: fingerprint must be True or a list of parameter names or paths, like fingerprint=[\"amount_cents\"] or [\"order.amount\", \"currency\"]"
         )
     errors = []
-    for name in fingerprint:
-        if name in key_roots:
+    paths = []
+    seen = set()
+    for entry in fingerprint:
+        if not isinstance(entry, str):
+            errors.append(f"{entry!r} is not a parameter name or a path like \"order.amount\"")
+            continue
+        root, *path = entry.split(".")
+        if not root.isidentifier() or not all(part.isidentifier() for part in path):
+            errors.append(f"`{entry}` is not a parameter or a path of fields in one, like `order.amount`")
+        elif entry in seen:
+            errors.append(f"`{entry}` is listed twice in the fingerprint")
+        elif root in template.roots and not path:
             errors.append(
-                f"`{name}` is part of the key; the fingerprint lists the other parameters, the ones that must match when the key is reused"
+                f"`{entry}` is part of the key; the fingerprint lists the other parameters (or fields), the ones that must match when the key is reused"
             )
-        elif name not in parameters:
-            close = difflib.get_close_matches(str(name), list(parameters), n=1)
+        elif root not in parameters:
+            close = difflib.get_close_matches(root, list(parameters), n=1)
             hint = f"; did you mean `{close[0]}`?" if close else ""
-            errors.append(f"`{name}` is not a parameter of this function{hint}")
+            errors.append(f"`{root}` is not a parameter of this function{hint}")
+        else:
+            missing = _missing_field(root, tuple(path), annotations.get(root, Any), namespace)
+            if missing is not None:
+                errors.append(missing)
+            paths.append((root, tuple(path)))
+        seen.add(entry)
     if errors:
         raise ValueError(f"{qualname}: fingerprint: " + "; ".join(errors))
     if not fingerprint:
         raise ValueError(f"{qualname}: fingerprint=[] names no parameter")
-    return tuple(fingerprint)
+    return tuple(paths)
 
 
-def fingerprint_json(names: Sequence[str], arguments: Dict[str, Any]) -> str:
-    """The JSON text whose fingerprint a call stores: the named arguments as a list."""
-    return encode_json([arguments[name] for name in names])
+def _missing_field(root: str, path: Tuple[str, ...], annotation: Any, namespace: Mapping[str, Any]) -> Optional[str]:
+    """Why the path names no field, as far as the parameter's annotation tells (a dataclass, a
+    pydantic model, optional or not); ``None`` when it names one or the annotation does not
+    say (a dict, ``Any``, none at all)."""
+    kind = annotation
+    for depth, part in enumerate(path):
+        kind = unwrap_optional(resolve(kind, namespace))
+        fields = field_types(kind)
+        if kind in (str, int, float, bool, bytes):
+            return f"`{dotted(root, path)}`: `{dotted(root, path[:depth])}` is {'an' if kind is int else 'a'} {kind.__name__}, which has no field `{part}`"
+        if fields is None:
+            return None
+        if part not in fields:
+            close = difflib.get_close_matches(part, list(fields), n=1)
+            hint = f"; did you mean `{dotted(root, path[:depth] + (close[0],))}`?" if close else ""
+            return f"`{dotted(root, path)}`: {kind.__name__} has no field `{part}`{hint}"
+        kind = fields[part]
+    return None
+
+
+def fingerprint_json(paths: Sequence[Tuple[str, Tuple[str, ...]]], arguments: Dict[str, Any]) -> str:
+    """The JSON text whose fingerprint a call stores: the selected values as a list, a
+    dataclass or a pydantic model as the JSON object of its fields."""
+    return encode_json([select(arguments[root], root, path) if path else arguments[root] for root, path in paths], structured=True)
+
+
+class MissingField(LookupError):
+    """A fingerprint path that names no field of the call's argument."""
+
+
+def select(value: Any, root: str, path: Tuple[str, ...]) -> Any:
+    """The field ``path`` names in ``value`` (the argument ``root``): an item of a mapping, a
+    field of a dataclass or of a pydantic model (of its JSON form, so that a path selects what
+    the whole model's fingerprint holds), or an attribute of any other object."""
+    for depth, part in enumerate(path):
+        kind = type(value)
+        if is_pydantic_type(kind):
+            value = value.model_dump(mode="json")
+        if isinstance(value, Mapping):
+            if part in value:
+                value = value[part]
+                continue
+            why = f"the {kind.__name__} has no key `{part}`" if isinstance(value, kind) else f"{kind.__name__} has no field `{part}`"
+        elif value is None:
+            why = "it is None"
+        elif dataclasses.is_dataclass(kind):
+            if part in {field.name for field in dataclasses.fields(value)}:
+                value = getattr(value, part)
+                continue
+            why = f"{kind.__name__} has no field `{part}`"
+        elif hasattr(value, part):
+            value = getattr(value, part)
+            continue
+        else:
+            why = f"a {kind.__name__} has no attribute `{part}`"
+        raise MissingField(f"fingerprint path `{dotted(root, path)}`: at `{dotted(root, path[:depth])}`, {why}")
+    return value

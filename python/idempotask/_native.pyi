@@ -35,9 +35,11 @@ class CodecError(IdempotaskError):
     """A result could not be stored or read back, or the arguments could not be fingerprinted."""
 
     kind: str
-    """``fingerprint`` (the fingerprinted arguments have no JSON text: nothing ran),
-    ``unstorable`` (the first execution's result had none), ``unreadable`` (a damaged marker)
-    or ``undecodable`` (Rust only)."""
+    """``fingerprint`` (the fingerprinted arguments have no JSON text, or a fingerprint path
+    names no field of them: nothing ran), ``unstorable`` (the first execution's result had
+    none, or did not fit the task's result type), ``unreadable`` (a damaged marker) or
+    ``undecodable`` (the stored result does not fit the task's result type: the body does not
+    run again)."""
 
 class MemoryStore:
     def __init__(self) -> None: ...

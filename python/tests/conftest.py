@@ -11,7 +11,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 import redis
@@ -93,6 +93,17 @@ def store(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[idem
     yield store
     if previous is not None:
         idempotask.install(previous)
+
+
+@pytest.fixture(params=["memory", "redis"])
+def any_store(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A test that takes it runs on a fresh in-memory store and on a flushed Redis."""
+    if request.param == "memory":
+        yield idempotask.MemoryStore()
+        return
+    server = request.getfixturevalue("redis_server")
+    request.getfixturevalue("redis_client")  # flushes the server
+    yield idempotask.RedisStore(server.url)
 
 
 @pytest.fixture

@@ -18,24 +18,13 @@ import random
 import signal
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, List, Optional
 
 import pytest
 import redis
 
 import idempotask
 from idempotask import Contended, IdempotaskError, InDoubt, KeyReuse, _native, idempotent_task
-
-
-@pytest.fixture(params=["memory", "redis"])
-def any_store(request: pytest.FixtureRequest) -> Iterator[Any]:
-    """Each check runs on a fresh in-memory store and on a flushed Redis."""
-    if request.param == "memory":
-        yield idempotask.MemoryStore()
-        return
-    server = request.getfixturevalue("redis_server")
-    request.getfixturevalue("redis_client")  # flushes the server
-    yield idempotask.RedisStore(server.url)
 
 
 class _Holder:
