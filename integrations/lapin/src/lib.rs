@@ -181,14 +181,15 @@ mod topology;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
-use idempotask::store::{SharedStore, Store};
-use idempotask::{Backoff, Error, Fingerprint, Redelivery, Task, catch_panic};
+#[cfg(doc)]
+use idempotask::Error;
+use idempotask::store::Store;
+use idempotask::{Backoff, Task};
+use idempotask_consumer::{ConsumerSettings, Verdict};
 use lapin::message::Delivery;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use sha2::{Digest, Sha256};
 
 pub use key::{DeliveryKey, MessageId, MissingKey};
 pub use settle::{
@@ -197,20 +198,11 @@ pub use settle::{
 };
 pub use topology::{PublishError, RetryQueue, Topology};
 
-use settle::{Action, Unpublished, count, retry_delay};
-
-/// The redelivery delays of a message whose body failed ([`Idempotent::failure_backoff`]), by
-/// default: 100 ms after the first failure, doubling with each further one up to 30 s, without
-/// jitter.
-pub const DEFAULT_FAILURE_BACKOFF: Backoff =
-    Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
-/// The redelivery delays of a message whose store call failed ([`Idempotent::store_backoff`]),
-/// by default: 100 ms after the first store error, doubling with each further one up to 30 s,
-/// without jitter.
-pub const DEFAULT_STORE_BACKOFF: Backoff =
-    Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
-/// How many times a message's body may fail before it is dead-lettered, by default.
-pub const DEFAULT_MAX_FAILURES: u32 = 5;
+// The defaults of every queue consumer, which RabbitMQ's retry queue takes as they are.
+pub use idempotask_consumer::{
+    DEFAULT_FAILURE_BACKOFF, DEFAULT_MAX_FAILURES, DEFAULT_STORE_BACKOFF,
+};
+use settle::{Action, Seen, Unpublished};
 
 /// Runs each delivery through a [`Task`], keyed by `K` ([`MessageId`], or a
 /// `Fn(&Delivery) -> Option<String>`), and settles it on the broker; see the [crate docs](crate)
@@ -231,43 +223,22 @@ pub const DEFAULT_MAX_FAILURES: u32 = 5;
 /// # }
 /// ```
 pub struct Idempotent<K> {
-    task: Arc<Task>,
+    /// The task, the store and the backoffs, which every queue consumer has.
+    settings: ConsumerSettings,
     key: Arc<K>,
     /// Shared with every [`Decision`]: a clone of the queue (its channel, its names) per
     /// delivery would cost allocations on every message.
     retries: Arc<RetryQueue>,
-    store: Option<SharedStore>,
-    failure_backoff: Backoff,
-    store_backoff: Backoff,
-    max_failures: u32,
-    fingerprint_payload: bool,
     unpublished: Arc<Unpublished>,
-}
-
-/// Why a call ended without a value: the body said so, or idempotask did.
-enum Failure<E> {
-    Body(E),
-    Idempotask(Error),
-}
-
-impl<E> From<Error> for Failure<E> {
-    fn from(err: Error) -> Self {
-        Self::Idempotask(err)
-    }
 }
 
 impl<K: DeliveryKey> Idempotent<K> {
     /// Deliveries run through `task`, keyed by `key`; delayed redeliveries go to `retries`.
     pub fn new(task: Task, key: K, retries: RetryQueue) -> Self {
         Self {
-            task: Arc::new(task),
+            settings: ConsumerSettings::new(task),
             key: Arc::new(key),
             retries: Arc::new(retries),
-            store: None,
-            failure_backoff: DEFAULT_FAILURE_BACKOFF,
-            store_backoff: DEFAULT_STORE_BACKOFF,
-            max_failures: DEFAULT_MAX_FAILURES,
-            fingerprint_payload: false,
             unpublished: Arc::default(),
         }
     }
@@ -280,7 +251,7 @@ impl<K: DeliveryKey> Idempotent<K> {
     /// different message is then caught instead of answered with the other message's result.
     #[must_use]
     pub fn fingerprint_payload(mut self, on: bool) -> Self {
-        self.fingerprint_payload = on;
+        self.settings = self.settings.fingerprint_payload(on);
         self
     }
 
@@ -292,7 +263,7 @@ impl<K: DeliveryKey> Idempotent<K> {
     /// `RedisStore`) instead of one round trip each.
     #[must_use]
     pub fn store(mut self, store: impl Store) -> Self {
-        self.store = Some(SharedStore::new(store));
+        self.settings = self.settings.store(store);
         self
     }
 
@@ -301,7 +272,7 @@ impl<K: DeliveryKey> Idempotent<K> {
     /// [`DEFAULT_FAILURE_BACKOFF`]; at least 10 ms).
     #[must_use]
     pub fn failure_backoff(mut self, backoff: Backoff) -> Self {
-        self.failure_backoff = backoff;
+        self.settings = self.settings.failure_backoff(backoff);
         self
     }
 
@@ -310,7 +281,7 @@ impl<K: DeliveryKey> Idempotent<K> {
     /// [`DEFAULT_STORE_BACKOFF`]; at least 10 ms).
     #[must_use]
     pub fn store_backoff(mut self, backoff: Backoff) -> Self {
-        self.store_backoff = backoff;
+        self.settings = self.settings.store_backoff(backoff);
         self
     }
 
@@ -319,13 +290,13 @@ impl<K: DeliveryKey> Idempotent<K> {
     /// they say nothing about the message.
     #[must_use]
     pub fn max_failures(mut self, failures: u32) -> Self {
-        self.max_failures = failures.max(1);
+        self.settings = self.settings.max_failures(failures);
         self
     }
 
     /// The task every delivery runs through.
     pub fn task(&self) -> &Task {
-        &self.task
+        self.settings.task()
     }
 
     /// Runs `body` for `delivery` at most once per key and settles the delivery on the broker:
@@ -385,12 +356,6 @@ impl<K: DeliveryKey> Idempotent<K> {
         }
     }
 
-    /// The count in `header` this message has reached: what its headers say, or what a retry
-    /// copy that could not be published would have said.
-    fn seen(&self, delivery: &Delivery, key: &str, header: &'static str) -> u32 {
-        count(&delivery.properties, header).max(self.unpublished.get(key, header))
-    }
-
     async fn decide<T, E, F, Fut>(
         &self,
         delivery: &Delivery,
@@ -402,88 +367,40 @@ impl<K: DeliveryKey> Idempotent<K> {
         F: FnOnce(&Delivery) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let mut call = self.task.call(key);
-        if let Some(store) = &self.store {
-            call = call.store(store.clone());
-        }
-        if self.fingerprint_payload {
-            // The digest of the bytes stands for them: serialising a `Vec<u8>` through JSON
-            // would cost a value per byte.
-            let digest = Sha256::digest(&delivery.data);
-            call = call.fingerprint(Fingerprint::from_sha256(digest.into()));
-        }
-        let run = async move { body(delivery).await.map_err(Failure::Body) };
-        // Around the whole call: the runner releases the lock of a body that panics and lets
-        // the panic go on, which would leave the delivery unsettled (a spawned consumer task
-        // dies with it; a sequential consumer loses its channel, and the broker requeues the
-        // delivery at once, in a loop).
-        let cause = match catch_panic(call.run_reported(run)).await {
-            Ok(Ok(report)) => return (Action::Ack, Settled::Acked(report)),
-            Ok(Err(Failure::Idempotask(err))) => return self.idempotask_action(delivery, key, err),
-            Ok(Err(Failure::Body(err))) => Cause::Body(err),
-            Err(panic) => Cause::Panicked(panic),
+        let seen = Seen {
+            delivery,
+            key,
+            unpublished: &self.unpublished,
         };
-        let failures = self.seen(delivery, key, FAILURES_HEADER).saturating_add(1);
-        if failures >= self.max_failures {
-            return (Action::DeadLetter, Settled::DeadLettered(cause));
-        }
-        let delay = retry_delay(&self.failure_backoff, failures);
-        let action = Action::Retry {
-            delay,
-            header: FAILURES_HEADER,
-            count: failures,
-        };
-        (action, Settled::Retrying { cause, delay })
-    }
-
-    /// Input: an error of idempotask's own for `delivery`. Output: what to do with the delivery:
-    /// come back when the holder's lock runs out, come back after a backoff, or dead-letter it
-    /// when no redelivery can succeed.
-    fn idempotask_action<T, E>(
-        &self,
-        delivery: &Delivery,
-        key: &str,
-        err: Error,
-    ) -> (Action, Settled<T, E>) {
-        let delay = match err.redelivery() {
-            Redelivery::AfterHolder(remaining) => Some((
-                remaining
-                    .unwrap_or(self.task.settings().lock_ttl)
-                    .max(Duration::from_millis(10)),
-                None,
-            )),
-            Redelivery::Never => None,
-            // Store errors, no store installed, misuse, and anything newer: fail closed and
-            // come back.
-            _ => {
-                if err.is_misuse() {
-                    tracing::error!(
-                        error = %err,
-                        "idempotask is misused by this consumer; the delivery is retried later, fix the consumer"
-                    );
-                }
-                let errors = self
-                    .seen(delivery, key, STORE_ERRORS_HEADER)
-                    .saturating_add(1);
-                Some((retry_delay(&self.store_backoff, errors), Some(errors)))
+        let run = async move { body(delivery).await };
+        let verdict = self.settings.run(key, &delivery.data, &seen, run).await;
+        match verdict {
+            Verdict::Ack(report) => (Action::Ack, Settled::Acked(report)),
+            Verdict::Retry {
+                failure,
+                failures,
+                delay,
+                ..
+            } => {
+                let action = Action::Retry {
+                    delay,
+                    header: FAILURES_HEADER,
+                    count: failures,
+                };
+                let cause = Cause::of(failure);
+                (action, Settled::Retrying { cause, delay })
             }
-        };
-        match delay {
-            // Not the message's fault, and every delivery would be held the same until an
-            // operator resolves the unit: dead-lettered with a reason that says so.
-            None if matches!(err, Error::InDoubt { .. }) => (
-                Action::DeadLetterWithReason {
-                    reason: IN_DOUBT,
-                    error: err.to_string(),
-                },
-                Settled::DeadLettered(Cause::Idempotask(err)),
-            ),
-            None => (
+            Verdict::GiveUp { failure, .. } => (
                 Action::DeadLetter,
-                Settled::DeadLettered(Cause::Idempotask(err)),
+                Settled::DeadLettered(Cause::of(failure)),
             ),
-            Some((delay, store_errors)) => {
-                let action = match store_errors {
+            Verdict::Defer {
+                error,
+                delay,
+                deferral,
+                ..
+            } => {
+                let action = match deferral {
                     Some(count) => Action::Retry {
                         delay,
                         header: STORE_ERRORS_HEADER,
@@ -493,12 +410,25 @@ impl<K: DeliveryKey> Idempotent<K> {
                     None => Action::Retry {
                         delay,
                         header: FAILURES_HEADER,
-                        count: self.seen(delivery, key, FAILURES_HEADER),
+                        count: seen.count(FAILURES_HEADER),
                     },
                 };
-                let cause = Cause::Idempotask(err);
+                let cause = Cause::Idempotask(error);
                 (action, Settled::Retrying { cause, delay })
             }
+            Verdict::Refuse(err) => (
+                Action::DeadLetter,
+                Settled::DeadLettered(Cause::Idempotask(err)),
+            ),
+            // Not the message's fault, and every delivery would be held the same until an
+            // operator resolves the unit: dead-lettered with a reason that says so.
+            Verdict::Hold(err) => (
+                Action::DeadLetterWithReason {
+                    reason: IN_DOUBT,
+                    error: err.to_string(),
+                },
+                Settled::DeadLettered(Cause::Idempotask(err)),
+            ),
         }
     }
 }
@@ -506,14 +436,9 @@ impl<K: DeliveryKey> Idempotent<K> {
 impl<K> Clone for Idempotent<K> {
     fn clone(&self) -> Self {
         Self {
-            task: Arc::clone(&self.task),
+            settings: self.settings.clone(),
             key: Arc::clone(&self.key),
             retries: Arc::clone(&self.retries),
-            store: self.store.clone(),
-            failure_backoff: self.failure_backoff,
-            store_backoff: self.store_backoff,
-            max_failures: self.max_failures,
-            fingerprint_payload: self.fingerprint_payload,
             unpublished: Arc::clone(&self.unpublished),
         }
     }
@@ -522,14 +447,9 @@ impl<K> Clone for Idempotent<K> {
 impl<K> std::fmt::Debug for Idempotent<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Idempotent")
-            .field("task", &self.task)
+            .field("settings", &self.settings)
             .field("key", &std::any::type_name::<K>())
             .field("retries", &self.retries)
-            .field("store", &self.store.as_ref().map(|_| "own store"))
-            .field("failure_backoff", &self.failure_backoff)
-            .field("store_backoff", &self.store_backoff)
-            .field("max_failures", &self.max_failures)
-            .field("fingerprint_payload", &self.fingerprint_payload)
             .field("unpublished", &self.unpublished)
             .finish()
     }

@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use idempotask::{Backoff, Error, Panicked, Report};
+use idempotask::{Error, Panicked, Report};
+use idempotask_consumer::{BodyFailure, History};
 use lapin::BasicProperties;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
@@ -28,9 +29,6 @@ pub const IN_DOUBT: &str = "in-doubt";
 /// next to [`REASON_HEADER`]; it shows the key as the task's
 /// [`KeyLogging`](idempotask::KeyLogging) says.
 pub const ERROR_HEADER: &str = "x-idempotask-error";
-
-/// The shortest delay before a redelivery: a lock about to expire still gets a moment.
-const MIN_DELAY: Duration = Duration::from_millis(10);
 
 /// What became of one delivery; see the [crate docs](crate) for the whole table.
 #[derive(Debug)]
@@ -120,6 +118,16 @@ pub enum Cause<E> {
     Idempotask(Error),
     /// The delivery carries no key.
     MissingKey(MissingKey),
+}
+
+impl<E> Cause<E> {
+    /// The cause of a body's failure: its error or its panic.
+    pub(crate) fn of(failure: BodyFailure<E>) -> Self {
+        match failure.into_error() {
+            Ok(err) => Self::Body(err),
+            Err(panic) => Self::Panicked(panic),
+        }
+    }
 }
 
 impl<E: std::fmt::Display> std::fmt::Display for Cause<E> {
@@ -232,10 +240,30 @@ pub enum SettleFailure {
     Retry(#[from] PublishError),
 }
 
-/// How long a redelivery waits after the `failures`-th store error or body error of its message
-/// (1 for the first): `backoff`'s delay, never less than [`MIN_DELAY`].
-pub(crate) fn retry_delay(backoff: &Backoff, failures: u32) -> Duration {
-    backoff.delay(failures).max(MIN_DELAY)
+/// What a delivery's headers, and the counts of its copies that could not be published, say
+/// of its earlier deliveries: the history the consumer core counts by.
+pub(crate) struct Seen<'a> {
+    pub(crate) delivery: &'a Delivery,
+    pub(crate) key: &'a str,
+    pub(crate) unpublished: &'a Unpublished,
+}
+
+impl Seen<'_> {
+    /// The count in `header` this message has reached: what its headers say, or what a retry
+    /// copy that could not be published would have said.
+    pub(crate) fn count(&self, header: &'static str) -> u32 {
+        count(&self.delivery.properties, header).max(self.unpublished.get(self.key, header))
+    }
+}
+
+impl History for Seen<'_> {
+    async fn failures(&self) -> u32 {
+        self.count(FAILURES_HEADER)
+    }
+
+    async fn deferrals(&self) -> u32 {
+        self.count(STORE_ERRORS_HEADER)
+    }
 }
 
 /// The counts that retry copies would have carried, by key, for copies that could not be
@@ -433,6 +461,8 @@ fn with_header(properties: &BasicProperties, header: &str, value: AMQPValue) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use idempotask::Backoff;
+    use idempotask_consumer::{MIN_DELAY, retry_delay};
     use lapin::types::FieldTable;
 
     #[test]
