@@ -91,3 +91,18 @@ mod batching {
         idempotask::store::BatchingStore::new(idempotask::MemoryStore::new())
     ));
 }
+
+/// The suite through `LocalResultCache`, which answers duplicates of completed units from
+/// memory: every promise of a store holds with it in front (a unit forgotten through it is
+/// forgotten here; locks and units in doubt always reach the store).
+mod local_cache {
+    fn cached() -> idempotask::store::LocalResultCache<idempotask::MemoryStore> {
+        idempotask::store::LocalResultCache::new(
+            idempotask::MemoryStore::new(),
+            std::num::NonZeroUsize::new(1024).unwrap(),
+        )
+    }
+
+    idempotask_conformance::conformance_tests!(((), cached()));
+    idempotask_conformance::doubt_conformance_tests!(((), cached()));
+}

@@ -30,10 +30,11 @@ mod target;
 mod workloads;
 
 use std::fmt;
+use std::num::NonZeroUsize;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use idempotask::store::{SharedStore, UnitOfWork};
+use idempotask::store::{LocalResultCache, SharedStore, UnitOfWork};
 use idempotask_redis::RedisKeys;
 use idempotask_redis::{RedisClusterStore, RedisStore, RedlockStore};
 use redis::aio::ConnectionManager;
@@ -58,6 +59,9 @@ pub enum Mode {
     Fresh,
     /// The same N keys again, all already done (set up untimed first).
     Duplicate,
+    /// `duplicate` through a `LocalResultCache` that completed the N keys itself: the
+    /// duplicates answered from the process's memory.
+    DuplicateCached,
     /// N distinct keys, each run once through a task with `fencing = true`.
     Fenced,
     /// C concurrent deliveries of each of N keys; the body runs once per key.
@@ -79,9 +83,10 @@ pub enum Mode {
 
 impl Mode {
     /// Every mode's name, as the command line spells it.
-    pub const NAMES: [&'static str; 10] = [
+    pub const NAMES: [&'static str; 11] = [
         "fresh",
         "duplicate",
+        "duplicate-cached",
         "fenced",
         "contended",
         "handwritten-fresh",
@@ -92,9 +97,10 @@ impl Mode {
         "all",
     ];
 
-    const ALL: [Self; 10] = [
+    const ALL: [Self; 11] = [
         Self::Fresh,
         Self::Duplicate,
+        Self::DuplicateCached,
         Self::Fenced,
         Self::Contended,
         Self::HandwrittenFresh,
@@ -272,11 +278,11 @@ impl Bench {
                         pair.reverse();
                     }
                 }
-                for mode in pairs
-                    .into_iter()
-                    .flatten()
-                    .chain([Mode::Fenced, Mode::Scaling])
-                {
+                for mode in pairs.into_iter().flatten().chain([
+                    Mode::DuplicateCached,
+                    Mode::Fenced,
+                    Mode::Scaling,
+                ]) {
                     self.measure(mode, n, c, &mut emit).await?;
                 }
             }
@@ -309,6 +315,8 @@ struct Bench {
     run: u64,
     round: usize,
     native_cas: bool,
+    /// The cache `duplicate-cached` filled untimed, for its timed pass.
+    cached: Option<LocalResultCache<SharedStore>>,
     out: Vec<Measurement>,
 }
 
@@ -329,8 +337,18 @@ impl Bench {
             run: rand::random::<u64>() >> 1,
             round: 1,
             native_cas: false,
+            cached: None,
             out: Vec::new(),
         })
+    }
+
+    /// A cache in front of the run's store, large enough for `n` keys.
+    fn cache(n: usize) -> Result<LocalResultCache<SharedStore>, BenchError> {
+        let store = RunScope::current()
+            .ok_or_else(|| BenchError("no run".into()))?
+            .store();
+        let capacity = NonZeroUsize::new(n.max(1)).unwrap_or(NonZeroUsize::MIN);
+        Ok(LocalResultCache::new(store, capacity))
     }
 
     async fn measure(
@@ -377,6 +395,12 @@ impl Bench {
             Mode::HandwrittenDuplicate => {
                 let conn = self.conn.clone();
                 drive(n, c, move |id| handwritten(conn.clone(), run, id as u64)).await?;
+            }
+            Mode::DuplicateCached => {
+                let cache = Self::cache(n)?;
+                let filling = cache.clone();
+                drive(n, c, move |id| cached(filling.clone(), run, id)).await?;
+                self.cached = Some(cache);
             }
             _ => {}
         }
@@ -434,6 +458,13 @@ impl Bench {
                 drive(n, c, move |id| fresh(run, id)).await?
             }
             Mode::Fenced => drive(n, c, move |id| fenced(run, id)).await?,
+            Mode::DuplicateCached => {
+                let cache = self
+                    .cached
+                    .take()
+                    .ok_or_else(|| BenchError("no cache was filled".into()))?;
+                drive(n, c, move |id| cached(cache.clone(), run, id)).await?
+            }
             Mode::Contended => {
                 // Workers take job numbers in order, so the C deliveries of a key run together.
                 deliveries = n * c;
@@ -491,6 +522,15 @@ async fn latency(
 
 async fn fresh(run: u64, id: usize) -> Result<(), BenchError> {
     Ok(bench_task(run, id as u64).await?)
+}
+
+/// `fresh` through `cache`: a duplicate of a key the cache completed never reaches the store.
+async fn cached(
+    cache: LocalResultCache<SharedStore>,
+    run: u64,
+    id: usize,
+) -> Result<(), BenchError> {
+    Ok(idempotask::with_store(cache, bench_task(run, id as u64)).await?)
 }
 
 async fn fenced(run: u64, id: usize) -> Result<(), BenchError> {

@@ -180,7 +180,7 @@ fn ratio_targets(measurements: &[Measurement]) -> Vec<Target> {
     let throughput = |m: &Measurement| m.tasks_per_sec;
     let redis_cpu = |m: &Measurement| m.redis_cpu_us_per_task;
     let mut targets = Vec::new();
-    let rows: [Row; 5] = [
+    let rows: [Row; 6] = [
         (
             "Redis CPU per `fresh` task ÷ `handwritten-fresh`'s",
             "fresh",
@@ -202,6 +202,14 @@ fn ratio_targets(measurements: &[Measurement]) -> Vec<Target> {
             "duplicate",
             "handwritten-duplicate",
             Some(("≥ 2.0", 2.0)),
+            throughput,
+            true,
+        ),
+        (
+            "`duplicate-cached` ÷ `duplicate` (tasks/s; a `LocalResultCache`)",
+            "duplicate-cached",
+            "duplicate",
+            Some(("> 1.0", 1.0)),
             throughput,
             true,
         ),

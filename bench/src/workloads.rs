@@ -45,6 +45,11 @@ impl RunScope {
         RUN.try_with(Clone::clone).ok()
     }
 
+    /// The run's store.
+    pub(crate) fn store(&self) -> SharedStore {
+        self.store.clone()
+    }
+
     /// Bodies run so far in this run.
     pub(crate) fn executions(&self) -> u64 {
         self.executions.load(Ordering::Relaxed)

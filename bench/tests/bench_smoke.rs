@@ -60,6 +60,8 @@ async fn run_every_mode(redis_url: String, cluster: bool) {
     for (mode, commands, executions) in [
         ("fresh", 2.0, 16),
         ("duplicate", 1.0, 0),
+        // Answered from the process's memory: no command reaches the server.
+        ("duplicate-cached", 0.0, 0),
         ("fenced", 2.0, 16),
         ("handwritten-fresh", 4.0, 16),
         ("handwritten-duplicate", 3.0, 0),
@@ -104,7 +106,7 @@ async fn run_every_mode(redis_url: String, cluster: bool) {
     for target in report::targets(&measurements) {
         assert!(markdown.contains(target.name), "{markdown}");
     }
-    assert_eq!(report::targets(&measurements).len(), 12, "{markdown}");
+    assert_eq!(report::targets(&measurements).len(), 13, "{markdown}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

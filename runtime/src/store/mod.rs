@@ -52,6 +52,7 @@ use std::time::Duration;
 
 mod batch;
 mod batching;
+mod local_cache;
 pub(crate) mod memory;
 mod shared;
 mod transaction;
@@ -64,6 +65,7 @@ pub use crate::unit::{
 };
 pub use batch::{Claim, Completion};
 pub use batching::BatchingStore;
+pub use local_cache::{DEFAULT_MAX_MARKER_BYTES, LocalResultCache};
 pub use shared::SharedStore;
 pub use transaction::TransactionScope;
 
