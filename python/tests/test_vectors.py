@@ -5,6 +5,7 @@ replays a marker a Rust worker wrote, and writes the markers Rust writes."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import inspect
 import json
 import pathlib
@@ -34,10 +35,21 @@ def ledger_total(account: str) -> int:
     return (1 << 100) + len(account.encode())
 
 
+@dataclasses.dataclass
+class Receipt:
+    """The Rust task's result object as a dataclass (#55): Rust's marker replays as it, and its
+    fields, in this order, are the bytes Rust writes."""
+
+    lines: int
+    nested: Dict[str, Any]
+    note: str
+    to: str
+
+
 @idempotent_task(key="receipt-{order_id}-{resend}", fingerprint=["email", "items", "ratio"])
-def send_receipt(order_id: int, resend: bool, email: str, items: List[Dict[str, Any]], ratio: float) -> Any:
+def send_receipt(order_id: int, resend: bool, email: str, items: List[Dict[str, Any]], ratio: float) -> Receipt:
     RAN.append("send_receipt")
-    return {"lines": len(items), "nested": {"a": True, "b": [1, 2.5, None]}, "note": "reçu ✓", "to": email}
+    return Receipt(len(items), {"a": True, "b": [1, 2.5, None]}, "reçu ✓", email)
 
 
 @idempotent_task(key="fx-{rate}-{flag}")
@@ -122,6 +134,9 @@ def test_a_rust_marker_is_replayed_without_running(case: Dict[str, Any], store: 
     RAN.clear()
     result = TASKS[case["task"]](**case["arguments"])
     assert RAN == []
+    if case["task"] == "send_receipt":
+        assert type(result) is Receipt
+        result = dataclasses.asdict(result)
     assert result == json.loads(case["result_json"])
 
 
