@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import threading
+from dataclasses import dataclass
 from typing import Any, Callable, List
 
 import pytest
@@ -80,6 +81,33 @@ def test_reconciled_done_is_the_marker_a_rust_worker_reads(store: Any, name: str
     # The marker holds the reconciled result as a body's would be (a Rust worker replays it).
     markers = [redis_client.get(k) for k in redis_client.keys(f"idempotask:v2:default:{name}:*")]
     assert [m for m in markers if m is not None and m.endswith(b'|"ch_found"')], markers
+
+
+@dataclass
+class Charge:
+    id: str
+    amount_cents: int
+
+
+def test_a_reconciled_dataclass_replays_as_its_type_and_only_replays_call_the_hook(store: Any, name: str) -> None:
+    # #55: the reconcile function's answer goes through the task's result serializer, as the
+    # body's would; its call is no replay, so `on_replay` waits for the next duplicate.
+    replays: List[Any] = []
+
+    @idempotent_task(key="charge-{n}", name=name, lock_ttl=1, max_wait=10,
+                     reconcile=lambda ctx: Reconciled.done(Charge("ch_found", 1200)),
+                     on_replay=lambda value, record: replays.append(value))
+    def charge(n: int, signal_fd: Any = None) -> Charge:
+        if signal_fd is not None:
+            _killed_worker(signal_fd)
+        return Charge("ch_again", 1200)
+
+    _killed_mid_body(lambda fd: charge(1, fd))
+    assert charge(1) == Charge("ch_found", 1200)
+    assert replays == []
+    again = charge(1)
+    assert type(again) is Charge and again == Charge("ch_found", 1200)
+    assert replays == [again]
 
 
 def test_not_done_runs_the_body_once(store: Any, name: str) -> None:
