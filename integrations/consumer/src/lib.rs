@@ -8,7 +8,8 @@
 //! - [`ConsumerSettings`]: the task, the store, [`fingerprint_payload`](ConsumerSettings::fingerprint_payload),
 //!   [`failure_backoff`](ConsumerSettings::failure_backoff),
 //!   [`store_backoff`](ConsumerSettings::store_backoff) and
-//!   [`max_failures`](ConsumerSettings::max_failures), which a queue's own builder delegates to;
+//!   [`max_failures`](ConsumerSettings::max_failures), which a queue's own builder hands on to
+//!   through [`settings_setters!`], with its own docs;
 //! - [`ConsumerSettings::run`]: one message's call, under its key, with its panics caught, and
 //!   its end mapped onto a [`Verdict`]: ack, retry after a delay, or give up, and why;
 //! - [`History`]: what the queue knows of a message's earlier deliveries, which the mapping
@@ -88,6 +89,7 @@
 
 mod delay;
 mod history;
+mod setters;
 mod settings;
 mod verdict;
 

@@ -218,9 +218,10 @@ impl ConsumerSettings {
             let digest = Sha256::digest(payload);
             call = call.fingerprint(Fingerprint::from_sha256(digest.into()));
         }
-        // On the heap before the call's future exists: an async layer holds what it was given
-        // for as long as it lives, so a body kept inline would be paid for once in this
-        // future and again in every integration's future around it.
+        // On the heap before the call's future exists: an async block keeps what it captures
+        // for as long as it lives, beside every future it awaits, so a body captured inline
+        // would be paid for again in this future and in every integration's future around it.
+        // (Started here instead, the call's future would be kept so, next to the count's.)
         let body = Box::pin(async move { body.await.map_err(Failure::Body) });
         async move {
             let failure = match catch_panic(call.run_reported(body)).await {

@@ -243,55 +243,37 @@ impl<K: DeliveryKey> Idempotent<K> {
         }
     }
 
-    /// Checks that a key comes back with the same payload: a delivery whose key was used with
-    /// another payload gets [`Error::KeyReuse`] and is dead-lettered, and the first payload's
-    /// stored result stays (off by default; it hashes each payload).
-    ///
-    /// Turn it on when the key is a producer's `message_id`: a producer that reuses an id for a
-    /// different message is then caught instead of answered with the other message's result.
-    #[must_use]
-    pub fn fingerprint_payload(mut self, on: bool) -> Self {
-        self.settings = self.settings.fingerprint_payload(on);
-        self
-    }
+    idempotask_consumer::settings_setters! {
+        /// Checks that a key comes back with the same payload: a delivery whose key was used with
+        /// another payload gets [`Error::KeyReuse`] and is dead-lettered, and the first payload's
+        /// stored result stays (off by default; it hashes each payload).
+        ///
+        /// Turn it on when the key is a producer's `message_id`: a producer that reuses an id for a
+        /// different message is then caught instead of answered with the other message's result.
+        fn fingerprint_payload(on: bool);
 
-    /// Uses `store` instead of the installed one.
-    ///
-    /// With many messages in flight and a store that batches natively (`RedisStore`), wrap it
-    /// in [`BatchingStore`](idempotask::store::BatchingStore): the calls of the messages of
-    /// a prefetch window that run at the same time then reach the store as one batch (one pipeline on
-    /// `RedisStore`) instead of one round trip each.
-    #[must_use]
-    pub fn store(mut self, store: impl Store) -> Self {
-        self.settings = self.settings.store(store);
-        self
-    }
+        /// Uses `store` instead of the installed one.
+        ///
+        /// With many messages in flight and a store that batches natively (`RedisStore`), wrap it
+        /// in [`BatchingStore`](idempotask::store::BatchingStore): the calls of the messages of
+        /// a prefetch window that run at the same time then reach the store as one batch (one pipeline on
+        /// `RedisStore`) instead of one round trip each.
+        fn store(store: impl Store);
 
-    /// The delays of redeliveries after the body's failures (an `Err` or a panic): the
-    /// backoff's delay for the message's failure count, 1 for its first (default
-    /// [`DEFAULT_FAILURE_BACKOFF`]; at least 10 ms).
-    #[must_use]
-    pub fn failure_backoff(mut self, backoff: Backoff) -> Self {
-        self.settings = self.settings.failure_backoff(backoff);
-        self
-    }
+        /// The delays of redeliveries after the body's failures (an `Err` or a panic): the
+        /// backoff's delay for the message's failure count, 1 for its first (default
+        /// [`DEFAULT_FAILURE_BACKOFF`]; at least 10 ms).
+        fn failure_backoff(backoff: Backoff);
 
-    /// The delays of redeliveries after store errors (or no store installed, or a misused
-    /// task): the backoff's delay for the message's store-error count, 1 for its first (default
-    /// [`DEFAULT_STORE_BACKOFF`]; at least 10 ms).
-    #[must_use]
-    pub fn store_backoff(mut self, backoff: Backoff) -> Self {
-        self.settings = self.settings.store_backoff(backoff);
-        self
-    }
+        /// The delays of redeliveries after store errors (or no store installed, or a misused
+        /// task): the backoff's delay for the message's store-error count, 1 for its first (default
+        /// [`DEFAULT_STORE_BACKOFF`]; at least 10 ms).
+        fn store_backoff(backoff: Backoff);
 
-    /// How many body errors a message may have before it is dead-lettered instead of retried
-    /// (default [`DEFAULT_MAX_FAILURES`]; at least 1). Contention and store errors do not count:
-    /// they say nothing about the message.
-    #[must_use]
-    pub fn max_failures(mut self, failures: u32) -> Self {
-        self.settings = self.settings.max_failures(failures);
-        self
+        /// How many body errors a message may have before it is dead-lettered instead of retried
+        /// (default [`DEFAULT_MAX_FAILURES`]; at least 1). Contention and store errors do not count:
+        /// they say nothing about the message.
+        fn max_failures(failures: u32);
     }
 
     /// The task every delivery runs through.

@@ -62,36 +62,75 @@ impl<K> Idempotent<K> {
         }
     }
 
-    /// Checks that a key comes back with the same payload: a message whose key was used with
-    /// another payload gets [`Error::KeyReuse`](idempotask::Error::KeyReuse) and is terminated, and the first payload's
-    /// stored result stays (off by default; it hashes each payload).
-    ///
-    /// Turn it on when the key is the producer's `Nats-Msg-Id`: a producer that reuses an id
-    /// for a different message, outside the stream's duplicate window, is then caught instead
-    /// of answered with the other message's result.
-    ///
-    /// ```
-    /// use idempotask_nats::{Idempotent, MsgId};
-    /// let checked = Idempotent::new(idempotask::Task::new("order_charge"), MsgId)
-    ///     .fingerprint_payload(true);
-    /// # let _ = checked;
-    /// ```
-    #[must_use]
-    pub fn fingerprint_payload(mut self, on: bool) -> Self {
-        self.settings = self.settings.fingerprint_payload(on);
-        self
-    }
+    idempotask_consumer::settings_setters! {
+        /// Checks that a key comes back with the same payload: a message whose key was used with
+        /// another payload gets [`Error::KeyReuse`](idempotask::Error::KeyReuse) and is terminated, and the first payload's
+        /// stored result stays (off by default; it hashes each payload).
+        ///
+        /// Turn it on when the key is the producer's `Nats-Msg-Id`: a producer that reuses an id
+        /// for a different message, outside the stream's duplicate window, is then caught instead
+        /// of answered with the other message's result.
+        ///
+        /// ```
+        /// use idempotask_nats::{Idempotent, MsgId};
+        /// let checked = Idempotent::new(idempotask::Task::new("order_charge"), MsgId)
+        ///     .fingerprint_payload(true);
+        /// # let _ = checked;
+        /// ```
+        fn fingerprint_payload(on: bool);
 
-    /// Uses `store` instead of the installed one.
-    ///
-    /// With many messages in flight and a store that batches natively (`RedisStore`), wrap it
-    /// in [`BatchingStore`](idempotask::store::BatchingStore): the calls of the messages of
-    /// a fetch that run at the same time then reach the store as one batch (one pipeline on
-    /// `RedisStore`) instead of one round trip each.
-    #[must_use]
-    pub fn store(mut self, store: impl Store) -> Self {
-        self.settings = self.settings.store(store);
-        self
+        /// Uses `store` instead of the installed one.
+        ///
+        /// With many messages in flight and a store that batches natively (`RedisStore`), wrap it
+        /// in [`BatchingStore`](idempotask::store::BatchingStore): the calls of the messages of
+        /// a fetch that run at the same time then reach the store as one batch (one pipeline on
+        /// `RedisStore`) instead of one round trip each.
+        fn store(store: impl Store);
+
+        /// The delays of the nak that follows a body's failure (an `Err` or a panic): the
+        /// backoff's delay for the message's failure count, 1 for its first (default
+        /// [`DEFAULT_FAILURE_BACKOFF`]; at least 10 ms, as every nak delay). A dependency that keeps
+        /// failing is not hammered by every consumer at once.
+        ///
+        /// ```
+        /// use std::time::Duration;
+        /// use idempotask::Backoff;
+        /// use idempotask_nats::{Idempotent, MsgId};
+        /// let charge_once = Idempotent::new(idempotask::Task::new("order_charge"), MsgId)
+        ///     .failure_backoff(Backoff::new(Duration::from_millis(500), Duration::from_secs(30)))
+        ///     .store_backoff(Backoff::new(Duration::from_secs(2), Duration::from_secs(60)).full_jitter(true));
+        /// # let _ = charge_once;
+        /// ```
+        fn failure_backoff(backoff: Backoff);
+
+        /// The failure of a message's body (an `Err` or a panic) on which the message is terminated
+        /// instead of nak'd (default [`DEFAULT_MAX_FAILURES`]; at least 1), so that a message no
+        /// delivery can succeed with does not loop forever under an unlimited `max_deliver`.
+        ///
+        /// Only the body's failures count: a delivery deferred for a busy key or a store error
+        /// does not, so a store outage never uses up a message's tries. JetStream's `delivered`
+        /// counts those deferrals too, so the count is kept apart, in a JetStream key-value bucket
+        /// ([`failure_counts`](Self::failure_counts)): only a failing body on a redelivery reads it,
+        /// and only a failing body writes it.
+        ///
+        /// **When the bucket cannot be used**, JetStream's `delivered` stands in for the count: a
+        /// count that cannot be read (the bucket cannot be opened or created, the user may not read
+        /// it) is taken as the deliveries before this one, and so is the count of a message whose
+        /// last count could not be written (the user may not write, the bucket is full), on its
+        /// next deliveries to this process, until a write of it succeeds. `delivered` is never
+        /// below the body's failures, so such a message is terminated after at most `max_failures`
+        /// runs of its body, sooner when deferred deliveries came between them: a poison message
+        /// never loops for ever, at the cost of a message that was deferred being ended early. (A
+        /// redelivery to another process, which has not seen the write fail, may run the body once
+        /// more before that process falls back too.) The first fallback is logged at `WARN`, later
+        /// ones at `DEBUG`; the first-message check and [`check_consumer`](Self::check_consumer)
+        /// report such a bucket ([`ConsumerProblem::FailureBucketUnusable`]).
+        fn max_failures(failures: u32);
+
+        /// The delays of the nak of a message whose store call failed (or that found no store, or
+        /// a misused task): the backoff's delay for the message's JetStream delivery count, 1 for
+        /// its first (default [`DEFAULT_STORE_BACKOFF`]; at least 10 ms, as every nak delay).
+        fn store_backoff(backoff: Backoff);
     }
 
     /// The consumer's `AckWait`, which progress acks must beat (default [`DEFAULT_ACK_WAIT`]).
@@ -100,54 +139,6 @@ impl<K> Idempotent<K> {
     #[must_use]
     pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
         self.ack_wait = ack_wait;
-        self
-    }
-
-    /// The delays of the nak that follows a body's failure (an `Err` or a panic): the
-    /// backoff's delay for the message's failure count, 1 for its first (default
-    /// [`DEFAULT_FAILURE_BACKOFF`]; at least 10 ms, as every nak delay). A dependency that keeps
-    /// failing is not hammered by every consumer at once.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use idempotask::Backoff;
-    /// use idempotask_nats::{Idempotent, MsgId};
-    /// let charge_once = Idempotent::new(idempotask::Task::new("order_charge"), MsgId)
-    ///     .failure_backoff(Backoff::new(Duration::from_millis(500), Duration::from_secs(30)))
-    ///     .store_backoff(Backoff::new(Duration::from_secs(2), Duration::from_secs(60)).full_jitter(true));
-    /// # let _ = charge_once;
-    /// ```
-    #[must_use]
-    pub fn failure_backoff(mut self, backoff: Backoff) -> Self {
-        self.settings = self.settings.failure_backoff(backoff);
-        self
-    }
-
-    /// The failure of a message's body (an `Err` or a panic) on which the message is terminated
-    /// instead of nak'd (default [`DEFAULT_MAX_FAILURES`]; at least 1), so that a message no
-    /// delivery can succeed with does not loop forever under an unlimited `max_deliver`.
-    ///
-    /// Only the body's failures count: a delivery deferred for a busy key or a store error
-    /// does not, so a store outage never uses up a message's tries. JetStream's `delivered`
-    /// counts those deferrals too, so the count is kept apart, in a JetStream key-value bucket
-    /// ([`failure_counts`](Self::failure_counts)): only a failing body on a redelivery reads it,
-    /// and only a failing body writes it.
-    ///
-    /// **When the bucket cannot be used**, JetStream's `delivered` stands in for the count: a
-    /// count that cannot be read (the bucket cannot be opened or created, the user may not read
-    /// it) is taken as the deliveries before this one, and so is the count of a message whose
-    /// last count could not be written (the user may not write, the bucket is full), on its
-    /// next deliveries to this process, until a write of it succeeds. `delivered` is never
-    /// below the body's failures, so such a message is terminated after at most `max_failures`
-    /// runs of its body, sooner when deferred deliveries came between them: a poison message
-    /// never loops for ever, at the cost of a message that was deferred being ended early. (A
-    /// redelivery to another process, which has not seen the write fail, may run the body once
-    /// more before that process falls back too.) The first fallback is logged at `WARN`, later
-    /// ones at `DEBUG`; the first-message check and [`check_consumer`](Self::check_consumer)
-    /// report such a bucket ([`ConsumerProblem::FailureBucketUnusable`]).
-    #[must_use]
-    pub fn max_failures(mut self, failures: u32) -> Self {
-        self.settings = self.settings.max_failures(failures);
         self
     }
 
@@ -175,15 +166,6 @@ impl<K> Idempotent<K> {
     /// The name of the bucket that counts body failures.
     pub fn failure_bucket_name(&self) -> &str {
         self.failures.bucket()
-    }
-
-    /// The delays of the nak of a message whose store call failed (or that found no store, or
-    /// a misused task): the backoff's delay for the message's JetStream delivery count, 1 for
-    /// its first (default [`DEFAULT_STORE_BACKOFF`]; at least 10 ms, as every nak delay).
-    #[must_use]
-    pub fn store_backoff(mut self, backoff: Backoff) -> Self {
-        self.settings = self.settings.store_backoff(backoff);
-        self
     }
 
     /// The task every message runs through.
