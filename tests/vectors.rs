@@ -75,6 +75,24 @@ async fn record_readings(sensor: u32, readings: Vec<f64>) -> Result<Vec<f64>, Er
     Ok(readings.into_iter().rev().collect())
 }
 
+#[derive(Debug, Serialize, Deserialize)]
+struct Shipment {
+    amount: u64,
+    sku: String,
+}
+
+/// A fingerprint of field paths: `order.sku` may change between deliveries, `order.amount`
+/// and `currency` may not. Python's `fingerprint=["order.amount", "currency"]` hashes the same
+/// list.
+#[idempotent_task(key = "ship-{shipment_id}", fingerprint = [order.amount, currency])]
+async fn ship_order(shipment_id: u64, order: Shipment, currency: String) -> Result<String, Error> {
+    RAN.fetch_add(1, Ordering::SeqCst);
+    Ok(format!(
+        "{shipment_id}:{}:{}{currency}",
+        order.sku, order.amount
+    ))
+}
+
 /// The cases: task, key template, fingerprint list, arguments (in declaration order).
 fn cases() -> Vec<(&'static str, &'static str, Vec<&'static str>, Value)> {
     let receipt = json!({
@@ -121,6 +139,12 @@ fn cases() -> Vec<(&'static str, &'static str, Vec<&'static str>, Value)> {
             vec!["readings"],
             json!({"sensor": 3, "readings": [1.5e-5, 1e16, 1e-7, -0.0, 5e-324, 1.234_567_890_123_456_8e16, 0.1, 100.0, 1e21, 2.5e-5]}),
         ),
+        (
+            "ship_order",
+            "ship-{shipment_id}",
+            vec!["order.amount", "currency"],
+            json!({"shipment_id": 9, "order": {"amount": 1200, "sku": "x"}, "currency": "EUR"}),
+        ),
     ]
 }
 
@@ -145,6 +169,14 @@ async fn run(task: &str, args: &Value) -> String {
         "record_readings" => {
             json_of(&record_readings(from(args, "sensor"), from(args, "readings")).await)
         }
+        "ship_order" => json_of(
+            &ship_order(
+                from(args, "shipment_id"),
+                from(args, "order"),
+                from(args, "currency"),
+            )
+            .await,
+        ),
         other => panic!("no task {other}"),
     }
 }
