@@ -45,6 +45,7 @@ CRATES = [
     "integrations/lapin",
     "cli",
     "conformance",
+    "protocol-model",
     "bench",
     "test-support",
     "python",
