@@ -80,7 +80,9 @@ if TYPE_CHECKING:
 
         @overload
         def __call__(self, function: Callable[P, R]) -> IdempotentTask[P, R]: ...
-Store = Union[_native.MemoryStore, _native.RedisStore, _native.RedisClusterStore, _native.PostgresStore]
+Store = Union[
+    _native.MemoryStore, _native.RedisStore, _native.RedisClusterStore, _native.PostgresStore, _native.LocalResultCache
+]
 
 _ON_BUSY = ("retry", "wait", "raise")
 _ON_UNRECORDED = ("warn", "raise")
@@ -152,10 +154,14 @@ def context() -> Optional[TaskContext]:
 
 def _native_store(store: Any) -> Store:
     if not isinstance(
-        store, (_native.MemoryStore, _native.RedisStore, _native.RedisClusterStore, _native.PostgresStore)
+        store,
+        (
+            _native.MemoryStore, _native.RedisStore, _native.RedisClusterStore, _native.PostgresStore,
+            _native.LocalResultCache,
+        ),
     ):
         raise TypeError(
-            f"expected an idempotask store (MemoryStore, RedisStore, RedisClusterStore, PostgresStore), got {type(store).__name__}"
+            f"expected an idempotask store (MemoryStore, RedisStore, RedisClusterStore, PostgresStore, LocalResultCache), got {type(store).__name__}"
         )
     return store
 

@@ -71,7 +71,23 @@ class PostgresStore:
     def __init__(self, url: str, *, table: Optional[str] = None, migrate: bool = False) -> None: ...
     def check(self) -> None: ...
 
-_Store = Union[MemoryStore, RedisStore, RedisClusterStore, PostgresStore]
+class LocalResultCache:
+    """Another store behind a bounded cache, in this process, of the results of the units it
+    saw completed: a duplicate of one of them is answered without the store. A ``forget`` made
+    through another process reaches its entries only when they expire (``max_age`` bounds
+    that)."""
+
+    def __init__(
+        self,
+        store: "_Store",
+        *,
+        max_items: int,
+        max_age: Optional[_Seconds] = None,
+        max_marker_bytes: Optional[int] = None,
+    ) -> None: ...
+    def check(self) -> None: ...
+
+_Store = Union[MemoryStore, RedisStore, RedisClusterStore, PostgresStore, LocalResultCache]
 
 class Pending:
     def wait(self) -> Tuple[Any, ...]: ...

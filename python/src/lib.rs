@@ -55,6 +55,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<store::RedisStore>()?;
     module.add_class::<store::RedisClusterStore>()?;
     module.add_class::<store::PostgresStore>()?;
+    module.add_class::<store::LocalResultCache>()?;
     module.add_function(wrap_pyfunction!(fingerprint, module)?)?;
     module.add_function(wrap_pyfunction!(decode_marker, module)?)?;
     errors::register(module)?;

@@ -5,10 +5,13 @@
 //! forked children: each child connects on its first call and never touches the parent's
 //! connections, which belong to the parent's runtime.
 
+use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use idempotask::store::{SharedStore, StoreError, StoreErrorKind};
+use idempotask::store::{
+    LocalResultCache as RustLocalResultCache, SharedStore, StoreError, StoreErrorKind,
+};
 use idempotask_postgres::PostgresStore as RustPostgresStore;
 use idempotask_redis::{RedisClusterStore as RustClusterStore, RedisStore as RustRedisStore};
 use pyo3::prelude::*;
@@ -34,6 +37,19 @@ enum Spec {
         table: Option<String>,
         migrate: bool,
     },
+    /// Another store behind a `LocalResultCache` of this process.
+    Cached {
+        store: Box<Spec>,
+        cache: CacheSettings,
+    },
+}
+
+/// The settings of a `LocalResultCache`.
+#[derive(Debug, Clone)]
+struct CacheSettings {
+    items: NonZeroUsize,
+    age: Option<Duration>,
+    marker_bytes: Option<usize>,
 }
 
 /// The settings the two Redis builders share.
@@ -105,7 +121,18 @@ macro_rules! redis_setters {
 
 /// Input: a store's description. Output: the store, connected.
 async fn build(spec: &Spec) -> Result<SharedStore, StoreError> {
+    if let Spec::Cached { store, cache } = spec {
+        let mut cached = RustLocalResultCache::new(Box::pin(build(store)).await?, cache.items);
+        if let Some(age) = cache.age {
+            cached = cached.max_age(age);
+        }
+        if let Some(bytes) = cache.marker_bytes {
+            cached = cached.max_marker_bytes(bytes);
+        }
+        return Ok(SharedStore::new(cached));
+    }
     Ok(match spec {
+        Spec::Cached { .. } => unreachable!("built above"),
         Spec::Memory => SharedStore::new(idempotask::MemoryStore::new()),
         Spec::Redis { url, redis } => {
             let mut builder = RustRedisStore::builder(url.clone());
@@ -247,6 +274,57 @@ store_class!(
     }
 );
 
+store_class!(
+    /// Another store behind a bounded cache, in this process, of the results of the units it
+    /// saw completed: a duplicate of one of them is answered without the store. Locks and
+    /// units in progress or in doubt always reach the store; each entry expires no later than
+    /// its result in the store. What it cannot see: a `forget` or an operator's resolve made
+    /// through another process (or another store object) reaches its entries only when they
+    /// expire; `max_age` bounds that.
+    LocalResultCache,
+    "LocalResultCache",
+    {
+    #[new]
+    #[pyo3(signature = (store, *, max_items, max_age=None, max_marker_bytes=None))]
+    fn new(
+        store: &Bound<'_, PyAny>,
+        max_items: i64,
+        max_age: Option<&Bound<'_, PyAny>>,
+        max_marker_bytes: Option<i64>,
+    ) -> PyResult<Self> {
+        let inner = lazy_of(store)?.spec.clone();
+        let max_items = usize::try_from(max_items)
+            .ok()
+            .and_then(NonZeroUsize::new)
+            .ok_or_else(|| {
+                pyo3::exceptions::PyValueError::new_err(format!(
+                    "max_items must be at least 1, got {max_items}: without a cache, pass the store itself"
+                ))
+            })?;
+        let max_marker_bytes = max_marker_bytes
+            .map(|bytes| {
+                usize::try_from(bytes).map_err(|_| {
+                    pyo3::exceptions::PyValueError::new_err(format!(
+                        "max_marker_bytes must not be negative, got {bytes}"
+                    ))
+                })
+            })
+            .transpose()?;
+        let cache = CacheSettings {
+            items: max_items,
+            age: max_age.map(seconds).transpose()?,
+            marker_bytes: max_marker_bytes,
+        };
+        Ok(Self {
+            lazy: Arc::new(Lazy::new(Spec::Cached {
+                store: Box::new(inner),
+                cache,
+            })),
+        })
+    }
+    }
+);
+
 fn redis_settings(
     namespace: Option<String>,
     connection_timeout: Option<&Bound<'_, PyAny>>,
@@ -274,6 +352,16 @@ fn describe(spec: &Spec) -> String {
             let urls: Vec<String> = urls.iter().map(|url| hide(url)).collect();
             format!("{urls:?}")
         }
+        Spec::Cached { store, cache } => {
+            let kind = match **store {
+                Spec::Memory => "MemoryStore",
+                Spec::Redis { .. } => "RedisStore",
+                Spec::Cluster { .. } => "RedisClusterStore",
+                Spec::Postgres { .. } => "PostgresStore",
+                Spec::Cached { .. } => "LocalResultCache",
+            };
+            format!("{kind}({}), max_items={}", describe(store), cache.items)
+        }
     }
 }
 
@@ -300,8 +388,11 @@ pub(crate) fn lazy_of(store: &Bound<'_, PyAny>) -> PyResult<Arc<Lazy>> {
     if let Ok(store) = store.cast::<PostgresStore>() {
         return Ok(Arc::clone(&store.get().lazy));
     }
+    if let Ok(store) = store.cast::<LocalResultCache>() {
+        return Ok(Arc::clone(&store.get().lazy));
+    }
     Err(pyo3::exceptions::PyTypeError::new_err(format!(
-        "expected an idempotask store (MemoryStore, RedisStore, RedisClusterStore, PostgresStore), got {}",
+        "expected an idempotask store (MemoryStore, RedisStore, RedisClusterStore, PostgresStore, LocalResultCache), got {}",
         store.get_type().name()?
     )))
 }
