@@ -43,6 +43,7 @@ CRATES = [
     "integrations/consumer",
     "integrations/nats",
     "integrations/lapin",
+    "integrations/redis-streams",
     "cli",
     "conformance",
     "protocol-model",
