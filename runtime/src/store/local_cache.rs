@@ -59,12 +59,13 @@ pub const DEFAULT_MAX_MARKER_BYTES: usize = 64 * 1024;
 pub struct LocalResultCache<S> {
     store: S,
     shared: Arc<Shared>,
+    /// This handle's bounds: its clones share the entries, each keeps its own settings.
+    max_marker_bytes: usize,
+    max_age: Option<Duration>,
 }
 
 struct Shared {
     capacity: NonZeroUsize,
-    max_marker_bytes: usize,
-    max_age: Option<Duration>,
     entries: Mutex<Entries>,
 }
 
@@ -75,11 +76,18 @@ struct Entries {
     order: BTreeMap<u64, UnitOfWork>,
     next_stamp: u64,
     hits: u64,
+    /// How many forgets through the cache have ended: a marker whose store call was sent
+    /// before one of them ended may have been forgotten after it was written or read, and is
+    /// not kept.
+    forgets: u64,
 }
 
 struct Entry {
     marker: Arc<[u8]>,
+    /// When its marker expires in the store at the latest (`None`: never).
     expires: Option<Instant>,
+    /// When the store call it was learnt from was sent: `max_age` counts from here.
+    since: Instant,
     stamp: u64,
 }
 
@@ -88,6 +96,8 @@ impl<S: Clone> Clone for LocalResultCache<S> {
         Self {
             store: self.store.clone(),
             shared: Arc::clone(&self.shared),
+            max_marker_bytes: self.max_marker_bytes,
+            max_age: self.max_age,
         }
     }
 }
@@ -117,15 +127,16 @@ impl<S> LocalResultCache<S> {
             store,
             shared: Arc::new(Shared {
                 capacity,
-                max_marker_bytes: DEFAULT_MAX_MARKER_BYTES,
-                max_age: None,
                 entries: Mutex::new(Entries::default()),
             }),
+            max_marker_bytes: DEFAULT_MAX_MARKER_BYTES,
+            max_age: None,
         }
     }
 
     /// Keeps no marker longer than `bytes` ([`DEFAULT_MAX_MARKER_BYTES`] by default): the
-    /// cache's memory stays below about `capacity` times this. Call it before cloning.
+    /// cache's memory stays below about `capacity` times this. It bounds what this handle (and
+    /// the clones made from it afterwards) keeps; the entries are shared with every clone.
     ///
     /// ```
     /// use std::num::NonZeroUsize;
@@ -135,13 +146,15 @@ impl<S> LocalResultCache<S> {
     /// # let _ = store;
     /// ```
     #[must_use]
-    pub fn max_marker_bytes(self, bytes: usize) -> Self {
-        self.configure(|shared| shared.max_marker_bytes = bytes)
+    pub fn max_marker_bytes(mut self, bytes: usize) -> Self {
+        self.max_marker_bytes = bytes;
+        self
     }
 
-    /// Keeps no entry longer than `age`, even when its marker lives longer: the bound on how
-    /// long another process's [`forget`](Store::forget) goes unseen here. Call it before
-    /// cloning.
+    /// Answers from no entry older than `age`, even when its marker lives longer: the bound on
+    /// how long another process's [`forget`](Store::forget) goes unseen here. It bounds this
+    /// handle (and the clones made from it afterwards); the entries, and a forget through any
+    /// clone, are shared with every clone.
     ///
     /// ```
     /// use std::num::NonZeroUsize;
@@ -152,24 +165,8 @@ impl<S> LocalResultCache<S> {
     /// # let _ = store;
     /// ```
     #[must_use]
-    pub fn max_age(self, age: Duration) -> Self {
-        self.configure(|shared| shared.max_age = Some(age))
-    }
-
-    fn configure(mut self, change: impl FnOnce(&mut Shared)) -> Self {
-        if let Some(shared) = Arc::get_mut(&mut self.shared) {
-            change(shared);
-        } else {
-            let old = &self.shared;
-            let mut shared = Shared {
-                capacity: old.capacity,
-                max_marker_bytes: old.max_marker_bytes,
-                max_age: old.max_age,
-                entries: Mutex::new(Entries::default()),
-            };
-            change(&mut shared);
-            self.shared = Arc::new(shared);
-        }
+    pub fn max_age(mut self, age: Duration) -> Self {
+        self.max_age = Some(age);
         self
     }
 
@@ -222,9 +219,14 @@ impl<S> LocalResultCache<S> {
             order,
             next_stamp,
             hits,
+            ..
         } = &mut *entries;
         let entry = by_unit.get_mut(unit)?;
-        if entry.expires.is_some_and(|expires| expires <= now) {
+        let too_old = self
+            .max_age
+            .and_then(|age| entry.since.checked_add(age))
+            .is_some_and(|bound| bound <= now);
+        if too_old || entry.expires.is_some_and(|expires| expires <= now) {
             order.remove(&entry.stamp);
             by_unit.remove(unit);
             return None;
@@ -237,28 +239,42 @@ impl<S> LocalResultCache<S> {
         Some(entry.marker.to_vec())
     }
 
-    /// Keeps `marker` for `unit` until `expires` (`None`: the marker has no expiry), bounded by
-    /// [`max_age`](Self::max_age) from `since`.
-    fn remember(&self, unit: &UnitOfWork, marker: &[u8], since: Instant, ttl: Option<Duration>) {
-        if marker.len() > self.shared.max_marker_bytes {
+    /// How many forgets through the cache have ended: taken before a store call whose answer
+    /// may be remembered, and handed to [`remember`](Self::remember).
+    fn forgets(&self) -> u64 {
+        self.entries().forgets
+    }
+
+    /// Keeps `marker` for `unit` for the `ttl` its marker has in the store from `since` (`None`:
+    /// no expiry), bounded by [`max_age`](Self::max_age); unless a forget through the cache
+    /// ended after `forgets` was taken, before `since`.
+    fn remember(
+        &self,
+        unit: &UnitOfWork,
+        marker: &[u8],
+        since: Instant,
+        ttl: Option<Duration>,
+        forgets: u64,
+    ) {
+        if marker.len() > self.max_marker_bytes {
             return;
         }
-        let bound = |ttl: Duration| since.checked_add(ttl);
-        let expires = match (ttl, self.shared.max_age) {
-            (Some(ttl), Some(age)) => bound(ttl.min(age)),
-            (Some(ttl), None) => bound(ttl),
-            (None, Some(age)) => bound(age),
-            (None, None) => None,
-        };
-        if expires.is_some_and(|expires| expires <= Instant::now()) {
+        let expires = ttl.and_then(|ttl| since.checked_add(ttl));
+        let aged = self.max_age.and_then(|age| since.checked_add(age));
+        let now = Instant::now();
+        if expires.into_iter().chain(aged).any(|bound| bound <= now) {
             return;
         }
         let mut entries = self.entries();
+        if entries.forgets != forgets {
+            return;
+        }
         let stamp = entries.next_stamp;
         entries.next_stamp += 1;
         let entry = Entry {
             marker: marker.into(),
             expires,
+            since,
             stamp,
         };
         if let Some(old) = entries.by_unit.insert(unit.clone(), entry) {
@@ -273,10 +289,14 @@ impl<S> LocalResultCache<S> {
         }
     }
 
-    fn drop_entry(&self, unit: &UnitOfWork) {
+    /// Drops `unit`'s entry; `forgot` counts a forget that ended.
+    fn drop_entry(&self, unit: &UnitOfWork, forgot: bool) {
         let mut entries = self.entries();
         if let Some(old) = entries.by_unit.remove(unit) {
             entries.order.remove(&old.stamp);
+        }
+        if forgot {
+            entries.forgets += 1;
         }
     }
 }
@@ -285,6 +305,7 @@ impl<S: Store> LocalResultCache<S> {
     /// Learns a marker the store answered a `begin` with: its remaining time is read once, and
     /// the entry kept only when the store still holds those same bytes.
     async fn learn(&self, unit: &UnitOfWork, marker: &[u8]) {
+        let forgets = self.forgets();
         let since = Instant::now();
         if let Ok(Inspection {
             marker: Some(stored),
@@ -293,7 +314,7 @@ impl<S: Store> LocalResultCache<S> {
         }) = self.store.inspect(unit).await
             && stored == marker
         {
-            self.remember(unit, marker, since, marker_ttl);
+            self.remember(unit, marker, since, marker_ttl, forgets);
         }
     }
 }
@@ -327,10 +348,11 @@ impl<S: Store> Store for LocalResultCache<S> {
         marker: &[u8],
         result_ttl: Duration,
     ) -> Result<Finish, StoreError> {
+        let forgets = self.forgets();
         let since = Instant::now();
         let answer = self.store.finish(unit, token, marker, result_ttl).await?;
         if answer == Finish::Completed {
-            self.remember(unit, marker, since, Some(result_ttl));
+            self.remember(unit, marker, since, Some(result_ttl), forgets);
         }
         Ok(answer)
     }
@@ -353,11 +375,12 @@ impl<S: Store> Store for LocalResultCache<S> {
     }
 
     async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
-        self.drop_entry(unit);
+        self.drop_entry(unit, false);
         let forgotten = self.store.forget(unit).await;
-        // A finish of this process that landed while the store forgot would otherwise outlive
-        // the forget here.
-        self.drop_entry(unit);
+        // A finish or a read of this process whose store call was sent before this point may
+        // have met the marker before the store forgot it: its entry is dropped, and the count
+        // keeps one remembered after this point out.
+        self.drop_entry(unit, true);
         forgotten
     }
 
@@ -409,11 +432,18 @@ impl<S: Store> Store for LocalResultCache<S> {
         completions: &[Completion<'_>],
         result_ttl: Duration,
     ) -> Vec<Result<Finish, StoreError>> {
+        let forgets = self.forgets();
         let since = Instant::now();
         let answers = self.store.finish_batch(completions, result_ttl).await;
         for (completion, answer) in completions.iter().zip(&answers) {
             if matches!(answer, Ok(Finish::Completed)) {
-                self.remember(completion.unit, completion.marker, since, Some(result_ttl));
+                self.remember(
+                    completion.unit,
+                    completion.marker,
+                    since,
+                    Some(result_ttl),
+                    forgets,
+                );
             }
         }
         answers

@@ -5,11 +5,21 @@ use crate::{Error, MemoryStore, Task};
 
 const TTL: Duration = Duration::from_secs(30);
 
-/// A `MemoryStore` shared between "processes" (caches), counting what reaches it.
+/// A `MemoryStore` shared between "processes" (caches), counting what reaches it; with a
+/// pause, its `finish` or `inspect` stops after the store answered until told to go on.
 #[derive(Debug, Clone, Default)]
 struct Counting {
     store: MemoryStore,
     calls: Arc<Calls>,
+    pause: Option<Arc<Pause>>,
+}
+
+/// The window between the store's answer and the cache's bookkeeping, in which a forget lands.
+#[derive(Debug)]
+struct Pause {
+    call: &'static str,
+    answered: tokio::sync::Notify,
+    go_on: tokio::sync::Notify,
 }
 
 #[derive(Debug, Default)]
@@ -26,6 +36,26 @@ impl Counting {
 
     fn inspects(&self) -> usize {
         self.calls.inspects.load(Ordering::SeqCst)
+    }
+
+    /// The same store, its `call` ("finish" or "inspect") paused.
+    fn paused(&self, call: &'static str) -> Self {
+        let pause = Pause {
+            call,
+            answered: tokio::sync::Notify::new(),
+            go_on: tokio::sync::Notify::new(),
+        };
+        Self {
+            pause: Some(Arc::new(pause)),
+            ..self.clone()
+        }
+    }
+
+    async fn hold(&self, call: &str) {
+        if let Some(pause) = self.pause.as_ref().filter(|pause| pause.call == call) {
+            pause.answered.notify_one();
+            pause.go_on.notified().await;
+        }
     }
 }
 
@@ -49,7 +79,9 @@ impl Store for Counting {
         result_ttl: Duration,
     ) -> Result<Finish, StoreError> {
         self.calls.finishes.fetch_add(1, Ordering::SeqCst);
-        self.store.finish(unit, token, marker, result_ttl).await
+        let answer = self.store.finish(unit, token, marker, result_ttl).await;
+        self.hold("finish").await;
+        answer
     }
 
     async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
@@ -67,7 +99,9 @@ impl Store for Counting {
 
     async fn inspect(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError> {
         self.calls.inspects.fetch_add(1, Ordering::SeqCst);
-        self.store.inspect(unit).await
+        let answer = self.store.inspect(unit).await;
+        self.hold("inspect").await;
+        answer
     }
 
     async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
@@ -325,4 +359,91 @@ async fn a_finish_after_the_lock_was_lost_is_left_to_the_store() {
         }
     ));
     assert!(cached.is_empty());
+}
+
+/// Forgets `unit` through `cached` once the paused call has its answer, then lets it go on.
+async fn forget_in_the_window(cached: &LocalResultCache<Counting>, unit: &UnitOfWork) {
+    let pause = cached.store().pause.as_ref().unwrap();
+    pause.answered.notified().await;
+    assert!(cached.forget(unit).await.unwrap(), "the marker was there");
+    pause.go_on.notify_one();
+}
+
+#[tokio::test]
+async fn a_forget_that_lands_while_a_finish_is_answered_is_not_undone() {
+    let cached = cache(&Counting::default().paused("finish"), 1);
+    let unit = unit("order-1");
+    let token = LockToken::generate();
+    let begun = cached
+        .begin(&unit, &token, TTL, Fencing::Off)
+        .await
+        .unwrap();
+    assert!(matches!(begun, Begin::Acquired { .. }), "{begun:?}");
+    let (finished, ()) = tokio::join!(
+        cached.finish(&unit, &token, b"D7,dAAAA|order-1|1", TTL),
+        forget_in_the_window(&cached, &unit),
+    );
+    assert_eq!(finished.unwrap(), Finish::Completed);
+    assert!(
+        cached
+            .store()
+            .store
+            .inspect(&unit)
+            .await
+            .unwrap()
+            .marker
+            .is_none()
+    );
+    assert!(
+        cached.is_empty(),
+        "the forgotten marker is not served from memory"
+    );
+}
+
+#[tokio::test]
+async fn a_forget_that_lands_while_a_marker_is_learnt_is_not_undone() {
+    let there = cache(&Counting::default(), 1);
+    let unit = unit("order-1");
+    let token = LockToken::generate();
+    there.begin(&unit, &token, TTL, Fencing::Off).await.unwrap();
+    there
+        .finish(&unit, &token, b"D7,dAAAA|order-1|1", TTL)
+        .await
+        .unwrap();
+    let here = cache(&there.store().paused("inspect"), 1);
+    let duplicate = LockToken::generate();
+    let (begun, ()) = tokio::join!(
+        here.begin(&unit, &duplicate, TTL, Fencing::Off),
+        forget_in_the_window(&here, &unit),
+    );
+    assert!(matches!(begun.unwrap(), Begin::Done(_)));
+    assert!(
+        here.is_empty(),
+        "the forgotten marker is not served from memory"
+    );
+}
+
+#[tokio::test]
+async fn a_clone_set_up_afterwards_shares_the_entries_and_keeps_its_own_bounds() {
+    let store = Counting::default();
+    let base = cache(&store, 16);
+    let worker = base.clone();
+    let aged = base.max_age(Duration::from_millis(20)).max_marker_bytes(64);
+    let ran = AtomicUsize::new(0);
+    run(&worker, "order-1", 1, &ran).await.unwrap();
+    assert_eq!(
+        aged.len(),
+        1,
+        "one cache, whichever handle learnt the entry"
+    );
+    assert!(aged.forget(&unit("order-1")).await.unwrap());
+    // A forget through one handle reaches the others in this process.
+    assert_eq!(run(&worker, "order-1", 2, &ran).await.unwrap(), 2);
+    // The entry's age is the thing under test: waiting it out is the signal.
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert!(
+        aged.lookup(&unit("order-1")).is_none(),
+        "too old for this handle"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 2);
 }
