@@ -69,6 +69,11 @@
 //! | the unit is in doubt and the task holds such units ([`Error::InDoubt`](idempotask::Error::InDoubt)) | `DeadLettered(InDoubt)` | the same, with reason `in-doubt`: resolve the unit (`idempotask resolve`), then `XADD` the entry back |
 //! | a delivery beyond [`max_deliveries`](Idempotent::max_deliveries) (its consumers kept dying before settling it) | `DeadLettered(TooManyDeliveries)` | the same; nothing ran |
 //!
+//! [`StreamConsumer::next_batch`] runs and settles in one call; [`StreamConsumer::run_batch`]
+//! answers a [`Batch`] that [`StreamConsumer::settle`] writes later, for a consumer that
+//! records something between the two (until then the entries stay pending: a crash there
+//! leaves them to be claimed, and their stored results are replayed).
+//!
 //! A dead-letter entry is the original's fields followed by [`SOURCE_ID_FIELD`] (the
 //! original's id), [`REASON_FIELD`] ([`Rejection::reason`]) and [`ERROR_FIELD`] (the error's
 //! text), added to the dead-letter stream in the transaction that acks the original: the entry
@@ -131,6 +136,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod batch;
 mod consumer;
 mod entry;
 mod error;
@@ -139,6 +145,7 @@ mod key;
 mod ops;
 mod stream;
 
+pub use batch::Batch;
 pub use consumer::{
     DEFAULT_BATCH_SIZE, DEFAULT_BLOCK, DEFAULT_CLAIM_IDLE, DEFAULT_FAILURE_BACKOFF,
     DEFAULT_MAX_DELIVERIES, DEFAULT_MAX_FAILURES, DEFAULT_STORE_BACKOFF, Idempotent,

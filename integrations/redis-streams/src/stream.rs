@@ -6,14 +6,15 @@ use std::pin::pin;
 use std::time::Duration;
 
 use futures_util::future::{Either, join_all, select};
-use idempotask_consumer::{History, Verdict};
+use idempotask_consumer::History;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
-use crate::ops::{Names, Settlement};
-use crate::{BadEntry, Entry, EntryKey, Handled, Idempotent, Processed, Rejection, StreamError};
+use crate::batch::{Delivery, Held};
+use crate::ops::Names;
+use crate::{BadEntry, Batch, Entry, EntryKey, Idempotent, Processed, Rejection, StreamError};
 
 /// How much longer than a read's `BLOCK` a reply may take before the connection gives up.
 const REPLY_MARGIN: Duration = Duration::from_secs(5);
@@ -33,24 +34,6 @@ pub struct StreamConsumer<K> {
     cursor: String,
     refreshed: Instant,
     claimed: Option<Instant>,
-}
-
-/// An entry left pending for a later try in this consumer.
-struct Held {
-    entry: Entry,
-    deliveries: u32,
-    deferrals: u32,
-    due: Instant,
-}
-
-/// An entry of a batch and what its run became, or why it did not run.
-type Ran<T, E> = (Delivery, Result<Verdict<T, E>, Rejection<E>>);
-
-/// An entry to run in this batch.
-struct Delivery {
-    entry: Entry,
-    deliveries: u32,
-    deferrals: u32,
 }
 
 impl<K: EntryKey> Idempotent<K> {
@@ -174,8 +157,27 @@ impl<K: EntryKey> StreamConsumer<K> {
     /// is then replayed.
     pub async fn next_batch<T, E, F, Fut>(
         &mut self,
-        mut body: F,
+        body: F,
     ) -> Result<Vec<Processed<T, E>>, StreamError>
+    where
+        T: Serialize + DeserializeOwned,
+        E: std::fmt::Display,
+        F: FnMut(&Entry) -> Result<Fut, BadEntry>,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let batch = self.run_batch(body).await?;
+        self.settle(batch).await
+    }
+
+    /// Reads a batch and runs it as [`next_batch`](Self::next_batch) does, and answers what
+    /// became of each entry without telling the group yet: for a consumer that records or
+    /// reports something between the run and the ack. Until [`settle`](Self::settle), every
+    /// entry stays pending (a crash there leaves them to be claimed, and a stored result is
+    /// replayed).
+    ///
+    /// # Errors
+    /// [`StreamError::Redis`] when a read or a claim failed.
+    pub async fn run_batch<T, E, F, Fut>(&mut self, mut body: F) -> Result<Batch<T, E>, StreamError>
     where
         T: Serialize + DeserializeOwned,
         E: std::fmt::Display,
@@ -184,7 +186,7 @@ impl<K: EntryKey> StreamConsumer<K> {
     {
         let deliveries = self.gather().await?;
         if deliveries.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Batch::decide(Vec::new()));
         }
         // Refreshed while the batch runs: the entries running, and those waiting here.
         let ids: Vec<String> = deliveries
@@ -240,7 +242,23 @@ impl<K: EntryKey> StreamConsumer<K> {
                 Either::Right(((), _)) => unreachable!("the heartbeat never ends"),
             }
         };
-        self.settle(ran).await
+        Ok(Batch::decide(ran))
+    }
+
+    /// Tells the group what became of `batch`'s entries, in one transaction (the acks, the
+    /// dead letters with their copies, the failure counts), keeps the entries to try again
+    /// later, and answers what became of each.
+    ///
+    /// # Errors
+    /// [`StreamError::Redis`] when the transaction failed: nothing of it was written, and the
+    /// entries stay pending until they are claimed again (a stored result is then replayed).
+    pub async fn settle<T, E>(
+        &mut self,
+        batch: Batch<T, E>,
+    ) -> Result<Vec<Processed<T, E>>, StreamError> {
+        self.names.settle(&mut self.conn, &batch.settlement).await?;
+        self.held.extend(batch.held);
+        Ok(batch.processed)
     }
 
     /// Trims the stream of every entry all its groups have acknowledged (`XTRIM MINID`, up to
@@ -391,93 +409,6 @@ impl<K: EntryKey> StreamConsumer<K> {
             });
         }
         Ok(())
-    }
-
-    /// Settles what each entry's run became, in one transaction, and keeps the entries left
-    /// pending for their next try.
-    async fn settle<T, E>(
-        &mut self,
-        ran: Vec<Ran<T, E>>,
-    ) -> Result<Vec<Processed<T, E>>, StreamError>
-    where
-        E: std::fmt::Display,
-    {
-        let mut settlement = Settlement::default();
-        let mut held = Vec::new();
-        let mut processed = Vec::with_capacity(ran.len());
-        let now = Instant::now();
-        for (delivery, verdict) in ran {
-            let id = delivery.entry.id().to_owned();
-            let deliveries = delivery.deliveries;
-            let mut wait = |delay: Duration, deferrals: u32| {
-                held.push(Held {
-                    due: now + delay,
-                    deferrals,
-                    deliveries: delivery.deliveries,
-                    entry: delivery.entry.clone(),
-                });
-            };
-            let handled = match verdict.map(Handled::from_verdict) {
-                Ok(Ok(handled)) => {
-                    match &handled {
-                        Handled::Acked(_) => settlement.acked.push(id.clone()),
-                        Handled::Failed {
-                            failures, delay, ..
-                        } => {
-                            settlement.failures.push((id.clone(), *failures));
-                            wait(*delay, delivery.deferrals);
-                        }
-                        Handled::Deferred { delay, .. } => {
-                            wait(*delay, delivery.deferrals.saturating_add(1));
-                        }
-                        Handled::DeadLettered(_) => {}
-                    }
-                    handled
-                }
-                Ok(Err(rejection)) | Err(rejection) => {
-                    settlement.dead.push((
-                        delivery.entry.clone(),
-                        rejection.reason(),
-                        rejection.to_string(),
-                    ));
-                    Handled::DeadLettered(rejection)
-                }
-            };
-            processed.push(Processed {
-                id,
-                deliveries,
-                handled,
-            });
-        }
-        self.names.settle(&mut self.conn, &settlement).await?;
-        self.held.extend(held);
-        Ok(processed)
-    }
-}
-
-impl<T, E> Handled<T, E> {
-    /// Input: what the consumer core made of an entry's call. Output: what the entry gets, or
-    /// why it is dead-lettered.
-    fn from_verdict(verdict: Verdict<T, E>) -> Result<Self, Rejection<E>> {
-        match verdict {
-            Verdict::Ack(report) => Ok(Self::Acked(report)),
-            Verdict::Retry {
-                failure,
-                failures,
-                delay,
-                ..
-            } => Ok(Self::Failed {
-                error: failure,
-                failures,
-                delay,
-            }),
-            Verdict::GiveUp {
-                failure, failures, ..
-            } => Err(Rejection::GaveUp { failure, failures }),
-            Verdict::Defer { error, delay, .. } => Ok(Self::Deferred { error, delay }),
-            Verdict::Refuse(err) => Err(Rejection::Refused(err)),
-            Verdict::Hold(err) => Err(Rejection::InDoubt(err)),
-        }
     }
 }
 

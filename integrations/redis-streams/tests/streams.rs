@@ -611,3 +611,34 @@ async fn trimming_removes_only_what_every_group_acknowledged() {
     assert_eq!(s.pending().await, 1);
     assert_eq!(consumer.trim().await.unwrap(), 0, "idempotent");
 }
+
+/// `run_batch` tells the group nothing: the entries stay pending until `settle`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_run_but_not_settled_leaves_its_entries_pending() {
+    let mut s = setup().await;
+    let mut consumer = s.consumer("c1").await;
+    s.add(&[("order_id", "60")]).await;
+    s.add(&[("order_id", "61")]).await;
+    let mut body = s.charge(false);
+    let mut ran = 0;
+    let mut batches = Vec::new();
+    while ran < 2 {
+        let batch = consumer.run_batch(&mut body).await.unwrap();
+        ran += batch.processed().len();
+        assert!(
+            batch
+                .processed()
+                .iter()
+                .all(|p| matches!(p.handled, Handled::Acked(_)))
+        );
+        batches.push(batch);
+    }
+    assert_eq!(s.pending().await, 2, "nothing is acked before settle");
+    for batch in batches {
+        consumer.settle(batch).await.unwrap();
+    }
+    assert_eq!(
+        (s.effects.load(Ordering::SeqCst), s.pending().await),
+        (2, 0)
+    );
+}
