@@ -37,9 +37,11 @@ enum Spec {
         table: Option<String>,
         migrate: bool,
     },
-    /// Another store behind a `LocalResultCache` of this process.
+    /// Another store object behind a `LocalResultCache` of this process: that object's store
+    /// in this process, not a second one built from its description (a second `MemoryStore`
+    /// would hold other units).
     Cached {
-        store: Box<Spec>,
+        store: Arc<Lazy>,
         cache: CacheSettings,
     },
 }
@@ -122,7 +124,7 @@ macro_rules! redis_setters {
 /// Input: a store's description. Output: the store, connected.
 async fn build(spec: &Spec) -> Result<SharedStore, StoreError> {
     if let Spec::Cached { store, cache } = spec {
-        let mut cached = RustLocalResultCache::new(Box::pin(build(store)).await?, cache.items);
+        let mut cached = RustLocalResultCache::new(Box::pin(store.get()).await?, cache.items);
         if let Some(age) = cache.age {
             cached = cached.max_age(age);
         }
@@ -292,7 +294,7 @@ store_class!(
         max_age: Option<&Bound<'_, PyAny>>,
         max_marker_bytes: Option<i64>,
     ) -> PyResult<Self> {
-        let inner = lazy_of(store)?.spec.clone();
+        let inner = lazy_of(store)?;
         let max_items = usize::try_from(max_items)
             .ok()
             .and_then(NonZeroUsize::new)
@@ -317,7 +319,7 @@ store_class!(
         };
         Ok(Self {
             lazy: Arc::new(Lazy::new(Spec::Cached {
-                store: Box::new(inner),
+                store: inner,
                 cache,
             })),
         })
@@ -353,14 +355,18 @@ fn describe(spec: &Spec) -> String {
             format!("{urls:?}")
         }
         Spec::Cached { store, cache } => {
-            let kind = match **store {
+            let kind = match store.spec {
                 Spec::Memory => "MemoryStore",
                 Spec::Redis { .. } => "RedisStore",
                 Spec::Cluster { .. } => "RedisClusterStore",
                 Spec::Postgres { .. } => "PostgresStore",
                 Spec::Cached { .. } => "LocalResultCache",
             };
-            format!("{kind}({}), max_items={}", describe(store), cache.items)
+            format!(
+                "{kind}({}), max_items={}",
+                describe(&store.spec),
+                cache.items
+            )
         }
     }
 }

@@ -114,3 +114,14 @@ def test_its_repr_names_the_store_and_hides_passwords() -> None:
     text = repr(cache)
     assert "secret" not in text
     assert text.startswith("LocalResultCache(RedisStore(") and "max_items=5" in text
+
+
+def test_it_wraps_the_store_object_it_is_given(redis_server: RedisServer, redis_client: redis.Redis) -> None:
+    """The cache sits in front of that very store object's store in this process: wrapping a
+    connected ``RedisStore`` opens no second connection to the server."""
+    bare = RedisStore(redis_server.url)
+    bare.check()
+    connected = len(redis_client.client_list())
+    cached = LocalResultCache(bare, max_items=10)
+    cached.check()
+    assert len(redis_client.client_list()) == connected, "the wrapped store's connection is reused"
