@@ -8,7 +8,7 @@ at all) keeps the stored text and the duplicate's value exactly as they were: ``
 the text. Where a value is rebuilt (a dataclass, a pydantic v2 model, an ``Enum``, a tuple, a
 dict with ``int`` keys, anything holding one of them), the stored JSON is what a Rust task of
 the same name reads (a dataclass is an object of its fields, a model its
-``model_dump(mode="json")``) and a stored value that does not fit the type is a ``CodecError``
+``model_dump(mode="json", by_alias=True)``) and a stored value that does not fit the type is a ``CodecError``
 of kind ``undecodable`` for the duplicate; the body does not run again.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import enum
+import inspect
 import json
 import typing
 from typing import Any, Callable, Dict, FrozenSet, Generic, List, Mapping, Optional, Tuple, TypeVar
@@ -273,23 +274,34 @@ class _Dataclass(_Node):
 
 
 class _Pydantic(_Node):
-    """A pydantic v2 model: ``model_dump(mode="json")``, and ``model_validate`` back."""
+    """A pydantic v2 model: ``model_dump(mode="json", by_alias=True)``, and ``model_validate``
+    back. By its aliases, which is what ``model_validate`` reads by default (a model with
+    ``alias=`` would not read its field names back) and what a Rust struct renamed as the
+    aliases writes; read by name too where pydantic can (2.11 and later), for a model whose
+    aliases are for serialization only."""
 
     rebuilds = True
 
     def __init__(self, kind: type) -> None:
         self.kind = kind
+        try:
+            parameters = inspect.signature(kind.model_validate).parameters  # type: ignore[attr-defined]
+        except (TypeError, ValueError):
+            parameters = {}  # type: ignore[assignment]
+        self.by_either: Dict[str, bool] = (
+            {"by_alias": True, "by_name": True} if "by_name" in parameters and "by_alias" in parameters else {}
+        )
         # A `RootModel` dumps to its root's JSON, whatever kind that is.
         self.kinds = _EVERY_KIND if getattr(kind, "__pydantic_root_model__", False) else frozenset(("object",))
 
     def dump(self, value: Any) -> Any:
         if not isinstance(value, self.kind):
             raise _Unfit(f"{_a(type(value).__name__)}, not {_a(self.kind.__name__)}")
-        return value.model_dump(mode="json")
+        return value.model_dump(mode="json", by_alias=True)
 
     def load(self, value: Any) -> Any:
         try:
-            return self.kind.model_validate(value)  # type: ignore[attr-defined]
+            return self.kind.model_validate(value, **self.by_either)  # type: ignore[attr-defined]
         except Exception as err:
             raise _Unfit(f"{self.kind.__name__}.model_validate raised {err}") from err
 

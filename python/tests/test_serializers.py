@@ -119,6 +119,31 @@ def test_a_pydantic_model_replays_as_its_type_from_its_json_dump(
     assert json.loads(_stored(redis_client, name)) == first.model_dump(mode="json")
 
 
+class Payment(pydantic.BaseModel):
+    """A model whose fields have other names on the wire, as a Rust struct's `serde(rename)`."""
+
+    payment_id: str = pydantic.Field(alias="paymentId")
+    amount_cents: int = pydantic.Field(alias="amountCents")
+
+
+def test_a_pydantic_model_with_aliases_replays_and_is_stored_by_its_aliases(
+    store: Any, redis_client: redis.Redis, name: str
+) -> None:
+    ran: List[str] = []
+
+    @idempotent_task(key="payment-{payment_id}", name=name)
+    def pay(payment_id: str) -> Payment:
+        ran.append(payment_id)
+        return Payment(paymentId=payment_id, amountCents=1200)
+
+    first = pay("p-1")
+    again = pay("p-1")
+    assert type(again) is Payment and again == first
+    assert ran == ["p-1"]
+    # What `model_validate` reads back, and what a Rust struct renamed as the aliases writes.
+    assert _stored(redis_client, name) == '{"paymentId":"p-1","amountCents":1200}'
+
+
 def test_a_custom_serializer_replays_as_its_type(any_store: Any, name: str) -> None:
     ran: List[int] = []
 
