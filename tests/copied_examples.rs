@@ -18,6 +18,7 @@ mod copied {
         ("idempotask-nats", "integrations/nats"),
         ("idempotask-lapin", "integrations/lapin"),
         ("idempotask-http", "integrations/http"),
+        ("idempotask-redis-streams", "integrations/redis-streams"),
     ];
 
     /// The `[dependencies]` block an example's header lists, with the crates of this workspace
@@ -413,6 +414,11 @@ mod copied {
     #[test]
     fn rabbitmq_worker_compiles_alone() {
         compiles_alone("rabbitmq_worker");
+    }
+
+    #[test]
+    fn redis_streams_worker_compiles_alone() {
+        compiles_alone("redis_streams_worker");
     }
 
     #[test]

@@ -1,7 +1,8 @@
-//! The crash demonstrations of the examples. Three copies of `rabbitmq_worker`, `nats_worker`
-//! or `apalis_worker` on one queue, the one that charges order 5 first killed with SIGKILL
-//! between the charge and its ack, and the ledger in Redis read afterwards: with idempotask the
-//! redelivery gets the stored receipt and every order is charged once; the bare consumer
+//! The crash demonstrations of the examples. Three copies of `rabbitmq_worker`, `nats_worker`,
+//! `redis_streams_worker` or `apalis_worker` on one queue, the one that charges order 5 first
+//! killed with SIGKILL between the charge and its ack, and the ledger in Redis read afterwards:
+//! with idempotask the redelivery gets the stored receipt and every order is charged once; the
+//! bare consumer
 //! (`WITHOUT_IDEMPOTASK=1`) charges it twice. And copies of `ledger_transfer`, one killed inside
 //! a transaction, the ledger in PostgreSQL read afterwards: every transfer written once. The
 //! harness is `support::example_runs`.
@@ -156,6 +157,65 @@ async fn nats_worker_charges_each_order_once_despite_a_kill_9() {
     let info = consumer.info().await.unwrap();
     assert_eq!(info.num_ack_pending, 0, "{info:?}");
     assert_eq!(info.ack_floor.stream_sequence, ORDERS, "{info:?}");
+
+    let queue = "orders-without";
+    let without = run_workers(worker(true), queue, publish(queue), TIMEOUT).await;
+    without.assert_charged_twice(&ledger(&mut conn, queue).await);
+}
+
+/// The same on a Redis stream, through `idempotask-redis-streams`: the killed worker's entry is
+/// claimed by another once it has been idle for the consumer's `claim_idle`, and failed
+/// charges wait pending in their worker. The group's own count says every entry was acked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_streams_worker_charges_each_order_once_despite_a_kill_9() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection().await;
+    let adder = conn.clone();
+    let publish = |queue: &'static str| {
+        let mut conn = adder.clone();
+        async move {
+            for id in 1..=ORDERS {
+                let _: String = redis::cmd("XADD")
+                    .arg(queue)
+                    .arg("*")
+                    .arg("order_id")
+                    .arg(format!("{queue}-order-{id}"))
+                    .arg("order")
+                    .arg(order(id))
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+    let worker = |without: bool| {
+        let url = redis.url();
+        move || {
+            let mut command = example("redis_streams_worker");
+            command.env("REDIS_URL", &url);
+            if without {
+                command.env("WITHOUT_IDEMPOTASK", "1");
+            }
+            command
+        }
+    };
+
+    let with = run_workers(worker(false), "orders", publish("orders"), TIMEOUT).await;
+    with.assert_charged_once(&ledger(&mut conn, "orders").await);
+    // The group's word that every entry was acked, not the workers' lines.
+    let (pending, ..): (u64, Option<String>, Option<String>, redis::Value) = redis::cmd("XPENDING")
+        .arg("orders")
+        .arg("chargers")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(pending, 0, "{with:#?}");
+    let dead: u64 = redis::cmd("XLEN")
+        .arg("orders:dead")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(dead, 0, "{with:#?}");
 
     let queue = "orders-without";
     let without = run_workers(worker(true), queue, publish(queue), TIMEOUT).await;
