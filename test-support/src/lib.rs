@@ -11,6 +11,7 @@ pub mod commandstats;
 pub mod doubt;
 pub mod example_runs;
 pub mod faulty_store;
+pub mod moto;
 pub mod nats;
 pub mod postgres;
 pub mod proxy;
