@@ -142,6 +142,8 @@ pub struct State {
     pub effects: [u8; MAX_STEPS],
     /// How many journal writes each step got.
     pub writes: [u8; MAX_STEPS],
+    /// A grant found a step already recorded: a later delivery resumed the body after it.
+    pub resumed: bool,
 }
 
 /// What can happen next.
@@ -214,6 +216,7 @@ impl StepsModel {
                 });
                 store.in_doubt |= took_over;
                 let recorded = u8::try_from(store.journal.len()).unwrap_or(u8::MAX);
+                state.resumed |= recorded > 0;
                 let in_doubt =
                     (took_over && recorded < self.steps && self.bug != Bug::NoStepInDoubt)
                         .then_some(recorded);
@@ -312,6 +315,7 @@ impl Model for StepsModel {
             ],
             effects: [0; MAX_STEPS],
             writes: [0; MAX_STEPS],
+            resumed: false,
         }]
     }
 
@@ -450,9 +454,7 @@ impl Model for StepsModel {
             }),
             Property::sometimes(
                 "a takeover resumes after a recorded step",
-                |model: &Self, state: &State| {
-                    state.store.marker && state.store.fencing > 1 && model.steps > 1
-                },
+                |_: &Self, state: &State| state.store.marker && state.resumed,
             ),
         ]
     }
