@@ -125,10 +125,44 @@ pub(crate) fn check(
             continue;
         }
         if let Some(param) = find_param(&path.root, params, errors) {
-            let root = Ident::new(&param.ident.to_string(), path.root.span());
+            // The parameter's own identifier (a raw one, `r#type`, stays raw), where the
+            // entry names it.
+            let mut root = param.ident.clone();
+            root.set_span(path.root.span());
             let followed = &path.fields;
             fields.push(quote! { &#root #(.#followed)* });
         }
     }
     (fields.len() == listed).then(|| quote! { &(#(#fields,)*) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check;
+    use crate::args::Errors;
+    use crate::key::Param;
+
+    #[test]
+    fn a_raw_parameter_name_is_fingerprinted_as_written() {
+        let param: syn::FnArg = syn::parse_quote!(r#type: Kind);
+        let syn::FnArg::Typed(typed) = param else {
+            unreachable!()
+        };
+        let syn::Pat::Ident(pat) = *typed.pat else {
+            unreachable!()
+        };
+        let params = [Param {
+            ident: pat.ident,
+            mutability: None,
+            mut_ref: None,
+        }];
+        let mut errors = Errors::default();
+        let value = syn::parse_quote!([r#type, r#type.r#match]);
+        let fields = check(&value, &params, &[], &mut errors).map(|tokens| tokens.to_string());
+        assert!(errors.into_result().is_ok());
+        assert_eq!(
+            fields.as_deref(),
+            Some("& (& r#type , & r#type . r#match ,)")
+        );
+    }
 }
