@@ -642,3 +642,122 @@ async fn a_batch_run_but_not_settled_leaves_its_entries_pending() {
         (2, 0)
     );
 }
+
+/// A store that records the size of each call it gets: a batch call's units, 1 for a single.
+#[derive(Debug, Clone)]
+struct Counting {
+    inner: RedisStore,
+    begins: Arc<std::sync::Mutex<Vec<usize>>>,
+    finishes: Arc<std::sync::Mutex<Vec<usize>>>,
+}
+
+impl idempotask::store::Store for Counting {
+    async fn begin(
+        &self,
+        unit: &idempotask::store::UnitOfWork,
+        token: &idempotask::store::LockToken,
+        lock_ttl: Duration,
+        fencing: idempotask::store::Fencing,
+    ) -> Result<idempotask::store::Begin, idempotask::store::StoreError> {
+        self.begins.lock().unwrap().push(1);
+        self.inner.begin(unit, token, lock_ttl, fencing).await
+    }
+
+    async fn finish(
+        &self,
+        unit: &idempotask::store::UnitOfWork,
+        token: &idempotask::store::LockToken,
+        marker: &[u8],
+        result_ttl: Duration,
+    ) -> Result<idempotask::store::Finish, idempotask::store::StoreError> {
+        self.finishes.lock().unwrap().push(1);
+        self.inner.finish(unit, token, marker, result_ttl).await
+    }
+
+    async fn release(
+        &self,
+        unit: &idempotask::store::UnitOfWork,
+        token: &idempotask::store::LockToken,
+    ) -> Result<bool, idempotask::store::StoreError> {
+        self.inner.release(unit, token).await
+    }
+
+    async fn renew(
+        &self,
+        unit: &idempotask::store::UnitOfWork,
+        token: &idempotask::store::LockToken,
+        lock_ttl: Duration,
+    ) -> Result<bool, idempotask::store::StoreError> {
+        self.inner.renew(unit, token, lock_ttl).await
+    }
+
+    async fn inspect(
+        &self,
+        unit: &idempotask::store::UnitOfWork,
+    ) -> Result<idempotask::store::Inspection, idempotask::store::StoreError> {
+        self.inner.inspect(unit).await
+    }
+
+    async fn forget(
+        &self,
+        unit: &idempotask::store::UnitOfWork,
+    ) -> Result<bool, idempotask::store::StoreError> {
+        self.inner.forget(unit).await
+    }
+
+    async fn begin_batch(
+        &self,
+        claims: &[idempotask::store::Claim<'_>],
+        lock_ttl: Duration,
+        fencing: idempotask::store::Fencing,
+    ) -> Vec<Result<idempotask::store::Begin, idempotask::store::StoreError>> {
+        self.begins.lock().unwrap().push(claims.len());
+        self.inner.begin_batch(claims, lock_ttl, fencing).await
+    }
+
+    async fn finish_batch(
+        &self,
+        completions: &[idempotask::store::Completion<'_>],
+        result_ttl: Duration,
+    ) -> Vec<Result<idempotask::store::Finish, idempotask::store::StoreError>> {
+        self.finishes.lock().unwrap().push(completions.len());
+        self.inner.finish_batch(completions, result_ttl).await
+    }
+}
+
+/// The entries of one read run at once, so over `BatchingStore` their `begin`s and `finish`es
+/// reach the store as a few batches, not one call each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_batch_reaches_a_batching_store_as_batches() {
+    let mut s = setup().await;
+    let counting = Counting {
+        inner: s.redis.store().await,
+        begins: Arc::default(),
+        finishes: Arc::default(),
+    };
+    let mut consumer = Idempotent::new(TASK.clone(), Field::new("order_id"))
+        .store(idempotask::store::BatchingStore::new(counting.clone()))
+        .claim_idle(CLAIM_IDLE)
+        .batch_size(8)
+        .consume(&s.redis.url(), "orders", "chargers", "c1")
+        .await
+        .unwrap();
+    for order in 70..78 {
+        s.add(&[("order_id", &order.to_string())]).await;
+    }
+    let batch = next(&mut consumer, s.charge(false)).await;
+    assert_eq!(batch.len(), 8, "one read takes the eight entries");
+    assert!(batch.iter().all(|p| matches!(p.handled, Handled::Acked(_))));
+    let begins = counting.begins.lock().unwrap().clone();
+    let finishes = counting.finishes.lock().unwrap().clone();
+    assert_eq!(begins.iter().sum::<usize>(), 8, "{begins:?}");
+    assert_eq!(finishes.iter().sum::<usize>(), 8, "{finishes:?}");
+    // The first call finds no batch in flight and goes alone; the others wait for it and go
+    // together (measured: [1, 7] or [8]; [1, 5, 2] on a busy machine), never one call each.
+    assert!(begins.len() < 8, "{begins:?}");
+    assert!(finishes.len() < 8, "{finishes:?}");
+    assert_eq!(
+        (s.effects.load(Ordering::SeqCst), s.pending().await),
+        (8, 0)
+    );
+}
