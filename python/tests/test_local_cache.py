@@ -4,6 +4,7 @@ server's ``INFO commandstats``), keeps no lock or unit in progress, and refuses 
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List
@@ -125,3 +126,34 @@ def test_it_wraps_the_store_object_it_is_given(redis_server: RedisServer, redis_
     cached = LocalResultCache(bare, max_items=10)
     cached.check()
     assert len(redis_client.client_list()) == connected, "the wrapped store's connection is reused"
+
+
+def test_a_forked_child_starts_with_an_empty_cache(
+    redis_server: RedisServer, redis_client: redis.Redis, name: str
+) -> None:
+    """A child does not answer from the entries it inherited: its duplicate asks the store (and
+    still replays), and the parent's entry keeps answering the parent without a command."""
+    store = LocalResultCache(RedisStore(redis_server.url), max_items=10)
+
+    @idempotent_task(key="job-{n}", name=name, store=store)
+    def job(n: int) -> str:
+        return f"{os.getpid()}-{n}"
+
+    first = job(1)
+    redis_client.config_resetstat()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = 0 if job.run_reported(1).value == first else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    # Its connection's own commands (HELLO, CLIENT SETINFO...) left out: a unit's.
+    asked = {command for command in _commands(redis_client) if command.split("|")[0] not in ("hello", "client", "ping", "select", "auth")}
+    assert asked, "the child asked the store"
+    redis_client.config_resetstat()
+    again = job.run_reported(1)
+    assert again.outcome == Outcome.REPLAYED and again.value == first
+    assert _commands(redis_client) == {}, "the parent's entry still answers"
