@@ -1,33 +1,35 @@
 //! The integrations' conformance harness: one table of outcome classes, each driven through
-//! NATS JetStream, RabbitMQ, Redis Streams, apalis and HTTP on real servers (`nats-server`, a
-//! RabbitMQ node, an axum server called over TCP, and a Redis for the store behind every one
-//! of them, which holds the Redis Streams case's stream too), each
-//! checked against the action its crate's docs promise, and after each case that no side
-//! effect ran twice and no message was left unsettled.
+//! NATS JetStream, RabbitMQ, Redis Streams, Amazon SQS, apalis and HTTP on real servers
+//! (`nats-server`, a RabbitMQ node, `moto_server` for SQS, an axum server called over TCP, and
+//! a Redis for the store behind every one of them, which holds the Redis Streams case's stream
+//! too), each checked against the action its crate's docs promise, and after each case that no
+//! side effect ran twice and no message was left unsettled.
 //!
-//! | case | what the test does | NATS | RabbitMQ | Redis Streams | apalis | HTTP |
-//! | --- | --- | --- | --- | --- | --- | --- |
-//! | `Ok` | the body succeeds | ran | ran | ran | ran | ran |
-//! | `Duplicate` | a second copy after it | ran, replayed | ran, replayed | ran, replayed | ran, replayed | ran, replayed |
-//! | `Err` | the body fails once, then succeeds | retry, ran | retry, ran | retry (pending), ran | retry, ran | retry (its `503`), ran |
-//! | `Panic` | the body panics once, then succeeds | retry, ran | retry, ran | retry (pending), ran | retry, ran | retry (`500`), ran |
-//! | `PoisonPanic` | the body panics on every delivery (`max_failures` 3) | retry, retry, dead letter | retry, retry, dead letter | retry, retry, dead letter | retry ×3 (apalis's own policy ends it) | retry ×3 |
-//! | `Dropped` | the call is dropped inside the body (the consumer's task is gone; the HTTP client goes away) | no answer, ran | no answer (channel closed), ran | no answer (the consumer dropped), ran (claimed by the next) | no answer, ran | no answer, replayed (the handler ran detached) |
-//! | `StoreDownBeforeBegin` | the store refuses every operation, then is back | retry, ran | retry, ran | retry (pending, never acked), ran | retry, ran | retry (`503`), ran |
-//! | `AmbiguousFinish` | `finish` applies and its reply is lost; then a copy | ran, replayed | ran, replayed | ran, replayed | ran, replayed | ran, replayed |
-//! | `Contended` | another holder has the key's lock, then finishes | retry, replayed | retry, replayed | retry (pending), replayed | retry, replayed | retry (`409`), replayed |
-//! | `MissingKey` | a message without a key | dead letter | dead letter | dead letter | dead letter | dead letter (`400`) |
-//! | `InvalidKey` | a key over the store's (or the header's) limit | dead letter | dead letter | dead letter | dead letter | dead letter (`400`) |
-//! | `KeyReuse` | the key again with another payload, differing in its last byte | ran, dead letter | ran, dead letter | ran, dead letter | ran, replayed (apalis has no fingerprint: the key names the job) | ran, dead letter (`422`) |
-//! | `Misuse` | the consumer calls the task from the task's own body (HTTP: a layer with no store) | retry, ran | retry, ran | retry, ran | retry, ran | retry (`500`), ran |
-//! | `Unstorable` | the result has no JSON form (`NaN`; HTTP: a response over the stored cap); then a copy | ran, dead letter | ran, dead letter | ran, dead letter | ran, dead letter | ran, dead letter (`410`) |
+//! | case | what the test does | NATS | RabbitMQ | Redis Streams | SQS | apalis | HTTP |
+//! | --- | --- | --- | --- | --- | --- | --- | --- |
+//! | `Ok` | the body succeeds | ran | ran | ran | ran | ran | ran |
+//! | `Duplicate` | a second copy after it | ran, replayed | ran, replayed | ran, replayed | ran, replayed | ran, replayed | ran, replayed |
+//! | `Err` | the body fails once, then succeeds | retry, ran | retry, ran | retry (pending), ran | retry (its visibility timeout), ran | retry, ran | retry (its `503`), ran |
+//! | `Panic` | the body panics once, then succeeds | retry, ran | retry, ran | retry (pending), ran | retry, ran | retry, ran | retry (`500`), ran |
+//! | `PoisonPanic` | the body panics on every delivery (`max_failures` 3) | retry, retry, dead letter | retry, retry, dead letter | retry, retry, dead letter | retry, retry, dead letter (the redrive policy) | retry ×3 (apalis's own policy ends it) | retry ×3 |
+//! | `Dropped` | the call is dropped inside the body (the consumer's task is gone; the HTTP client goes away) | no answer, ran | no answer (channel closed), ran | no answer (the consumer dropped), ran (claimed by the next) | no answer (the batch dropped), ran (after its visibility timeout) | no answer, ran | no answer, replayed (the handler ran detached) |
+//! | `StoreDownBeforeBegin` | the store refuses every operation, then is back | retry, ran | retry, ran | retry (pending, never acked), ran | retry (never deleted), ran | retry, ran | retry (`503`), ran |
+//! | `AmbiguousFinish` | `finish` applies and its reply is lost; then a copy | ran, replayed | ran, replayed | ran, replayed | ran, replayed | ran, replayed | ran, replayed |
+//! | `Contended` | another holder has the key's lock, then finishes | retry, replayed | retry, replayed | retry (pending), replayed | retry, replayed | retry, replayed | retry (`409`), replayed |
+//! | `MissingKey` | a message without a key | dead letter | dead letter | dead letter | dead letter | dead letter | dead letter (`400`) |
+//! | `InvalidKey` | a key over the store's (or the header's) limit | dead letter | dead letter | dead letter | dead letter | dead letter | dead letter (`400`) |
+//! | `KeyReuse` | the key again with another payload, differing in its last byte | ran, dead letter | ran, dead letter | ran, dead letter | ran, dead letter | ran, replayed (apalis has no fingerprint: the key names the job) | ran, dead letter (`422`) |
+//! | `Misuse` | the consumer calls the task from the task's own body (HTTP: a layer with no store) | retry, ran | retry, ran | retry, ran | retry, ran | retry, ran | retry (`500`), ran |
+//! | `Unstorable` | the result has no JSON form (`NaN`; HTTP: a response over the stored cap); then a copy | ran, dead letter | ran, dead letter | ran, dead letter | ran, dead letter | ran, dead letter | ran, dead letter (`410`) |
 //!
 //! "retry" is the integration's way of delivering again later (NATS `-NAK` with a delay,
-//! RabbitMQ the retry queue, Redis Streams the entry left pending in its consumer, apalis a
-//! retryable error, HTTP a `5xx` or `409` with nothing stored); "dead letter" its way of never
-//! again (`+TERM` and its advisory, `basic.reject` to the dead-letter queue, an entry added to
-//! the dead-letter stream and acked, apalis `AbortError`, an HTTP `4xx`). "ran" and "replayed" are acks
-//! told apart by the side-effect count, not by what the integration says of itself.
+//! RabbitMQ the retry queue, Redis Streams the entry left pending in its consumer, SQS the
+//! message's visibility timeout set to the delay, apalis a retryable error, HTTP a `5xx` or
+//! `409` with nothing stored); "dead letter" its way of never again (`+TERM` and its advisory,
+//! `basic.reject` to the dead-letter queue, an entry added to the dead-letter stream and acked,
+//! an SQS message left undeleted until the queue's redrive policy moves it to the dead-letter
+//! queue, apalis `AbortError`, an HTTP `4xx`). "ran" and "replayed" are acks told apart by the
+//! side-effect count, not by what the integration says of itself.
 //!
 //! What the broker saw decides, not only the returned value: a NATS ack moves the consumer's
 //! ack floor, a `+TERM` publishes its advisory, a nak brings the message back well before
@@ -36,7 +38,10 @@
 //! be empty (an unacked delivery would go back to its queue); a Redis Streams ack takes the
 //! entry out of the group's pending entries (`XPENDING`), a retry leaves it there, a dead
 //! letter adds an entry to the dead-letter stream, and after each case nothing is pending or
-//! unread (a planted bug, an ack when the body starts, is caught by this table); an HTTP replay carries
+//! unread (a planted bug, an ack when the body starts, is caught by this table); an SQS delete
+//! takes the message out of the queue, a retry or a rejection leaves it there, and after each
+//! case the queue is empty and its dead-letter queue holds each rejected message (the same
+//! planted bug, a delete when the body starts, is caught); an HTTP replay carries
 //! `Idempotent-Replayed: true`, and after an acked case one more retry must be replayed.
 
 use std::collections::HashMap;
@@ -61,12 +66,18 @@ mod nats_driver;
 mod rabbitmq_driver;
 #[path = "integration_conformance/redis_streams_driver.rs"]
 mod redis_streams_driver;
+#[path = "integration_conformance/sqs_driver.rs"]
+mod sqs_driver;
+// The SQS crate's own test queues on moto_server: a client, a queue with its dead-letter queue.
+#[path = "../integrations/sqs/tests/moto_queues/mod.rs"]
+mod moto_queues;
 
 use apalis_driver::{APALIS_TASK, Apalis, apalis_handler};
 use http_driver::Http;
 use nats_driver::Nats;
 use rabbitmq_driver::Rabbit;
 use redis_streams_driver::Streams;
+use sqs_driver::Sqs;
 
 /// Every task's lock TTL: short, so that a dropped call's lock is soon gone.
 const LOCK_TTL: Duration = Duration::from_millis(300);
@@ -137,6 +148,7 @@ enum Integration {
     Nats,
     RabbitMq,
     RedisStreams,
+    Sqs,
     Apalis,
     Http,
 }
@@ -147,6 +159,7 @@ impl Integration {
             Self::Nats => "nats",
             Self::RabbitMq => "rabbitmq",
             Self::RedisStreams => "redis-streams",
+            Self::Sqs => "sqs",
             Self::Apalis => "apalis",
             Self::Http => "http",
         }
@@ -282,7 +295,7 @@ fn expected(integration: Integration, case: Case) -> (Vec<Seen>, u32) {
         (Case::Err | Case::Panic | Case::StoreDownBeforeBegin | Case::Misuse, _) => {
             (vec![S::Retry, S::Ran], 1)
         }
-        (Case::PoisonPanic, I::Nats | I::RabbitMq | I::RedisStreams) => {
+        (Case::PoisonPanic, I::Nats | I::RabbitMq | I::RedisStreams | I::Sqs) => {
             (vec![S::Retry, S::Retry, S::DeadLetter], 0)
         }
         (Case::PoisonPanic, I::Apalis | I::Http) => (vec![S::Retry, S::Retry, S::Retry], 0),
@@ -584,6 +597,25 @@ async fn redis_streams_ack_before_the_work_is_caught() {
     let caught = catch_panic(Box::pin(conform(Streams::start(true).await)))
         .await
         .expect_err("the harness let an ack before the work pass");
+    let report = caught.message();
+    for case in ["Err:", "Panic:", "Dropped:", "PoisonPanic:"] {
+        assert!(report.contains(case), "{case} not caught:\n{report}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs() {
+    Box::pin(conform(Sqs::start(false).await)).await;
+}
+
+/// The planted bug: a body that deletes its message when it starts, before the work is done
+/// and its result stored. The table catches it: a message to run again is gone from the queue,
+/// and the message of a batch dropped mid-body never comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_delete_before_the_work_is_caught() {
+    let caught = catch_panic(Box::pin(conform(Sqs::start(true).await)))
+        .await
+        .expect_err("the harness let a delete before the work pass");
     let report = caught.message();
     for case in ["Err:", "Panic:", "Dropped:", "PoisonPanic:"] {
         assert!(report.contains(case), "{case} not caught:\n{report}");

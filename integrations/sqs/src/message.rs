@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 /// assert_eq!(message.id(), "m-1");
 /// assert_eq!(message.attribute("order_id"), Some("7"));
 /// assert_eq!(message.receive_count(), 1);
+/// assert_eq!(message.receipt_handle(), "");
 ///
 /// #[derive(serde::Deserialize)]
 /// struct Order { amount: u32 }
@@ -87,6 +88,14 @@ impl Message {
     /// (`ApproximateReceiveCount`): 1 on its first receive.
     pub fn receive_count(&self) -> u32 {
         self.receive_count
+    }
+
+    /// The receipt handle of this receive, for a call of your own on the message (a
+    /// `ChangeMessageVisibility` of a body that knows it needs longer); empty for a message
+    /// made with [`new`](Self::new). The consumer deletes or hands back the message itself:
+    /// a body that deletes it before its work is done loses it if the work fails.
+    pub fn receipt_handle(&self) -> &str {
+        &self.receipt
     }
 
     /// The message's FIFO message group (`MessageGroupId`); `None` on a standard queue.
