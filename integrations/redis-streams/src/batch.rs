@@ -42,13 +42,14 @@ pub struct Batch<T, E> {
 }
 
 impl<T, E> Batch<T, E> {
-    /// What became of each entry of the batch, in the order they were read.
+    /// What became of each entry of the batch, in the order they were read (see the example
+    /// above).
     pub fn processed(&self) -> &[Processed<T, E>] {
         &self.processed
     }
 
     /// Whether the batch has no entry (nothing came within the read's
-    /// [`block`](crate::Idempotent::block)).
+    /// [`block`](crate::Idempotent::block)): then settling it writes nothing.
     pub fn is_empty(&self) -> bool {
         self.processed.is_empty()
     }

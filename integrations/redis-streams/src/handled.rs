@@ -37,6 +37,16 @@ pub struct Processed<T, E> {
 
 /// What became of one entry, and what the consumer group was told. See the table in the
 /// [crate docs](crate).
+///
+/// ```
+/// use idempotask_redis_streams::Handled;
+///
+/// // Whether the group still holds the entry pending, for a later try.
+/// fn pending<T, E>(handled: &Handled<T, E>) -> bool {
+///     matches!(handled, Handled::Failed { .. } | Handled::Deferred { .. })
+/// }
+/// # let _ = pending::<(), ()>;
+/// ```
 #[derive(Debug)]
 pub enum Handled<T, E> {
     /// The body ran and its result was stored, or the stored result of an earlier execution

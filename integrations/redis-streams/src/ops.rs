@@ -34,6 +34,24 @@ impl Settlement {
 }
 
 /// The id of the original entry, in a dead-letter entry.
+///
+/// A dead-letter entry is the original's fields followed by this one, [`REASON_FIELD`] and
+/// [`ERROR_FIELD`]; an operator's tool reads them back:
+///
+/// ```
+/// use idempotask_redis_streams::{ERROR_FIELD, Entry, REASON_FIELD, SOURCE_ID_FIELD};
+///
+/// // As `XRANGE orders:dead - +` returns it.
+/// let dead = Entry::new("1700000000500-0", [
+///     ("order_id", "7"),
+///     (SOURCE_ID_FIELD, "1700000000000-0"),
+///     (REASON_FIELD, "gave-up"),
+///     (ERROR_FIELD, "the body failed 5 times, which is max_failures: declined"),
+/// ]);
+/// assert_eq!(dead.field_str(REASON_FIELD), Some("gave-up"));
+/// let original: Vec<_> = dead.fields().filter(|(name, _)| !name.starts_with("idempotask-")).collect();
+/// assert_eq!(original, [("order_id", b"7".as_slice())]);
+/// ```
 pub const SOURCE_ID_FIELD: &str = "idempotask-source-id";
 /// Why the entry was dead-lettered, in a dead-letter entry:
 /// [`Rejection::reason`](crate::Rejection::reason).

@@ -26,6 +26,23 @@ const REPLY_MARGIN: Duration = Duration::from_secs(5);
 /// that is down) and runs them again when they are due, in a later
 /// [`next_batch`](Self::next_batch); call it in a loop. Dropped, it leaves them pending, and
 /// another consumer claims them after [`claim_idle`](Idempotent::claim_idle).
+///
+/// ```no_run
+/// use idempotask::Task;
+/// use idempotask_redis_streams::{EntryId, Idempotent};
+///
+/// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut consumer = Idempotent::new(Task::new("mail_receipt"), EntryId)
+///     .consume("redis://127.0.0.1:6379", "receipts", "mailers", "mailer-1")
+///     .await?;
+/// for round in 0_u64.. {
+///     consumer.next_batch(|_entry| Ok(async { Ok::<_, std::io::Error>(()) })).await?;
+///     if round % 1000 == 0 {
+///         consumer.trim().await?;
+///     }
+/// }
+/// # Ok(()) }
+/// ```
 pub struct StreamConsumer<K> {
     idempotent: Idempotent<K>,
     conn: ConnectionManager,
@@ -175,6 +192,26 @@ impl<K: EntryKey> StreamConsumer<K> {
     /// entry stays pending (a crash there leaves them to be claimed, and a stored result is
     /// replayed).
     ///
+    /// ```no_run
+    /// use idempotask::Task;
+    /// use idempotask_redis_streams::{Field, Handled, Idempotent};
+    ///
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut consumer = Idempotent::new(Task::new("order_charge"), Field::new("order_id"))
+    ///     .consume("redis://127.0.0.1:6379", "orders", "chargers", "worker-1")
+    ///     .await?;
+    /// let batch = consumer
+    ///     .run_batch(|entry| {
+    ///         let amount: u64 = entry.json("amount")?;
+    ///         Ok(async move { Ok::<_, std::io::Error>(format!("ch_{amount}")) })
+    ///     })
+    ///     .await?;
+    /// let charged = batch.processed().iter().filter(|p| matches!(p.handled, Handled::Acked(_))).count();
+    /// println!("{charged} charged; acking them now");
+    /// consumer.settle(batch).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// [`StreamError::Redis`] when a read or a claim failed.
     pub async fn run_batch<T, E, F, Fut>(&mut self, mut body: F) -> Result<Batch<T, E>, StreamError>
@@ -248,6 +285,8 @@ impl<K: EntryKey> StreamConsumer<K> {
     /// Tells the group what became of `batch`'s entries, in one transaction (the acks, the
     /// dead letters with their copies, the failure counts), keeps the entries to try again
     /// later, and answers what became of each.
+    ///
+    /// See [`run_batch`](Self::run_batch) for an example.
     ///
     /// # Errors
     /// [`StreamError::Redis`] when the transaction failed: nothing of it was written, and the
