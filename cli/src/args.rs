@@ -6,7 +6,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, Parser, Subcommand};
 use serde_json::value::RawValue;
 
-use crate::time::parse_ttl;
+use crate::time::{parse_age, parse_ttl};
 
 /// Inspect and repair idempotask's units of work in Redis, Redis Cluster or PostgreSQL.
 ///
@@ -82,9 +82,15 @@ pub(crate) enum Command {
         #[arg(long, conflicts_with = "in_doubt")]
         done: bool,
         /// Only keys in doubt: a delivery's lock ran out without a release or a result, and
-        /// the store still remembers it (resolve each with `resolve`).
-        #[arg(long)]
+        /// the store still remembers it (resolve each with `resolve`). `--held` says the
+        /// same: a task with `in_doubt = "hold"` holds each of them until it is resolved.
+        #[arg(long, visible_alias = "held")]
         in_doubt: bool,
+        /// With `--in-doubt`: only the units whose lock ran out at least this long ago (e.g.
+        /// `30m`, `4h`, `7d`), on the store's clock: the held units nobody resolved, as a
+        /// task's `hold_alert_after` counts them.
+        #[arg(long, value_name = "DURATION", value_parser = parse_age, requires = "in_doubt")]
+        older_than: Option<Duration>,
     },
     /// Settle a key in doubt: record the result its side effect had, or free it.
     ///

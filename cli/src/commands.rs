@@ -344,7 +344,10 @@ pub(crate) enum Only {
     All,
     Done,
     Locked,
-    InDoubt,
+    /// In doubt, and with `older_than`, run out at least that long ago.
+    InDoubt {
+        older_than: Option<Duration>,
+    },
 }
 
 /// `list`: every done, locked and in-doubt unit of a task, and the odd keys under its pattern,
@@ -368,7 +371,13 @@ pub(crate) async fn list(target: &Target, task: &str, only: Only) -> Result<Foun
             Only::All => true,
             Only::Done => e.done,
             Only::Locked => e.locked,
-            Only::InDoubt => e.in_doubt,
+            Only::InDoubt { older_than } => {
+                e.in_doubt
+                    && older_than.is_none_or(|age| {
+                        e.expired_for_ms
+                            .is_some_and(|ms| u128::from(ms) >= age.as_millis())
+                    })
+            }
         })
         .collect();
     if listing.keys_seen == 0 {

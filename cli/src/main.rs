@@ -96,11 +96,14 @@ async fn run(cli: &Cli, selected: Result<Selected, Failure>) -> Result<Found, Fa
             locked,
             done,
             in_doubt,
+            older_than,
         } => {
             let only = match (*locked, *done, *in_doubt) {
                 (true, _, _) => Only::Locked,
                 (_, true, _) => Only::Done,
-                (_, _, true) => Only::InDoubt,
+                (_, _, true) => Only::InDoubt {
+                    older_than: *older_than,
+                },
                 _ => Only::All,
             };
             commands::list(&target, task, only).await

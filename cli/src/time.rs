@@ -18,6 +18,19 @@ pub(crate) fn human(duration: Duration) -> String {
 /// Input: a TTL as an operator types it: `500ms`, `90s`, `30m`, `24h`, `7d`, or whole seconds.
 /// Output: the duration, or why it is none a store keeps (between `MIN_TTL` and `MAX_TTL`).
 pub(crate) fn parse_ttl(text: &str) -> Result<Duration, String> {
+    let ttl = parse_age(text)?;
+    if ttl < idempotask::MIN_TTL || ttl > idempotask::MAX_TTL {
+        return Err(format!(
+            "`{text}` is outside what a store keeps: from {} to 100 years",
+            human(idempotask::MIN_TTL)
+        ));
+    }
+    Ok(ttl)
+}
+
+/// Input: an age as an operator types it, as [`parse_ttl`] reads a TTL, with no bounds.
+/// Output: the duration, or why it is none.
+pub(crate) fn parse_age(text: &str) -> Result<Duration, String> {
     let digits = text
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());
@@ -26,25 +39,16 @@ pub(crate) fn parse_ttl(text: &str) -> Result<Duration, String> {
         .parse()
         .map_err(|_| format!("`{text}` is no duration; give e.g. `90s`, `30m`, `24h` or `7d`"))?;
     let seconds = |per: u64| Duration::from_secs(number.saturating_mul(per));
-    let ttl = match unit {
-        "ms" => Duration::from_millis(number),
-        "" | "s" => seconds(1),
-        "m" => seconds(60),
-        "h" => seconds(3600),
-        "d" => seconds(86_400),
-        other => {
-            return Err(format!(
-                "unknown unit `{other}` in `{text}`; use ms, s, m, h or d"
-            ));
-        }
-    };
-    if ttl < idempotask::MIN_TTL || ttl > idempotask::MAX_TTL {
-        return Err(format!(
-            "`{text}` is outside what a store keeps: from {} to 100 years",
-            human(idempotask::MIN_TTL)
-        ));
+    match unit {
+        "ms" => Ok(Duration::from_millis(number)),
+        "" | "s" => Ok(seconds(1)),
+        "m" => Ok(seconds(60)),
+        "h" => Ok(seconds(3600)),
+        "d" => Ok(seconds(86_400)),
+        other => Err(format!(
+            "unknown unit `{other}` in `{text}`; use ms, s, m, h or d"
+        )),
     }
-    Ok(ttl)
 }
 
 /// Whole milliseconds, for JSON.

@@ -78,6 +78,10 @@ const OPTIONS: &[(&str, Setter)] = &[
         args.reconcile = Some(reconcile_path(value)?);
         Ok(())
     }),
+    ("hold_alert_after", |args, option, value| {
+        args.hold_alert_after = Some(duration(option, &value)?);
+        Ok(())
+    }),
     ("doubt_memory", |args, option, value| {
         args.doubt_memory = Some(duration_or_zero(option, &value)?);
         Ok(())
@@ -139,6 +143,9 @@ pub(crate) struct Args {
     pub(crate) in_doubt: Option<InDoubt>,
     /// `doubt_memory = …`: how long the store remembers an expired lock; zero is allowed.
     pub(crate) doubt_memory: Option<Millis>,
+    /// `hold_alert_after = …`: how long a unit may stay held before its deliveries raise the
+    /// alarm; only with `in_doubt = "hold"`.
+    pub(crate) hold_alert_after: Option<Millis>,
     /// `reconcile = path::to::fn`: asked before a unit in doubt runs again.
     pub(crate) reconcile: Option<syn::ExprPath>,
     /// `crate = "my_crate::idempotask"`: where a crate that re-exports idempotask has it.
@@ -208,6 +215,7 @@ impl Args {
             log_key_hash: false,
             in_doubt: None,
             doubt_memory: None,
+            hold_alert_after: None,
             reconcile: None,
             krate: None,
         };
@@ -264,6 +272,14 @@ impl Args {
             errors.at(
                 memory.span,
                 "with a `doubt_memory` of zero no unit is remembered in doubt, so `in_doubt = \"hold\"` would never hold one and every unit would run again; leave `doubt_memory` out (a day) or give it a duration",
+            );
+        }
+        if let Some(after) = args.hold_alert_after
+            && args.in_doubt != Some(InDoubt::Hold)
+        {
+            errors.at(
+                after.span,
+                "`hold_alert_after` raises the alarm on a unit held in doubt, and only `in_doubt = \"hold\"` holds units; add `in_doubt = \"hold\"` or leave `hold_alert_after` out",
             );
         }
         if let (Some(InDoubt::Hold), Some(reconcile)) = (args.in_doubt, &args.reconcile) {

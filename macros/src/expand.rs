@@ -53,6 +53,10 @@ fn settings(args: &Args) -> TokenStream {
         let memory = duration(memory.ms);
         settings.extend(quote! { .doubt_memory(#memory) });
     }
+    if let Some(after) = args.hold_alert_after {
+        let after = duration(after.ms);
+        settings.extend(quote! { .hold_alert_after(#after) });
+    }
     let mut retry = TokenStream::new();
     if let Some(attempts) = args.max_attempts {
         retry.extend(quote! { .max_attempts(#attempts) });

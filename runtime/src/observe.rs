@@ -30,6 +30,7 @@
 //! | `idempotask_lock_renewals_total` | counter | `task`, `result` (`renewed`, `lost`, `failed`) |
 //! | `idempotask_lock_ttl_used_ratio` | histogram | `task`: the share of its lock TTL each body used, from the request for the lock to the body's end (renewed locks included: above 1 means renewal carried it) |
 //! | `idempotask_in_doubt_total` | counter | `task`, `policy` (`rerun`, `hold`): units found [in doubt](crate::store::Doubt) |
+//! | `idempotask_held_overdue_total` | counter | `task`: deliveries that met a unit held longer than the task's [`hold_alert_after`](crate::Task::hold_alert_after) |
 //!
 //! Nothing is recorded until the application installs a recorder (an exporter such as
 //! `metrics-exporter-prometheus`).
@@ -208,23 +209,39 @@ impl<'t> Observation<'t> {
     }
 }
 
-/// A unit found in doubt, and what its task's policy makes of it: one `WARN` and a count.
+/// A unit found in doubt, and what its task's policy makes of it: one `WARN` and a count; an
+/// `ERROR` and a count of its own for a unit held longer than the task's `hold_alert_after`.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn in_doubt(
-    unit: &UnitOfWork,
-    logging: KeyLogging,
-    policy: crate::InDoubt,
-    doubt: &crate::store::Doubt,
-) {
-    tracing::warn!(
-        target: "idempotask",
-        task = unit.task(),
-        key = logging.show(unit),
-        policy = policy.as_str(),
-        earlier_fencing_token = doubt.fencing_token,
-        expired_ms = u64::try_from(doubt.expired_for.as_millis()).unwrap_or(u64::MAX),
-        "unit in doubt: an earlier delivery's lock ran out without a release or a result, so its side effect may have happened"
-    );
+pub(crate) fn in_doubt(unit: &UnitOfWork, task: &crate::Task, doubt: &crate::store::Doubt) {
+    let policy = task.in_doubt;
+    let expired_ms = u64::try_from(doubt.expired_for.as_millis()).unwrap_or(u64::MAX);
+    let overdue = policy == crate::InDoubt::Hold
+        && task
+            .hold_alert_after
+            .is_some_and(|after| doubt.expired_for >= after);
+    if overdue {
+        tracing::error!(
+            target: "idempotask",
+            task = unit.task(),
+            key = task.log_key.show(unit),
+            earlier_fencing_token = doubt.fencing_token,
+            expired_ms,
+            "unit held longer than the task's hold_alert_after: resolve it (idempotask resolve), or its deliveries keep failing with InDoubt"
+        );
+        #[cfg(feature = "metrics")]
+        metrics::counter!("idempotask_held_overdue_total", "task" => unit.task().to_owned())
+            .increment(1);
+    } else {
+        tracing::warn!(
+            target: "idempotask",
+            task = unit.task(),
+            key = task.log_key.show(unit),
+            policy = policy.as_str(),
+            earlier_fencing_token = doubt.fencing_token,
+            expired_ms,
+            "unit in doubt: an earlier delivery's lock ran out without a release or a result, so its side effect may have happened"
+        );
+    }
     #[cfg(feature = "metrics")]
     metrics::counter!(
         "idempotask_in_doubt_total",

@@ -36,6 +36,9 @@ pub struct Settings {
     pub in_doubt: InDoubt,
     /// How long the store remembers a lock that ran out without a release or a marker.
     pub doubt_memory: Duration,
+    /// With [`InDoubt::Hold`], how long a unit may stay held before a delivery that meets it
+    /// raises the alarm; `None`: never.
+    pub hold_alert_after: Option<Duration>,
 }
 
 /// An idempotent task: a stable name and the settings every call of it uses.
@@ -75,6 +78,7 @@ pub struct Task {
     pub(crate) log_key: KeyLogging,
     pub(crate) in_doubt: InDoubt,
     pub(crate) doubt_memory: Duration,
+    pub(crate) hold_alert_after: Option<Duration>,
 }
 
 impl Task {
@@ -95,6 +99,7 @@ impl Task {
             log_key: KeyLogging::Plain,
             in_doubt: InDoubt::Rerun,
             doubt_memory: DEFAULT_DOUBT_MEMORY,
+            hold_alert_after: None,
         }
     }
 
@@ -241,6 +246,26 @@ impl Task {
         self
     }
 
+    /// With [`InDoubt::Hold`], raises the alarm on a unit held longer than `after`: each
+    /// delivery that meets such a unit logs an `ERROR` (not the `WARN` of every held unit) and
+    /// counts it in `idempotask_held_overdue_total`, so that a held unit nobody resolved
+    /// reaches an alert instead of a log line. `idempotask list --in-doubt --older-than` shows
+    /// the same units without a delivery. Held for how long is counted from the moment the
+    /// earlier lock ran out, on the store's clock.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotask::{InDoubt, Task};
+    /// static SEND: Task = Task::new("send_invoice")
+    ///     .in_doubt(InDoubt::Hold)
+    ///     .hold_alert_after(Duration::from_secs(3600));
+    /// assert_eq!(SEND.settings().hold_alert_after, Some(Duration::from_secs(3600)));
+    /// ```
+    pub const fn hold_alert_after(mut self, after: Duration) -> Self {
+        self.hold_alert_after = Some(after);
+        self
+    }
+
     /// Marks the task as the one `#[idempotent_task]` defines where it is expanded, so that
     /// two such tasks with one name are refused ([`Error::TaskNameTaken`](crate::Error)).
     #[track_caller]
@@ -272,6 +297,7 @@ impl Task {
             log_key: self.log_key,
             in_doubt: self.in_doubt,
             doubt_memory: self.doubt_memory,
+            hold_alert_after: self.hold_alert_after,
         }
     }
 

@@ -35,6 +35,7 @@ impl Visit for Fields {
 struct Capture {
     spans: Arc<Mutex<Vec<Fields>>>,
     warnings: Arc<Mutex<Vec<Fields>>>,
+    errors: Arc<Mutex<Vec<Fields>>>,
 }
 
 impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
@@ -53,11 +54,14 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
     }
 
     fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
-        if *event.metadata().level() == Level::WARN {
-            let mut fields = Fields::default();
-            event.record(&mut fields);
-            self.warnings.lock().unwrap().push(fields);
-        }
+        let kept = match *event.metadata().level() {
+            Level::WARN => &self.warnings,
+            Level::ERROR => &self.errors,
+            _ => return,
+        };
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        kept.lock().unwrap().push(fields);
     }
 
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
@@ -313,6 +317,82 @@ mod metrics_counts {
             .sum()
     }
 
+    fn snapshot_of(snapshotter: &metrics_util::debugging::Snapshotter) -> Vec<Metric> {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| {
+                let key = key.key();
+                let labels = key
+                    .labels()
+                    .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                    .collect();
+                (key.name().to_owned(), labels, value)
+            })
+            .collect()
+    }
+
+    /// A held unit is counted as overdue, with an `ERROR`, only once it has been held for the
+    /// task's `hold_alert_after`; before, it is the `WARN` of every unit in doubt.
+    #[tokio::test(start_paused = true)]
+    async fn a_unit_held_past_hold_alert_after_is_counted_and_logged_as_an_error() {
+        use idempotask::InDoubt;
+        use idempotask::store::{Fencing, LockToken, Store};
+
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let _metrics = metrics::set_default_local_recorder(&recorder);
+        let capture = Capture::default();
+        let _logs = capture.install();
+        let store = MemoryStore::new();
+        let ttl = Duration::from_millis(100);
+        let unit = UnitOfWork::new("transfer", "t-1").unwrap();
+        // A delivery that took the lock and died: its lock runs out and is remembered.
+        let dead = LockToken::generate().with_doubt_memory(Duration::from_secs(24 * 3600));
+        store.begin(&unit, &dead, ttl, Fencing::Off).await.unwrap();
+        let transfer = Task::new("transfer")
+            .in_doubt(InDoubt::Hold)
+            .hold_alert_after(Duration::from_secs(3600));
+        let deliver = || {
+            transfer
+                .call("t-1")
+                .store(store.clone())
+                .run(async { Ok::<_, Error>(()) })
+        };
+        let overdue = |snapshot: &[Metric]| {
+            counter(
+                snapshot,
+                "idempotask_held_overdue_total",
+                &[("task", "transfer")],
+            )
+        };
+
+        tokio::time::advance(ttl + Duration::from_secs(60)).await;
+        assert!(matches!(deliver().await, Err(Error::InDoubt { .. })));
+        assert_eq!(overdue(&snapshot_of(&snapshotter)), 0);
+        assert!(capture.errors.lock().unwrap().is_empty());
+
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        assert!(matches!(deliver().await, Err(Error::InDoubt { .. })));
+        assert!(matches!(deliver().await, Err(Error::InDoubt { .. })));
+        let snapshot = snapshot_of(&snapshotter);
+        assert_eq!(overdue(&snapshot), 2, "{snapshot:?}");
+        // Counts since the last snapshot, which takes them.
+        assert_eq!(
+            counter(
+                &snapshot,
+                "idempotask_in_doubt_total",
+                &[("task", "transfer"), ("policy", "hold")]
+            ),
+            2
+        );
+        let errors = capture.errors.lock().unwrap();
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(field(&errors[0].0, "message").contains("hold_alert_after"));
+        assert_eq!(field(&errors[0].0, "key"), "t-1");
+    }
+
     fn histogram_len(snapshot: &[Metric], name: &str) -> usize {
         snapshot
             .iter()
@@ -381,19 +461,7 @@ mod metrics_counts {
             .await
             .unwrap();
 
-        let snapshot: Vec<Metric> = snapshotter
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .map(|(key, _, _, value)| {
-                let key = key.key();
-                let labels = key
-                    .labels()
-                    .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                    .collect();
-                (key.name().to_owned(), labels, value)
-            })
-            .collect();
+        let snapshot = snapshot_of(&snapshotter);
         let calls = |outcome: &str| {
             counter(
                 &snapshot,

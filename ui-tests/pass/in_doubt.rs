@@ -64,7 +64,12 @@ impl Store for Recording {
 }
 
 /// At most once: a unit left in doubt is held for an operator, remembered for a week.
-#[idempotent_task(key = "transfer-{id}", in_doubt = "hold", doubt_memory = "7d")]
+#[idempotent_task(
+    key = "transfer-{id}",
+    in_doubt = "hold",
+    doubt_memory = "7d",
+    hold_alert_after = "4h"
+)]
 async fn transfer(id: u64) -> Result<u64, Error> {
     Ok(id)
 }

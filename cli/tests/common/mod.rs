@@ -465,6 +465,26 @@ pub(crate) fn status_list_and_forget_show_a_unit_in_doubt<B: Backend>(backend: &
         let (code, _, err) = backend.idempotask(&["list", "--task", "charge", "--in-doubt", other]);
         assert_eq!(code, 2, "{err}");
     }
+    // Held units nobody resolved: `--held` is `--in-doubt`, and `--older-than` keeps the units
+    // whose lock ran out at least that long ago (both ran out well under a day ago, and more
+    // than a millisecond ago).
+    let held = |older_than: &str| {
+        let (code, out, err) = backend.idempotask(&[
+            "list",
+            "--task",
+            "charge",
+            "--held",
+            "--older-than",
+            older_than,
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{out}{err}");
+        json(&out)["entries"].as_array().unwrap().len()
+    };
+    assert_eq!(held("1ms"), 2);
+    assert_eq!(held("1d"), 0);
+    let (code, _, err) = backend.idempotask(&["list", "--task", "charge", "--older-than", "1h"]);
+    assert_eq!(code, 2, "--older-than needs --in-doubt: {err}");
 
     let (code, out, err) = backend.idempotask(&[
         "forget", "--json", "--task", "charge", "--key", "order-3", "--yes",

@@ -95,13 +95,13 @@ impl Call<'_> {
                 in_doubt,
             }) => {
                 if let Some(doubt) = &in_doubt {
-                    observe::in_doubt(&unit, self.task.log_key, self.task.in_doubt, doubt);
+                    observe::in_doubt(&unit, self.task, doubt);
                 }
                 (fencing_token, in_doubt)
             }
             Ok(Begin::InDoubt(doubt)) => {
                 transaction.abort().await;
-                observe::in_doubt(&unit, self.task.log_key, self.task.in_doubt, &doubt);
+                observe::in_doubt(&unit, self.task, &doubt);
                 return Err(self.failed(held_in_doubt(&unit, doubt)));
             }
             Ok(Begin::Done(marker)) => {
