@@ -29,7 +29,8 @@ pub const DEFAULT_MAX_MARKER_BYTES: usize = 64 * 1024;
 /// completed costs that one read more, the later ones nothing. Each entry expires no later than
 /// its marker in the store; a marker the store keeps forever is kept until it is evicted. The
 /// least recently used entry is evicted beyond `capacity`, and a marker longer than
-/// [`max_marker_bytes`](Self::max_marker_bytes) is not kept.
+/// [`max_marker_bytes`](Self::max_marker_bytes) is not kept (nor its remaining time read: its
+/// duplicates cost what they cost without the cache).
 ///
 /// **What `forget` cannot reach.** [`forget`](Store::forget) through this cache drops its own
 /// entry, but not the entries of other processes' caches (another replica, a worker, the CLI's
@@ -305,6 +306,10 @@ impl<S: Store> LocalResultCache<S> {
     /// Learns a marker the store answered a `begin` with: its remaining time is read once, and
     /// the entry kept only when the store still holds those same bytes.
     async fn learn(&self, unit: &UnitOfWork, marker: &[u8]) {
+        if marker.len() > self.max_marker_bytes || self.max_age == Some(Duration::ZERO) {
+            // Never kept: reading its time would add a round trip to every duplicate.
+            return;
+        }
         let forgets = self.forgets();
         let since = Instant::now();
         if let Ok(Inspection {

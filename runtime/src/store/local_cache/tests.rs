@@ -447,3 +447,26 @@ async fn a_clone_set_up_afterwards_shares_the_entries_and_keeps_its_own_bounds()
     );
     assert_eq!(ran.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test]
+async fn a_marker_too_large_to_keep_costs_no_read_of_its_time() {
+    let store = Counting::default();
+    let there = cache(&store, 16);
+    let unit = unit("big");
+    complete(&there, &unit, b"D3,dAAAA|big|12345").await;
+    let here = cache(&store, 16).max_marker_bytes(8);
+    let inspects = store.inspects();
+    for _ in 0..3 {
+        let answer = here
+            .begin(&unit, &LockToken::generate(), TTL, Fencing::Off)
+            .await
+            .unwrap();
+        assert!(matches!(answer, Begin::Done(_)));
+    }
+    assert!(here.is_empty());
+    assert_eq!(
+        store.inspects(),
+        inspects,
+        "one round trip per duplicate, as without a cache"
+    );
+}
