@@ -761,3 +761,36 @@ async fn a_read_batch_reaches_a_batching_store_as_batches() {
         (8, 0)
     );
 }
+
+/// The failure count lives in Redis: a consumer that failed an entry once and died leaves the
+/// count for the one that claims it, which gives the entry up at `max_failures`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_failure_count_outlives_the_consumer_that_recorded_it() {
+    let mut s = setup().await;
+    let id = s.add(&[("order_id", "80")]).await;
+    let mut first = s.consumer("first").await;
+    let batch = next(&mut first, s.charge(true)).await;
+    assert!(
+        matches!(batch[0].handled, Handled::Failed { failures: 1, .. }),
+        "{:?}",
+        batch[0]
+    );
+    drop(first);
+    assert_eq!(s.failure_count(&id).await, Some(1));
+    let mut heir = s
+        .idempotent()
+        .max_failures(2)
+        .consume(&s.redis.url(), "orders", "chargers", "heir")
+        .await
+        .unwrap();
+    let batch = next(&mut heir, s.charge(true)).await;
+    assert_eq!(
+        (batch[0].id.as_str(), batch[0].deliveries),
+        (id.as_str(), 2)
+    );
+    let Handled::DeadLettered(Rejection::GaveUp { failures: 2, .. }) = &batch[0].handled else {
+        panic!("{:?}", batch[0])
+    };
+    assert_eq!((s.pending().await, s.dead().await.len()), (0, 1));
+    assert_eq!(s.failure_count(&id).await, None);
+}
