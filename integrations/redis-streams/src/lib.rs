@@ -113,6 +113,10 @@
 //! [`BatchingStore`](idempotask::store::BatchingStore) (as above), the batch's `begin`s reach
 //! the store as one pipeline, and so do its `finish`es. A slow body holds its batch's acks.
 //!
+//! A group that is gone (its stream deleted, or a Redis without persistence restarted) is
+//! created again at the stream's start on the next read, with a warning; the entries it held
+//! pending went with it, and so do those this consumer kept for a later try.
+//!
 //! # Trimming
 //! [`StreamConsumer::trim`] removes the entries every group has acknowledged: one script
 //! finds, for each group, its oldest pending entry (or, with none, the entry after the last

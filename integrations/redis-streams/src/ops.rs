@@ -99,7 +99,9 @@ impl Names {
             cmd.arg("BLOCK").arg(ms);
         }
         cmd.arg("STREAMS").arg(&self.stream).arg(">");
-        let reply = query(conn, &cmd, "XREADGROUP").await?;
+        let Some(reply) = self.in_group(conn, &cmd, "XREADGROUP").await? else {
+            return Ok(Vec::new());
+        };
         let streams = match reply {
             Value::Nil => return Ok(Vec::new()),
             Value::Array(streams) => streams
@@ -139,7 +141,10 @@ impl Names {
             .arg(cursor)
             .arg("COUNT")
             .arg(count);
-        let Value::Array(mut parts) = query(conn, &cmd, "XAUTOCLAIM").await? else {
+        let Some(reply) = self.in_group(conn, &cmd, "XAUTOCLAIM").await? else {
+            return Ok((Vec::new(), "0-0".to_owned()));
+        };
+        let Value::Array(mut parts) = reply else {
             return Err(StreamError::reply("XAUTOCLAIM", "not an array"));
         };
         if parts.len() < 2 {
@@ -153,6 +158,30 @@ impl Names {
             _ => Vec::new(),
         };
         Ok((entries, next))
+    }
+
+    /// Runs `cmd`, a command of the group; when the group is gone (the stream was deleted, or
+    /// Redis restarted without persistence), joins it again and answers `None`: the entries the
+    /// group held went with it, and new ones are read from the new group.
+    async fn in_group(
+        &self,
+        conn: &mut ConnectionManager,
+        cmd: &Cmd,
+        action: &'static str,
+    ) -> Result<Option<Value>, StreamError> {
+        match cmd.query_async(conn).await {
+            Ok(reply) => Ok(Some(reply)),
+            Err(err) if err.code() == Some("NOGROUP") => {
+                tracing::warn!(
+                    stream = self.stream,
+                    group = self.group,
+                    "the consumer group is gone (the stream was deleted, or Redis restarted without persistence); creating it again"
+                );
+                self.join(conn).await?;
+                Ok(None)
+            }
+            Err(err) => Err(StreamError::redis(action, err)),
+        }
     }
 
     /// The group's delivery counter of each of `ids` (1 for an id no longer pending).
@@ -195,7 +224,10 @@ impl Names {
             .arg(0)
             .arg(ids)
             .arg("JUSTID");
-        match query(conn, &cmd, "XCLAIM").await? {
+        let Some(reply) = self.in_group(conn, &cmd, "XCLAIM").await? else {
+            return Ok(Vec::new());
+        };
+        match reply {
             Value::Array(ids) => Ok(ids.into_iter().filter_map(text).collect()),
             other => Err(StreamError::reply("XCLAIM", &format!("{other:?}"))),
         }

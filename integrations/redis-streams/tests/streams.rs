@@ -794,3 +794,40 @@ async fn the_failure_count_outlives_the_consumer_that_recorded_it() {
     assert_eq!((s.pending().await, s.dead().await.len()), (0, 1));
     assert_eq!(s.failure_count(&id).await, None);
 }
+
+/// A group that is gone (the stream deleted, Redis restarted without persistence) is joined
+/// again: the consumer reads on instead of failing every read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_whose_group_is_gone_joins_it_again() {
+    let mut s = setup().await;
+    let mut consumer = s.consumer("c1").await;
+    s.add(&[("order_id", "90")]).await;
+    next(&mut consumer, s.charge(false)).await;
+    // One entry held for a retry, which goes with the group.
+    s.add(&[("order_id", "89")]).await;
+    let failed = next(&mut consumer, s.charge(true)).await;
+    assert!(
+        matches!(failed[0].handled, Handled::Failed { .. }),
+        "{:?}",
+        failed[0]
+    );
+    let _: u32 = redis::cmd("DEL")
+        .arg("orders")
+        .query_async(&mut s.conn)
+        .await
+        .unwrap();
+    let empty: Vec<Processed<String, Declined>> =
+        consumer.next_batch(s.charge(false)).await.unwrap();
+    assert!(empty.is_empty());
+    s.add(&[("order_id", "91")]).await;
+    let batch = next(&mut consumer, s.charge(false)).await;
+    assert!(
+        matches!(batch[0].handled, Handled::Acked(_)),
+        "{:?}",
+        batch[0]
+    );
+    assert_eq!(
+        (s.effects.load(Ordering::SeqCst), s.pending().await),
+        (2, 0)
+    );
+}
