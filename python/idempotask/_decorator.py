@@ -711,6 +711,7 @@ def idempotent_task(
     log_key: Optional[str] = None,
     in_doubt: Optional[str] = None,
     doubt_memory: Any = None,
+    hold_alert_after: Any = None,
     max_attempts: Optional[int] = None,
     max_wait: Any = None,
     initial_backoff: Any = None,
@@ -755,6 +756,11 @@ def idempotent_task(
     takes the annotation's place; ``Serializer(dump=..., load=...)`` gives two functions. An
     annotation that no serializer can rebuild is a ``TypeError`` here.
 
+    ``hold_alert_after``: with ``in_doubt="hold"``, a unit held longer than this (seconds or a
+    ``timedelta``) makes each delivery that meets it log an ERROR record on the ``idempotask``
+    logger instead of the WARNING of every held unit, so that a held unit nobody resolved
+    reaches an alert; ``idempotask list --held --older-than`` shows the same units.
+
     ``on_replay``: a function of the replayed value and its ``UnitRecord`` (task, key, fencing
     token), called on each replay only, before the value is returned (an ``async def`` one is
     awaited, in an ``async def`` task). An ``Exception`` in it is logged (a WARNING of the
@@ -769,7 +775,8 @@ def idempotent_task(
             )
         options = dict(
             lock_ttl=lock_ttl, result_ttl=result_ttl, renew=renew, fencing=fencing, log_key=log_key,
-            in_doubt=in_doubt, doubt_memory=doubt_memory, max_attempts=max_attempts, max_wait=max_wait,
+            in_doubt=in_doubt, doubt_memory=doubt_memory, hold_alert_after=hold_alert_after,
+            max_attempts=max_attempts, max_wait=max_wait,
             initial_backoff=initial_backoff, max_backoff=max_backoff,
         )
         spec = _Spec(

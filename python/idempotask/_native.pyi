@@ -112,6 +112,7 @@ class Task:
         log_key: Optional[str] = None,
         in_doubt: Optional[str] = None,
         doubt_memory: Optional[_Seconds] = None,
+        hold_alert_after: Optional[_Seconds] = None,
         max_attempts: Optional[int] = None,
         max_wait: Optional[_Seconds] = None,
         initial_backoff: Optional[_Seconds] = None,

@@ -35,6 +35,7 @@ pub(crate) struct Options {
     pub(crate) log_key: Option<String>,
     pub(crate) in_doubt: Option<String>,
     pub(crate) doubt_memory: Option<Duration>,
+    pub(crate) hold_alert_after: Option<Duration>,
     pub(crate) max_attempts: Option<u32>,
     pub(crate) max_wait: Option<Duration>,
     pub(crate) initial_backoff: Option<Duration>,
@@ -99,6 +100,14 @@ impl Options {
         });
         if let Some(memory) = self.doubt_memory {
             task = task.doubt_memory(memory);
+        }
+        if let Some(after) = self.hold_alert_after {
+            if task.settings().in_doubt != InDoubt::Hold {
+                return Err(PyValueError::new_err(
+                    "hold_alert_after raises the alarm on a unit held in doubt, and only in_doubt=\"hold\" holds units; add in_doubt=\"hold\" or leave hold_alert_after out",
+                ));
+            }
+            task = task.hold_alert_after(after);
         }
         Ok(task.retry(self.retry(wait)))
     }

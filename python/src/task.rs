@@ -32,7 +32,7 @@ impl NativeTask {
     #[new]
     #[pyo3(signature = (
         name, *, lock_ttl=None, result_ttl=None, renew=false, fencing=false, log_key=None,
-        in_doubt=None, doubt_memory=None, max_attempts=None, max_wait=None,
+        in_doubt=None, doubt_memory=None, hold_alert_after=None, max_attempts=None, max_wait=None,
         initial_backoff=None, max_backoff=None, reconcile=false,
     ))]
     #[expect(
@@ -48,6 +48,7 @@ impl NativeTask {
         log_key: Option<String>,
         in_doubt: Option<String>,
         doubt_memory: Option<&Bound<'_, PyAny>>,
+        hold_alert_after: Option<&Bound<'_, PyAny>>,
         max_attempts: Option<u32>,
         max_wait: Option<&Bound<'_, PyAny>>,
         initial_backoff: Option<&Bound<'_, PyAny>>,
@@ -64,6 +65,7 @@ impl NativeTask {
             log_key,
             in_doubt,
             doubt_memory: duration(doubt_memory)?,
+            hold_alert_after: duration(hold_alert_after)?,
             max_attempts,
             max_wait: duration(max_wait)?,
             initial_backoff: duration(initial_backoff)?,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
 import os
 import signal
@@ -372,6 +373,38 @@ def test_in_doubt_hold_refuses_a_unit_whose_worker_was_killed(store: Any, name: 
     with pytest.raises(InDoubt):
         charge(1)
     assert ran == []
+
+
+def test_a_unit_held_past_hold_alert_after_is_logged_as_an_error(
+    store: Any, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    @idempotent_task(key="charge-{n}", name=name, lock_ttl=0.3, in_doubt="hold", hold_alert_after=0.2, max_wait=10)
+    def charge(n: int, signal_fd: Any = None) -> str:
+        if signal_fd is not None:
+            os.write(signal_fd, b"x")
+            threading.Event().wait(60)
+        return "ch"
+
+    _killed_mid_body(charge)
+    caplog.set_level(logging.WARNING, logger="idempotask")
+    # Each delivery reports how long the unit has been held: the signal to deliver again on.
+    held_for = 0.0
+    while held_for < 0.2:
+        caplog.clear()
+        with pytest.raises(InDoubt) as doubt:
+            charge(1)
+        held_for = doubt.value.expired_for
+        levels = [record.levelno for record in caplog.records if record.name == "idempotask"]
+        expected = logging.ERROR if held_for >= 0.2 else logging.WARNING
+        assert expected in levels, (held_for, levels)
+    assert any("hold_alert_after" in record.getMessage() for record in caplog.records)
+
+
+def test_hold_alert_after_without_hold_is_refused_when_decorated(name: str) -> None:
+    with pytest.raises(ValueError, match="only in_doubt=\"hold\" holds units"):
+        @idempotent_task(key="charge-{n}", name=name, hold_alert_after=3600)
+        def charge(n: int) -> str:
+            return "ch"
 
 
 def test_in_doubt_rerun_tells_the_body(store: Any, name: str) -> None:
