@@ -181,3 +181,52 @@ async fn a_stale_holder_leaves_no_result_behind_a_successor_on_a_majority() {
     }
     assert_eq!(ran.load(Ordering::SeqCst), 2, "A and B each ran once");
 }
+
+/// What `inspect` says a marker has left is the shortest time of its copies: a reader that keeps
+/// the answer (`LocalResultCache`) must not outlive the first copy to expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_marker_has_the_time_left_of_its_shortest_copy() {
+    let quorum = Quorum::start(3);
+    let store = quorum_store(&quorum, Duration::from_secs(2)).await;
+    let value: String = task()
+        .result_ttl(Duration::from_secs(3600))
+        .call("order-ttl")
+        .store(store.clone())
+        .run(async { Ok::<_, Error>("ch_1".to_owned()) })
+        .await
+        .unwrap();
+    assert_eq!(value, "ch_1");
+    let unit = UnitOfWork::new("stale-results", "order-ttl").unwrap();
+    let key = idempotask_redis::RedisKeys::new("default")
+        .unwrap()
+        .unit(&unit);
+    let mut conns = Vec::new();
+    for url in quorum.urls() {
+        let client = redis::Client::open(url.as_str()).unwrap();
+        conns.push(client.get_multiplexed_async_connection().await.unwrap());
+    }
+    // Each server in turn holds the shortest copy, whichever answers first.
+    for shortest in 0..conns.len() {
+        for (server, conn) in conns.iter_mut().enumerate() {
+            let ttl_ms = if server == shortest {
+                20_000
+            } else {
+                3_600_000
+            };
+            let set: bool = redis::cmd("PEXPIRE")
+                .arg(&key)
+                .arg(ttl_ms)
+                .query_async(conn)
+                .await
+                .unwrap();
+            assert!(set, "server {server} holds the marker");
+        }
+        let seen = store.inspect(&unit).await.unwrap();
+        assert!(seen.marker.is_some());
+        let left = seen.marker_ttl.unwrap();
+        assert!(
+            left <= Duration::from_secs(20) && left > Duration::from_secs(10),
+            "shortest on server {shortest}: {left:?}"
+        );
+    }
+}

@@ -319,10 +319,13 @@ impl Store for RedlockStore {
         }
         if !markers.is_empty() {
             let chosen = most_common(markers.iter().map(|(marker, _)| marker.clone()).collect());
+            // The shortest time any copy of it has left: a reader that keeps the answer (a
+            // `LocalResultCache`) must not keep it past the first copy's expiry.
             seen.marker_ttl = markers
                 .iter()
-                .find(|(marker, _)| same_delivery(marker, &chosen))
-                .and_then(|(_, ttl)| *ttl);
+                .filter(|(marker, _)| same_delivery(marker, &chosen))
+                .filter_map(|(_, ttl)| *ttl)
+                .min();
             seen.marker = Some(chosen);
         }
         if inner.servers.len() - errors.len() < inner.quorum() {
