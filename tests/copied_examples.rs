@@ -422,6 +422,11 @@ mod copied {
     }
 
     #[test]
+    fn sqs_worker_compiles_alone() {
+        compiles_alone("sqs_worker");
+    }
+
+    #[test]
     fn http_payments_compiles_alone() {
         compiles_alone("http_payments");
     }

@@ -1,5 +1,5 @@
 //! The crash demonstrations of the examples. Three copies of `rabbitmq_worker`, `nats_worker`,
-//! `redis_streams_worker` or `apalis_worker` on one queue, the one that charges order 5 first
+//! `redis_streams_worker`, `sqs_worker` or `apalis_worker` on one queue, the one that charges order 5 first
 //! killed with SIGKILL between the charge and its ack, and the ledger in Redis read afterwards:
 //! with idempotask the redelivery gets the stored receipt and every order is charged once; the
 //! bare consumer
@@ -15,6 +15,10 @@ use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, types::FieldTable};
 use support::RedisServer;
 use support::example_runs::{CRASH_TRANSFER, ORDERS, example, ledger, run_workers};
+
+// The SQS crate's test queues on moto_server: a client, a queue with its dead-letter queue.
+#[path = "../integrations/sqs/tests/moto_queues/mod.rs"]
+mod moto_queues;
 
 /// Time enough for a loaded machine: a run takes a few seconds.
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -220,6 +224,57 @@ async fn redis_streams_worker_charges_each_order_once_despite_a_kill_9() {
     let queue = "orders-without";
     let without = run_workers(worker(true), queue, publish(queue), TIMEOUT).await;
     without.assert_charged_twice(&ledger(&mut conn, queue).await);
+}
+
+/// The same on Amazon SQS (`moto_server`), through `idempotask-sqs`: the killed worker's
+/// message comes back after the queue's visibility timeout, and failed charges are handed back
+/// for their backoff. The queues' own counts say every message was deleted and none given up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_worker_charges_each_order_once_despite_a_kill_9() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection().await;
+    let shape = || moto_queues::Shape {
+        // At least the example's 1 s lock TTL; short, so the killed worker's order soon comes back.
+        visibility: 2,
+        max_receive_count: Some(10),
+        fifo: false,
+    };
+    let worker = |without: bool| {
+        let url = redis.url();
+        move || {
+            let mut command = example("sqs_worker");
+            command.env("REDIS_URL", &url).env(
+                "SQS_ENDPOINT",
+                support::moto::MotoServer::shared().endpoint(),
+            );
+            if without {
+                command.env("WITHOUT_IDEMPOTASK", "1");
+            }
+            command
+        }
+    };
+    for without in [false, true] {
+        let queue = moto_queues::Queue::create("orders", shape()).await;
+        let name = queue.url.rsplit('/').next().unwrap().to_owned();
+        let publish = async {
+            for id in 1..=ORDERS {
+                let body = String::from_utf8(order(id)).unwrap();
+                queue
+                    .send(&body, Some(&format!("{name}-order-{id}")), None)
+                    .await;
+            }
+        };
+        let run = Box::pin(run_workers(worker(without), &name, publish, TIMEOUT)).await;
+        let charged = ledger(&mut conn, &name).await;
+        if without {
+            run.assert_charged_twice(&charged);
+            continue;
+        }
+        run.assert_charged_once(&charged);
+        // The queues' word that every message was deleted, not the workers' lines.
+        assert_eq!(queue.holds(&queue.url).await, 0, "{run:#?}");
+        assert_eq!(queue.holds(&queue.dead_url).await, 0, "{run:#?}");
+    }
 }
 
 /// An order as `examples/apalis_worker.rs` reads its jobs.

@@ -138,6 +138,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod batch;
 mod calls;
 mod consumer;
 mod error;
@@ -146,6 +147,7 @@ mod key;
 mod message;
 mod queue;
 
+pub use batch::Batch;
 pub use consumer::{
     DEFAULT_BATCH_SIZE, DEFAULT_EXTEND_AT, DEFAULT_FAILURE_BACKOFF, DEFAULT_MAX_FAILURES,
     DEFAULT_STORE_BACKOFF, DEFAULT_WAIT_TIME, Idempotent,

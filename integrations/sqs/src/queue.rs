@@ -12,7 +12,8 @@ use idempotask_consumer::{History, Verdict};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::calls::{change_visibility, delete};
+use crate::batch::{Batch, Ran, settle};
+use crate::calls::change_visibility;
 use crate::{BadMessage, Handled, Idempotent, Message, MessageKey, Processed, Rejection, SqsError};
 
 /// A consumer of one SQS queue, made by [`Idempotent::consume`]: it receives messages in
@@ -38,13 +39,6 @@ struct QueueFacts {
 /// A message of a batch at its place in the receive, and its key and body's future, or why it
 /// does not run.
 type Planned<Fut, E> = (usize, Message, Result<(String, Fut), Rejection<E>>);
-
-/// A message of a batch, its entry id in the batch's calls, and what its run became.
-struct Ran<T, E> {
-    message: Message,
-    entry: String,
-    handled: Handled<T, E>,
-}
 
 impl<K: MessageKey> Idempotent<K> {
     /// Binds the consumer to the queue at `queue_url`, through `client` (an
@@ -183,8 +177,48 @@ impl<K: MessageKey> SqsConsumer<K> {
     /// [`SqsError::Sqs`] when the `ReceiveMessage` failed; nothing was run then.
     pub async fn next_batch<T, E, F, Fut>(
         &mut self,
-        mut body: F,
+        body: F,
     ) -> Result<Vec<Processed<T, E>>, SqsError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnMut(&Message) -> Result<Fut, BadMessage>,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let batch = self.run_batch(body).await?;
+        Ok(self.settle(batch).await)
+    }
+
+    /// [`next_batch`](Self::next_batch) without its settling: receives a batch and runs it,
+    /// and answers what became of each message, none of them deleted or handed back yet, for
+    /// [`settle`](Self::settle). Between the two, what the batch did is known and SQS has not
+    /// been told: a program that must act before its messages are deleted (log, forward the
+    /// results) acts there. Settle within the visibility timeout: its renewal stops with the
+    /// run.
+    ///
+    /// ```no_run
+    /// use idempotask::Task;
+    /// use idempotask_sqs::{Handled, Idempotent, MessageId};
+    ///
+    /// # async fn run(client: aws_sdk_sqs::Client, url: &str) -> Result<(), idempotask_sqs::SqsError> {
+    /// let mut consumer = Idempotent::new(Task::new("refund"), MessageId).consume(client, url).await?;
+    /// let batch = consumer
+    ///     .run_batch(|message| {
+    ///         let bytes = message.body().len();
+    ///         Ok(async move { Ok::<_, std::io::Error>(bytes) })
+    ///     })
+    ///     .await?;
+    /// for (message, handled) in batch.messages() {
+    ///     if let Handled::Deleted(report) = handled {
+    ///         println!("{}: {} bytes, about to be deleted", message.id(), report.value);
+    ///     }
+    /// }
+    /// let processed = consumer.settle(batch).await;
+    /// # let _ = processed; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`SqsError::Sqs`] when the `ReceiveMessage` failed; nothing was run then.
+    pub async fn run_batch<T, E, F, Fut>(&mut self, mut body: F) -> Result<Batch<T, E>, SqsError>
     where
         T: Serialize + DeserializeOwned,
         F: FnMut(&Message) -> Result<Fut, BadMessage>,
@@ -192,7 +226,7 @@ impl<K: MessageKey> SqsConsumer<K> {
     {
         let messages = self.receive().await?;
         if messages.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Batch { ran: Vec::new() });
         }
         // The batch's messages by group, each group in the order SQS gave them: on a standard
         // queue every message is a group of its own.
@@ -247,9 +281,31 @@ impl<K: MessageKey> SqsConsumer<K> {
         };
         let mut ran: Vec<(usize, Ran<T, E>)> = ran.into_iter().flatten().collect();
         ran.sort_by_key(|(at, _)| *at);
-        Ok(self
-            .settle(ran.into_iter().map(|(_, ran)| ran).collect())
-            .await)
+        Ok(Batch {
+            ran: ran.into_iter().map(|(_, ran)| ran).collect(),
+        })
+    }
+
+    /// Settles a [`Batch`]: deletes its finished messages with one `DeleteMessageBatch` and
+    /// hands the others back with one `ChangeMessageVisibilityBatch` (see the crate docs'
+    /// table), and answers what became of each message and whether SQS took it
+    /// ([`Processed::settled`]).
+    ///
+    /// ```no_run
+    /// # use idempotask::Task;
+    /// # use idempotask_sqs::{Idempotent, MessageId};
+    /// # async fn run(client: aws_sdk_sqs::Client, url: &str) -> Result<(), idempotask_sqs::SqsError> {
+    /// # let mut consumer = Idempotent::new(Task::new("refund"), MessageId).consume(client, url).await?;
+    /// let batch = consumer.run_batch(|_| Ok(async { Ok::<_, std::io::Error>(()) })).await?;
+    /// for processed in consumer.settle(batch).await {
+    ///     if let Err(failure) = processed.settled {
+    ///         eprintln!("{}: {failure}", processed.id);
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn settle<T, E>(&self, batch: Batch<T, E>) -> Vec<Processed<T, E>> {
+        settle(&self.client, &self.queue_url, batch).await
     }
 
     /// The queue's visibility timeout, as read at the start.
@@ -372,48 +428,6 @@ impl<K: MessageKey> SqsConsumer<K> {
         }
         ran
     }
-
-    /// Deletes the finished messages in one call and hands the others back in another, and
-    /// answers what became of each.
-    async fn settle<T, E>(&self, ran: Vec<Ran<T, E>>) -> Vec<Processed<T, E>> {
-        let mut deletes = Vec::new();
-        let mut changes = Vec::new();
-        for one in &ran {
-            let receipt = one.message.receipt.clone();
-            match &one.handled {
-                Handled::Deleted(_) => deletes.push((one.entry.clone(), receipt)),
-                Handled::Failed { delay, .. } | Handled::Deferred { delay, .. } => {
-                    changes.push((one.entry.clone(), receipt, *delay));
-                }
-                // Visible again at once: behind its group's first, or for the redrive policy to
-                // count this receive and move it on the next.
-                Handled::Behind { .. } | Handled::Rejected(_) => {
-                    changes.push((one.entry.clone(), receipt, Duration::ZERO));
-                }
-            }
-        }
-        let (delete_failures, change_failures) = futures_util::future::join(
-            delete(&self.client, &self.queue_url, &deletes),
-            change_visibility(&self.client, &self.queue_url, &changes),
-        )
-        .await;
-        let mut failures = delete_failures;
-        failures.extend(change_failures);
-        ran.into_iter()
-            .map(|one| {
-                let settled = failures.remove(&one.entry).map_or(Ok(()), Err);
-                if let Err(failure) = &settled {
-                    tracing::warn!(message = one.message.id(), error = %failure, "SQS did not take the settling of a message");
-                }
-                Processed {
-                    id: one.message.id().to_owned(),
-                    receive_count: one.message.receive_count(),
-                    handled: one.handled,
-                    settled,
-                }
-            })
-            .collect()
-    }
 }
 
 /// Input: what the consumer core made of a message's call. Output: what the message gets.
@@ -452,7 +466,7 @@ fn whole_seconds(delay: Duration) -> Duration {
 }
 
 /// The id of the `at`-th message of a batch in its `…Batch` calls.
-fn entry_id(at: usize) -> String {
+pub(crate) fn entry_id(at: usize) -> String {
     format!("m{at}")
 }
 
