@@ -44,6 +44,13 @@ fn parse(value: &Expr, errors: &mut Errors) -> Option<Vec<FieldPath>> {
         );
         return None;
     };
+    if array.elems.is_empty() {
+        errors.at(
+            array.span(),
+            "an empty fingerprint checks nothing: list the parameters that must match when the key is reused, like `fingerprint = [amount_cents]`, or leave `fingerprint` out",
+        );
+        return None;
+    }
     let mut paths = Vec::new();
     for elem in &array.elems {
         match path(elem) {

@@ -18,4 +18,9 @@ async fn no_such_field(order: &Order) -> Result<u64, Error> {
     Ok(order.amount)
 }
 
+#[idempotent_task(key = "c-{order.id}", fingerprint = [])]
+async fn nothing_listed(order: &Order) -> Result<u64, Error> {
+    Ok(order.amount)
+}
+
 fn main() {}
