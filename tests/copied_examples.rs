@@ -19,6 +19,7 @@ mod copied {
         ("idempotask-lapin", "integrations/lapin"),
         ("idempotask-http", "integrations/http"),
         ("idempotask-redis-streams", "integrations/redis-streams"),
+        ("idempotask-sqs", "integrations/sqs"),
     ];
 
     /// The `[dependencies]` block an example's header lists, with the crates of this workspace
