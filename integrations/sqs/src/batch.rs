@@ -42,12 +42,36 @@ pub(crate) struct Ran<T, E> {
 
 impl<T, E> Batch<T, E> {
     /// Each message of the batch and what became of it, in the order SQS gave them.
+    ///
+    /// ```
+    /// # use idempotask::Task;
+    /// # use idempotask_sqs::{Idempotent, MessageId};
+    /// # async fn run(client: aws_sdk_sqs::Client, url: &str) -> Result<(), idempotask_sqs::SqsError> {
+    /// # let mut consumer = Idempotent::new(Task::new("refund"), MessageId).consume(client, url).await?;
+    /// let batch = consumer.run_batch(|_| Ok(async { Ok::<_, std::io::Error>(()) })).await?;
+    /// for (message, handled) in batch.messages() {
+    ///     println!("{}: {handled:?}", message.id());
+    /// }
+    /// # consumer.settle(batch).await; Ok(()) }
+    /// ```
     pub fn messages(&self) -> impl Iterator<Item = (&Message, &Handled<T, E>)> {
         self.ran.iter().map(|ran| (&ran.message, &ran.handled))
     }
 
     /// Whether the batch has no message (nothing came within the receive's
     /// [`wait_time`](crate::Idempotent::wait_time)).
+    ///
+    /// ```
+    /// # use idempotask::Task;
+    /// # use idempotask_sqs::{Idempotent, MessageId};
+    /// # async fn run(client: aws_sdk_sqs::Client, url: &str) -> Result<(), idempotask_sqs::SqsError> {
+    /// # let mut consumer = Idempotent::new(Task::new("refund"), MessageId).consume(client, url).await?;
+    /// let batch = consumer.run_batch(|_| Ok(async { Ok::<_, std::io::Error>(()) })).await?;
+    /// if batch.is_empty() {
+    ///     println!("nothing came");
+    /// }
+    /// # consumer.settle(batch).await; Ok(()) }
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.ran.is_empty()
     }

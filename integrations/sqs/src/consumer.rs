@@ -9,12 +9,24 @@ use idempotask::{Backoff, Task};
 use idempotask_consumer::ConsumerSettings;
 
 /// How many messages one `ReceiveMessage` asks for, by default: SQS's most.
+///
+/// ```
+/// assert_eq!(idempotask_sqs::DEFAULT_BATCH_SIZE, 10);
+/// ```
 pub const DEFAULT_BATCH_SIZE: u8 = 10;
 /// How long a `ReceiveMessage` waits for a message when none is there (long polling), by
 /// default.
+///
+/// ```
+/// assert_eq!(idempotask_sqs::DEFAULT_WAIT_TIME, std::time::Duration::from_secs(10));
+/// ```
 pub const DEFAULT_WAIT_TIME: Duration = Duration::from_secs(10);
 /// The share of the queue's visibility timeout after which the messages of a batch whose
 /// bodies still run get a fresh visibility timeout, by default: a half.
+///
+/// ```
+/// assert!((idempotask_sqs::DEFAULT_EXTEND_AT - 0.5).abs() < f64::EPSILON);
+/// ```
 pub const DEFAULT_EXTEND_AT: f64 = 0.5;
 
 // The defaults of every queue consumer, which SQS takes as they are (its delays are rounded
@@ -52,6 +64,13 @@ impl<K> Idempotent<K> {
     /// Messages run through `task`, keyed by `key`, with the defaults: the installed store,
     /// [`DEFAULT_FAILURE_BACKOFF`], [`DEFAULT_STORE_BACKOFF`], [`DEFAULT_MAX_FAILURES`],
     /// [`DEFAULT_BATCH_SIZE`], [`DEFAULT_WAIT_TIME`] and [`DEFAULT_EXTEND_AT`].
+    ///
+    /// ```
+    /// use idempotask::Task;
+    /// use idempotask_sqs::{Idempotent, MessageId};
+    /// let refund_once = Idempotent::new(Task::new("refund"), MessageId);
+    /// assert_eq!(refund_once.task().name(), "refund");
+    /// ```
     pub fn new(task: Task, key: K) -> Self {
         Self {
             settings: ConsumerSettings::new(task),

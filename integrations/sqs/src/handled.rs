@@ -161,6 +161,12 @@ pub struct SettleFailure {
 impl SettleFailure {
     /// `action` (`DeleteMessageBatch`, `ChangeMessageVisibilityBatch`) failed for a message
     /// with the error `code` and `message`.
+    ///
+    /// ```
+    /// use idempotask_sqs::SettleFailure;
+    /// let failure = SettleFailure::new("ChangeMessageVisibilityBatch", "MessageNotInflight", "not in flight");
+    /// assert_eq!(failure.action(), "ChangeMessageVisibilityBatch");
+    /// ```
     pub fn new(action: &'static str, code: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             action,
@@ -170,12 +176,22 @@ impl SettleFailure {
     }
 
     /// The call that failed: `DeleteMessageBatch` or `ChangeMessageVisibilityBatch`.
+    ///
+    /// ```
+    /// use idempotask_sqs::SettleFailure;
+    /// assert_eq!(SettleFailure::new("DeleteMessageBatch", "CallFailed", "timeout").action(), "DeleteMessageBatch");
+    /// ```
     pub fn action(&self) -> &'static str {
         self.action
     }
 
     /// SQS's error code for the entry (`ReceiptHandleIsInvalid`, …), or `CallFailed` when the
     /// whole call failed.
+    ///
+    /// ```
+    /// use idempotask_sqs::SettleFailure;
+    /// assert_eq!(SettleFailure::new("DeleteMessageBatch", "CallFailed", "timeout").code(), "CallFailed");
+    /// ```
     pub fn code(&self) -> &str {
         &self.code
     }

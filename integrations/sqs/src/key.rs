@@ -55,11 +55,21 @@ pub struct Attribute(String);
 
 impl Attribute {
     /// The key is the value of the message attribute `name`.
+    ///
+    /// ```
+    /// use idempotask_sqs::Attribute;
+    /// assert_eq!(Attribute::new("order_id").name(), "order_id");
+    /// ```
     pub fn new(name: impl Into<String>) -> Self {
         Self(name.into())
     }
 
     /// The attribute's name.
+    ///
+    /// ```
+    /// use idempotask_sqs::Attribute;
+    /// assert_eq!(Attribute::new("order_id").name(), "order_id");
+    /// ```
     pub fn name(&self) -> &str {
         &self.0
     }
@@ -121,6 +131,12 @@ pub struct MissingKey {
 
 impl MissingKey {
     /// `message` has no key, for the reason `why` (for [`MessageKey`] implementations).
+    ///
+    /// ```
+    /// use idempotask_sqs::{Message, MissingKey};
+    /// let err = MissingKey::new(&Message::new("m-4", "{}"), "its tenant is unknown");
+    /// assert!(err.to_string().starts_with("message m-4 has no idempotency key (its tenant is unknown)"));
+    /// ```
     pub fn new(message: &Message, why: impl Into<String>) -> Self {
         Self {
             message_id: message.id().to_owned(),
@@ -129,6 +145,11 @@ impl MissingKey {
     }
 
     /// The id of the message.
+    ///
+    /// ```
+    /// use idempotask_sqs::{Message, MissingKey};
+    /// assert_eq!(MissingKey::new(&Message::new("m-4", "{}"), "none").message_id(), "m-4");
+    /// ```
     pub fn message_id(&self) -> &str {
         &self.message_id
     }

@@ -36,6 +36,12 @@ pub struct Message {
 impl Message {
     /// A message with `id` and `body`, received once, in no group (for tests, and for bodies
     /// called outside a consumer).
+    ///
+    /// ```
+    /// use idempotask_sqs::Message;
+    /// let message = Message::new("m-1", "{}");
+    /// assert_eq!((message.id(), message.body(), message.receive_count()), ("m-1", "{}", 1));
+    /// ```
     pub fn new(id: impl Into<String>, body: impl Into<String>) -> Self {
         Self {
             id: id.into(),
@@ -49,6 +55,12 @@ impl Message {
 
     /// The message with the string message attribute `name` set to `value`.
     #[must_use]
+    ///
+    /// ```
+    /// use idempotask_sqs::Message;
+    /// let message = Message::new("m-1", "{}").with_attribute("order_id", "7");
+    /// assert_eq!(message.attribute("order_id"), Some("7"));
+    /// ```
     pub fn with_attribute(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.attributes.insert(name.into(), value.into());
         self
@@ -56,28 +68,56 @@ impl Message {
 
     /// The message in the FIFO message group `group`.
     #[must_use]
+    ///
+    /// ```
+    /// use idempotask_sqs::Message;
+    /// assert_eq!(Message::new("m-1", "{}").with_group("customer-3").group(), Some("customer-3"));
+    /// ```
     pub fn with_group(mut self, group: impl Into<String>) -> Self {
         self.group = Some(group.into());
         self
     }
 
     /// The id SQS gave the message when it was sent (the same on every receive of it).
+    ///
+    /// ```
+    /// use idempotask_sqs::Message;
+    /// assert_eq!(Message::new("5fea7756", "{}").id(), "5fea7756");
+    /// ```
     pub fn id(&self) -> &str {
         &self.id
     }
 
     /// The message's body.
+    ///
+    /// ```
+    /// use idempotask_sqs::Message;
+    /// assert_eq!(Message::new("m-1", r#"{"id":5}"#).body(), r#"{"id":5}"#);
+    /// ```
     pub fn body(&self) -> &str {
         &self.body
     }
 
     /// The value of the message attribute `name`, of type `String` or `Number` (a `Number`'s
     /// value is its text); `None` when the message has none, or a binary one.
+    ///
+    /// ```
+    /// use idempotask_sqs::Message;
+    /// let message = Message::new("m-1", "{}").with_attribute("order_id", "7");
+    /// assert_eq!(message.attribute("order_id"), Some("7"));
+    /// assert_eq!(message.attribute("refund_id"), None);
+    /// ```
     pub fn attribute(&self, name: &str) -> Option<&str> {
         self.attributes.get(name).map(String::as_str)
     }
 
     /// Every string and number message attribute, by name.
+    ///
+    /// ```
+    /// use idempotask_sqs::Message;
+    /// let message = Message::new("m-1", "{}").with_attribute("b", "2").with_attribute("a", "1");
+    /// assert_eq!(message.attributes().collect::<Vec<_>>(), [("a", "1"), ("b", "2")]);
+    /// ```
     pub fn attributes(&self) -> impl Iterator<Item = (&str, &str)> {
         self.attributes
             .iter()
@@ -86,6 +126,11 @@ impl Message {
 
     /// How many times SQS has handed the message out, this receive included
     /// (`ApproximateReceiveCount`): 1 on its first receive.
+    ///
+    /// ```
+    /// use idempotask_sqs::Message;
+    /// assert_eq!(Message::new("m-1", "{}").receive_count(), 1);
+    /// ```
     pub fn receive_count(&self) -> u32 {
         self.receive_count
     }
@@ -94,11 +139,21 @@ impl Message {
     /// `ChangeMessageVisibility` of a body that knows it needs longer); empty for a message
     /// made with [`new`](Self::new). The consumer deletes or hands back the message itself:
     /// a body that deletes it before its work is done loses it if the work fails.
+    ///
+    /// ```
+    /// use idempotask_sqs::Message;
+    /// assert_eq!(Message::new("m-1", "{}").receipt_handle(), "");
+    /// ```
     pub fn receipt_handle(&self) -> &str {
         &self.receipt
     }
 
     /// The message's FIFO message group (`MessageGroupId`); `None` on a standard queue.
+    ///
+    /// ```
+    /// use idempotask_sqs::Message;
+    /// assert_eq!(Message::new("m-1", "{}").group(), None);
+    /// ```
     pub fn group(&self) -> Option<&str> {
         self.group.as_deref()
     }
@@ -109,6 +164,12 @@ impl Message {
     ///
     /// # Errors
     /// [`BadMessage`] when the body is not JSON of type `T`.
+    ///
+    /// ```
+    /// use idempotask_sqs::Message;
+    /// let ids: Vec<u32> = Message::new("m-1", "[1, 2]").json().unwrap();
+    /// assert_eq!(ids, [1, 2]);
+    /// ```
     pub fn json<T: DeserializeOwned>(&self) -> Result<T, BadMessage> {
         serde_json::from_str(&self.body).map_err(|err| {
             BadMessage::new(self, format!("its body is not the expected JSON: {err}"))
@@ -178,6 +239,12 @@ pub struct BadMessage {
 
 impl BadMessage {
     /// `message` cannot be handled, for the reason `why`.
+    ///
+    /// ```
+    /// use idempotask_sqs::{BadMessage, Message};
+    /// let err = BadMessage::new(&Message::new("m-2", "{}"), "the amount is negative");
+    /// assert_eq!(err.to_string(), "message m-2 cannot be handled: the amount is negative");
+    /// ```
     pub fn new(message: &Message, why: impl Into<String>) -> Self {
         Self {
             message_id: message.id.clone(),
@@ -186,6 +253,11 @@ impl BadMessage {
     }
 
     /// The id of the message.
+    ///
+    /// ```
+    /// use idempotask_sqs::{BadMessage, Message};
+    /// assert_eq!(BadMessage::new(&Message::new("m-2", "{}"), "bad").message_id(), "m-2");
+    /// ```
     pub fn message_id(&self) -> &str {
         &self.message_id
     }

@@ -21,6 +21,22 @@ use crate::{BadMessage, Handled, Idempotent, Message, MessageKey, Processed, Rej
 ///
 /// It keeps nothing between batches: a message handed back is SQS's again, received by
 /// whichever consumer asks first once its visibility timeout is over.
+///
+/// ```no_run
+/// use idempotask::Task;
+/// use idempotask_sqs::{Idempotent, MessageId, SqsConsumer};
+///
+/// # async fn run(client: aws_sdk_sqs::Client, url: &str) -> Result<(), idempotask_sqs::SqsError> {
+/// let mut consumer: SqsConsumer<MessageId> =
+///     Idempotent::new(Task::new("refund"), MessageId).consume(client, url).await?;
+/// loop {
+///     consumer.next_batch(|message| {
+///         let bytes = message.body().len();
+///         Ok(async move { Ok::<_, std::io::Error>(bytes) })
+///     }).await?;
+/// }
+/// # }
+/// ```
 pub struct SqsConsumer<K> {
     idempotent: Idempotent<K>,
     client: Client,
