@@ -14,7 +14,6 @@ import redis
 
 from idempotask import KeyReuse, LocalResultCache, MemoryStore, Outcome, RedisStore, idempotent_task
 
-from conftest import RedisServer
 
 
 def _commands(client: redis.Redis) -> Dict[str, int]:
@@ -34,7 +33,7 @@ class Charge:
 
 
 def test_a_cached_duplicate_sends_redis_no_command(
-    redis_server: RedisServer, redis_client: redis.Redis, name: str
+    redis_server: Any, redis_client: redis.Redis, name: str
 ) -> None:
     ran: List[int] = []
     store = LocalResultCache(RedisStore(redis_server.url), max_items=100)
@@ -117,7 +116,7 @@ def test_its_repr_names_the_store_and_hides_passwords() -> None:
     assert text.startswith("LocalResultCache(RedisStore(") and "max_items=5" in text
 
 
-def test_it_wraps_the_store_object_it_is_given(redis_server: RedisServer, redis_client: redis.Redis) -> None:
+def test_it_wraps_the_store_object_it_is_given(redis_server: Any, redis_client: redis.Redis) -> None:
     """The cache sits in front of that very store object's store in this process: wrapping a
     connected ``RedisStore`` opens no second connection to the server."""
     bare = RedisStore(redis_server.url)
@@ -129,7 +128,7 @@ def test_it_wraps_the_store_object_it_is_given(redis_server: RedisServer, redis_
 
 
 def test_a_forked_child_starts_with_an_empty_cache(
-    redis_server: RedisServer, redis_client: redis.Redis, name: str
+    redis_server: Any, redis_client: redis.Redis, name: str
 ) -> None:
     """A child does not answer from the entries it inherited: its duplicate asks the store (and
     still replays), and the parent's entry keeps answering the parent without a command."""
