@@ -1,18 +1,25 @@
-//! The queue consumers' bench: NATS JetStream and RabbitMQ, each message a fresh unit, consumed
-//! by three consumers side by side on the same broker and the same Redis:
+//! The queue consumers' bench: NATS JetStream, RabbitMQ and Redis Streams, each message a fresh
+//! unit, consumed by three consumers side by side on the same broker and the same Redis:
 //!
-//! - **bare**: the body, then the ack (no idempotency at all);
+//! - **bare**: the body, then the ack (no idempotency at all; on Redis Streams, `XREADGROUP`
+//!   of up to "in flight" entries, their bodies, one `XACK` of them);
 //! - **hand-written**: the seed's pattern inside the consumer, with redis-rs: `GET` the marker,
 //!   `SET lock token NX PX`, the body, `SET` the marker, a compare-and-delete of the lock, then
-//!   the ack (four round trips for a fresh message);
+//!   the ack (four round trips for a fresh message; on Redis Streams the read's entries at
+//!   once, then one `XACK`);
 //! - **idempotask**: the integration (`idempotask_nats::Idempotent::handle`,
-//!   `idempotask_lapin::Idempotent::process`) on a `RedisStore` (two round trips).
+//!   `idempotask_lapin::Idempotent::process`, `idempotask_redis_streams::StreamConsumer::
+//!   next_batch`) on a `RedisStore` (two round trips; on Redis Streams through a
+//!   `BatchingStore`, as that crate advises: a read's `begin`s are one pipeline, its `finish`es
+//!   another, and its acks one transaction).
 //!
 //! Each round publishes [`QueueConfig::messages`] messages (untimed) to a queue of their own for
 //! every (broker, in flight, consumer), then times their consumption; the consumers' order is
 //! rotated round by round so that none always runs first. "In flight" is the consumer's limit
-//! of unacked messages (JetStream's `max_ack_pending`, RabbitMQ's `basic_qos` prefetch) and the
-//! number of messages handled at once. Every round also measures the Redis `PING` round trip,
+//! of unacked messages (JetStream's `max_ack_pending`, RabbitMQ's `basic_qos` prefetch, the
+//! `COUNT` of a Redis Streams read) and the number of messages handled at once. The streams
+//! live on the store's Redis, as they do for a user of that Redis: their broker's CPU time is
+//! in the Redis column. Every round also measures the Redis `PING` round trip,
 //! which the 1-in-flight comparison is made against, and the CPU time each consumption cost
 //! this process (the client), Redis (`INFO cpu`) and the broker's processes on this machine
 //! (`nats-server`, RabbitMQ's `beam.smp`, from `/proc`): on a machine whose cores the client
@@ -25,6 +32,7 @@ mod config;
 mod handwritten;
 mod nats;
 mod rabbitmq;
+mod redis_streams;
 mod report;
 
 use std::time::{Duration, Instant};
@@ -38,6 +46,7 @@ pub use report::markdown;
 use batch::{Batch, Bodies, Shared};
 use nats::NatsBench;
 use rabbitmq::RabbitBench;
+use redis_streams::StreamsBench;
 
 /// Runs every configuration of `config` for its rounds, handing each measurement to `each` as
 /// it is made.
@@ -62,12 +71,15 @@ pub async fn run(
         Some(url) => Some(RabbitBench::new(url).await?),
         None => None,
     };
+    let streams = config
+        .redis_streams
+        .then(|| StreamsBench::new(&config.redis_url, &shared.store));
     let mut measurements = Vec::new();
     for round in 0..config.rounds {
         let redis_rtt_us = ping_median_us(&mut shared.redis.clone()).await?;
         for &in_flight in &config.in_flight {
             for consumer in rotated(&config.consumers, round) {
-                for broker in [Broker::Nats, Broker::Rabbitmq] {
+                for broker in [Broker::Nats, Broker::Rabbitmq, Broker::RedisStreams] {
                     let batch = Batch {
                         name: format!(
                             "qb{}-{}-{in_flight}-{}-{round}",
@@ -80,10 +92,13 @@ pub async fn run(
                         consumer,
                         bodies: Bodies::new(config.messages),
                     };
-                    let consumed = match (broker, &nats, &rabbit) {
-                        (Broker::Nats, Some(nats), _) => nats.measure(&batch, &shared).await?,
-                        (Broker::Rabbitmq, _, Some(rabbit)) => {
+                    let consumed = match (broker, &nats, &rabbit, &streams) {
+                        (Broker::Nats, Some(nats), _, _) => nats.measure(&batch, &shared).await?,
+                        (Broker::Rabbitmq, _, Some(rabbit), _) => {
                             rabbit.measure(&batch, &shared).await?
+                        }
+                        (Broker::RedisStreams, _, _, Some(streams)) => {
+                            streams.measure(&batch, &shared).await?
                         }
                         _ => continue,
                     };

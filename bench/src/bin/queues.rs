@@ -1,10 +1,10 @@
-//! The queue consumers' bench: bare, hand-written and idempotask consumers on NATS JetStream
-//! and RabbitMQ, one JSON line per measurement (see `idempotask_bench::queues`).
+//! The queue consumers' bench: bare, hand-written and idempotask consumers on NATS JetStream,
+//! RabbitMQ and Redis Streams, one JSON line per measurement (see `idempotask_bench::queues`).
 //!
 //! ```text
 //! cargo run --release -p idempotask-bench --bin queue-bench -- --redis-url redis://127.0.0.1:6379 \
 //!     [--nats-url nats://127.0.0.1:4222] [--amqp-url amqp://guest:guest@127.0.0.1:5672/%2f] \
-//!     [--messages 5000] [--in-flight 1,64] [--rounds 5] [--consumers bare,hand-written,idempotask] \
+//!     [--redis-streams] [--messages 5000] [--in-flight 1,64] [--rounds 5] [--consumers bare,hand-written,idempotask] \
 //!     [--markdown queues.md]
 //! ```
 //!
@@ -12,13 +12,14 @@
 
 use idempotask_bench::queues::{self, Consumer, QueueConfig};
 
-const USAGE: &str = "usage: queue-bench --redis-url URL [--nats-url URL] [--amqp-url URL] [--messages N] [--in-flight 1,64] [--rounds R] [--consumers bare,hand-written,idempotask] [--markdown PATH]";
+const USAGE: &str = "usage: queue-bench --redis-url URL [--nats-url URL] [--amqp-url URL] [--redis-streams] [--messages N] [--in-flight 1,64] [--rounds R] [--consumers bare,hand-written,idempotask] [--markdown PATH]";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut config = QueueConfig {
         nats_url: None,
         amqp_url: None,
+        redis_streams: false,
         redis_url: "redis://127.0.0.1:6379".to_owned(),
         messages: 5000,
         in_flight: vec![1, 64],
@@ -36,6 +37,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             "--redis-url" => config.redis_url = value()?,
             "--nats-url" => config.nats_url = Some(value()?),
             "--amqp-url" => config.amqp_url = Some(value()?),
+            "--redis-streams" => config.redis_streams = true,
             "--messages" => config.messages = value()?.parse()?,
             "--in-flight" => {
                 config.in_flight = value()?
@@ -60,8 +62,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             other => return Err(format!("unknown argument `{other}`\n{USAGE}").into()),
         }
     }
-    if config.nats_url.is_none() && config.amqp_url.is_none() {
-        return Err(format!("name a broker: --nats-url, --amqp-url or both\n{USAGE}").into());
+    if config.nats_url.is_none() && config.amqp_url.is_none() && !config.redis_streams {
+        return Err(format!(
+            "name a broker: --nats-url, --amqp-url, --redis-streams or several\n{USAGE}"
+        )
+        .into());
     }
     let measurements = queues::run(&config, |m| {
         println!("{}", serde_json::to_string(m).unwrap_or_default());

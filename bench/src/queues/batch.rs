@@ -10,7 +10,7 @@ use idempotask_redis::RedisStore;
 use redis::aio::ConnectionManager;
 
 use super::config::{Broker, Consumer, QueueError};
-use crate::cpu::CpuClocks;
+use crate::cpu::{CpuClocks, client_cpu_us};
 use crate::server::server_cpu;
 
 /// The task every idempotask consumer runs; the keys carry the run's id, so each run's units
@@ -29,7 +29,10 @@ pub(super) struct Consumed {
 /// is asked for (the publishing before it is not counted).
 pub(super) struct Clocks {
     wall: Instant,
-    cpu: CpuClocks,
+    /// The broker's processes; `None` for a broker whose CPU time is Redis's
+    /// ([`Broker::process`]).
+    broker: Option<CpuClocks>,
+    client: Option<f64>,
     redis: Duration,
     server: ConnectionManager,
 }
@@ -39,7 +42,9 @@ impl Clocks {
         let mut server = shared.redis.clone();
         let redis = server_cpu(std::slice::from_mut(&mut server)).await?;
         Ok(Self {
-            cpu: CpuClocks::now(broker.process()),
+            // The scan of `/proc` first, so that its CPU time is not counted as the client's.
+            broker: broker.process().map(CpuClocks::now),
+            client: client_cpu_us(),
             redis,
             server,
             wall: Instant::now(),
@@ -48,7 +53,10 @@ impl Clocks {
 
     pub(super) async fn stop(mut self) -> Result<Consumed, QueueError> {
         let elapsed = self.wall.elapsed();
-        let (client_cpu_us, broker_cpu_us) = self.cpu.since();
+        let client_cpu_us = client_cpu_us()
+            .zip(self.client)
+            .map(|(after, before)| after - before);
+        let broker_cpu_us = self.broker.as_ref().and_then(|broker| broker.since().1);
         let redis = server_cpu(std::slice::from_mut(&mut self.server)).await?;
         Ok(Consumed {
             elapsed,

@@ -12,6 +12,9 @@ pub struct QueueConfig {
     pub nats_url: Option<String>,
     /// `amqp://…` of a RabbitMQ broker; `None` leaves RabbitMQ out.
     pub amqp_url: Option<String>,
+    /// Whether to measure Redis Streams, whose streams live on the Redis of `redis_url`, next
+    /// to the store's keys, as a user who already runs that Redis would have them.
+    pub redis_streams: bool,
     /// The Redis both the hand-written consumer and the integration's store use.
     pub redis_url: String,
     /// Messages per (broker, in flight, consumer) per round.
@@ -66,6 +69,9 @@ pub enum Broker {
     Nats,
     /// RabbitMQ, through lapin and `idempotask-lapin`.
     Rabbitmq,
+    /// Redis Streams consumer groups, through redis-rs and `idempotask-redis-streams`, on the
+    /// store's own Redis.
+    RedisStreams,
 }
 
 impl Broker {
@@ -74,14 +80,18 @@ impl Broker {
         match self {
             Self::Nats => "nats",
             Self::Rabbitmq => "amqp",
+            Self::RedisStreams => "rs",
         }
     }
 
-    /// Its server's process name on this machine, as `/proc/<pid>/stat` gives it.
-    pub(super) fn process(self) -> &'static str {
+    /// Its server's process name on this machine, as `/proc/<pid>/stat` gives it; `None` for
+    /// Redis Streams, whose broker is the store's Redis: its CPU time is in the Redis column
+    /// (and every `redis-server` of the machine, other users' included, would match the name).
+    pub(super) fn process(self) -> Option<&'static str> {
         match self {
-            Self::Nats => "nats-server",
-            Self::Rabbitmq => "beam.smp",
+            Self::Nats => Some("nats-server"),
+            Self::Rabbitmq => Some("beam.smp"),
+            Self::RedisStreams => None,
         }
     }
 
@@ -90,6 +100,7 @@ impl Broker {
         match self {
             Self::Nats => "NATS JetStream",
             Self::Rabbitmq => "RabbitMQ",
+            Self::RedisStreams => "Redis Streams",
         }
     }
 }
@@ -121,6 +132,7 @@ pub struct QueueMeasurement {
     /// Redis's CPU time per message meanwhile (`INFO cpu`), in microseconds.
     pub redis_cpu_us_per_msg: f64,
     /// The broker's CPU time per message meanwhile, in microseconds: every local process of its
-    /// name; `None` when none is found, as for a remote broker.
+    /// name; `None` when none is found, as for a remote broker, and for Redis Streams, whose
+    /// broker's time is [`redis_cpu_us_per_msg`](Self::redis_cpu_us_per_msg).
     pub broker_cpu_us_per_msg: Option<f64>,
 }

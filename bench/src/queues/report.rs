@@ -70,10 +70,16 @@ fn cpu_table(measurements: &[QueueMeasurement]) -> String {
         }
     }
     let mut out = String::from(
-        "\nCPU time per message while consuming, in µs (medians over the rounds): the client is this process, Redis its `INFO cpu`, the broker its processes on this machine.\n\n| broker | in flight | consumer | client | Redis | broker | sum |\n| --- | ---: | --- | ---: | ---: | ---: | ---: |\n",
+        "\nCPU time per message while consuming, in µs (medians over the rounds): the client is this process, Redis its `INFO cpu`, the broker its processes on this machine (Redis Streams' broker is the Redis: \"–\", its time in the Redis column).\n\n| broker | in flight | consumer | client | Redis | broker | sum |\n| --- | ---: | --- | ---: | ---: | ---: | ---: |\n",
     );
     for (&(broker, in_flight, consumer), samples) in &cpu {
         let [client, redis, server] = samples.clone().map(|mut s| median(&mut s));
+        // Redis Streams' broker is the Redis: its time is in the Redis column already.
+        let sum = if broker.process().is_none() {
+            client + redis
+        } else {
+            client + redis + server
+        };
         let cell = |us: f64| {
             if us.is_nan() {
                 "–".to_owned()
@@ -89,7 +95,7 @@ fn cpu_table(measurements: &[QueueMeasurement]) -> String {
             cell(client),
             cell(redis),
             cell(server),
-            cell(client + redis + server),
+            cell(sum),
         );
     }
     out
