@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The queue consumers' bench (bench/src/queues.rs): on NATS JetStream and RabbitMQ, a bare
-# consumer (ack only), the hand-written pattern inside the consumer (GET, SET NX PX, the body,
-# SET of the marker, a compare-and-delete) and the integration crate, each over fresh messages,
-# at 1 and 64 in flight, rounds interleaved, next to the Redis round trip measured in the same
-# run. Starts a nats-server (JetStream), a RabbitMQ broker and a redis-server through
-# test-support on free loopback ports and writes the page for docs/performance-queues.md (into
-# the target directory: see below), keeping the
+# The queue consumers' bench (bench/src/queues.rs): on NATS JetStream, RabbitMQ and Redis
+# Streams (on the store's Redis), a bare consumer (ack only), the hand-written pattern inside
+# the consumer (GET, SET NX PX, the body, SET of the marker, a compare-and-delete) and the
+# integration crate, each over fresh messages, at 1 and 64 in flight, rounds interleaved, next
+# to the Redis round trip measured in the same run. Starts a nats-server (JetStream), a
+# RabbitMQ broker and a redis-server through test-support on free loopback ports and writes the
+# page for docs/performance-queues.md (into the target directory: see below), keeping the
 # section that scripts/bench-plot.sh writes there (throughput against messages in flight).
 #
 #   ./scripts/bench-queues.sh [MESSAGES] [ROUNDS]      # defaults: 5000 messages, 5 rounds
@@ -30,7 +30,7 @@ cargo build --release --locked -p idempotask-bench -p idempotask-test-support
 bench=${CARGO_TARGET_DIR:-target}/release/queue-bench
 start_servers redis nats rabbitmq
 echo "==> queues: $messages messages per run, in flight 1 and 64, $rounds rounds"
-"$bench" --redis-url "$redis_url" --nats-url "$nats_url" --amqp-url "$amqp_url" \
+"$bench" --redis-url "$redis_url" --nats-url "$nats_url" --amqp-url "$amqp_url" --redis-streams \
   --messages "$messages" --in-flight 1,64 --rounds "$rounds" --markdown "$work/queues.md" |
   tee "$work/queues.jsonl"
 
@@ -44,7 +44,7 @@ plots=$(sed -n '/^<!-- BEGIN throughput plots/,/^<!-- END throughput plots/p' "$
   echo "- Machine: $(nproc) cores ($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), $(uname -sr)"
   echo "- Load while measuring: $(cut -d' ' -f1-3 /proc/loadavg) (the cores are shared with other work)"
   echo "- $(nats-server --version); RabbitMQ $(dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null || echo '(version unknown)'); $(redis-server --version | awk '{ print $1, $2, $3 }'); loopback, persistence off"
-  echo "- $(rustc --version), release profile; one \`RedisStore\` for the integrations, one redis-rs \`ConnectionManager\` for the hand-written consumer"
+  echo "- $(rustc --version), release profile; one \`RedisStore\` for the integrations, one redis-rs \`ConnectionManager\` for the hand-written consumer; Redis Streams on that same Redis, its integration's store a \`BatchingStore\` over the \`RedisStore\`, as its docs advise"
   echo
   echo "Each round publishes $messages fresh messages (untimed) to a queue of their own for every"
   echo "broker, in-flight limit and consumer, then times their consumption; the consumers' order"
