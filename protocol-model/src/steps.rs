@@ -21,7 +21,11 @@
 //! has lapsed ([`Action::Expire`]): the bounded clock drift every lease-based lock assumes. A
 //! worker starts an effect only while its lease holds, so a holder whose lock was taken over
 //! never starts its next effect. A worker may crash at any point ([`Action::Crash`]), and a
-//! body may fail before an effect and release the lock ([`Action::Fail`]).
+//! body may fail before an effect and release the lock ([`Action::Fail`]). A step whose future
+//! returns an error is taken at its word, as a body's error is today: its effect did not
+//! happen, and the next delivery runs it again; a step that errs after its effect is the step's
+//! own bug, outside the model. A holder may renew its own lock after it ran out, as long as
+//! nobody took it over ([`Action::Renew`]).
 //!
 //! The protocol's rules, each one a guard or an update below:
 //! 1. `begin` grants the lock when it is free or ran out, with the next fencing token, and
@@ -375,8 +379,12 @@ impl Model for StepsModel {
             }
             Action::Renew(worker) => {
                 let mut run = Self::running(last, worker)?;
-                match state.store.lock {
-                    Some(lock) if lock.fencing == run.fencing && !lock.expired => {
+                match &mut state.store.lock {
+                    // Its own lock, even one that ran out while nobody took it over: the store
+                    // lets the holder renew it (the unit stays marked in doubt until a step is
+                    // recorded, which only makes a later takeover more careful).
+                    Some(lock) if lock.fencing == run.fencing => {
+                        lock.expired = false;
                         run.lease = true;
                         state.workers[usize::from(worker)] = Worker::Running(run);
                     }
