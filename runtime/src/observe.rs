@@ -212,18 +212,21 @@ impl<'t> Observation<'t> {
 /// A unit found in doubt, and what its task's policy makes of it: one `WARN` and a count; an
 /// `ERROR` and a count of its own for a unit held longer than the task's `hold_alert_after`.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn in_doubt(unit: &UnitOfWork, task: &crate::Task, doubt: &crate::store::Doubt) {
-    let policy = task.in_doubt;
+pub(crate) fn in_doubt(
+    unit: &UnitOfWork,
+    logging: KeyLogging,
+    policy: crate::InDoubt,
+    hold_alert_after: Option<Duration>,
+    doubt: &crate::store::Doubt,
+) {
     let expired_ms = u64::try_from(doubt.expired_for.as_millis()).unwrap_or(u64::MAX);
     let overdue = policy == crate::InDoubt::Hold
-        && task
-            .hold_alert_after
-            .is_some_and(|after| doubt.expired_for >= after);
+        && hold_alert_after.is_some_and(|after| doubt.expired_for >= after);
     if overdue {
         tracing::error!(
             target: "idempotask",
             task = unit.task(),
-            key = task.log_key.show(unit),
+            key = logging.show(unit),
             earlier_fencing_token = doubt.fencing_token,
             expired_ms,
             "unit held longer than the task's hold_alert_after: resolve it (idempotask resolve), or its deliveries keep failing with InDoubt"
@@ -235,7 +238,7 @@ pub(crate) fn in_doubt(unit: &UnitOfWork, task: &crate::Task, doubt: &crate::sto
         tracing::warn!(
             target: "idempotask",
             task = unit.task(),
-            key = task.log_key.show(unit),
+            key = logging.show(unit),
             policy = policy.as_str(),
             earlier_fencing_token = doubt.fencing_token,
             expired_ms,

@@ -67,7 +67,13 @@ pub(super) async fn begin(
             }
             Ok(Begin::InDoubt(doubt)) => {
                 // Asked with a token that leaves doubt alone: nothing was written.
-                observe::in_doubt(unit, task, &doubt);
+                observe::in_doubt(
+                    unit,
+                    task.log_key,
+                    task.in_doubt,
+                    task.hold_alert_after,
+                    &doubt,
+                );
                 return Err(held_in_doubt(unit, doubt));
             }
             Ok(Begin::Acquired {
@@ -98,7 +104,13 @@ pub(super) async fn begin(
                     )));
                 }
                 if let Some(doubt) = &in_doubt {
-                    observe::in_doubt(unit, task, doubt);
+                    observe::in_doubt(
+                        unit,
+                        task.log_key,
+                        task.in_doubt,
+                        task.hold_alert_after,
+                        doubt,
+                    );
                 }
                 return Ok(Start::Run {
                     fencing_token,

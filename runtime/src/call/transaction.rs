@@ -95,13 +95,25 @@ impl Call<'_> {
                 in_doubt,
             }) => {
                 if let Some(doubt) = &in_doubt {
-                    observe::in_doubt(&unit, self.task, doubt);
+                    observe::in_doubt(
+                        &unit,
+                        self.task.log_key,
+                        self.task.in_doubt,
+                        self.task.hold_alert_after,
+                        doubt,
+                    );
                 }
                 (fencing_token, in_doubt)
             }
             Ok(Begin::InDoubt(doubt)) => {
                 transaction.abort().await;
-                observe::in_doubt(&unit, self.task, &doubt);
+                observe::in_doubt(
+                    &unit,
+                    self.task.log_key,
+                    self.task.in_doubt,
+                    self.task.hold_alert_after,
+                    &doubt,
+                );
                 return Err(self.failed(held_in_doubt(&unit, doubt)));
             }
             Ok(Begin::Done(marker)) => {
