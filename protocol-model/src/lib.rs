@@ -3,7 +3,7 @@
 //! interleaving of the workers' calls, expiries, pauses and crashes, up to the model's bounds.
 //!
 //! - [`steps`]: a unit with several side effects, each recorded in the unit's journal under
-//!   the lock and the fencing token, resumed after a crash (issue #50). The protocol is
+//!   the lock and the fencing token, resumed after a crash. The protocol is
 //!   designed here first; the runtime follows it.
 //!
 //! ```

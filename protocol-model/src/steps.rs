@@ -1,4 +1,4 @@
-//! The protocol of a unit with steps (issue #50), as a model that the checker explores.
+//! The protocol of a unit with steps, as a model that the checker explores.
 //!
 //! One unit of work has [`StepsModel::steps`] side effects, done in order by a body that several
 //! workers may run: each worker takes deliveries of the unit, at most
