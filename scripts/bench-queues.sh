@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# The queue consumers' bench (bench/src/queues.rs): on NATS JetStream, RabbitMQ and Redis
-# Streams (on the store's Redis), a bare consumer (ack only), the hand-written pattern inside
-# the consumer (GET, SET NX PX, the body, SET of the marker, a compare-and-delete) and the
-# integration crate, each over fresh messages, at 1 and 64 in flight, rounds interleaved, next
-# to the Redis round trip measured in the same run. Starts a nats-server (JetStream), a
-# RabbitMQ broker and a redis-server through test-support on free loopback ports and writes the
-# page for docs/performance-queues.md (into the target directory: see below), keeping the
-# section that scripts/bench-plot.sh writes there (throughput against messages in flight).
+# The queue consumers' bench (bench/src/queues.rs): on NATS JetStream, RabbitMQ, Redis Streams
+# (on the store's Redis) and SQS (a local moto_server), a bare consumer (ack only), the
+# hand-written pattern inside the consumer (GET, SET NX PX, the body, SET of the marker, a
+# compare-and-delete) and the integration crate, each over fresh messages, at 1 and 64 in
+# flight (10 on SQS, its most per receive), rounds interleaved, next to the Redis round trip
+# measured in the same run. Starts a nats-server (JetStream), a RabbitMQ broker, a moto_server
+# and a redis-server through test-support on free loopback ports and writes the page for
+# docs/performance-queues.md (into the target directory: see below), keeping the section that
+# scripts/bench-plot.sh writes there (throughput against messages in flight).
 #
-#   ./scripts/bench-queues.sh [MESSAGES] [ROUNDS]      # defaults: 5000 messages, 5 rounds
+#   ./scripts/bench-queues.sh [MESSAGES] [ROUNDS] [SQS_MESSAGES]
+#   # defaults: 5000 messages, 5 rounds, 1000 messages on SQS (moto answers far slower)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 messages=${1:-5000}
 rounds=${2:-5}
+sqs_messages=${3:-1000}
 # The page goes to the target directory, never to docs/: the published pages are written by
 # scripts/perf-report from recorded runs (bench/results/), and `--check` fails on a page typed
 # or pasted by hand. The closing line says how to record this run.
@@ -28,10 +31,11 @@ trap cleanup EXIT
 
 cargo build --release --locked -p idempotask-bench -p idempotask-test-support
 bench=${CARGO_TARGET_DIR:-target}/release/queue-bench
-start_servers redis nats rabbitmq
-echo "==> queues: $messages messages per run, in flight 1 and 64, $rounds rounds"
+start_servers redis nats rabbitmq moto
+echo "==> queues: $messages messages per run ($sqs_messages on SQS), in flight 1 and 64 (10 on SQS), $rounds rounds"
 "$bench" --redis-url "$redis_url" --nats-url "$nats_url" --amqp-url "$amqp_url" --redis-streams \
-  --messages "$messages" --in-flight 1,64 --rounds "$rounds" --markdown "$work/queues.md" |
+  --sqs-url "$sqs_url" --messages "$messages" --sqs-messages "$sqs_messages" --in-flight 1,64 \
+  --rounds "$rounds" --markdown "$work/queues.md" |
   tee "$work/queues.jsonl"
 
 mkdir -p docs
@@ -39,14 +43,14 @@ plots=$(sed -n '/^<!-- BEGIN throughput plots/,/^<!-- END throughput plots/p' "$
 {
   echo "# Performance of the queue consumers"
   echo
-  echo "Written by \`scripts/bench-queues.sh $messages $rounds\` on $(date -u '+%Y-%m-%d %H:%M UTC'); do not edit by hand."
+  echo "Written by \`scripts/bench-queues.sh $messages $rounds $sqs_messages\` on $(date -u '+%Y-%m-%d %H:%M UTC'); do not edit by hand."
   echo
   echo "- Machine: $(nproc) cores ($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), $(uname -sr)"
   echo "- Load while measuring: $(cut -d' ' -f1-3 /proc/loadavg) (the cores are shared with other work)"
-  echo "- $(nats-server --version); RabbitMQ $(dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null || echo '(version unknown)'); $(redis-server --version | awk '{ print $1, $2, $3 }'); loopback, persistence off"
-  echo "- $(rustc --version), release profile; one \`RedisStore\` for the integrations, one redis-rs \`ConnectionManager\` for the hand-written consumer; Redis Streams on that same Redis, its integration's store a \`BatchingStore\` over the \`RedisStore\`, as its docs advise"
+  echo "- $(nats-server --version); RabbitMQ $(dpkg-query -W -f '${Version}' rabbitmq-server 2>/dev/null || echo '(version unknown)'); $(redis-server --version | awk '{ print $1, $2, $3 }'); moto $(python3 -c 'import importlib.metadata as m; print(m.version("moto"))' 2>/dev/null || echo '(version unknown)') (\`moto_server\`, in memory); loopback, persistence off"
+  echo "- $(rustc --version), release profile; one \`RedisStore\` for the integrations, one redis-rs \`ConnectionManager\` for the hand-written consumer; Redis Streams on that same Redis; the Redis Streams and SQS integrations' store a \`BatchingStore\` over the \`RedisStore\`, as their docs advise"
   echo
-  echo "Each round publishes $messages fresh messages (untimed) to a queue of their own for every"
+  echo "Each round publishes $messages fresh messages ($sqs_messages on SQS) (untimed) to a queue of their own for every"
   echo "broker, in-flight limit and consumer, then times their consumption; the consumers' order"
   echo "rotates round by round. msg/s are min, median and max over the rounds; the ratios compare"
   echo "medians of the same run. µs/msg over bare is \`1/median − 1/median(bare)\`, to set against"

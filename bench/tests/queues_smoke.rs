@@ -1,11 +1,12 @@
-//! The queue bench, run once with a tiny N against a `nats-server -js`, a RabbitMQ broker and a
-//! Redis of the test's own (the Redis Streams' broker too): every consumer acks every message,
-//! and runs each body exactly once.
+//! The queue bench, run once with a tiny N against a `nats-server -js`, a RabbitMQ broker, a
+//! `moto_server` (SQS) and a Redis of the test's own (the Redis Streams' broker too): every
+//! consumer acks every message, and runs each body exactly once.
 //! No timing is asserted; `scripts/bench-queues.sh` measures.
 
 use idempotask_bench::queues::{self, Broker, Consumer, QueueConfig};
 use idempotask_test_support as support;
 use support::RedisServer;
+use support::moto::MotoServer;
 use support::nats::NatsServer;
 use support::rabbitmq::RabbitServer;
 
@@ -14,25 +15,33 @@ async fn every_consumer_runs_every_message_exactly_once_on_every_broker() {
     let redis = RedisServer::start();
     let nats = NatsServer::start();
     let rabbit = RabbitServer::shared();
+    let moto = MotoServer::start();
     let config = QueueConfig {
         nats_url: Some(nats.url()),
         amqp_url: Some(rabbit.url()),
         redis_streams: true,
+        sqs_url: Some(moto.endpoint()),
+        sqs_messages: 24,
         redis_url: redis.url(),
         messages: 24,
-        in_flight: vec![1, 8],
+        // SQS measures 16 as 10, its most per receive.
+        in_flight: vec![1, 16],
         rounds: 2,
         consumers: Consumer::ALL.to_vec(),
     };
     let mut lines = 0;
     let measurements = queues::run(&config, |_| lines += 1).await.unwrap();
     assert_eq!(lines, measurements.len());
-    // 2 rounds × 2 in-flight limits × 3 consumers × 3 brokers.
-    assert_eq!(measurements.len(), 36, "{measurements:?}");
-    let brokers = [Broker::Nats, Broker::Rabbitmq, Broker::RedisStreams];
-    for broker in brokers {
+    // 2 rounds × 2 in-flight limits × 3 consumers × 4 brokers.
+    assert_eq!(measurements.len(), 48, "{measurements:?}");
+    for broker in Broker::ALL {
         for consumer in Consumer::ALL {
-            for in_flight in [1, 8] {
+            let limits = if broker == Broker::Sqs {
+                [1, 10]
+            } else {
+                [1, 16]
+            };
+            for in_flight in limits {
                 let runs = measurements
                     .iter()
                     .filter(|m| m.broker == broker && m.consumer == consumer)
@@ -77,6 +86,7 @@ async fn every_consumer_runs_every_message_exactly_once_on_every_broker() {
     assert_eq!(table.matches("| NATS JetStream |").count(), 12, "{table}");
     assert_eq!(table.matches("| RabbitMQ |").count(), 12, "{table}");
     assert_eq!(table.matches("| Redis Streams |").count(), 12, "{table}");
+    assert_eq!(table.matches("| SQS (moto) |").count(), 12, "{table}");
     // Its CPU rows: no broker process of its own ("–"), and a sum all the same.
     let streams_cpu: Vec<Vec<&str>> = table
         .lines()

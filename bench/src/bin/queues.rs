@@ -1,10 +1,11 @@
 //! The queue consumers' bench: bare, hand-written and idempotask consumers on NATS JetStream,
-//! RabbitMQ and Redis Streams, one JSON line per measurement (see `idempotask_bench::queues`).
+//! RabbitMQ, Redis Streams and SQS, one JSON line per measurement (see `idempotask_bench::queues`).
 //!
 //! ```text
 //! cargo run --release -p idempotask-bench --bin queue-bench -- --redis-url redis://127.0.0.1:6379 \
 //!     [--nats-url nats://127.0.0.1:4222] [--amqp-url amqp://guest:guest@127.0.0.1:5672/%2f] \
-//!     [--redis-streams] [--messages 5000] [--in-flight 1,64] [--rounds 5] [--consumers bare,hand-written,idempotask] \
+//!     [--redis-streams] [--sqs-url http://127.0.0.1:5000] [--messages 5000] [--sqs-messages 1000] \
+//!     [--in-flight 1,64] [--rounds 5] [--consumers bare,hand-written,idempotask] \
 //!     [--markdown queues.md]
 //! ```
 //!
@@ -12,7 +13,7 @@
 
 use idempotask_bench::queues::{self, Consumer, QueueConfig};
 
-const USAGE: &str = "usage: queue-bench --redis-url URL [--nats-url URL] [--amqp-url URL] [--redis-streams] [--messages N] [--in-flight 1,64] [--rounds R] [--consumers bare,hand-written,idempotask] [--markdown PATH]";
+const USAGE: &str = "usage: queue-bench --redis-url URL [--nats-url URL] [--amqp-url URL] [--redis-streams] [--sqs-url URL] [--messages N] [--sqs-messages N] [--in-flight 1,64] [--rounds R] [--consumers bare,hand-written,idempotask] [--markdown PATH]";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -20,6 +21,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         nats_url: None,
         amqp_url: None,
         redis_streams: false,
+        sqs_url: None,
+        sqs_messages: 1000,
         redis_url: "redis://127.0.0.1:6379".to_owned(),
         messages: 5000,
         in_flight: vec![1, 64],
@@ -38,7 +41,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             "--nats-url" => config.nats_url = Some(value()?),
             "--amqp-url" => config.amqp_url = Some(value()?),
             "--redis-streams" => config.redis_streams = true,
+            "--sqs-url" => config.sqs_url = Some(value()?),
             "--messages" => config.messages = value()?.parse()?,
+            "--sqs-messages" => config.sqs_messages = value()?.parse()?,
             "--in-flight" => {
                 config.in_flight = value()?
                     .split(',')
@@ -62,9 +67,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             other => return Err(format!("unknown argument `{other}`\n{USAGE}").into()),
         }
     }
-    if config.nats_url.is_none() && config.amqp_url.is_none() && !config.redis_streams {
+    if config.nats_url.is_none()
+        && config.amqp_url.is_none()
+        && !config.redis_streams
+        && config.sqs_url.is_none()
+    {
         return Err(format!(
-            "name a broker: --nats-url, --amqp-url, --redis-streams or several\n{USAGE}"
+            "name a broker: --nats-url, --amqp-url, --redis-streams, --sqs-url or several\n{USAGE}"
         )
         .into());
     }

@@ -15,6 +15,12 @@ pub struct QueueConfig {
     /// Whether to measure Redis Streams, whose streams live on the Redis of `redis_url`, next
     /// to the store's keys, as a user who already runs that Redis would have them.
     pub redis_streams: bool,
+    /// The endpoint of an SQS API (`http://…`, a `moto_server` in the bench script); `None`
+    /// leaves SQS out.
+    pub sqs_url: Option<String>,
+    /// Messages per (in flight, consumer) per round on SQS, whose local server is far slower
+    /// than the other brokers: a run of its own size.
+    pub sqs_messages: usize,
     /// The Redis both the hand-written consumer and the integration's store use.
     pub redis_url: String,
     /// Messages per (broker, in flight, consumer) per round.
@@ -72,15 +78,21 @@ pub enum Broker {
     /// Redis Streams consumer groups, through redis-rs and `idempotask-redis-streams`, on the
     /// store's own Redis.
     RedisStreams,
+    /// Amazon SQS's API, through aws-sdk-sqs and `idempotask-sqs`, on a local `moto_server`.
+    Sqs,
 }
 
 impl Broker {
+    /// Every broker, in the order a round measures them.
+    pub const ALL: [Self; 4] = [Self::Nats, Self::Rabbitmq, Self::RedisStreams, Self::Sqs];
+
     /// Its part of a queue's name (and so of its messages' keys).
     pub(super) fn tag(self) -> &'static str {
         match self {
             Self::Nats => "nats",
             Self::Rabbitmq => "amqp",
             Self::RedisStreams => "rs",
+            Self::Sqs => "sqs",
         }
     }
 
@@ -92,6 +104,7 @@ impl Broker {
             Self::Nats => Some("nats-server"),
             Self::Rabbitmq => Some("beam.smp"),
             Self::RedisStreams => None,
+            Self::Sqs => Some("moto_server"),
         }
     }
 
@@ -101,6 +114,7 @@ impl Broker {
             Self::Nats => "NATS JetStream",
             Self::Rabbitmq => "RabbitMQ",
             Self::RedisStreams => "Redis Streams",
+            Self::Sqs => "SQS (moto)",
         }
     }
 }
@@ -112,7 +126,8 @@ pub struct QueueMeasurement {
     pub broker: Broker,
     /// Who consumed.
     pub consumer: Consumer,
-    /// The limit of unacked messages, and of messages handled at once.
+    /// The limit of unacked messages, and of messages handled at once (on SQS at most 10, its
+    /// most per receive).
     pub in_flight: usize,
     /// The round, from 0.
     pub round: usize,

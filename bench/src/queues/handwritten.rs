@@ -1,9 +1,11 @@
 //! The hand-written consumer's pattern, with redis-rs.
 
+use futures_util::StreamExt;
 use idempotask::store::LockToken;
 use redis::aio::ConnectionManager;
 
-use super::config::QueueError;
+use super::batch::Bodies;
+use super::config::{Consumer, QueueError};
 
 /// The compare-and-delete that releases the hand-written consumer's lock.
 const RELEASE: &str =
@@ -61,4 +63,36 @@ pub(super) async fn handwritten(
         .query_async(redis)
         .await?;
     Ok(Handwritten::Done)
+}
+
+/// Runs one read's messages (each its key and payload) as the bare or the hand-written
+/// consumer of a batching broker does: the bare one each body in turn, the hand-written one
+/// each message through [`handwritten`], all of the read's at once.
+pub(super) async fn run_read(
+    consumer: Consumer,
+    redis: &ConnectionManager,
+    bodies: &Bodies,
+    read: &[(&str, &[u8])],
+) -> Result<(), QueueError> {
+    if consumer != Consumer::Handwritten {
+        for (_, payload) in read {
+            bodies.run(payload);
+        }
+        return Ok(());
+    }
+    futures_util::stream::iter(read)
+        .map(|&(key, payload)| {
+            let mut redis = redis.clone();
+            async move {
+                match handwritten(&mut redis, key, || bodies.run(payload)).await? {
+                    Handwritten::Busy => Err(format!("{key} was busy").into()),
+                    Handwritten::Done | Handwritten::Replayed => Ok(()),
+                }
+            }
+        })
+        .buffer_unordered(read.len().max(1))
+        .fold(Ok(()), |done: Result<(), QueueError>, one| async move {
+            done.and(one)
+        })
+        .await
 }

@@ -1,7 +1,6 @@
 //! The Redis Streams side of the queue bench: the streams live on the store's own Redis, as
 //! they do for a user who already runs that Redis for idempotask.
 
-use futures_util::StreamExt;
 use idempotask::store::BatchingStore;
 use idempotask_redis::RedisStore;
 use idempotask_redis_streams::{Field, Handled, Idempotent};
@@ -9,7 +8,7 @@ use redis::aio::ConnectionManager;
 
 use super::batch::{Batch, Clocks, Consumed, QUEUE_TASK, Shared};
 use super::config::{Broker, Consumer, QueueError};
-use super::handwritten::{Handwritten, handwritten};
+use super::handwritten::run_read;
 
 /// The group every batch's stream is read by, and the field names of its entries.
 const GROUP: &str = "bench";
@@ -136,28 +135,11 @@ async fn by_hand(batch: &Batch, redis: &mut ConnectionManager) -> Result<(), Que
         if entries.is_empty() {
             return Err(format!("the stream ran dry after {acked} entries").into());
         }
-        if batch.consumer == Consumer::Handwritten {
-            futures_util::stream::iter(&entries)
-                .map(|entry| {
-                    let mut redis = redis.clone();
-                    async move {
-                        let run = || bodies.run(&entry.payload);
-                        match handwritten(&mut redis, &entry.key, run).await? {
-                            Handwritten::Busy => Err(format!("{} was busy", entry.key).into()),
-                            Handwritten::Done | Handwritten::Replayed => Ok(()),
-                        }
-                    }
-                })
-                .buffer_unordered(batch.in_flight)
-                .fold(Ok(()), |done: Result<(), QueueError>, one| async move {
-                    done.and(one)
-                })
-                .await?;
-        } else {
-            for entry in &entries {
-                bodies.run(&entry.payload);
-            }
-        }
+        let read: Vec<(&str, &[u8])> = entries
+            .iter()
+            .map(|entry| (entry.key.as_str(), entry.payload.as_slice()))
+            .collect();
+        run_read(batch.consumer, redis, bodies, &read).await?;
         let mut ack = redis::cmd("XACK");
         ack.arg(&batch.name).arg(GROUP);
         for entry in &entries {

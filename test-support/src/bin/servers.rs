@@ -7,7 +7,7 @@
 //! the bench's library, and would otherwise build the test servers' crate too.
 //!
 //! ```text
-//! servers redis|valkey|redis8|cluster|nats|rabbitmq|postgres [SETTING=VALUE …] …
+//! servers redis|valkey|redis8|cluster|nats|rabbitmq|moto|postgres [SETTING=VALUE …] …
 //! ```
 //!
 //! `redis`, `valkey` and `redis8` are one server of that program; `cluster` is 3 masters and 3
@@ -18,12 +18,14 @@
 //! - `<server>_url`, `<server>_port`, `<server>_pid` for `redis`, `valkey` and `redis8`;
 //! - `cluster_urls`, the nodes' URLs separated by commas (the bench's `--redis-url`);
 //! - `postgres_url`, and `postgres_log`, the file its log goes to;
-//! - `nats_url` (a `nats-server -js`) and `amqp_url` (a RabbitMQ broker, as `guest`).
+//! - `nats_url` (a `nats-server -js`), `amqp_url` (a RabbitMQ broker, as `guest`) and
+//!   `sqs_url` (a `moto_server`'s endpoint, for an SQS client).
 
 use std::io::Write;
 use std::process::ExitCode;
 
 use idempotask_test_support::cluster::RedisCluster;
+use idempotask_test_support::moto::MotoServer;
 use idempotask_test_support::nats::NatsServer;
 use idempotask_test_support::postgres::PostgresServer;
 use idempotask_test_support::rabbitmq::RabbitServer;
@@ -37,6 +39,7 @@ enum Server {
     Postgres(PostgresServer),
     Nats(NatsServer),
     Rabbit(RabbitServer),
+    Moto(MotoServer),
 }
 
 impl Server {
@@ -55,6 +58,7 @@ impl Server {
             ],
             Self::Nats(server) => vec![format!("nats_url={}", server.url())],
             Self::Rabbit(server) => vec![format!("amqp_url={}", server.url())],
+            Self::Moto(server) => vec![format!("sqs_url={}", server.endpoint())],
         }
     }
 }
@@ -63,7 +67,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.is_empty() {
         eprintln!(
-            "usage: servers redis|valkey|redis8|cluster|nats|rabbitmq|postgres [SETTING=VALUE …] …"
+            "usage: servers redis|valkey|redis8|cluster|nats|rabbitmq|moto|postgres [SETTING=VALUE …] …"
         );
         return ExitCode::from(2);
     }
@@ -79,6 +83,7 @@ fn main() -> ExitCode {
             "cluster" => Server::Cluster(RedisCluster::start()),
             "nats" => Server::Nats(NatsServer::start()),
             "rabbitmq" => Server::Rabbit(RabbitServer::start()),
+            "moto" => Server::Moto(MotoServer::start()),
             "postgres" => {
                 let mut settings = Vec::new();
                 while let Some(setting) = args.next_if(|arg| arg.contains('=')) {
