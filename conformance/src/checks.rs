@@ -90,6 +90,7 @@ macro_rules! __checks {
                 fencing::a_release_without_the_fencing_token_frees_the_lock,
                 overruns::a_double_run_with_equal_results_is_reported_as_lost,
                 overruns::a_grant_that_arrives_after_its_lock_expired_does_not_run,
+                overruns::a_fence_stops_a_holder_whose_unit_was_taken_over,
                 cancellation::a_call_dropped_while_begin_is_in_flight_leaves_no_lock,
                 cancellation::a_call_dropped_while_recording_still_stores_the_result,
                 cancellation::a_panic_while_encoding_the_result_frees_the_lock,

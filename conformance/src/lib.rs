@@ -2,7 +2,7 @@
 //! [`Store`], and the task runner on top of it, must do. Every store
 //! shipped with idempotask passes it; a store of one's own runs it from its tests.
 //!
-//! Each of the 35 checks (and 6 more for transactions, 7 for units left in doubt) is an `async fn` that takes a fresh,
+//! Each of the 36 checks (and 6 more for transactions, 7 for units left in doubt) is an `async fn` that takes a fresh,
 //! empty store and panics, like a test, when the store breaks the contract.
 //! [`conformance_tests!`] turns the whole list into one `#[tokio::test]` per check, in a test
 //! file of the crate that implements `Store`, with `idempotask-conformance` and `tokio`
@@ -38,7 +38,7 @@
 //! | the runner on top: replays, errors, panics, contention, renewal | [`a_duplicate_gets_the_stored_result_without_running`] to [`an_expired_lock_is_reported_as_lost`] |
 //! | what the runner refuses to run or replay | [`a_reused_key_with_other_arguments_is_rejected`] to [`invalid_keys_are_rejected_before_the_store`] |
 //! | the fencing counter at its edges | [`fencing_tokens_never_go_back_after_a_burst_and_an_expiry`], [`a_release_without_the_fencing_token_frees_the_lock`] |
-//! | a lock that runs out under a delivery | [`a_double_run_with_equal_results_is_reported_as_lost`], [`a_grant_that_arrives_after_its_lock_expired_does_not_run`] |
+//! | a lock that runs out under a delivery, and a body's fence | [`a_double_run_with_equal_results_is_reported_as_lost`], [`a_grant_that_arrives_after_its_lock_expired_does_not_run`], [`a_fence_stops_a_holder_whose_unit_was_taken_over`] |
 //! | a call that stops half-way | [`a_call_dropped_while_begin_is_in_flight_leaves_no_lock`] to [`a_panic_while_encoding_the_result_frees_the_lock`] |
 //! | every fault at every point of a call | [`every_fault_point`] |
 //! | transactions | [`a_committed_transaction_is_replayed`] to [`a_plain_holder_makes_a_transaction_contended`] |

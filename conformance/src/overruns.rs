@@ -1,5 +1,6 @@
 //! What the runner on top of a store must do when a lock runs out under a delivery: a grant
-//! whose reply came too late, and two executions whose results are equal.
+//! whose reply came too late, two executions whose results are equal, and a body's fence
+//! before its next side effect.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -107,4 +108,92 @@ pub async fn a_grant_that_arrives_after_its_lock_expired_does_not_run(store: Sha
         .await
         .unwrap();
     assert_eq!(next, 2);
+}
+
+/// Checks that a body's fence stops a holder whose unit was taken over before its next side
+/// effect, and renews the lock of a holder that still has it.
+///
+/// The first delivery fences (granted, and its lock renewed), does its first effect, then
+/// pauses past its lock TTL while a second delivery takes the unit over and runs. Its next
+/// fence must answer `LockLost`, and its second effect never start.
+///
+/// # Panics
+/// When the store or the runner does not.
+#[doc = example!(a_fence_stops_a_holder_whose_unit_was_taken_over)]
+pub async fn a_fence_stops_a_holder_whose_unit_was_taken_over(store: SharedStore) {
+    let ttl = Duration::from_millis(300);
+    let task = Arc::new(Task::new("fenced").lock_ttl(ttl));
+    let effects = Arc::new(AtomicUsize::new(0));
+    let (first_effect_tx, first_effect_rx) = tokio::sync::oneshot::channel();
+    let (successor_done_tx, successor_done_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = {
+        let (task, store, effects) = (Arc::clone(&task), store.clone(), Arc::clone(&effects));
+        tokio::spawn(async move {
+            task.call("k")
+                .store(store)
+                .run(async move {
+                    let ctx = idempotask::context().expect("inside the body");
+                    ctx.fence().await?;
+                    effects.fetch_add(1, Ordering::SeqCst);
+                    first_effect_tx.send(()).unwrap();
+                    successor_done_rx.await.unwrap();
+                    let fenced = ctx.fence().await;
+                    assert!(!ctx.lock_held(), "a refused fence left the lease held");
+                    fenced?;
+                    effects.fetch_add(10, Ordering::SeqCst);
+                    Ok::<u32, Error>(1)
+                })
+                .await
+        })
+    };
+    first_effect_rx.await.unwrap();
+    outlive(ttl).await;
+    let second = task
+        .call("k")
+        .store(store.clone())
+        .run_reported(async {
+            effects.fetch_add(100, Ordering::SeqCst);
+            Ok::<u32, Error>(2)
+        })
+        .await
+        .unwrap();
+    assert_eq!((second.value, second.outcome), (2, Outcome::Executed));
+    successor_done_tx.send(()).unwrap();
+    let first = first.await.unwrap();
+    assert!(
+        matches!(&first, Err(Error::LockLost { task, .. }) if task == "fenced"),
+        "a holder whose unit was taken over passed its fence: {first:?}"
+    );
+    assert_eq!(
+        effects.load(Ordering::SeqCst),
+        101,
+        "the stale holder started an effect after its fence"
+    );
+    // The unit keeps the successor's result.
+    let replayed: u32 = task
+        .call("k")
+        .store(store.clone())
+        .run(async { Ok::<u32, Error>(3) })
+        .await
+        .unwrap();
+    assert_eq!(replayed, 2);
+
+    // A holder that still has its lock passes its fence, which renews the lock: a body that
+    // fences at two thirds of its TTL runs past the TTL and still finishes as its holder.
+    let long = Duration::from_millis(900);
+    let renewed = Task::new("fenced-renewed")
+        .lock_ttl(long)
+        .call("k")
+        .store(store)
+        .run_reported(async move {
+            let ctx = idempotask::context().expect("inside the body");
+            tokio::time::sleep(long * 2 / 3).await;
+            ctx.fence().await?;
+            tokio::time::sleep(long * 2 / 3).await;
+            assert!(ctx.lock_held(), "the fence did not renew the lease");
+            Ok::<u32, Error>(4)
+        })
+        .await
+        .unwrap();
+    assert_eq!((renewed.value, renewed.outcome), (4, Outcome::Executed));
 }

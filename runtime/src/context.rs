@@ -1,13 +1,15 @@
 //! The task-local context a running body can read: its key, fencing token and lock state.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::store::Doubt;
-use crate::unit::UnitOfWork;
+use crate::error::{Error, lock_lost};
+use crate::observe::KeyLogging;
+use crate::store::{Doubt, SharedStore, Store};
+use crate::unit::{LockToken, UnitOfWork};
 
 tokio::task_local! {
     static CONTEXT: TaskContext;
@@ -57,6 +59,36 @@ pub(crate) struct Lease {
     lost: AtomicBool,
     /// A reconcile function found the work done: its result is recorded instead of a body's.
     reconciled: AtomicBool,
+    /// How [`TaskContext::fence`] asks the store; unset for a lock that a database transaction
+    /// holds until it ends, which no other delivery can take over meanwhile.
+    fence: OnceLock<Fence>,
+}
+
+/// What a fence needs to ask the store whether the lock is still this holder's: the lock's
+/// token as granted, and the TTL a successful check renews it to. Kept in the lease, which
+/// every execution allocates already.
+#[derive(Debug)]
+pub(crate) struct Fence {
+    store: SharedStore,
+    token: LockToken,
+    lock_ttl: Duration,
+    logging: KeyLogging,
+}
+
+impl Fence {
+    pub(crate) fn new(
+        store: &SharedStore,
+        token: &LockToken,
+        lock_ttl: Duration,
+        logging: KeyLogging,
+    ) -> Self {
+        Self {
+            store: store.clone(),
+            token: token.clone(),
+            lock_ttl,
+            logging,
+        }
+    }
 }
 
 impl Lease {
@@ -67,7 +99,14 @@ impl Lease {
             valid_for_ms: AtomicU64::new(millis(ttl)),
             lost: AtomicBool::new(false),
             reconciled: AtomicBool::new(false),
+            fence: OnceLock::new(),
         }
+    }
+
+    /// Lets [`TaskContext::fence`] check this lease against the store; set once, when the
+    /// lock's token is final (granted, with the doubt it took over).
+    pub(crate) fn arm_fence(&self, fence: Fence) {
+        let _ = self.fence.set(fence);
     }
 
     /// Extends the lease after a renewal that was sent at `sent` for `ttl`.
@@ -190,6 +229,65 @@ impl TaskContext {
     /// the lock TTL has run out without a successful renewal, or a renewal found it taken.
     pub fn lock_held(&self) -> bool {
         self.lease.held()
+    }
+
+    /// Checks against the store, before a side effect, that this execution still holds its
+    /// unit: no later delivery took it over. A holder whose lock ran out and was taken over
+    /// (a pause past the lock TTL, a lost renewal) gets [`Error::LockLost`] and must not start
+    /// the effect; otherwise the lock is renewed to the task's full lock TTL, so the effect
+    /// has that long before a takeover is possible.
+    ///
+    /// One store command (a renewal by the lock's token); [`lock_held`](Self::lock_held) is the
+    /// free but local answer. A lock that ran out while nobody took the unit over is still
+    /// this holder's, and a fence renews it. Inside a transactional call
+    /// ([`Call::run_in_transaction`](crate::Call::run_in_transaction)) the transaction holds
+    /// the unit until it ends, and a fence answers `Ok` without a command. Pass the
+    /// [`fencing_token`](Self::fencing_token) to a downstream system that can check it too: a
+    /// pause between the fence and the effect's arrival is out of any client's sight.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`] when another delivery holds the unit now; [`Error::Store`] when the
+    /// store could not answer (the effect must not start either: the check failed closed).
+    ///
+    /// ```
+    /// use idempotask::{MemoryStore, Task};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotask::Error> {
+    /// let receipt = Task::new("checkout")
+    ///     .call("order-7")
+    ///     .store(MemoryStore::new())
+    ///     .run(async {
+    ///         let ctx = idempotask::context().expect("inside a task");
+    ///         // ... the charge ...
+    ///         ctx.fence().await?; // still ours: nobody took over while the charge ran
+    ///         Ok::<_, idempotask::Error>("receipt mailed".to_owned())
+    ///     })
+    ///     .await?;
+    /// assert_eq!(receipt, "receipt mailed");
+    /// # Ok(()) }
+    /// ```
+    pub async fn fence(&self) -> Result<(), Error> {
+        let Some(fence) = self.lease.fence.get() else {
+            return Ok(());
+        };
+        if self.lease.lost.load(Ordering::Acquire) {
+            return Err(lock_lost(&self.unit, fence.logging));
+        }
+        let sent = Instant::now();
+        match fence
+            .store
+            .renew(&self.unit, &fence.token, fence.lock_ttl)
+            .await
+        {
+            Ok(true) => {
+                self.lease.renewed(sent, fence.lock_ttl);
+                Ok(())
+            }
+            Ok(false) => {
+                self.lease.lose();
+                Err(lock_lost(&self.unit, fence.logging))
+            }
+            Err(err) => Err(Error::Store(err)),
+        }
     }
 
     /// The body's value is the one a reconcile function found, not a new execution's.

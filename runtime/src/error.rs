@@ -83,6 +83,24 @@ pub enum Error {
         key: CallerKey,
     },
 
+    /// A body asked [`TaskContext::fence`](crate::TaskContext::fence) before a side effect,
+    /// and this delivery no longer holds the unit: its lock ran out and another delivery took
+    /// the unit over, or an operator resolved it.
+    ///
+    /// The effect after the fence must not start: return this error from the body (`?`).
+    /// What ran before the fence stays done; the delivery that holds the unit now records its
+    /// own result, which later deliveries get back.
+    #[error(
+        "task `{task}` with key `{key}` no longer holds its lock: another delivery took the unit over; the side effect after the fence did not start"
+    )]
+    #[non_exhaustive]
+    LockLost {
+        /// The task's stable name.
+        task: String,
+        /// The caller's key (shown as the task's [`KeyLogging`](crate::KeyLogging) says).
+        key: CallerKey,
+    },
+
     /// The store could not be reached or did not answer in time.
     ///
     /// The call failed closed: the body did not run unless [`StoreError::is_ambiguous`] says the
@@ -449,6 +467,10 @@ impl Error {
                 task,
                 key: key.shown_as(logging),
             },
+            Self::LockLost { task, key } => Self::LockLost {
+                task,
+                key: key.shown_as(logging),
+            },
             Self::Codec {
                 task,
                 key,
@@ -489,6 +511,15 @@ pub(crate) fn contended(
         key: CallerKey::plain(unit.key()),
         lock_ttl_remaining,
         attempts,
+    }
+}
+
+/// The error of a fence that found the lock no longer the caller's, its key shown as
+/// `logging` says.
+pub(crate) fn lock_lost(unit: &UnitOfWork, logging: KeyLogging) -> Error {
+    Error::LockLost {
+        task: unit.task().to_owned(),
+        key: CallerKey::plain(unit.key()).shown_as(logging),
     }
 }
 

@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::context::TaskContext;
+use crate::context::{Fence, TaskContext};
 use crate::error::{CallerKey, CodecErrorKind, Error, codec};
 use crate::fingerprint::Fingerprint;
 use crate::held_lock::{OnDrop, Recording, Renewal, release, renewing};
@@ -263,6 +263,7 @@ impl Call<'_> {
         if let Some(doubt) = &in_doubt {
             token = token.taking_over(**doubt);
         }
+        lease.arm_fence(Fence::new(&store, &token, self.task.lock_ttl, logging));
         let context = TaskContext::new(unit.clone(), fencing_token, attempts, Arc::clone(&lease))
             .with_doubt(in_doubt.clone());
         let guarded = context.scope(catching_panics(body));
