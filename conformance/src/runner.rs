@@ -262,48 +262,53 @@ pub async fn the_body_sees_its_context(store: SharedStore) {
     assert_eq!(plain, None, "a task without fencing gets no made-up token");
 }
 
-/// Checks that renewal keeps a short lock through a long body.
+/// Checks that renewal keeps a short lock through a long body, both by a watchdog task and
+/// cooperatively, in the body's own task.
 ///
 /// # Panics
 /// When the store does not.
 #[doc = example!(renewal_keeps_a_short_lock_through_a_long_body)]
 pub async fn renewal_keeps_a_short_lock_through_a_long_body(store: SharedStore) {
     let ttl = Duration::from_millis(300);
-    let (halfway_tx, halfway_rx) = tokio::sync::oneshot::channel();
-    let (resume_tx, resume_rx) = tokio::sync::oneshot::channel::<()>();
-    let holder = {
-        let store = store.clone();
-        tokio::spawn(async move {
-            Task::new("renewed")
-                .lock_ttl(ttl)
-                .renew(true)
-                .call("k")
-                .store(store)
-                .run_reported(async move {
-                    // Three TTLs pass before the body lets go.
-                    tokio::time::sleep(ttl * 3).await;
-                    halfway_tx.send(()).unwrap();
-                    resume_rx.await.unwrap();
-                    Ok::<_, Error>(idempotask::context().unwrap().lock_held())
-                })
-                .await
-        })
-    };
-    halfway_rx.await.unwrap();
-    let intruder = Task::new("renewed")
-        .retry(RetryPolicy::no_wait())
-        .call("k")
-        .store(store.clone())
-        .run(async { Ok::<bool, Error>(false) })
-        .await;
-    assert!(
-        matches!(intruder, Err(Error::Contended { .. })),
-        "{intruder:?}"
-    );
-    resume_tx.send(()).unwrap();
-    let report = holder.await.unwrap().unwrap();
-    assert!(report.value, "the body saw its lock as lost");
-    assert_eq!(report.outcome, Outcome::Executed);
+    for cooperatively in [false, true] {
+        let key = if cooperatively { "in-task" } else { "watchdog" };
+        let (halfway_tx, halfway_rx) = tokio::sync::oneshot::channel();
+        let (resume_tx, resume_rx) = tokio::sync::oneshot::channel::<()>();
+        let holder = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                Task::new("renewed")
+                    .lock_ttl(ttl)
+                    .renew(true)
+                    .renew_cooperatively(cooperatively)
+                    .call(key)
+                    .store(store)
+                    .run_reported(async move {
+                        // Three TTLs pass before the body lets go.
+                        tokio::time::sleep(ttl * 3).await;
+                        halfway_tx.send(()).unwrap();
+                        resume_rx.await.unwrap();
+                        Ok::<_, Error>(idempotask::context().unwrap().lock_held())
+                    })
+                    .await
+            })
+        };
+        halfway_rx.await.unwrap();
+        let intruder = Task::new("renewed")
+            .retry(RetryPolicy::no_wait())
+            .call(key)
+            .store(store.clone())
+            .run(async { Ok::<bool, Error>(false) })
+            .await;
+        assert!(
+            matches!(intruder, Err(Error::Contended { .. })),
+            "renewed {key}: {intruder:?}"
+        );
+        resume_tx.send(()).unwrap();
+        let report = holder.await.unwrap().unwrap();
+        assert!(report.value, "renewed {key}: the body saw its lock as lost");
+        assert_eq!(report.outcome, Outcome::Executed, "renewed {key}");
+    }
 }
 
 /// Checks that an expired lock is reported as lost.

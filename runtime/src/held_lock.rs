@@ -4,6 +4,7 @@
 use std::future::{Future, poll_fn};
 use std::pin::pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
@@ -42,7 +43,17 @@ pub(crate) struct Renewal {
 /// poll lasts; a poll that does not block gets it back at once. It stops when the body is
 /// done or the call is dropped. What it cannot do is run on a `current_thread` runtime whose
 /// only thread the body blocks.
-pub(crate) async fn renewing<F: Future>(body: F, renewal: Renewal) -> F::Output {
+///
+/// `cooperatively`: the renewals are polled by the body's own task instead (see
+/// [`in_task`]).
+pub(crate) async fn renewing<F: Future>(
+    body: F,
+    renewal: Renewal,
+    cooperatively: bool,
+) -> F::Output {
+    if cooperatively {
+        return in_task(body, renewal).await;
+    }
     let span = tracing::Span::current();
     let watchdog = tokio::spawn(renew_until_lost(renewal).instrument(span));
     let _stop = AbortOnDrop(watchdog);
@@ -57,6 +68,26 @@ pub(crate) async fn renewing<F: Future>(body: F, renewal: Renewal) -> F::Output 
         } else {
             body.as_mut().poll(cx)
         }
+    })
+    .await
+}
+
+/// Input: the guarded body. Output: the same, with its renewals polled by the same task each
+/// time it wakes: no watchdog task, no hand-off per poll. A body that blocks its thread blocks
+/// its renewals with it; [`Task::renew_cooperatively`](crate::Task::renew_cooperatively) says so.
+async fn in_task<F: Future>(body: F, renewal: Renewal) -> F::Output {
+    let mut body = pin!(body);
+    let mut renewals = pin!(renew_until_lost(renewal));
+    let mut renewing = true;
+    poll_fn(|cx| {
+        if let Poll::Ready(output) = body.as_mut().poll(cx) {
+            return Poll::Ready(output);
+        }
+        // Once the renewals end (the lock is lost), their future is done and not polled again.
+        if renewing && renewals.as_mut().poll(cx).is_ready() {
+            renewing = false;
+        }
+        Poll::Pending
     })
     .await
 }

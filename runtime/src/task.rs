@@ -28,6 +28,8 @@ pub struct Settings {
     pub retry: RetryPolicy,
     /// Whether a watchdog renews the lock while the body runs.
     pub renew: bool,
+    /// Whether the renewals run in the body's own task, with no hand-off per poll.
+    pub renew_cooperatively: bool,
     /// Whether each execution gets a fencing token.
     pub fencing: bool,
     /// How the caller key appears in logs.
@@ -74,6 +76,7 @@ pub struct Task {
     pub(crate) result_ttl: Duration,
     pub(crate) retry: RetryPolicy,
     pub(crate) renew: bool,
+    pub(crate) renew_cooperatively: bool,
     pub(crate) fencing: Fencing,
     pub(crate) log_key: KeyLogging,
     pub(crate) in_doubt: InDoubt,
@@ -95,6 +98,7 @@ impl Task {
             result_ttl: DEFAULT_RESULT_TTL,
             retry: RetryPolicy::new(),
             renew: false,
+            renew_cooperatively: false,
             fencing: Fencing::Off,
             log_key: KeyLogging::Plain,
             in_doubt: InDoubt::Rerun,
@@ -182,8 +186,45 @@ impl Task {
     /// 64 calls in flight, renewed bodies of 4 awaits ran at 0.07× the speed of the same bodies
     /// unrenewed). Nothing next to a body that runs for seconds, which is what renewal is for;
     /// a short, chatty body is better served by a longer lock TTL than by renewal.
+    /// [`renew_cooperatively`](Self::renew_cooperatively) renews without the hand-off, for
+    /// bodies that never block their thread.
     pub const fn renew(mut self, renew: bool) -> Self {
         self.renew = renew;
+        self
+    }
+
+    /// With [`renew`](Self::renew) on: whether the renewals run in the body's own task,
+    /// polled next to the body, instead of in a watchdog task with each poll of the body handed
+    /// to another thread (default off).
+    ///
+    /// No hand-off and no task of its own: a renewed body costs about what an unrenewed one
+    /// does. The price is the guarantee for blocking bodies: a body that blocks its thread (a
+    /// synchronous call longer than the lock TTL) stops its own renewals, and its lock can run
+    /// out under it. Choose it for bodies that only await, as async code should: an HTTP
+    /// handler, whose blocking would stall every other request of its worker anyway, or a
+    /// body whose blocking work goes through `tokio::task::spawn_blocking`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotask::{MemoryStore, Outcome, Task};
+    /// static EXPORT: Task = Task::new("export")
+    ///     .lock_ttl(Duration::from_millis(150))
+    ///     .renew(true)
+    ///     .renew_cooperatively(true);
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotask::Error> {
+    /// let report = EXPORT
+    ///     .call("2026-12")
+    ///     .store(MemoryStore::new())
+    ///     .run_reported(async {
+    ///         tokio::time::sleep(Duration::from_millis(400)).await; // past the TTL, renewed
+    ///         Ok::<_, idempotask::Error>(7)
+    ///     })
+    ///     .await?;
+    /// assert_eq!((report.value, report.outcome), (7, Outcome::Executed));
+    /// # Ok(()) }
+    /// ```
+    pub const fn renew_cooperatively(mut self, cooperatively: bool) -> Self {
+        self.renew_cooperatively = cooperatively;
         self
     }
 
@@ -293,6 +334,7 @@ impl Task {
             result_ttl: self.kept_for(),
             retry: self.retry,
             renew: self.renew,
+            renew_cooperatively: self.renew_cooperatively,
             fencing: matches!(self.fencing, Fencing::On),
             log_key: self.log_key,
             in_doubt: self.in_doubt,

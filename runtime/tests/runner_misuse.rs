@@ -1,15 +1,15 @@
 //! Misuse the runner refuses up front instead of failing later with a lock held: a task that
-//! calls itself with its own key, a call outside a tokio runtime, a lock TTL below the floor. And what it
-//! bears: a marker written before a deploy added a fingerprint, which is replayed rather than
-//! refused; a body that blocks its thread while its lock is renewed; a result TTL shorter than
-//! the lock TTL.
+//! calls itself with its own key, a call outside a tokio runtime, a lock TTL below the floor.
+//! And what it bears: a marker written before a deploy added a fingerprint, which is replayed
+//! rather than refused; a body that blocks its thread while its lock is renewed (by a
+//! watchdog, and cooperatively); a result TTL shorter than the lock TTL.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use idempotask::{Error, Fingerprint, MemoryStore, Task};
+use idempotask::{Error, Fingerprint, MemoryStore, Outcome, Task};
 
 #[tokio::test]
 async fn a_task_that_calls_itself_with_its_own_key_is_refused_at_once() {
@@ -208,6 +208,32 @@ async fn renewal_keeps_the_lock_of_a_body_that_blocks_its_thread() {
     );
     assert_eq!(holder.await.unwrap().unwrap(), 1);
     assert_eq!(runs.load(Ordering::SeqCst), 1, "both bodies ran");
+}
+
+/// `renew_cooperatively(true)` renews from the body's own task, so a body that blocks its
+/// thread past its TTL stops its renewals with it, as `Task::renew_cooperatively` warns: the
+/// lock runs out under it and it is told so (`LockLost`), never `Executed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cooperative_renewal_stops_while_the_body_blocks_its_thread_and_says_so() {
+    let ttl = Duration::from_millis(300);
+    let report = Task::new("blocking-cooperative")
+        .lock_ttl(ttl)
+        .renew(true)
+        .renew_cooperatively(true)
+        .call("k")
+        .store(MemoryStore::new())
+        .run_reported(async move {
+            std::thread::sleep(ttl * 2);
+            Ok::<bool, Error>(idempotask::context().unwrap().lock_held())
+        })
+        .await
+        .unwrap();
+    assert!(!report.value, "the blocked body's lease was renewed");
+    assert!(
+        matches!(report.outcome, Outcome::LockLost { .. }),
+        "{:?}",
+        report.outcome
+    );
 }
 
 /// A result JSON cannot carry (`NaN` is written as `null`, which does not read back as a

@@ -73,7 +73,7 @@ pub struct Idempotency {
     pub(crate) wait: Option<Duration>,
     pub(crate) stores_status: Arc<StatusRule>,
     pub(crate) fingerprinting: Fingerprinting,
-    pub(crate) renew: bool,
+    pub(crate) renewal: LockRenewal,
     pub(crate) store_cookies: bool,
     pub(crate) max_retry_after: Duration,
 }
@@ -190,7 +190,7 @@ impl Idempotency {
             wait: None,
             stores_status: Arc::new(stored_by_default),
             fingerprinting: Fingerprinting::default(),
-            renew: true,
+            renewal: LockRenewal::InTask,
             store_cookies: false,
             max_retry_after: DEFAULT_MAX_RETRY_AFTER,
         }
@@ -367,15 +367,39 @@ impl Idempotency {
     /// lock expire and a retry run it a second time while the first still runs. Turn renewal
     /// off only for handlers you know finish well within the lock TTL.
     ///
-    /// What it costs: each poll of a renewed handler is handed to another thread and back
-    /// ([`Task::renew`] says why), so that a handler that blocks its thread does not stop the
-    /// renewal. For a handler polled twice (one await), that was 31 µs of server CPU per fresh
-    /// request, 55 µs against 24 µs without renewal, in `scripts/bench-http.sh` on a 2-core
-    /// machine (see docs/performance-http.md); replays do not run the handler and cost the same
-    /// either way.
+    /// The renewals run in the handler's own task, next to it
+    /// ([`Task::renew_cooperatively`]): no task of their own and no hand-off per poll, so a
+    /// renewed request costs about what an unrenewed one does. A handler that blocks its
+    /// thread (a synchronous call) stops them while it blocks, as it stalls every other
+    /// request of its worker; for such handlers, see
+    /// [`renew_lock_through_blocking`](Self::renew_lock_through_blocking).
     #[must_use]
     pub fn renew_lock(mut self, renew: bool) -> Self {
-        self.renew = renew;
+        self.renewal = match (renew, self.renewal) {
+            (false, _) => LockRenewal::Off,
+            (true, LockRenewal::Off) => LockRenewal::InTask,
+            (true, kept) => kept,
+        };
+        self
+    }
+
+    /// Whether the renewal holds while a handler blocks its thread (default off; `true` turns
+    /// renewal on, `false` keeps it in the handler's task): a watchdog task of its own renews
+    /// the lock, and each poll of the handler is handed to another
+    /// thread and back so that the blocking cannot stop it ([`Task::renew`] says why).
+    ///
+    /// What it costs: for a handler polled twice (one await), 31 µs of server CPU per fresh
+    /// request, 55 µs against 24 µs without renewal, in `scripts/bench-http.sh` on a 2-core
+    /// machine (see docs/performance-http.md); replays do not run the handler and cost the
+    /// same either way. Better: move the blocking work to `tokio::task::spawn_blocking` and
+    /// keep the default.
+    #[must_use]
+    pub fn renew_lock_through_blocking(mut self, through_blocking: bool) -> Self {
+        self.renewal = match (through_blocking, self.renewal) {
+            (true, _) => LockRenewal::ThroughBlocking,
+            (false, LockRenewal::ThroughBlocking) => LockRenewal::InTask,
+            (false, kept) => kept,
+        };
         self
     }
 
@@ -413,8 +437,23 @@ impl Idempotency {
                 .max_backoff(Duration::from_millis(250))
                 .max_wait(bound),
         };
-        self.task.clone().retry(policy).renew(self.renew)
+        self.task
+            .clone()
+            .retry(policy)
+            .renew(self.renewal != LockRenewal::Off)
+            .renew_cooperatively(self.renewal == LockRenewal::InTask)
     }
+}
+
+/// How the layer renews a running handler's lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LockRenewal {
+    /// Not at all.
+    Off,
+    /// In the handler's own task ([`Task::renew_cooperatively`]).
+    InTask,
+    /// By a watchdog task, each poll of the handler handed off ([`Task::renew`]).
+    ThroughBlocking,
 }
 
 impl fmt::Debug for Idempotency {
@@ -432,7 +471,40 @@ impl fmt::Debug for Idempotency {
             )
             .field("require_key", &self.require_key)
             .field("wait", &self.wait)
-            .field("renew", &self.renew)
+            .field("renewal", &self.renewal)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use idempotask::Task;
+
+    use super::Idempotency;
+
+    /// (renew, cooperatively) of the task the layer runs.
+    fn renewal(layer: &Idempotency) -> (bool, bool) {
+        let settings = layer.running_task().settings();
+        (settings.renew, settings.renew_cooperatively)
+    }
+
+    #[test]
+    fn renewal_is_in_the_handlers_task_unless_asked_to_hold_through_blocking() {
+        let layer = || Idempotency::new(Task::new("pay"));
+        assert_eq!(renewal(&layer()), (true, true));
+        assert_eq!(renewal(&layer().renew_lock(false)), (false, false));
+        let through = layer().renew_lock_through_blocking(true);
+        assert_eq!(renewal(&through), (true, false));
+        // Turning renewal on again keeps the hand-off asked for; off is off.
+        assert_eq!(renewal(&through.clone().renew_lock(true)), (true, false));
+        assert_eq!(renewal(&through.renew_lock(false)), (false, false));
+        let back = layer()
+            .renew_lock_through_blocking(true)
+            .renew_lock_through_blocking(false);
+        assert_eq!(renewal(&back), (true, true));
+        assert_eq!(
+            renewal(&layer().renew_lock(false).renew_lock_through_blocking(true)),
+            (true, false)
+        );
     }
 }

@@ -279,7 +279,7 @@ impl Call<'_> {
             };
             // Boxed: the watchdog's state would otherwise be part of every call's future,
             // renewed or not.
-            Box::pin(renewing(guarded, renewal)).await
+            Box::pin(renewing(guarded, renewal, self.task.renew_cooperatively)).await
         } else {
             guarded.await
         };
