@@ -89,7 +89,7 @@ redis_cpu_us() { # Redis's own CPU time so far (INFO cpu), in µs
   redis-cli -p "$redis_port" info cpu | tr -d '\r' \
     | awk -F: '/^used_cpu_(sys|user):/ { t += $2 } END { printf "%d", t * 1000000 }'
 }
-for workload in plain fresh fresh-unrenewed duplicates idempotent-fresh idempotent-duplicates; do
+for workload in plain fresh fresh-unrenewed fresh-through-blocking duplicates idempotent-fresh idempotent-duplicates; do
   before=$(cpu_ticks); redis_before=$(redis_cpu_us)
   taskset -c 1 "$bench" --load "$server_url" --workload "$workload" --requests "$requests" \
     --concurrency "$concurrency" --rounds 1 >/dev/null

@@ -3,7 +3,8 @@
 //! service would) and answers `201`.
 //!
 //! `src/bin/http.rs` (`http-bench`) measures [`workloads`] on [`router`]: no layer, the layer
-//! on fresh keys, the layer on duplicates, and the layer on fresh keys without lock renewal.
+//! on fresh keys, the layer on duplicates, and the layer on fresh keys without lock renewal
+//! and with renewal through blocking.
 //! `bench/http-compare`, a crate outside the workspace (its dependency declares a newer
 //! `rust-version` than the workspace's), merges the `idempotent` crate's layer into the same app
 //! and adds its workloads, so every row comes from one run.
@@ -71,7 +72,8 @@ pub struct Workload {
 }
 
 /// No layer, the layer on fresh keys, the layer on duplicates, and the layer on fresh keys with
-/// lock renewal off (what renewal costs a request): the routes of [`router`].
+/// lock renewal off (what renewal costs a request) and through blocking (a watchdog task and a
+/// hand-off per poll, `renew_lock_through_blocking`): the routes of [`router`].
 pub fn workloads() -> Vec<Workload> {
     vec![
         Workload {
@@ -98,20 +100,32 @@ pub fn workloads() -> Vec<Workload> {
             path: "/keyed-unrenewed",
             keys: Keys::Fresh,
         },
+        Workload {
+            id: "fresh-through-blocking",
+            name: "idempotask-http, fresh keys, renewal through blocking",
+            path: "/keyed-through-blocking",
+            keys: Keys::Fresh,
+        },
     ]
 }
 
 /// The app of [`workloads`]: `/plain` is [`handler`] alone, `/keyed` the same handler under
 /// [`Idempotency`] on `store` (default settings but the [`LOCK_TTL`]: the `Idempotency-Key`
-/// header, the body's SHA-256 in the fingerprint, lock renewal on); `/keyed-unrenewed` the same
-/// without renewal. Callers merge routes of their own into it.
+/// header, the body's SHA-256 in the fingerprint, lock renewal on, in the handler's task);
+/// `/keyed-unrenewed` the same without renewal, `/keyed-through-blocking` with renewal that
+/// holds through a blocking handler. Callers merge routes of their own into it.
 pub fn router(store: RedisStore) -> Router {
     let layer = Idempotency::new(Task::new("http_bench").lock_ttl(LOCK_TTL)).store(store);
     let unrenewed = layer.clone().renew_lock(false);
+    let through_blocking = layer.clone().renew_lock_through_blocking(true);
     Router::new()
         .route("/plain", post(handler))
         .route("/keyed", post(handler).layer(layer))
         .route("/keyed-unrenewed", post(handler).layer(unrenewed))
+        .route(
+            "/keyed-through-blocking",
+            post(handler).layer(through_blocking),
+        )
 }
 
 /// What one measurement of one workload gave.

@@ -103,6 +103,11 @@ fn ratios(rows: &[Row]) -> String {
             "fresh-unrenewed",
             "idempotent-fresh",
         ),
+        (
+            "idempotask-http fresh, renewal through blocking / idempotent fresh",
+            "fresh-through-blocking",
+            "idempotent-fresh",
+        ),
         ("idempotent fresh / no layer", "idempotent-fresh", "plain"),
         (
             "idempotent duplicates / no layer",

@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release -p idempotask-bench --bin queue-bench -- --redis-url redis://127.0.0.1:6379 \
 //!     [--nats-url nats://127.0.0.1:4222] [--amqp-url amqp://guest:guest@127.0.0.1:5672/%2f] \
-//!     [--redis-streams] [--sqs-url http://127.0.0.1:5000] [--messages 5000] [--sqs-messages 1000] \
+//!     [--redis-streams] [--sqs-url http://127.0.0.1:5000] [--messages 5000] [--sqs-messages 200] \
 //!     [--in-flight 1,64] [--rounds 5] [--consumers bare,hand-written,idempotask] \
 //!     [--markdown queues.md]
 //! ```
@@ -22,7 +22,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         amqp_url: None,
         redis_streams: false,
         sqs_url: None,
-        sqs_messages: 1000,
+        sqs_messages: 200,
         redis_url: "redis://127.0.0.1:6379".to_owned(),
         messages: 5000,
         in_flight: vec![1, 64],
