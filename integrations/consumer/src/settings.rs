@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotask::store::{SharedStore, Store};
+use idempotask::store::{BatchingStore, SharedStore, Store};
 use idempotask::{Backoff, Task};
 
 /// The redelivery delays of a message whose body failed
@@ -43,7 +43,11 @@ pub const DEFAULT_MAX_FAILURES: u32 = 5;
 #[derive(Clone)]
 pub struct ConsumerSettings {
     pub(crate) task: Arc<Task>,
+    /// The store the calls use: [`own_store`](Self::own_store), in a [`BatchingStore`] when
+    /// it batches natively and `batch_store_calls` is on.
     pub(crate) store: Option<SharedStore>,
+    own_store: Option<SharedStore>,
+    batch_store_calls: bool,
     pub(crate) fingerprint_payload: bool,
     pub(crate) failure_backoff: Backoff,
     pub(crate) store_backoff: Backoff,
@@ -57,6 +61,8 @@ impl ConsumerSettings {
         Self {
             task: Arc::new(task),
             store: None,
+            own_store: None,
+            batch_store_calls: true,
             fingerprint_payload: false,
             failure_backoff: DEFAULT_FAILURE_BACKOFF,
             store_backoff: DEFAULT_STORE_BACKOFF,
@@ -83,6 +89,12 @@ impl ConsumerSettings {
 
     /// Uses `store` instead of the installed one.
     ///
+    /// A store that batches natively ([`Store::batches_natively`]: `RedisStore`) is wrapped
+    /// in a [`BatchingStore`], so that the messages a consumer runs at once reach it as one
+    /// pipeline of `begin`s and one of `finish`es, unless
+    /// [`batch_store_calls`](Self::batch_store_calls) is off. A store that does not, or one
+    /// that batches already (a `BatchingStore`), is used as it is.
+    ///
     /// ```
     /// # use idempotask::{MemoryStore, Task};
     /// # use idempotask_consumer::ConsumerSettings;
@@ -91,8 +103,39 @@ impl ConsumerSettings {
     /// ```
     #[must_use]
     pub fn store(mut self, store: impl Store) -> Self {
-        self.store = Some(SharedStore::new(store));
+        self.own_store = Some(SharedStore::new(store));
+        self.choose_store();
         self
+    }
+
+    /// Whether the calls to a store that batches natively go through a [`BatchingStore`]
+    /// (default on; see [`store`](Self::store)). Off, each message's `begin` and `finish`
+    /// reach the store on their own, as many round trips as messages.
+    ///
+    /// ```
+    /// # use idempotask::{MemoryStore, Task};
+    /// # use idempotask_consumer::ConsumerSettings;
+    /// let one_by_one = ConsumerSettings::new(Task::new("order_charge"))
+    ///     .store(MemoryStore::new())
+    ///     .batch_store_calls(false);
+    /// # let _ = one_by_one;
+    /// ```
+    #[must_use]
+    pub fn batch_store_calls(mut self, batch: bool) -> Self {
+        self.batch_store_calls = batch;
+        self.choose_store();
+        self
+    }
+
+    /// The store the calls use, from the store given and whether to batch its calls.
+    fn choose_store(&mut self) {
+        self.store = self.own_store.clone().map(|own| {
+            if self.batch_store_calls && own.batches_natively() {
+                SharedStore::new(BatchingStore::new(own))
+            } else {
+                own
+            }
+        });
     }
 
     /// The delays of the redelivery that follows a body's failure (an `Err` or a panic): the
@@ -167,6 +210,8 @@ impl std::fmt::Debug for ConsumerSettings {
         f.debug_struct("ConsumerSettings")
             .field("task", &self.task)
             .field("store", &self.store.as_ref().map(|_| "own store"))
+            .field("own_store", &self.own_store.as_ref().map(|_| "as given"))
+            .field("batch_store_calls", &self.batch_store_calls)
             .field("fingerprint_payload", &self.fingerprint_payload)
             .field("failure_backoff", &self.failure_backoff)
             .field("store_backoff", &self.store_backoff)

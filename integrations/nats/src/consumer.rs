@@ -81,11 +81,16 @@ impl<K> Idempotent<K> {
 
         /// Uses `store` instead of the installed one.
         ///
-        /// With many messages in flight and a store that batches natively (`RedisStore`), wrap it
-        /// in [`BatchingStore`](idempotask::store::BatchingStore): the calls of the messages of
-        /// a fetch that run at the same time then reach the store as one batch (one pipeline on
-        /// `RedisStore`) instead of one round trip each.
+        /// A store that batches natively (`RedisStore`) is wrapped in a
+        /// [`BatchingStore`](idempotask::store::BatchingStore): the calls of the messages of a
+        /// fetch that run at the same time reach it as one batch (one pipeline on
+        /// `RedisStore`) instead of one round trip each ([`batch_store_calls`](Self::batch_store_calls)).
         fn store(store: impl Store);
+
+        /// Whether the calls to a store that batches natively (`RedisStore`) go through a
+        /// [`BatchingStore`](idempotask::store::BatchingStore) (default on): off, each
+        /// message's `begin` and `finish` reach the store on their own.
+        fn batch_store_calls(batch: bool);
 
         /// The delays of the nak that follows a body's failure (an `Err` or a panic): the
         /// backoff's delay for the message's failure count, 1 for its first (default

@@ -74,23 +74,28 @@ impl<K> Idempotent<K> {
     idempotask_consumer::settings_setters! {
         /// Uses `store` instead of the installed one.
         ///
-        /// A batch's entries run at the same time; over `RedisStore`, wrap it in
-        /// [`BatchingStore`](idempotask::store::BatchingStore), and the `begin`s and `finish`es of
-        /// one read batch reach Redis as one pipeline each instead of one round trip per entry.
+        /// A batch's entries run at the same time; a store that batches natively
+        /// (`RedisStore`) is wrapped in a [`BatchingStore`](idempotask::store::BatchingStore),
+        /// so the `begin`s and `finish`es of one read batch reach Redis as one pipeline each
+        /// instead of one round trip per entry ([`batch_store_calls`](Self::batch_store_calls)).
         ///
         /// ```no_run
         /// use idempotask::Task;
-        /// use idempotask::store::BatchingStore;
         /// use idempotask_redis::RedisStore;
         /// use idempotask_redis_streams::{Field, Idempotent};
         ///
         /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
         /// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
-        /// let charge_once = Idempotent::new(Task::new("order_charge"), Field::new("order_id"))
-        ///     .store(BatchingStore::new(store));
+        /// let charge_once =
+        ///     Idempotent::new(Task::new("order_charge"), Field::new("order_id")).store(store);
         /// # let _ = charge_once; Ok(()) }
         /// ```
         fn store(store: impl Store);
+
+        /// Whether the calls to a store that batches natively (`RedisStore`) go through a
+        /// [`BatchingStore`](idempotask::store::BatchingStore) (default on): off, each
+        /// message's `begin` and `finish` reach the store on their own.
+        fn batch_store_calls(batch: bool);
 
         /// Checks that a key comes back with the same entry: an entry whose key was used with
         /// other fields (all of them, names and values, in their order) gets

@@ -85,20 +85,25 @@ impl<K> Idempotent<K> {
         /// Uses `store` instead of the installed one.
         ///
         /// The messages of one receive run at the same time (a FIFO group's one after the
-        /// other); over `RedisStore`, wrap it in
-        /// [`BatchingStore`](idempotask::store::BatchingStore), and their `begin`s and
-        /// `finish`es reach Redis as one pipeline each instead of one round trip per message.
+        /// other); a store that batches natively (`RedisStore`) is wrapped in a
+        /// [`BatchingStore`](idempotask::store::BatchingStore), so their `begin`s and
+        /// `finish`es reach Redis as one pipeline each instead of one round trip per message
+        /// ([`batch_store_calls`](Self::batch_store_calls)).
         ///
         /// ```
-        /// use idempotask::store::BatchingStore;
         /// use idempotask::{MemoryStore, Task};
         /// use idempotask_sqs::{Attribute, Idempotent};
         ///
         /// let charge_once = Idempotent::new(Task::new("order_charge"), Attribute::new("order_id"))
-        ///     .store(BatchingStore::new(MemoryStore::new()));
+        ///     .store(MemoryStore::new());
         /// # let _ = charge_once;
         /// ```
         fn store(store: impl Store);
+
+        /// Whether the calls to a store that batches natively (`RedisStore`) go through a
+        /// [`BatchingStore`](idempotask::store::BatchingStore) (default on): off, each
+        /// message's `begin` and `finish` reach the store on their own.
+        fn batch_store_calls(batch: bool);
 
         /// Checks that a key comes back with the same message: a message whose key was used
         /// with another body or other attributes gets

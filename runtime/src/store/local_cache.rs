@@ -329,6 +329,12 @@ impl<S: Store> Store for LocalResultCache<S> {
         self.store.max_key_len()
     }
 
+    // Not the wrapped store's answer: a consumer would put this cache behind a `BatchingStore`,
+    // and its hits would wait for batches; wrapped around a `BatchingStore` instead, they never do.
+    fn batches_natively(&self) -> bool {
+        false
+    }
+
     async fn begin(
         &self,
         unit: &UnitOfWork,

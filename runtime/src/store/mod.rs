@@ -90,6 +90,16 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         MAX_KEY_LEN
     }
 
+    /// Whether [`begin_batch`](Self::begin_batch) and [`finish_batch`](Self::finish_batch)
+    /// answer a batch in fewer round trips than one call per unit (`RedisStore`: one
+    /// pipeline). The queue consumers wrap such a store in [`BatchingStore`] unless told not
+    /// to, so that the units of one fetch reach it together. The default, `false`, is right for
+    /// a store that answers a batch one unit at a time: behind a `BatchingStore`, every call
+    /// would wait for the others.
+    fn batches_natively(&self) -> bool {
+        false
+    }
+
     /// One step of starting a unit of work, in one round trip:
     /// the stored marker if the unit is done; otherwise the lock for `token` (expiring after
     /// `lock_ttl`), with a new fencing token when `fencing` is [`Fencing::On`]; otherwise how

@@ -21,6 +21,7 @@ type BoxedBatch<'a, T> = Pin<Box<dyn Future<Output = Vec<Result<T, StoreError>>>
 /// call, which keeps `Store` itself free of boxes and of any macro.
 trait ErasedStore: Send + Sync + fmt::Debug {
     fn max_key_len(&self) -> usize;
+    fn batches_natively(&self) -> bool;
     fn begin<'a>(
         &'a self,
         unit: &'a UnitOfWork,
@@ -60,6 +61,9 @@ trait ErasedStore: Send + Sync + fmt::Debug {
 impl<S: Store> ErasedStore for S {
     fn max_key_len(&self) -> usize {
         Store::max_key_len(self)
+    }
+    fn batches_natively(&self) -> bool {
+        Store::batches_natively(self)
     }
     fn begin<'a>(
         &'a self,
@@ -154,6 +158,10 @@ impl fmt::Debug for SharedStore {
 impl Store for SharedStore {
     fn max_key_len(&self) -> usize {
         self.0.max_key_len()
+    }
+
+    fn batches_natively(&self) -> bool {
+        self.0.batches_natively()
     }
 
     async fn begin(

@@ -97,6 +97,9 @@ macro_rules! delegate_store {
             fn max_key_len(&self) -> usize {
                 self.protocol.max_key_len
             }
+            fn batches_natively(&self) -> bool {
+                self.protocol.pipelines
+            }
             async fn begin(
                 &self,
                 unit: &::idempotask::store::UnitOfWork,

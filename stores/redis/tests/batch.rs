@@ -54,6 +54,10 @@ fn marker(unit: &UnitOfWork) -> Vec<u8> {
 /// duplicates ten `SET`s answering the markers.
 async fn assert_batch_command_mix(server: &RedisServer, finish_mix: &[(&str, u64)]) {
     let store = server.store().await;
+    assert!(
+        store.batches_natively(),
+        "a store of one server pipelines its batches: the queue consumers should batch its calls"
+    );
     let mut conn = server.connection().await;
     let (units, tokens) = units(10, "mix");
 
