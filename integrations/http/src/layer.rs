@@ -388,10 +388,10 @@ impl Idempotency {
     /// the lock, and each poll of the handler is handed to another
     /// thread and back so that the blocking cannot stop it ([`Task::renew`] says why).
     ///
-    /// What it costs: for a handler polled twice (one await), 31 µs of server CPU per fresh
-    /// request, 55 µs against 24 µs without renewal, in `scripts/bench-http.sh` on a 2-core
-    /// machine (see docs/performance-http.md); replays do not run the handler and cost the
-    /// same either way. Better: move the blocking work to `tokio::task::spawn_blocking` and
+    /// What it costs: for a handler polled twice (one await), 129 µs of server CPU per fresh
+    /// request against 77 µs with renewal in the handler's task and 69 µs without renewal, in
+    /// one run of `scripts/bench-http.sh` on a 2-core machine (see docs/performance-http.md);
+    /// replays do not run the handler and cost the same either way. Better: move the blocking work to `tokio::task::spawn_blocking` and
     /// keep the default.
     #[must_use]
     pub fn renew_lock_through_blocking(mut self, through_blocking: bool) -> Self {
