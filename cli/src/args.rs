@@ -1,5 +1,7 @@
 //! The command line, as clap reads it.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::parser::ValueSource;
@@ -43,6 +45,11 @@ pub(crate) struct Cli {
     /// The namespace the workers' `RedisStore` uses.
     #[arg(long, default_value = "default", global = true)]
     pub(crate) namespace: String,
+
+    /// Append a JSON line for every change `resolve`, `forget` and the dashboard's actions make
+    /// (who, when, what, which unit, the outcome) to this file.
+    #[arg(long, value_name = "PATH", global = true)]
+    pub(crate) audit_log: Option<PathBuf>,
 
     /// Print one JSON document on stdout instead of text (errors too).
     #[arg(long, global = true)]
@@ -125,6 +132,27 @@ pub(crate) enum Command {
         /// Do not ask for confirmation.
         #[arg(long, short = 'y')]
         yes: bool,
+    },
+    /// Serve a web page for operators: each task's locked units against their lock TTL, its
+    /// units in doubt (held), its done units page by page, and buttons that resolve, free or
+    /// forget one (as `resolve` and `forget` do).
+    ///
+    /// Every request needs the token from `IDEMPOTASK_DASHBOARD_TOKEN` or `--token-file`; on a
+    /// loopback address without one, a fresh token is made and the address to open is printed.
+    Dashboard {
+        /// A task to show; repeat it for several (the store keeps no list of tasks).
+        #[arg(long = "task", value_name = "TASK", required = true)]
+        tasks: Vec<String>,
+        /// Where to listen: loopback unless told otherwise (another address needs a token).
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8787")]
+        listen: SocketAddr,
+        /// A file whose first line is the token (instead of `IDEMPOTASK_DASHBOARD_TOKEN`).
+        #[arg(long, value_name = "PATH")]
+        token_file: Option<PathBuf>,
+        /// Show units by the digest of their caller key only, never the key itself nor a stored
+        /// result (for tasks whose keys hold personal data: their `log_key = "hash"`).
+        #[arg(long)]
+        hash_keys: bool,
     },
 }
 

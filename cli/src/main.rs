@@ -16,7 +16,9 @@
 //! doubt.
 
 mod args;
+mod audit;
 mod commands;
+mod dashboard;
 mod exit;
 mod render;
 mod scan;
@@ -82,11 +84,33 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: &Cli, selected: Result<Selected, Failure>) -> Result<Found, Failure> {
+    // The dashboard refuses an unsafe start before it reaches the store.
+    let dashboard = match &cli.command {
+        Command::Dashboard {
+            tasks,
+            listen,
+            token_file,
+            hash_keys,
+        } => {
+            let options = dashboard::Options {
+                tasks: tasks.clone(),
+                listen: *listen,
+                hash_keys: *hash_keys,
+                audit_log: cli.audit_log.clone(),
+            };
+            let access = dashboard::prepare(&options, token_file.as_deref())?;
+            Some((options, access))
+        }
+        _ => None,
+    };
     let target = match (selected?, &cli.database_url) {
         (Selected::Postgres, Some(url)) => Target::postgres(url, &cli.table).await?,
         _ => Target::redis(&cli.redis_url, &cli.namespace).await?,
     };
-    match &cli.command {
+    if let Some((options, access)) = dashboard {
+        return dashboard::serve(target, options, access).await;
+    }
+    let found = match &cli.command {
         Command::Status(unit) => commands::status(&target, &unit.task, &unit.key).await,
         Command::Forget { unit, yes, force } => {
             commands::forget(&target, &unit.task, &unit.key, *yes, *force).await
@@ -125,5 +149,48 @@ async fn run(cli: &Cli, selected: Result<Selected, Failure>) -> Result<Found, Fa
             };
             commands::resolve(&target, &unit.task, &unit.key, settle, *yes).await
         }
+        Command::Dashboard { .. } => unreachable!("served above"),
+    };
+    audit_cli(cli, &target, &found);
+    found
+}
+
+/// Appends what `resolve` or `forget` did (or why it refused) to `--audit-log`, the trail the
+/// dashboard's actions go to as well.
+fn audit_cli(cli: &Cli, target: &Target, found: &Result<Found, Failure>) {
+    let (action, unit) = match &cli.command {
+        Command::Forget { unit, .. } => ("forget", unit),
+        Command::Resolve { unit, free, .. } => (
+            if *free {
+                "resolve_free"
+            } else {
+                "resolve_record"
+            },
+            unit,
+        ),
+        _ => return,
+    };
+    let Some(path) = cli.audit_log.as_deref() else {
+        return;
+    };
+    let digest = target
+        .unit(&unit.task, &unit.key)
+        .map(|unit| unit.digest().to_owned())
+        .unwrap_or_default();
+    let (outcome, detail) = match found {
+        Ok(found) => ("ok", found.text.as_str()),
+        Err(failure) => (failure.kind, failure.message.as_str()),
+    };
+    let entry = audit::Entry {
+        who: &audit::cli_user(),
+        action,
+        task: &unit.task,
+        digest: &digest,
+        key: Some(&unit.key),
+        outcome,
+        detail,
+    };
+    if let Err(err) = audit::record(&entry, Some(path)) {
+        eprintln!("warning: {err}");
     }
 }

@@ -10,7 +10,9 @@
 
 use std::time::Duration;
 
-use idempotask::operator::{Forgot, Held, Operator, Resolution, Resolved, Scope, SharedOperator};
+use idempotask::operator::{
+    Cursor, Forgot, Held, Operator, Page, Resolution, Resolved, Scope, SharedOperator,
+};
 use idempotask::store::{StoreError, UnitOfWork, check_task_name};
 use idempotask_postgres::PostgresStore;
 use idempotask_redis::operator::ServerKind;
@@ -204,6 +206,19 @@ impl Target {
     pub(crate) async fn task_exists(&self, task: &str) -> Result<bool, Failure> {
         self.operator
             .task_exists(task)
+            .await
+            .map_err(|err| self.failure(&err))
+    }
+
+    /// One page of `task`'s units, looking at about `limit` keys or rows.
+    pub(crate) async fn page(
+        &self,
+        task: &str,
+        from: Option<&Cursor>,
+        limit: usize,
+    ) -> Result<Page, Failure> {
+        self.operator
+            .list(task, from, limit)
             .await
             .map_err(|err| self.failure(&err))
     }

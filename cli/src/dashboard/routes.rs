@@ -1,0 +1,302 @@
+//! The dashboard's routes: the page, the sections its script refreshes, a JSON view of the
+//! same, the two assets, and the action every button posts to.
+
+use std::sync::Arc;
+
+use axum::extract::{Extension, Form, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+use serde_json::value::RawValue;
+
+use super::auth::{COOKIE, Caller, same, same_origin};
+use super::render::{self, escape};
+use super::state::Shared;
+use super::view::{self, TaskView};
+use crate::audit;
+use crate::commands::{self, Settle};
+use crate::exit::{Exit, Failure};
+use crate::time::parse_ttl;
+
+const APP_JS: &str = include_str!("app.js");
+const APP_CSS: &str = include_str!("app.css");
+
+/// No script but the page's own file, no inline script or style, no framing, posts only to
+/// this host.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'";
+
+/// Input: what the handlers share. Output: the dashboard's router, every route behind the
+/// token and every answer with the security headers.
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/", get(index))
+        .route("/fragment", get(fragment))
+        .route("/api/units", get(units))
+        .route("/assets/app.js", get(js))
+        .route("/assets/app.css", get(css))
+        .route("/action", post(action))
+        .layer(middleware::from_fn_with_state(shared.clone(), guard))
+        .layer(middleware::map_response(secure))
+        .with_state(shared)
+}
+
+/// The headers every answer carries, a refusal included.
+async fn secure(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    for (name, value) in [
+        ("content-security-policy", CSP),
+        ("x-content-type-options", "nosniff"),
+        ("x-frame-options", "DENY"),
+        ("referrer-policy", "no-referrer"),
+        ("cache-control", "no-store"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
+}
+
+/// Lets through a request with the token or a live session; turns `GET /?token=<token>` into a
+/// session (and a redirect that takes the token out of the address bar); refuses anything else
+/// with 401.
+async fn guard(State(shared): State<Arc<Shared>>, mut request: Request, next: Next) -> Response {
+    if let Some(caller) = shared.access.caller(request.headers()) {
+        request.extensions_mut().insert(Arc::new(caller));
+        return next.run(request).await;
+    }
+    let login = request
+        .uri()
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(name, _)| *name == "token")
+        .map(|(_, token)| token.to_owned());
+    if request.method() == Method::GET
+        && request.uri().path() == "/"
+        && login.is_some_and(|token| shared.access.is_token(&token))
+    {
+        let session = shared.access.open_session();
+        let cookie = format!("{COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/");
+        let mut response = Redirect::to("/").into_response();
+        if let Ok(value) = HeaderValue::from_str(&cookie) {
+            response.headers_mut().insert(header::SET_COOKIE, value);
+        }
+        return response;
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        "401: the dashboard needs its token: open /?token=<token> once, or send `Authorization: Bearer <token>`\n",
+    )
+        .into_response()
+}
+
+async fn js() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        APP_JS,
+    )
+}
+
+async fn css() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], APP_CSS)
+}
+
+/// Which page of done units a request wants: from `from`, for `task`.
+#[derive(Debug, Default, Deserialize)]
+struct Paging {
+    task: Option<String>,
+    from: Option<String>,
+}
+
+/// Every task's view; the one `paging` names from its cursor.
+async fn views(shared: &Shared, paging: &Paging) -> Result<Vec<TaskView>, Response> {
+    let mut views = Vec::new();
+    for task in &shared.options.tasks {
+        let from = paging
+            .from
+            .as_deref()
+            .filter(|_| paging.task.as_deref() == Some(task.as_str()));
+        let view = view::task_view(&shared.target, task, shared.options.hash_keys, from)
+            .await
+            .map_err(|failure| {
+                (
+                    StatusCode::BAD_GATEWAY,
+                    Html(format!(
+                        "<p class=\"error\">{}</p>",
+                        escape(&failure.message)
+                    )),
+                )
+                    .into_response()
+            })?;
+        views.push(view);
+    }
+    Ok(views)
+}
+
+async fn index(
+    State(shared): State<Arc<Shared>>,
+    Extension(caller): Extension<Arc<Caller>>,
+) -> Response {
+    let csrf = match caller.as_ref() {
+        Caller::Session { csrf } => csrf.as_str(),
+        Caller::Bearer => "",
+    };
+    match views(&shared, &Paging::default()).await {
+        Ok(views) => Html(render::page(&shared.target.scope_text(), &views, csrf)).into_response(),
+        Err(response) => response,
+    }
+}
+
+async fn fragment(State(shared): State<Arc<Shared>>, Query(paging): Query<Paging>) -> Response {
+    match views(&shared, &paging).await {
+        Ok(views) => Html(render::sections(&views)).into_response(),
+        Err(response) => response,
+    }
+}
+
+async fn units(State(shared): State<Arc<Shared>>, Query(paging): Query<Paging>) -> Response {
+    match views(&shared, &paging).await {
+        Ok(views) => {
+            let (scope, name) = shared.target.scope();
+            Json(json!({ scope: name, "tasks": views })).into_response()
+        }
+        Err(response) => response,
+    }
+}
+
+/// What a button posts.
+#[derive(Debug, Deserialize)]
+struct ActionForm {
+    #[serde(default)]
+    csrf: String,
+    action: String,
+    task: String,
+    key: String,
+    /// The digest of the row the button was on: the key typed must be that unit's.
+    #[serde(default)]
+    digest: String,
+    #[serde(default)]
+    result: String,
+    #[serde(default)]
+    result_ttl: String,
+}
+
+/// Resolves, frees or forgets one unit, as `resolve` and `forget` do (and only while it still
+/// holds what was read), writes the audit line, and answers `{ok, kind, message}`.
+async fn action(
+    State(shared): State<Arc<Shared>>,
+    Extension(caller): Extension<Arc<Caller>>,
+    headers: HeaderMap,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    if let Caller::Session { csrf } = caller.as_ref()
+        && (!same(form.csrf.as_bytes(), csrf.as_bytes()) || !same_origin(&headers))
+    {
+        return answer(
+            StatusCode::FORBIDDEN,
+            "csrf",
+            "refused: the form's CSRF token or the request's origin is not this page's; nothing was changed; reload the page",
+        );
+    }
+    let (name, done) = match act(&shared, &form).await {
+        Ok((name, found)) => (name, Ok(found.text)),
+        Err((name, failure)) => (name, Err(failure)),
+    };
+    let digest = shared
+        .target
+        .unit(&form.task, &form.key)
+        .map(|unit| unit.digest().to_owned())
+        .unwrap_or_default();
+    let (outcome, detail) = match &done {
+        Ok(text) => ("ok", text.as_str()),
+        Err(failure) => (failure.kind, failure.message.as_str()),
+    };
+    let entry = audit::Entry {
+        who: &shared.access.who(),
+        action: name,
+        task: &form.task,
+        digest: &digest,
+        key: Some(form.key.as_str()).filter(|_| !shared.options.hash_keys),
+        outcome,
+        detail,
+    };
+    let mut message = detail.to_owned();
+    match audit::record(&entry, shared.options.audit_log.as_deref()) {
+        Ok(line) => eprintln!("audit: {line}"),
+        Err(err) => {
+            eprintln!("error: {err}");
+            message = format!("{message} (warning: {err})");
+        }
+    }
+    let status = match &done {
+        Ok(_) => StatusCode::OK,
+        Err(failure) if failure.exit == Exit::Usage => StatusCode::BAD_REQUEST,
+        Err(_) => StatusCode::CONFLICT,
+    };
+    answer(status, outcome, &message)
+}
+
+/// Input: a checked form. Output: the action's name for the audit trail, and what the command
+/// found or why it refused.
+async fn act(
+    shared: &Shared,
+    form: &ActionForm,
+) -> Result<(&'static str, commands::Found), (&'static str, Failure)> {
+    let name = match form.action.as_str() {
+        "resolve" => "resolve_record",
+        "free" => "resolve_free",
+        "forget" => "forget",
+        _ => "unknown",
+    };
+    let fail = |failure| (name, failure);
+    if !shared.options.tasks.contains(&form.task) {
+        return Err(fail(Failure::usage(format!(
+            "task `{}` is not one this dashboard shows",
+            form.task
+        ))));
+    }
+    let unit = shared.target.unit(&form.task, &form.key).map_err(fail)?;
+    if !form.digest.is_empty() && unit.digest() != form.digest {
+        return Err(fail(Failure::usage(
+            "the key typed is not this unit's: its digest differs from the row's; nothing was changed",
+        )));
+    }
+    let target = &shared.target;
+    let (task, key) = (form.task.as_str(), form.key.as_str());
+    let found = match form.action.as_str() {
+        "resolve" => {
+            let result = RawValue::from_string(form.result.trim().to_owned()).map_err(|err| {
+                fail(Failure::usage(format!(
+                    "the result is not JSON ({err}); nothing was changed"
+                )))
+            })?;
+            let ttl = if form.result_ttl.trim().is_empty() {
+                "24h"
+            } else {
+                form.result_ttl.trim()
+            };
+            let result_ttl = parse_ttl(ttl).map_err(|err| fail(Failure::usage(err)))?;
+            let settle = Settle::Record { result, result_ttl };
+            commands::resolve(target, task, key, settle, true).await
+        }
+        "free" => commands::resolve(target, task, key, Settle::Free, true).await,
+        "forget" => commands::forget(target, task, key, true, false).await,
+        other => Err(Failure::usage(format!(
+            "unknown action `{other}`: resolve, free or forget"
+        ))),
+    };
+    found.map(|found| (name, found)).map_err(fail)
+}
+
+fn answer(status: StatusCode, kind: &str, message: &str) -> Response {
+    (
+        status,
+        Json(json!({ "ok": status == StatusCode::OK, "kind": kind, "message": message })),
+    )
+        .into_response()
+}
