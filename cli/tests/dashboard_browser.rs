@@ -1,7 +1,8 @@
 //! The dashboard in a real browser: headless Chromium (Debian's `chromium`) logs in with the
 //! token, sees the held unit, resolves it through the page's button and confirmation, and the
 //! store changes; the key holding `<script>` shows as text and runs nothing. Fails, never
-//! skips, without Chromium.
+//! skips, without Chromium. With `IDEMPOTASK_DASHBOARD_SCREENSHOT=PATH`, it saves the page as
+//! it stands before the click to `PATH` (docs/img/dashboard.png).
 
 use idempotask::store::Fencing;
 use idempotask_test_support::RedisServer;
@@ -42,6 +43,10 @@ fn a_held_unit_is_resolved_from_the_page() {
         "1 in doubt"
     );
 
+    // `IDEMPOTASK_DASHBOARD_SCREENSHOT=docs/img/dashboard.png` takes the picture the docs show.
+    if let Some(path) = std::env::var_os("IDEMPOTASK_DASHBOARD_SCREENSHOT") {
+        browser.screenshot(std::path::Path::new(&path));
+    }
     browser.click("button.act.resolve");
     browser.wait_for("document.getElementById('confirm').open");
     // A Redis lock keeps only the digest of its key: the operator types the key.

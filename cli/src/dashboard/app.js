@@ -72,5 +72,14 @@
     refresh();
   });
 
-  setInterval(refresh, 5000);
+  // The next refresh is due 5 s after the last one ended, so that a slow store never piles
+  // refreshes up.
+  async function loop() {
+    try {
+      await refresh();
+    } finally {
+      setTimeout(loop, 5000);
+    }
+  }
+  setTimeout(loop, 5000);
 })();

@@ -129,6 +129,16 @@ impl Browser {
         }
     }
 
+    /// Saves what the page shows, as PNG, to `path`.
+    pub(crate) fn screenshot(&mut self, path: &std::path::Path) {
+        use base64::Engine as _;
+        let shot = self.call("Page.captureScreenshot", &json!({ "format": "png" }));
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(shot["data"].as_str().unwrap())
+            .unwrap();
+        std::fs::write(path, png).unwrap();
+    }
+
     /// Clicks the middle of the element `selector` finds, as a mouse does.
     pub(crate) fn click(&mut self, selector: &str) {
         let quoted = serde_json::to_string(selector).unwrap();
