@@ -115,7 +115,7 @@ pub async fn a_grant_that_arrives_after_its_lock_expired_does_not_run(store: Sha
 ///
 /// The first delivery fences (granted, and its lock renewed), does its first effect, then
 /// pauses past its lock TTL while a second delivery takes the unit over and runs. Its next
-/// fence must answer `LockLost`, and its second effect never start.
+/// fence must answer `LockNotHeld`, and its second effect never start.
 ///
 /// # Panics
 /// When the store or the runner does not.
@@ -139,7 +139,11 @@ pub async fn a_fence_stops_a_holder_whose_unit_was_taken_over(store: SharedStore
                     successor_done_rx.await.unwrap();
                     let fenced = ctx.fence().await;
                     assert!(!ctx.lock_held(), "a refused fence left the lease held");
-                    fenced?;
+                    if fenced.is_err() {
+                        // Whatever the body answers after a refused fence, the call answers
+                        // that the lock is not held.
+                        return Err(Error::NotConfigured);
+                    }
                     effects.fetch_add(10, Ordering::SeqCst);
                     Ok::<u32, Error>(1)
                 })
@@ -161,7 +165,7 @@ pub async fn a_fence_stops_a_holder_whose_unit_was_taken_over(store: SharedStore
     successor_done_tx.send(()).unwrap();
     let first = first.await.unwrap();
     assert!(
-        matches!(&first, Err(Error::LockLost { task, .. }) if task == "fenced"),
+        matches!(&first, Err(Error::LockNotHeld { task, .. }) if task == "fenced"),
         "a holder whose unit was taken over passed its fence: {first:?}"
     );
     assert_eq!(
@@ -178,11 +182,13 @@ pub async fn a_fence_stops_a_holder_whose_unit_was_taken_over(store: SharedStore
         .unwrap();
     assert_eq!(replayed, 2);
 
-    // A holder that still has its lock passes its fence, which renews the lock: a body that
-    // fences at two thirds of its TTL runs past the TTL and still finishes as its holder.
+    // A holder that still has its lock passes its fence, which renews the lock in the store:
+    // a body that fences at two thirds of its TTL runs past the TTL, a delivery meanwhile
+    // finds the unit busy, and the body still finishes as its holder.
     let long = Duration::from_millis(900);
-    let renewed = Task::new("fenced-renewed")
-        .lock_ttl(long)
+    let renewed_task = Task::new("fenced-renewed").lock_ttl(long);
+    let intruder_store = store.clone();
+    let renewed = renewed_task
         .call("k")
         .store(store)
         .run_reported(async move {
@@ -190,6 +196,22 @@ pub async fn a_fence_stops_a_holder_whose_unit_was_taken_over(store: SharedStore
             tokio::time::sleep(long * 2 / 3).await;
             ctx.fence().await?;
             tokio::time::sleep(long * 2 / 3).await;
+            // Another tokio task: a call made from inside this body's unit would be refused
+            // as re-entered.
+            let intruder = tokio::spawn(async move {
+                Task::new("fenced-renewed")
+                    .retry(idempotask::RetryPolicy::no_wait())
+                    .call("k")
+                    .store(intruder_store)
+                    .run(async { Ok::<u32, Error>(5) })
+                    .await
+            })
+            .await
+            .unwrap();
+            assert!(
+                matches!(intruder, Err(Error::Contended { .. })),
+                "the fence did not renew the lock in the store: {intruder:?}"
+            );
             assert!(ctx.lock_held(), "the fence did not renew the lease");
             Ok::<u32, Error>(4)
         })

@@ -62,6 +62,8 @@ pub(crate) struct Lease {
     /// How [`TaskContext::fence`] asks the store; unset for a lock that a database transaction
     /// holds until it ends, which no other delivery can take over meanwhile.
     fence: OnceLock<Fence>,
+    /// A fence was refused: the call answers [`Error::LockNotHeld`], whatever the body returns.
+    fenced_out: AtomicBool,
 }
 
 /// What a fence needs to ask the store whether the lock is still this holder's: the lock's
@@ -100,7 +102,13 @@ impl Lease {
             lost: AtomicBool::new(false),
             reconciled: AtomicBool::new(false),
             fence: OnceLock::new(),
+            fenced_out: AtomicBool::new(false),
         }
+    }
+
+    /// Whether a fence was refused during this execution.
+    pub(crate) fn was_fenced_out(&self) -> bool {
+        self.fenced_out.load(Ordering::Acquire)
     }
 
     /// Lets [`TaskContext::fence`] check this lease against the store; set once, when the
@@ -116,6 +124,10 @@ impl Lease {
     }
 
     /// Marks the lock as lost for good.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
     pub(crate) fn lose(&self) {
         self.lost.store(true, Ordering::Release);
     }
@@ -232,22 +244,28 @@ impl TaskContext {
     }
 
     /// Checks against the store, before a side effect, that this execution still holds its
-    /// unit: no later delivery took it over. A holder whose lock ran out and was taken over
-    /// (a pause past the lock TTL, a lost renewal) gets [`Error::LockLost`] and must not start
-    /// the effect; otherwise the lock is renewed to the task's full lock TTL, so the effect
-    /// has that long before a takeover is possible.
+    /// lock. A holder whose lock the store no longer holds (a pause past the lock TTL, and
+    /// another delivery took the unit over or the store forgot the lock; an operator resolved
+    /// the unit) gets [`Error::LockNotHeld`] and must not start the effect; otherwise the lock
+    /// is renewed to the task's full lock TTL, so the effect has that long before anyone else
+    /// can take the unit over.
     ///
     /// One store command (a renewal by the lock's token); [`lock_held`](Self::lock_held) is the
-    /// free but local answer. A lock that ran out while nobody took the unit over is still
-    /// this holder's, and a fence renews it. Inside a transactional call
-    /// ([`Call::run_in_transaction`](crate::Call::run_in_transaction)) the transaction holds
-    /// the unit until it ends, and a fence answers `Ok` without a command. Pass the
-    /// [`fencing_token`](Self::fencing_token) to a downstream system that can check it too: a
-    /// pause between the fence and the effect's arrival is out of any client's sight.
+    /// free but local answer. A lock that ran out may still be this holder's, when the store
+    /// remembers it and nobody took the unit over ([`Task::doubt_memory`](crate::Task::doubt_memory)):
+    /// then the fence renews it and answers `Ok`. Once a fence is refused, the call answers
+    /// `Error::LockNotHeld` whatever the body returns after it, so that a queue consumer
+    /// redelivers the message after the current holder instead of counting a failure. Inside
+    /// a transactional call ([`Call::run_in_transaction`](crate::Call::run_in_transaction))
+    /// the transaction holds the unit until it ends, and a fence answers `Ok` without a
+    /// command. A pause between the fence and the effect's arrival is out of any client's
+    /// sight: pass the [`fencing_token`](Self::fencing_token) to a downstream system that can
+    /// check it.
     ///
     /// # Errors
-    /// [`Error::LockLost`] when another delivery holds the unit now; [`Error::Store`] when the
-    /// store could not answer (the effect must not start either: the check failed closed).
+    /// [`Error::LockNotHeld`] when the store no longer holds the lock, or this process already
+    /// found it lost; [`Error::Store`] when the store could not answer (the effect must not
+    /// start either: the check failed closed).
     ///
     /// ```
     /// use idempotask::{MemoryStore, Task};
@@ -269,8 +287,8 @@ impl TaskContext {
         let Some(fence) = self.lease.fence.get() else {
             return Ok(());
         };
-        if self.lease.lost.load(Ordering::Acquire) {
-            return Err(lock_lost(&self.unit, fence.logging));
+        if self.lease.is_lost() {
+            return Err(self.fenced_out(fence));
         }
         let sent = Instant::now();
         match fence
@@ -278,16 +296,26 @@ impl TaskContext {
             .renew(&self.unit, &fence.token, fence.lock_ttl)
             .await
         {
-            Ok(true) => {
+            // The watchdog may have found the lock gone while this renewal was in flight.
+            Ok(true) if !self.lease.is_lost() => {
                 self.lease.renewed(sent, fence.lock_ttl);
                 Ok(())
             }
-            Ok(false) => {
-                self.lease.lose();
-                Err(lock_lost(&self.unit, fence.logging))
-            }
+            Ok(_) => Err(self.fenced_out(fence)),
             Err(err) => Err(Error::Store(err)),
         }
+    }
+
+    /// Marks the lease lost and refused at a fence; the error the body gets for it.
+    fn fenced_out(&self, fence: &Fence) -> Error {
+        self.lease.lose();
+        self.lease.fenced_out.store(true, Ordering::Release);
+        tracing::warn!(
+            task = self.unit.task(),
+            key = fence.logging.show(&self.unit),
+            "a fence found the lock no longer this delivery's; the body stops there"
+        );
+        lock_lost(&self.unit, fence.logging)
     }
 
     /// The body's value is the one a reconcile function found, not a new execution's.

@@ -84,17 +84,19 @@ pub enum Error {
     },
 
     /// A body asked [`TaskContext::fence`](crate::TaskContext::fence) before a side effect,
-    /// and this delivery no longer holds the unit: its lock ran out and another delivery took
-    /// the unit over, or an operator resolved it.
+    /// and the store no longer holds this delivery's lock: it ran out and another delivery took
+    /// the unit over, or the store forgot it, or an operator resolved the unit.
     ///
-    /// The effect after the fence must not start: return this error from the body (`?`).
-    /// What ran before the fence stays done; the delivery that holds the unit now records its
-    /// own result, which later deliveries get back.
+    /// The effect after the fence must not start: return this error from the body (`?`). The
+    /// call answers it whatever error the body returned after a refused fence. What ran before
+    /// the fence stays done; a later delivery replays the result of the delivery that holds the
+    /// unit now, or runs if none does. (Not to be confused with
+    /// [`Outcome::LockLost`](crate::Outcome::LockLost): there the body's work was done.)
     #[error(
-        "task `{task}` with key `{key}` no longer holds its lock: another delivery took the unit over; the side effect after the fence did not start"
+        "task `{task}` with key `{key}` no longer holds its lock: its fence was refused and the body stopped there; redeliver it after the current holder"
     )]
     #[non_exhaustive]
-    LockLost {
+    LockNotHeld {
         /// The task's stable name.
         task: String,
         /// The caller's key (shown as the task's [`KeyLogging`](crate::KeyLogging) says).
@@ -467,7 +469,7 @@ impl Error {
                 task,
                 key: key.shown_as(logging),
             },
-            Self::LockLost { task, key } => Self::LockLost {
+            Self::LockNotHeld { task, key } => Self::LockNotHeld {
                 task,
                 key: key.shown_as(logging),
             },
@@ -517,7 +519,7 @@ pub(crate) fn contended(
 /// The error of a fence that found the lock no longer the caller's, its key shown as
 /// `logging` says.
 pub(crate) fn lock_lost(unit: &UnitOfWork, logging: KeyLogging) -> Error {
-    Error::LockLost {
+    Error::LockNotHeld {
         task: unit.task().to_owned(),
         key: CallerKey::plain(unit.key()).shown_as(logging),
     }

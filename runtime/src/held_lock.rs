@@ -4,7 +4,6 @@
 use std::future::{Future, poll_fn};
 use std::pin::pin;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
@@ -77,17 +76,18 @@ pub(crate) async fn renewing<F: Future>(
 /// its renewals with it; [`Task::renew_cooperatively`](crate::Task::renew_cooperatively) says so.
 async fn in_task<F: Future>(body: F, renewal: Renewal) -> F::Output {
     let mut body = pin!(body);
-    let mut renewals = pin!(renew_until_lost(renewal));
+    // Unconstrained, and polled before the body: a body that always has work ready (a fast
+    // stream, a full channel) spends tokio's per-poll budget, and a timer polled after it would
+    // then answer "pending" on every poll, however late; the renewals' first clock also starts
+    // with the body's first poll, not after it.
+    let mut renewals = pin!(tokio::task::unconstrained(renew_until_lost(renewal)));
     let mut renewing = true;
     poll_fn(|cx| {
-        if let Poll::Ready(output) = body.as_mut().poll(cx) {
-            return Poll::Ready(output);
-        }
         // Once the renewals end (the lock is lost), their future is done and not polled again.
         if renewing && renewals.as_mut().poll(cx).is_ready() {
             renewing = false;
         }
-        Poll::Pending
+        body.as_mut().poll(cx)
     })
     .await
 }
@@ -105,6 +105,10 @@ async fn renew_until_lost(renewal: Renewal) {
     let interval = lock_ttl / 3;
     loop {
         sleep(interval).await;
+        if lease.is_lost() {
+            // A refused fence found the lock gone already, and said so.
+            return;
+        }
         let sent = Instant::now();
         match store.renew(&unit, &token, lock_ttl).await {
             Ok(true) => {

@@ -13,7 +13,7 @@ use crate::Error;
 /// | [`Error`] | `Redelivery` | the message |
 /// | --- | --- | --- |
 /// | [`Contended`](Error::Contended) | [`AfterHolder`](Self::AfterHolder) | back after the holder's remaining lock time |
-/// | [`LockLost`](Error::LockLost) (a body's fence) | [`AfterHolder`](Self::AfterHolder)`(None)` | back after the delivery that took the unit over: it replays that delivery's result |
+/// | [`LockNotHeld`](Error::LockNotHeld) (a body's fence refused) | [`AfterHolder`](Self::AfterHolder)`(None)` | back after the delivery that took the unit over: it replays that delivery's result |
 /// | [`Store`](Error::Store), [`NotConfigured`](Error::NotConfigured) | [`Later`](Self::Later) | back later, with backoff: the store recovers, or the deploy that installs it comes |
 /// | [`Reentered`](Error::Reentered), [`NoRuntime`](Error::NoRuntime), [`TaskNameTaken`](Error::TaskNameTaken) ([`is_misuse`](Error::is_misuse)) | [`Later`](Self::Later) | back later: the program is wrong, not the message, which must outlive the fix |
 /// | [`KeyReuse`](Error::KeyReuse), [`Codec`](Error::Codec), [`InvalidKey`](Error::InvalidKey), [`MarkerKeyMismatch`](Error::MarkerKeyMismatch) | [`Never`](Self::Never) | to the dead-letter path: no delivery of it can succeed. A [`Codec`](Error::Codec) error means the work already ran once (see [`CodecErrorKind`](crate::CodecErrorKind)): re-driving the message from there runs it again |
@@ -61,7 +61,7 @@ impl Error {
             Self::Contended {
                 lock_ttl_remaining, ..
             } => Redelivery::AfterHolder(*lock_ttl_remaining),
-            Self::LockLost { .. } => Redelivery::AfterHolder(None),
+            Self::LockNotHeld { .. } => Redelivery::AfterHolder(None),
             Self::KeyReuse { .. }
             | Self::InDoubt { .. }
             | Self::Codec { .. }
@@ -125,5 +125,11 @@ mod tests {
             busy.redelivery(),
             Redelivery::AfterHolder(Some(Duration::from_secs(3)))
         );
+        let fenced_out = Error::LockNotHeld {
+            task: "charge".into(),
+            key: crate::CallerKey::plain("order-42"),
+        };
+        assert_eq!(fenced_out.redelivery(), Redelivery::AfterHolder(None));
+        assert!(!fenced_out.is_misuse());
     }
 }

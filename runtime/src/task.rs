@@ -26,7 +26,7 @@ pub struct Settings {
     pub result_ttl: Duration,
     /// How a delivery waits while another holds the lock.
     pub retry: RetryPolicy,
-    /// Whether a watchdog renews the lock while the body runs.
+    /// Whether the lock is renewed while the body runs.
     pub renew: bool,
     /// Whether the renewals run in the body's own task, with no hand-off per poll.
     pub renew_cooperatively: bool,
@@ -172,7 +172,9 @@ impl Task {
         self
     }
 
-    /// Whether a watchdog renews the lock every third of its TTL while the body runs.
+    /// Whether the lock is renewed every third of its TTL while the body runs; by default by a
+    /// watchdog task (below), with [`renew_cooperatively`](Self::renew_cooperatively) in the
+    /// body's own task.
     ///
     /// The watchdog is a task of its own on the runtime, and on a multi-thread runtime each poll
     /// of the body runs in `tokio::task::block_in_place`: a body that blocks its thread (a

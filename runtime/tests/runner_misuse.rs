@@ -236,6 +236,30 @@ async fn cooperative_renewal_stops_while_the_body_blocks_its_thread_and_says_so(
     );
 }
 
+/// Renewal in the body's task holds through a body that only awaits but always has work
+/// ready, which spends tokio's per-poll budget on every poll: the renewals are polled first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cooperative_renewal_holds_through_a_body_that_spends_its_budget() {
+    let ttl = Duration::from_millis(300);
+    let report = Task::new("busy-cooperative")
+        .lock_ttl(ttl)
+        .renew(true)
+        .renew_cooperatively(true)
+        .call("k")
+        .store(MemoryStore::new())
+        .run_reported(async move {
+            let until = tokio::time::Instant::now() + ttl * 3;
+            while tokio::time::Instant::now() < until {
+                tokio::task::consume_budget().await;
+            }
+            Ok::<bool, Error>(idempotask::context().unwrap().lock_held())
+        })
+        .await
+        .unwrap();
+    assert!(report.value, "the busy body's lease ran out");
+    assert_eq!(report.outcome, Outcome::Executed);
+}
+
 /// A result JSON cannot carry (`NaN` is written as `null`, which does not read back as a
 /// float) is found at the first execution: duplicates get the unstorable error, not a decoding
 /// error that reads like a changed return type, and the body does not run again.

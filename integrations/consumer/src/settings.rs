@@ -93,7 +93,8 @@ impl ConsumerSettings {
     /// in a [`BatchingStore`], so that the messages a consumer runs at once reach it as one
     /// pipeline of `begin`s and one of `finish`es, unless
     /// [`batch_store_calls`](Self::batch_store_calls) is off. A store that does not, or one
-    /// that batches already (a `BatchingStore`), is used as it is.
+    /// that batches already (a `BatchingStore`), is used as it is; so is the installed store
+    /// when no store is given (install a `BatchingStore` to batch its calls).
     ///
     /// ```
     /// # use idempotask::{MemoryStore, Task};

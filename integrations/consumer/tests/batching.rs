@@ -151,6 +151,16 @@ async fn a_store_that_batches_natively_gets_the_messages_run_at_once_together() 
 }
 
 #[tokio::test(flavor = "current_thread")]
+async fn a_shared_store_that_batches_natively_is_batched_too() {
+    let store = Recording::new(true);
+    let settings = ConsumerSettings::new(Task::new("shared")).store(Arc::new(store.clone()));
+    sixteen_at_once(&settings).await;
+    let (batches, single_begins) = store.seen();
+    assert_eq!(single_begins, 0, "{batches:?}");
+    assert!(batches.iter().any(|&size| size > 1), "{batches:?}");
+}
+
+#[tokio::test(flavor = "current_thread")]
 async fn a_store_that_does_not_batch_or_is_told_not_to_gets_each_call_alone() {
     let plain = Recording::new(false);
     sixteen_at_once(&ConsumerSettings::new(Task::new("plain")).store(plain.clone())).await;

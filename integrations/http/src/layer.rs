@@ -383,9 +383,9 @@ impl Idempotency {
         self
     }
 
-    /// Whether the renewal holds while a handler blocks its thread (default off; `true` turns
-    /// renewal on, `false` keeps it in the handler's task): a watchdog task of its own renews
-    /// the lock, and each poll of the handler is handed to another
+    /// Whether the renewal holds while a handler blocks its thread (default off; `true` also
+    /// turns renewal on, `false` moves a renewal that is on back to the handler's task): a
+    /// watchdog task of its own renews the lock, and each poll of the handler is handed to another
     /// thread and back so that the blocking cannot stop it ([`Task::renew`] says why).
     ///
     /// What it costs: for a handler polled twice (one await), 129 µs of server CPU per fresh

@@ -109,9 +109,9 @@
 //!
 //! # Batches
 //! One read asks for up to [`batch_size`](Idempotent::batch_size) entries; they run at the
-//! same time and are settled together. Over a `RedisStore` wrapped in
-//! [`BatchingStore`](idempotask::store::BatchingStore) (as above), the batch's `begin`s reach
-//! the store as one pipeline, and so do its `finish`es. A slow body holds its batch's acks.
+//! same time and are settled together. Over a `RedisStore`, which the consumer wraps in a
+//! [`BatchingStore`](idempotask::store::BatchingStore) itself (or one wrapped already, as
+//! above), the batch's `begin`s reach the store as one pipeline, and so do its `finish`es. A slow body holds its batch's acks.
 //!
 //! A group that is gone (its stream deleted, or a Redis without persistence restarted) is
 //! created again at the stream's start on the next read, with a warning; the entries it held

@@ -113,8 +113,9 @@
 //! # Batches and FIFO queues
 //! One receive asks for up to [`batch_size`](Idempotent::batch_size) messages (10, SQS's
 //! most, by default); they run at the same time and are settled together. Over a
-//! `RedisStore` wrapped in [`BatchingStore`](idempotask::store::BatchingStore) (as above),
-//! the batch's `begin`s reach the store as one pipeline, and so do its `finish`es. A slow body
+//! `RedisStore`, which the consumer wraps in a
+//! [`BatchingStore`](idempotask::store::BatchingStore) itself (or one wrapped already, as
+//! above), the batch's `begin`s reach the store as one pipeline, and so do its `finish`es. A slow body
 //! holds its batch's deletes.
 //!
 //! On a FIFO queue the messages of one message group run one after the other, in the order

@@ -9,8 +9,8 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::context::{Fence, TaskContext};
-use crate::error::{CallerKey, CodecErrorKind, Error, codec};
+use crate::context::{Fence, Lease, TaskContext};
+use crate::error::{CallerKey, CodecErrorKind, Error, codec, lock_lost};
 use crate::fingerprint::Fingerprint;
 use crate::held_lock::{OnDrop, Recording, Renewal, release, renewing};
 use crate::install::current;
@@ -303,7 +303,7 @@ impl Call<'_> {
             Ok(Err(err)) => {
                 on_drop.disarm();
                 release(&store, &unit, &token, logging).await;
-                return Err((err, Ending::Failed));
+                return Err(self.body_failed(err, &unit, &lease));
             }
             Ok(Ok(value)) => value,
         };
@@ -324,6 +324,16 @@ impl Call<'_> {
             attempts,
             in_doubt: in_doubt.map(|doubt| *doubt),
         })
+    }
+
+    /// The call's error for a body's `Err`: the body's own, or [`Error::LockNotHeld`] when a
+    /// fence of the body was refused (whatever the body returned after it).
+    fn body_failed<E: From<Error>>(&self, err: E, unit: &UnitOfWork, lease: &Lease) -> (E, Ending) {
+        if lease.was_fenced_out() {
+            self.failed(lock_lost(unit, self.task.log_key))
+        } else {
+            (err, Ending::Failed)
+        }
     }
 
     /// An error of idempotask's own as the call's error, with how the call ended. Every error

@@ -477,6 +477,10 @@ impl<S: Store> Store for Arc<S> {
         (**self).max_key_len()
     }
 
+    fn batches_natively(&self) -> bool {
+        (**self).batches_natively()
+    }
+
     async fn begin(
         &self,
         unit: &UnitOfWork,
