@@ -1,5 +1,5 @@
 //! `idempotask`: see what happened to a unit of work, forget one on purpose, list a task's keys,
-//! resolve a unit in doubt.
+//! resolve a unit in doubt, or do the same from a web page (`dashboard`).
 //!
 //! ```text
 //! idempotask status --task charge_customer --key order-charge-42   # exit 0 done, 3 locked, 4 unknown, 5 in doubt
@@ -10,6 +10,7 @@
 //! idempotask resolve --task charge_customer --key order-charge-42 --result '{"id":"ch_1"}' --yes
 //! idempotask resolve --task charge_customer --key order-charge-42 --free --yes
 //! idempotask --database-url postgres://app@db/app status --task charge_customer --key order-charge-42
+//! idempotask --audit-log audit.jsonl dashboard --task charge_customer   # a web page on 127.0.0.1:8787
 //! ```
 //!
 //! Exit codes: 0 done (or success), 1 error, 2 usage, 3 locked, 4 unknown key or task, 5 in

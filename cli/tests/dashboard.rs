@@ -208,11 +208,7 @@ fn a_held_unit_resolved_through_a_post_changes_the_store_once_csrf_holds() {
     assert_eq!(json(&again.body)["kind"], "not_in_doubt");
 
     // A bearer (a script, not a browser) needs no CSRF token; forget goes through `forget`.
-    let bearer = format!("Bearer {}", dashboard.token);
-    let forgot = post(
-        &[("Authorization", &bearer)],
-        "action=forget&task=charge&key=order-1",
-    );
+    let forgot = dashboard.post_action("action=forget&task=charge&key=order-1");
     assert_eq!(forgot.status, 200, "{forgot:?}");
     assert_eq!(redis.status_json("charge", "order-1")["state"], "unknown");
 
@@ -319,14 +315,7 @@ fn twenty_thousand_units_are_counted_without_keys() {
         form_value(charge["done_next"].as_str().unwrap())
     ));
     assert_eq!(page.status, 200);
-    let stats: String = common::runtime().block_on(async {
-        let mut conn = server.connection().await;
-        redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut conn)
-            .await
-            .unwrap()
-    });
+    let stats = commandstats(&server);
     // What each call cost the server: `usec_per_call` is how long it held it.
     for line in stats.lines().filter(|line| line.starts_with("cmdstat_")) {
         println!("{line}");
@@ -348,17 +337,50 @@ fn the_dashboard_works_on_postgres_where_rows_keep_their_keys() {
     let page = dashboard.get("/").body;
     assert!(page.contains("data-key=\"order-held\""), "{page}");
 
-    let bearer = format!("Bearer {}", dashboard.token);
-    let freed = http(
-        dashboard.addr,
-        "POST",
-        "/action",
-        &[("Authorization", &bearer)],
-        Some("action=free&task=charge&key=order-held"),
-    );
+    let freed = dashboard.post_action("action=free&task=charge&key=order-held");
     assert_eq!(freed.status, 200, "{freed:?}");
     assert_eq!(
         postgres.status_json("charge", "order-held")["state"],
         "unknown"
     );
+}
+
+/// The server's `INFO commandstats`: each command's calls and time.
+fn commandstats(server: &RedisServer) -> String {
+    common::runtime().block_on(async {
+        let mut conn = server.connection().await;
+        redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await
+            .unwrap()
+    })
+}
+
+/// How many `SCAN` calls the server answered since its stats were reset.
+fn scans(server: &RedisServer) -> u64 {
+    commandstats(server)
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_scan:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+#[test]
+fn pages_refreshed_together_share_one_walk_and_an_action_starts_a_new_one() {
+    let server = filled();
+    let dashboard = Dashboard::start("--redis-url", &server.url(), &["--task", "charge"]);
+    let first = dashboard.get("/api/units");
+    let walked = scans(&server);
+    assert!(walked > 0);
+    let second = dashboard.get("/fragment");
+    assert_eq!(second.status, 200);
+    assert_eq!(dashboard.get("/api/units").body, first.body);
+    assert_eq!(scans(&server), walked, "a second walk within 2 s");
+
+    let freed = dashboard.post_action("action=free&task=charge&key=order-held");
+    assert_eq!(freed.status, 200, "{freed:?}");
+    let after = json(&dashboard.get("/api/units").body);
+    assert_eq!(after["tasks"][0]["in_doubt"], 0, "{after}");
+    assert!(scans(&server) > walked);
 }

@@ -59,6 +59,7 @@ pub(crate) async fn serve(
         target,
         options,
         access,
+        recent: tokio::sync::Mutex::new(None),
     });
     axum::serve(listener, routes::router(shared))
         .await

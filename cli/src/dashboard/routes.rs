@@ -2,6 +2,7 @@
 //! same, the two assets, and the action every button posts to.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::extract::{Extension, Form, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
@@ -15,7 +16,7 @@ use serde_json::value::RawValue;
 
 use super::auth::{COOKIE, Caller, same, same_origin};
 use super::render::{self, escape};
-use super::state::Shared;
+use super::state::{FRESH, Recent, Shared};
 use super::view::{self, TaskView};
 use crate::audit;
 use crate::commands::{self, Settle};
@@ -113,8 +114,17 @@ struct Paging {
     from: Option<String>,
 }
 
-/// Every task's view; the one `paging` names from its cursor.
+/// Every task's view; the one `paging` names from its cursor. A walk younger than [`FRESH`] for
+/// the same page answers instead of a new one.
 async fn views(shared: &Shared, paging: &Paging) -> Result<Vec<TaskView>, Response> {
+    let key = (paging.task.clone(), paging.from.clone());
+    let mut recent = shared.recent.lock().await;
+    if let Some(last) = recent.as_ref()
+        && last.paging == key
+        && last.at.elapsed() < FRESH
+    {
+        return Ok(last.views.clone());
+    }
     let mut views = Vec::new();
     for task in &shared.options.tasks {
         let from = paging
@@ -135,6 +145,11 @@ async fn views(shared: &Shared, paging: &Paging) -> Result<Vec<TaskView>, Respon
             })?;
         views.push(view);
     }
+    *recent = Some(Recent {
+        at: Instant::now(),
+        paging: key,
+        views: views.clone(),
+    });
     Ok(views)
 }
 
@@ -203,7 +218,10 @@ async fn action(
             "refused: the form's CSRF token or the request's origin is not this page's; nothing was changed; reload the page",
         );
     }
-    let (name, done) = match act(&shared, &form).await {
+    let acted = act(&shared, &form).await;
+    // The next refresh shows what the action changed.
+    *shared.recent.lock().await = None;
+    let (name, done) = match acted {
         Ok((name, found)) => (name, Ok(found.text)),
         Err((name, failure)) => (name, Err(failure)),
     };

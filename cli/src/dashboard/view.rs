@@ -23,7 +23,7 @@ pub(crate) const SHOWN: usize = 100;
 const DONE_PAGE: usize = 200;
 
 /// One unit as a row of the page.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub(crate) struct Row {
     /// The caller key, when the store knows it and keys are not shown hashed.
     pub(crate) key: Option<String>,
@@ -75,7 +75,7 @@ impl Row {
 }
 
 /// One task as the page shows it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub(crate) struct TaskView {
     pub(crate) task: String,
     pub(crate) done: usize,

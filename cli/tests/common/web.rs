@@ -64,6 +64,18 @@ impl Dashboard {
         let bearer = format!("Bearer {}", self.token);
         http(self.addr, "GET", path, &[("Authorization", &bearer)], None)
     }
+
+    /// `POST /action` of the form `body`, with the token as a bearer.
+    pub(crate) fn post_action(&self, body: &str) -> Reply {
+        let bearer = format!("Bearer {}", self.token);
+        http(
+            self.addr,
+            "POST",
+            "/action",
+            &[("Authorization", &bearer)],
+            Some(body),
+        )
+    }
 }
 
 impl Drop for Dashboard {
