@@ -2,7 +2,7 @@
 //! needs the token, the page escapes what the store holds and forbids inline script, a post
 //! needs the session's CSRF token and this host's origin, a held unit resolved through the
 //! page changes the store (and the audit trail says so), and 20,000 units are counted without
-//! `KEYS`.
+//! `KEYS`; the same page works on PostgreSQL and on a Redis Cluster.
 
 use std::time::{Duration, Instant};
 
@@ -383,4 +383,31 @@ fn pages_refreshed_together_share_one_walk_and_an_action_starts_a_new_one() {
     let after = json(&dashboard.get("/api/units").body);
     assert_eq!(after["tasks"][0]["in_doubt"], 0, "{after}");
     assert!(scans(&server) > walked);
+}
+
+#[test]
+fn the_dashboard_walks_every_master_of_a_redis_cluster() {
+    let cluster = idempotask_test_support::cluster::RedisCluster::shared();
+    let namespace = format!("t{:016x}", rand::random::<u64>());
+    let keys: Vec<String> = (0..12).map(|i| format!("order-{i}")).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    common::runtime().block_on(async {
+        let store = cluster.store_in(&namespace).await;
+        common::leave_in_doubt_on(&store, "charge", &keys, Fencing::On).await;
+    });
+    let url = cluster.urls()[0].clone();
+    let dashboard = Dashboard::start(
+        "--redis-url",
+        &url,
+        &["--namespace", &namespace, "--task", "charge"],
+    );
+    let units = json(&dashboard.get("/api/units").body);
+    let charge = &units["tasks"][0];
+    assert_eq!(charge["in_doubt"], 12, "{units}");
+    assert_eq!(charge["held_units"].as_array().unwrap().len(), 12);
+
+    let freed = dashboard.post_action("action=free&task=charge&key=order-3");
+    assert_eq!(freed.status, 200, "{freed:?}");
+    let after = json(&dashboard.get("/api/units").body);
+    assert_eq!(after["tasks"][0]["in_doubt"], 11, "{after}");
 }
