@@ -411,3 +411,36 @@ fn the_dashboard_walks_every_master_of_a_redis_cluster() {
     let after = json(&dashboard.get("/api/units").body);
     assert_eq!(after["tasks"][0]["in_doubt"], 11, "{after}");
 }
+
+#[test]
+fn a_token_file_wins_over_the_environment_and_logs_in_percent_encoded() {
+    let server = filled();
+    let token = "s3cret+token/with=odd&chars!";
+    let file = std::env::temp_dir().join(format!("token-{:x}", rand::random::<u64>()));
+    std::fs::write(&file, format!("{token}\nignored second line\n")).unwrap();
+    let dashboard = Dashboard::start(
+        "--redis-url",
+        &server.url(),
+        &["--task", "charge", "--token-file", file.to_str().unwrap()],
+    );
+    // `Dashboard::start` put another token in the environment: the file's wins.
+    assert_eq!(dashboard.get("/").status, 401);
+    let login = http(
+        dashboard.addr,
+        "GET",
+        &format!("/?token={}", form_value(token)),
+        &[],
+        None,
+    );
+    assert_eq!(login.status, 303, "{login:?}");
+    let bearer = format!("Bearer {token}");
+    let page = http(
+        dashboard.addr,
+        "GET",
+        "/",
+        &[("Authorization", &bearer)],
+        None,
+    );
+    assert_eq!(page.status, 200);
+    let _ = std::fs::remove_file(file);
+}

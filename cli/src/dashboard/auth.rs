@@ -146,8 +146,10 @@ impl Access {
 pub(crate) fn same_origin(headers: &HeaderMap) -> bool {
     let value = |name| headers.get(name).and_then(|value| value.to_str().ok());
     match (value(header::ORIGIN), value(header::HOST)) {
+        // `https://` too: behind a TLS proxy that passes the `Host` header on.
         (Some(origin), Some(host)) => origin
             .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"))
             .is_some_and(|origin_host| origin_host == host),
         _ => false,
     }
@@ -173,4 +175,48 @@ fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
 /// 128 random bits, as 32 hex digits.
 fn random_hex() -> String {
     hex(&rand::random::<[u8; 16]>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(origin: Option<&'static str>, host: &'static str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::HOST, host.parse().unwrap());
+        if let Some(origin) = origin {
+            headers.insert(header::ORIGIN, origin.parse().unwrap());
+        }
+        headers
+    }
+
+    #[test]
+    fn a_post_must_come_from_this_very_host() {
+        assert!(same_origin(&headers(
+            Some("http://127.0.0.1:8787"),
+            "127.0.0.1:8787"
+        )));
+        assert!(same_origin(&headers(
+            Some("https://ops.example"),
+            "ops.example"
+        )));
+        assert!(!same_origin(&headers(
+            Some("http://evil.example"),
+            "127.0.0.1:8787"
+        )));
+        assert!(!same_origin(&headers(
+            Some("http://127.0.0.1:8788"),
+            "127.0.0.1:8787"
+        )));
+        assert!(!same_origin(&headers(Some("null"), "127.0.0.1:8787")));
+        assert!(!same_origin(&headers(None, "127.0.0.1:8787")));
+    }
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(same(b"abc", b"abc"));
+        assert!(!same(b"abc", b"abd"));
+        assert!(!same(b"abc", b"abcd"));
+        assert!(!same(b"", b"a"));
+    }
 }

@@ -68,14 +68,9 @@ async fn guard(State(shared): State<Arc<Shared>>, mut request: Request, next: Ne
         request.extensions_mut().insert(Arc::new(caller));
         return next.run(request).await;
     }
-    let login = request
-        .uri()
-        .query()
-        .unwrap_or_default()
-        .split('&')
-        .filter_map(|pair| pair.split_once('='))
-        .find(|(name, _)| *name == "token")
-        .map(|(_, token)| token.to_owned());
+    let login = Query::<Login>::try_from_uri(request.uri())
+        .ok()
+        .and_then(|Query(login)| login.token);
     if request.method() == Method::GET
         && request.uri().path() == "/"
         && login.is_some_and(|token| shared.access.is_token(&token))
@@ -105,6 +100,12 @@ async fn js() -> impl IntoResponse {
 
 async fn css() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], APP_CSS)
+}
+
+/// The query of a login: `/?token=<token>`, percent-decoded.
+#[derive(Debug, Deserialize)]
+struct Login {
+    token: Option<String>,
 }
 
 /// Which page of done units a request wants: from `from`, for `task`.
