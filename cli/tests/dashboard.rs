@@ -105,6 +105,13 @@ fn the_page_shows_markup_from_the_store_as_text_under_a_strict_policy() {
         locked["lock_ttl_ms"].as_u64().unwrap() > 500_000,
         "{locked}"
     );
+    // A 10-minute lock taken moments ago has used almost none of its TTL.
+    assert_eq!(charge["ttl_used_max_percent"], 0, "{charge}");
+    assert!(
+        page.body.contains("closest to its TTL: 0% used"),
+        "{}",
+        page.body
+    );
 }
 
 #[test]

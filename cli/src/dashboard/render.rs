@@ -78,9 +78,18 @@ fn task(html: &mut String, view: &TaskView) {
     let _ = write!(
         html,
         r#"<section class="task" data-task="{name}"><h2>{name}</h2>
-<p class="counts"><span class="count done">{} done</span> <span class="count locked">{} locked</span> <span class="count held">{} in doubt</span> <span class="count flagged">{} flagged</span> <small>({} store calls, {} ms)</small></p>
+<p class="counts"><span class="count done">{} done</span> <span class="count locked">{} locked</span> <span class="count held">{} in doubt</span> <span class="count flagged">{} flagged</span>{} <small>({} store calls, {} ms)</small></p>
 "#,
-        view.done, view.locked, view.in_doubt, view.flagged, view.store_calls, view.elapsed_ms
+        view.done,
+        view.locked,
+        view.in_doubt,
+        view.flagged,
+        view.ttl_used_max_percent
+            .map_or_else(String::new, |percent| format!(
+                " <span class=\"count ttl\">closest to its TTL: {percent}% used</span>"
+            )),
+        view.store_calls,
+        view.elapsed_ms
     );
     let _ = write!(
         html,

@@ -83,6 +83,9 @@ pub(crate) struct TaskView {
     pub(crate) in_doubt: usize,
     /// Keys no delivery can use (see `idempotask list`).
     pub(crate) flagged: usize,
+    /// The largest share of its lock's TTL a locked unit has used, in percent: how close the
+    /// task's work comes to its TTL (where the store tells lock ages).
+    pub(crate) ttl_used_max_percent: Option<u64>,
     /// The locked units with the least lock TTL left, first.
     pub(crate) locked_units: Vec<Row>,
     /// The units in doubt whose lock ran out longest ago, first.
@@ -156,6 +159,7 @@ pub(crate) async fn task_view(
         locked: count(b'l'),
         in_doubt: count(b'h'),
         flagged: count(b'f'),
+        ttl_used_max_percent: locked.iter().filter_map(Row::ttl_used_percent).max(),
         locked_units: locked,
         held_units: held,
         done_units,
