@@ -2,7 +2,8 @@
 //! deliveries of one key on a multi-thread runtime with one worker thread and with two, a body
 //! that sleeps its thread for more than three lock TTLs. The lock must be renewed all along:
 //! the body runs once, its result is stored as that of a lock still held, and the second
-//! delivery, which keeps asking, gets that result instead of running beside it.
+//! delivery, which keeps asking, gets that result instead of running beside it. And renewals
+//! that lose the lock (in the body's task and by the watchdog) end, and the call says so.
 //!
 // `renew` lost to a thread-blocking body on Redis: the worker that ran the body was the one
 // parked on tokio's timer and I/O driver (it had just been woken by the reply to `begin`, or by
@@ -167,4 +168,50 @@ fn quorum() {
 fn postgres() {
     let server = PostgresServer::start();
     blocking_body_runs_once(|| server.store());
+}
+
+/// Renewals that end (the store stays down past the lock TTL, so the lease runs out) are not
+/// polled again, in the body's task as by the watchdog: the body runs on to its end, and the
+/// call reports the lost lock instead of `Executed`, in both modes.
+#[test]
+fn renewals_that_lose_the_lock_end_and_the_call_says_so() {
+    use support::faulty_store::FaultyStore;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let ttl = Duration::from_millis(300);
+        for cooperatively in [true, false] {
+            let store = FaultyStore::new(MemoryStore::new());
+            let outage = store.clone();
+            let report = Task::new("renewal_lost")
+                .lock_ttl(ttl)
+                .renew(true)
+                .renew_cooperatively(cooperatively)
+                .call(format!("k-{cooperatively}"))
+                .store(store)
+                .run_reported(async move {
+                    outage.down(true);
+                    // The renewals fail through the whole TTL, and the lease runs out.
+                    tokio::time::sleep(ttl * 2).await;
+                    outage.down(false);
+                    // The body goes on awaiting after its renewals ended.
+                    tokio::time::sleep(ttl).await;
+                    Ok::<bool, Error>(idempotask::context().unwrap().lock_held())
+                })
+                .await
+                .unwrap();
+            assert!(
+                !report.value,
+                "in task: {cooperatively}: the lease was held"
+            );
+            assert!(
+                matches!(report.outcome, Outcome::LockLost { .. }),
+                "in task: {cooperatively}: {:?}",
+                report.outcome
+            );
+        }
+    });
 }
