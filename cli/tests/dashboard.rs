@@ -117,15 +117,30 @@ fn the_page_shows_markup_from_the_store_as_text_under_a_strict_policy() {
 #[test]
 fn keys_are_shown_hashed_when_asked() {
     let server = filled();
+    let audit = std::env::temp_dir().join(format!("audit-{:x}.log", rand::random::<u64>()));
     let dashboard = Dashboard::start(
         "--redis-url",
         &server.url(),
-        &["--task", "charge", "--hash-keys"],
+        &[
+            "--task",
+            "charge",
+            "--hash-keys",
+            "--audit-log",
+            audit.to_str().unwrap(),
+        ],
     );
     let page = dashboard.get("/").body;
     assert!(!page.contains("order-1"), "{page}");
     let digest = UnitOfWork::new("charge", "order-1").unwrap();
     assert!(page.contains(digest.digest()), "{page}");
+
+    // The operator types the key to act; the trail names the unit by its digest only.
+    let forgot = dashboard.post_action("action=forget&task=charge&key=order-1");
+    assert_eq!(forgot.status, 200, "{forgot:?}");
+    let trail = std::fs::read_to_string(&audit).unwrap();
+    assert!(trail.contains(digest.digest()), "{trail}");
+    assert!(!trail.contains("order-1"), "{trail}");
+    let _ = std::fs::remove_file(audit);
 }
 
 /// Logs in as a browser does: answers the session cookie and the page's CSRF token.

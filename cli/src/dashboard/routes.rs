@@ -231,10 +231,17 @@ async fn action(
         .unit(&form.task, &form.key)
         .map(|unit| unit.digest().to_owned())
         .unwrap_or_default();
-    let (outcome, detail) = match &done {
+    let (outcome, said) = match &done {
         Ok(text) => ("ok", text.as_str()),
         Err(failure) => (failure.kind, failure.message.as_str()),
     };
+    // The commands' words name the key; a trail of hashed keys must not.
+    let detail = if shared.options.hash_keys && !form.key.is_empty() {
+        said.replace(&form.key, "<key>")
+    } else {
+        said.to_owned()
+    };
+    let detail = detail.as_str();
     let entry = audit::Entry {
         who: &shared.access.who(),
         action: name,
