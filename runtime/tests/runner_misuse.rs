@@ -260,6 +260,47 @@ async fn cooperative_renewal_holds_through_a_body_that_spends_its_budget() {
     assert_eq!(report.outcome, Outcome::Executed);
 }
 
+/// A body that panics after its renewals began, with renewal in its own task: the panic
+/// reaches the caller, the lock is released (the next delivery runs at once), and nothing is
+/// stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_under_cooperative_renewal_frees_the_lock_and_resumes() {
+    let store = MemoryStore::new();
+    let ttl = Duration::from_millis(300);
+    let task = Task::new("panicking-cooperative")
+        .lock_ttl(ttl)
+        .renew(true)
+        .renew_cooperatively(true)
+        .retry(idempotask::RetryPolicy::no_wait());
+    let panicking = {
+        let (task, store) = (task.clone(), store.clone());
+        tokio::spawn(async move {
+            task.call("k")
+                .store(store)
+                .run(async move {
+                    // Past the first renewal, so that one is in flight or done.
+                    tokio::time::sleep(ttl / 2).await;
+                    panic!("the body panicked");
+                    #[allow(unreachable_code)]
+                    Ok::<u8, Error>(0)
+                })
+                .await
+        })
+    };
+    let joined = panicking.await;
+    assert!(
+        joined.is_err_and(|err| err.is_panic()),
+        "the panic was swallowed"
+    );
+    let next: u8 = task
+        .call("k")
+        .store(store)
+        .run(async { Ok::<u8, Error>(2) })
+        .await
+        .expect("the panicked holder's lock was left behind");
+    assert_eq!(next, 2, "a result was stored for the panicked body");
+}
+
 /// A result JSON cannot carry (`NaN` is written as `null`, which does not read back as a
 /// float) is found at the first execution: duplicates get the unstorable error, not a decoding
 /// error that reads like a changed return type, and the body does not run again.
