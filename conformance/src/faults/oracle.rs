@@ -21,7 +21,8 @@ pub(super) enum Lock {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Written {
     pub(super) lock: Lock,
-    /// Before the call answered (not by an operation applied late, after its last one).
+    /// Before the call answered: by one of its operations, or by an operation applied late that
+    /// a later read of the call's (a finish, an inspection) came after.
     pub(super) before_the_answer: bool,
 }
 

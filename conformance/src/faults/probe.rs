@@ -428,6 +428,16 @@ impl Probe {
             }
             broken.extend(finish_answer(marker, before, answer, after, lock));
         }
+        // A late operation can apply while the call still runs: a concurrent renewal lets it
+        // through. The call learns of that write once one of its own reads of the unit (a
+        // finish that finds its marker, an inspection) comes after it.
+        if !late
+            && !state.answered
+            && matches!(op, Op::Finish { .. } | Op::Inspect)
+            && let Some(written) = &mut state.written
+        {
+            written.before_the_answer = true;
+        }
         if let Some(stored) = &before.marker
             && after.marker.as_ref() != Some(stored)
         {
@@ -470,5 +480,73 @@ struct InFlight<'p>(&'p Probe);
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.state().in_flight -= 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use idempotask::MemoryStore;
+
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    fn finish(token: &LockToken) -> Op {
+        Op::Finish {
+            token: token.clone(),
+            marker: b"the call's result".to_vec(),
+            result_ttl: TTL,
+        }
+    }
+
+    /// Input: the operation the call makes after its finish timed out and was left to apply
+    /// late, behind a renewal of its watchdog. Output: whether the write counts as made before
+    /// the call answered.
+    async fn written_before_the_answer(then: impl FnOnce(&LockToken) -> Op) -> bool {
+        let store = SharedStore::new(MemoryStore::new());
+        let unit = UnitOfWork::new("t", "k").unwrap();
+        let token = LockToken::generate();
+        let probe = Probe::new(
+            Plan::Inject {
+                at: 1,
+                fault: Fault::AppliedLate,
+            },
+            TTL,
+            Fencing::Off,
+        );
+        let begin = Op::Begin {
+            token: token.clone(),
+            lock_ttl: TTL,
+            fencing: Fencing::Off,
+        };
+        probe.perform(&store, &unit, begin).await.unwrap();
+        assert!(probe.perform(&store, &unit, finish(&token)).await.is_err());
+        let renew = Op::Renew {
+            token: token.clone(),
+            lock_ttl: TTL,
+        };
+        probe.perform(&store, &unit, renew).await.unwrap();
+        let written = probe
+            .written()
+            .expect("the late finish applied behind the renewal");
+        assert!(!written.before_the_answer, "{written:?}");
+        probe.perform(&store, &unit, then(&token)).await.unwrap();
+        assert!(probe.violations().is_empty(), "{:?}", probe.violations());
+        probe.written().unwrap().before_the_answer
+    }
+
+    #[tokio::test]
+    async fn a_late_write_counts_once_a_later_read_of_the_call_comes_after_it() {
+        assert!(written_before_the_answer(finish).await);
+        assert!(written_before_the_answer(|_| Op::Inspect).await);
+    }
+
+    #[tokio::test]
+    async fn a_late_write_that_no_read_of_the_call_saw_is_after_the_answer() {
+        let renew = |token: &LockToken| Op::Renew {
+            token: token.clone(),
+            lock_ttl: TTL,
+        };
+        assert!(!written_before_the_answer(renew).await);
     }
 }
