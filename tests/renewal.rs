@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idempotask::store::Store;
-use idempotask::{Error, MemoryStore, Outcome, RetryPolicy, Task};
+use idempotask::{Error, LockRenewal, MemoryStore, Outcome, RetryPolicy, Task};
 use idempotask_test_support as support;
 
 use support::RedisServer;
@@ -183,14 +183,13 @@ fn renewals_that_lose_the_lock_end_and_the_call_says_so() {
         .unwrap();
     runtime.block_on(async {
         let ttl = Duration::from_millis(300);
-        for cooperatively in [true, false] {
+        for how in [LockRenewal::InTask, LockRenewal::Watchdog] {
             let store = FaultyStore::new(MemoryStore::new());
             let outage = store.clone();
             let report = Task::new("renewal_lost")
                 .lock_ttl(ttl)
-                .renew(true)
-                .renew_cooperatively(cooperatively)
-                .call(format!("k-{cooperatively}"))
+                .lock_renewal(how)
+                .call(format!("k-{how:?}"))
                 .store(store)
                 .run_reported(async move {
                     outage.down(true);
@@ -203,13 +202,10 @@ fn renewals_that_lose_the_lock_end_and_the_call_says_so() {
                 })
                 .await
                 .unwrap();
-            assert!(
-                !report.value,
-                "in task: {cooperatively}: the lease was held"
-            );
+            assert!(!report.value, "{how:?}: the lease was held");
             assert!(
                 matches!(report.outcome, Outcome::LockLost { .. }),
-                "in task: {cooperatively}: {:?}",
+                "{how:?}: {:?}",
                 report.outcome
             );
         }

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::routing::post;
-use idempotask::Task;
+use idempotask::{LockRenewal, Task};
 use idempotask_http::Idempotency;
 use idempotask_redis::RedisStore;
 
@@ -73,7 +73,7 @@ pub struct Workload {
 
 /// No layer, the layer on fresh keys, the layer on duplicates, and the layer on fresh keys with
 /// lock renewal off (what renewal costs a request) and through blocking (a watchdog task and a
-/// hand-off per poll, `renew_lock_through_blocking`): the routes of [`router`].
+/// hand-off per poll, `LockRenewal::Watchdog`): the routes of [`router`].
 pub fn workloads() -> Vec<Workload> {
     vec![
         Workload {
@@ -116,8 +116,8 @@ pub fn workloads() -> Vec<Workload> {
 /// holds through a blocking handler. Callers merge routes of their own into it.
 pub fn router(store: RedisStore) -> Router {
     let layer = Idempotency::new(Task::new("http_bench").lock_ttl(LOCK_TTL)).store(store);
-    let unrenewed = layer.clone().renew_lock(false);
-    let through_blocking = layer.clone().renew_lock_through_blocking(true);
+    let unrenewed = layer.clone().lock_renewal(LockRenewal::Off);
+    let through_blocking = layer.clone().lock_renewal(LockRenewal::Watchdog);
     Router::new()
         .route("/plain", post(handler))
         .route("/keyed", post(handler).layer(layer))

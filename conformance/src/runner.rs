@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idempotask::store::{LockToken, SharedStore, Store, UnitOfWork};
-use idempotask::{Error, Outcome, RetryPolicy, Task};
+use idempotask::{Error, LockRenewal, Outcome, RetryPolicy, Task};
 
 use super::{LONG, acquire, outlive};
 
@@ -263,15 +263,17 @@ pub async fn the_body_sees_its_context(store: SharedStore) {
 }
 
 /// Checks that renewal keeps a short lock through a long body, both by a watchdog task and
-/// cooperatively, in the body's own task.
+/// in the body's own task ([`LockRenewal::InTask`]).
 ///
 /// # Panics
 /// When the store does not.
 #[doc = example!(renewal_keeps_a_short_lock_through_a_long_body)]
 pub async fn renewal_keeps_a_short_lock_through_a_long_body(store: SharedStore) {
     let ttl = Duration::from_millis(300);
-    for cooperatively in [false, true] {
-        let key = if cooperatively { "in-task" } else { "watchdog" };
+    for (how, key) in [
+        (LockRenewal::Watchdog, "watchdog"),
+        (LockRenewal::InTask, "in-task"),
+    ] {
         let (halfway_tx, halfway_rx) = tokio::sync::oneshot::channel();
         let (resume_tx, resume_rx) = tokio::sync::oneshot::channel::<()>();
         let holder = {
@@ -279,8 +281,7 @@ pub async fn renewal_keeps_a_short_lock_through_a_long_body(store: SharedStore) 
             tokio::spawn(async move {
                 Task::new("renewed")
                     .lock_ttl(ttl)
-                    .renew(true)
-                    .renew_cooperatively(cooperatively)
+                    .lock_renewal(how)
                     .call(key)
                     .store(store)
                     .run_reported(async move {

@@ -13,8 +13,8 @@ use syn::{Expr, Ident, LitStr, Token};
 use crate::suggest::did_you_mean;
 use crate::values::{InDoubt, Millis};
 use crate::values::{
-    boolean, count, crate_path, duration, duration_or_zero, in_doubt, lock_ttl, log_key,
-    reconcile_path, show, task_name,
+    Renewal, boolean, count, crate_path, duration, duration_or_zero, in_doubt, lock_ttl, log_key,
+    reconcile_path, renewal, show, task_name,
 };
 
 /// How one option's value is read into [`Args`].
@@ -46,8 +46,8 @@ const OPTIONS: &[(&str, Setter)] = &[
         args.store = Some(value);
         Ok(())
     }),
-    ("renew", |args, option, value| {
-        args.renew = boolean(option, &value)?;
+    ("renew", |args, _, value| {
+        args.renew = renewal(&value)?;
         Ok(())
     }),
     ("fencing", |args, option, value| {
@@ -130,7 +130,8 @@ pub(crate) struct Args {
     /// Kept as written, like `key`: `fingerprint.rs` reads it against the function.
     pub(crate) fingerprint: Option<Expr>,
     pub(crate) store: Option<Expr>,
-    pub(crate) renew: bool,
+    /// `renew = true` or `"watchdog"`, `renew = "in_task"`; `None`: not renewed.
+    pub(crate) renew: Option<Renewal>,
     /// `fencing = true`: each execution gets a fencing token.
     pub(crate) fencing: bool,
     pub(crate) max_attempts: Option<u32>,
@@ -206,7 +207,7 @@ impl Args {
             name: None,
             fingerprint: None,
             store: None,
-            renew: false,
+            renew: None,
             fencing: false,
             max_attempts: None,
             max_wait: None,

@@ -36,8 +36,9 @@ fn settings(args: &Args) -> TokenStream {
         let ttl = duration(ttl.ms);
         settings.extend(quote! { .result_ttl(#ttl) });
     }
-    if args.renew {
-        settings.extend(quote! { .renew(true) });
+    if let Some(renewal) = args.renew {
+        let variant = Ident::new(renewal.variant(), Span::call_site());
+        settings.extend(quote! { .lock_renewal(#rt::__private::LockRenewal::#variant) });
     }
     if args.fencing {
         settings.extend(quote! { .fencing(true) });

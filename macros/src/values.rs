@@ -37,6 +37,50 @@ impl InDoubt {
     }
 }
 
+/// How `renew = …` asks for the lock to be renewed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    Watchdog,
+    InTask,
+}
+
+impl Renewal {
+    /// Each way as `renew = "…"` spells it, in the order the error message lists them.
+    const ALL: [(&'static str, Self); 2] =
+        [("watchdog", Self::Watchdog), ("in_task", Self::InTask)];
+
+    /// The name of the runtime's variant.
+    pub(crate) fn variant(self) -> &'static str {
+        match self {
+            Self::Watchdog => "Watchdog",
+            Self::InTask => "InTask",
+        }
+    }
+}
+
+/// `true` (a watchdog), `false`, `"watchdog"` or `"in_task"`.
+pub(crate) fn renewal(value: &Expr) -> syn::Result<Option<Renewal>> {
+    let names = Renewal::ALL.map(|(name, _)| name);
+    let expected = "expected `true`, `false`, `\"watchdog\"` or `\"in_task\"` for `renew`";
+    match literal(value) {
+        Some(Lit::Bool(flag)) => Ok(flag.value.then_some(Renewal::Watchdog)),
+        Some(Lit::Str(text)) => {
+            let way = text.value();
+            if let Some((_, renewal)) = Renewal::ALL.iter().find(|(name, _)| *name == way) {
+                return Ok(Some(*renewal));
+            }
+            let hint = did_you_mean(&way, names).map_or_else(String::new, |close| {
+                format!("; did you mean `\"{close}\"`?")
+            });
+            Err(syn::Error::new(
+                text.span(),
+                format!("unknown way to renew `{way:?}`{hint}\n{expected}"),
+            ))
+        }
+        _ => Err(syn::Error::new_spanned(value, expected)),
+    }
+}
+
 /// `"my_crate::idempotask"`: the path of a crate that re-exports idempotask.
 pub(crate) fn crate_path(value: &Expr) -> syn::Result<syn::Path> {
     let expected = || {

@@ -9,7 +9,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 pub use crate::call::TaskOutput;
-pub use crate::{Call, CodecErrorKind, Error, Fingerprint, InDoubt, KeyLogging, RetryPolicy, Task};
+pub use crate::{
+    Call, CodecErrorKind, Error, Fingerprint, InDoubt, KeyLogging, LockRenewal, RetryPolicy, Task,
+};
 pub use std::format;
 pub use std::string::String;
 

@@ -12,6 +12,7 @@ use tracing::Instrument;
 use crate::backoff::STORE_RETRY_BACKOFF;
 use crate::context::Lease;
 use crate::error::StoreError;
+use crate::lock_renewal::LockRenewal;
 use crate::marker::lock_lost_marker;
 use crate::observe::{KeyLogging, renewal as observe_renewal};
 use crate::outcome::Outcome;
@@ -43,14 +44,10 @@ pub(crate) struct Renewal {
 /// done or the call is dropped. What it cannot do is run on a `current_thread` runtime whose
 /// only thread the body blocks.
 ///
-/// `cooperatively`: the renewals are polled by the body's own task instead (see
+/// With [`LockRenewal::InTask`] the renewals are polled by the body's own task instead (see
 /// [`in_task`]).
-pub(crate) async fn renewing<F: Future>(
-    body: F,
-    renewal: Renewal,
-    cooperatively: bool,
-) -> F::Output {
-    if cooperatively {
+pub(crate) async fn renewing<F: Future>(body: F, renewal: Renewal, how: LockRenewal) -> F::Output {
+    if how == LockRenewal::InTask {
         return in_task(body, renewal).await;
     }
     let span = tracing::Span::current();
@@ -73,7 +70,7 @@ pub(crate) async fn renewing<F: Future>(
 
 /// Input: the guarded body. Output: the same, with its renewals polled by the same task each
 /// time it wakes: no watchdog task, no hand-off per poll. A body that blocks its thread blocks
-/// its renewals with it; [`Task::renew_cooperatively`](crate::Task::renew_cooperatively) says so.
+/// its renewals with it; [`LockRenewal::InTask`] says so.
 async fn in_task<F: Future>(body: F, renewal: Renewal) -> F::Output {
     let mut body = pin!(body);
     // Unconstrained, and polled before the body: a body that always has work ready (a fast

@@ -5,6 +5,7 @@ use std::panic::Location;
 use std::time::Duration;
 
 use crate::doubt::{DEFAULT_DOUBT_MEMORY, InDoubt};
+use crate::lock_renewal::LockRenewal;
 use crate::observe::KeyLogging;
 use crate::retry::RetryPolicy;
 use crate::store::{Fencing, LockToken};
@@ -26,10 +27,8 @@ pub struct Settings {
     pub result_ttl: Duration,
     /// How a delivery waits while another holds the lock.
     pub retry: RetryPolicy,
-    /// Whether the lock is renewed while the body runs.
-    pub renew: bool,
-    /// Whether the renewals run in the body's own task, with no hand-off per poll.
-    pub renew_cooperatively: bool,
+    /// Whether and how the lock is renewed while the body runs.
+    pub renewal: LockRenewal,
     /// Whether each execution gets a fencing token.
     pub fencing: bool,
     /// How the caller key appears in logs.
@@ -75,8 +74,7 @@ pub struct Task {
     pub(crate) lock_ttl: Duration,
     pub(crate) result_ttl: Duration,
     pub(crate) retry: RetryPolicy,
-    pub(crate) renew: bool,
-    pub(crate) renew_cooperatively: bool,
+    pub(crate) renewal: LockRenewal,
     pub(crate) fencing: Fencing,
     pub(crate) log_key: KeyLogging,
     pub(crate) in_doubt: InDoubt,
@@ -97,8 +95,7 @@ impl Task {
             lock_ttl: DEFAULT_LOCK_TTL,
             result_ttl: DEFAULT_RESULT_TTL,
             retry: RetryPolicy::new(),
-            renew: false,
-            renew_cooperatively: false,
+            renewal: LockRenewal::Off,
             fencing: Fencing::Off,
             log_key: KeyLogging::Plain,
             in_doubt: InDoubt::Rerun,
@@ -172,61 +169,34 @@ impl Task {
         self
     }
 
-    /// Whether the lock is renewed every third of its TTL while the body runs; by default by a
-    /// watchdog task (below), with [`renew_cooperatively`](Self::renew_cooperatively) in the
-    /// body's own task.
+    /// Whether the lock is renewed every third of its TTL while the body runs (default off):
+    /// `true` is [`LockRenewal::Watchdog`], which renews through a body that blocks its thread,
+    /// `false` is [`LockRenewal::Off`]. [`lock_renewal`](Self::lock_renewal) chooses
+    /// [`LockRenewal::InTask`], which costs nothing per poll, for bodies that only await.
     ///
-    /// The watchdog is a task of its own on the runtime, and on a multi-thread runtime each poll
-    /// of the body runs in `tokio::task::block_in_place`: a body that blocks its thread (a
-    /// synchronous call) does not stop the watchdog, nor the timers and store replies it waits
-    /// on, with any number of worker threads, one included. What it cannot renew through: a
-    /// `current_thread` runtime whose only thread the body blocks. Blocking work is best run
-    /// with `tokio::task::spawn_blocking`, awaited from the body.
-    ///
-    /// The hand-off costs every poll of the body, blocking or not: about 20 µs per poll on a
-    /// loaded two-core machine (`renewal-bench` in `idempotask-bench`: on the in-memory store,
-    /// 64 calls in flight, renewed bodies of 4 awaits ran at 0.07× the speed of the same bodies
-    /// unrenewed). Nothing next to a body that runs for seconds, which is what renewal is for;
-    /// a short, chatty body is better served by a longer lock TTL than by renewal.
-    /// [`renew_cooperatively`](Self::renew_cooperatively) renews without the hand-off, for
-    /// bodies that never block their thread.
-    pub const fn renew(mut self, renew: bool) -> Self {
-        self.renew = renew;
-        self
+    /// ```
+    /// use idempotask::{LockRenewal, Task};
+    /// let task = Task::new("export").renew(true);
+    /// assert_eq!(task.settings().renewal, LockRenewal::Watchdog);
+    /// ```
+    pub const fn renew(self, renew: bool) -> Self {
+        self.lock_renewal(if renew {
+            LockRenewal::Watchdog
+        } else {
+            LockRenewal::Off
+        })
     }
 
-    /// With [`renew`](Self::renew) on: whether the renewals run in the body's own task,
-    /// polled next to the body, instead of in a watchdog task with each poll of the body handed
-    /// to another thread (default off).
-    ///
-    /// No hand-off and no task of its own: a renewed body costs about what an unrenewed one
-    /// does. The price is the guarantee for blocking bodies: a body that blocks its thread (a
-    /// synchronous call longer than the lock TTL) stops its own renewals, and its lock can run
-    /// out under it. Choose it for bodies that only await, as async code should: an HTTP
-    /// handler, whose blocking would stall every other request of its worker anyway, or a
-    /// body whose blocking work goes through `tokio::task::spawn_blocking`.
+    /// Whether and how the lock is renewed while the body runs (default
+    /// [`LockRenewal::Off`]); [`LockRenewal`] compares the two ways.
     ///
     /// ```
-    /// use std::time::Duration;
-    /// use idempotask::{MemoryStore, Outcome, Task};
-    /// static EXPORT: Task = Task::new("export")
-    ///     .lock_ttl(Duration::from_millis(150))
-    ///     .renew(true)
-    ///     .renew_cooperatively(true);
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotask::Error> {
-    /// let report = EXPORT
-    ///     .call("2026-12")
-    ///     .store(MemoryStore::new())
-    ///     .run_reported(async {
-    ///         tokio::time::sleep(Duration::from_millis(400)).await; // past the TTL, renewed
-    ///         Ok::<_, idempotask::Error>(7)
-    ///     })
-    ///     .await?;
-    /// assert_eq!((report.value, report.outcome), (7, Outcome::Executed));
-    /// # Ok(()) }
+    /// use idempotask::{LockRenewal, Task};
+    /// let task = Task::new("export").lock_renewal(LockRenewal::InTask);
+    /// assert_eq!(task.settings().renewal, LockRenewal::InTask);
     /// ```
-    pub const fn renew_cooperatively(mut self, cooperatively: bool) -> Self {
-        self.renew_cooperatively = cooperatively;
+    pub const fn lock_renewal(mut self, renewal: LockRenewal) -> Self {
+        self.renewal = renewal;
         self
     }
 
@@ -328,15 +298,15 @@ impl Task {
     /// use std::time::Duration;
     /// let task = idempotask::Task::new("export").lock_ttl(Duration::from_secs(10)).renew(true);
     /// let settings = task.settings();
-    /// assert_eq!((settings.lock_ttl, settings.renew), (Duration::from_secs(10), true));
+    /// assert_eq!(settings.lock_ttl, Duration::from_secs(10));
+    /// assert!(settings.renewal.is_on());
     /// ```
     pub const fn settings(&self) -> Settings {
         Settings {
             lock_ttl: self.lock_ttl,
             result_ttl: self.kept_for(),
             retry: self.retry,
-            renew: self.renew,
-            renew_cooperatively: self.renew_cooperatively,
+            renewal: self.renewal,
             fencing: matches!(self.fencing, Fencing::On),
             log_key: self.log_key,
             in_doubt: self.in_doubt,

@@ -2,14 +2,14 @@
 //! calls itself with its own key, a call outside a tokio runtime, a lock TTL below the floor.
 //! And what it bears: a marker written before a deploy added a fingerprint, which is replayed
 //! rather than refused; a body that blocks its thread while its lock is renewed (by a
-//! watchdog, and cooperatively); a result TTL shorter than the lock TTL.
+//! watchdog, and in its own task); a result TTL shorter than the lock TTL.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use idempotask::{Error, Fingerprint, MemoryStore, Outcome, Task};
+use idempotask::{Error, Fingerprint, LockRenewal, MemoryStore, Outcome, Task};
 
 #[tokio::test]
 async fn a_task_that_calls_itself_with_its_own_key_is_refused_at_once() {
@@ -210,16 +210,15 @@ async fn renewal_keeps_the_lock_of_a_body_that_blocks_its_thread() {
     assert_eq!(runs.load(Ordering::SeqCst), 1, "both bodies ran");
 }
 
-/// `renew_cooperatively(true)` renews from the body's own task, so a body that blocks its
-/// thread past its TTL stops its renewals with it, as `Task::renew_cooperatively` warns: the
+/// `LockRenewal::InTask` renews from the body's own task, so a body that blocks its thread
+/// past its TTL stops its renewals with it, as `LockRenewal::InTask` warns: the
 /// lock runs out under it and it is told so (`LockLost`), never `Executed`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cooperative_renewal_stops_while_the_body_blocks_its_thread_and_says_so() {
     let ttl = Duration::from_millis(300);
     let report = Task::new("blocking-cooperative")
         .lock_ttl(ttl)
-        .renew(true)
-        .renew_cooperatively(true)
+        .lock_renewal(LockRenewal::InTask)
         .call("k")
         .store(MemoryStore::new())
         .run_reported(async move {
@@ -236,6 +235,26 @@ async fn cooperative_renewal_stops_while_the_body_blocks_its_thread_and_says_so(
     );
 }
 
+/// `renew = "in_task"` on the attribute renews in the body's own task: a body that awaits past
+/// its TTL keeps its lock (not `Off`), and one that then blocks its thread past it loses it (not
+/// `Watchdog`, which renews through blocking).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attributes_in_task_renewal_renews_while_the_body_awaits_and_not_while_it_blocks() {
+    const TTL: Duration = Duration::from_secs(1);
+    #[idempotask::idempotent_task(key = "r-{id}", lock_ttl = 1, renew = "in_task")]
+    async fn renewed_in_its_task(id: u64) -> Result<(bool, bool), Error> {
+        let ctx = idempotask::context().expect("inside the body");
+        tokio::time::sleep(TTL * 2).await;
+        let while_awaiting = ctx.lock_held();
+        std::thread::sleep(TTL * 2);
+        Ok((while_awaiting, ctx.lock_held()))
+    }
+    let held = idempotask::with_store(MemoryStore::new(), renewed_in_its_task(1))
+        .await
+        .unwrap();
+    assert_eq!(held, (true, false), "(held after awaiting, after blocking)");
+}
+
 /// Renewal in the body's task holds through a body that only awaits but always has work
 /// ready, which spends tokio's per-poll budget on every poll: the renewals are polled first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -243,8 +262,7 @@ async fn cooperative_renewal_holds_through_a_body_that_spends_its_budget() {
     let ttl = Duration::from_millis(300);
     let report = Task::new("busy-cooperative")
         .lock_ttl(ttl)
-        .renew(true)
-        .renew_cooperatively(true)
+        .lock_renewal(LockRenewal::InTask)
         .call("k")
         .store(MemoryStore::new())
         .run_reported(async move {
@@ -269,8 +287,7 @@ async fn a_panic_under_cooperative_renewal_frees_the_lock_and_resumes() {
     let ttl = Duration::from_millis(300);
     let task = Task::new("panicking-cooperative")
         .lock_ttl(ttl)
-        .renew(true)
-        .renew_cooperatively(true)
+        .lock_renewal(LockRenewal::InTask)
         .retry(idempotask::RetryPolicy::no_wait());
     let panicking = {
         let (task, store) = (task.clone(), store.clone());

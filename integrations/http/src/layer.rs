@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderName, Method, StatusCode};
 use idempotask::store::{SharedStore, Store};
-use idempotask::{RetryPolicy, Task};
+use idempotask::{LockRenewal, RetryPolicy, Task};
 
 use crate::fingerprint::{BodyFingerprint, BodyPart, Fingerprinting};
 
@@ -359,48 +359,44 @@ impl Idempotency {
         self
     }
 
-    /// Whether the lock is renewed while the handler runs (default on, whatever the task's own
-    /// [`Task::renew`] says).
+    /// Whether and how the lock is renewed while the handler runs (default
+    /// [`LockRenewal::InTask`], whatever the task's own [`Task::lock_renewal`] says).
     ///
     /// The handler runs detached to completion (a client timeout no longer bounds it), so a
     /// handler slower than the lock TTL (a gateway call that hangs) would otherwise let the
-    /// lock expire and a retry run it a second time while the first still runs. Turn renewal
-    /// off only for handlers you know finish well within the lock TTL.
+    /// lock expire and a retry run it a second time while the first still runs.
+    /// [`LockRenewal::Off`] only for handlers you know finish well within the lock TTL.
     ///
-    /// The renewals run in the handler's own task, next to it
-    /// ([`Task::renew_cooperatively`]): no task of their own and no hand-off per poll, so a
-    /// renewed request costs about what an unrenewed one does. A handler that blocks its
-    /// thread (a synchronous call) stops them while it blocks, as it stalls every other
-    /// request of its worker; for such handlers, see
-    /// [`renew_lock_through_blocking`](Self::renew_lock_through_blocking).
+    /// By default the renewals run in the handler's own task, next to it: no task of their own
+    /// and no hand-off per poll, so a renewed request costs about what an unrenewed one does.
+    /// A handler that blocks its thread (a synchronous call) stops them while it blocks, as it
+    /// stalls every other request of its worker. [`LockRenewal::Watchdog`] holds the lock
+    /// through such a handler: a watchdog task of its own renews it, and each poll of the
+    /// handler is handed to another thread and back so that the blocking cannot stop it.
+    ///
+    /// What the watchdog costs: for a handler polled twice (one await), 129 µs of server CPU
+    /// per fresh request against 77 µs with renewal in the handler's task and 69 µs without
+    /// renewal, in one run of `scripts/bench-http.sh` on a 2-core machine (see
+    /// docs/performance-http.md); replays do not run the handler and cost the same either way.
+    /// Better: move the blocking work to `tokio::task::spawn_blocking` and keep the default.
+    ///
+    /// ```
+    /// use idempotask::{LockRenewal, Task};
+    /// use idempotask_http::Idempotency;
+    ///
+    /// let layer = Idempotency::new(Task::new("import")).lock_renewal(LockRenewal::Watchdog);
+    /// assert_eq!(layer.renewal(), LockRenewal::Watchdog);
+    /// ```
     #[must_use]
-    pub fn renew_lock(mut self, renew: bool) -> Self {
-        self.renewal = match (renew, self.renewal) {
-            (false, _) => LockRenewal::Off,
-            (true, LockRenewal::Off) => LockRenewal::InTask,
-            (true, kept) => kept,
-        };
+    pub fn lock_renewal(mut self, renewal: LockRenewal) -> Self {
+        self.renewal = renewal;
         self
     }
 
-    /// Whether the renewal holds while a handler blocks its thread (default off; `true` also
-    /// turns renewal on, `false` moves a renewal that is on back to the handler's task): a
-    /// watchdog task of its own renews the lock, and each poll of the handler is handed to another
-    /// thread and back so that the blocking cannot stop it ([`Task::renew`] says why).
-    ///
-    /// What it costs: for a handler polled twice (one await), 129 µs of server CPU per fresh
-    /// request against 77 µs with renewal in the handler's task and 69 µs without renewal, in
-    /// one run of `scripts/bench-http.sh` on a 2-core machine (see docs/performance-http.md);
-    /// replays do not run the handler and cost the same either way. Better: move the blocking work to `tokio::task::spawn_blocking` and
-    /// keep the default.
-    #[must_use]
-    pub fn renew_lock_through_blocking(mut self, through_blocking: bool) -> Self {
-        self.renewal = match (through_blocking, self.renewal) {
-            (true, _) => LockRenewal::ThroughBlocking,
-            (false, LockRenewal::ThroughBlocking) => LockRenewal::InTask,
-            (false, kept) => kept,
-        };
-        self
+    /// How the lock of a running handler is renewed: what
+    /// [`lock_renewal`](Self::lock_renewal) set.
+    pub fn renewal(&self) -> LockRenewal {
+        self.renewal
     }
 
     /// The longest `Retry-After` of a `409` (default [`DEFAULT_MAX_RETRY_AFTER`], at least 1 s).
@@ -437,23 +433,8 @@ impl Idempotency {
                 .max_backoff(Duration::from_millis(250))
                 .max_wait(bound),
         };
-        self.task
-            .clone()
-            .retry(policy)
-            .renew(self.renewal != LockRenewal::Off)
-            .renew_cooperatively(self.renewal == LockRenewal::InTask)
+        self.task.clone().retry(policy).lock_renewal(self.renewal)
     }
-}
-
-/// How the layer renews a running handler's lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LockRenewal {
-    /// Not at all.
-    Off,
-    /// In the handler's own task ([`Task::renew_cooperatively`]).
-    InTask,
-    /// By a watchdog task, each poll of the handler handed off ([`Task::renew`]).
-    ThroughBlocking,
 }
 
 impl fmt::Debug for Idempotency {
@@ -478,33 +459,21 @@ impl fmt::Debug for Idempotency {
 
 #[cfg(test)]
 mod tests {
-    use idempotask::Task;
+    use idempotask::{LockRenewal, Task};
 
     use super::Idempotency;
 
-    /// (renew, cooperatively) of the task the layer runs.
-    fn renewal(layer: &Idempotency) -> (bool, bool) {
-        let settings = layer.running_task().settings();
-        (settings.renew, settings.renew_cooperatively)
-    }
-
     #[test]
-    fn renewal_is_in_the_handlers_task_unless_asked_to_hold_through_blocking() {
-        let layer = || Idempotency::new(Task::new("pay"));
-        assert_eq!(renewal(&layer()), (true, true));
-        assert_eq!(renewal(&layer().renew_lock(false)), (false, false));
-        let through = layer().renew_lock_through_blocking(true);
-        assert_eq!(renewal(&through), (true, false));
-        // Turning renewal on again keeps the hand-off asked for; off is off.
-        assert_eq!(renewal(&through.clone().renew_lock(true)), (true, false));
-        assert_eq!(renewal(&through.renew_lock(false)), (false, false));
-        let back = layer()
-            .renew_lock_through_blocking(true)
-            .renew_lock_through_blocking(false);
-        assert_eq!(renewal(&back), (true, true));
+    fn the_task_the_layer_runs_renews_as_the_layer_says_whatever_the_task_said() {
+        let layer = |task: Task| Idempotency::new(task);
+        let renewal = |layer: Idempotency| layer.running_task().settings().renewal;
+        assert_eq!(renewal(layer(Task::new("pay"))), LockRenewal::InTask);
         assert_eq!(
-            renewal(&layer().renew_lock(false).renew_lock_through_blocking(true)),
-            (true, false)
+            renewal(layer(Task::new("pay").renew(true))),
+            LockRenewal::InTask
         );
+        for how in [LockRenewal::Off, LockRenewal::Watchdog, LockRenewal::InTask] {
+            assert_eq!(renewal(layer(Task::new("pay")).lock_renewal(how)), how);
+        }
     }
 }

@@ -176,7 +176,7 @@
 //! Every setting of the [`Task`](idempotask::Task) applies (lock TTL, result TTL: how long a retry gets the
 //! stored response, key logging), but its retry policy, which the layer sets from
 //! [`wait_for_result`](Idempotency::wait_for_result), and lock renewal, which the layer turns
-//! on ([`renew_lock`](Idempotency::renew_lock)), in the handler's own task: the handler runs
+//! on ([`lock_renewal`](Idempotency::lock_renewal)), in the handler's own task: the handler runs
 //! detached, so no client timeout bounds it, and a lock that expired under a slow handler
 //! would let a retry run it a second time.
 //!

@@ -17,7 +17,7 @@ use axum::routing::post;
 use axum::{Extension, Json};
 use http::StatusCode;
 use idempotask::store::SharedStore;
-use idempotask::{InDoubt, Task};
+use idempotask::{InDoubt, LockRenewal, Task};
 use idempotask_http::{IDEMPOTENT_REPLAYED, Idempotency, Retention, problem};
 use idempotask_test_support::RedisServer;
 use idempotask_test_support::cluster::RedisCluster;

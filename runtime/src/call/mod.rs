@@ -268,7 +268,7 @@ impl Call<'_> {
             .with_doubt(in_doubt.clone());
         let guarded = context.scope(catching_panics(body));
         let running = Instant::now();
-        let result = if self.task.renew {
+        let result = if self.task.renewal.is_on() {
             let renewal = Renewal {
                 store: store.clone(),
                 unit: unit.clone(),
@@ -279,7 +279,7 @@ impl Call<'_> {
             };
             // Boxed: the watchdog's state would otherwise be part of every call's future,
             // renewed or not.
-            Box::pin(renewing(guarded, renewal, self.task.renew_cooperatively)).await
+            Box::pin(renewing(guarded, renewal, self.task.renewal)).await
         } else {
             guarded.await
         };
@@ -289,7 +289,7 @@ impl Call<'_> {
             logging,
             lease.age(),
             self.task.lock_ttl,
-            self.task.renew,
+            self.task.renewal.is_on(),
         );
         // The `match` ends before the recording's await, so that its value does not stay in
         // the call's future.

@@ -258,7 +258,7 @@ pub(super) async fn a_request_costs_one_begin_and_one_finish(backend: Backend) {
     // No renewal: a request slowed past a third of the lock TTL would add a `renew`.
     let layer = Idempotency::new(Task::new("http_round_trips"))
         .store(counted)
-        .renew_lock(false);
+        .lock_renewal(LockRenewal::Off);
     let server = Server::start(layer, false).await;
     let taken = || std::mem::take(&mut *calls.lock().unwrap());
     // First, while `/flaky` still fails on its first run.
