@@ -12,7 +12,7 @@ use idempotask::store::{
     BatchingStore, Begin, Claim, Completion, Fencing, Finish, LockToken, Store, StoreErrorKind,
     UnitOfWork,
 };
-use idempotask::{Error, InDoubt, Outcome, Task};
+use idempotask::{Error, InDoubt, LockRenewal, Outcome, Task};
 use idempotask_redis::{RedisClusterStore, RedisStore};
 use support::cluster::RedisCluster;
 use support::{Flavor, RedisServer};
@@ -142,7 +142,66 @@ async fn every_operation(store: impl Store + Clone) {
             .in_doubt
             .is_some_and(|doubt| doubt.fencing_token.is_some())
     );
+    fences_and_renewals(store.clone()).await;
     batches(store).await;
+}
+
+/// A fence that passes and one refused after a takeover, and renewals through a body longer
+/// than its TTL, in both ways: the renewal script with and without a fencing token.
+async fn fences_and_renewals(store: impl Store + Clone) {
+    let ttl = Duration::from_millis(300);
+    for how in [LockRenewal::Watchdog, LockRenewal::InTask] {
+        let renewed = Task::new("acl-renewed")
+            .lock_ttl(ttl)
+            .fencing(true)
+            .lock_renewal(how)
+            .call(format!("{how:?}"))
+            .store(store.clone())
+            .run_reported(async {
+                let ctx = idempotask::context().expect("inside the body");
+                ctx.fence().await?;
+                tokio::time::sleep(ttl * 2).await;
+                ctx.fence().await?;
+                Ok::<_, Error>(ctx.lock_held())
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            (renewed.value, renewed.outcome),
+            (true, Outcome::Executed),
+            "{how:?}"
+        );
+    }
+
+    let task = Task::new("acl-fenced-out").lock_ttl(ttl);
+    let (taken_tx, taken_rx) = tokio::sync::oneshot::channel::<()>();
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel::<()>();
+    let stale = {
+        let (task, store) = (task.clone(), store.clone());
+        tokio::spawn(async move {
+            task.call("k")
+                .store(store)
+                .run(async move {
+                    held_tx.send(()).unwrap();
+                    taken_rx.await.unwrap();
+                    idempotask::context().unwrap().fence().await?;
+                    Ok::<u8, Error>(1)
+                })
+                .await
+        })
+    };
+    held_rx.await.unwrap();
+    tokio::time::sleep(ttl + Duration::from_millis(60)).await;
+    let successor: u8 = task
+        .call("k")
+        .store(store.clone())
+        .run(async { Ok::<_, Error>(2) })
+        .await
+        .unwrap();
+    assert_eq!(successor, 2);
+    taken_tx.send(()).unwrap();
+    let stale = stale.await.unwrap();
+    assert!(matches!(stale, Err(Error::LockNotHeld { .. })), "{stale:?}");
 }
 
 /// Batches send the same commands, in one pipeline on one server: the same rights suffice.

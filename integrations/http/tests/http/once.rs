@@ -122,36 +122,52 @@ pub(super) async fn a_client_that_goes_away_mid_handler_gets_the_stored_response
 }
 
 pub(super) async fn a_handler_slower_than_the_lock_ttl_keeps_its_lock(backend: Backend) {
-    let ttl = Duration::from_millis(600);
-    let task = Task::new("http_long_handler").lock_ttl(ttl);
-    let layer = Idempotency::new(task).store(backend.store.clone());
-    let mut server = Server::start(layer, true).await;
-    let first = tokio::spawn(send(server.post("/payments", Some("pay-long"), "3 EUR")));
-    next(&mut server.signals.started, "the handler start").await;
-    // Time passing is what is under test: the handler is held three lock TTLs long.
-    tokio::time::sleep(ttl * 3).await;
-    let retry = tokio::spawn(send(server.post("/payments", Some("pay-long"), "3 EUR")));
-    // Were the lock gone, the retry would start a second run, held at the gate for ever.
-    let retry = tokio::select! {
-        retry = retry => retry.unwrap(),
-        _ = server.signals.started.recv() => {
-            panic!("the lock expired under the handler: the retry started a second run")
-        }
-    };
-    assert_eq!(
-        retry.status, 409,
-        "the lock expired under the handler: {retry:?}"
-    );
-    assert_eq!(retry.problem_type(), problem::IN_PROGRESS);
-    server.probe.gate.add_permits(Semaphore::MAX_PERMITS);
-    let first = first.await.unwrap();
-    assert_eq!((first.status, first.replayed), (201, false), "{first:?}");
-    let replay = send(server.post("/payments", Some("pay-long"), "3 EUR")).await;
-    assert_eq!((replay.status, replay.replayed), (201, true), "{replay:?}");
-    assert_eq!(
-        server.executions(),
-        1,
-        "a second run while the first still ran"
-    );
+    // Both ways of renewing: in the handler's task (the default) and by a watchdog.
+    for (how, key) in [
+        (LockRenewal::InTask, "pay-long"),
+        (LockRenewal::Watchdog, "pay-long-watchdog"),
+    ] {
+        let ttl = Duration::from_millis(600);
+        let task = Task::new("http_long_handler").lock_ttl(ttl);
+        let layer = Idempotency::new(task)
+            .store(backend.store.clone())
+            .lock_renewal(how);
+        let mut server = Server::start(layer, true).await;
+        let first = tokio::spawn(send(server.post("/payments", Some(key), "3 EUR")));
+        next(&mut server.signals.started, "the handler start").await;
+        // Time passing is what is under test: the handler is held three lock TTLs long.
+        tokio::time::sleep(ttl * 3).await;
+        let retry = tokio::spawn(send(server.post("/payments", Some(key), "3 EUR")));
+        // Were the lock gone, the retry would start a second run, held at the gate for ever.
+        let retry = tokio::select! {
+            retry = retry => retry.unwrap(),
+            _ = server.signals.started.recv() => {
+                panic!("{how:?}: the lock expired under the handler: the retry started a second run")
+            }
+        };
+        assert_eq!(
+            retry.status, 409,
+            "{how:?}: the lock expired under the handler: {retry:?}"
+        );
+        assert_eq!(retry.problem_type(), problem::IN_PROGRESS);
+        server.probe.gate.add_permits(Semaphore::MAX_PERMITS);
+        let first = first.await.unwrap();
+        assert_eq!(
+            (first.status, first.replayed),
+            (201, false),
+            "{how:?}: {first:?}"
+        );
+        let replay = send(server.post("/payments", Some(key), "3 EUR")).await;
+        assert_eq!(
+            (replay.status, replay.replayed),
+            (201, true),
+            "{how:?}: {replay:?}"
+        );
+        assert_eq!(
+            server.executions(),
+            1,
+            "{how:?}: a second run while the first still ran"
+        );
+    }
     drop(backend);
 }
