@@ -43,10 +43,10 @@ pub const DEFAULT_MAX_FAILURES: u32 = 5;
 #[derive(Clone)]
 pub struct ConsumerSettings {
     pub(crate) task: Arc<Task>,
-    /// The store the calls use: [`own_store`](Self::own_store), in a [`BatchingStore`] when
+    /// The store the calls use: [`given_store`](Self::given_store), in a [`BatchingStore`] when
     /// it batches natively and `batch_store_calls` is on.
     pub(crate) store: Option<SharedStore>,
-    own_store: Option<SharedStore>,
+    given_store: Option<SharedStore>,
     batch_store_calls: bool,
     pub(crate) fingerprint_payload: bool,
     pub(crate) failure_backoff: Backoff,
@@ -61,7 +61,7 @@ impl ConsumerSettings {
         Self {
             task: Arc::new(task),
             store: None,
-            own_store: None,
+            given_store: None,
             batch_store_calls: true,
             fingerprint_payload: false,
             failure_backoff: DEFAULT_FAILURE_BACKOFF,
@@ -104,7 +104,7 @@ impl ConsumerSettings {
     /// ```
     #[must_use]
     pub fn store(mut self, store: impl Store) -> Self {
-        self.own_store = Some(SharedStore::new(store));
+        self.given_store = Some(SharedStore::new(store));
         self.choose_store();
         self
     }
@@ -130,11 +130,11 @@ impl ConsumerSettings {
 
     /// The store the calls use, from the store given and whether to batch its calls.
     fn choose_store(&mut self) {
-        self.store = self.own_store.clone().map(|own| {
-            if self.batch_store_calls && own.batches_natively() {
-                SharedStore::new(BatchingStore::new(own))
+        self.store = self.given_store.clone().map(|given| {
+            if self.batch_store_calls && given.batches_natively() {
+                SharedStore::new(BatchingStore::new(given))
             } else {
-                own
+                given
             }
         });
     }
@@ -211,7 +211,7 @@ impl std::fmt::Debug for ConsumerSettings {
         f.debug_struct("ConsumerSettings")
             .field("task", &self.task)
             .field("store", &self.store.as_ref().map(|_| "own store"))
-            .field("own_store", &self.own_store.as_ref().map(|_| "as given"))
+            .field("given_store", &self.given_store.as_ref().map(|_| "as given"))
             .field("batch_store_calls", &self.batch_store_calls)
             .field("fingerprint_payload", &self.fingerprint_payload)
             .field("failure_backoff", &self.failure_backoff)
