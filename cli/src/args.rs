@@ -153,6 +153,12 @@ pub(crate) enum Command {
         /// result (for tasks whose keys hold personal data: their `log_key = "hash"`).
         #[arg(long)]
         hash_keys: bool,
+        /// A page of the workers' metrics in Prometheus' text format (`http://host:port/metrics`
+        /// of a worker's exporter, or a Prometheus server's `/federate`); repeat it for several.
+        /// Each task then shows the counts of its calls, summed over the pages: fresh,
+        /// duplicate, waited, gave up (and in the last 5 minutes), failed, lost, held.
+        #[arg(long = "metrics", value_name = "URL")]
+        metrics: Vec<String>,
     },
 }
 

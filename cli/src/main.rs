@@ -92,12 +92,14 @@ async fn run(cli: &Cli, selected: Result<Selected, Failure>) -> Result<Found, Fa
             listen,
             token_file,
             hash_keys,
+            metrics,
         } => {
             let options = dashboard::Options {
                 tasks: tasks.clone(),
                 listen: *listen,
                 hash_keys: *hash_keys,
                 audit_log: cli.audit_log.clone(),
+                metrics: metrics.clone(),
             };
             let access = dashboard::prepare(&options, token_file.as_deref())?;
             Some((options, access))

@@ -26,6 +26,7 @@
 //! |---|---|---|
 //! | `idempotask_calls_total` | counter | `task`, `outcome` (as the span's) |
 //! | `idempotask_lock_wait_seconds` | histogram | `task` |
+//! | `idempotask_lock_waits_total` | counter | `task`: calls that found the unit busy and asked again (whatever they got in the end) |
 //! | `idempotask_body_duration_seconds` | histogram | `task` |
 //! | `idempotask_lock_renewals_total` | counter | `task`, `result` (`renewed`, `lost`, `failed`) |
 //! | `idempotask_lock_ttl_used_ratio` | histogram | `task`: the share of its lock TTL each body used, from the request for the lock to the body's end (renewed locks included: above 1 means renewal carried it) |
@@ -151,8 +152,14 @@ impl<'t> Observation<'t> {
             u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
         );
         #[cfg(feature = "metrics")]
-        metrics::histogram!("idempotask_lock_wait_seconds", "task" => self.task.clone())
-            .record(waited.as_secs_f64());
+        {
+            metrics::histogram!("idempotask_lock_wait_seconds", "task" => self.task.clone())
+                .record(waited.as_secs_f64());
+            if attempts > 1 {
+                metrics::counter!("idempotask_lock_waits_total", "task" => self.task.clone())
+                    .increment(1);
+            }
+        }
     }
 
     pub(crate) fn fencing_token(&self, token: Option<u64>) {

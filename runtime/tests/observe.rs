@@ -411,7 +411,8 @@ mod metrics_counts {
         let _guard = metrics::set_default_local_recorder(&recorder);
         let store = MemoryStore::new();
         let charge = Task::new("charge");
-        // One execution, two replays, one failure, one contended call.
+        // One execution, two replays, one failure, one contended call, one call that waits for
+        // the holder of order-3 and gets its result.
         for _ in 0..3 {
             charge
                 .call("order-1")
@@ -441,12 +442,18 @@ mod metrics_counts {
                 .store(store.clone())
                 .run(async { Ok(4) })
                 .await;
-            finish_tx.send(()).unwrap();
-            result
+            // Polled first, the waiter finds the unit busy before the holder is let go.
+            let waiter = charge
+                .call("order-3")
+                .store(store.clone())
+                .run(async { Ok::<u8, Error>(5) });
+            let (waited, ()) = tokio::join!(waiter, async { finish_tx.send(()).unwrap() });
+            (result, waited)
         };
-        let (held, contended) = tokio::join!(holder, intruder);
+        let (held, (contended, waited)) = tokio::join!(holder, intruder);
         assert_eq!(held.unwrap(), 3);
         assert!(matches!(contended, Err(Error::Contended { .. })));
+        assert_eq!(waited.unwrap(), 3);
         // A renewing task whose body runs for 350 ms of paused time: renewals at 100, 200 and
         // 300 ms.
         Task::new("report")
@@ -470,8 +477,17 @@ mod metrics_counts {
             )
         };
         assert_eq!(calls("executed"), 2, "{snapshot:?}"); // order-1 and the holder of order-3
-        assert_eq!(calls("replayed"), 2);
+        assert_eq!(calls("replayed"), 3);
         assert_eq!(calls("failed"), 1);
+        assert_eq!(
+            counter(
+                &snapshot,
+                "idempotask_lock_waits_total",
+                &[("task", "charge")]
+            ),
+            1,
+            "{snapshot:?}"
+        );
         assert_eq!(calls("contended"), 1);
         assert_eq!(calls("lock_lost"), 0);
         assert_eq!(
@@ -487,7 +503,7 @@ mod metrics_counts {
             3
         );
         // Every call waited for the lock once; every body that ran was timed.
-        assert_eq!(histogram_len(&snapshot, "idempotask_lock_wait_seconds"), 7);
+        assert_eq!(histogram_len(&snapshot, "idempotask_lock_wait_seconds"), 8);
         assert_eq!(
             histogram_len(&snapshot, "idempotask_body_duration_seconds"),
             4

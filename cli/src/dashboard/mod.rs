@@ -6,6 +6,7 @@
 //! `forget`, and each change goes to the audit trail.
 
 mod auth;
+mod calls;
 mod render;
 mod routes;
 mod state;
@@ -28,6 +29,9 @@ use state::Shared;
 pub(crate) fn prepare(options: &Options, token_file: Option<&Path>) -> Result<Access, Failure> {
     for task in &options.tasks {
         Target::check_task(task)?;
+    }
+    for source in &options.metrics {
+        calls::check_source(source)?;
     }
     Access::from_env_or_file(token_file, options.listen)
 }
@@ -60,6 +64,8 @@ pub(crate) async fn serve(
         options,
         access,
         recent: tokio::sync::Mutex::new(None),
+        client: reqwest::Client::new(),
+        history: std::sync::Mutex::new(calls::History::default()),
     });
     axum::serve(listener, routes::router(shared))
         .await

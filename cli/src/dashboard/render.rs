@@ -5,6 +5,7 @@
 use std::fmt::Write;
 use std::time::Duration;
 
+use super::calls::Counters;
 use super::view::{Row, TaskView};
 use crate::time::human;
 
@@ -27,10 +28,10 @@ pub(crate) fn escape(text: &str) -> String {
 
 /// The whole page: the header, each task's sections, and the confirmation dialog the buttons
 /// open. `csrf` goes into the dialog's form.
-pub(crate) fn page(scope: &str, views: &[TaskView], csrf: &str) -> String {
+pub(crate) fn page(scope: &str, views: &[TaskView], unread: &[String], csrf: &str) -> String {
     let csrf = escape(csrf);
     let scope = escape(scope);
-    let sections = sections(views);
+    let sections = sections(views, unread);
     format!(
         r#"<!doctype html>
 <html lang="en">
@@ -65,8 +66,15 @@ pub(crate) fn page(scope: &str, views: &[TaskView], csrf: &str) -> String {
 }
 
 /// Each task's sections: what the page's script puts in place on every refresh.
-pub(crate) fn sections(views: &[TaskView]) -> String {
+pub(crate) fn sections(views: &[TaskView], unread: &[String]) -> String {
     let mut html = String::new();
+    for failure in unread {
+        let _ = write!(
+            html,
+            "<p class=\"error unread\">Metrics not read: {}</p>",
+            escape(failure)
+        );
+    }
     for view in views {
         task(&mut html, view);
     }
@@ -91,6 +99,9 @@ fn task(html: &mut String, view: &TaskView) {
         view.store_calls,
         view.elapsed_ms
     );
+    if let Some(counted) = &view.calls {
+        calls(html, counted);
+    }
     let _ = write!(
         html,
         "<h3>In doubt (held): resolve each once you know whether its side effect happened</h3>"
@@ -171,6 +182,26 @@ fn task(html: &mut String, view: &TaskView) {
 }
 
 /// The key when it is shown, else the digest (Redis locks keep only the digest).
+/// What the workers counted of a task's calls, in one line.
+fn calls(html: &mut String, calls: &Counters) {
+    let _ = writeln!(
+        html,
+        r#"<p class="calls">Calls, as the workers counted them: <span class="count fresh">{} fresh</span> <span class="count duplicate">{} duplicate</span> <span class="count waited">{} waited</span> <span class="count gave-up">{} gave up{}</span> <span class="count failed">{} failed</span> <span class="count lost">{} lost</span> <span class="count held-calls">{} held</span></p>"#,
+        calls.fresh,
+        calls.duplicate,
+        calls.waited,
+        calls.gave_up,
+        calls
+            .gave_up_recently
+            .map_or_else(String::new, |recent| format!(
+                " ({recent} in the last 5 min)"
+            )),
+        calls.failed,
+        calls.lost,
+        calls.held,
+    );
+}
+
 fn key_cell(row: &Row) -> String {
     match &row.key {
         Some(key) => format!("<td class=\"key\">{}</td>", escape(key)),

@@ -15,6 +15,7 @@ use serde_json::json;
 use serde_json::value::RawValue;
 
 use super::auth::{COOKIE, Caller, same, same_origin};
+use super::calls;
 use super::render::{self, escape};
 use super::state::{FRESH, Recent, Shared};
 use super::view::{self, TaskView};
@@ -117,14 +118,14 @@ struct Paging {
 
 /// Every task's view; the one `paging` names from its cursor. A walk younger than [`FRESH`] for
 /// the same page answers instead of a new one.
-async fn views(shared: &Shared, paging: &Paging) -> Result<Vec<TaskView>, Response> {
+async fn views(shared: &Shared, paging: &Paging) -> Result<(Vec<TaskView>, Vec<String>), Response> {
     let key = (paging.task.clone(), paging.from.clone());
     let mut recent = shared.recent.lock().await;
     if let Some(last) = recent.as_ref()
         && last.paging == key
         && last.at.elapsed() < FRESH
     {
-        return Ok(last.views.clone());
+        return Ok((last.views.clone(), last.unread.clone()));
     }
     let mut views = Vec::new();
     for task in &shared.options.tasks {
@@ -146,12 +147,27 @@ async fn views(shared: &Shared, paging: &Paging) -> Result<Vec<TaskView>, Respon
             })?;
         views.push(view);
     }
+    let unread = if shared.options.metrics.is_empty() {
+        Vec::new()
+    } else {
+        let mut read = calls::read(&shared.client, &shared.options.metrics).await;
+        shared
+            .history
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .record(Instant::now(), &mut read);
+        for view in &mut views {
+            view.calls = read.tasks.remove(&view.task);
+        }
+        read.failures
+    };
     *recent = Some(Recent {
         at: Instant::now(),
         paging: key,
         views: views.clone(),
+        unread: unread.clone(),
     });
-    Ok(views)
+    Ok((views, unread))
 }
 
 async fn index(
@@ -163,23 +179,29 @@ async fn index(
         Caller::Bearer => "",
     };
     match views(&shared, &Paging::default()).await {
-        Ok(views) => Html(render::page(&shared.target.scope_text(), &views, csrf)).into_response(),
+        Ok((views, unread)) => Html(render::page(
+            &shared.target.scope_text(),
+            &views,
+            &unread,
+            csrf,
+        ))
+        .into_response(),
         Err(response) => response,
     }
 }
 
 async fn fragment(State(shared): State<Arc<Shared>>, Query(paging): Query<Paging>) -> Response {
     match views(&shared, &paging).await {
-        Ok(views) => Html(render::sections(&views)).into_response(),
+        Ok((views, unread)) => Html(render::sections(&views, &unread)).into_response(),
         Err(response) => response,
     }
 }
 
 async fn units(State(shared): State<Arc<Shared>>, Query(paging): Query<Paging>) -> Response {
     match views(&shared, &paging).await {
-        Ok(views) => {
+        Ok((views, unread)) => {
             let (scope, name) = shared.target.scope();
-            Json(json!({ scope: name, "tasks": views })).into_response()
+            Json(json!({ scope: name, "tasks": views, "metrics_unread": unread })).into_response()
         }
         Err(response) => response,
     }

@@ -8,6 +8,7 @@ use std::time::Instant;
 use idempotask::operator::Cursor;
 use serde::Serialize;
 
+use super::calls::Counters;
 use crate::exit::Failure;
 use crate::scan::{Entry, describe};
 use crate::target::Target;
@@ -94,6 +95,9 @@ pub(crate) struct TaskView {
     pub(crate) done_units: Vec<Row>,
     /// Where the next page of done units starts.
     pub(crate) done_next: Option<String>,
+    /// What the workers counted of the task's calls (`--metrics`); `None` without sources, or
+    /// when none of them knows the task yet.
+    pub(crate) calls: Option<Counters>,
     /// How many store calls the counts took, and how long, in milliseconds.
     pub(crate) store_calls: usize,
     pub(crate) elapsed_ms: u64,
@@ -164,6 +168,7 @@ pub(crate) async fn task_view(
         held_units: held,
         done_units,
         done_next,
+        calls: None,
         store_calls: calls,
         elapsed_ms: crate::time::millis(started.elapsed()),
     })

@@ -211,7 +211,10 @@ impl std::fmt::Debug for ConsumerSettings {
         f.debug_struct("ConsumerSettings")
             .field("task", &self.task)
             .field("store", &self.store.as_ref().map(|_| "own store"))
-            .field("given_store", &self.given_store.as_ref().map(|_| "as given"))
+            .field(
+                "given_store",
+                &self.given_store.as_ref().map(|_| "as given"),
+            )
             .field("batch_store_calls", &self.batch_store_calls)
             .field("fingerprint_payload", &self.fingerprint_payload)
             .field("failure_backoff", &self.failure_backoff)

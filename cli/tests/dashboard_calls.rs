@@ -1,0 +1,162 @@
+//! `idempotask dashboard --metrics URL`: each task's call counters, read from the metrics pages
+//! of two workers (each rendered by `metrics-exporter-prometheus`, the exporter the observe docs
+//! name) and summed; a page that does not answer is named on the dashboard instead of failing
+//! it; a source that is not an `http://` URL is refused before the dashboard starts.
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::routing::get;
+use idempotask_test_support::RedisServer;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use serde_json::Value;
+
+mod common;
+
+use common::web::Dashboard;
+use common::{Backend, Redis, json};
+
+/// One worker's counters, as the runtime names them: `(task, outcome, count)` of
+/// `idempotask_calls_total`, and `(task, count)` of `idempotask_lock_waits_total`.
+fn worker(calls: &[(&str, &str, u64)], waits: &[(&str, u64)]) -> PrometheusHandle {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        for &(task, outcome, count) in calls {
+            metrics::counter!(
+                "idempotask_calls_total",
+                "task" => task.to_owned(),
+                "outcome" => outcome.to_owned()
+            )
+            .increment(count);
+        }
+        for &(task, count) in waits {
+            metrics::counter!("idempotask_lock_waits_total", "task" => task.to_owned())
+                .increment(count);
+        }
+        // Another metric of the same worker, which the dashboard leaves alone.
+        metrics::histogram!("idempotask_lock_wait_seconds", "task" => "charge").record(0.25);
+    });
+    handle
+}
+
+/// Serves `handle`'s page at `/metrics` on a loopback port of its own, for the test's life.
+fn serve(handle: PrometheusHandle) -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let app = Router::new().route("/metrics", get(move || async move { handle.render() }));
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    addr
+}
+
+#[test]
+fn each_tasks_calls_are_summed_over_the_workers_pages() {
+    let server = RedisServer::start();
+    Redis(&server).complete("charge", &["order-1"]);
+    let first = serve(worker(
+        &[
+            ("charge", "executed", 5),
+            ("charge", "replayed", 2),
+            ("charge", "contended", 1),
+            ("charge", "lock_lost", 1),
+            ("refund", "executed", 9),
+        ],
+        &[("charge", 3)],
+    ));
+    let second = serve(worker(
+        &[
+            ("charge", "executed", 2),
+            ("charge", "reconciled", 1),
+            ("charge", "failed", 4),
+            ("charge", "in_doubt", 6),
+            ("charge", "marker_not_written", 1),
+        ],
+        &[("charge", 1)],
+    ));
+    // Nothing listens on port 1.
+    let gone = "http://127.0.0.1:1/metrics";
+    let dashboard = Dashboard::start(
+        "--redis-url",
+        &server.url(),
+        &[
+            "--task",
+            "charge",
+            "--task",
+            "quiet",
+            "--metrics",
+            &format!("http://{first}/metrics"),
+            "--metrics",
+            &format!("http://{second}/metrics"),
+            "--metrics",
+            gone,
+        ],
+    );
+    let units = json(&dashboard.get("/api/units").body);
+    let charge = &units["tasks"][0];
+    assert_eq!(charge["task"], "charge");
+    let calls = &charge["calls"];
+    let count = |name: &str| {
+        calls[name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{name}: {calls}"))
+    };
+    assert_eq!(
+        [
+            count("fresh"),
+            count("duplicate"),
+            count("waited"),
+            count("gave_up"),
+            count("failed"),
+            count("lost"),
+            count("held"),
+        ],
+        [8, 2, 4, 1, 4, 2, 6],
+        "{calls}"
+    );
+    // The first read has nothing earlier to compare with.
+    assert_eq!(calls["gave_up_recently"], Value::Null, "{calls}");
+    // A task no worker reported has no counters; a task no dashboard asked for is not shown.
+    assert_eq!(units["tasks"][1]["calls"], Value::Null, "{units}");
+    assert_eq!(units["tasks"].as_array().unwrap().len(), 2);
+    let unread = units["metrics_unread"].as_array().unwrap();
+    assert_eq!(unread.len(), 1, "{unread:?}");
+    assert!(unread[0].as_str().unwrap().starts_with(gone), "{unread:?}");
+
+    let page = dashboard.get("/");
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("8 fresh"), "{}", page.body);
+    assert!(
+        page.body
+            .contains("Metrics not read: http://127.0.0.1:1/metrics")
+    );
+}
+
+#[test]
+fn a_source_that_is_not_an_http_url_is_refused_before_the_store_is_reached() {
+    for (source, says) in [
+        ("https://worker:9000/metrics", "only http://"),
+        ("worker:9000/metrics", "only http://"),
+        ("not a url", "not a URL"),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_idempotask"))
+            .env_remove("REDIS_URL")
+            .env_remove("DATABASE_URL")
+            .args(["--redis-url", "redis://127.0.0.1:1", "dashboard"])
+            .args(["--task", "charge", "--metrics", source])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{source}: {err}");
+        assert!(err.contains(says), "{source}: {err}");
+    }
+}
