@@ -140,8 +140,13 @@ pub(crate) enum Command {
     /// Every request needs the token from `IDEMPOTASK_DASHBOARD_TOKEN` or `--token-file`; on a
     /// loopback address without one, a fresh token is made and the address to open is printed.
     Dashboard {
-        /// A task to show; repeat it for several (the store keeps no list of tasks).
-        #[arg(long = "task", value_name = "TASK", required = true)]
+        /// A task to show; repeat it for several (the store keeps no list of tasks). With
+        /// `--metrics`, the tasks the metrics name are shown too, and `--task` may be left out.
+        #[arg(
+            long = "task",
+            value_name = "TASK",
+            required_unless_present = "metrics"
+        )]
         tasks: Vec<String>,
         /// Where to listen: loopback unless told otherwise (another address needs a token).
         #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8787")]

@@ -125,9 +125,13 @@ fn each_tasks_calls_are_summed_over_the_workers_pages() {
     );
     // The first read has nothing earlier to compare with.
     assert_eq!(calls["gave_up_recently"], Value::Null, "{calls}");
-    // A task no worker reported has no counters; a task no dashboard asked for is not shown.
+    // A task no worker reported has no counters; one that only the metrics name comes after
+    // the tasks asked for.
+    assert_eq!(units["tasks"][1]["task"], "quiet");
     assert_eq!(units["tasks"][1]["calls"], Value::Null, "{units}");
-    assert_eq!(units["tasks"].as_array().unwrap().len(), 2);
+    assert_eq!(units["tasks"][2]["task"], "refund");
+    assert_eq!(units["tasks"][2]["calls"]["fresh"], 9, "{units}");
+    assert_eq!(units["tasks"].as_array().unwrap().len(), 3);
     let unread = units["metrics_unread"].as_array().unwrap();
     assert_eq!(unread.len(), 1, "{unread:?}");
     assert!(unread[0].as_str().unwrap().starts_with(gone), "{unread:?}");
@@ -139,6 +143,33 @@ fn each_tasks_calls_are_summed_over_the_workers_pages() {
         page.body
             .contains("Metrics not read: http://127.0.0.1:1/metrics")
     );
+}
+
+#[test]
+fn without_task_the_tasks_are_those_the_metrics_name() {
+    let server = RedisServer::start();
+    Redis(&server).complete("charge", &["order-1"]);
+    let worker = serve(worker(
+        &[
+            ("charge", "executed", 1),
+            // No task can have this name: it is left out, not walked.
+            ("no:colons", "executed", 1),
+        ],
+        &[],
+    ));
+    let dashboard = Dashboard::start(
+        "--redis-url",
+        &server.url(),
+        &["--metrics", &format!("http://{worker}/metrics")],
+    );
+    let units = json(&dashboard.get("/api/units").body);
+    let tasks = units["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 1, "{units}");
+    assert_eq!(
+        (&tasks[0]["task"], &tasks[0]["done"]),
+        (&"charge".into(), &1.into())
+    );
+    assert_eq!(tasks[0]["calls"]["fresh"], 1);
 }
 
 #[test]

@@ -22,6 +22,7 @@ use super::view::{self, TaskView};
 use crate::audit;
 use crate::commands::{self, Settle};
 use crate::exit::{Exit, Failure};
+use crate::target::Target;
 use crate::time::parse_ttl;
 
 const APP_JS: &str = include_str!("app.js");
@@ -127,13 +128,33 @@ async fn views(shared: &Shared, paging: &Paging) -> Result<(Vec<TaskView>, Vec<S
     {
         return Ok((last.views.clone(), last.unread.clone()));
     }
+    // The metrics first: the tasks they name are shown too, after the ones asked for.
+    let mut read = if shared.options.metrics.is_empty() {
+        calls::Read::default()
+    } else {
+        let mut read = calls::read(&shared.client, &shared.options.metrics).await;
+        shared
+            .history
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .record(Instant::now(), &mut read);
+        read
+    };
+    let mut tasks = shared.options.tasks.clone();
+    tasks.extend(
+        read.tasks
+            .keys()
+            .filter(|task| !tasks.contains(task) && Target::check_task(task).is_ok())
+            .cloned()
+            .collect::<Vec<_>>(),
+    );
     let mut views = Vec::new();
-    for task in &shared.options.tasks {
+    for task in &tasks {
         let from = paging
             .from
             .as_deref()
             .filter(|_| paging.task.as_deref() == Some(task.as_str()));
-        let view = view::task_view(&shared.target, task, shared.options.hash_keys, from)
+        let mut view = view::task_view(&shared.target, task, shared.options.hash_keys, from)
             .await
             .map_err(|failure| {
                 (
@@ -145,22 +166,10 @@ async fn views(shared: &Shared, paging: &Paging) -> Result<(Vec<TaskView>, Vec<S
                 )
                     .into_response()
             })?;
+        view.calls = read.tasks.remove(task);
         views.push(view);
     }
-    let unread = if shared.options.metrics.is_empty() {
-        Vec::new()
-    } else {
-        let mut read = calls::read(&shared.client, &shared.options.metrics).await;
-        shared
-            .history
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .record(Instant::now(), &mut read);
-        for view in &mut views {
-            view.calls = read.tasks.remove(&view.task);
-        }
-        read.failures
-    };
+    let unread = read.failures;
     *recent = Some(Recent {
         at: Instant::now(),
         paging: key,
