@@ -1,6 +1,7 @@
 //! The dashboard in a real browser: headless Chromium (Debian's `chromium`) logs in with the
 //! token, sees the held unit, resolves it through the page's button and confirmation, and the
-//! store changes; the key holding `<script>` shows as text and runs nothing. Fails, never
+//! store changes; the key holding `<script>` shows as text and runs nothing; the task's calls,
+//! read from a worker's metrics page, are on the page. Fails, never
 //! skips, without Chromium. With `IDEMPOTASK_DASHBOARD_SCREENSHOT=PATH`, it saves the page as
 //! it stands before the click to `PATH` (docs/img/dashboard.png).
 
@@ -10,6 +11,7 @@ use idempotask_test_support::RedisServer;
 mod common;
 
 use common::cdp::Browser;
+use common::metrics::{serve, worker};
 use common::web::Dashboard;
 use common::{Backend, Redis};
 
@@ -22,7 +24,20 @@ fn a_held_unit_is_resolved_from_the_page() {
     redis.complete("charge", &["order-1", SCRIPT_KEY]);
     redis.lock("charge", "order-run");
     redis.leave_in_doubt(&["order-held"], Fencing::On);
-    let dashboard = Dashboard::start("--redis-url", &server.url(), &["--task", "charge"]);
+    let worker = serve(worker(
+        &[
+            ("charge", "executed", 41),
+            ("charge", "replayed", 12),
+            ("charge", "contended", 2),
+        ],
+        &[("charge", 5)],
+    ));
+    let metrics = format!("http://{worker}/metrics");
+    let dashboard = Dashboard::start(
+        "--redis-url",
+        &server.url(),
+        &["--task", "charge", "--metrics", &metrics],
+    );
     let mut browser = Browser::start();
 
     let login = format!("http://{}/?token={}", dashboard.addr, dashboard.token);
@@ -41,6 +56,11 @@ fn a_held_unit_is_resolved_from_the_page() {
     assert_eq!(
         browser.eval("document.querySelector('.count.held').textContent"),
         "1 in doubt"
+    );
+    // The calls, from the worker's metrics page.
+    assert_eq!(
+        browser.eval("document.querySelector('.count.fresh').textContent"),
+        "41 fresh"
     );
 
     // `IDEMPOTASK_DASHBOARD_SCREENSHOT=docs/img/dashboard.png` takes the picture the docs show.

@@ -184,22 +184,27 @@ fn task(html: &mut String, view: &TaskView) {
 /// The key when it is shown, else the digest (Redis locks keep only the digest).
 /// What the workers counted of a task's calls, in one line.
 fn calls(html: &mut String, calls: &Counters) {
+    let recently = calls.gave_up_recently.map_or_else(String::new, |recent| {
+        format!(" ({recent} in the last 5 min)")
+    });
     let _ = writeln!(
         html,
-        r#"<p class="calls">Calls, as the workers counted them: <span class="count fresh">{} fresh</span> <span class="count duplicate">{} duplicate</span> <span class="count waited">{} waited</span> <span class="count gave-up">{} gave up{}</span> <span class="count failed">{} failed</span> <span class="count lost">{} lost</span> <span class="count held-calls">{} held</span></p>"#,
+        r#"<p class="calls">Calls, as the workers counted them: <span class="count fresh">{} fresh</span> <span class="count duplicate">{} duplicate</span> <span class="count waited">{} waited</span> <span class="count gave-up{}">{} gave up{recently}</span> <span class="count failed">{} failed</span> <span class="count lost{}">{} lost</span> <span class="count held-calls">{} held</span></p>"#,
         calls.fresh,
         calls.duplicate,
         calls.waited,
+        alert(calls.gave_up),
         calls.gave_up,
-        calls
-            .gave_up_recently
-            .map_or_else(String::new, |recent| format!(
-                " ({recent} in the last 5 min)"
-            )),
         calls.failed,
+        alert(calls.lost),
         calls.lost,
         calls.held,
     );
+}
+
+/// The class that marks a count worth an operator's look: any at all.
+fn alert(count: u64) -> &'static str {
+    if count > 0 { " alert" } else { "" }
 }
 
 fn key_cell(row: &Row) -> String {

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod cdp;
+pub(crate) mod metrics;
 pub(crate) mod web;
 
 use std::process::{Command, Output, Stdio};
