@@ -93,8 +93,14 @@ fn each_tasks_calls_are_summed_over_the_workers_pages() {
     assert_eq!(page.status, 200);
     assert!(page.body.contains("8 fresh"), "{}", page.body);
     // Give-ups and lost locks are marked when there are any; failures are not.
-    assert!(page.body.contains(r#"<span class="count gave-up alert">1 gave up</span>"#));
-    assert!(page.body.contains(r#"<span class="count failed">4 failed</span>"#));
+    assert!(
+        page.body
+            .contains(r#"<span class="count gave-up alert">1 gave up</span>"#)
+    );
+    assert!(
+        page.body
+            .contains(r#"<span class="count failed">4 failed</span>"#)
+    );
     assert!(
         page.body
             .contains("Metrics not read: http://127.0.0.1:1/metrics")

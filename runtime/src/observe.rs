@@ -43,6 +43,29 @@ use tracing::field::Empty;
 
 use crate::unit::UnitOfWork;
 
+/// The name of the counter of calls, by `task` and `outcome` (one of [`OUTCOMES`]): what a
+/// dashboard reads back from the metrics.
+///
+/// ```
+/// assert_eq!(idempotask::observe::CALLS_TOTAL, "idempotask_calls_total");
+/// ```
+pub const CALLS_TOTAL: &str = "idempotask_calls_total";
+
+/// The name of the counter of calls that found their unit busy and asked again, by `task`.
+pub const LOCK_WAITS_TOTAL: &str = "idempotask_lock_waits_total";
+
+/// Every value of the `outcome` field and label, as the span and [`CALLS_TOTAL`] spell them.
+pub const OUTCOMES: [&str; 8] = [
+    "executed",
+    "replayed",
+    "reconciled",
+    "contended",
+    "failed",
+    "lock_lost",
+    "marker_not_written",
+    "in_doubt",
+];
+
 /// The share of its lock TTL past which a body that does not renew its lock is warned about.
 const LOCK_TTL_WARNING_SHARE: f64 = 0.8;
 
@@ -156,8 +179,7 @@ impl<'t> Observation<'t> {
             metrics::histogram!("idempotask_lock_wait_seconds", "task" => self.task.clone())
                 .record(waited.as_secs_f64());
             if attempts > 1 {
-                metrics::counter!("idempotask_lock_waits_total", "task" => self.task.clone())
-                    .increment(1);
+                metrics::counter!(LOCK_WAITS_TOTAL, "task" => self.task.clone()).increment(1);
             }
         }
     }
@@ -208,7 +230,7 @@ impl<'t> Observation<'t> {
         self.span.record("outcome", ending.as_str());
         #[cfg(feature = "metrics")]
         metrics::counter!(
-            "idempotask_calls_total",
+            CALLS_TOTAL,
             "task" => self.task.clone(),
             "outcome" => ending.as_str(),
         )
@@ -271,4 +293,37 @@ pub(crate) fn renewal(task: &str, result: &'static str) {
         "result" => result,
     )
     .increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Ending, OUTCOMES};
+
+    #[test]
+    fn outcomes_names_every_ending_once_in_order() {
+        let every = [
+            Ending::Executed,
+            Ending::Replayed,
+            Ending::Reconciled,
+            Ending::Contended,
+            Ending::Failed,
+            Ending::LockLost,
+            Ending::MarkerNotWritten,
+            Ending::InDoubt,
+        ];
+        // Exhaustive: a new ending fails to compile here until it is listed above.
+        for ending in every {
+            match ending {
+                Ending::Executed
+                | Ending::Replayed
+                | Ending::Reconciled
+                | Ending::Contended
+                | Ending::Failed
+                | Ending::LockLost
+                | Ending::MarkerNotWritten
+                | Ending::InDoubt => {}
+            }
+        }
+        assert_eq!(every.map(Ending::as_str), OUTCOMES);
+    }
 }

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use idempotask::observe::{CALLS_TOTAL, LOCK_WAITS_TOTAL};
 use serde::Serialize;
 
 use crate::exit::Failure;
@@ -76,11 +77,11 @@ pub(crate) fn add_exposition(text: &str, tasks: &mut BTreeMap<String, Counters>)
             continue;
         };
         let outcome = match sample.name {
-            "idempotask_calls_total" => match sample.label("outcome") {
+            CALLS_TOTAL => match sample.label("outcome") {
                 Some(outcome) => Some(outcome),
                 None => continue,
             },
-            "idempotask_lock_waits_total" => None,
+            LOCK_WAITS_TOTAL => None,
             _ => continue,
         };
         let Some(task) = sample.label("task") else {
@@ -272,6 +273,15 @@ idempotask_calls_total{task="broken
         );
         assert_eq!(tasks[r#"a "quoted", odd\name"#].fresh, 1);
         assert_eq!(tasks.len(), 2, "{tasks:?}");
+    }
+
+    #[test]
+    fn every_outcome_the_runtime_counts_has_a_column() {
+        for outcome in idempotask::observe::OUTCOMES {
+            let mut counters = Counters::default();
+            counters.add(Some(outcome), 1);
+            assert_ne!(counters, Counters::default(), "{outcome} is dropped");
+        }
     }
 
     #[test]
