@@ -135,6 +135,35 @@ fn without_task_the_tasks_are_those_the_metrics_name() {
 }
 
 #[test]
+fn a_page_that_never_answers_is_named_and_the_others_still_count() {
+    let server = RedisServer::start();
+    let answering = serve(worker(&[("charge", "executed", 3)], &[]));
+    // Connections to it are taken by the kernel and never answered.
+    let hanging = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hanging = format!("http://{}/metrics", hanging.local_addr().unwrap());
+    let dashboard = Dashboard::start(
+        "--redis-url",
+        &server.url(),
+        &[
+            "--task",
+            "charge",
+            "--metrics",
+            &hanging,
+            "--metrics",
+            &format!("http://{answering}/metrics"),
+        ],
+    );
+    let units = json(&dashboard.get("/api/units").body);
+    assert_eq!(units["tasks"][0]["calls"]["fresh"], 3, "{units}");
+    let unread = units["metrics_unread"].as_array().unwrap();
+    assert_eq!(unread.len(), 1, "{unread:?}");
+    assert!(
+        unread[0].as_str().unwrap().starts_with(&hanging),
+        "{unread:?}"
+    );
+}
+
+#[test]
 fn a_source_that_is_not_an_http_url_is_refused_before_the_store_is_reached() {
     for (source, says) in [
         ("https://worker:9000/metrics", "only http://"),

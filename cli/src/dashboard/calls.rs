@@ -180,25 +180,43 @@ pub(crate) fn check_source(source: &str) -> Result<(), Failure> {
     }
 }
 
-/// Reads every source, one after another, each within [`SCRAPE_TIMEOUT`].
+/// Reads every source at once, each within [`SCRAPE_TIMEOUT`]: a source that hangs delays
+/// the page by that much at most, however many sources there are.
 pub(crate) async fn read(client: &reqwest::Client, sources: &[String]) -> Read {
+    let mut reads = tokio::task::JoinSet::new();
+    for (at, source) in sources.iter().enumerate() {
+        let (client, source) = (client.clone(), source.clone());
+        reads.spawn(async move { (at, page(&client, &source).await) });
+    }
+    let mut pages = Vec::with_capacity(sources.len());
+    while let Some(joined) = reads.join_next().await {
+        // A fetch cannot panic but by a bug of the HTTP client; the page goes on without it.
+        if let Ok(page) = joined {
+            pages.push(page);
+        }
+    }
+    // Summed and reported in the order the sources were given, whatever order they answered in.
+    pages.sort_by_key(|(at, _)| *at);
     let mut read = Read::default();
-    for source in sources {
-        let answer = client
-            .get(source)
-            .timeout(SCRAPE_TIMEOUT)
-            .send()
-            .await
-            .and_then(reqwest::Response::error_for_status);
-        match answer {
-            Ok(response) => match response.text().await {
-                Ok(text) => add_exposition(&text, &mut read.tasks),
-                Err(err) => read.failures.push(format!("{source}: {err}")),
-            },
-            Err(err) => read.failures.push(format!("{source}: {err}")),
+    for (at, page) in pages {
+        match page {
+            Ok(text) => add_exposition(&text, &mut read.tasks),
+            Err(err) => read.failures.push(format!("{}: {err}", sources[at])),
         }
     }
     read
+}
+
+/// One source's page, or why it could not be read.
+async fn page(client: &reqwest::Client, source: &str) -> Result<String, reqwest::Error> {
+    client
+        .get(source)
+        .timeout(SCRAPE_TIMEOUT)
+        .send()
+        .await?
+        .error_for_status()?
+        .text()
+        .await
 }
 
 /// The give-up totals of earlier reads, for what gave up recently.
