@@ -95,7 +95,7 @@ fn each_tasks_calls_are_summed_over_the_workers_pages() {
     // Give-ups and lost locks are marked when there are any; failures are not.
     assert!(
         page.body
-            .contains(r#"<span class="count gave-up alert">1 gave up</span>"#)
+            .contains(r#"<span class="count gave-up alert">1 gave up"#)
     );
     assert!(
         page.body
@@ -161,6 +161,43 @@ fn a_page_that_never_answers_is_named_and_the_others_still_count() {
         unread[0].as_str().unwrap().starts_with(&hanging),
         "{unread:?}"
     );
+}
+
+#[test]
+fn the_tasks_only_the_metrics_name_are_walked_up_to_twenty() {
+    let server = RedisServer::start();
+    let names: Vec<String> = (0..25).map(|n| format!("task-{n:02}")).collect();
+    let calls: Vec<(&str, &str, u64)> = names
+        .iter()
+        .map(|name| (name.as_str(), "executed", 1))
+        .collect();
+    let worker = serve(worker(&calls, &[]));
+    let dashboard = Dashboard::start(
+        "--redis-url",
+        &server.url(),
+        &[
+            "--task",
+            "charge",
+            "--metrics",
+            &format!("http://{worker}/metrics"),
+        ],
+    );
+    let units = json(&dashboard.get("/api/units").body);
+    let shown: Vec<&str> = units["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|task| task["task"].as_str().unwrap())
+        .collect();
+    assert_eq!(shown.len(), 21, "{shown:?}");
+    assert_eq!(
+        (shown[0], shown[1], shown[20]),
+        ("charge", "task-00", "task-19")
+    );
+    let unread = units["metrics_unread"].as_array().unwrap();
+    let note = unread[0].as_str().unwrap();
+    assert!(note.starts_with("5 more tasks"), "{note}");
+    assert!(note.contains("task-24"), "{note}");
 }
 
 #[test]

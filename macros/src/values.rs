@@ -329,7 +329,30 @@ pub(crate) fn count(option: &str, value: &Expr) -> syn::Result<u32> {
 
 #[cfg(test)]
 mod tests {
-    use super::{InDoubt, in_doubt, parse_duration};
+    use super::{InDoubt, Renewal, in_doubt, parse_duration, renewal};
+
+    #[test]
+    fn ways_to_renew() {
+        let parse = |value: &str| {
+            renewal(&syn::parse_str(value).unwrap())
+                .map(|way| way.map(Renewal::variant))
+                .map_err(|err| err.to_string())
+        };
+        assert_eq!(parse("true"), Ok(Some("Watchdog")));
+        assert_eq!(parse("false"), Ok(None));
+        assert_eq!(parse(r#""watchdog""#), Ok(Some("Watchdog")));
+        assert_eq!(parse(r#""in_task""#), Ok(Some("InTask")));
+        for (bad, says) in [
+            (r#""in-task""#, "did you mean `\"in_task\"`?"),
+            (r#""Watchdog""#, "did you mean `\"watchdog\"`?"),
+            (r#""always""#, "unknown way to renew"),
+            ("InTask", "expected `true`, `false`"),
+            ("1", "expected `true`, `false`"),
+        ] {
+            let err = parse(bad).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
 
     #[test]
     fn in_doubt_policies() {

@@ -52,10 +52,19 @@ use crate::unit::UnitOfWork;
 pub const CALLS_TOTAL: &str = "idempotask_calls_total";
 
 /// The name of the counter of calls that found their unit busy and asked again, by `task`.
+///
+/// ```
+/// assert_eq!(idempotask::observe::LOCK_WAITS_TOTAL, "idempotask_lock_waits_total");
+/// ```
 pub const LOCK_WAITS_TOTAL: &str = "idempotask_lock_waits_total";
 
-/// Every value of the `outcome` field and label, as the span and [`CALLS_TOTAL`] spell them.
-pub const OUTCOMES: [&str; 8] = [
+/// Every value of the `outcome` field and label, as the span and [`CALLS_TOTAL`] spell them;
+/// a later release may add some.
+///
+/// ```
+/// assert!(idempotask::observe::OUTCOMES.contains(&"contended"));
+/// ```
+pub const OUTCOMES: &[&str] = &[
     "executed",
     "replayed",
     "reconciled",
@@ -324,6 +333,6 @@ mod tests {
                 | Ending::InDoubt => {}
             }
         }
-        assert_eq!(every.map(Ending::as_str), OUTCOMES);
+        assert_eq!(every.map(Ending::as_str).as_slice(), OUTCOMES);
     }
 }

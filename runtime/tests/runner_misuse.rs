@@ -214,7 +214,7 @@ async fn renewal_keeps_the_lock_of_a_body_that_blocks_its_thread() {
 /// past its TTL stops its renewals with it, as `LockRenewal::InTask` warns: the
 /// lock runs out under it and it is told so (`LockLost`), never `Executed`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cooperative_renewal_stops_while_the_body_blocks_its_thread_and_says_so() {
+async fn in_task_renewal_stops_while_the_body_blocks_its_thread_and_says_so() {
     let ttl = Duration::from_millis(300);
     let report = Task::new("blocking-cooperative")
         .lock_ttl(ttl)
@@ -258,7 +258,7 @@ async fn the_attributes_in_task_renewal_renews_while_the_body_awaits_and_not_whi
 /// Renewal in the body's task holds through a body that only awaits but always has work
 /// ready, which spends tokio's per-poll budget on every poll: the renewals are polled first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cooperative_renewal_holds_through_a_body_that_spends_its_budget() {
+async fn in_task_renewal_holds_through_a_body_that_spends_its_budget() {
     let ttl = Duration::from_millis(300);
     let report = Task::new("busy-cooperative")
         .lock_ttl(ttl)
@@ -282,7 +282,7 @@ async fn cooperative_renewal_holds_through_a_body_that_spends_its_budget() {
 /// reaches the caller, the lock is released (the next delivery runs at once), and nothing is
 /// stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panic_under_cooperative_renewal_frees_the_lock_and_resumes() {
+async fn a_panic_under_in_task_renewal_frees_the_lock_and_resumes() {
     let store = MemoryStore::new();
     let ttl = Duration::from_millis(300);
     let task = Task::new("panicking-cooperative")

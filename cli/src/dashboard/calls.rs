@@ -28,8 +28,11 @@ pub(crate) struct Counters {
     pub(crate) waited: u64,
     /// Calls that gave up waiting (`contended`).
     pub(crate) gave_up: u64,
-    /// Give-ups since the oldest earlier read within [`RECENT`]; `None` before there is one.
+    /// Give-ups since the oldest earlier read within [`RECENT`], and how long ago that read
+    /// was, in seconds; `None` before there is one.
     pub(crate) gave_up_recently: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) recently_s: Option<u64>,
     /// Bodies that failed (`failed`): no result kept, the next delivery runs.
     pub(crate) failed: u64,
     /// Bodies whose lock ran out under them, or whose result could not be recorded.
@@ -39,6 +42,21 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
+    /// Adds another source's counts of the same task.
+    fn sum(&mut self, other: &Self) {
+        for (mine, theirs) in [
+            (&mut self.fresh, other.fresh),
+            (&mut self.duplicate, other.duplicate),
+            (&mut self.waited, other.waited),
+            (&mut self.gave_up, other.gave_up),
+            (&mut self.failed, other.failed),
+            (&mut self.lost, other.lost),
+            (&mut self.held, other.held),
+        ] {
+            *mine = mine.saturating_add(theirs);
+        }
+    }
+
     /// Adds one sample: `outcome` of `idempotask_calls_total`, or `None` for the waits.
     fn add(&mut self, outcome: Option<&str>, value: u64) {
         let slot = match outcome {
@@ -56,12 +74,17 @@ impl Counters {
     }
 }
 
+/// Give-ups by source, then by task.
+pub(crate) type GaveUpBySource = BTreeMap<String, BTreeMap<String, u64>>;
+
 /// Every task's counters from every source, and what went wrong with the sources that did not
 /// answer.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Read {
     pub(crate) tasks: BTreeMap<String, Counters>,
     pub(crate) failures: Vec<String>,
+    /// Each source's give-ups by task (sources that did not answer are left out).
+    pub(crate) gave_up_by_source: GaveUpBySource,
 }
 
 /// Input: the page of one source, in Prometheus' text format. Output: each task's counters in
@@ -180,6 +203,9 @@ pub(crate) fn check_source(source: &str) -> Result<(), Failure> {
     }
 }
 
+/// The most of a page that is read: a page that keeps sending is cut off there and named.
+const MAX_PAGE_BYTES: usize = 8 << 20;
+
 /// Reads every source at once, each within [`SCRAPE_TIMEOUT`]: a source that hangs delays
 /// the page by that much at most, however many sources there are.
 pub(crate) async fn read(client: &reqwest::Client, sources: &[String]) -> Read {
@@ -200,37 +226,75 @@ pub(crate) async fn read(client: &reqwest::Client, sources: &[String]) -> Read {
     let mut read = Read::default();
     for (at, page) in pages {
         match page {
-            Ok(text) => add_exposition(&text, &mut read.tasks),
-            Err(err) => read.failures.push(format!("{}: {err}", sources[at])),
+            Ok(text) => {
+                let mut own = BTreeMap::new();
+                add_exposition(&text, &mut own);
+                let gave_up = own
+                    .iter()
+                    .map(|(task, counters)| (task.clone(), counters.gave_up))
+                    .collect();
+                read.gave_up_by_source.insert(sources[at].clone(), gave_up);
+                for (task, counters) in own {
+                    read.tasks.entry(task).or_default().sum(&counters);
+                }
+            }
+            Err(err) => read
+                .failures
+                .push(format!("{}: {err}", shown(&sources[at]))),
         }
     }
     read
 }
 
+/// A source as the page names it: without the user and password a URL may carry.
+fn shown(source: &str) -> String {
+    match reqwest::Url::parse(source) {
+        Ok(mut url) => {
+            let _ = url.set_username("");
+            let _ = url.set_password(None);
+            url.to_string()
+        }
+        Err(_) => source.to_owned(),
+    }
+}
+
 /// One source's page, or why it could not be read.
-async fn page(client: &reqwest::Client, source: &str) -> Result<String, reqwest::Error> {
-    client
+async fn page(client: &reqwest::Client, source: &str) -> Result<String, String> {
+    let mut response = client
         .get(source)
         .timeout(SCRAPE_TIMEOUT)
         .send()
-        .await?
-        .error_for_status()?
-        .text()
         .await
+        .and_then(reqwest::Response::error_for_status)
+        .map_err(|err| err.without_url().to_string())?;
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|err| err.without_url().to_string())?
+    {
+        if body.len() + chunk.len() > MAX_PAGE_BYTES {
+            return Err(format!(
+                "the page is longer than {} MiB: point --metrics at a page of the idempotask metrics only",
+                MAX_PAGE_BYTES >> 20
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    String::from_utf8(body).map_err(|_| "the page is not UTF-8".to_owned())
 }
 
-/// The give-up totals of earlier reads, for what gave up recently.
+/// The give-ups each source reported in earlier reads, for what gave up recently.
 #[derive(Debug, Default)]
 pub(crate) struct History {
-    reads: VecDeque<(Instant, BTreeMap<String, u64>)>,
+    reads: VecDeque<(Instant, GaveUpBySource)>,
 }
 
 impl History {
     /// Input: a read made at `now`. Output: the same, each task's `gave_up_recently` filled in
-    /// from the oldest earlier read within [`RECENT`], if any; the read is kept for the next
-    /// ones. A source
-    /// that restarted counts from zero again: its give-ups before the restart are not
-    /// subtracted twice, they are only no longer seen.
+    /// from the oldest earlier read within [`RECENT`], if any, source by source: a source whose
+    /// count went down restarted, and all it counts now is recent; a source that read did not
+    /// have is left out of the recent count. The read is kept for the next ones.
     pub(crate) fn record(&mut self, now: Instant, read: &mut Read) {
         while self
             .reads
@@ -239,19 +303,23 @@ impl History {
         {
             self.reads.pop_front();
         }
-        if let Some((_, oldest)) = self.reads.front() {
+        if let Some((at, oldest)) = self.reads.front() {
+            let since = now.saturating_duration_since(*at).as_secs();
             for (task, counters) in &mut read.tasks {
-                // A task the earlier read did not see had given up nothing then.
-                let before = oldest.get(task).copied().unwrap_or(0);
-                counters.gave_up_recently = Some(counters.gave_up.saturating_sub(before));
+                let mut recent: u64 = 0;
+                for (source, gave_up) in &read.gave_up_by_source {
+                    let Some(before) = oldest.get(source) else {
+                        continue;
+                    };
+                    let now = gave_up.get(task).copied().unwrap_or(0);
+                    let then = before.get(task).copied().unwrap_or(0);
+                    recent = recent.saturating_add(if now >= then { now - then } else { now });
+                }
+                counters.gave_up_recently = Some(recent);
+                counters.recently_s = Some(since);
             }
         }
-        let totals = read
-            .tasks
-            .iter()
-            .map(|(task, counters)| (task.clone(), counters.gave_up))
-            .collect();
-        self.reads.push_back((now, totals));
+        self.reads.push_back((now, read.gave_up_by_source.clone()));
     }
 }
 
@@ -303,6 +371,14 @@ idempotask_calls_total{task="broken
     }
 
     #[test]
+    fn a_source_is_named_without_its_password() {
+        assert_eq!(
+            shown("http://scraper:s3cret@prometheus:9090/federate?match[]=x"),
+            "http://prometheus:9090/federate?match[]=x"
+        );
+    }
+
+    #[test]
     fn the_sources_are_summed() {
         let mut tasks = BTreeMap::new();
         add_exposition(EXPOSITION, &mut tasks);
@@ -311,32 +387,47 @@ idempotask_calls_total{task="broken
     }
 
     #[test]
-    fn recent_give_ups_are_those_since_the_oldest_read_within_the_window() {
-        let read_of = |gave_up| Read {
-            tasks: BTreeMap::from([(
-                "charge".to_owned(),
-                Counters {
-                    gave_up,
-                    ..Counters::default()
-                },
-            )]),
-            failures: Vec::new(),
+    fn recent_give_ups_are_counted_source_by_source_since_the_oldest_read_in_the_window() {
+        // Give-ups of `charge` by source: worker a, and worker b when it answered.
+        let read_of = |a: u64, b: Option<u64>| {
+            let mut by_source =
+                BTreeMap::from([("a".to_owned(), BTreeMap::from([("charge".to_owned(), a)]))]);
+            if let Some(b) = b {
+                by_source.insert("b".to_owned(), BTreeMap::from([("charge".to_owned(), b)]));
+            }
+            Read {
+                tasks: BTreeMap::from([(
+                    "charge".to_owned(),
+                    Counters {
+                        gave_up: a + b.unwrap_or(0),
+                        ..Counters::default()
+                    },
+                )]),
+                failures: Vec::new(),
+                gave_up_by_source: by_source,
+            }
+        };
+        let recent = |read: &Read| {
+            let counters = &read.tasks["charge"];
+            (counters.gave_up_recently, counters.recently_s)
         };
         let start = Instant::now();
         let mut history = History::default();
-        let mut first = read_of(10);
+        let mut first = read_of(10, Some(4));
         history.record(start, &mut first);
-        assert_eq!(first.tasks["charge"].gave_up_recently, None);
-        let mut second = read_of(12);
+        assert_eq!(recent(&first), (None, None));
+        let mut second = read_of(12, Some(5));
         history.record(start + Duration::from_secs(60), &mut second);
-        assert_eq!(second.tasks["charge"].gave_up_recently, Some(2));
-        // The first read is out of the window: the second one is the oldest left.
-        let mut third = read_of(15);
-        history.record(start + RECENT + Duration::from_secs(30), &mut third);
-        assert_eq!(third.tasks["charge"].gave_up_recently, Some(3));
-        // A restarted source counts from zero: never below zero.
-        let mut restarted = read_of(1);
-        history.record(start + RECENT + Duration::from_secs(40), &mut restarted);
-        assert_eq!(restarted.tasks["charge"].gave_up_recently, Some(0));
+        assert_eq!(recent(&second), (Some(3), Some(60)));
+        // Worker a restarted (its 2 give-ups since are recent) while b gave up twice more: the
+        // drop of a's total hides none of b's.
+        let mut restarted = read_of(2, Some(6));
+        history.record(start + Duration::from_secs(90), &mut restarted);
+        assert_eq!(recent(&restarted), (Some(4), Some(90)));
+        // The first read is out of the window: the second one is the oldest left. b did not
+        // answer this time: only a counts.
+        let mut later = read_of(3, None);
+        history.record(start + RECENT + Duration::from_secs(30), &mut later);
+        assert_eq!(recent(&later), (Some(3), Some(RECENT.as_secs() - 30)));
     }
 }

@@ -64,7 +64,11 @@ pub(crate) async fn serve(
         options,
         access,
         recent: tokio::sync::Mutex::new(None),
-        client: reqwest::Client::new(),
+        // No redirects: a metrics page sends the dashboard nowhere but where it was pointed.
+        client: reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap_or_default(),
         history: std::sync::Mutex::new(calls::History::default()),
     });
     axum::serve(listener, routes::router(shared))

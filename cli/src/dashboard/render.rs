@@ -181,12 +181,17 @@ fn task(html: &mut String, view: &TaskView) {
     html.push_str("</section>");
 }
 
-/// The key when it is shown, else the digest (Redis locks keep only the digest).
 /// What the workers counted of a task's calls, in one line.
 fn calls(html: &mut String, calls: &Counters) {
-    let recently = calls.gave_up_recently.map_or_else(String::new, |recent| {
-        format!(" ({recent} in the last 5 min)")
-    });
+    let recently = match (calls.gave_up_recently, calls.recently_s) {
+        (Some(recent), Some(since)) => {
+            format!(
+                " ({recent} in the last {})",
+                human(Duration::from_secs(since))
+            )
+        }
+        _ => String::new(),
+    };
     let _ = writeln!(
         html,
         r#"<p class="calls">Calls, as the workers counted them: <span class="count fresh">{} fresh</span> <span class="count duplicate">{} duplicate</span> <span class="count waited">{} waited</span> <span class="count gave-up{}">{} gave up{recently}</span> <span class="count failed">{} failed</span> <span class="count lost{}">{} lost</span> <span class="count held-calls">{} held</span></p>"#,
@@ -207,6 +212,7 @@ fn alert(count: u64) -> &'static str {
     if count > 0 { " alert" } else { "" }
 }
 
+/// The key when it is shown, else the digest (Redis locks keep only the digest).
 fn key_cell(row: &Row) -> String {
     match &row.key {
         Some(key) => format!("<td class=\"key\">{}</td>", escape(key)),

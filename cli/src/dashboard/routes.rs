@@ -117,37 +117,58 @@ struct Paging {
     from: Option<String>,
 }
 
+/// The most tasks that only the metrics name which a refresh walks.
+const MAX_DISCOVERED: usize = 20;
+
 /// Every task's view; the one `paging` names from its cursor. A walk younger than [`FRESH`] for
 /// the same page answers instead of a new one.
 async fn views(shared: &Shared, paging: &Paging) -> Result<(Vec<TaskView>, Vec<String>), Response> {
     let key = (paging.task.clone(), paging.from.clone());
-    let mut recent = shared.recent.lock().await;
-    if let Some(last) = recent.as_ref()
-        && last.paging == key
-        && last.at.elapsed() < FRESH
-    {
-        return Ok((last.views.clone(), last.unread.clone()));
+    let fresh = |recent: &Option<Recent>| {
+        recent
+            .as_ref()
+            .filter(|last| last.paging == key && last.at.elapsed() < FRESH)
+            .map(|last| (last.views.clone(), last.unread.clone()))
+    };
+    if let Some(answer) = fresh(&*shared.recent.lock().await) {
+        return Ok(answer);
     }
-    // The metrics first: the tasks they name are shown too, after the ones asked for.
+    // The metrics are read before the walk's lock is taken, so that a page that hangs delays
+    // this refresh only, not the actions and the other pages waiting on that lock.
     let mut read = if shared.options.metrics.is_empty() {
         calls::Read::default()
     } else {
-        let mut read = calls::read(&shared.client, &shared.options.metrics).await;
+        calls::read(&shared.client, &shared.options.metrics).await
+    };
+    let mut recent = shared.recent.lock().await;
+    if let Some(answer) = fresh(&recent) {
+        return Ok(answer);
+    }
+    if !shared.options.metrics.is_empty() {
         shared
             .history
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .record(Instant::now(), &mut read);
-        read
-    };
+    }
+    // The tasks asked for, then those only the metrics name, up to a bound: each is a walk of
+    // the store, and a metrics page is not the operator.
     let mut tasks = shared.options.tasks.clone();
-    tasks.extend(
-        read.tasks
-            .keys()
-            .filter(|task| !tasks.contains(task) && Target::check_task(task).is_ok())
-            .cloned()
-            .collect::<Vec<_>>(),
-    );
+    let named: Vec<String> = read
+        .tasks
+        .keys()
+        .filter(|task| !tasks.contains(task) && Target::check_task(task).is_ok())
+        .cloned()
+        .collect();
+    let (walked, left) = named.split_at(named.len().min(MAX_DISCOVERED));
+    tasks.extend_from_slice(walked);
+    if !left.is_empty() {
+        read.failures.push(format!(
+            "{} more tasks in the metrics are not shown (the first {MAX_DISCOVERED} are): {}; name the ones to watch with --task",
+            left.len(),
+            left.join(", ")
+        ));
+    }
     let mut views = Vec::new();
     for task in &tasks {
         let from = paging

@@ -365,7 +365,7 @@ impl Idempotency {
     /// The handler runs detached to completion (a client timeout no longer bounds it), so a
     /// handler slower than the lock TTL (a gateway call that hangs) would otherwise let the
     /// lock expire and a retry run it a second time while the first still runs.
-    /// [`LockRenewal::Off`] only for handlers you know finish well within the lock TTL.
+    /// Choose [`LockRenewal::Off`] only for handlers you know finish well within the lock TTL.
     ///
     /// By default the renewals run in the handler's own task, next to it: no task of their own
     /// and no hand-off per poll, so a renewed request costs about what an unrenewed one does.
