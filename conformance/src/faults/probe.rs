@@ -223,14 +223,14 @@ impl Probe {
         let _turn = self.order.lock().await;
         let late = std::mem::take(&mut self.state().late);
         for (unit, op) in late {
-            self.checked(store, &unit, &op, true).await;
+            self.checked(store, &unit, &op, Applied::Late).await;
         }
     }
 
     /// Input: one operation of the call on `store`. Output: what the call gets back: the
     /// store's answer, or the planned fault.
     pub(super) async fn perform(
-        &self,
+        self: &Arc<Self>,
         store: &SharedStore,
         unit: &UnitOfWork,
         op: Op,
@@ -281,7 +281,7 @@ impl Probe {
                 Err(timeout)
             }
             Some(Fault::ReplyLost) => {
-                self.apply(store, unit, &op).await;
+                self.apply(store, unit, &op, false).await;
                 Err(injected(
                     StoreErrorKind::Timeout,
                     true,
@@ -289,19 +289,19 @@ impl Probe {
                 ))
             }
             Some(Fault::Resent) => {
-                self.apply(store, unit, &op).await;
-                Ok(self.apply(store, unit, &op).await)
+                self.apply(store, unit, &op, false).await;
+                Ok(self.apply(store, unit, &op, foreground).await)
             }
             Some(Fault::Overdue) => {
                 self.outlive_the_lock().await;
-                Ok(self.apply(store, unit, &op).await)
+                Ok(self.apply(store, unit, &op, foreground).await)
             }
             Some(Fault::OverdueReplyLost | Fault::TakenOverReplyLost) => {
                 self.outlive_the_lock().await;
                 if fault == Some(Fault::TakenOverReplyLost) {
                     self.second_holder_takes(store, unit).await;
                 }
-                self.apply(store, unit, &op).await;
+                self.apply(store, unit, &op, false).await;
                 Err(injected(
                     StoreErrorKind::Timeout,
                     true,
@@ -310,35 +310,57 @@ impl Probe {
             }
             Some(Fault::OverdueResent) => {
                 self.outlive_the_lock().await;
-                self.apply(store, unit, &op).await;
-                Ok(self.apply(store, unit, &op).await)
+                self.apply(store, unit, &op, false).await;
+                Ok(self.apply(store, unit, &op, foreground).await)
             }
             Some(Fault::TakenOver) => {
                 self.outlive_the_lock().await;
                 self.second_holder_takes(store, unit).await;
-                Ok(self.apply(store, unit, &op).await)
+                Ok(self.apply(store, unit, &op, foreground).await)
             }
             Some(Fault::AnsweredLate | Fault::AnsweredLateTakenOver) => {
-                let answer = self.apply(store, unit, &op).await;
+                let answer = self.apply(store, unit, &op, foreground).await;
                 self.outlive_the_lock().await;
                 if fault == Some(Fault::AnsweredLateTakenOver) {
                     self.second_holder_takes(store, unit).await;
                 }
                 Ok(answer)
             }
-            None => Ok(self.apply(store, unit, &op).await),
+            None => Ok(self.apply(store, unit, &op, foreground).await),
         };
         self.park(Point::After(index)).await;
         answer
     }
 
-    /// Applies `op`, then the late operations waiting for the next one to pass.
-    async fn apply(&self, store: &SharedStore, unit: &UnitOfWork, op: &Op) -> Answer {
+    /// Applies `op`, then the late operations waiting for the next one to pass, in a task of its
+    /// own: a caller dropped meanwhile (a watchdog aborted as its body ends) must not leave an
+    /// operation sent to the store and never checked, nor a late one taken from the list and
+    /// never applied. The store would have applied what was sent; the harness must see it.
+    async fn apply(
+        self: &Arc<Self>,
+        store: &SharedStore,
+        unit: &UnitOfWork,
+        op: &Op,
+        seen: bool,
+    ) -> Answer {
+        let (probe, store, unit, op) = (Arc::clone(self), store.clone(), unit.clone(), op.clone());
+        tokio::spawn(async move { probe.apply_in_turn(&store, &unit, &op, seen).await })
+            .await
+            .unwrap_or_else(|err| std::panic::resume_unwind(err.into_panic()))
+    }
+
+    async fn apply_in_turn(
+        &self,
+        store: &SharedStore,
+        unit: &UnitOfWork,
+        op: &Op,
+        seen: bool,
+    ) -> Answer {
         let _turn = self.order.lock().await;
-        let answer = self.checked(store, unit, op, false).await;
+        let answer = self.checked(store, unit, op, Applied::Now { seen }).await;
         let late = std::mem::take(&mut self.state().late);
         for (unit, op) in late {
-            self.checked(store, &unit, &op, true).await;
+            self.checked(store, &unit, &op, Applied::Late).await;
         }
         answer
     }
@@ -350,7 +372,7 @@ impl Probe {
 
     /// A second delivery takes the unit, then dies: its lock runs out soon after, and the
     /// store remembers it, as a killed worker's.
-    async fn second_holder_takes(&self, store: &SharedStore, unit: &UnitOfWork) {
+    async fn second_holder_takes(self: &Arc<Self>, store: &SharedStore, unit: &UnitOfWork) {
         let second = Op::Begin {
             token: LockToken::generate().with_doubt_memory(SECOND_HOLDER_MEMORY),
             lock_ttl: SECOND_HOLDER_TTL,
@@ -359,7 +381,7 @@ impl Probe {
         self.state().taken_over = true;
         // A unit that is done, or held by the harness for longer, is not taken: the fault is
         // then only a delay.
-        if let Answer::Begin(Err(err)) = self.apply(store, unit, &second).await {
+        if let Answer::Begin(Err(err)) = self.apply(store, unit, &second, false).await {
             self.violation(format!(
                 "a second delivery could not ask for the unit after the call's lock ran out: {err}"
             ));
@@ -372,7 +394,13 @@ impl Probe {
     }
 
     /// Applies `op` and checks what it did against what the store held before.
-    async fn checked(&self, store: &SharedStore, unit: &UnitOfWork, op: &Op, late: bool) -> Answer {
+    async fn checked(
+        &self,
+        store: &SharedStore,
+        unit: &UnitOfWork,
+        op: &Op,
+        applied: Applied,
+    ) -> Answer {
         let looked = tokio::time::Instant::now();
         let before = store.inspect(unit).await;
         let answer = op.apply(store, unit).await;
@@ -387,7 +415,7 @@ impl Probe {
             ));
             return answer;
         };
-        self.check(op, &before, took, &answer, &after, late);
+        self.check(op, &before, took, &answer, &after, applied);
         answer
     }
 
@@ -399,7 +427,7 @@ impl Probe {
         took: Duration,
         answer: &Answer,
         after: &Inspection,
-        late: bool,
+        applied: Applied,
     ) {
         let mut state = self.state();
         if !before.is_locked() {
@@ -423,17 +451,26 @@ impl Probe {
             if state.written.is_none() && !ours(&before.marker) && ours(&after.marker) {
                 state.written = Some(Written {
                     lock,
-                    before_the_answer: !state.answered && !late,
+                    before_the_answer: !state.answered && applied != Applied::Late,
                 });
             }
             broken.extend(finish_answer(marker, before, answer, after, lock));
         }
         // A late operation can apply while the call still runs: a concurrent renewal lets it
-        // through. The call learns of that write once one of its own reads of the unit (a
-        // finish that finds its marker, an inspection) comes after it.
-        if !late
+        // through. The call learns of that write once one of its own reads of the unit whose
+        // answer it gets (a finish that finds its marker, an inspection that sees it) comes
+        // after it.
+        let sees_the_marker = match op {
+            Op::Finish { marker, .. } => before
+                .marker
+                .as_deref()
+                .is_some_and(|stored| own_marker(stored, marker).is_some()),
+            Op::Inspect => before.marker.is_some(),
+            _ => false,
+        };
+        if applied == (Applied::Now { seen: true })
+            && sees_the_marker
             && !state.answered
-            && matches!(op, Op::Finish { .. } | Op::Inspect)
             && let Some(written) = &mut state.written
         {
             written.before_the_answer = true;
@@ -474,6 +511,15 @@ impl Probe {
     }
 }
 
+/// How an operation reached the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Applied {
+    /// When the call sent it; `seen`: its answer reaches the call (not a lost reply).
+    Now { seen: bool },
+    /// After a later operation, its fault having delayed it.
+    Late,
+}
+
 /// Counts an operation as answered however its future ends, dropped included.
 struct InFlight<'p>(&'p Probe);
 
@@ -484,69 +530,4 @@ impl Drop for InFlight<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use idempotask::MemoryStore;
-
-    use super::*;
-
-    const TTL: Duration = Duration::from_secs(30);
-
-    fn finish(token: &LockToken) -> Op {
-        Op::Finish {
-            token: token.clone(),
-            marker: b"the call's result".to_vec(),
-            result_ttl: TTL,
-        }
-    }
-
-    /// Input: the operation the call makes after its finish timed out and was left to apply
-    /// late, behind a renewal of its watchdog. Output: whether the write counts as made before
-    /// the call answered.
-    async fn written_before_the_answer(then: impl FnOnce(&LockToken) -> Op) -> bool {
-        let store = SharedStore::new(MemoryStore::new());
-        let unit = UnitOfWork::new("t", "k").unwrap();
-        let token = LockToken::generate();
-        let probe = Probe::new(
-            Plan::Inject {
-                at: 1,
-                fault: Fault::AppliedLate,
-            },
-            TTL,
-            Fencing::Off,
-        );
-        let begin = Op::Begin {
-            token: token.clone(),
-            lock_ttl: TTL,
-            fencing: Fencing::Off,
-        };
-        probe.perform(&store, &unit, begin).await.unwrap();
-        assert!(probe.perform(&store, &unit, finish(&token)).await.is_err());
-        let renew = Op::Renew {
-            token: token.clone(),
-            lock_ttl: TTL,
-        };
-        probe.perform(&store, &unit, renew).await.unwrap();
-        let written = probe
-            .written()
-            .expect("the late finish applied behind the renewal");
-        assert!(!written.before_the_answer, "{written:?}");
-        probe.perform(&store, &unit, then(&token)).await.unwrap();
-        assert!(probe.violations().is_empty(), "{:?}", probe.violations());
-        probe.written().unwrap().before_the_answer
-    }
-
-    #[tokio::test]
-    async fn a_late_write_counts_once_a_later_read_of_the_call_comes_after_it() {
-        assert!(written_before_the_answer(finish).await);
-        assert!(written_before_the_answer(|_| Op::Inspect).await);
-    }
-
-    #[tokio::test]
-    async fn a_late_write_that_no_read_of_the_call_saw_is_after_the_answer() {
-        let renew = |token: &LockToken| Op::Renew {
-            token: token.clone(),
-            lock_ttl: TTL,
-        };
-        assert!(!written_before_the_answer(renew).await);
-    }
-}
+mod tests;
