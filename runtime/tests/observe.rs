@@ -447,13 +447,13 @@ mod metrics_counts {
                 .call("order-3")
                 .store(store.clone())
                 .run(async { Ok::<u8, Error>(5) });
-            let (waited, ()) = tokio::join!(waiter, async { finish_tx.send(()).unwrap() });
-            (result, waited)
+            let (replayed, ()) = tokio::join!(waiter, async { finish_tx.send(()).unwrap() });
+            (result, replayed)
         };
-        let (held, (contended, waited)) = tokio::join!(holder, intruder);
+        let (held, (contended, after_waiting)) = tokio::join!(holder, intruder);
         assert_eq!(held.unwrap(), 3);
         assert!(matches!(contended, Err(Error::Contended { .. })));
-        assert_eq!(waited.unwrap(), 3);
+        assert_eq!(after_waiting.unwrap(), 3);
         // A renewing task whose body runs for 350 ms of paused time: renewals at 100, 200 and
         // 300 ms.
         Task::new("report")
