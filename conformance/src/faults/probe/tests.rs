@@ -14,11 +14,9 @@ fn finish(token: &LockToken) -> Op {
     }
 }
 
-/// Input: the operation the call makes after its finish timed out and was left to apply
-/// late, behind a renewal of its watchdog (a background operation: outside `IN_CALL`).
-/// Output: whether the write counts as made before the call answered.
-async fn written_before_the_answer(then: impl FnOnce(&LockToken) -> Op, by_the_call: bool) -> bool {
-    let store = SharedStore::new(MemoryStore::new());
+/// Input: a store. Output: a probe whose call took the unit's lock and whose finish timed out,
+/// left to apply after the next operation; the unit, and the call's lock token.
+async fn a_finish_left_to_apply_late(store: &SharedStore) -> (Arc<Probe>, UnitOfWork, LockToken) {
     let unit = UnitOfWork::new("t", "k").unwrap();
     let token = LockToken::generate();
     let probe = Probe::new(
@@ -35,15 +33,22 @@ async fn written_before_the_answer(then: impl FnOnce(&LockToken) -> Op, by_the_c
         fencing: Fencing::Off,
     };
     IN_CALL
-        .scope((), probe.perform(&store, &unit, begin))
+        .scope((), probe.perform(store, &unit, begin))
         .await
         .unwrap();
-    assert!(
-        IN_CALL
-            .scope((), probe.perform(&store, &unit, finish(&token)))
-            .await
-            .is_err()
-    );
+    let timed_out = IN_CALL
+        .scope((), probe.perform(store, &unit, finish(&token)))
+        .await;
+    assert!(timed_out.is_err(), "{timed_out:?}");
+    (probe, unit, token)
+}
+
+/// Input: the operation the call makes after its finish timed out and was left to apply
+/// late, behind a renewal of its watchdog (a background operation: outside `IN_CALL`).
+/// Output: whether the write counts as made before the call answered.
+async fn written_before_the_answer(then: impl FnOnce(&LockToken) -> Op, by_the_call: bool) -> bool {
+    let store = SharedStore::new(MemoryStore::new());
+    let (probe, unit, token) = a_finish_left_to_apply_late(&store).await;
     let renew = Op::Renew {
         token: token.clone(),
         lock_ttl: TTL,
@@ -151,31 +156,7 @@ async fn a_late_write_is_seen_when_the_operation_that_let_it_through_is_dropped(
         answer: Arc::new(tokio::sync::Semaphore::new(0)),
     };
     let store = SharedStore::new(gated.clone());
-    let unit = UnitOfWork::new("t", "k").unwrap();
-    let token = LockToken::generate();
-    let probe = Probe::new(
-        Plan::Inject {
-            at: 1,
-            fault: Fault::AppliedLate,
-        },
-        TTL,
-        Fencing::Off,
-    );
-    let begin = Op::Begin {
-        token: token.clone(),
-        lock_ttl: TTL,
-        fencing: Fencing::Off,
-    };
-    IN_CALL
-        .scope((), probe.perform(&store, &unit, begin))
-        .await
-        .unwrap();
-    assert!(
-        IN_CALL
-            .scope((), probe.perform(&store, &unit, finish(&token)))
-            .await
-            .is_err()
-    );
+    let (probe, unit, token) = a_finish_left_to_apply_late(&store).await;
     gated.armed.store(true, std::sync::atomic::Ordering::SeqCst);
     let renewal = {
         let (probe, store, unit) = (Arc::clone(&probe), store.clone(), unit.clone());
