@@ -43,7 +43,7 @@ pub async fn a_call_dropped_while_begin_is_in_flight_leaves_no_lock(store: Share
         begin_delay: Duration::from_millis(200),
         ..SlowConnection::new(&store)
     };
-    let begun = Arc::clone(&slow.begun);
+    let (beginning, begun) = (Arc::clone(&slow.beginning), Arc::clone(&slow.begun));
     let slow = SharedStore::new(slow);
     let runs = AtomicUsize::new(0);
     let task = Task::new("dropped-in-begin").lock_ttl(LONG);
@@ -51,12 +51,11 @@ pub async fn a_call_dropped_while_begin_is_in_flight_leaves_no_lock(store: Share
         runs.fetch_add(1, Ordering::SeqCst);
         Ok::<u8, Error>(1)
     });
-    // A caller's own timeout, shorter than the stalled `begin`.
-    assert!(
-        tokio::time::timeout(Duration::from_millis(50), call)
-            .await
-            .is_err()
-    );
+    // The caller gives up while its `begin` is in flight, however slow the machine is.
+    tokio::select! {
+        () = beginning.notified() => {}
+        answer = call => panic!("the call ended before its begin was applied: {answer:?}"),
+    }
     // The stalled `begin` is applied after the caller gave up, and takes the lock.
     begun.notified().await;
     let unit = UnitOfWork::new("dropped-in-begin", "k").unwrap();
@@ -85,24 +84,28 @@ pub async fn a_call_dropped_while_recording_still_stores_the_result(store: Share
 }
 
 async fn dropped_while_recording(store: &SharedStore, fencing: bool) {
-    let slow = SharedStore::new(SlowConnection {
+    let slow = SlowConnection {
         finish_delay: Duration::from_millis(300),
         ..SlowConnection::new(store)
-    });
+    };
+    let finishing = Arc::clone(&slow.finishing);
     let task = Task::new("dropped-in-finish")
         .lock_ttl(LONG)
         .fencing(fencing);
     let key = format!("fenced-{fencing}");
     let runs = AtomicUsize::new(0);
-    let call = task.call(key.as_str()).store(slow).run(async {
-        runs.fetch_add(1, Ordering::SeqCst);
-        Ok::<u8, Error>(1)
-    });
-    assert!(
-        tokio::time::timeout(Duration::from_millis(100), call)
-            .await
-            .is_err()
-    );
+    let call = task
+        .call(key.as_str())
+        .store(SharedStore::new(slow))
+        .run(async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<u8, Error>(1)
+        });
+    // Dropped as soon as its finish is sent, however slow the machine is.
+    tokio::select! {
+        () = finishing.notified() => {}
+        answer = call => panic!("the call ended before its finish was applied: {answer:?}"),
+    }
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the body did not run");
     let unit = UnitOfWork::new("dropped-in-finish", key.as_str()).unwrap();
     eventually(

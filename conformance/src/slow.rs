@@ -19,8 +19,12 @@ pub(super) struct SlowConnection {
     pub(super) reply_delay: Duration,
     pub(super) finish_delay: Duration,
     pub(super) order: Arc<tokio::sync::Mutex<()>>,
+    /// Signalled each time a `begin` has been sent, before its delay.
+    pub(super) beginning: Arc<tokio::sync::Notify>,
     /// Signalled each time a `begin` has been applied to the store.
     pub(super) begun: Arc<tokio::sync::Notify>,
+    /// Signalled each time a `finish` has been sent, before its delay.
+    pub(super) finishing: Arc<tokio::sync::Notify>,
 }
 
 impl SlowConnection {
@@ -32,7 +36,9 @@ impl SlowConnection {
             reply_delay: Duration::ZERO,
             finish_delay: Duration::ZERO,
             order: Arc::default(),
+            beginning: Arc::default(),
             begun: Arc::default(),
+            finishing: Arc::default(),
         }
     }
 }
@@ -56,6 +62,7 @@ impl Store for SlowConnection {
             begun.notify_one();
             answer
         });
+        self.beginning.notify_one();
         let answer = sent.await.expect("the begin task panicked");
         sleep(self.reply_delay).await;
         answer
@@ -68,6 +75,7 @@ impl Store for SlowConnection {
         marker: &[u8],
         result_ttl: Duration,
     ) -> Result<Finish, StoreError> {
+        self.finishing.notify_one();
         sleep(self.finish_delay).await;
         let _turn = self.order.lock().await;
         self.inner.finish(unit, token, marker, result_ttl).await
