@@ -191,7 +191,9 @@ pub async fn a_late_finish_keeps_the_result_when_nobody_holds_the_unit(store: Sh
 pub async fn only_the_holder_releases_or_renews(store: SharedStore) {
     let unit = unit("order-5");
     let (holder, other) = (LockToken::generate(), LockToken::generate());
-    acquire(&store, &unit, &holder, Duration::from_secs(2)).await;
+    // Long enough to outlast the calls before the renewal on a loaded machine, short enough
+    // that the renewal to `LONG` shows in what is left.
+    acquire(&store, &unit, &holder, Duration::from_secs(10)).await;
     // The right token with a fencing token the grant did not have does not renew (a release
     // goes by the token alone: see `a_release_without_the_fencing_token_frees_the_lock`).
     let forged = holder.clone().with_fencing_token(u64::MAX);
@@ -220,7 +222,10 @@ pub async fn fencing_tokens_increase_across_grants_and_expiry(store: SharedStore
     let short = Duration::from_millis(100);
     let mut last = 0;
     for round in 0..6 {
-        let token = acquire_fenced(&store, &unit, &LockToken::generate(), short).await;
+        // A lock that is released must still be held when its release arrives, however slow
+        // the store is; only the ones left to expire get the short TTL.
+        let ttl = if round % 2 == 0 { LONG } else { short };
+        let token = acquire_fenced(&store, &unit, &LockToken::generate(), ttl).await;
         let fence = fence(&token);
         assert!(fence > last, "round {round}: {fence} <= {last}");
         last = fence;
