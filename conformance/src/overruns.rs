@@ -9,8 +9,8 @@ use std::time::Duration;
 use idempotask::store::{SharedStore, StoreErrorKind};
 use idempotask::{Error, Outcome, Task};
 
-use super::outlive;
 use super::slow::SlowConnection;
+use super::{LONG, outlive};
 
 /// Checks that two executions of one unit whose results are equal are told apart: the one whose
 /// lock ran out hears `LockLost`, not `Executed`.
@@ -22,8 +22,12 @@ use super::slow::SlowConnection;
 /// When the store or the runner does not.
 #[doc = example!(a_double_run_with_equal_results_is_reported_as_lost)]
 pub async fn a_double_run_with_equal_results_is_reported_as_lost(store: SharedStore) {
-    let ttl = Duration::from_millis(150);
+    // The first delivery's grant must reach it with time left on a loaded machine (a grant
+    // that comes too late does not run); the lock then runs out while its body waits.
+    let ttl = Duration::from_secs(1);
     let task = Arc::new(Task::new("overrun-equal").lock_ttl(ttl));
+    // The successor's lock must not run out before it stores its result.
+    let successor = Task::new("overrun-equal").lock_ttl(LONG);
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let (successor_done_tx, successor_done_rx) = tokio::sync::oneshot::channel::<()>();
     let first = {
@@ -42,7 +46,7 @@ pub async fn a_double_run_with_equal_results_is_reported_as_lost(store: SharedSt
     };
     started_rx.await.unwrap();
     outlive(ttl).await;
-    let second = task
+    let second = successor
         .call("k")
         .store(store.clone())
         .run_reported(async { Ok::<(), Error>(()) })
@@ -99,9 +103,11 @@ pub async fn a_grant_that_arrives_after_its_lock_expired_does_not_run(store: Sha
         }
         other => panic!("expected an ambiguous timeout, got {other:?}"),
     }
-    // Nothing is left behind: the next delivery runs.
+    // Nothing is left behind: the next delivery runs at once. Its own lock is long, so that
+    // its grant is not one that came too late.
     let next: u32 = Task::new("late-grant")
-        .lock_ttl(ttl)
+        .lock_ttl(LONG)
+        .retry(idempotask::RetryPolicy::no_wait())
         .call("k")
         .store(store)
         .run(async { Ok::<_, Error>(2) })
@@ -121,8 +127,11 @@ pub async fn a_grant_that_arrives_after_its_lock_expired_does_not_run(store: Sha
 /// When the store or the runner does not.
 #[doc = example!(a_fence_stops_a_holder_whose_unit_was_taken_over)]
 pub async fn a_fence_stops_a_holder_whose_unit_was_taken_over(store: SharedStore) {
-    let ttl = Duration::from_millis(300);
+    // Long enough that the first grant and fence come well within it on a loaded machine.
+    let ttl = Duration::from_secs(1);
     let task = Arc::new(Task::new("fenced").lock_ttl(ttl));
+    // The successor's lock must not run out before it stores its result.
+    let successor = Task::new("fenced").lock_ttl(LONG);
     let effects = Arc::new(AtomicUsize::new(0));
     let (first_effect_tx, first_effect_rx) = tokio::sync::oneshot::channel();
     let (successor_done_tx, successor_done_rx) = tokio::sync::oneshot::channel::<()>();
@@ -152,7 +161,7 @@ pub async fn a_fence_stops_a_holder_whose_unit_was_taken_over(store: SharedStore
     };
     first_effect_rx.await.unwrap();
     outlive(ttl).await;
-    let second = task
+    let second = successor
         .call("k")
         .store(store.clone())
         .run_reported(async {
@@ -184,8 +193,10 @@ pub async fn a_fence_stops_a_holder_whose_unit_was_taken_over(store: SharedStore
 
     // A holder that still has its lock passes its fence, which renews the lock in the store:
     // a body that fences at two thirds of its TTL runs past the TTL, a delivery meanwhile
-    // finds the unit busy, and the body still finishes as its holder.
-    let long = Duration::from_millis(900);
+    // finds the unit busy, and the body still finishes as its holder. The third of the TTL
+    // left after the second pause covers the intruder's call and the finish on a loaded
+    // machine.
+    let long = Duration::from_secs(3);
     let renewed_task = Task::new("fenced-renewed").lock_ttl(long);
     let intruder_store = store.clone();
     let renewed = renewed_task

@@ -269,7 +269,9 @@ pub async fn the_body_sees_its_context(store: SharedStore) {
 /// When the store does not.
 #[doc = example!(renewal_keeps_a_short_lock_through_a_long_body)]
 pub async fn renewal_keeps_a_short_lock_through_a_long_body(store: SharedStore) {
-    let ttl = Duration::from_millis(300);
+    // Renewed every third of it: each renewal has two thirds of a second to land on a
+    // loaded machine before the lock would run out.
+    let ttl = Duration::from_secs(1);
     for (how, key) in [
         (LockRenewal::Watchdog, "watchdog"),
         (LockRenewal::InTask, "in-task"),
