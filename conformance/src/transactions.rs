@@ -205,6 +205,8 @@ struct FaultyCommit<T> {
     inner: T,
     fault: CommitFault,
     lock_ttl: Duration,
+    /// Signalled once the transaction's `begin` has answered.
+    begun: Arc<tokio::sync::Notify>,
 }
 
 impl<T: TransactionScope> TransactionScope for FaultyCommit<T> {
@@ -221,7 +223,13 @@ impl<T: TransactionScope> TransactionScope for FaultyCommit<T> {
         lock_ttl: Duration,
         fencing: Fencing,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
-        self.inner.begin(unit, token, lock_ttl, fencing)
+        let begun = Arc::clone(&self.begun);
+        let answer = self.inner.begin(unit, token, lock_ttl, fencing);
+        async move {
+            let answer = answer.await;
+            begun.notify_one();
+            answer
+        }
     }
 
     fn handle(&mut self) -> &mut Self::Handle {
@@ -275,7 +283,9 @@ impl<T: TransactionScope> TransactionScope for FaultyCommit<T> {
 /// When the store or the runner does not.
 #[doc = example!(transactions commit_faults_are_reported_as_they_happened)]
 pub async fn commit_faults_are_reported_as_they_happened<S: OpensTransactions>(store: S) {
-    let lock_ttl = Duration::from_millis(200);
+    // Long enough that the first delivery's grant reaches it with time left on a loaded
+    // machine (a grant that comes too late does not run the body).
+    let lock_ttl = Duration::from_secs(1);
     let task = Task::new("tx_commit_faults").lock_ttl(lock_ttl);
     let second_delivery = Task::new("tx_commit_faults")
         .lock_ttl(lock_ttl)
@@ -287,17 +297,20 @@ pub async fn commit_faults_are_reported_as_they_happened<S: OpensTransactions>(s
         ("overdue", CommitFault::Overdue),
     ] {
         let runs = AtomicUsize::new(0);
+        let begun = Arc::new(tokio::sync::Notify::new());
         let transaction = FaultyCommit {
             inner: store.open().await,
             fault,
             lock_ttl,
+            begun: Arc::clone(&begun),
         };
         let first = task.call(key).run_in_transaction(transaction, async |_| {
             runs.fetch_add(1, Ordering::SeqCst);
             Ok::<u32, Error>(1)
         });
-        // Past the lock TTL, while the first delivery has not committed yet.
+        // Past the lock TTL of the first delivery's grant, while it has not committed yet.
         let second = async {
+            begun.notified().await;
             outlive(lock_ttl).await;
             second_delivery
                 .call(key)
