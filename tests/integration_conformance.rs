@@ -87,7 +87,8 @@ const MAX_FAILURES: u32 = 3;
 const QUEUE_BACKOFF: Backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(100));
 /// How long a test waits for what the broker must do; a failure, not a pause.
 const WAIT: Duration = Duration::from_secs(5);
-/// How long a call runs inside a hanging body before the test drops it.
+/// How long a call runs inside a hanging body, once the body has started, before the test
+/// drops it.
 const DROP_AFTER: Duration = Duration::from_millis(200);
 
 // ---------------------------------------------------------------------------------------------
@@ -498,6 +499,38 @@ async fn eventually<F: Future<Output = bool>>(what: &str, mut done: impl FnMut()
     }
 }
 
+/// `body`, firing `started` as it starts.
+fn signalling<F: Future>(
+    started: &Arc<tokio::sync::Notify>,
+    body: F,
+) -> impl Future<Output = F::Output> + use<F> {
+    let started = Arc::clone(started);
+    async move {
+        started.notify_one();
+        body.await
+    }
+}
+
+/// Drives `delivery`, whose body hangs, until the body has signalled `started` and run for
+/// [`DROP_AFTER`], then drops it, as a consumer that dies mid-body would be; panics if the
+/// delivery ends first, or its body never starts. Waits for the body rather than a fixed time,
+/// so that a slow begin on a loaded machine does not get the call dropped before its body runs.
+async fn drop_once_hung<T: std::fmt::Debug>(
+    delivery: impl Future<Output = T>,
+    started: &tokio::sync::Notify,
+) {
+    let hung = async {
+        tokio::time::timeout(WAIT, started.notified())
+            .await
+            .expect("the hanging body never started");
+        tokio::time::sleep(DROP_AFTER).await;
+    };
+    tokio::select! {
+        ended = delivery => panic!("the delivery ended though its body hangs: {ended:?}"),
+        () = hung => {}
+    }
+}
+
 /// A call of `task` holding `key`'s lock until `finish` fires, as another worker would; its
 /// body is the side effect. Answers once the lock is held.
 async fn hold(
@@ -626,13 +659,15 @@ async fn sqs_delete_before_the_work_is_caught() {
 async fn apalis() {
     let (redis, store) = faulty_store().await;
     let effects = Effects::default();
+    let hung = Arc::new(tokio::sync::Notify::new());
     let service = idempotask_apalis::Idempotent::new(APALIS_TASK.clone(), IdempotencyKey)
         .store(store.clone())
-        .handler(apalis_handler(effects.clone()));
+        .handler(apalis_handler(effects.clone(), Arc::clone(&hung)));
     Box::pin(conform(Apalis {
         _redis: redis,
         store,
         effects,
+        hung,
         service,
     }))
     .await;

@@ -10,14 +10,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http::{HeaderMap, StatusCode};
 use idempotask::Task;
+use idempotask::store::{Store, UnitOfWork};
 use idempotask_http::{IDEMPOTENT_REPLAYED, Idempotency};
 use idempotask_redis::RedisStore;
 use idempotask_test_support::RedisServer;
 use idempotask_test_support::faulty_store::FaultyStore;
 
 use super::{
-    Body, Case, DROP_AFTER, Driver, Effects, Fault, Integration, LOCK_TTL, Message, Seen, Step,
-    ack, eventually, fault_off, fault_on, faulty_store, key_of, payload, steps,
+    Body, Case, Driver, Effects, Fault, Integration, LOCK_TTL, Message, Seen, Step, ack,
+    eventually, fault_off, fault_on, faulty_store, key_of, payload, steps,
 };
 
 static HTTP_TASK: Task = Task::new("conformance_http").lock_ttl(LOCK_TTL);
@@ -138,6 +139,16 @@ impl Http {
         response.bytes().await.ok()?;
         Some((status, replayed))
     }
+
+    /// Waits until a handler has started since the count was `since`.
+    async fn handler_started(&self, since: u32) {
+        let handlers = self.handlers.clone();
+        eventually("the slow handler never started", || {
+            let handlers = handlers.clone();
+            async move { handlers.started.load(Ordering::SeqCst) > since }
+        })
+        .await;
+    }
 }
 
 impl Driver for Http {
@@ -165,21 +176,24 @@ impl Driver for Http {
             let started = self.handlers.started.load(Ordering::SeqCst);
             let slow = self.request(base, &key, step.message, Body::Hang);
             let holder = tokio::spawn(Self::send(slow));
-            let handlers = self.handlers.clone();
-            eventually("the holder's handler never started", || {
-                let handlers = handlers.clone();
-                async move { handlers.started.load(Ordering::SeqCst) > started }
-            })
-            .await;
+            self.handler_started(started).await;
             Some(holder)
         } else {
             None
         };
-        let mut request = self.request(base, &key, step.message, step.body);
-        if step.body == Body::Hang {
-            request = request.timeout(DROP_AFTER);
-        }
-        let answer = Self::send(request).await;
+        let request = self.request(base, &key, step.message, step.body);
+        let answer = if step.body == Body::Hang {
+            // The client goes away once the slow handler runs, however long the request took
+            // to reach it; the handler cannot answer before its client is gone, being slow.
+            let started = self.handlers.started.load(Ordering::SeqCst);
+            tokio::select! {
+                biased;
+                () = self.handler_started(started) => None,
+                answer = Self::send(request) => panic!("the slow handler answered: {answer:?}"),
+            }
+        } else {
+            Self::send(request).await
+        };
         fault_off(&self.store, step.fault);
         if let Some(holder) = holder {
             let (status, _) = holder.await.unwrap().expect("the holder got an answer");
@@ -199,7 +213,12 @@ impl Driver for Http {
                 async move { effects.of(&key) > before }
             })
             .await;
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            let unit = UnitOfWork::new(HTTP_TASK.name(), key.as_str()).unwrap();
+            eventually("the detached handler's response was never stored", || {
+                let (store, unit) = (self.store.clone(), unit.clone());
+                async move { store.inspect(&unit).await.unwrap().is_done() }
+            })
+            .await;
             return Seen::NoAnswer;
         };
         let ran = self.effects().of(&key) > before;

@@ -1,6 +1,8 @@
 //! RabbitMQ: a queue and its retry and dead-letter queues per case, consumed on a channel of
 //! the case's own.
 
+use std::sync::Arc;
+
 use futures_util::StreamExt;
 use idempotask::{RetryPolicy, Task};
 use idempotask_lapin::{Settled, Topology};
@@ -15,9 +17,9 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Consumer};
 
 use super::{
-    Body, Case, DROP_AFTER, Driver, Effects, Fault, Integration, LOCK_TTL, MAX_FAILURES,
-    QUEUE_BACKOFF, Seen, Step, WAIT, ack, eventually, fault_off, fault_on, faulty_store, hold,
-    key_in, key_of, payload, reentered, run_body,
+    Body, Case, Driver, Effects, Fault, Integration, LOCK_TTL, MAX_FAILURES, QUEUE_BACKOFF, Seen,
+    Step, WAIT, ack, drop_once_hung, eventually, fault_off, fault_on, faulty_store, hold, key_in,
+    key_of, payload, reentered, run_body, signalling,
 };
 
 static RABBIT_TASK: Task = Task::new("conformance_rabbitmq")
@@ -154,9 +156,12 @@ impl Driver for Rabbit {
         if step.again {
             assert_eq!(key_in(&delivery.data).as_deref(), Some(key.as_str()));
         }
-        let before = self.effects.of(&key);
-        let (effects, body_key, body) = (self.effects.clone(), key.clone(), step.body);
-        let body = move |_: &lapin::message::Delivery| run_body(effects, body_key, body);
+        let (before, started) = (self.effects.of(&key), Arc::new(tokio::sync::Notify::new()));
+        let body = signalling(
+            &started,
+            run_body(self.effects.clone(), key.clone(), step.body),
+        );
+        let body = move |_: &lapin::message::Delivery| body;
         fault_on(&self.store, step.fault);
         let holder = if step.fault == Fault::Holder {
             Some(hold(&RABBIT_TASK, &self.store, &self.effects, &key).await)
@@ -165,8 +170,7 @@ impl Driver for Rabbit {
         };
         let consumer = state.consumer.clone();
         let settled = if step.body == Body::Hang {
-            let dropped = tokio::time::timeout(DROP_AFTER, consumer.process(delivery, body)).await;
-            assert!(dropped.is_err(), "the hanging body ended");
+            drop_once_hung(consumer.process(delivery, body), &started).await;
             None
         } else if step.fault == Fault::Reenter {
             Some(
