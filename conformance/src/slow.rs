@@ -19,7 +19,8 @@ pub(super) struct SlowConnection {
     pub(super) reply_delay: Duration,
     pub(super) finish_delay: Duration,
     pub(super) order: Arc<tokio::sync::Mutex<()>>,
-    /// Signalled each time a `begin` has been sent, before its delay.
+    /// Signalled each time a `begin` has been sent, in the connection's order, before its
+    /// delay.
     pub(super) beginning: Arc<tokio::sync::Notify>,
     /// Signalled each time a `begin` has been applied to the store.
     pub(super) begun: Arc<tokio::sync::Notify>,
@@ -53,16 +54,18 @@ impl Store for SlowConnection {
     ) -> Result<Begin, StoreError> {
         let (inner, unit, token) = (self.inner.clone(), unit.clone(), token.clone());
         let (order, delay) = (Arc::clone(&self.order), self.begin_delay);
-        let begun = Arc::clone(&self.begun);
+        let (beginning, begun) = (Arc::clone(&self.beginning), Arc::clone(&self.begun));
         // Sent: it is applied even if the caller stops waiting.
         let sent = tokio::spawn(async move {
             let _turn = order.lock().await;
+            // Only now is it in the connection's order: an operation sent after this
+            // signal is applied after it.
+            beginning.notify_one();
             sleep(delay).await;
             let answer = inner.begin(&unit, &token, lock_ttl, fencing).await;
             begun.notify_one();
             answer
         });
-        self.beginning.notify_one();
         let answer = sent.await.expect("the begin task panicked");
         sleep(self.reply_delay).await;
         answer
