@@ -79,8 +79,19 @@ use rabbitmq_driver::Rabbit;
 use redis_streams_driver::Streams;
 use sqs_driver::Sqs;
 
-/// Every task's lock TTL: short, so that a dropped call's lock is soon gone.
-const LOCK_TTL: Duration = Duration::from_millis(300);
+/// Every task's lock TTL where the lock must not run out: seconds, so that a grant or a finish
+/// that a loaded machine delays still lands within it (a grant with under 10 ms of its TTL left
+/// does not run its body).
+const LOCK_TTL: Duration = Duration::from_secs(10);
+/// The lock TTL of the delivery that the `Dropped` case drops mid-body, as a killed consumer's:
+/// it runs out before the message comes back, and is still long enough for its grant to reach a
+/// loaded machine in time to run the body. Where the integration ties the redelivery to the
+/// task's lock TTL (Redis Streams' `claim_idle`, SQS's visibility timeout) the whole case uses it.
+const DROPPED_LOCK_TTL: Duration = Duration::from_secs(2);
+/// The lock TTL of the other worker holding the key in the `Contended` case: renewed, so it
+/// holds through the step; short, since what is left of it is how long the delivery it turns
+/// away is deferred.
+const HOLDER_LOCK_TTL: Duration = Duration::from_secs(2);
 /// The body failures after which a message is dead-lettered (NATS and RabbitMQ).
 const MAX_FAILURES: u32 = 3;
 /// The redelivery delays after body failures and store errors (NATS and RabbitMQ).
@@ -546,7 +557,7 @@ async fn hold(
     let (finish, finish_rx) = tokio::sync::oneshot::channel::<()>();
     let (store, effects, key) = (store.clone(), effects.clone(), key.to_owned());
     // Renewed, so that the lock outlives a step slowed down by a busy machine.
-    let task = task.clone().renew(true);
+    let task = task.clone().lock_ttl(HOLDER_LOCK_TTL).renew(true);
     let holder = tokio::spawn(async move {
         let done: Result<f64, idempotask::Error> = task
             .call(key.clone())
@@ -660,15 +671,22 @@ async fn apalis() {
     let (redis, store) = faulty_store().await;
     let effects = Effects::default();
     let hung = Arc::new(tokio::sync::Notify::new());
-    let service = idempotask_apalis::Idempotent::new(APALIS_TASK.clone(), IdempotencyKey)
-        .store(store.clone())
-        .handler(apalis_handler(effects.clone(), Arc::clone(&hung)));
+    let service = |task: Task| {
+        idempotask_apalis::Idempotent::new(task, IdempotencyKey)
+            .store(store.clone())
+            .handler(apalis_handler(effects.clone(), Arc::clone(&hung)))
+    };
+    let (service, dropped) = (
+        service(APALIS_TASK.clone()),
+        service(APALIS_TASK.clone().lock_ttl(DROPPED_LOCK_TTL)),
+    );
     Box::pin(conform(Apalis {
         _redis: redis,
         store,
         effects,
         hung,
         service,
+        dropped,
     }))
     .await;
 }

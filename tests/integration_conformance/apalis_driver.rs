@@ -11,8 +11,8 @@ use idempotask_test_support::faulty_store::FaultyStore;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Body, Case, Driver, Effects, Fault, Integration, LOCK_TTL, Message, Seen, Step, ack,
-    drop_once_hung, fault_off, fault_on, hold, key_of, reentered, run_body,
+    Body, Case, DROPPED_LOCK_TTL, Driver, Effects, Fault, Integration, LOCK_TTL, Message, Seen,
+    Step, ack, drop_once_hung, fault_off, fault_on, hold, key_of, reentered, run_body,
 };
 
 pub(super) static APALIS_TASK: Task = Task::new("conformance_apalis")
@@ -34,6 +34,8 @@ pub(super) struct Apalis<S> {
     /// Fired by the handler when a hanging body starts.
     pub(super) hung: Arc<tokio::sync::Notify>,
     pub(super) service: S,
+    /// The same on a task whose lock runs out soon: for the delivery dropped mid-body.
+    pub(super) dropped: S,
 }
 
 /// The jobs' handler; it fires `hung` when it starts a hanging body.
@@ -100,7 +102,11 @@ where
             None
         };
         let hung = Arc::clone(&self.hung);
-        let service = &mut self.service;
+        let service = if step.body == Body::Hang {
+            &mut self.dropped
+        } else {
+            &mut self.service
+        };
         let deliver = async move {
             poll_fn(|cx| service.poll_ready(cx)).await?;
             service.call(job).await
@@ -121,7 +127,8 @@ where
         let Some(answered) = answered else {
             // The worker is gone mid-job; its backend puts the job back once orphaned, by
             // when the lock has lapsed.
-            tokio::time::sleep(2 * LOCK_TTL).await;
+            // The grant came before the body started, so its lock has run out by then.
+            tokio::time::sleep(DROPPED_LOCK_TTL).await;
             return Seen::NoAnswer;
         };
         // What apalis decides by: an `AbortError` kills the job, any other error retries it.

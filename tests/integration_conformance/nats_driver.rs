@@ -14,16 +14,19 @@ use idempotask_test_support::nats::NatsServer;
 use tokio::time::Instant;
 
 use super::{
-    Body, Case, Driver, Effects, Fault, Integration, LOCK_TTL, MAX_FAILURES, QUEUE_BACKOFF, Seen,
-    Step, WAIT, ack, drop_once_hung, fault_off, fault_on, faulty_store, hold, key_in, key_of,
-    payload, reentered, run_body, signalling,
+    Body, Case, DROPPED_LOCK_TTL, Driver, Effects, Fault, HOLDER_LOCK_TTL, Integration, LOCK_TTL,
+    MAX_FAILURES, QUEUE_BACKOFF, Seen, Step, WAIT, ack, drop_once_hung, fault_off, fault_on,
+    faulty_store, hold, key_in, key_of, payload, reentered, run_body, signalling,
 };
 
-/// The NATS consumers' `AckWait`, after which JetStream redelivers an unacked message.
-const ACK_WAIT: Duration = Duration::from_secs(2);
+/// The NATS consumers' `AckWait`, after which JetStream redelivers an unacked message: past
+/// [`DROPPED_LOCK_TTL`], so that the dropped delivery's lock has run out by then.
+const ACK_WAIT: Duration = Duration::from_secs(5);
 /// A nak'd NATS message comes back before this, well before `AckWait`: every delay the
-/// consumer is given is at most the lock TTL.
-const NAK_BOUND: Duration = Duration::from_millis(1200);
+/// consumer is given is at most [`HOLDER_LOCK_TTL`] (a busy key's) or the backoff's bound.
+const NAK_BOUND: Duration = HOLDER_LOCK_TTL.saturating_add(Duration::from_millis(1500));
+const _: () = assert!(DROPPED_LOCK_TTL.as_millis() < ACK_WAIT.as_millis());
+const _: () = assert!(NAK_BOUND.as_millis() < ACK_WAIT.as_millis());
 
 static NATS_TASK: Task = Task::new("conformance_nats")
     .lock_ttl(LOCK_TTL)
@@ -75,9 +78,18 @@ impl Nats {
         }
     }
 
-    fn consumer(&self) -> idempotask_nats::Idempotent<fn(&jetstream::Message) -> Option<String>> {
+    /// The consumer of `step`: on a task whose lock runs out soon for a delivery dropped mid-body.
+    fn consumer(
+        &self,
+        step: Step,
+    ) -> idempotask_nats::Idempotent<fn(&jetstream::Message) -> Option<String>> {
         let by_key: fn(&jetstream::Message) -> Option<String> = |message| key_in(&message.payload);
-        idempotask_nats::Idempotent::new(NATS_TASK.clone(), by_key)
+        let task = if step.body == Body::Hang {
+            NATS_TASK.clone().lock_ttl(DROPPED_LOCK_TTL)
+        } else {
+            NATS_TASK.clone()
+        };
+        idempotask_nats::Idempotent::new(task, by_key)
             .store(self.store.clone())
             .ack_wait(ACK_WAIT)
             .failure_backoff(QUEUE_BACKOFF)
@@ -126,7 +138,7 @@ impl Driver for Nats {
 
     async fn step(&mut self, case: Case, step: Step) -> Seen {
         let key = key_of(Self::INTEGRATION, case);
-        let idempotent = self.consumer();
+        let idempotent = self.consumer(step);
         let state = self.case.as_mut().unwrap();
         if !step.again {
             self.js

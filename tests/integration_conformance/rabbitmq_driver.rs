@@ -17,9 +17,9 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Consumer};
 
 use super::{
-    Body, Case, Driver, Effects, Fault, Integration, LOCK_TTL, MAX_FAILURES, QUEUE_BACKOFF, Seen,
-    Step, WAIT, ack, drop_once_hung, eventually, fault_off, fault_on, faulty_store, hold, key_in,
-    key_of, payload, reentered, run_body, signalling,
+    Body, Case, DROPPED_LOCK_TTL, Driver, Effects, Fault, Integration, LOCK_TTL, MAX_FAILURES,
+    QUEUE_BACKOFF, Seen, Step, WAIT, ack, drop_once_hung, eventually, fault_off, fault_on,
+    faulty_store, hold, key_in, key_of, payload, reentered, run_body, signalling,
 };
 
 static RABBIT_TASK: Task = Task::new("conformance_rabbitmq")
@@ -39,6 +39,8 @@ pub(super) struct Rabbit {
 struct RabbitCase {
     topology: Topology,
     consumer: idempotask_lapin::Idempotent<fn(&lapin::message::Delivery) -> Option<String>>,
+    /// The same on a task whose lock runs out soon: for the delivery dropped mid-body.
+    dropped: idempotask_lapin::Idempotent<fn(&lapin::message::Delivery) -> Option<String>>,
     /// The consuming channel, closed when the consumer "crashes" and at the end of the case.
     channel: Channel,
     deliveries: Consumer,
@@ -112,16 +114,23 @@ impl Driver for Rabbit {
         let retries = topology.declare(&self.publisher).await.unwrap();
         let by_key: fn(&lapin::message::Delivery) -> Option<String> =
             |delivery| key_in(&delivery.data);
-        let consumer = idempotask_lapin::Idempotent::new(RABBIT_TASK.clone(), by_key, retries)
-            .store(self.store.clone())
-            .failure_backoff(QUEUE_BACKOFF)
-            .store_backoff(QUEUE_BACKOFF)
-            .max_failures(MAX_FAILURES)
-            .fingerprint_payload(true);
+        let consumer = |task: Task| {
+            idempotask_lapin::Idempotent::new(task, by_key, retries.clone())
+                .store(self.store.clone())
+                .failure_backoff(QUEUE_BACKOFF)
+                .store_backoff(QUEUE_BACKOFF)
+                .max_failures(MAX_FAILURES)
+                .fingerprint_payload(true)
+        };
+        let (consumer, dropped) = (
+            consumer(RABBIT_TASK.clone()),
+            consumer(RABBIT_TASK.clone().lock_ttl(DROPPED_LOCK_TTL)),
+        );
         let (channel, deliveries) = self.consume(topology.queue()).await;
         self.case = Some(RabbitCase {
             topology,
             consumer,
+            dropped,
             channel,
             deliveries,
             dead: 0,
@@ -170,7 +179,7 @@ impl Driver for Rabbit {
         };
         let consumer = state.consumer.clone();
         let settled = if step.body == Body::Hang {
-            drop_once_hung(consumer.process(delivery, body), &started).await;
+            drop_once_hung(state.dropped.process(delivery, body), &started).await;
             None
         } else if step.fault == Fault::Reenter {
             Some(
@@ -199,7 +208,8 @@ impl Driver for Rabbit {
                 .close(200, "the consumer crashed".into())
                 .await
                 .unwrap();
-            tokio::time::sleep(2 * LOCK_TTL).await;
+            // The grant came before the body started, so its lock has run out by then.
+            tokio::time::sleep(DROPPED_LOCK_TTL).await;
             let (channel, deliveries) = self.consume(&queue).await;
             let state = self.case.as_mut().unwrap();
             (state.channel, state.deliveries) = (channel, deliveries);

@@ -13,14 +13,10 @@ use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
 use super::{
-    Body, Case, DROP_AFTER, Declined, Driver, Effects, Fault, Integration, LOCK_TTL, MAX_FAILURES,
-    QUEUE_BACKOFF, Seen, Step, WAIT, ack, fault_off, fault_on, faulty_store, hold, key_in, key_of,
-    payload, reentered, run_body,
+    Body, Case, DROP_AFTER, DROPPED_LOCK_TTL, Declined, Driver, Effects, Fault, Integration,
+    LOCK_TTL, MAX_FAILURES, QUEUE_BACKOFF, Seen, Step, WAIT, ack, fault_off, fault_on,
+    faulty_store, hold, key_in, key_of, payload, reentered, run_body,
 };
-
-/// How long an entry stays pending without a sign of its consumer before another claims it: at
-/// least the lock TTL, as the consumer requires.
-const CLAIM_IDLE: std::time::Duration = LOCK_TTL;
 
 static STREAMS_TASK: Task = Task::new("conformance_redis_streams")
     .lock_ttl(LOCK_TTL)
@@ -65,11 +61,20 @@ impl Streams {
         }
     }
 
-    async fn consumer(&self, stream: &str, name: &str) -> StreamConsumer<ByKey> {
+    /// A consumer of `case`'s stream. How long an entry stays pending without a sign of its
+    /// consumer before another claims it is the lock TTL, the least the consumer allows: for
+    /// the `Dropped` case, whose heir claims the entry of the consumer dropped mid-body, one that
+    /// runs out soon.
+    async fn consumer(&self, case: Case, stream: &str, name: &str) -> StreamConsumer<ByKey> {
         let by_key: ByKey = |entry| key_in(entry.field("payload")?);
-        Idempotent::new(STREAMS_TASK.clone(), by_key)
+        let lock_ttl = if case == Case::Dropped {
+            DROPPED_LOCK_TTL
+        } else {
+            LOCK_TTL
+        };
+        Idempotent::new(STREAMS_TASK.clone().lock_ttl(lock_ttl), by_key)
             .store(self.store.clone())
-            .claim_idle(CLAIM_IDLE)
+            .claim_idle(lock_ttl)
             .failure_backoff(QUEUE_BACKOFF)
             .store_backoff(QUEUE_BACKOFF)
             .max_failures(MAX_FAILURES)
@@ -191,7 +196,7 @@ impl Driver for Streams {
     async fn start(&mut self, case: Case) {
         self.store.down(false);
         let stream = format!("conformance-{case:?}");
-        let consumer = self.consumer(&stream, &format!("{case:?}-0")).await;
+        let consumer = self.consumer(case, &stream, &format!("{case:?}-0")).await;
         self.case = Some(StreamsCase {
             stream,
             consumer,
@@ -269,7 +274,7 @@ impl Driver for Streams {
             state.last = pending.1;
             state.generation += 1;
             let name = format!("{case:?}-{}", state.generation);
-            let heir = self.consumer(&stream, &name).await;
+            let heir = self.consumer(case, &stream, &name).await;
             self.case.as_mut().unwrap().consumer = heir;
             return Seen::NoAnswer;
         };

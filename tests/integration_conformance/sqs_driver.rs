@@ -14,14 +14,10 @@ use tokio::time::Instant;
 
 use super::moto_queues::{Queue, Shape};
 use super::{
-    Body, Case, DROP_AFTER, Declined, Driver, Effects, Fault, Integration, LOCK_TTL, MAX_FAILURES,
-    QUEUE_BACKOFF, Seen, Step, WAIT, ack, fault_off, fault_on, faulty_store, hold, key_in, key_of,
-    payload, reentered, run_body,
+    Body, Case, DROP_AFTER, DROPPED_LOCK_TTL, Declined, Driver, Effects, Fault, Integration,
+    LOCK_TTL, MAX_FAILURES, QUEUE_BACKOFF, Seen, Step, WAIT, ack, fault_off, fault_on,
+    faulty_store, hold, key_in, key_of, payload, reentered, run_body,
 };
-
-/// The queue's visibility timeout: SQS counts it in whole seconds, and it must be at least the
-/// lock TTL.
-const VISIBILITY: u32 = 1;
 
 static SQS_TASK: Task = Task::new("conformance_sqs")
     .lock_ttl(LOCK_TTL)
@@ -59,9 +55,9 @@ impl Sqs {
         }
     }
 
-    async fn consumer(&self, queue: &Queue) -> SqsConsumer<ByKey> {
+    async fn consumer(&self, queue: &Queue, lock_ttl: Duration) -> SqsConsumer<ByKey> {
         let by_key: ByKey = |message| key_in(message.body().as_bytes());
-        Idempotent::new(SQS_TASK.clone(), by_key)
+        Idempotent::new(SQS_TASK.clone().lock_ttl(lock_ttl), by_key)
             .store(self.store.clone())
             .failure_backoff(QUEUE_BACKOFF)
             .store_backoff(QUEUE_BACKOFF)
@@ -147,13 +143,21 @@ impl Driver for Sqs {
 
     async fn start(&mut self, case: Case) {
         self.store.down(false);
+        // The queue's visibility timeout is the lock TTL, the least the consumer allows (SQS
+        // counts it in whole seconds): for the `Dropped` case, whose message comes back once
+        // the batch dropped mid-body has let it go, one that runs out soon.
+        let lock_ttl = if case == Case::Dropped {
+            DROPPED_LOCK_TTL
+        } else {
+            LOCK_TTL
+        };
         let shape = Shape {
-            visibility: VISIBILITY,
+            visibility: u32::try_from(lock_ttl.as_secs()).unwrap(),
             max_receive_count: Some(MAX_FAILURES),
             fifo: false,
         };
         let queue = Queue::create(&format!("conformance-{case:?}"), shape).await;
-        let consumer = self.consumer(&queue).await;
+        let consumer = self.consumer(&queue, lock_ttl).await;
         self.case = Some(SqsCase {
             queue,
             consumer,
