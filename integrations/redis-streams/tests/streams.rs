@@ -18,8 +18,12 @@ use idempotask_test_support::faulty_store::FaultyStore;
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 
-const LOCK_TTL: Duration = Duration::from_millis(300);
-const CLAIM_IDLE: Duration = Duration::from_millis(400);
+/// Seconds, so that a grant or a finish that a loaded machine delays still lands within it (a
+/// grant with under 10 ms of its TTL left does not run its body).
+const LOCK_TTL: Duration = Duration::from_secs(2);
+/// At least the lock TTL, as the consumer requires; the tests whose consumers die wait this long
+/// for the entries to be claimed.
+const CLAIM_IDLE: Duration = LOCK_TTL;
 const BACKOFF: Backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(100));
 /// How long a test waits for what must happen; a failure, not a pause.
 const WAIT: Duration = Duration::from_secs(10);
@@ -507,19 +511,22 @@ async fn a_claim_idle_shorter_than_the_lock_ttl_is_refused_at_start() {
     );
 }
 
-/// A body that runs three times `claim_idle` is not claimed by another consumer: its consumer
-/// refreshes it while it runs.
+/// A body that runs twice `claim_idle` (and its lock TTL) is not claimed by another consumer:
+/// its consumer refreshes it while it runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_body_longer_than_claim_idle_is_not_claimed_by_another_consumer() {
     let mut s = setup().await;
+    // The lock is renewed, and the entry refreshed, every third of their times: each has two
+    // seconds to spare, so that a stall of a second on a loaded machine breaks neither.
+    let (lock_ttl, claim_idle) = (Duration::from_secs(3), Duration::from_secs(3));
     let long_task = Task::new("streams_long")
-        .lock_ttl(LOCK_TTL)
+        .lock_ttl(lock_ttl)
         .renew(true)
         .retry(RetryPolicy::no_wait());
     let url = s.redis.url();
     let idempotent = Idempotent::new(long_task, EntryId)
         .store(s.store.clone())
-        .claim_idle(CLAIM_IDLE)
+        .claim_idle(claim_idle)
         .block(Duration::from_millis(50));
     let mut slow = idempotent
         .clone()
@@ -539,7 +546,7 @@ async fn a_running_body_longer_than_claim_idle_is_not_claimed_by_another_consume
             if let Some(started) = started {
                 let _ = started.send(());
             }
-            tokio::time::sleep(3 * CLAIM_IDLE).await;
+            tokio::time::sleep(2 * claim_idle).await;
             Ok("slow".to_owned())
         }))
     };
