@@ -171,7 +171,9 @@ async fn a_result_stored_before_a_fingerprint_was_declared_is_replayed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_keeps_the_lock_of_a_body_that_blocks_its_thread() {
     let store = MemoryStore::new();
-    let ttl = Duration::from_millis(600);
+    // Renewed every third of it, so each renewal has more than a second to land on a loaded
+    // machine.
+    let ttl = Duration::from_secs(2);
     let task = Arc::new(Task::new("blocking").lock_ttl(ttl).renew(true));
     let runs = Arc::new(AtomicUsize::new(0));
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
@@ -183,8 +185,10 @@ async fn renewal_keeps_the_lock_of_a_body_that_blocks_its_thread() {
                 .run(async move {
                     runs.fetch_add(1, Ordering::SeqCst);
                     started_tx.send(()).unwrap();
-                    // Blocks this worker thread for more than three lock TTLs.
-                    std::thread::sleep(ttl * 3);
+                    // Blocks this worker thread for two and a half lock TTLs: the second
+                    // delivery comes half a TTL past the first lock's expiry and a TTL before
+                    // the body ends.
+                    std::thread::sleep(ttl * 5 / 2);
                     Ok::<u8, Error>(1)
                 })
                 .await
@@ -259,14 +263,17 @@ async fn the_attributes_in_task_renewal_renews_while_the_body_awaits_and_not_whi
 /// ready, which spends tokio's per-poll budget on every poll: the renewals are polled first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_task_renewal_holds_through_a_body_that_spends_its_budget() {
-    let ttl = Duration::from_millis(300);
+    // Renewed every third of it, so each renewal has more than a second to land on a loaded
+    // machine.
+    let ttl = Duration::from_secs(2);
     let report = Task::new("busy-cooperative")
         .lock_ttl(ttl)
         .lock_renewal(LockRenewal::InTask)
         .call("k")
         .store(MemoryStore::new())
         .run_reported(async move {
-            let until = tokio::time::Instant::now() + ttl * 3;
+            // Half a TTL past the lock's expiry, were it not renewed.
+            let until = tokio::time::Instant::now() + ttl * 3 / 2;
             while tokio::time::Instant::now() < until {
                 tokio::task::consume_budget().await;
             }
