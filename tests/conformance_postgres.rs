@@ -21,6 +21,25 @@ idempotask_conformance::doubt_conformance_tests!({
     (server, store)
 });
 
+/// The suite through `BatchingStore`, whose batches `PostgresStore` sends as one statement.
+mod batching {
+    use super::*;
+
+    use idempotask::store::BatchingStore;
+
+    idempotask_conformance::conformance_tests!({
+        let server = PostgresServer::start();
+        let store = BatchingStore::new(server.store().await);
+        (server, store)
+    });
+
+    idempotask_conformance::doubt_conformance_tests!({
+        let server = PostgresServer::start();
+        let store = BatchingStore::new(server.store().await);
+        (server, store)
+    });
+}
+
 mod transactions {
     use super::*;
 

@@ -89,7 +89,7 @@ impl ConsumerSettings {
 
     /// Uses `store` instead of the installed one.
     ///
-    /// A store that batches natively ([`Store::batches_natively`]: `RedisStore`) is wrapped
+    /// A store that batches natively ([`Store::batches_natively`]: `RedisStore`, `PostgresStore`) is wrapped
     /// in a [`BatchingStore`], so that the messages a consumer runs at once reach it as one
     /// pipeline of `begin`s and one of `finish`es, unless
     /// [`batch_store_calls`](Self::batch_store_calls) is off. A store that does not, or one

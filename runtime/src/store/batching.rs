@@ -34,9 +34,10 @@ const MAX_BATCH: usize = 256;
 /// lease is counted from the moment the call was made, so waiting only shortens the lease the
 /// caller counts, never lengthens it; a grant that comes back with less than the runner's
 /// floor left is released and the body does not run. Use it over a store that batches
-/// natively (`RedisStore`: one pipeline) with many calls in flight; over a store that answers
-/// a batch one unit at a time (the trait's default: `MemoryStore`, `PostgresStore`,
-/// `RedisClusterStore`, `RedlockStore`) it would only put every call behind the others.
+/// natively (`RedisStore`: one pipeline; `PostgresStore`: one statement and one commit) with
+/// many calls in flight; over a store that answers a batch one unit at a time (the trait's
+/// default: `MemoryStore`, `RedisClusterStore`, `RedlockStore`) it would only put every call
+/// behind the others.
 ///
 /// A call dropped while it waits is left out of the next batch; one dropped after its batch
 /// was sent is in flight, as a dropped single call's command is, and the runner's release of

@@ -19,6 +19,7 @@
 #![doc = include_str!("deployment.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod batch;
 mod builder;
 mod checkout;
 mod errors;

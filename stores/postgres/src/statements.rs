@@ -31,6 +31,11 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use crate::table::TableName;
 
+mod batch;
+mod fragments;
+
+use fragments::{LEFT_MS, LOCK_EXPIRY, MEMORY, doubt_us, forgotten_us, in_doubt, micros, present};
+
 /// One statement per store operation, with the table's name in place, built once per store.
 ///
 /// The statements of `begin` take the same first five parameters: `$1` task, `$2` key, `$3`
@@ -50,6 +55,10 @@ pub(super) struct Statements {
     pub(super) begin_fresh: SqlStr,
     /// `begin_fresh` for a task with fencing: the same answers.
     pub(super) begin_fresh_fenced: SqlStr,
+    /// `begin_fresh` for many units at once (see [`batch::begin_fresh`]).
+    pub(super) begin_fresh_batch: SqlStr,
+    /// `begin_fresh_batch` for a task with fencing.
+    pub(super) begin_fresh_fenced_batch: SqlStr,
     /// `begin_fresh` inside a caller's transaction: the same, except that it waits on another
     /// transaction's row for as long as that transaction lasts, and leaves the transaction's
     /// `lock_timeout` as it was.
@@ -76,6 +85,8 @@ pub(super) struct Statements {
     /// `$1` task, `$2` key, `$3` token, `$4` fence, `$5` marker, `$6` result TTL in ms: the
     /// marker over the caller's lock, as a plain `UPDATE` (the common case).
     pub(super) finish_held: SqlStr,
+    /// `finish_held` for many units at once (see [`batch::finish_held`]).
+    pub(super) finish_held_batch: SqlStr,
     /// The same parameters, for when `finish_held` found no lock of the caller's: one row
     /// `(written, held, repeated)`.
     pub(super) finish: SqlStr,
@@ -117,57 +128,6 @@ pub(super) struct Statements {
     /// Reads the fencing sequence, and names the columns of this version that `inspect` does
     /// not: fails when the migration has not created them.
     pub(super) schema_probe: SqlStr,
-}
-
-/// Milliseconds left until `expires_at`, rounded up so a live entry never reads as 0 ms.
-const LEFT_MS: &str =
-    "ceil(extract(epoch FROM u.expires_at - statement_timestamp()) * 1000)::bigint";
-
-/// A lock's expiry, `$4` ms from now.
-const LOCK_EXPIRY: &str = "statement_timestamp() + $4::bigint * interval '1 millisecond'";
-
-/// The doubt memory `$5` (µs) as the column keeps it: `NULL` for none.
-const MEMORY: &str = "NULLIF($5::bigint, 0) * interval '1 microsecond'";
-
-/// Whether row `a` is a lock that ran out and is still remembered: the unit is in doubt.
-/// Never null. A lock with no token is a released fenced one, kept for its counter only.
-fn in_doubt(a: &str) -> String {
-    format!(
-        "({a}.state = 'locked' AND {a}.token IS NOT NULL \
-         AND {a}.expires_at <= statement_timestamp() \
-         AND COALESCE({a}.expires_at + {a}.doubt_memory > statement_timestamp(), FALSE))"
-    )
-}
-
-/// Whether row `a` counts as there: live, or a lock in doubt. Never null.
-fn present(a: &str) -> String {
-    format!(
-        "({a}.expires_at > statement_timestamp() OR {})",
-        in_doubt(a)
-    )
-}
-
-/// How long ago row `a`'s lock ran out, in µs, when the unit is in doubt; else null.
-fn doubt_us(a: &str) -> String {
-    micros_in_doubt(a, &format!("statement_timestamp() - {a}.expires_at"))
-}
-
-/// How long row `a`'s lock in doubt is still remembered, in µs; null when it is not in doubt.
-fn forgotten_us(a: &str) -> String {
-    micros_in_doubt(
-        a,
-        &format!("{a}.expires_at + {a}.doubt_memory - statement_timestamp()"),
-    )
-}
-
-/// The interval `span` in µs, when row `a` is in doubt; else null.
-fn micros_in_doubt(a: &str, span: &str) -> String {
-    format!("CASE WHEN {} THEN {} END", in_doubt(a), micros(span))
-}
-
-/// The interval `span` in whole µs (null for null).
-fn micros(span: &str) -> String {
-    format!("(extract(epoch FROM {span}) * 1000000)::bigint")
 }
 
 /// The condition that bounds a statement's row-lock waits by `lock_timeout` (at least 1 ms, at
@@ -247,6 +207,8 @@ impl Statements {
         Self {
             begin_fresh: sql(begin_fresh(&t, None, &bound)),
             begin_fresh_fenced: sql(begin_fresh(&t, Some(&seq), &bound)),
+            begin_fresh_batch: sql(batch::begin_fresh(&t, None, &bound)),
+            begin_fresh_fenced_batch: sql(batch::begin_fresh(&t, Some(&seq), &bound)),
             begin_fresh_in_transaction: sql(begin_fresh(&t, None, "TRUE")),
             begin_fresh_fenced_in_transaction: sql(begin_fresh(&t, Some(&seq), "TRUE")),
             begin: sql(begin(&t, &seq, &format!("{bound} AND"))),
@@ -254,6 +216,7 @@ impl Statements {
             take_over: sql(take_over(&t, &seq, &bound)),
             take_over_in_transaction: sql(take_over(&t, &seq, "TRUE")),
             finish: sql(finish(&t, &bound)),
+            finish_held_batch: sql(batch::finish_held(&t, &bound)),
             finish_held: sql(format!(
                 "UPDATE {t} u SET state = 'done', token = NULL, marker = $5, doubt_memory = NULL,
                     doubt_earlier_fence = NULL, doubt_expired_for = NULL,

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use idempotask::store::lock_lost_marker;
-use idempotask::store::{Begin, Fencing, Finish, Inspection, Store};
+use idempotask::store::{Begin, Claim, Completion, Fencing, Finish, Inspection, Store};
 use idempotask::store::{LockToken, UnitOfWork};
 use idempotask::store::{StoreError, StoreErrorKind};
 use sqlx::postgres::{PgConnection, PgPool};
@@ -316,6 +316,40 @@ pub(crate) struct BeginStatements<'s> {
 impl Store for PostgresStore {
     fn max_key_len(&self) -> usize {
         self.max_key_len
+    }
+
+    /// True: a batch is one statement for the units it can take in one (see
+    /// [`begin_batch`](Self::begin_batch)).
+    fn batches_natively(&self) -> bool {
+        true
+    }
+
+    /// The units of the batch in one statement, one round trip and one commit: units with no
+    /// row are taken, and a marker or another's live lock is answered, as `begin` would. Every
+    /// other unit (an expired row, the caller's own lock, a unit in doubt to take over, a second
+    /// claim of one unit) is then asked alone, in order, so that each answer is exactly the one
+    /// `begin` would have given. When the server refuses the statement for one unit's sake (its
+    /// bounded row-lock wait ran out, a deadlock with another batch), nothing was applied and
+    /// every unit is asked alone.
+    async fn begin_batch(
+        &self,
+        claims: &[Claim<'_>],
+        lock_ttl: Duration,
+        fencing: Fencing,
+    ) -> Vec<Result<Begin, StoreError>> {
+        self.begin_together(claims, lock_ttl, fencing).await
+    }
+
+    /// The markers of the batch in one `UPDATE`, one round trip and one commit, over the
+    /// caller's locks; a unit whose lock that statement did not find (lost, taken over, or
+    /// already finished by a repeated call), or that is in the batch twice, is then finished
+    /// alone, as `finish` tells those apart.
+    async fn finish_batch(
+        &self,
+        completions: &[Completion<'_>],
+        result_ttl: Duration,
+    ) -> Vec<Result<Finish, StoreError>> {
+        self.finish_together(completions, result_ttl).await
     }
 
     async fn begin(

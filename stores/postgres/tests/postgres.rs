@@ -250,6 +250,8 @@ async fn postgres_worker() {
     });
 }
 
+#[path = "postgres/batches.rs"]
+mod batches;
 #[path = "postgres/deliveries.rs"]
 mod deliveries;
 #[path = "postgres/doubt.rs"]
