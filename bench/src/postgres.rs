@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use idempotask::Task;
-use idempotask::store::SharedStore;
+use idempotask::store::{BatchingStore, SharedStore};
 use idempotask_postgres::PostgresStore;
 use serde::Serialize;
 use sqlx::PgPool;
@@ -24,9 +24,11 @@ static TRANSFER: Task = Task::new("bench_pg_transactional");
 
 /// The PostgreSQL modes, in the order each round runs them: each idempotask mode right after
 /// its hand-written counterpart, so the two see the same machine.
-pub const MODES: [&str; 6] = [
+pub const MODES: [&str; 8] = [
     "pg-handwritten-fresh",
     "pg-fresh",
+    "pg-handwritten-fresh",
+    "pg-fresh-batched",
     "pg-handwritten-duplicate",
     "pg-duplicate",
     "pg-handwritten-transactional",
@@ -237,6 +239,15 @@ async fn wal_since(pool: &PgPool, before: &str) -> Result<f64, BenchError> {
     Ok(bytes)
 }
 
+/// The store `mode` calls: `store`, behind a `BatchingStore` for the batched mode.
+fn store_of(mode: &str, store: &PostgresStore) -> SharedStore {
+    if mode == "pg-fresh-batched" {
+        SharedStore::new(BatchingStore::new(store.clone()))
+    } else {
+        SharedStore::new(store.clone())
+    }
+}
+
 async fn measure(
     mode: &'static str,
     pool: &PgPool,
@@ -252,11 +263,11 @@ async fn measure(
     }
     let wal_before = wal_position(pool).await?;
     let clocks = CpuClocks::now("postgres");
-    let shared = SharedStore::new(store.clone());
+    let shared = store_of(mode, store);
     let measuring = pool.clone();
     let (pool, store) = (pool.clone(), store.clone());
     let mut timings = match mode {
-        "pg-fresh" | "pg-duplicate" => {
+        "pg-fresh" | "pg-fresh-batched" | "pg-duplicate" => {
             drive(n, config.concurrency, move |id| {
                 let (shared, prefix) = (shared.clone(), Arc::clone(&prefix));
                 async move {
@@ -461,10 +472,13 @@ pub fn markdown(measurements: &[PgMeasurement]) -> String {
         let [baseline, ours] = [pair[0], pair[1]];
         let mut ratios: Vec<f64> = measurements
             .iter()
-            .filter(|m| m.mode == ours)
-            .filter_map(|m| {
-                let base = measurements
+            .enumerate()
+            .filter(|(_, m)| m.mode == ours)
+            .filter_map(|(at, m)| {
+                // The baseline measured last before it, in its round.
+                let base = measurements[..at]
                     .iter()
+                    .rev()
                     .find(|b| b.mode == baseline && b.round == m.round)?;
                 Some(m.tasks_per_sec / base.tasks_per_sec.max(1e-9))
             })
