@@ -116,8 +116,9 @@ pub async fn run(
     let statements = Statements::new(&pool).await;
     let mut measurements = Vec::new();
     for round in 1..=config.rounds.max(1) {
-        for mode in MODES {
-            let run = format!("{}-{round}", std::process::id());
+        for (position, mode) in MODES.into_iter().enumerate() {
+            // Keys of their own for each measurement, a mode measured twice in a round too.
+            let run = format!("{}-{round}-{position}", std::process::id());
             if mode.ends_with("duplicate") {
                 // The same keys, done before the clock starts.
                 measure(mode, &pool, &store, &run, config, None).await?;
