@@ -320,6 +320,18 @@ impl StoreError {
         self.kind
     }
 
+    /// What the store said of it, without the operation and kind that `Display` adds: for a
+    /// store that answers one failure to several units, each in an error of its own.
+    ///
+    /// ```
+    /// use idempotask::store::{StoreError, StoreErrorKind};
+    /// let err = StoreError::new("begin", StoreErrorKind::Unreachable, "connection refused");
+    /// assert_eq!(err.message(), "connection refused");
+    /// ```
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
     /// Whether the store may have applied the operation although it did not confirm it.
     pub fn is_ambiguous(&self) -> bool {
         self.ambiguous

@@ -5,46 +5,52 @@
 //!
 //! The batch statement takes what it can take in one statement (a unit with no row, a marker,
 //! another's live lock, a lock of the caller's to replace with its marker); every other unit is
-//! asked alone afterwards, with the single statements, in the batch's order: an expired row,
-//! the caller's own lock, a unit in doubt to take over, a row written by a concurrent
-//! transaction after the statement's snapshot, and a second claim of a unit already in the
-//! batch. So each unit gets exactly the answer it would have had alone.
+//! asked alone afterwards, with the single statements: an expired row, the caller's own lock, a
+//! unit in doubt to take over, a row written by a concurrent transaction after the statement's
+//! snapshot, and a second claim of a unit already in the batch. Distinct units are asked at
+//! once, on connections of their own; the claims of one unit in the batch's order. So each
+//! unit gets exactly the answer it would have had alone.
 //!
-//! A batch statement is one transaction: it applies to every unit or to none. When the server
-//! refuses it for a reason of one unit's (its row-lock wait ran out, or a deadlock with
-//! another batch), nothing was applied, and every unit is asked alone, so that one unit's wait
-//! never fails another. Any other failure (a lost connection, a timeout, no connection to be
-//! had) is every unit's answer, ambiguous where the statement may have applied, as for a
-//! single call.
+//! A batch statement is one transaction: it applies to every unit or to none. Each of its
+//! row-lock waits is bounded by a share of the single statement's bound, so that however many
+//! rows it waits on, it ends in the server within that bound, before the client stops
+//! listening. When the server refuses it for a reason of one unit's (a wait ran out, a
+//! deadlock with another batch, a `statement_timeout`), nothing was applied, and every unit is
+//! asked alone, with the whole bound, so that one unit's wait never fails another. Any other
+//! failure (a lost connection, a timeout, no connection to be had) is every carried unit's
+//! answer, ambiguous where the statement may have applied, as for a single call.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use idempotask::store::{Begin, Claim, Completion, Fencing, Finish, Store, UnitOfWork};
 use idempotask::store::{StoreError, StoreErrorKind};
 use sqlx::Row;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 
+use crate::builder::lock_timeout;
 use crate::errors::{classify, store_error};
 use crate::rows::{Found, fence_param, fresh_answer, memory_micros, millis};
 use crate::store::PostgresStore;
 
-/// SQLSTATEs of a batch statement the server refused because of one of its units, having
-/// applied nothing: `lock_not_available` (the statement's bounded row-lock wait ran out) and
-/// `deadlock_detected`.
-const ONE_UNITS_REFUSAL: [&str; 2] = ["55P03", "40P01"];
+/// SQLSTATEs of a batch statement that the server refused having applied nothing, for a
+/// reason of one of its units: `lock_not_available` (a row-lock wait ran out),
+/// `deadlock_detected`, and `query_canceled` (a `statement_timeout` of the application's
+/// connection settings, or a cancel).
+const ONE_UNITS_REFUSAL: [&str; 3] = ["55P03", "40P01", "57014"];
 
 /// How a batch statement failed as a whole.
 enum Whole {
     /// Nothing was applied, for a reason of one unit's: ask each alone.
     Alone,
-    /// Every unit's answer.
+    /// Every carried unit's answer.
     Each(Failure),
 }
 
-/// A failure that is every unit's answer: its kind, whether the statement may have applied,
-/// and what it says.
+/// A failure that is every carried unit's answer: its kind, whether the statement may have
+/// applied, and what it says.
 struct Failure(StoreErrorKind, bool, String);
 
 impl Failure {
@@ -54,14 +60,36 @@ impl Failure {
     }
 }
 
-/// The position of the first claim of each unit: the ones a batch statement carries.
-fn first_of_each<'u>(units: impl Iterator<Item = &'u UnitOfWork>) -> Vec<usize> {
-    let mut seen = HashSet::new();
-    units
-        .enumerate()
-        .filter(|(_, unit)| seen.insert((unit.task(), unit.key().as_bytes())))
-        .map(|(at, _)| at)
-        .collect()
+/// Which claims a batch statement carries, and which are asked alone (and how).
+struct Plan {
+    /// The position of the first claim of each unit, in order.
+    carried: Vec<usize>,
+    /// The positions of each unit's other claims, a list per unit, each in order: units are
+    /// asked at once, one unit's claims one after another.
+    alone: Vec<Vec<usize>>,
+}
+
+impl Plan {
+    /// Carries the first claim of each of `units` whose position `eligible` accepts.
+    fn new<'u>(
+        units: impl Iterator<Item = &'u UnitOfWork>,
+        eligible: impl Fn(usize) -> bool,
+    ) -> Self {
+        let (mut carried, mut alone) = (Vec::new(), Vec::<Vec<usize>>::new());
+        let mut lists: HashMap<&'u UnitOfWork, usize> = HashMap::new();
+        for (at, unit) in units.enumerate() {
+            if let Some(&list) = lists.get(unit) {
+                alone[list].push(at);
+                continue;
+            }
+            if eligible(at) {
+                carried.push(at);
+            }
+            lists.insert(unit, alone.len());
+            alone.push(vec![at]);
+        }
+        Self { carried, alone }
+    }
 }
 
 /// The claim a row of a batch statement answers: `carried[n - 1]`; `None` for an `n` the
@@ -72,7 +100,59 @@ fn position(row: &PgRow, carried: &[usize]) -> Option<usize> {
     carried.get(index).copied()
 }
 
+/// Asks every claim `answers` has no answer for yet, with `ask`: the lists of `alone` at once,
+/// the claims of one list one after another.
+async fn ask_alone<T, F>(
+    mut answers: Vec<Option<Result<T, StoreError>>>,
+    alone: &[Vec<usize>],
+    ask: impl Fn(usize) -> F,
+) -> Vec<Result<T, StoreError>>
+where
+    F: Future<Output = Result<T, StoreError>>,
+{
+    let ask = &ask;
+    let asked = join_all(alone.iter().map(|claims| {
+        let pending: Vec<usize> = claims
+            .iter()
+            .copied()
+            .filter(|at| answers[*at].is_none())
+            .collect();
+        async move {
+            let mut asked = Vec::with_capacity(pending.len());
+            for at in pending {
+                asked.push((at, ask(at).await));
+            }
+            asked
+        }
+    }))
+    .await;
+    for (at, answer) in asked.into_iter().flatten() {
+        answers[at] = Some(answer);
+    }
+    answers
+        .into_iter()
+        .map(|answer| {
+            // Every claim is in one list of `alone`, so none is left unanswered.
+            answer.unwrap_or_else(|| {
+                Err(StoreError::new(
+                    "batch",
+                    StoreErrorKind::Protocol,
+                    "a unit of the batch was never asked",
+                ))
+            })
+        })
+        .collect()
+}
+
 impl PostgresStore {
+    /// The bound of each row-lock wait of a batch statement carrying `carried` units: a share
+    /// of a single statement's, at least 1 ms, as `lock_timeout` text.
+    fn wait_share(&self, carried: usize) -> String {
+        let bound = lock_timeout(self.response_timeout);
+        let share = bound / u32::try_from(carried).unwrap_or(u32::MAX).max(1);
+        format!("{}ms", share.as_millis().max(1))
+    }
+
     /// Runs a batch statement of `operation` on a connection of the store's pool, under the
     /// response timeout.
     async fn batch_rows(
@@ -80,10 +160,13 @@ impl PostgresStore {
         operation: &'static str,
         statement: Query<'_, sqlx::Postgres, PgArguments>,
     ) -> Result<Vec<PgRow>, Whole> {
-        let mut connection = self
-            .acquire(operation)
-            .await
-            .map_err(|err| Whole::Each(Failure(err.kind(), err.is_ambiguous(), err.to_string())))?;
+        let mut connection = self.acquire(operation).await.map_err(|err| {
+            Whole::Each(Failure(
+                err.kind(),
+                err.is_ambiguous(),
+                err.message().to_owned(),
+            ))
+        })?;
         match tokio::time::timeout(self.response_timeout, statement.fetch_all(&mut *connection))
             .await
         {
@@ -116,7 +199,8 @@ impl PostgresStore {
     ) -> Vec<Result<Begin, StoreError>> {
         let mut answers: Vec<Option<Result<Begin, StoreError>>> =
             claims.iter().map(|_| None).collect();
-        let carried = first_of_each(claims.iter().map(|claim| claim.unit));
+        let plan = Plan::new(claims.iter().map(|claim| claim.unit), |_| true);
+        let carried = &plan.carried;
         if carried.len() > 1 {
             let statement = match fencing {
                 Fencing::On => &self.statements.begin_fresh_fenced_batch,
@@ -148,11 +232,12 @@ impl PostgresStore {
                         .map(|at| memory_micros(of(at).token))
                         .collect::<Vec<_>>(),
                 )
-                .bind(millis(lock_ttl));
+                .bind(millis(lock_ttl))
+                .bind(self.wait_share(carried.len()));
             match self.batch_rows("begin", query).await {
                 Ok(rows) => {
                     for row in &rows {
-                        let Some(at) = position(row, &carried) else {
+                        let Some(at) = position(row, carried) else {
                             continue;
                         };
                         answers[at] = match fresh_answer(row) {
@@ -167,20 +252,17 @@ impl PostgresStore {
                 }
                 Err(Whole::Alone) => {}
                 Err(Whole::Each(failure)) => {
-                    for at in carried {
+                    for &at in carried {
                         answers[at] = Some(Err(failure.error("begin")));
                     }
                 }
             }
         }
-        let mut all = Vec::with_capacity(claims.len());
-        for (claim, answer) in claims.iter().zip(answers) {
-            all.push(match answer {
-                Some(answer) => answer,
-                None => self.begin(claim.unit, claim.token, lock_ttl, fencing).await,
-            });
-        }
-        all
+        ask_alone(answers, &plan.alone, |at| {
+            let claim = &claims[at];
+            self.begin(claim.unit, claim.token, lock_ttl, fencing)
+        })
+        .await
     }
 
     /// `finish_batch`: see the [module](self) docs.
@@ -193,18 +275,19 @@ impl PostgresStore {
             completions.iter().map(|_| None).collect();
         // A token that was never granted a fencing token it could carry is answered as
         // `finish` answers it, without a statement.
-        let mut fences = Vec::with_capacity(completions.len());
-        for (at, completion) in completions.iter().enumerate() {
-            let fence = fence_param(completion.token);
-            if fence.is_err() {
-                answers[at] = Some(Ok(Finish::lost_nothing_written()));
-            }
-            fences.push(fence.unwrap_or_default());
-        }
-        let carried: Vec<usize> = first_of_each(completions.iter().map(|done| done.unit))
-            .into_iter()
-            .filter(|at| answers[*at].is_none())
+        let fences: Vec<_> = completions
+            .iter()
+            .map(|completion| fence_param(completion.token))
             .collect();
+        for (answer, fence) in answers.iter_mut().zip(&fences) {
+            if fence.is_err() {
+                *answer = Some(Ok(Finish::lost_nothing_written()));
+            }
+        }
+        let plan = Plan::new(completions.iter().map(|done| done.unit), |at| {
+            fences[at].is_ok()
+        });
+        let carried = &plan.carried;
         if carried.len() > 1 {
             let of = |at: &usize| &completions[*at];
             let query = sqlx::query(self.statements.finish_held_batch.clone())
@@ -226,35 +309,35 @@ impl PostgresStore {
                         .map(|at| of(at).token.as_str())
                         .collect::<Vec<_>>(),
                 )
-                .bind(carried.iter().map(|at| fences[*at]).collect::<Vec<_>>())
+                .bind(
+                    carried
+                        .iter()
+                        .map(|at| fences[*at].as_ref().ok().copied().flatten())
+                        .collect::<Vec<_>>(),
+                )
                 .bind(carried.iter().map(|at| of(at).marker).collect::<Vec<_>>())
-                .bind(millis(result_ttl));
+                .bind(millis(result_ttl))
+                .bind(self.wait_share(carried.len()));
             match self.batch_rows("finish", query).await {
                 Ok(rows) => {
                     for row in &rows {
-                        if let Some(at) = position(row, &carried) {
+                        if let Some(at) = position(row, carried) {
                             answers[at] = Some(Ok(Finish::Completed));
                         }
                     }
                 }
                 Err(Whole::Alone) => {}
                 Err(Whole::Each(failure)) => {
-                    for at in carried {
+                    for &at in carried {
                         answers[at] = Some(Err(failure.error("finish")));
                     }
                 }
             }
         }
-        let mut all = Vec::with_capacity(completions.len());
-        for (done, answer) in completions.iter().zip(answers) {
-            all.push(match answer {
-                Some(answer) => answer,
-                None => {
-                    self.finish(done.unit, done.token, done.marker, result_ttl)
-                        .await
-                }
-            });
-        }
-        all
+        ask_alone(answers, &plan.alone, |at| {
+            let done = &completions[at];
+            self.finish(done.unit, done.token, done.marker, result_ttl)
+        })
+        .await
     }
 }

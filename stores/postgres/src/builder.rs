@@ -27,7 +27,7 @@ pub struct PostgresStoreBuilder {
 /// How long a statement of the store's may wait on a row lock in the server: four fifths of
 /// the response timeout, so that the server ends the wait, and answers that nothing was taken,
 /// before the client stops listening (the rest covers the round trip and the statement).
-fn lock_timeout(response_timeout: Duration) -> Duration {
+pub(crate) fn lock_timeout(response_timeout: Duration) -> Duration {
     response_timeout.saturating_sub(response_timeout / 5)
 }
 

@@ -207,8 +207,8 @@ impl Statements {
         Self {
             begin_fresh: sql(begin_fresh(&t, None, &bound)),
             begin_fresh_fenced: sql(begin_fresh(&t, Some(&seq), &bound)),
-            begin_fresh_batch: sql(batch::begin_fresh(&t, None, &bound)),
-            begin_fresh_fenced_batch: sql(batch::begin_fresh(&t, Some(&seq), &bound)),
+            begin_fresh_batch: sql(batch::begin_fresh(&t, None)),
+            begin_fresh_fenced_batch: sql(batch::begin_fresh(&t, Some(&seq))),
             begin_fresh_in_transaction: sql(begin_fresh(&t, None, "TRUE")),
             begin_fresh_fenced_in_transaction: sql(begin_fresh(&t, Some(&seq), "TRUE")),
             begin: sql(begin(&t, &seq, &format!("{bound} AND"))),
@@ -216,7 +216,7 @@ impl Statements {
             take_over: sql(take_over(&t, &seq, &bound)),
             take_over_in_transaction: sql(take_over(&t, &seq, "TRUE")),
             finish: sql(finish(&t, &bound)),
-            finish_held_batch: sql(batch::finish_held(&t, &bound)),
+            finish_held_batch: sql(batch::finish_held(&t)),
             finish_held: sql(format!(
                 "UPDATE {t} u SET state = 'done', token = NULL, marker = $5, doubt_memory = NULL,
                     doubt_earlier_fence = NULL, doubt_expired_for = NULL,

@@ -327,10 +327,12 @@ impl Store for PostgresStore {
     /// The units of the batch in one statement, one round trip and one commit: units with no
     /// row are taken, and a marker or another's live lock is answered, as `begin` would. Every
     /// other unit (an expired row, the caller's own lock, a unit in doubt to take over, a second
-    /// claim of one unit) is then asked alone, in order, so that each answer is exactly the one
-    /// `begin` would have given. When the server refuses the statement for one unit's sake (its
-    /// bounded row-lock wait ran out, a deadlock with another batch), nothing was applied and
-    /// every unit is asked alone.
+    /// claim of one unit) is then asked alone (distinct units at once, one unit's claims in
+    /// order), so that each answer is exactly the one `begin` would have given. The
+    /// statement's row-lock waits share one statement's bound; when the server refuses it for
+    /// one unit's sake (a wait ran out, a deadlock with another batch, a `statement_timeout`),
+    /// nothing was applied and every unit is asked alone. Fencing tokens are drawn in key
+    /// order.
     async fn begin_batch(
         &self,
         claims: &[Claim<'_>],

@@ -10,14 +10,23 @@
 
 use super::fragments::{LEFT_MS, doubt_us, present};
 
+/// [`super::lock_wait_bound`] with the bound a parameter, `$param` (text, such as `'80ms'`):
+/// `lock_timeout` bounds each wait, and a batch statement may wait on several rows one after
+/// another, so the caller gives each wait its share of the single statement's bound, and the
+/// whole statement ends in the server within that bound.
+fn wait_bound(param: u8) -> String {
+    format!("set_config('lock_timeout', ${param}::text, true) IS NOT NULL")
+}
+
 /// `begin_fresh` for many units: `$1` tasks, `$2` keys, `$3` tokens, `$4` the tokens' doubt
-/// memories in µs (0: none), `$5` the lock TTL in ms. Its rows are `begin_fresh`'s, with
-/// `n` first, at most one per unit. `fence` is as in [`super::begin_fresh`]; `bound` is
-/// [`super::lock_wait_bound`].
+/// memories in µs (0: none), `$5` the lock TTL in ms, `$6` the bound of each row-lock wait
+/// (see [`wait_bound`]). Its rows are `begin_fresh`'s, with `n` first, at most one per unit.
+/// `fence` is as in [`super::begin_fresh`].
 ///
 /// The rows are inserted in key order, so that two batches waiting on each other's inserts
 /// of the same units wait in the same order (no deadlock between batches of one order).
-pub(super) fn begin_fresh(t: &str, seq: Option<&str>, bound: &str) -> String {
+pub(super) fn begin_fresh(t: &str, seq: Option<&str>) -> String {
+    let bound = wait_bound(6);
     let fence = seq.map_or_else(
         || "NULL::bigint".to_owned(),
         |seq| format!("nextval('{seq}')"),
@@ -50,10 +59,11 @@ pub(super) fn begin_fresh(t: &str, seq: Option<&str>, bound: &str) -> String {
 }
 
 /// `finish_held` for many units: `$1` tasks, `$2` keys, `$3` tokens, `$4` fencing tokens
-/// (null for none), `$5` markers, `$6` the result TTL in ms. One row `n` per unit whose
-/// caller's lock it replaced with the marker; the others are for the single `finish`.
-pub(super) fn finish_held(t: &str, bound: &str) -> String {
-    let present_u = present("u");
+/// (null for none), `$5` markers, `$6` the result TTL in ms, `$7` the bound of each row-lock
+/// wait (see [`wait_bound`]). One row `n` per unit whose caller's lock it replaced with the
+/// marker; the others are for the single `finish`.
+pub(super) fn finish_held(t: &str) -> String {
+    let (present_u, bound) = (present("u"), wait_bound(7));
     format!(
         "UPDATE {t} u SET state = 'done', token = NULL, marker = i.marker, doubt_memory = NULL,
             doubt_earlier_fence = NULL, doubt_expired_for = NULL,
