@@ -51,7 +51,7 @@ mkdir -p docs
   echo "- Machine: $(nproc) cores ($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), $(uname -sr)"
   echo "- Load while measuring: $(cut -d' ' -f1-3 /proc/loadavg) (the cores are shared with other work)"
   echo "- $("$bin/postgres" --version); loopback; \`fsync\` on, default settings (\`max_connections\` 100), \`pg_stat_statements\` loaded"
-  echo "- $(rustc --version), release profile; the application's sqlx pool of 64 connections, the store's own of $(grep -o 'DEFAULT_MAX_CONNECTIONS: u32 = [0-9]*' stores/postgres/src/lib.rs | grep -o '[0-9]*$')"
+  echo "- $(rustc --version), release profile; the application's sqlx pool of 64 connections, the store's own of $(grep -o 'DEFAULT_MAX_CONNECTIONS: u32 = [0-9]*' stores/postgres/src/store.rs | grep -o '[0-9]*$')"
   echo "- Connections the server refused (\`too many clients\` in its log): $(grep -c 'too many clients' "$postgres_log" || true)"
   echo
   echo "Each round runs every idempotask mode right after its hand-written counterpart, so each"
