@@ -144,7 +144,58 @@ where
         .collect()
 }
 
+/// `statement` with its first three arrays bound: the tasks, keys and tokens of the `carried`
+/// units, `unit_of` giving each one's unit and token.
+fn with_units<'q>(
+    statement: &sqlx::SqlStr,
+    carried: &[usize],
+    unit_of: impl Fn(usize) -> (&'q UnitOfWork, &'q idempotask::store::LockToken),
+) -> Query<'q, sqlx::Postgres, PgArguments> {
+    let units: Vec<_> = carried.iter().map(|at| unit_of(*at)).collect();
+    sqlx::query(statement.clone())
+        .bind(
+            units
+                .iter()
+                .map(|(unit, _)| unit.task())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            units
+                .iter()
+                .map(|(unit, _)| unit.key().as_bytes())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            units
+                .iter()
+                .map(|(_, token)| token.as_str())
+                .collect::<Vec<_>>(),
+        )
+}
+
 impl PostgresStore {
+    /// The rows a batch statement of `operation` answered for the `carried` claims; none when
+    /// it failed, having written that failure into `answers` for each carried claim when it is
+    /// theirs, or left them to be asked alone.
+    async fn carried_rows<T>(
+        &self,
+        operation: &'static str,
+        statement: Query<'_, sqlx::Postgres, PgArguments>,
+        carried: &[usize],
+        answers: &mut [Option<Result<T, StoreError>>],
+    ) -> Vec<PgRow> {
+        match self.batch_rows(operation, statement).await {
+            Ok(rows) => rows,
+            Err(Whole::Alone) => Vec::new(),
+            Err(Whole::Each(failure)) => {
+                for &at in carried {
+                    answers[at] = Some(Err(failure.error(operation)));
+                }
+                Vec::new()
+            }
+        }
+    }
+
     /// The bound of each row-lock wait of a batch statement carrying `carried` units: a share
     /// of a single statement's, at least 1 ms, as `lock_timeout` text.
     fn wait_share(&self, carried: usize) -> String {
@@ -206,56 +257,30 @@ impl PostgresStore {
                 Fencing::On => &self.statements.begin_fresh_fenced_batch,
                 _ => &self.statements.begin_fresh_batch,
             };
-            let of = |at: &usize| &claims[*at];
-            let query = sqlx::query(statement.clone())
+            let query = with_units(statement, carried, |at| (claims[at].unit, claims[at].token))
                 .bind(
                     carried
                         .iter()
-                        .map(|at| of(at).unit.task())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    carried
-                        .iter()
-                        .map(|at| of(at).unit.key().as_bytes())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    carried
-                        .iter()
-                        .map(|at| of(at).token.as_str())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    carried
-                        .iter()
-                        .map(|at| memory_micros(of(at).token))
+                        .map(|at| memory_micros(claims[*at].token))
                         .collect::<Vec<_>>(),
                 )
                 .bind(millis(lock_ttl))
                 .bind(self.wait_share(carried.len()));
-            match self.batch_rows("begin", query).await {
-                Ok(rows) => {
-                    for row in &rows {
-                        let Some(at) = position(row, carried) else {
-                            continue;
-                        };
-                        answers[at] = match fresh_answer(row) {
-                            Ok(Found::Answer(answer)) => Some(Ok(answer)),
-                            Ok(Found::InDoubt(doubt)) if !claims[at].token.takes_over_doubt() => {
-                                Some(Ok(Begin::InDoubt(doubt)))
-                            }
-                            Ok(_) => None,
-                            Err(err) => Some(Err(store_error("begin", &self.table, err))),
-                        };
+            for row in &self
+                .carried_rows("begin", query, carried, &mut answers)
+                .await
+            {
+                let Some(at) = position(row, carried) else {
+                    continue;
+                };
+                answers[at] = match fresh_answer(row) {
+                    Ok(Found::Answer(answer)) => Some(Ok(answer)),
+                    Ok(Found::InDoubt(doubt)) if !claims[at].token.takes_over_doubt() => {
+                        Some(Ok(Begin::InDoubt(doubt)))
                     }
-                }
-                Err(Whole::Alone) => {}
-                Err(Whole::Each(failure)) => {
-                    for &at in carried {
-                        answers[at] = Some(Err(failure.error("begin")));
-                    }
-                }
+                    Ok(_) => None,
+                    Err(err) => Some(Err(store_error("begin", &self.table, err))),
+                };
             }
         }
         ask_alone(answers, &plan.alone, |at| {
@@ -289,48 +314,30 @@ impl PostgresStore {
         });
         let carried = &plan.carried;
         if carried.len() > 1 {
-            let of = |at: &usize| &completions[*at];
-            let query = sqlx::query(self.statements.finish_held_batch.clone())
-                .bind(
-                    carried
-                        .iter()
-                        .map(|at| of(at).unit.task())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    carried
-                        .iter()
-                        .map(|at| of(at).unit.key().as_bytes())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    carried
-                        .iter()
-                        .map(|at| of(at).token.as_str())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    carried
-                        .iter()
-                        .map(|at| fences[*at].as_ref().ok().copied().flatten())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(carried.iter().map(|at| of(at).marker).collect::<Vec<_>>())
-                .bind(millis(result_ttl))
-                .bind(self.wait_share(carried.len()));
-            match self.batch_rows("finish", query).await {
-                Ok(rows) => {
-                    for row in &rows {
-                        if let Some(at) = position(row, carried) {
-                            answers[at] = Some(Ok(Finish::Completed));
-                        }
-                    }
-                }
-                Err(Whole::Alone) => {}
-                Err(Whole::Each(failure)) => {
-                    for &at in carried {
-                        answers[at] = Some(Err(failure.error("finish")));
-                    }
+            let statement = &self.statements.finish_held_batch;
+            let query = with_units(statement, carried, |at| {
+                (completions[at].unit, completions[at].token)
+            })
+            .bind(
+                carried
+                    .iter()
+                    .map(|at| fences[*at].as_ref().ok().copied().flatten())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                carried
+                    .iter()
+                    .map(|at| completions[*at].marker)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(millis(result_ttl))
+            .bind(self.wait_share(carried.len()));
+            for row in &self
+                .carried_rows("finish", query, carried, &mut answers)
+                .await
+            {
+                if let Some(at) = position(row, carried) {
+                    answers[at] = Some(Ok(Finish::Completed));
                 }
             }
         }
