@@ -10,6 +10,7 @@ use idempotask::store::{
 
 idempotask_conformance::conformance_tests!(((), idempotask::MemoryStore::new()));
 idempotask_conformance::doubt_conformance_tests!(((), idempotask::MemoryStore::new()));
+idempotask_conformance::step_conformance_tests!(((), idempotask::MemoryStore::new()));
 
 /// `MemoryStore` with one planted bug: a finish that finds the result it stored after its lock
 /// was lost (a client re-sending a finish whose reply was lost) answers `Completed`, as if the
@@ -90,6 +91,10 @@ mod batching {
         (),
         idempotask::store::BatchingStore::new(idempotask::MemoryStore::new())
     ));
+    idempotask_conformance::step_conformance_tests!((
+        (),
+        idempotask::store::BatchingStore::new(idempotask::MemoryStore::new())
+    ));
 }
 
 /// The suite through `LocalResultCache`, which answers duplicates of completed units from
@@ -105,4 +110,5 @@ mod local_cache {
 
     idempotask_conformance::conformance_tests!(((), cached()));
     idempotask_conformance::doubt_conformance_tests!(((), cached()));
+    idempotask_conformance::step_conformance_tests!(((), cached()));
 }

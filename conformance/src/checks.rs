@@ -18,13 +18,15 @@ use idempotask::store::SharedStore;
 macro_rules! __checks {
     (@reexports [] plain [$($module:ident::$check:ident,)*]
         transactions [$($t_module:ident::$t_check:ident,)*]
-        doubt [$($d_module:ident::$d_check:ident,)*]) => {
+        doubt [$($d_module:ident::$d_check:ident,)*]
+        steps [$($s_module:ident::$s_check:ident,)*]) => {
         $(pub use $crate::$module::$check;)*
         $(pub use $crate::$t_module::$t_check;)*
         $(pub use $crate::$d_module::$d_check;)*
+        $(pub use $crate::$s_module::$s_check;)*
     };
     (@table [] plain [$($module:ident::$check:ident,)*] transactions [$($_t:tt)*]
-        doubt [$($_d:tt)*]) => {
+        doubt [$($_d:tt)*] steps [$($_s:tt)*]) => {
         &[$($crate::Check {
             name: ::core::stringify!($check),
             run: |store| ::std::boxed::Box::pin(async move {
@@ -33,7 +35,7 @@ macro_rules! __checks {
         },)*]
     };
     (@tests [$make:expr] plain [$($module:ident::$check:ident,)*] transactions [$($_t:tt)*]
-        doubt [$($_d:tt)*]) => {$(
+        doubt [$($_d:tt)*] steps [$($_s:tt)*]) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $check() {
             let (_guard, store) = $make;
@@ -41,7 +43,8 @@ macro_rules! __checks {
         }
     )*};
     (@transaction_tests [$make:expr] plain [$($_p:tt)*]
-        transactions [$($t_module:ident::$t_check:ident,)*] doubt [$($_d:tt)*]) => {$(
+        transactions [$($t_module:ident::$t_check:ident,)*] doubt [$($_d:tt)*]
+        steps [$($_s:tt)*]) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $t_check() {
             let (_guard, store) = $make;
@@ -49,11 +52,19 @@ macro_rules! __checks {
         }
     )*};
     (@doubt_tests [$make:expr] plain [$($_p:tt)*] transactions [$($_t:tt)*]
-        doubt [$($d_module:ident::$d_check:ident,)*]) => {$(
+        doubt [$($d_module:ident::$d_check:ident,)*] steps [$($_s:tt)*]) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $d_check() {
             let (_guard, store) = $make;
             $crate::$d_check($crate::__private::SharedStore::new(store)).await;
+        }
+    )*};
+    (@step_tests [$make:expr] plain [$($_p:tt)*] transactions [$($_t:tt)*]
+        doubt [$($_d:tt)*] steps [$($s_module:ident::$s_check:ident,)*]) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $s_check() {
+            let (_guard, store) = $make;
+            $crate::$s_check($crate::__private::SharedStore::new(store)).await;
         }
     )*};
     ($what:ident $($args:tt)*) => {
@@ -114,6 +125,16 @@ macro_rules! __checks {
                 doubt::a_takeover_keeps_the_doubt_it_found,
                 doubt::reconcile_records_what_the_downstream_system_knows,
             ]
+            steps [
+                steps::only_the_holder_appends_at_the_next_position,
+                steps::a_journal_outlives_its_lock_until_the_result,
+                steps::a_stale_holder_cannot_append,
+                steps::a_rerun_replays_finished_steps_and_resumes,
+                steps::a_step_after_the_lock_was_taken_over_does_not_run,
+                steps::steps_that_cannot_be_recorded_are_refused_before_their_effect,
+                steps::a_step_over_the_size_limit_is_never_run_again,
+                steps::concurrent_deliveries_run_each_step_once,
+            ]
         }
     };
 }
@@ -154,6 +175,27 @@ macro_rules! conformance_tests {
 macro_rules! transaction_conformance_tests {
     ($make:expr) => {
         $crate::__checks!(transaction_tests $make);
+    };
+}
+
+/// One `#[tokio::test]` per check of steps, named as the check, each with a fresh store from
+/// `$make`, as [`conformance_tests!`](crate::conformance_tests!) makes them.
+///
+/// For a store that records the steps of a body
+/// ([`Store::records_steps`](idempotask::store::Store::records_steps)): a journal per unit,
+/// appended only by the lock's holder at its next position, kept across a release and a lapsed
+/// lock, dropped with the unit's result. A store that does not record steps still passes
+/// [`conformance_tests!`](crate::conformance_tests!), and its tasks' steps fail before their
+/// effects.
+///
+/// ```no_run
+/// idempotask_conformance::step_conformance_tests!(((), idempotask::MemoryStore::new()));
+/// # fn main() {}
+/// ```
+#[macro_export]
+macro_rules! step_conformance_tests {
+    ($make:expr) => {
+        $crate::__checks!(step_tests $make);
     };
 }
 

@@ -1,13 +1,14 @@
 //! The task-local context a running body can read: its key, fencing token and lock state.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::error::{Error, lock_lost};
 use crate::observe::KeyLogging;
+use crate::step::Cursor;
 use crate::store::{Doubt, SharedStore, Store};
 use crate::unit::{LockToken, UnitOfWork};
 
@@ -64,6 +65,13 @@ pub(crate) struct Lease {
     fence: OnceLock<Fence>,
     /// A fence was refused: the call answers [`Error::LockNotHeld`], whatever the body returns.
     fenced_out: AtomicBool,
+    /// Where the body's steps are in the unit's journal.
+    pub(crate) steps: Mutex<Cursor>,
+    /// How the task shows keys in logs and errors.
+    logging: KeyLogging,
+    /// A step's effect happened and its record was not confirmed: the call leaves the unit to
+    /// lapse into doubt rather than release it.
+    pub(crate) unrecorded: AtomicBool,
 }
 
 /// What a fence needs to ask the store whether the lock is still this holder's: the lock's
@@ -74,28 +82,33 @@ pub(crate) struct Fence {
     store: SharedStore,
     token: LockToken,
     lock_ttl: Duration,
-    logging: KeyLogging,
 }
 
 impl Fence {
-    pub(crate) fn new(
-        store: &SharedStore,
-        token: &LockToken,
-        lock_ttl: Duration,
-        logging: KeyLogging,
-    ) -> Self {
+    pub(crate) fn store(&self) -> &SharedStore {
+        &self.store
+    }
+
+    pub(crate) fn token(&self) -> &LockToken {
+        &self.token
+    }
+
+    pub(crate) fn lock_ttl(&self) -> Duration {
+        self.lock_ttl
+    }
+
+    pub(crate) fn new(store: &SharedStore, token: &LockToken, lock_ttl: Duration) -> Self {
         Self {
             store: store.clone(),
             token: token.clone(),
             lock_ttl,
-            logging,
         }
     }
 }
 
 impl Lease {
     /// A lease taken at `start` (just before the lock request was sent) for `ttl`.
-    pub(crate) fn new(start: Instant, ttl: Duration) -> Self {
+    pub(crate) fn new(start: Instant, ttl: Duration, logging: KeyLogging) -> Self {
         Self {
             start,
             valid_for_ms: AtomicU64::new(millis(ttl)),
@@ -103,7 +116,20 @@ impl Lease {
             reconciled: AtomicBool::new(false),
             fence: OnceLock::new(),
             fenced_out: AtomicBool::new(false),
+            steps: Mutex::default(),
+            logging,
+            unrecorded: AtomicBool::new(false),
         }
+    }
+
+    /// How the store is asked about this lease's lock; `None` inside a database transaction.
+    pub(crate) fn fence(&self) -> Option<&Fence> {
+        self.fence.get()
+    }
+
+    /// Whether a step's effect happened without a confirmed record.
+    pub(crate) fn has_unrecorded_step(&self) -> bool {
+        self.unrecorded.load(Ordering::Acquire)
     }
 
     /// Whether a fence was refused during this execution.
@@ -183,6 +209,18 @@ impl TaskContext {
             lease,
             in_doubt: None,
         }
+    }
+
+    pub(crate) fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    pub(crate) fn unit(&self) -> &UnitOfWork {
+        &self.unit
+    }
+
+    pub(crate) fn logging(&self) -> KeyLogging {
+        self.lease.logging
     }
 
     /// The context of a body that runs on a unit taken over in doubt.
@@ -288,7 +326,7 @@ impl TaskContext {
             return Ok(());
         };
         if self.lease.is_lost() {
-            return Err(self.fenced_out(fence));
+            return Err(self.fence_refused());
         }
         let sent = Instant::now();
         match fence
@@ -301,21 +339,21 @@ impl TaskContext {
                 self.lease.renewed(sent, fence.lock_ttl);
                 Ok(())
             }
-            Ok(_) => Err(self.fenced_out(fence)),
+            Ok(_) => Err(self.fence_refused()),
             Err(err) => Err(Error::Store(err)),
         }
     }
 
     /// Marks the lease lost and refused at a fence; the error the body gets for it.
-    fn fenced_out(&self, fence: &Fence) -> Error {
+    pub(crate) fn fence_refused(&self) -> Error {
         self.lease.lose();
         self.lease.fenced_out.store(true, Ordering::Release);
         tracing::warn!(
             task = self.unit.task(),
-            key = fence.logging.show(&self.unit),
-            "a fence found the lock no longer this delivery's; the body stops there"
+            key = self.lease.logging.show(&self.unit),
+            "the lock is no longer this delivery's; the body stops there"
         );
-        lock_lost(&self.unit, fence.logging)
+        lock_lost(&self.unit, self.lease.logging)
     }
 
     /// The body's value is the one a reconcile function found, not a new execution's.

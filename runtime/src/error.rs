@@ -131,6 +131,21 @@ pub enum Error {
         reason: String,
     },
 
+    /// A step of the body could not run or be replayed; [`kind`](crate::StepErrorKind) says
+    /// why, and whether its effect happened.
+    #[error("task `{task}` with key `{key}`: {reason}")]
+    #[non_exhaustive]
+    Step {
+        /// The task's stable name.
+        task: String,
+        /// The caller's key (shown as the task's [`KeyLogging`](crate::KeyLogging) says).
+        key: CallerKey,
+        /// Why.
+        kind: crate::StepErrorKind,
+        /// What went wrong, in words, starting with the step's name.
+        reason: String,
+    },
+
     /// The marker stored under this key's name was written for another caller key: a collision
     /// of the key digests (about one in 2^48 pairs of keys) or a value written by something
     /// other than idempotask.
@@ -424,7 +439,7 @@ impl CallerKey {
         self.shown.is_some()
     }
 
-    fn shown_as(mut self, logging: KeyLogging) -> Self {
+    pub(crate) fn shown_as(mut self, logging: KeyLogging) -> Self {
         if logging == KeyLogging::Hash && self.shown.is_none() {
             self.shown = Some(crate::unit::digest_of(&self.key));
         }
@@ -491,6 +506,17 @@ impl Error {
                 kind,
                 reason,
             } => Self::Codec {
+                task,
+                key: key.shown_as(logging),
+                kind,
+                reason,
+            },
+            Self::Step {
+                task,
+                key,
+                kind,
+                reason,
+            } => Self::Step {
                 task,
                 key: key.shown_as(logging),
                 kind,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::Error;
+use crate::{Error, StepErrorKind};
 
 /// Whether, and when, a later delivery of the same message can succeed where this one failed.
 ///
@@ -66,8 +66,15 @@ impl Error {
             | Self::InDoubt { .. }
             | Self::Codec { .. }
             | Self::InvalidKey(_)
-            | Self::MarkerKeyMismatch { .. } => Redelivery::Never,
+            | Self::MarkerKeyMismatch { .. }
+            // A journal that does not match the body, or a body over its limit, stops every
+            // delivery at the same step.
+            | Self::Step {
+                kind: StepErrorKind::OrderChanged | StepErrorKind::TooMany,
+                ..
+            } => Redelivery::Never,
             Self::Store(_)
+            | Self::Step { .. }
             | Self::NotConfigured
             | Self::Reentered { .. }
             | Self::NoRuntime

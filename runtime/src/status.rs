@@ -131,7 +131,7 @@ mod tests {
             marker: Some(marker()),
             marker_ttl: Some(Duration::from_secs(60)),
             lock_ttl: Some(Duration::from_secs(5)),
-            in_doubt: None,
+            ..Inspection::default()
         };
         let Ok(Status::Done(done)) = both.status() else {
             panic!("{both:?}")

@@ -8,6 +8,7 @@ use crate::doubt::{DEFAULT_DOUBT_MEMORY, InDoubt};
 use crate::lock_renewal::LockRenewal;
 use crate::observe::KeyLogging;
 use crate::retry::RetryPolicy;
+use crate::step::{DEFAULT_MAX_STEP_BYTES, DEFAULT_MAX_STEPS, StepLimits};
 use crate::store::{Fencing, LockToken};
 use crate::ttl::{MIN_TTL, clamp_ttl};
 
@@ -80,6 +81,8 @@ pub struct Task {
     pub(crate) in_doubt: InDoubt,
     pub(crate) doubt_memory: Duration,
     pub(crate) hold_alert_after: Option<Duration>,
+    pub(crate) max_steps: u32,
+    pub(crate) max_step_bytes: usize,
 }
 
 impl Task {
@@ -101,6 +104,8 @@ impl Task {
             in_doubt: InDoubt::Rerun,
             doubt_memory: DEFAULT_DOUBT_MEMORY,
             hold_alert_after: None,
+            max_steps: DEFAULT_MAX_STEPS,
+            max_step_bytes: DEFAULT_MAX_STEP_BYTES,
         }
     }
 
@@ -277,6 +282,42 @@ impl Task {
     pub const fn hold_alert_after(mut self, after: Duration) -> Self {
         self.hold_alert_after = Some(after);
         self
+    }
+
+    /// How many steps ([`TaskContext::step`](crate::TaskContext::step)) one body may record;
+    /// the step after the last one allowed gets [`StepErrorKind::TooMany`](crate::StepErrorKind)
+    /// before its effect runs. [`DEFAULT_MAX_STEPS`](crate::DEFAULT_MAX_STEPS) unless set.
+    ///
+    /// ```
+    /// static IMPORT: idempotask::Task = idempotask::Task::new("import").max_steps(1_000);
+    /// # let _ = &IMPORT;
+    /// ```
+    pub const fn max_steps(mut self, max_steps: u32) -> Self {
+        self.max_steps = max_steps;
+        self
+    }
+
+    /// How long one step's journal entry may be, in bytes (its name and its value's JSON): a
+    /// longer value is not recorded, and a rerun gets
+    /// [`CodecErrorKind::Unstorable`](crate::CodecErrorKind) for that step instead of running
+    /// its effect again. [`DEFAULT_MAX_STEP_BYTES`](crate::DEFAULT_MAX_STEP_BYTES) unless set.
+    ///
+    /// ```
+    /// static IMPORT: idempotask::Task = idempotask::Task::new("import").max_step_bytes(4096);
+    /// # let _ = &IMPORT;
+    /// ```
+    pub const fn max_step_bytes(mut self, max_bytes: usize) -> Self {
+        self.max_step_bytes = max_bytes;
+        self
+    }
+
+    /// What a call's steps run with.
+    pub(crate) const fn step_limits(&self) -> StepLimits {
+        StepLimits {
+            kept_for: self.kept_for(),
+            max_steps: self.max_steps,
+            max_step_bytes: self.max_step_bytes,
+        }
     }
 
     /// Marks the task as the one `#[idempotent_task]` defines where it is expanded, so that

@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use idempotask::store::{
-    Begin, Fencing, Finish, Inspection, LockToken, Store, StoreError, StoreErrorKind, UnitOfWork,
+    Begin, Fencing, Finish, Inspection, Journal, LockToken, StepEntry, Store, StoreError,
+    StoreErrorKind, UnitOfWork,
 };
 
 /// `inner` behind fault switches; clones share the switches.
@@ -121,5 +122,25 @@ impl<S: Store> Store for FaultyStore<S> {
     async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
         self.refused("forget")?;
         self.inner.forget(unit).await
+    }
+
+    fn records_steps(&self) -> bool {
+        self.inner.records_steps()
+    }
+
+    async fn read_journal(&self, unit: &UnitOfWork) -> Result<Journal, StoreError> {
+        self.refused("read_journal")?;
+        self.inner.read_journal(unit).await
+    }
+
+    async fn record_step(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        entry: StepEntry<'_>,
+        lock_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.refused("record_step")?;
+        self.inner.record_step(unit, token, entry, lock_ttl).await
     }
 }

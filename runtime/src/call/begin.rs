@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep};
 
 use crate::backoff::STORE_RETRY_BACKOFF;
-use crate::context::Lease;
+use crate::context::{Lease, expiry};
 use crate::error::{
     CodecErrorKind, Error, StoreError, StoreErrorKind, check_marker_key, codec, contended,
     held_in_doubt,
@@ -82,11 +82,12 @@ pub(super) async fn begin(
             }) => {
                 attempts += 1;
                 let lease_start = first_unconfirmed.unwrap_or(sent).min(sent);
-                let lease = Lease::new(lease_start, task.lock_ttl);
                 // A grant whose reply came late (a stalled network, a statement that waited on
                 // a row lock) may have expired on the server already, and another delivery may
-                // hold the unit now: running the body would run it twice.
-                let left = lease.expires_at().saturating_duration_since(Instant::now());
+                // hold the unit now: running the body would run it twice. The lease is made
+                // after this check, so that it is not part of this future while a release waits.
+                let left =
+                    expiry(lease_start, task.lock_ttl).saturating_duration_since(Instant::now());
                 if left < MIN_LEASE {
                     let granted = token.clone().granted(fencing_token);
                     // Boxed: a rare path, which would otherwise enlarge every call's future.
@@ -115,7 +116,7 @@ pub(super) async fn begin(
                 return Ok(Start::Run {
                     fencing_token,
                     attempts,
-                    lease: Arc::new(lease),
+                    lease: Arc::new(Lease::new(lease_start, task.lock_ttl, task.log_key)),
                     in_doubt,
                 });
             }

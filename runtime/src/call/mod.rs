@@ -18,6 +18,7 @@ use crate::marker::{Marker, MarkerView};
 use crate::observe::{Ending, Observation};
 use crate::outcome::{Outcome, Report};
 use crate::panicked::catching_panics;
+use crate::step::Cursor;
 use crate::store::{SharedStore, Store};
 use crate::task::Task;
 use crate::unit::{LockToken, UnitOfWork};
@@ -263,9 +264,8 @@ impl Call<'_> {
         if let Some(doubt) = &in_doubt {
             token = token.taking_over(**doubt);
         }
-        lease.arm_fence(Fence::new(&store, &token, self.task.lock_ttl, logging));
-        let context = TaskContext::new(unit.clone(), fencing_token, attempts, Arc::clone(&lease))
-            .with_doubt(in_doubt.clone());
+        let context = self.context(&store, &unit, &token, &lease, attempts);
+        let context = context.with_doubt(in_doubt.clone());
         let guarded = context.scope(catching_panics(body));
         let running = Instant::now();
         let result = if self.task.renewal.is_on() {
@@ -283,14 +283,7 @@ impl Call<'_> {
         } else {
             guarded.await
         };
-        observation.body_ran(running.elapsed());
-        observation.lock_used(
-            &unit,
-            logging,
-            lease.age(),
-            self.task.lock_ttl,
-            self.task.renewal.is_on(),
-        );
+        self.body_ran(observation, &unit, &lease, running);
         // The `match` ends before the recording's await, so that its value does not stay in
         // the call's future.
         let value = match result.map(TaskOutput::into_result) {
@@ -302,8 +295,15 @@ impl Call<'_> {
             }
             Ok(Err(err)) => {
                 on_drop.disarm();
-                release(&store, &unit, &token, logging).await;
+                if releases_after_failure(&unit, logging, &lease) {
+                    release(&store, &unit, &token, logging).await;
+                }
                 return Err(self.body_failed(err, &unit, &lease));
+            }
+            // Refused at a fence or a step, the value is not this unit's result.
+            Ok(Ok(_)) if lease.was_fenced_out() => {
+                on_drop.disarm();
+                return Err(self.failed(lock_lost(&unit, logging)));
             }
             Ok(Ok(value)) => value,
         };
@@ -324,6 +324,44 @@ impl Call<'_> {
             attempts,
             in_doubt: in_doubt.map(|doubt| *doubt),
         })
+    }
+
+    /// Observes the body's time and how much of its lock it used.
+    fn body_ran(
+        &self,
+        observation: &Observation<'_>,
+        unit: &UnitOfWork,
+        lease: &Lease,
+        since: Instant,
+    ) {
+        observation.body_ran(since.elapsed());
+        let renewed = self.task.renewal.is_on();
+        observation.lock_used(
+            unit,
+            self.task.log_key,
+            lease.age(),
+            self.task.lock_ttl,
+            renewed,
+        );
+    }
+
+    /// The body's context, once the lock is granted: its fence and its steps armed.
+    fn context(
+        &self,
+        store: &SharedStore,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        lease: &Arc<Lease>,
+        attempts: u32,
+    ) -> TaskContext {
+        lease.arm_fence(Fence::new(store, token, self.task.lock_ttl));
+        Cursor::arm(&lease.steps, self.task.step_limits());
+        TaskContext::new(
+            unit.clone(),
+            token.fencing_token(),
+            attempts,
+            Arc::clone(lease),
+        )
     }
 
     /// The call's error for a body's `Err`: the body's own, or [`Error::LockNotHeld`] when a
@@ -497,4 +535,23 @@ fn refuse_misuse(unit: &UnitOfWork) -> Result<(), Error> {
         return Err(Error::NoRuntime);
     }
     Ok(())
+}
+
+/// Whether the lock of a body that failed is released: not when one of its steps' effects
+/// happened without a confirmed record. Released, the unit would run that step again at once;
+/// left to lapse, it is in doubt, as after a crash.
+fn releases_after_failure(
+    unit: &UnitOfWork,
+    logging: crate::observe::KeyLogging,
+    lease: &Lease,
+) -> bool {
+    if !lease.has_unrecorded_step() {
+        return true;
+    }
+    tracing::warn!(
+        task = unit.task(),
+        key = logging.show(unit),
+        "a step's record was not confirmed; the lock is left to lapse and the unit to be in doubt"
+    );
+    false
 }

@@ -132,7 +132,11 @@ impl Call<'_> {
             }
         };
         observation.fencing_token(fencing_token);
-        let lease = Arc::new(Lease::new(Instant::now(), HELD_UNTIL_THE_TRANSACTION_ENDS));
+        let lease = Arc::new(Lease::new(
+            Instant::now(),
+            HELD_UNTIL_THE_TRANSACTION_ENDS,
+            self.task.log_key,
+        ));
         let context = TaskContext::new(unit.clone(), fencing_token, attempts, lease)
             .with_doubt(in_doubt.clone());
         let running = Instant::now();

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
 
-use super::{Begin, Claim, Completion, Fencing, Finish, Inspection, Store};
+use super::{Begin, Claim, Completion, Fencing, Finish, Inspection, Journal, StepEntry, Store};
 use crate::error::{StoreError, StoreErrorKind};
 use crate::unit::{LockToken, UnitOfWork};
 
@@ -441,6 +441,27 @@ impl<S: Store> Store for BatchingStore<S> {
 
     async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
         self.shared.store.forget(unit).await
+    }
+
+    fn records_steps(&self) -> bool {
+        self.shared.store.records_steps()
+    }
+
+    async fn read_journal(&self, unit: &UnitOfWork) -> Result<Journal, StoreError> {
+        self.shared.store.read_journal(unit).await
+    }
+
+    async fn record_step(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        entry: StepEntry<'_>,
+        lock_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.shared
+            .store
+            .record_step(unit, token, entry, lock_ttl)
+            .await
     }
 
     async fn begin_batch(

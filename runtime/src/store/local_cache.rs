@@ -7,7 +7,7 @@ use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::{Begin, Claim, Completion, Fencing, Finish, Inspection, Store};
+use super::{Begin, Claim, Completion, Fencing, Finish, Inspection, Journal, StepEntry, Store};
 use crate::error::{StoreError, StoreErrorKind};
 use crate::unit::{LockToken, UnitOfWork};
 
@@ -393,6 +393,24 @@ impl<S: Store> Store for LocalResultCache<S> {
         // keeps one remembered after this point out.
         self.drop_entry(unit, true);
         forgotten
+    }
+
+    fn records_steps(&self) -> bool {
+        self.store.records_steps()
+    }
+
+    async fn read_journal(&self, unit: &UnitOfWork) -> Result<Journal, StoreError> {
+        self.store.read_journal(unit).await
+    }
+
+    async fn record_step(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        entry: StepEntry<'_>,
+        lock_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.store.record_step(unit, token, entry, lock_ttl).await
     }
 
     async fn begin_batch(

@@ -7,13 +7,16 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
-use super::{Begin, Doubt, Fencing, Finish, Inspection, Store};
+use super::{Begin, Doubt, Fencing, Finish, Inspection, Journal, StepEntry, Store};
 use crate::context::expiry;
 use crate::error::StoreError;
 use crate::marker::{Marker, lock_lost_marker};
 use crate::unit::{LockToken, UnitOfWork};
 
 mod operator;
+mod steps;
+
+use steps::{Steps, journal_of};
 
 /// How many expired entries one operation sweeps at most: the work under the lock stays small
 /// whatever the size of the store.
@@ -60,6 +63,9 @@ type UnitId = UnitOfWork;
 #[derive(Debug, Default)]
 struct State {
     units: HashMap<UnitId, Expiring<Entry>>,
+    /// The journals of units with steps, apart from their locks: a journal outlives a release
+    /// and a lapsed lock, until the unit's result is recorded.
+    journals: HashMap<UnitId, Expiring<Steps>>,
     /// When each entry expires, by whole second since `epoch`: a second's units are swept once
     /// it has passed, so expiry costs what expired, not what the store holds. An entry whose
     /// expiry moved is listed again under its new second; the old listing finds it alive and
@@ -94,6 +100,13 @@ impl State {
                 budget -= 1;
                 if self.units.get(&id).is_some_and(|entry| entry.until <= now) {
                     self.units.remove(&id);
+                }
+                if self
+                    .journals
+                    .get(&id)
+                    .is_some_and(|steps| steps.until <= now)
+                {
+                    self.journals.remove(&id);
                 }
             }
             if listed.get().is_empty() {
@@ -186,6 +199,16 @@ impl MemoryStore {
         unit: &UnitOfWork,
         op: impl FnOnce(&mut Option<Expiring<Entry>>, Instant) -> R,
     ) -> R {
+        self.with_unit(unit, |slot, _, now| op(slot, now))
+    }
+
+    /// Runs `op` on the unit's entry and its journal of steps (`None` for a unit without
+    /// one), under the state's lock.
+    fn with_unit<R>(
+        &self,
+        unit: &UnitOfWork,
+        op: impl FnOnce(&mut Option<Expiring<Entry>>, &mut Option<Expiring<Steps>>, Instant) -> R,
+    ) -> R {
         let now = Instant::now();
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         state.operations += 1;
@@ -197,25 +220,37 @@ impl MemoryStore {
         // detectable collision.
         let id: UnitId = unit.clone();
         let mut slot = state.units.remove(&id).filter(|entry| entry.until > now);
-        let before = slot.as_ref().map(|entry| entry.until);
-        let answer = op(&mut slot, now);
-        if let Some(entry) = slot {
-            if before != Some(entry.until) {
-                let second = state.second(entry.until);
+        // Most units have no steps: their calls skip the second map.
+        let mut journal = if state.journals.is_empty() {
+            None
+        } else {
+            state.journals.remove(&id).filter(|steps| steps.until > now)
+        };
+        let before = (
+            slot.as_ref().map(|entry| entry.until),
+            journal.as_ref().map(|steps| steps.until),
+        );
+        let answer = op(&mut slot, &mut journal, now);
+        let after = (
+            slot.as_ref().map(|entry| entry.until),
+            journal.as_ref().map(|steps| steps.until),
+        );
+        for (before, after) in [(before.0, after.0), (before.1, after.1)] {
+            if let Some(until) = after.filter(|until| before != Some(*until)) {
+                let second = state.second(until);
                 state.expiries.entry(second).or_default().push(id.clone());
             }
+        }
+        if let Some(steps) = journal {
+            state.journals.insert(id.clone(), steps);
+        }
+        if let Some(entry) = slot {
             state.units.insert(id, entry);
         }
         answer
     }
 }
 
-/// The highest fencing token any `MemoryStore` of this process granted.
-///
-/// Entries expire by `tokio` time, which a test can pause or advance, while the clock below is
-/// the wall clock: with a per-unit counter alone, a unit whose lock expired early by `tokio`
-/// time could be granted the token it had a moment ago. One counter for the process makes
-/// every token higher than every earlier one, whatever expired.
 static HIGHEST_FENCING_TOKEN: AtomicU64 = AtomicU64::new(0);
 
 /// The next fencing token after `last` (the unit's kept counter): above every token granted
@@ -278,6 +313,25 @@ fn holds(slot: Option<&Expiring<Entry>>, token: &LockToken) -> bool {
     )
 }
 
+/// Renews the caller's lock (`holds` said it is the caller's) to `lock_ttl` from `now`,
+/// keeping the doubt it took over.
+fn relock(slot: &mut Option<Expiring<Entry>>, token: &LockToken, lock_ttl: Duration, now: Instant) {
+    let took_over = match slot.take() {
+        Some(Expiring {
+            value: Entry::Locked { took_over, .. },
+            ..
+        }) => took_over,
+        _ => None,
+    };
+    *slot = Some(locked(
+        token,
+        token.fencing_token(),
+        lock_ttl,
+        now,
+        took_over,
+    ));
+}
+
 impl Store for MemoryStore {
     async fn begin(
         &self,
@@ -286,7 +340,7 @@ impl Store for MemoryStore {
         lock_ttl: Duration,
         fencing: Fencing,
     ) -> Result<Begin, StoreError> {
-        Ok(self.with_entry(unit, |slot, now| {
+        let begin = self.with_entry(unit, |slot, now| {
             let last = match slot.as_ref() {
                 Some(Expiring {
                     value: Entry::Done(marker),
@@ -347,7 +401,8 @@ impl Store for MemoryStore {
                 (fencing == Fencing::On || last > 0).then(|| next_fencing_token(last));
             *slot = Some(locked(token, fencing_token, lock_ttl, now, None));
             Begin::acquired(fencing_token)
-        }))
+        });
+        Ok(begin)
     }
 
     async fn finish(
@@ -359,7 +414,7 @@ impl Store for MemoryStore {
     ) -> Result<Finish, StoreError> {
         // Written after the lock expired, the marker says so.
         let lost_marker = || lock_lost_marker(marker).unwrap_or_else(|| marker.to_vec());
-        Ok(self.with_entry(unit, |slot, now| {
+        Ok(self.with_unit(unit, |slot, journal, now| {
             let answer = match slot.as_ref() {
                 _ if holds(slot.as_ref(), token) => Finish::Completed,
                 // Markers name their delivery: this delivery's, so a repeated finish.
@@ -397,6 +452,8 @@ impl Store for MemoryStore {
                 Arc::from(lost_marker())
             };
             *slot = Some(Expiring::new(Entry::Done(stored), result_ttl, now));
+            // The result replaces the steps' results.
+            *journal = None;
             answer
         }))
     }
@@ -447,49 +504,42 @@ impl Store for MemoryStore {
             if !holds(slot.as_ref(), token) {
                 return false;
             }
-            let took_over = match slot.take() {
-                Some(Expiring {
-                    value: Entry::Locked { took_over, .. },
-                    ..
-                }) => took_over,
-                _ => None,
-            };
-            *slot = Some(locked(
-                token,
-                token.fencing_token(),
-                lock_ttl,
-                now,
-                took_over,
-            ));
+            relock(slot, token, lock_ttl, now);
             true
         }))
     }
 
     async fn inspect(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError> {
-        Ok(self.with_entry(unit, |slot, now| match slot.as_ref() {
-            Some(
-                done @ Expiring {
-                    value: Entry::Done(marker),
+        let inspection = self.with_unit(unit, |slot, journal, now| {
+            let found = match slot.as_ref() {
+                Some(
+                    done @ Expiring {
+                        value: Entry::Done(marker),
+                        ..
+                    },
+                ) => Inspection::done(marker.to_vec(), Some(done.left(now))),
+                Some(Expiring {
+                    value: locked @ Entry::Locked { .. },
                     ..
+                }) => match locked.lock_state(now) {
+                    Ok(left) => Inspection::locked(left),
+                    Err(doubt) => Inspection::doubtful(doubt),
                 },
-            ) => Inspection::done(marker.to_vec(), Some(done.left(now))),
-            Some(Expiring {
-                value: locked @ Entry::Locked { .. },
-                ..
-            }) => match locked.lock_state(now) {
-                Ok(left) => Inspection::locked(left),
-                Err(doubt) => Inspection::doubtful(doubt),
-            },
-            Some(Expiring {
-                value: Entry::Released { .. },
-                ..
-            })
-            | None => Inspection::default(),
-        }))
+                Some(Expiring {
+                    value: Entry::Released { .. },
+                    ..
+                })
+                | None => Inspection::default(),
+            };
+            found.with_journal(journal_of(journal.as_ref()))
+        });
+        Ok(inspection)
     }
 
     async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
-        Ok(self.with_entry(unit, |slot, now| {
+        Ok(self.with_unit(unit, |slot, journal, now| {
+            // Forgotten on purpose, the unit runs again from its first step.
+            *journal = None;
             let Some(Expiring {
                 value: Entry::Done(marker),
                 ..
@@ -502,6 +552,33 @@ impl Store for MemoryStore {
                 .and_then(|marker| marker.fencing_token());
             *slot = fencing_token.map(|fencing_token| released(fencing_token, now));
             true
+        }))
+    }
+
+    fn records_steps(&self) -> bool {
+        true
+    }
+
+    async fn read_journal(&self, unit: &UnitOfWork) -> Result<Journal, StoreError> {
+        Ok(self.with_unit(unit, |_, journal, _| journal_of(journal.as_ref())))
+    }
+
+    async fn record_step(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        entry: StepEntry<'_>,
+        lock_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        Ok(self.with_unit(unit, |slot, journal, now| {
+            if !holds(slot.as_ref(), token) {
+                return false;
+            }
+            let recorded = steps::append(journal, entry, now);
+            if recorded {
+                relock(slot, token, lock_ttl, now);
+            }
+            recorded
         }))
     }
 }

@@ -52,6 +52,8 @@ use std::time::Duration;
 
 mod batch;
 mod batching;
+mod inspection;
+mod journal;
 mod local_cache;
 pub(crate) mod memory;
 mod shared;
@@ -65,6 +67,8 @@ pub use crate::unit::{
 };
 pub use batch::{Claim, Completion};
 pub use batching::BatchingStore;
+pub use inspection::Inspection;
+pub use journal::{Journal, StepEntry};
 pub use local_cache::{DEFAULT_MAX_MARKER_BYTES, LocalResultCache};
 pub use shared::SharedStore;
 pub use transaction::TransactionScope;
@@ -169,6 +173,50 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Deletes the completion marker on purpose so that the work may run again; answers whether
     /// there was one. Locks are left alone.
     fn forget(&self, unit: &UnitOfWork) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Whether this store keeps a journal of steps ([`record_step`](Self::record_step)). The
+    /// runtime asks before a body's first step runs its effect, so that a store without
+    /// journals fails the step closed instead of running an effect it cannot record. The
+    /// default is `false`.
+    fn records_steps(&self) -> bool {
+        false
+    }
+
+    /// The journal of `unit`: the steps its holders recorded since it last had a result, first
+    /// step first (empty for none), in one round trip. The runtime reads it once per
+    /// execution, when the body's first step runs, so a unit without steps never pays for it;
+    /// only the lock's holder appends, so what the holder reads stays true while it holds the
+    /// lock. The default answers a [`StoreErrorKind::Configuration`] error, as
+    /// [`record_step`](Self::record_step) does.
+    fn read_journal(
+        &self,
+        unit: &UnitOfWork,
+    ) -> impl Future<Output = Result<Journal, StoreError>> + Send {
+        let _ = unit;
+        std::future::ready(Err(no_steps("read_journal")))
+    }
+
+    /// Appends a finished step to the journal of `unit`, in one round trip, and renews the
+    /// lock to `lock_ttl`: only while `token` (with its fencing token) holds the lock, and only
+    /// at `entry.position` (the journal holds exactly that many entries). Answers whether the
+    /// entry is recorded; `false` when the lock is no longer the caller's or another entry
+    /// took that position, and nothing was written. The same entry written again at the same
+    /// position (a retry whose first reply was lost) answers `true`.
+    ///
+    /// The journal outlives the lock (a release, a lapsed lock) for `entry.kept_for`, so that
+    /// the next holder resumes from it; [`finish`](Self::finish) and [`forget`](Self::forget)
+    /// drop it. The default answers a [`StoreErrorKind::Configuration`] error: the store does
+    /// not record steps (see [`records_steps`](Self::records_steps)).
+    fn record_step(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        entry: StepEntry<'_>,
+        lock_ttl: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let _ = (unit, token, entry, lock_ttl);
+        std::future::ready(Err(no_steps("record_step")))
+    }
 
     /// [`begin`](Self::begin) for each of `claims`, with the same `lock_ttl` and `fencing`, in
     /// as few round trips as the store can: the answer at index `i` is `claims[i]`'s, exactly
@@ -413,65 +461,6 @@ pub enum Fencing {
     On,
 }
 
-/// What a store holds for one unit of work, from [`Store::inspect`]: a marker, a lock, or
-/// neither.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Inspection {
-    /// The stored marker's bytes (decode with [`Marker::decode`](crate::operator::Marker::decode)).
-    pub marker: Option<Vec<u8>>,
-    /// How long the marker has left, when it has an expiry.
-    pub marker_ttl: Option<Duration>,
-    /// How long the current lock has left, if the unit is locked.
-    pub lock_ttl: Option<Duration>,
-    /// The unit is in doubt: its last lock ran out without a release or a marker, and the
-    /// store still remembers it. The next delivery takes it over.
-    pub in_doubt: Option<Doubt>,
-}
-
-impl Inspection {
-    /// Nothing stored for the unit.
-    pub fn empty() -> Self {
-        Self::default()
-    }
-
-    /// A completion marker, kept for `ttl` more (`None`: no expiry).
-    pub fn done(marker: Vec<u8>, ttl: Option<Duration>) -> Self {
-        Self {
-            marker: Some(marker),
-            marker_ttl: ttl,
-            lock_ttl: None,
-            in_doubt: None,
-        }
-    }
-
-    /// A lock with `ttl` left.
-    pub fn locked(ttl: Duration) -> Self {
-        Self {
-            lock_ttl: Some(ttl),
-            ..Self::default()
-        }
-    }
-
-    /// A lock that ran out without a release or a marker, still remembered.
-    pub fn doubtful(doubt: Doubt) -> Self {
-        Self {
-            in_doubt: Some(doubt),
-            ..Self::default()
-        }
-    }
-
-    /// Whether a completion marker exists.
-    pub fn is_done(&self) -> bool {
-        self.marker.is_some()
-    }
-
-    /// Whether a lock is held.
-    pub fn is_locked(&self) -> bool {
-        self.lock_ttl.is_some()
-    }
-}
-
 impl<S: Store> Store for Arc<S> {
     fn max_key_len(&self) -> usize {
         (**self).max_key_len()
@@ -522,6 +511,24 @@ impl<S: Store> Store for Arc<S> {
         (**self).forget(unit).await
     }
 
+    fn records_steps(&self) -> bool {
+        (**self).records_steps()
+    }
+
+    async fn read_journal(&self, unit: &UnitOfWork) -> Result<Journal, StoreError> {
+        (**self).read_journal(unit).await
+    }
+
+    async fn record_step(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        entry: StepEntry<'_>,
+        lock_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        (**self).record_step(unit, token, entry, lock_ttl).await
+    }
+
     async fn begin_batch(
         &self,
         claims: &[Claim<'_>],
@@ -553,4 +560,13 @@ pub fn ttl_millis(ttl: Duration) -> u64 {
     u64::try_from(crate::ttl::clamp_ttl(ttl).as_millis())
         .unwrap_or(u64::MAX)
         .max(1)
+}
+
+/// The error of a step operation on a store that does not record steps.
+fn no_steps(operation: &'static str) -> StoreError {
+    StoreError::new(
+        operation,
+        StoreErrorKind::Configuration,
+        "this store does not record steps",
+    )
 }

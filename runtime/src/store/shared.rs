@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Begin, Claim, Completion, Fencing, Finish, Inspection, Store};
+use super::{Begin, Claim, Completion, Fencing, Finish, Inspection, Journal, StepEntry, Store};
 use crate::error::StoreError;
 use crate::unit::{LockToken, UnitOfWork};
 
@@ -45,6 +45,15 @@ trait ErasedStore: Send + Sync + fmt::Debug {
     ) -> Boxed<'a, bool>;
     fn inspect<'a>(&'a self, unit: &'a UnitOfWork) -> Boxed<'a, Inspection>;
     fn forget<'a>(&'a self, unit: &'a UnitOfWork) -> Boxed<'a, bool>;
+    fn records_steps(&self) -> bool;
+    fn read_journal<'a>(&'a self, unit: &'a UnitOfWork) -> Boxed<'a, Journal>;
+    fn record_step<'a>(
+        &'a self,
+        unit: &'a UnitOfWork,
+        token: &'a LockToken,
+        entry: StepEntry<'a>,
+        lock_ttl: Duration,
+    ) -> Boxed<'a, bool>;
     fn begin_batch<'a>(
         &'a self,
         claims: &'a [Claim<'a>],
@@ -99,6 +108,21 @@ impl<S: Store> ErasedStore for S {
     }
     fn forget<'a>(&'a self, unit: &'a UnitOfWork) -> Boxed<'a, bool> {
         Box::pin(Store::forget(self, unit))
+    }
+    fn records_steps(&self) -> bool {
+        Store::records_steps(self)
+    }
+    fn read_journal<'a>(&'a self, unit: &'a UnitOfWork) -> Boxed<'a, Journal> {
+        Box::pin(Store::read_journal(self, unit))
+    }
+    fn record_step<'a>(
+        &'a self,
+        unit: &'a UnitOfWork,
+        token: &'a LockToken,
+        entry: StepEntry<'a>,
+        lock_ttl: Duration,
+    ) -> Boxed<'a, bool> {
+        Box::pin(Store::record_step(self, unit, token, entry, lock_ttl))
     }
     fn begin_batch<'a>(
         &'a self,
@@ -203,6 +227,24 @@ impl Store for SharedStore {
 
     async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
         self.0.forget(unit).await
+    }
+
+    fn records_steps(&self) -> bool {
+        self.0.records_steps()
+    }
+
+    async fn read_journal(&self, unit: &UnitOfWork) -> Result<Journal, StoreError> {
+        self.0.read_journal(unit).await
+    }
+
+    async fn record_step(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        entry: StepEntry<'_>,
+        lock_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.0.record_step(unit, token, entry, lock_ttl).await
     }
 
     async fn begin_batch(

@@ -1,0 +1,106 @@
+//! A journal entry's bytes: one JSON object per finished step.
+//!
+//! `{"step":"charge","ok":<the step's value>}`, with `"part":"…"` after the name for a step
+//! named with a key part, and `"unstorable":"<reason>"` in place of `"ok"` for a value that
+//! could not be recorded. The layout is the same from Python.
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::StepName;
+
+#[derive(Serialize)]
+struct Written<'a, T> {
+    step: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    part: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ok: Option<&'a T>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unstorable: Option<&'a str>,
+}
+
+/// A journal entry as read back.
+#[derive(Deserialize)]
+pub(super) struct Read<'a> {
+    #[serde(borrow)]
+    step: std::borrow::Cow<'a, str>,
+    #[serde(default, borrow)]
+    part: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    ok: Option<&'a RawValue>,
+    #[serde(default)]
+    unstorable: Option<String>,
+}
+
+impl<'a> Read<'a> {
+    pub(super) fn parse(bytes: &'a [u8]) -> Result<Self, String> {
+        serde_json::from_slice(bytes).map_err(|err| format!("not a journal entry: {err}"))
+    }
+
+    /// Whether the entry is the one of the step `name`.
+    pub(super) fn is(&self, name: &StepName) -> bool {
+        self.step == name.name() && self.part.as_deref() == name.part()
+    }
+
+    /// The entry's name, as [`StepName`]'s `Display` shows one.
+    pub(super) fn shown(&self) -> String {
+        match &self.part {
+            Some(part) => format!("{}[{part}]", self.step),
+            None => self.step.to_string(),
+        }
+    }
+
+    /// The recorded value; `Err` with the reason it was not recorded, or why it does not
+    /// decode into `T` (the second element says which: `true` for an unstorable value).
+    pub(super) fn value<T: DeserializeOwned>(&self) -> Result<T, (bool, String)> {
+        if let Some(reason) = &self.unstorable {
+            return Err((true, reason.clone()));
+        }
+        let Some(ok) = self.ok else {
+            return Err((
+                false,
+                "the entry holds neither a value nor a reason".to_owned(),
+            ));
+        };
+        serde_json::from_str(ok.get()).map_err(|err| (false, err.to_string()))
+    }
+}
+
+/// The entry of the step `name` that returned `value`; an entry that records why the value
+/// could not be stored when its JSON fails, does not read back into `T`, or is longer than
+/// `max_bytes`.
+pub(super) fn encode<T: Serialize + DeserializeOwned>(
+    name: &StepName,
+    value: &T,
+    max_bytes: usize,
+) -> (Vec<u8>, Result<(), String>) {
+    let written = Written {
+        step: name.name(),
+        part: name.part(),
+        ok: Some(value),
+        unstorable: None,
+    };
+    let reason = match serde_json::to_vec(&written) {
+        Err(err) => err.to_string(),
+        Ok(bytes) if bytes.len() > max_bytes => format!(
+            "its entry is {} bytes, over the task's limit of {max_bytes} (`Task::max_step_bytes`)",
+            bytes.len()
+        ),
+        Ok(bytes) => match Read::parse(&bytes)
+            .and_then(|read| read.value::<T>().map(drop).map_err(|(_, reason)| reason))
+        {
+            Ok(()) => return (bytes, Ok(())),
+            Err(err) => format!("its JSON form does not read back into the step's type: {err}"),
+        },
+    };
+    let unstorable = Written::<()> {
+        step: name.name(),
+        part: name.part(),
+        ok: None,
+        unstorable: Some(&reason),
+    };
+    let bytes = serde_json::to_vec(&unstorable).unwrap_or_default();
+    (bytes, Err(reason))
+}
