@@ -27,6 +27,17 @@ mod in_doubt {
     });
 }
 
+/// Steps: the journal beside the unit's key, in its hash slot.
+mod steps {
+    use super::*;
+
+    idempotask_conformance::step_conformance_tests!({
+        let cluster = RedisCluster::shared();
+        let store = cluster.fresh_store().await;
+        (cluster, store)
+    });
+}
+
 /// Units of random tasks and keys, odd characters included.
 fn random_units(count: usize) -> Vec<UnitOfWork> {
     (0..count)

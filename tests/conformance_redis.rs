@@ -25,6 +25,17 @@ mod in_doubt {
     });
 }
 
+/// Steps: the journal beside the unit's key, in its hash slot.
+mod steps {
+    use super::*;
+
+    idempotask_conformance::step_conformance_tests!({
+        let server = RedisServer::start();
+        let store = server.store().await;
+        (server, store)
+    });
+}
+
 /// The suite through `BatchingStore`, whose batches `RedisStore` sends as one pipeline.
 mod batching {
     use super::*;

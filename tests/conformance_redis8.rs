@@ -25,3 +25,14 @@ mod in_doubt {
         (server, store)
     });
 }
+
+/// Steps: the journal beside the unit's key, in its hash slot.
+mod steps {
+    use super::*;
+
+    idempotask_conformance::step_conformance_tests!({
+        let server = RedisServer::start_flavor(Flavor::Redis8, &[]);
+        let store = server.store().await;
+        (server, store)
+    });
+}

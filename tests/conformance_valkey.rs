@@ -24,3 +24,14 @@ mod in_doubt {
         (server, store)
     });
 }
+
+/// Steps: the journal beside the unit's key, in its hash slot.
+mod steps {
+    use super::*;
+
+    idempotask_conformance::step_conformance_tests!({
+        let server = RedisServer::start_valkey();
+        let store = server.store().await;
+        (server, store)
+    });
+}

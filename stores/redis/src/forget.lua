@@ -5,6 +5,8 @@
 -- 1 again and deletes nothing, not even a marker a later delivery wrote in between.
 -- KEYS[1] the unit's key
 -- KEYS[2] the unit's forget receipt (same hash slot)
+-- KEYS[3] the unit's journal of steps (same hash slot): a forgotten unit runs again from its
+-- first step
 -- ARGV[1] a nonce of this forget call
 -- ARGV[2] how long the receipt lasts, in ms
 -- Returns 1 deleted (now or by this call's earlier run) | 0 no marker
@@ -27,5 +29,6 @@ else
 end
 -- After the first write: a server at maxmemory checks only a script's first write, so the
 -- receipt never fails a forget that deleted, and a plain marker (DEL) can still be forgotten.
+redis.call('DEL', KEYS[3])
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 return 1

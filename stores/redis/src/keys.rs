@@ -77,6 +77,18 @@ pub(super) fn forget_receipt_key(namespace: &str, unit_key: &str) -> String {
     name
 }
 
+/// The journal of `unit`'s steps under `namespace`: a list in the unit's hash slot, named as
+/// the forget receipt is, so that the same ACL patterns cover it and no task's `SCAN` pattern
+/// matches it.
+pub(super) fn journal_key(namespace: &str, unit_key: &str) -> String {
+    let parts = [PREFIX, namespace, ":{", unit_key, "}:steps"];
+    let mut name = String::with_capacity(parts.iter().map(|part| part.len()).sum());
+    for part in parts {
+        name.push_str(part);
+    }
+    name
+}
+
 impl RedisKeys {
     /// The layout of `namespace`.
     ///

@@ -72,6 +72,7 @@ mod quorum;
 mod reply;
 mod settings;
 mod slow_path;
+mod steps;
 mod stored;
 
 mod keys;
@@ -144,6 +145,26 @@ macro_rules! delegate_store {
                 unit: &::idempotask::store::UnitOfWork,
             ) -> Result<bool, ::idempotask::store::StoreError> {
                 self.protocol.forget(unit).await
+            }
+            fn records_steps(&self) -> bool {
+                true
+            }
+            async fn read_journal(
+                &self,
+                unit: &::idempotask::store::UnitOfWork,
+            ) -> Result<::idempotask::store::Journal, ::idempotask::store::StoreError> {
+                self.protocol.read_journal(unit).await
+            }
+            async fn record_step(
+                &self,
+                unit: &::idempotask::store::UnitOfWork,
+                token: &::idempotask::store::LockToken,
+                entry: ::idempotask::store::StepEntry<'_>,
+                lock_ttl: ::std::time::Duration,
+            ) -> Result<bool, ::idempotask::store::StoreError> {
+                self.protocol
+                    .record_step(unit, token, entry, lock_ttl)
+                    .await
             }
             async fn begin_batch(
                 &self,

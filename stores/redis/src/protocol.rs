@@ -31,8 +31,11 @@ use super::lock::{holder_value, key_millis, lock_value};
 use super::native_cas::NativeCas;
 pub(super) use super::reply::store_error;
 use super::reply::{foreign, is_out_of_memory, is_syntax_error, parse_flag, pttl, unexpected};
+use super::steps::STEP;
 use super::stored::Stored;
-use idempotask::store::{Begin, Doubt, Fencing, Finish, Inspection, Store, ttl_millis};
+use idempotask::store::{
+    Begin, Doubt, Fencing, Finish, Inspection, Journal, StepEntry, Store, ttl_millis,
+};
 use idempotask::store::{LockToken, UnitOfWork};
 use idempotask::store::{StoreError, StoreErrorKind};
 
@@ -128,7 +131,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         resends: bool,
         call_timeout: Option<Duration>,
     ) -> Result<Self, StoreError> {
-        for script in [&*BEGIN, &*FINISH, &*RELEASE, &*RENEW, &*INSPECT, &*FORGET] {
+        for script in [
+            &*BEGIN, &*FINISH, &*RELEASE, &*RENEW, &*INSPECT, &*FORGET, &*STEP,
+        ] {
             script
                 .prepare_invoke()
                 .load_async(&mut connection)
@@ -366,6 +371,29 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store for Protocol<C> {
     async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
         self.bounded("forget", self.forget_call(unit)).await
     }
+
+    fn records_steps(&self) -> bool {
+        true
+    }
+
+    async fn read_journal(&self, unit: &UnitOfWork) -> Result<Journal, StoreError> {
+        self.bounded("read_journal", self.read_journal_call(unit))
+            .await
+    }
+
+    async fn record_step(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        entry: StepEntry<'_>,
+        lock_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.bounded(
+            "record_step",
+            self.record_step_call(unit, token, entry, lock_ttl),
+        )
+        .await
+    }
 }
 
 /// The store calls, each without the call timeout that [`Store`] puts around it.
@@ -513,7 +541,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
             return Err(unexpected("inspect", &key, &reply));
         };
         let ttl = pttl("inspect", &key, ttl)?;
-        match value {
+        let found = match value {
             Value::Nil => Ok(Inspection::default()),
             Value::BulkString(value) => match Stored::parse(value, ttl) {
                 Stored::Marker { bytes, ttl, .. } => Ok(Inspection::done(bytes, ttl)),
@@ -529,7 +557,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
                 _ => Err(foreign("inspect", &key, value)),
             },
             other => Err(unexpected("inspect", &key, other)),
+        }?;
+        if found.is_done() {
+            // A finished unit's journal only waits to expire: its steps are over.
+            return Ok(found);
         }
+        Ok(found.with_journal(self.journal("inspect", &key).await?))
     }
 
     /// A nonce per call, not per command: a re-sent command carries the same one, and the
@@ -537,9 +570,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
     async fn forget_call(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
         let key = self.key(unit);
         let receipt = forget_receipt_key(&self.namespace, &key);
+        let journal = self.journal_key(&key);
         let nonce = format!("{:016x}", rand::random::<u64>());
         let reply = self
-            .invoke_on("forget", &FORGET, &[&key, &receipt], |cmd| {
+            .invoke_on("forget", &FORGET, &[&key, &receipt, &journal], |cmd| {
                 cmd.arg(&nonce).arg(FORGET_RECEIPT_MS);
             })
             .await?;
