@@ -9,7 +9,9 @@ use idempotask::operator::{
     Cursor, Forgot, Held, Listed, Marker, Operator, Page, Resolution, Resolved, SharedOperator,
     Stats,
 };
-use idempotask::store::{Begin, Fencing, Finish, LockToken, Store, StoreErrorKind, UnitOfWork};
+use idempotask::store::{
+    Begin, Fencing, Finish, LockToken, StepEntry, Store, StoreErrorKind, UnitOfWork,
+};
 use serde_json::value::to_raw_value;
 
 use super::{DAY, LONG, outlive};
@@ -208,6 +210,25 @@ async fn forget_exact_deletes_only_what_was_shown(
         store.read(&unit).await.unwrap(),
         Held::Lock { .. }
     ));
+
+    // A unit forgotten on purpose runs its steps again, however long its journal is kept.
+    if store.records_steps() {
+        let unit = store.scope().unit("operator-forget", "steps").unwrap();
+        let token = take(store, &unit, LONG).await;
+        let entry = StepEntry::new(0, b"step", DAY);
+        assert!(store.record_step(&unit, &token, entry, LONG).await.unwrap());
+        let marker = marker_of(&unit, token.fencing_token(), "3");
+        let finished = store.finish(&unit, &token, &marker, DAY).await.unwrap();
+        assert_eq!(finished, Finish::Completed);
+        let forgot = shared.forget_exact(&unit, &marker).await.unwrap();
+        assert_eq!(forgot, Forgot::Deleted);
+        take(store, &unit, LONG).await;
+        let journal = store.read_journal(&unit).await.unwrap();
+        assert!(
+            journal.is_empty(),
+            "a forgotten unit replays its last run's steps: {journal:?}"
+        );
+    }
 }
 
 async fn resolve_exact_settles_only_the_lock_in_doubt_shown(

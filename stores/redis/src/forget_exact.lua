@@ -5,6 +5,8 @@
 -- first run did and deletes nothing more.
 -- KEYS[1] the unit's key
 -- KEYS[2] the unit's forget receipt (same hash slot)
+-- KEYS[3] the unit's journal of steps (same hash slot): deleted with a marker, so that the
+-- unit runs again from its first step
 -- ARGV[1] the exact value that was shown
 -- ARGV[2] a nonce of this forget call
 -- ARGV[3] how long the receipt lasts, in ms
@@ -35,5 +37,8 @@ else
 end
 -- After the first write, as in forget.lua: a server at maxmemory checks only a script's first
 -- write.
+if string.sub(value, 1, 1) == 'D' then
+  redis.call('DEL', KEYS[3])
+end
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 return 1

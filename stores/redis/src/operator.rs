@@ -370,10 +370,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
     ) -> Result<T, StoreError> {
         let key = self.key(unit);
         let receipt = forget_receipt_key(&self.namespace, &key);
+        let journal = self.journal_key(&key);
         let nonce = format!("{:016x}", rand::random::<u64>());
         let call = async {
             let reply = self
-                .invoke_on(operation, script, &[&key, &receipt], |cmd| {
+                .invoke_on(operation, script, &[&key, &receipt, &journal], |cmd| {
                     cmd.arg(shown).arg(&nonce).arg(FORGET_RECEIPT_MS);
                     args(cmd);
                 })

@@ -7,6 +7,8 @@
 -- the reply answers as the first run did and writes nothing more.
 -- KEYS[1] the unit's key
 -- KEYS[2] the unit's operator receipt (same hash slot)
+-- KEYS[3] the unit's journal of steps, left alone: a freed unit replays the steps it recorded,
+-- and a resolved one's journal expires before its marker
 -- ARGV[1] the exact lock value that was shown: L<token>~<memory>[.<fence>]
 -- ARGV[2] a nonce of this call
 -- ARGV[3] how long the receipt lasts, in ms
