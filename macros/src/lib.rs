@@ -8,6 +8,7 @@ mod generators;
 mod key;
 mod misuse;
 mod shape;
+mod steps;
 mod suggest;
 mod taint;
 mod values;
@@ -101,6 +102,7 @@ fn rewrite(
             fingerprint,
         })
     });
+    steps::check_body(body, &mut errors);
     match (errors.into_result(), checked) {
         (Ok(()), Some(checked)) => match &shape {
             Some(shape) => expand::function(&function, shape, &checked),
