@@ -383,6 +383,11 @@ mod copied {
     }
 
     #[test]
+    fn checkout_steps_compiles_alone() {
+        compiles_alone("checkout_steps");
+    }
+
+    #[test]
     fn reconcile_charges_compiles_alone() {
         compiles_alone("reconcile_charges");
     }

@@ -350,6 +350,43 @@ async fn reconcile_charges_asks_the_gateway_instead_of_charging_twice() {
     assert_eq!(charges, expected.collect());
 }
 
+/// `checkout_steps` aborts itself after its first step's effect; the next run replays that
+/// step and runs the other two, and a third replays the whole checkout. The effects file,
+/// which the abort cannot take back, holds each effect once.
+#[test]
+fn checkout_steps_replays_the_charge_after_a_crash_and_runs_the_rest_once() {
+    let server = RedisServer::start();
+    let effects = std::env::temp_dir().join(format!("checkout-effects-{}", support::free_port()));
+    let checkout = |crash: bool| {
+        let mut command = example("checkout_steps");
+        command
+            .env("REDIS_URL", server.url())
+            .env("EFFECTS", &effects);
+        if crash {
+            command.env("CRASH_AFTER", "charge");
+        }
+        command
+    };
+    let crashed = checkout(true).output().unwrap();
+    assert!(!crashed.status.success(), "{crashed:?}");
+    let written = |effects: &std::path::Path| std::fs::read_to_string(effects).unwrap();
+    assert_eq!(written(&effects), "charge order-7\n");
+
+    let resumed = run(&mut checkout(false));
+    assert_eq!(field(&resumed, "charge:"), "replayed \"ch_order-7\"");
+    assert_eq!(field(&resumed, "ledger:"), "ran ()");
+    assert_eq!(field(&resumed, "receipt:"), "ran ()");
+    assert_eq!(field(&resumed, "outcome:"), "Executed ch_order-7");
+    let replayed = run(&mut checkout(false));
+    assert_eq!(field(&replayed, "outcome:"), "Replayed ch_order-7");
+    assert!(!replayed.contains("ran"), "{replayed}");
+    assert_eq!(
+        written(&effects),
+        "charge order-7\nledger order-7 ch_order-7\nreceipt order-7 ch_order-7\n"
+    );
+    std::fs::remove_file(&effects).unwrap();
+}
+
 /// Runs `command` until it prints `line` (the first line it prints), then kills it with
 /// SIGKILL.
 async fn kill_at(command: Command, line: &str) {
