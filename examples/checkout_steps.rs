@@ -35,7 +35,7 @@ use idempotask_redis::RedisStore;
 static CHECKOUT: Task = Task::new("checkout").lock_ttl(Duration::from_secs(2));
 
 /// Appends `line` to the effects file: a side effect nothing can undo.
-fn effect(line: &str) -> Result<(), Error> {
+fn effect(line: &str) {
     let path = std::env::var("EFFECTS").unwrap_or_else(|_| "checkout-effects.txt".to_owned());
     let mut file = std::fs::OpenOptions::new()
         .create(true)
@@ -43,11 +43,10 @@ fn effect(line: &str) -> Result<(), Error> {
         .open(path)
         .expect("the effects file opens");
     writeln!(file, "{line}").expect("the effect is written");
-    Ok(())
 }
 
 /// Runs `name`'s effect as a step, and prints whether it ran or was replayed.
-async fn step<T>(name: &'static str, run: impl FnOnce() -> Result<T, Error>) -> Result<T, Error>
+async fn step<T>(name: &'static str, run: impl FnOnce() -> T) -> Result<T, Error>
 where
     T: serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -56,7 +55,7 @@ where
     let value = ctx
         .step(name, async {
             ran.store(true, Ordering::SeqCst);
-            run()
+            Ok::<_, Error>(run())
         })
         .await?;
     let how = if ran.load(Ordering::SeqCst) {
@@ -79,8 +78,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .store(store)
         .run_reported(async {
             let charge = step("charge", || {
-                effect(&format!("charge {order}"))?;
-                Ok(format!("ch_{order}"))
+                effect(&format!("charge {order}"));
+                format!("ch_{order}")
             })
             .await?;
             if crash_after.as_deref() == Some("charge") {
