@@ -134,6 +134,7 @@ macro_rules! __checks {
                 steps::steps_that_cannot_be_recorded_are_refused_before_their_effect,
                 steps::a_step_over_the_size_limit_is_never_run_again,
                 steps::concurrent_deliveries_run_each_step_once,
+                step_doubt::the_step_in_doubt_gets_its_own_policy,
             ]
         }
     };

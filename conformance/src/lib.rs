@@ -2,7 +2,7 @@
 //! [`Store`], and the task runner on top of it, must do. Every store
 //! shipped with idempotask passes it; a store of one's own runs it from its tests.
 //!
-//! Each of the 36 checks (and 6 more for transactions, 8 for units left in doubt, 8 for steps) is an `async fn` that takes a fresh,
+//! Each of the 36 checks (and 6 more for transactions, 8 for units left in doubt, 9 for steps) is an `async fn` that takes a fresh,
 //! empty store and panics, like a test, when the store breaks the contract.
 //! [`conformance_tests!`] turns the whole list into one `#[tokio::test]` per check, in a test
 //! file of the crate that implements `Store`, with `idempotask-conformance` and `tokio`
@@ -43,7 +43,7 @@
 //! | every fault at every point of a call | [`every_fault_point`] |
 //! | transactions | [`a_committed_transaction_is_replayed`] to [`a_plain_holder_makes_a_transaction_contended`] |
 //! | units left in doubt ([`doubt_conformance_tests!`]) | [`a_lock_that_ran_out_is_taken_over_in_doubt`] to [`reconcile_records_what_the_downstream_system_knows`] |
-//! | steps, for stores that record them ([`step_conformance_tests!`]) | [`only_the_holder_appends_at_the_next_position`] to [`concurrent_deliveries_run_each_step_once`] |
+//! | steps, for stores that record them ([`step_conformance_tests!`]) | [`only_the_holder_appends_at_the_next_position`] to [`the_step_in_doubt_gets_its_own_policy`] |
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // The checks are public only through the list in `checks.rs`: a check left out of it is never
 // reachable, and so dead code, which must fail the build and not only warn.
@@ -86,6 +86,7 @@ mod overruns;
 mod refusals;
 mod runner;
 mod slow;
+mod step_doubt;
 mod steps;
 mod store;
 mod transactions;

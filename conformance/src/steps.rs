@@ -23,7 +23,7 @@ async fn acquire_journal(
     store.read_journal(unit).await.unwrap()
 }
 
-fn entry(position: u32, bytes: &[u8]) -> StepEntry<'_> {
+pub(crate) fn entry(position: u32, bytes: &[u8]) -> StepEntry<'_> {
     StepEntry::new(position, bytes, DAY)
 }
 

@@ -207,9 +207,20 @@ impl StepChecker<'_> {
     }
 }
 
+/// Whether `call` is one of `TaskContext`'s step methods, by its name and its number of
+/// arguments: `step` and `step_or_hold` (name, effect), `step_or_reconcile` (name, reconcile,
+/// effect).
+fn is_step_call(call: &syn::ExprMethodCall) -> bool {
+    match call.args.len() {
+        2 => call.method == "step" || call.method == "step_or_hold",
+        3 => call.method == "step_or_reconcile",
+        _ => false,
+    }
+}
+
 impl<'ast> Visit<'ast> for StepChecker<'_> {
     fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
-        if call.method == "step" && call.args.len() == 2 {
+        if is_step_call(call) {
             self.check_name(&call.args[0]);
         } else if (call.method == "run" || call.method == "run_reported")
             && is_nested_call(&call.receiver)

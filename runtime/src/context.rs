@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, lock_lost};
 use crate::observe::KeyLogging;
-use crate::step::Cursor;
+use crate::step::cursor::Cursor;
 use crate::store::{Doubt, SharedStore, Store};
 use crate::unit::{LockToken, UnitOfWork};
 

@@ -131,7 +131,7 @@ pub enum Error {
         reason: String,
     },
 
-    /// A step of the body could not run or be replayed; [`kind`](crate::StepErrorKind) says
+    /// A step of the body could not run or be replayed; [`kind`](crate::step::kind::StepErrorKind) says
     /// why, and whether its effect happened.
     #[error("task `{task}` with key `{key}`: {reason}")]
     #[non_exhaustive]
@@ -141,7 +141,7 @@ pub enum Error {
         /// The caller's key (shown as the task's [`KeyLogging`](crate::KeyLogging) says).
         key: CallerKey,
         /// Why.
-        kind: crate::StepErrorKind,
+        kind: crate::step::kind::StepErrorKind,
         /// What went wrong, in words, starting with the step's name.
         reason: String,
     },

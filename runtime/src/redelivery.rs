@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use crate::{Error, StepErrorKind};
+use crate::Error;
+use crate::step::kind::StepErrorKind;
 
 /// Whether, and when, a later delivery of the same message can succeed where this one failed.
 ///

@@ -8,7 +8,7 @@ use crate::doubt::{DEFAULT_DOUBT_MEMORY, InDoubt};
 use crate::lock_renewal::LockRenewal;
 use crate::observe::KeyLogging;
 use crate::retry::RetryPolicy;
-use crate::step::{DEFAULT_MAX_STEP_BYTES, DEFAULT_MAX_STEPS, StepLimits};
+use crate::step::cursor::{DEFAULT_MAX_STEP_BYTES, DEFAULT_MAX_STEPS, StepLimits};
 use crate::store::{Fencing, LockToken};
 use crate::ttl::{MIN_TTL, clamp_ttl};
 

@@ -18,7 +18,7 @@ use crate::marker::{Marker, MarkerView};
 use crate::observe::{Ending, Observation};
 use crate::outcome::{Outcome, Report};
 use crate::panicked::catching_panics;
-use crate::step::Cursor;
+use crate::step::cursor::Cursor;
 use crate::store::{SharedStore, Store};
 use crate::task::Task;
 use crate::unit::{LockToken, UnitOfWork};

@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::StepName;
+use super::name::StepName;
 
 #[derive(Serialize)]
 struct Written<'a, T> {

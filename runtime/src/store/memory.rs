@@ -13,8 +13,11 @@ use crate::error::StoreError;
 use crate::marker::{Marker, lock_lost_marker};
 use crate::unit::{LockToken, UnitOfWork};
 
+mod expiring;
 mod operator;
 mod steps;
+
+use expiring::Expiring;
 
 use steps::{Steps, journal_of};
 
@@ -161,25 +164,6 @@ impl Entry {
             Self::Locked { lapses_at, .. } => Ok(lapses_at.saturating_duration_since(now)),
             Self::Done(_) | Self::Released { .. } => Ok(Duration::ZERO),
         }
-    }
-}
-
-#[derive(Debug)]
-struct Expiring<T> {
-    value: T,
-    until: Instant,
-}
-
-impl<T> Expiring<T> {
-    fn new(value: T, ttl: Duration, now: Instant) -> Self {
-        Self {
-            value,
-            until: expiry(now, ttl),
-        }
-    }
-
-    fn left(&self, now: Instant) -> Duration {
-        self.until.saturating_duration_since(now)
     }
 }
 

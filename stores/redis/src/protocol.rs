@@ -31,7 +31,6 @@ use super::lock::{holder_value, key_millis, lock_value};
 use super::native_cas::NativeCas;
 pub(super) use super::reply::store_error;
 use super::reply::{foreign, is_out_of_memory, is_syntax_error, parse_flag, pttl, unexpected};
-use super::steps::STEP;
 use super::stored::Stored;
 use idempotask::store::{
     Begin, Doubt, Fencing, Finish, Inspection, Journal, StepEntry, Store, ttl_millis,
@@ -47,6 +46,7 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("re
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("renew.lua")));
 static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("inspect.lua")));
 static FORGET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("forget.lua")));
+pub(super) static STEP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("step.lua")));
 /// The server clock, as the scripts read it: what `connect` checks the user's rights with.
 static CLOCK: LazyLock<Script> = LazyLock::new(|| Script::new("return redis.call('TIME')"));
 

@@ -6,19 +6,16 @@
 //! task's result TTL when its last step was recorded, and the marker, written later for as
 //! long, outlives it. `forget` deletes it with the marker.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
+use redis::Value;
 use redis::aio::ConnectionLike;
-use redis::{Script, Value};
 
 use super::keys::journal_key;
 use super::lock::{key_millis, lock_value};
-use super::protocol::Protocol;
+use super::protocol::{Protocol, STEP};
 use super::reply::{parse_flag, unexpected};
 use idempotask::store::{Journal, LockToken, StepEntry, StoreError, UnitOfWork, ttl_millis};
-
-pub(super) static STEP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("step.lua")));
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
     pub(super) fn journal_key(&self, key: &str) -> String {

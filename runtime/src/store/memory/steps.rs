@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::Expiring;
+use super::expiring::Expiring;
 use crate::context::expiry;
 use crate::store::{Journal, StepEntry};
 

@@ -1,0 +1,22 @@
+//! [`StepErrorKind`]: why a step could not run or be replayed.
+
+/// Why a step could not run or be replayed ([`Error::Step`](crate::Error::Step)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StepErrorKind {
+    /// The journal's entry at this step's place belongs to another step: the body calls its
+    /// steps in another order than the run that recorded them. Nothing ran; the journal is
+    /// left as it is, and every rerun of this body stops here until the unit is resolved.
+    OrderChanged,
+    /// The body called more steps than its task allows. Nothing ran.
+    TooMany,
+    /// A step was called while another step of the same body was running (two steps joined):
+    /// a rerun could not tell their results apart. Nothing ran.
+    Overlapping,
+    /// The store does not record steps, or the call cannot (inside a database transaction,
+    /// which holds the unit itself). Nothing ran.
+    Unsupported,
+    /// The step's effect happened but the store did not confirm its record (it failed or did
+    /// not answer). The call keeps the unit in doubt instead of releasing it.
+    Unrecorded,
+}

@@ -1,0 +1,318 @@
+//! How a step runs: the body's cursor in its unit's journal, the replay, the record, and the
+//! step in doubt.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
+
+use super::cursor::Cursor;
+use super::entry;
+use super::kind::StepErrorKind;
+use super::name::StepName;
+use crate::backoff::STORE_RETRY_BACKOFF;
+use crate::call::reconcile::Reconciled;
+use crate::context::TaskContext;
+use crate::error::{CallerKey, CodecErrorKind, Error, codec, held_in_doubt};
+use crate::store::{Doubt, StepEntry, Store};
+
+/// How many times a step's record is sent when the store fails.
+const RECORD_ATTEMPTS: u32 = 3;
+
+/// What the cursor says a step does.
+enum Turn<T> {
+    Replay(T),
+    Run {
+        position: u32,
+        max_bytes: usize,
+        /// The unit's doubt, when this is the step it is about: the first its journal lacks.
+        doubt: Option<Doubt>,
+    },
+}
+
+/// What a step in doubt does.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum WhenInDoubt {
+    Rerun,
+    Hold,
+    Reconcile,
+}
+
+/// The reconcile function of a step that has none.
+type NoReconcile<T, E> = fn() -> std::future::Ready<Result<Reconciled<T>, E>>;
+
+/// No reconcile function, for the steps that have none.
+pub(super) fn no_reconcile<T, E>() -> Option<NoReconcile<T, E>> {
+    None
+}
+
+/// Frees the cursor for the next step, however the step ends (an error, a cancel).
+struct Running<'a>(&'a Mutex<Cursor>);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .running = false;
+    }
+}
+
+impl TaskContext {
+    pub(super) async fn run_step<T, E, F, R, RF>(
+        &self,
+        name: StepName,
+        when_in_doubt: WhenInDoubt,
+        reconcile: Option<R>,
+        effect: F,
+    ) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+        R: FnOnce() -> RF,
+        RF: Future<Output = Result<Reconciled<T>, E>>,
+    {
+        let kept_for = self.reserve(&name)?;
+        let running = Running(&self.lease().steps);
+        self.load_journal(&name).await?;
+        let (position, max_bytes, doubt) = match self.next_turn(&name)? {
+            Turn::Replay(value) => return Ok(value),
+            Turn::Run {
+                position,
+                max_bytes,
+                doubt,
+            } => (position, max_bytes, doubt),
+        };
+        if !self.lease().held() {
+            // Ran out by this holder's clock: the store says whether the lock is still its
+            // own (nobody took the unit over) before the effect may start.
+            self.fence().await?;
+        }
+        let mut found = None;
+        if let Some(doubt) = doubt {
+            match when_in_doubt {
+                WhenInDoubt::Rerun => {}
+                WhenInDoubt::Hold => return Err(self.held(&name, doubt).into()),
+                WhenInDoubt::Reconcile => {
+                    if let Some(reconcile) = reconcile
+                        && let Reconciled::Done(value) = reconcile().await?
+                    {
+                        found = Some(value);
+                    }
+                }
+            }
+        }
+        let value = match found {
+            Some(value) => value,
+            None => effect.await?,
+        };
+        let (bytes, encoded) = entry::encode(&name, &value, max_bytes);
+        if let Err(reason) = &encoded {
+            tracing::warn!(
+                task = self.task(),
+                step = %name,
+                error = %reason,
+                "a step succeeded but its value cannot be recorded; reruns get an error instead of running it again"
+            );
+        }
+        self.record(&name, StepEntry::new(position, &bytes, kept_for))
+            .await?;
+        let mut cursor = self.cursor();
+        cursor.next = position + 1;
+        drop(cursor);
+        drop(running);
+        Ok(value)
+    }
+
+    /// The error of a step in doubt that holds its unit.
+    fn held(&self, name: &StepName, doubt: Doubt) -> Error {
+        tracing::warn!(
+            task = self.task(),
+            key = self.logging().show(self.unit()),
+            step = %name,
+            "the step in doubt is held: an earlier holder may have started it; resolve the unit to go on"
+        );
+        held_in_doubt(self.unit(), doubt).keys_shown_as(self.logging())
+    }
+
+    fn cursor(&self) -> std::sync::MutexGuard<'_, Cursor> {
+        self.lease()
+            .steps
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes the cursor for this step, refusing what can never be recorded; the journal's
+    /// keep time.
+    fn reserve(&self, name: &StepName) -> Result<Duration, Error> {
+        let mut cursor = self.cursor();
+        let Some(armed) = &cursor.armed else {
+            return Err(self.step_error(name, StepErrorKind::Unsupported, "steps cannot be recorded inside a database transaction, which holds the unit until it ends"));
+        };
+        let kept_for = armed.kept_for;
+        if cursor.running {
+            return Err(self.step_error(
+                name,
+                StepErrorKind::Overlapping,
+                "another step of this body is still running; steps run one at a time",
+            ));
+        }
+        if !self
+            .lease()
+            .fence()
+            .is_some_and(|fence| fence.store().records_steps())
+        {
+            return Err(self.step_error(
+                name,
+                StepErrorKind::Unsupported,
+                "the task's store does not record steps",
+            ));
+        }
+        cursor.running = true;
+        Ok(kept_for)
+    }
+
+    /// Reads the unit's journal at the body's first step, again when the store fails.
+    async fn load_journal(&self, name: &StepName) -> Result<(), Error> {
+        if self.cursor().recorded.is_some() {
+            return Ok(());
+        }
+        let Some(fence) = self.lease().fence() else {
+            return Err(self.step_error(
+                name,
+                StepErrorKind::Unsupported,
+                "the call has no store lock to record steps under",
+            ));
+        };
+        let mut failures = 0;
+        let journal = loop {
+            match fence.store().read_journal(self.unit()).await {
+                Ok(journal) => break journal,
+                Err(err) => {
+                    failures += 1;
+                    if !err.is_retryable() || failures >= RECORD_ATTEMPTS {
+                        return Err(Error::Store(err));
+                    }
+                }
+            }
+            tokio::time::sleep(STORE_RETRY_BACKOFF.delay(failures)).await;
+        };
+        self.cursor().recorded = Some(journal.into_entries());
+        Ok(())
+    }
+
+    /// Replays the step from the journal, or says where it goes.
+    fn next_turn<T: DeserializeOwned>(&self, name: &StepName) -> Result<Turn<T>, Error> {
+        let mut cursor = self.cursor();
+        let Some(armed) = &cursor.armed else {
+            return Err(self.step_error(
+                name,
+                StepErrorKind::Unsupported,
+                "the call has no store lock to record steps under",
+            ));
+        };
+        let (max_steps, max_bytes) = (armed.max_steps, armed.max_step_bytes);
+        let position = cursor.next;
+        let recorded = cursor.recorded.as_deref().unwrap_or_default();
+        if let Some(entry) = recorded.get(position as usize) {
+            let value = self.replayed(name, position, entry)?;
+            cursor.next += 1;
+            return Ok(Turn::Replay(value));
+        }
+        if position >= max_steps {
+            return Err(self.step_error(
+                name,
+                StepErrorKind::TooMany,
+                &format!("the body called more than {max_steps} steps (`Task::max_steps`)"),
+            ));
+        }
+        // The first step the journal lacks is the one a holder that died may have started.
+        let doubt = self
+            .in_doubt()
+            .filter(|_| position as usize == recorded.len());
+        Ok(Turn::Run {
+            position,
+            max_bytes,
+            doubt,
+        })
+    }
+
+    fn replayed<T: DeserializeOwned>(
+        &self,
+        name: &StepName,
+        position: u32,
+        recorded: &[u8],
+    ) -> Result<T, Error> {
+        let unit = self.unit();
+        let read = entry::Read::parse(recorded).map_err(|reason| {
+            codec(
+                unit,
+                CodecErrorKind::Unreadable,
+                format!("step {position} of the journal cannot be read: {reason}"),
+            )
+        })?;
+        if !read.is(name) {
+            return Err(self.step_error(name, StepErrorKind::OrderChanged, &format!("the journal's step {position} is `{}`: the body calls its steps in another order than the run that recorded them", read.shown())));
+        }
+        read.value().map_err(|(unstorable, reason)| {
+            if unstorable {
+                codec(unit, CodecErrorKind::Unstorable, format!("step `{name}` succeeded but its value could not be recorded: {reason}"))
+            } else {
+                codec(unit, CodecErrorKind::Undecodable, format!("the recorded value of step `{name}` does not decode into the step's type: {reason}"))
+            }
+        })
+    }
+
+    /// Sends the record, again when the store fails (the same entry at the same place is
+    /// recorded once however often it is sent).
+    async fn record(&self, name: &StepName, entry: StepEntry<'_>) -> Result<(), Error> {
+        let Some(fence) = self.lease().fence() else {
+            return Err(self.step_error(
+                name,
+                StepErrorKind::Unsupported,
+                "the call has no store lock to record steps under",
+            ));
+        };
+        let mut failures = 0;
+        loop {
+            let sent = Instant::now();
+            match fence
+                .store()
+                .record_step(self.unit(), fence.token(), entry, fence.lock_ttl())
+                .await
+            {
+                // The watchdog may have found the lock gone while the record was in flight.
+                Ok(true) if !self.lease().is_lost() => {
+                    self.lease().renewed(sent, fence.lock_ttl());
+                    return Ok(());
+                }
+                Ok(_) => return Err(self.fence_refused()),
+                Err(err) => {
+                    failures += 1;
+                    if !err.is_retryable() || failures >= RECORD_ATTEMPTS {
+                        self.lease().unrecorded.store(true, Ordering::Release);
+                        return Err(self.step_error(
+                            name,
+                            StepErrorKind::Unrecorded,
+                            &format!("its effect happened but its record was not confirmed: {err}"),
+                        ));
+                    }
+                }
+            }
+            tokio::time::sleep(STORE_RETRY_BACKOFF.delay(failures)).await;
+        }
+    }
+
+    fn step_error(&self, name: &StepName, kind: StepErrorKind, reason: &str) -> Error {
+        Error::Step {
+            task: self.task().to_owned(),
+            key: CallerKey::plain(self.key()).shown_as(self.logging()),
+            kind,
+            reason: format!("step `{name}`: {reason}"),
+        }
+    }
+}
