@@ -522,15 +522,16 @@ impl Store for MemoryStore {
 
     async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
         Ok(self.with_unit(unit, |slot, journal, now| {
-            // Forgotten on purpose, the unit runs again from its first step.
-            *journal = None;
             let Some(Expiring {
                 value: Entry::Done(marker),
                 ..
             }) = slot.as_ref()
             else {
+                // A unit still running keeps its steps, as on every store.
                 return false;
             };
+            // Forgotten on purpose, the unit runs again from its first step.
+            *journal = None;
             let fencing_token = Marker::decode(marker)
                 .ok()
                 .and_then(|marker| marker.fencing_token());
