@@ -89,6 +89,9 @@ impl Store for Lossy {
     }
 }
 
+/// What a call must answer for a hostile entry.
+type Expected = fn(&Error) -> bool;
+
 async fn two_steps(task: &Task, store: &Lossy, effects: &Arc<AtomicU32>) -> Result<u32, Error> {
     let effects = Arc::clone(effects);
     task.call("order-1")
@@ -176,7 +179,7 @@ async fn a_store_down_at_a_record_leaves_the_unit_to_lapse_into_doubt() {
 #[tokio::test]
 async fn journal_entries_no_run_wrote_are_typed_errors_not_panics() {
     let store = Lossy::default();
-    let cases: [(&[u8], fn(&Error) -> bool); 4] = [
+    let cases: [(&[u8], Expected); 4] = [
         (b"\xff\xfe not json", |err| {
             matches!(
                 err,
