@@ -62,7 +62,8 @@ pub(crate) struct Cli {
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Whether one key is done (with its result), locked, in doubt or unknown; the exit code
-    /// says which.
+    /// says which. A unit that has not finished shows the steps it recorded (each with its
+    /// value, cut short; `--json` has it whole), and which step runs next.
     Status(Unit),
     /// Delete a done key's marker on purpose, so that the next delivery runs the work again.
     Forget {

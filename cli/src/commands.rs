@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 use crate::exit::{Exit, Failure};
 use crate::render::{self, Counts};
+use crate::steps::{self, Next};
 use crate::stored::{preview, result_json};
 use crate::target::Target;
 use crate::time::{human, millis};
@@ -22,8 +23,9 @@ pub(crate) struct Found {
     pub(crate) exit: Exit,
 }
 
-/// `status`: done (exit 0), locked (3), unknown (4) or in doubt (5); a key that holds
-/// something no delivery can use is an error (1) that names it.
+/// `status`: done (exit 0), locked (3), unknown (4) or in doubt (5), with the steps a unit
+/// that has not finished recorded; a key that holds something no delivery can use is an
+/// error (1) that names it.
 pub(crate) async fn status(target: &Target, task: &str, key: &str) -> Result<Found, Failure> {
     let unit = target.unit(task, key)?;
     let location = target.location(&unit);
@@ -53,7 +55,8 @@ pub(crate) async fn status(target: &Target, task: &str, key: &str) -> Result<Fou
             json["lock_ttl_ms"] = json!(ttl.map(millis));
             json["lock_expires"] = json!(ttl.is_some());
             json["token_age_ms"] = json!(age_ms);
-            (render::locked(&unit, *ttl, age_ms), Exit::Locked)
+            let steps = steps::add(target, &unit, Next::Running, &mut json).await?;
+            (render::locked(&unit, *ttl, age_ms) + &steps, Exit::Locked)
         }
         Held::InDoubt {
             fencing_token,
@@ -65,8 +68,9 @@ pub(crate) async fn status(target: &Target, task: &str, key: &str) -> Result<Fou
             json["fencing_token"] = json!(fencing_token);
             json["expired_for_ms"] = json!(millis(*expired_for));
             json["forgotten_in_ms"] = json!(millis(*forgotten_in));
+            let steps = steps::add(target, &unit, Next::InDoubt, &mut json).await?;
             let text = format!(
-                "{}\n{}",
+                "{}{steps}\n{}",
                 render::in_doubt(&unit, *fencing_token, *expired_for, *forgotten_in),
                 render::resolve_hint(&unit, fencing_token.is_some())
             );
@@ -76,8 +80,11 @@ pub(crate) async fn status(target: &Target, task: &str, key: &str) -> Result<Fou
             let known = target.task_exists(task).await?;
             json["state"] = json!("unknown");
             json["task_has_keys"] = json!(known);
+            let steps = steps::add(target, &unit, Next::Waiting, &mut json).await?;
+            // A journal is the task's too, though a listing finds only units.
+            let seen = known || !steps.is_empty();
             (
-                render::unknown(&unit, &target.scope_text(), target.scope_flag(), known),
+                render::unknown(&unit, &target.scope_text(), target.scope_flag(), seen) + &steps,
                 Exit::Unknown,
             )
         }

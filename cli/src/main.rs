@@ -23,6 +23,7 @@ mod dashboard;
 mod exit;
 mod render;
 mod scan;
+mod steps;
 mod stored;
 mod target;
 mod time;

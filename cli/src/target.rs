@@ -13,7 +13,7 @@ use std::time::Duration;
 use idempotask::operator::{
     Cursor, Forgot, Held, Operator, Page, Resolution, Resolved, Scope, SharedOperator,
 };
-use idempotask::store::{StoreError, UnitOfWork, check_task_name};
+use idempotask::store::{Journal, StoreError, StoreErrorKind, UnitOfWork, check_task_name};
 use idempotask_postgres::PostgresStore;
 use idempotask_redis::operator::ServerKind;
 use idempotask_redis::{RedisClusterStore, RedisStore};
@@ -175,6 +175,16 @@ impl Target {
             .read(unit)
             .await
             .map_err(|err| self.failure(&err))
+    }
+
+    /// The steps the unit recorded since it last had a result; `None` where the store keeps
+    /// no journal of steps (the core's provided answer, of kind `Configuration`).
+    pub(crate) async fn journal(&self, unit: &UnitOfWork) -> Result<Option<Journal>, Failure> {
+        match self.operator.journal(unit).await {
+            Ok(journal) => Ok(Some(journal)),
+            Err(err) if err.kind() == StoreErrorKind::Configuration => Ok(None),
+            Err(err) => Err(self.failure(&err)),
+        }
     }
 
     /// Forgets the unit if it still holds exactly `shown`.

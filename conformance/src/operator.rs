@@ -133,7 +133,7 @@ async fn leave_in_doubt(
     shown
 }
 
-async fn reads_follow_a_unit_through_its_life(store: &(impl Store + Operator)) {
+async fn reads_follow_a_unit_through_its_life(store: &(impl Store + Operator + Clone)) {
     let unit = store.scope().unit("operator-life", "order-1").unwrap();
     let held = store.read(&unit).await.unwrap();
     assert!(matches!(held, Held::Nothing), "a fresh unit: {held:?}");
@@ -150,6 +150,8 @@ async fn reads_follow_a_unit_through_its_life(store: &(impl Store + Operator)) {
         }
         other => panic!("a held lock must read as one, with its TTL: {other:?}"),
     }
+
+    journals_read_as_the_store_keeps_them(store, &unit, &token).await;
 
     let marker = marker_of(&unit, token.fencing_token(), "7");
     let finished = store.finish(&unit, &token, &marker, DAY).await.unwrap();
@@ -169,6 +171,43 @@ async fn reads_follow_a_unit_through_its_life(store: &(impl Store + Operator)) {
         other => panic!("a finished unit must read as its marker: {other:?}"),
     }
     assert!(!store.location(&unit).is_empty());
+}
+
+/// Records a step of `unit`, held by `token`, where the store records steps; the journal an
+/// operator reads, directly and shared, is the one a delivery reads. A store that keeps no
+/// journal, or whose operator does not read it yet, answers an error of kind
+/// `Configuration` (the provided [`Operator::journal`]), never a journal it does not keep.
+async fn journals_read_as_the_store_keeps_them(
+    store: &(impl Store + Operator + Clone),
+    unit: &UnitOfWork,
+    token: &LockToken,
+) {
+    let shared = SharedOperator::new(store.clone());
+    if store.records_steps() {
+        let entry = StepEntry::new(0, br#"{"step":"charge","ok":7}"#, DAY);
+        assert!(store.record_step(unit, token, entry, LONG).await.unwrap());
+    }
+    for read in [store.journal(unit).await, shared.journal(unit).await] {
+        match read {
+            Ok(journal) => {
+                assert!(
+                    store.records_steps(),
+                    "a journal from a store without steps"
+                );
+                assert_eq!(
+                    journal,
+                    store.read_journal(unit).await.unwrap(),
+                    "an operator reads the journal a delivery replays"
+                );
+                assert_eq!(journal.len(), 1, "{journal:?}");
+            }
+            Err(err) => assert_eq!(
+                err.kind(),
+                StoreErrorKind::Configuration,
+                "a journal that cannot be read says why: {err}"
+            ),
+        }
+    }
 }
 
 async fn forget_exact_deletes_only_what_was_shown(

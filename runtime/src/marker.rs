@@ -51,16 +51,17 @@ pub struct Marker {
     result: StoredResult,
 }
 
-/// The result kept in a [`Marker`].
+/// The result kept in a [`Marker`], or by one step of a unit
+/// ([`StepRecord`](crate::operator::StepRecord)).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum StoredResult {
-    /// The task's `Ok` value as JSON.
+    /// The task's (or the step's) `Ok` value as JSON.
     Json(Box<RawValue>),
-    /// The task succeeded but its value could not be encoded; this is why.
+    /// The task (or the step) succeeded but its value could not be encoded; this is why.
     ///
-    /// The marker is written anyway so that a duplicate gets a clear error instead of running
-    /// the side effect a second time.
+    /// It is recorded anyway so that a duplicate (or a rerun) gets a clear error instead of
+    /// running the side effect a second time.
     Unstorable(String),
 }
 

@@ -9,7 +9,9 @@
 //! - What they answer: [`Held`] (what one unit holds), [`Page`] of [`Listed`] units with a
 //!   [`Cursor`], [`Stats`], [`Scope`], and [`Forgot`] and [`Resolved`] for what an action did.
 //! - [`Resolution`]: how a unit in doubt is settled; [`Marker`] and [`Status`] read what a
-//!   unit holds ([`Task::status`](crate::Task::status) answers it for one unit).
+//!   unit holds ([`Task::status`](crate::Task::status) answers it for one unit), and
+//!   [`StepRecord`] each step a unit that has not finished recorded
+//!   ([`Operator::journal`]).
 //!
 //! ```
 //! use idempotask::operator::{Forgot, Held, Operator};
@@ -38,17 +40,19 @@ pub use crate::status::{Done, Status};
 pub use held::{Held, Listed};
 pub use page::{Cursor, Page, Scope, Stats};
 pub use shared::SharedOperator;
+pub use step_record::{StepRecord, StepRecordError};
 
 use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::store::{StoreError, StoreErrorKind, UnitOfWork};
+use crate::store::{Journal, StoreError, StoreErrorKind, UnitOfWork};
 
 mod held;
 mod page;
 mod shared;
+mod step_record;
 
 /// How many keys or rows a page of the provided [`Operator::stats`] looks at.
 const STATS_PAGE: usize = 1000;
@@ -69,7 +73,8 @@ const EXISTS_PAGE: usize = 100;
 ///
 /// Implement it with `async fn`s, as [`Store`](crate::store::Store); their futures must be
 /// `Send`. [`task_exists`](Self::task_exists) and [`stats`](Self::stats) are provided on top
-/// of [`list`](Self::list); a store with a cheaper way overrides them.
+/// of [`list`](Self::list); a store with a cheaper way overrides them. A store that records
+/// steps overrides [`journal`](Self::journal).
 ///
 /// # Contract
 /// - Reads change nothing and never panic, whatever the store holds: a value no delivery wrote
@@ -125,6 +130,53 @@ pub trait Operator: Send + Sync + fmt::Debug + 'static {
 
     /// What `unit` holds now, raw. Changes nothing.
     fn read(&self, unit: &UnitOfWork) -> impl Future<Output = Result<Held, StoreError>> + Send;
+
+    /// The steps recorded for `unit` since it last had a result, first step first: what the
+    /// next delivery replays before it runs the first step the journal lacks (decode each
+    /// entry with [`StepRecord::decode`]). Changes nothing. It tells about a unit that has not
+    /// finished, whatever [`read`](Self::read) shows of it (locked, in doubt, or nothing: a
+    /// delivery that failed after some steps released it and left its journal); a store may
+    /// keep a finished unit's journal until it expires, unread.
+    ///
+    /// Provided: an error of kind `Configuration`, for a store that keeps no journal of
+    /// steps, so that a tool never shows "no steps" for a journal it cannot read; a store
+    /// that records steps ([`Store::records_steps`](crate::store::Store::records_steps))
+    /// answers its journal, as [`Store::read_journal`](crate::store::Store::read_journal)
+    /// does.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotask::operator::{Held, Operator, StepRecord};
+    /// use idempotask::{MemoryStore, Task};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = MemoryStore::new();
+    /// let failed = Task::new("checkout").call("order-7").store(store.clone()).run(async {
+    ///     let ctx = idempotask::context().expect("inside a task");
+    ///     ctx.step("charge", async { Ok::<_, idempotask::Error>(1200) }).await?;
+    ///     Err::<(), _>(idempotask::Error::NotConfigured)
+    /// }).await;
+    /// assert!(failed.is_err());
+    ///
+    /// // Released, the unit holds nothing; its journal says the next delivery replays the charge.
+    /// let unit = store.scope().unit("checkout", "order-7")?;
+    /// assert!(matches!(store.read(&unit).await?, Held::Nothing));
+    /// let journal = store.journal(&unit).await?;
+    /// let charge = StepRecord::decode(&journal.entries()[0])?;
+    /// assert_eq!((journal.len(), charge.label()), (1, "charge".to_owned()));
+    /// # Ok(()) }
+    /// ```
+    fn journal(
+        &self,
+        unit: &UnitOfWork,
+    ) -> impl Future<Output = Result<Journal, StoreError>> + Send {
+        let _ = unit;
+        std::future::ready(Err(StoreError::new(
+            "journal",
+            StoreErrorKind::Configuration,
+            "this store keeps no journal of steps",
+        )))
+    }
 
     /// One page of `task`'s units that hold something: the first with `from` `None`, then each
     /// from the [`next`](Page::next) cursor of the one before, until a page has none. `limit`

@@ -11,6 +11,7 @@ use super::held::Held;
 use super::page::{Cursor, Page, Scope, Stats};
 use super::{Forgot, Operator, Resolution, Resolved};
 use crate::error::StoreError;
+use crate::store::Journal;
 use crate::unit::UnitOfWork;
 
 type Boxed<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
@@ -35,6 +36,7 @@ trait ErasedOperator: Send + Sync + fmt::Debug {
     ) -> Boxed<'a, Resolved>;
     fn task_exists<'a>(&'a self, task: &'a str) -> Boxed<'a, bool>;
     fn stats<'a>(&'a self, task: &'a str) -> Boxed<'a, Stats>;
+    fn journal<'a>(&'a self, unit: &'a UnitOfWork) -> Boxed<'a, Journal>;
 }
 
 impl<O: Operator> ErasedOperator for O {
@@ -71,6 +73,9 @@ impl<O: Operator> ErasedOperator for O {
     }
     fn stats<'a>(&'a self, task: &'a str) -> Boxed<'a, Stats> {
         Box::pin(Operator::stats(self, task))
+    }
+    fn journal<'a>(&'a self, unit: &'a UnitOfWork) -> Boxed<'a, Journal> {
+        Box::pin(Operator::journal(self, unit))
     }
 }
 
@@ -155,5 +160,9 @@ impl Operator for SharedOperator {
 
     async fn stats(&self, task: &str) -> Result<Stats, StoreError> {
         self.0.stats(task).await
+    }
+
+    async fn journal(&self, unit: &UnitOfWork) -> Result<Journal, StoreError> {
+        self.0.journal(unit).await
     }
 }

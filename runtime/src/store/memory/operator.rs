@@ -10,6 +10,7 @@ use super::{Entry, Expiring, MemoryStore, released, unix_micros};
 use crate::error::{StoreError, StoreErrorKind};
 use crate::marker::Marker;
 use crate::operator::{Cursor, Forgot, Held, Listed, Operator, Page, Resolution, Resolved, Scope};
+use crate::store::{Journal, Store};
 use crate::unit::{UnitOfWork, check_task_name};
 
 /// Input: a unit's live entry at `now`. Output: what an operator is shown of it.
@@ -61,6 +62,10 @@ impl Operator for MemoryStore {
             slot.as_ref()
                 .map_or(Held::Nothing, |entry| held(entry, now))
         }))
+    }
+
+    async fn journal(&self, unit: &UnitOfWork) -> Result<Journal, StoreError> {
+        Store::read_journal(self, unit).await
     }
 
     async fn list(

@@ -7,7 +7,7 @@ use std::time::Duration;
 use idempotask::operator::{
     Cursor, Forgot, Held, Listed, Operator, Page, Resolution, Resolved, Scope,
 };
-use idempotask::store::{Doubt, StoreError, StoreErrorKind, UnitOfWork};
+use idempotask::store::{Doubt, Journal, Store, StoreError, StoreErrorKind, UnitOfWork};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, RedisError, Value};
 
@@ -141,6 +141,10 @@ macro_rules! delegate_operator {
 
             async fn task_exists(&self, task: &str) -> Result<bool, StoreError> {
                 self.task_has_keys(task).await
+            }
+
+            async fn journal(&self, unit: &UnitOfWork) -> Result<Journal, StoreError> {
+                Store::read_journal(self, unit).await
             }
         }
     };
