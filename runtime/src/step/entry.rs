@@ -5,7 +5,7 @@
 //! could not be recorded. The layout is the same from Python.
 
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 
 use super::name::StepName;
@@ -28,10 +28,16 @@ pub(super) struct Read<'a> {
     step: std::borrow::Cow<'a, str>,
     #[serde(default, borrow)]
     part: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default, borrow)]
+    /// Present with `null` for a value that encodes as `null` (`()`, `None`): told apart from
+    /// an absent `ok` by `deserialize_with`, which only a present field reaches.
+    #[serde(default, deserialize_with = "present")]
     ok: Option<&'a RawValue>,
     #[serde(default)]
     unstorable: Option<String>,
+}
+
+fn present<'de: 'a, 'a, D: Deserializer<'de>>(value: D) -> Result<Option<&'a RawValue>, D::Error> {
+    <&RawValue>::deserialize(value).map(Some)
 }
 
 impl<'a> Read<'a> {
@@ -103,4 +109,26 @@ pub(super) fn encode<T: Serialize + DeserializeOwned>(
     };
     let bytes = serde_json::to_vec(&unstorable).unwrap_or_default();
     (bytes, Err(reason))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Input: a step's value. Output: it as a rerun reads it back from its entry.
+    fn replayed<T: Serialize + DeserializeOwned>(value: &T) -> Result<T, (bool, String)> {
+        let (bytes, encoded) = encode(&StepName::from("charge"), value, 1024);
+        assert_eq!(encoded, Ok(()), "{}", String::from_utf8_lossy(&bytes));
+        Read::parse(&bytes).unwrap().value()
+    }
+
+    #[test]
+    fn values_that_encode_as_null_are_recorded_and_replayed() {
+        // `()` and `None` encode as `"ok":null`, which must not read as a missing value.
+        assert_eq!(replayed(&()), Ok(()));
+        assert_eq!(replayed(&None::<u32>), Ok(None));
+        assert_eq!(replayed(&Some(7_u32)), Ok(Some(7)));
+        let missing = Read::parse(br#"{"step":"charge"}"#).unwrap();
+        assert!(matches!(missing.value::<()>(), Err((false, _))));
+    }
 }
