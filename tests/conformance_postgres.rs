@@ -1,6 +1,6 @@
 //! The conformance suite on `PostgresStore`, each check against a PostgreSQL server of its own:
-//! the plain checks, those of units left in doubt, and the transaction checks on
-//! `PostgresTransaction`.
+//! the plain checks, those of units left in doubt, those of steps, and the transaction checks
+//! on `PostgresTransaction`.
 
 use idempotask::store::SharedStore;
 use idempotask_conformance::OpensTransactions;
@@ -21,6 +21,17 @@ idempotask_conformance::doubt_conformance_tests!({
     (server, store)
 });
 
+/// Steps: the journals in the steps table beside the units table.
+mod steps {
+    use super::*;
+
+    idempotask_conformance::step_conformance_tests!({
+        let server = PostgresServer::start();
+        let store = server.store().await;
+        (server, store)
+    });
+}
+
 /// The suite through `BatchingStore`, whose batches `PostgresStore` sends as one statement.
 mod batching {
     use super::*;
@@ -38,6 +49,16 @@ mod batching {
         let store = BatchingStore::new(server.store().await);
         (server, store)
     });
+
+    mod steps {
+        use super::*;
+
+        idempotask_conformance::step_conformance_tests!({
+            let server = PostgresServer::start();
+            let store = BatchingStore::new(server.store().await);
+            (server, store)
+        });
+    }
 }
 
 mod transactions {

@@ -4,7 +4,8 @@
 //!
 //! - [`PostgresStore`] implements [`Store`](idempotask::store::Store): every
 //!   [`Task`](idempotask::Task) runs on it as on any store, a fresh execution in two statements
-//!   and a duplicate in one.
+//!   and a duplicate in one. A body's steps are recorded in a second table beside it
+//!   (`<table>_steps`), which a unit without steps never touches.
 //! - [`PostgresStore::transaction`] makes a [`PostgresTransaction`] of a sqlx transaction, for
 //!   [`Call::run_in_transaction`](idempotask::Call::run_in_transaction): the body's writes and
 //!   the unit's marker commit together, so a crash between the two cannot happen.
@@ -26,6 +27,7 @@ mod errors;
 pub mod operator;
 mod rows;
 mod statements;
+mod steps;
 mod store;
 mod table;
 mod transactional;

@@ -33,6 +33,7 @@ use crate::table::TableName;
 
 mod batch;
 mod fragments;
+mod steps;
 
 use fragments::{LEFT_MS, LOCK_EXPIRY, MEMORY, doubt_us, forgotten_us, in_doubt, micros, present};
 
@@ -99,9 +100,11 @@ pub(super) struct Statements {
     /// `$1` task, `$2` key, `$3` token, `$4` fence, `$5` lock TTL in ms, `$6` doubt memory
     /// in µs.
     pub(super) renew: SqlStr,
-    /// `$1` task, `$2` key: at most one row `(state, fence, marker, left_ms, doubt_us)`.
+    /// `$1` task, `$2` key: one row `(state, fence, marker, left_ms, doubt_us, journal)`, the
+    /// first five null when no row counts as there (see [`steps::inspect`]).
     pub(super) inspect: SqlStr,
-    /// `$1` task, `$2` key: one row, how many markers were forgotten.
+    /// `$1` task, `$2` key: one row, how many markers were forgotten. A forgotten marker takes
+    /// the unit's journal with it.
     pub(super) forget: SqlStr,
     /// `$1` task, `$2` key: at most one row that is there `(key, state, fence, marker,
     /// left_ms, doubt_us, token, forgotten_us)`.
@@ -111,7 +114,8 @@ pub(super) struct Statements {
     /// order.
     pub(super) list: SqlStr,
     /// `$1` task, `$2` key, `$3` the marker an operator was shown: one row `(forgotten,
-    /// present)`, how many markers were forgotten and whether a row was there before.
+    /// present)`, how many markers were forgotten and whether a row was there before. A
+    /// forgotten marker takes the unit's journal with it.
     pub(super) forget_exact: SqlStr,
     /// `$1` task, `$2` key, `$3` the token of the lock in doubt an operator was shown: frees
     /// the unit while its row is still that lock, run out and remembered; one row
@@ -125,6 +129,14 @@ pub(super) struct Statements {
     pub(super) purge: SqlStr,
     /// How many blocks the table has now.
     pub(super) blocks: SqlStr,
+    /// `$1` task, `$2` key: the unit's journal of steps (see [`steps::read_journal`]).
+    pub(super) read_journal: SqlStr,
+    /// Appends a step to the journal for the lock's holder (see [`steps::record_step`]).
+    pub(super) record_step: SqlStr,
+    /// `purge` on the steps table: its expired entries in a range of blocks.
+    pub(super) purge_steps: SqlStr,
+    /// How many blocks the steps table has now.
+    pub(super) steps_blocks: SqlStr,
     /// Reads the fencing sequence, and names the columns of this version that `inspect` does
     /// not: fails when the migration has not created them.
     pub(super) schema_probe: SqlStr,
@@ -165,6 +177,7 @@ impl Statements {
     pub(super) fn new(name: &TableName, lock_timeout: Duration) -> Self {
         let t = name.table();
         let seq = name.sequence();
+        let steps_table = name.steps();
         let bound = lock_wait_bound(lock_timeout);
         let present_u = present("u");
         // Shared, so that handing a statement to sqlx for each call copies no text.
@@ -173,7 +186,8 @@ impl Statements {
         // goes on counting even for a task without fencing; other rows are deleted. The kept
         // row expires at the epoch, not now, so that no clock step can make it live again, and
         // remembers nothing.
-        let free_or_drop = |condition: &str, ours: &str, extra: &str| {
+        // `also`: more of the statement, after the row's own parts.
+        let free_or_drop = |condition: &str, ours: &str, extra: &str, also: &str| {
             sql(format!(
                 "WITH dropped AS (
                     DELETE FROM {t} u WHERE u.task = $1 AND u.key = $2 AND {condition} AND u.fence IS NULL
@@ -185,7 +199,7 @@ impl Statements {
                     WHERE u.task = $1 AND u.key = $2 AND {condition} AND u.fence IS NOT NULL
                       AND {bound}
                     RETURNING 1
-                )
+                ){also}
                 SELECT (SELECT count(*) FROM dropped) + (SELECT count(*) FROM freed) AS {ours}{extra}"
             ))
         };
@@ -194,7 +208,8 @@ impl Statements {
             "u.state = 'locked' AND u.token = $3 AND u.fence IS NOT DISTINCT FROM $4 \
              AND {present_u}"
         );
-        let [inspect, read, list] = reads(&t);
+        let [read, list] = reads(&t);
+        let forgotten_journal = steps::forgotten_journal(&steps_table);
         // For the operator's compare-and-set statements: whether a row was there, read from
         // the snapshot from before the statement's own changes (a data-modifying `WITH` is not
         // visible to the rest of its statement), so that with nothing written it tells a row
@@ -238,11 +253,12 @@ impl Statements {
                     doubt_memory = NULLIF($6::bigint, 0) * interval '1 microsecond'
                  WHERE u.task = $1 AND u.key = $2 AND {held} AND {bound}"
             )),
-            inspect: sql(inspect),
+            inspect: sql(steps::inspect(&t, &steps_table)),
             forget: free_or_drop(
                 "u.state = 'done' AND u.expires_at > statement_timestamp()",
                 "forgotten",
                 "",
+                &forgotten_journal,
             ),
             read: sql(read),
             list: sql(list),
@@ -250,42 +266,59 @@ impl Statements {
                 "u.state = 'done' AND u.marker = $3 AND u.expires_at > statement_timestamp()",
                 "forgotten",
                 &present_before,
+                &forgotten_journal,
             ),
             // The lock shown is the row's token while the row is a lock in doubt: a holder that
             // came back and renewed it has a live lock, and a delivery that took it over has a
             // token of its own. Freed as a release frees it: a fenced row keeps its counter.
-            resolve_free: free_or_drop(&shown_in_doubt, "resolved", &present_before),
+            resolve_free: free_or_drop(&shown_in_doubt, "resolved", &present_before, ""),
             resolve_record: sql(resolve_record(&t, &shown_in_doubt, &bound, &present_before)),
-            // A TID range scan (PostgreSQL 14+) reads only the blocks of the range; rows that
-            // another transaction holds (taking an expired unit over, say) are skipped rather
-            // than waited for, so the purge never queues behind a long transaction. A unit in
-            // doubt is kept until its memory ends.
-            purge: sql(format!(
-                "DELETE FROM {t} WHERE ctid IN (
-                    SELECT u.ctid FROM {t} u
-                    WHERE u.ctid >= format('(%s,0)', $1::bigint)::tid
-                      AND u.ctid < format('(%s,0)', $2::bigint)::tid
-                      AND NOT {present_u}
-                    FOR UPDATE SKIP LOCKED
-                 )"
-            )),
+            purge: sql(purge(&t)),
             schema_probe: sql(format!(
                 "SELECT last_value, EXISTS (
                     SELECT doubt_earlier_fence, doubt_expired_for FROM {t} WHERE FALSE
                  ) FROM {seq}"
             )),
-            blocks: sql(format!(
-                "SELECT (pg_relation_size('{}') / current_setting('block_size')::bigint)::bigint",
-                t.replace('\'', "''")
-            )),
+            blocks: sql(blocks(&t)),
+            read_journal: sql(steps::read_journal(&steps_table)),
+            record_step: sql(steps::record_step(&t, &steps_table, &held, &bound)),
+            purge_steps: sql(steps::purge(&steps_table)),
+            steps_blocks: sql(blocks(&steps_table)),
         }
     }
 }
 
-/// The statements that read rows for `inspect`, `read` and `list`: the rows that count, a
-/// unit in doubt included. The operator's reads also answer what resolving a unit in doubt
-/// needs: the token of its lock, and how long it is still remembered.
-fn reads(t: &str) -> [String; 3] {
+/// Deletes the rows of a range of blocks that are expired and not in doubt.
+///
+/// A TID range scan (PostgreSQL 14+) reads only the blocks of the range; rows that another
+/// transaction holds (taking an expired unit over, say) are skipped rather than waited for, so
+/// the purge never queues behind a long transaction. A unit in doubt is kept until its memory
+/// ends.
+fn purge(t: &str) -> String {
+    let present_u = present("u");
+    format!(
+        "DELETE FROM {t} WHERE ctid IN (
+            SELECT u.ctid FROM {t} u
+            WHERE u.ctid >= format('(%s,0)', $1::bigint)::tid
+              AND u.ctid < format('(%s,0)', $2::bigint)::tid
+              AND NOT {present_u}
+            FOR UPDATE SKIP LOCKED
+         )"
+    )
+}
+
+/// How many blocks table `t` has now.
+fn blocks(t: &str) -> String {
+    format!(
+        "SELECT (pg_relation_size('{}') / current_setting('block_size')::bigint)::bigint",
+        t.replace('\'', "''")
+    )
+}
+
+/// The statements that read rows for the operator's `read` and `list`: the rows that count, a
+/// unit in doubt included, with what resolving a unit in doubt needs: the token of its lock,
+/// and how long it is still remembered. (`inspect` reads the same row and the journal.)
+fn reads(t: &str) -> [String; 2] {
     let row = format!(
         "u.state, u.fence, u.marker, {LEFT_MS} AS left_ms, {} AS doubt_us",
         doubt_us("u")
@@ -296,7 +329,6 @@ fn reads(t: &str) -> [String; 3] {
     );
     let present_u = present("u");
     [
-        format!("SELECT {row} FROM {t} u WHERE u.task = $1 AND u.key = $2 AND {present_u}"),
         format!(
             "SELECT {operator_row} FROM {t} u WHERE u.task = $1 AND u.key = $2 AND {present_u}"
         ),

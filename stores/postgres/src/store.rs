@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use idempotask::store::lock_lost_marker;
 use idempotask::store::{Begin, Claim, Completion, Fencing, Finish, Inspection, Store};
+use idempotask::store::{Journal, StepEntry};
 use idempotask::store::{LockToken, UnitOfWork};
 use idempotask::store::{StoreError, StoreErrorKind};
 use sqlx::postgres::{PgConnection, PgPool};
@@ -97,6 +98,12 @@ const PURGE_BLOCKS: i64 = 4096;
 /// until a result is recorded: a repeated `begin` by its token answers it again, and its
 /// release leaves the unit in doubt (the lock runs out now) instead of freeing it.
 ///
+/// # Steps
+/// A body's steps ([`TaskContext::step`](idempotask::TaskContext::step)) are recorded in a
+/// second table, `<table>_steps`, one row per finished step: one `SELECT` reads a unit's
+/// journal, one statement records a step under the lock (see *Steps* under
+/// [Setting it up](crate#setting-it-up)). A unit without steps never touches it.
+///
 /// ```no_run
 /// use idempotask::Task;
 /// use idempotask_postgres::PostgresStore;
@@ -173,9 +180,10 @@ impl PostgresStore {
         &self.table
     }
 
-    /// Deletes the rows whose lock or marker has expired; answers how many.
+    /// Deletes the rows whose lock or marker has expired, and the expired entries of journals
+    /// of steps (in the steps table); answers how many rows in all.
     ///
-    /// Expired rows already count as absent, so this only keeps the table small: schedule it
+    /// Expired rows already count as absent, so this only keeps the tables small: schedule it
     /// (every few minutes, say). It reads the table once, a range of blocks per statement, so
     /// each statement is short and locks only the rows it deletes. A fenced unit's row loses
     /// its fencing counter with it; the sequence keeps later tokens higher.
@@ -183,10 +191,22 @@ impl PostgresStore {
     /// # Errors
     /// A [`StoreError`] when a statement fails; the ranges before it stay purged.
     pub async fn purge_expired(&self) -> Result<u64, StoreError> {
+        let units = self
+            .purge_table(&self.statements.blocks, &self.statements.purge)
+            .await?;
+        let steps = self
+            .purge_table(&self.statements.steps_blocks, &self.statements.purge_steps)
+            .await?;
+        Ok(units + steps)
+    }
+
+    /// Runs `purge` on each range of [`PURGE_BLOCKS`] blocks of the table that `blocks`
+    /// measures; answers how many rows it deleted.
+    async fn purge_table(&self, blocks: &SqlStr, purge: &SqlStr) -> Result<u64, StoreError> {
         let blocks: i64 = self
             .run(
                 "purge",
-                sqlx::query_scalar(self.statements.blocks.clone()).fetch_one(&self.connections),
+                sqlx::query_scalar(blocks.clone()).fetch_one(&self.connections),
             )
             .await?;
         let mut purged = 0;
@@ -196,7 +216,7 @@ impl PostgresStore {
             let deleted = self
                 .run(
                     "purge",
-                    sqlx::query(self.statements.purge.clone())
+                    sqlx::query(purge.clone())
                         .bind(start)
                         .bind(end)
                         .execute(&self.connections),
@@ -303,6 +323,25 @@ impl PostgresStore {
         }
         Ok(Begin::busy(None))
     }
+}
+
+/// `sql` with `renew`'s parameters bound (`$1` to `$6`: the unit, the lock's token and
+/// fencing token, its new TTL and the token's doubt memory), for `renew` and for
+/// `record_step`, which checks the lock the same way.
+pub(crate) fn renewal<'q>(
+    sql: &SqlStr,
+    unit: &'q UnitOfWork,
+    token: &'q LockToken,
+    fence: Option<i64>,
+    lock_ttl: Duration,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(sql.clone())
+        .bind(unit.task())
+        .bind(unit.key().as_bytes())
+        .bind(token.as_str())
+        .bind(fence)
+        .bind(millis(lock_ttl))
+        .bind(memory_micros(token))
 }
 
 /// The statements of one `begin` (see [`Statements`]).
@@ -460,19 +499,14 @@ impl Store for PostgresStore {
         let renewed = self
             .run(
                 "renew",
-                sqlx::query(self.statements.renew.clone())
-                    .bind(unit.task())
-                    .bind(unit.key().as_bytes())
-                    .bind(token.as_str())
-                    .bind(fence)
-                    .bind(millis(lock_ttl))
-                    .bind(memory_micros(token))
+                renewal(&self.statements.renew, unit, token, fence, lock_ttl)
                     .execute(&mut *connection),
             )
             .await?;
         Ok(renewed.rows_affected() > 0)
     }
 
+    /// The unit's row and, unless it is done, its journal of steps, in one statement.
     async fn inspect(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError> {
         let mut connection = self.acquire("inspect").await?;
         let row = self
@@ -481,30 +515,33 @@ impl Store for PostgresStore {
                 sqlx::query(self.statements.inspect.clone())
                     .bind(unit.task())
                     .bind(unit.key().as_bytes())
-                    .fetch_optional(&mut *connection),
+                    .fetch_one(&mut *connection),
             )
             .await?;
-        let Some(row) = row else {
-            return Ok(Inspection::empty());
+        let journal: Option<Vec<Vec<u8>>> = get(&row, "journal", "inspect", &self.table)?;
+        let journal = Journal::from_entries(journal.unwrap_or_default());
+        let state: Option<String> = get(&row, "state", "inspect", &self.table)?;
+        let Some(state) = state else {
+            return Ok(Inspection::empty().with_journal(journal));
         };
-        let state: String = get(&row, "state", "inspect", &self.table)?;
         let left: Option<i64> = get(&row, "left_ms", "inspect", &self.table)?;
         let left = left.map(left_duration);
-        match state.as_str() {
+        let found = match state.as_str() {
             "done" => {
                 let marker: Option<Vec<u8>> = get(&row, "marker", "inspect", &self.table)?;
                 let marker =
                     marker.ok_or_else(|| unexpected("inspect", "a done row without a marker"))?;
-                Ok(Inspection::done(marker, left))
+                Inspection::done(marker, left)
             }
             "locked" => {
                 match doubt(&row).map_err(|err| store_error("inspect", &self.table, err))? {
-                    Some(doubt) => Ok(Inspection::doubtful(doubt)),
-                    None => Ok(Inspection::locked(left.unwrap_or_default())),
+                    Some(doubt) => Inspection::doubtful(doubt),
+                    None => Inspection::locked(left.unwrap_or_default()),
                 }
             }
-            other => Err(unexpected("inspect", format!("a row in state `{other}`"))),
-        }
+            other => return Err(unexpected("inspect", format!("a row in state `{other}`"))),
+        };
+        Ok(found.with_journal(journal))
     }
 
     async fn forget(&self, unit: &UnitOfWork) -> Result<bool, StoreError> {
@@ -519,5 +556,28 @@ impl Store for PostgresStore {
             )
             .await?;
         Ok(forgotten > 0)
+    }
+
+    /// True: the journals are rows of the steps table (see [`read_journal`](Self::read_journal)
+    /// and [`record_step`](Self::record_step)).
+    fn records_steps(&self) -> bool {
+        true
+    }
+
+    /// One `SELECT` of the steps table: the unit's entries that have not expired, in order.
+    async fn read_journal(&self, unit: &UnitOfWork) -> Result<Journal, StoreError> {
+        self.journal(unit).await
+    }
+
+    /// One statement: the lock checked as `renew` checks it, and renewed, the entry appended at
+    /// its position, and the journal kept for the entry's `kept_for`, all or nothing.
+    async fn record_step(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        entry: StepEntry<'_>,
+        lock_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.append_step(unit, token, entry, lock_ttl).await
     }
 }

@@ -6,8 +6,8 @@ use idempotask::store::{StoreError, StoreErrorKind};
 /// The table's name when none is given.
 pub(super) const DEFAULT_TABLE: &str = "idempotask_units";
 
-/// The longest name part: the sequence adds `_fence` to it, and PostgreSQL identifiers end at
-/// 63 bytes.
+/// The longest name part: the sequence adds `_fence` to it and the journal table `_steps`, and
+/// PostgreSQL identifiers end at 63 bytes.
 const MAX_NAME_PART: usize = 56;
 
 /// A validated `table` or `schema.table` name, and the names derived from it.
@@ -66,6 +66,11 @@ impl TableName {
         self.qualified("_fence")
     }
 
+    /// The table of the units' journals of steps, quoted.
+    pub(super) fn steps(&self) -> String {
+        self.qualified("_steps")
+    }
+
     /// The table's name as given, for messages.
     pub(super) fn display(&self) -> String {
         match &self.schema {
@@ -74,8 +79,8 @@ impl TableName {
         }
     }
 
-    /// The migration: the table and the fencing sequence, which starts at the clock in
-    /// microseconds. Safe to run again, and by several processes at once: a transaction-scoped
+    /// The migration: the table, the table of journals of steps and the fencing sequence, which
+    /// starts at the clock in microseconds. Safe to run again, and by several processes at once: a transaction-scoped
     /// advisory lock, per table, makes concurrent runs wait for each other (`CREATE … IF NOT
     /// EXISTS` alone is not safe under concurrency in PostgreSQL).
     ///
@@ -92,8 +97,13 @@ impl TableName {
     /// statement of the store queues behind it; so it runs only when the catalog says a column
     /// is missing, and a migration of an up-to-date table, run by every replica at each
     /// deploy, takes no lock on the table at all.
+    ///
+    /// The journals of steps are a table of their own, created here for tables of earlier
+    /// versions too (a new table locks nothing that exists): a unit without steps has no row
+    /// there, and the units table and its statements stay as they were.
     pub(super) fn migration(&self) -> String {
         let table = self.table();
+        let steps = self.steps();
         let table_literal = table.replace('\'', "''");
         let sequence = self.sequence();
         let sequence_literal = sequence.replace('\'', "''");
@@ -147,6 +157,20 @@ BEGIN
     END IF;
 END
 $migration$;
+-- The journals of units with steps: one row per finished step, kept apart from the unit's
+-- row, which a release deletes while the journal stays for the next holder.
+CREATE TABLE IF NOT EXISTS {steps} (
+    task       text        NOT NULL,
+    key        bytea       NOT NULL,
+    -- The step's place in the body, from 0: a journal is the entries at 0, 1, … that have
+    -- not expired. All of a unit's live entries share one expiry, set again at each record.
+    position   integer     NOT NULL,
+    -- The step's encoded result, opaque to the store.
+    entry      bytea       NOT NULL,
+    -- Past it, the entry counts as absent; `purge_expired` deletes it.
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (task, key, position)
+);
 CREATE SEQUENCE IF NOT EXISTS {sequence};
 -- Fencing tokens start at the clock in microseconds, like those of the Redis stores, so a
 -- database that remembers the highest token it saw keeps accepting writers after a move from

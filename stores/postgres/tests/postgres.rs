@@ -3,7 +3,8 @@
 //! waiting delivery that replays or runs depending on how the first one ended, a server
 //! restart mid-run, and units in doubt: the migration of tables of earlier versions by
 //! replicas at once, purge, the operator's reads and resolutions, a takeover inside a
-//! transaction that rolls back, a takeover released, and the least-privileged user.
+//! transaction that rolls back, a takeover released, and the least-privileged user; journals
+//! of steps racing takeovers, resends and purges, and the migration that adds their table.
 //! (The conformance suite runs in `conformance_postgres.rs`; a worker killed with `kill -9`
 //! mid-transaction in the `ledger_transfer` example's run, in `tests/example_queues.rs`.)
 
@@ -258,3 +259,5 @@ mod deliveries;
 mod doubt;
 #[path = "postgres/server.rs"]
 mod server;
+#[path = "postgres/steps.rs"]
+mod steps;

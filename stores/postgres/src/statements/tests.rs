@@ -48,6 +48,7 @@ fn row_lock_waits_are_bounded_outside_transactions_only() {
         ("forget_exact", &statements.forget_exact),
         ("resolve_free", &statements.resolve_free),
         ("resolve_record", &statements.resolve_record),
+        ("record_step", &statements.record_step),
     ] {
         assert!(sql.as_str().contains(&bounded), "{name}");
     }
@@ -208,4 +209,68 @@ fn a_unit_in_doubt_is_a_remembered_lock_of_a_holder() {
             "{name}"
         );
     }
+}
+
+#[test]
+fn the_steps_table_is_created_by_the_migration_and_named_only_where_steps_need_it() {
+    let name = TableName::parse("jobs.units").unwrap();
+    assert_eq!(name.steps(), r#""jobs"."units_steps""#);
+    let migration = name.migration();
+    // Created for tables of earlier versions too, under the same advisory lock.
+    let lock = migration.find("pg_advisory_xact_lock").unwrap();
+    let created = migration
+        .find("CREATE TABLE IF NOT EXISTS \"jobs\".\"units_steps\" (")
+        .expect(&migration);
+    assert!(lock < created);
+    assert!(migration.contains("PRIMARY KEY (task, key, position)"));
+    let statements = Statements::new(&name, Duration::from_millis(800));
+    let steps = name.steps();
+    // A unit without steps: its statements never name the steps table.
+    for (name, sql) in [
+        ("begin_fresh", &statements.begin_fresh),
+        ("begin_fresh_fenced", &statements.begin_fresh_fenced),
+        ("begin_fresh_batch", &statements.begin_fresh_batch),
+        ("begin", &statements.begin),
+        ("take_over", &statements.take_over),
+        ("finish_held", &statements.finish_held),
+        ("finish_held_batch", &statements.finish_held_batch),
+        ("finish", &statements.finish),
+        ("release", &statements.release),
+        ("renew", &statements.renew),
+        ("resolve_free", &statements.resolve_free),
+        ("resolve_record", &statements.resolve_record),
+    ] {
+        assert!(!sql.as_str().contains(&steps), "{name}");
+    }
+    // A forgotten marker takes the journal with it.
+    for (name, sql) in [
+        ("forget", &statements.forget),
+        ("forget_exact", &statements.forget_exact),
+    ] {
+        assert!(
+            sql.as_str().contains(&format!("DELETE FROM {steps} s")),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn a_step_is_recorded_under_the_lock_renew_checks() {
+    let statements = Statements::new(
+        &TableName::parse("units").unwrap(),
+        Duration::from_millis(800),
+    );
+    let renew = statements.renew.as_str();
+    let held = renew
+        .split(" WHERE ")
+        .nth(1)
+        .expect(renew)
+        .trim_end_matches(|c: char| c.is_whitespace());
+    let record = statements.record_step.as_str();
+    assert!(record.contains(held), "{record}");
+    // The holder's row, then the journal's, each locked before it is trusted.
+    let holder = record.find("FOR NO KEY UPDATE").expect(record);
+    let journal = record.find("FOR UPDATE\n").expect(record);
+    assert!(holder < journal);
+    assert!(record.contains("OR s.entry = excluded.entry"));
 }

@@ -57,6 +57,16 @@ pub(super) async fn begin_doubt(store: &PostgresStore, key: &str) -> (bool, Opti
 pub(super) const ADDED_COLUMNS: [&str; 3] =
     ["doubt_memory", "doubt_earlier_fence", "doubt_expired_for"];
 
+/// This version refuses a table of an earlier one until it is migrated, and says how.
+pub(super) async fn refused_until_migrated(pool: &PgPool) {
+    let err = PostgresStore::builder(pool.clone())
+        .connect()
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Configuration, "{err}");
+    assert!(err.to_string().contains("PostgresStore::migrate"), "{err}");
+}
+
 /// Six replicas migrate the table at once: each migration succeeds, and the table ends with
 /// each column of this version once.
 pub(super) async fn migrate_at_once(pool: &PgPool) {
@@ -96,13 +106,7 @@ pub(super) async fn replicas_migrating_an_earlier_table_at_once_leave_its_lapsed
     sqlx::raw_sql(EARLIER_SCHEMA).execute(&pool).await.unwrap();
     earlier_lock(&pool, "lapsed-before", "-1 second").await;
     earlier_lock(&pool, "held-across", "2 seconds").await;
-    // This version refuses the earlier table until it is migrated, and says how.
-    let err = PostgresStore::builder(pool.clone())
-        .connect()
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), StoreErrorKind::Configuration, "{err}");
-    assert!(err.to_string().contains("PostgresStore::migrate"), "{err}");
+    refused_until_migrated(&pool).await;
 
     migrate_at_once(&pool).await;
     // A replica of the previous version names only the columns it knows.
@@ -173,12 +177,7 @@ async fn replicas_migrating_a_table_of_the_previous_version_keep_its_units_in_do
     .execute(&pool)
     .await
     .unwrap();
-    let err = PostgresStore::builder(pool.clone())
-        .connect()
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), StoreErrorKind::Configuration, "{err}");
-    assert!(err.to_string().contains("PostgresStore::migrate"), "{err}");
+    refused_until_migrated(&pool).await;
 
     migrate_at_once(&pool).await;
     // A replica of the previous version names only the columns it knows.
@@ -250,10 +249,13 @@ pub(super) async fn migrating_an_up_to_date_table_does_not_wait_for_open_transac
     let server = PostgresServer::start();
     let (store, pool) = setup(&server).await;
     let mut open = pool.begin().await.unwrap();
-    let _: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotask_units")
-        .fetch_one(&mut *open)
-        .await
-        .unwrap();
+    let _: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM idempotask_units)
+              + (SELECT count(*) FROM idempotask_units_steps)",
+    )
+    .fetch_one(&mut *open)
+    .await
+    .unwrap();
     let migrated = tokio::time::timeout(
         Duration::from_secs(20),
         PostgresStore::builder(pool.clone()).migrate(),
@@ -426,8 +428,9 @@ pub(super) async fn the_holder_of_a_lapsed_lock_renews_it_with_its_memory_and_fi
     );
 }
 
-/// The rights the deployment notes give the store's user, and no more: it connects, takes a
-/// unit in doubt over with a new fencing token, and purges.
+/// The rights the deployment notes give the store's user, and no more: it connects (not
+/// before it may read the steps table), takes a unit in doubt over with a new fencing token,
+/// records a step, forgets a unit with its journal, and purges.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn the_least_privileged_user_takes_units_in_doubt_over() {
     let server = PostgresServer::start();
@@ -447,6 +450,12 @@ pub(super) async fn the_least_privileged_user_takes_units_in_doubt_over() {
     let url = server
         .url()
         .replace("postgres://postgres@", "postgres://app@");
+    let refused = PostgresStore::connect(&url).await.unwrap_err();
+    assert_eq!(refused.kind(), StoreErrorKind::Configuration, "{refused}");
+    sqlx::raw_sql("GRANT SELECT, INSERT, UPDATE, DELETE ON idempotask_units_steps TO app;")
+        .execute(&owner)
+        .await
+        .unwrap();
     let store = PostgresStore::connect(&url).await.unwrap();
     let unit = UnitOfWork::new("pg_doubt", "least-privilege").unwrap();
     let first = store
@@ -491,6 +500,22 @@ pub(super) async fn the_least_privileged_user_takes_units_in_doubt_over() {
     let freed = UnitOfWork::new("pg_doubt", "least-privilege-freed").unwrap();
     let holder = in_doubt(&store, &freed, Fencing::On).await;
     assert_eq!(free(&store, &freed, &holder).await, Resolved::Freed);
+    // Steps: a record (an `INSERT … ON CONFLICT DO UPDATE` under row locks), and a forget
+    // that deletes the journal with the marker.
+    let stepped = UnitOfWork::new("pg_doubt", "least-privilege-steps").unwrap();
+    let token = LockToken::generate();
+    store
+        .begin(&stepped, &token, Duration::from_secs(30), Fencing::Off)
+        .await
+        .unwrap();
+    let entry = idempotask::store::StepEntry::new(0, b"step", Duration::from_secs(60));
+    let recorded = store.record_step(&stepped, &token, entry, Duration::from_secs(30));
+    assert!(recorded.await.unwrap());
+    let marker = format!(r#"D{}|{}|"1""#, stepped.key().len(), stepped.key()).into_bytes();
+    let finished = store.finish(&stepped, &token, &marker, Duration::from_secs(60));
+    assert_eq!(finished.await.unwrap(), Finish::Completed);
+    assert!(store.forget(&stepped).await.unwrap());
+    assert!(store.read_journal(&stepped).await.unwrap().is_empty());
     store.purge_expired().await.unwrap();
 }
 

@@ -1,0 +1,138 @@
+//! The statements of the journals of steps, on the steps table (`<table>_steps`): one row per
+//! finished step of a unit, `(task, key, position, entry, expires_at)`.
+//!
+//! A unit's journal is its rows that have not expired, in the order of `position`. They are
+//! always the positions `0..n`, and all share one expiry: a record adds the row at position
+//! `n` only while exactly the rows `0..n` are live, and sets every live row's expiry to the
+//! same time (the entry's `kept_for` from the statement's timestamp). An expired row counts as
+//! absent: the record at its position replaces it, and `purge_expired` deletes it.
+//!
+//! The units table's statements of `begin`, `finish` and `release` never name this table, so a
+//! unit without steps costs what it did. `forget`, the operator's `forget_exact` and
+//! `inspect` do (see [`forgotten_journal`] and [`inspect`]).
+
+use super::fragments::{LEFT_MS, doubt_us, present};
+
+/// `$1` task, `$2` key: the unit's journal, rows `(position, entry)` in order.
+pub(super) fn read_journal(s: &str) -> String {
+    format!(
+        "SELECT s.position, s.entry FROM {s} s
+         WHERE s.task = $1 AND s.key = $2 AND s.expires_at > statement_timestamp()
+         ORDER BY s.position"
+    )
+}
+
+/// Appends a finished step for the holder of a lock, and renews the lock as `renew` does:
+/// `$1` task, `$2` key, `$3` token, `$4` fence, `$5` lock TTL in ms, `$6` doubt memory in µs
+/// (`renew`'s parameters), `$7` the entry's position, `$8` the entry, `$9` how long the
+/// journal is kept, in ms. One row, `recorded`: whether the entry is in the journal at its
+/// position now, written by this statement or by an earlier one that sent the same entry
+/// (whose reply was lost). Unless it is, nothing is written, the lock's expiry included.
+///
+/// `held` is `renew`'s condition on the unit's row `u` (the caller's token and fencing token,
+/// a lock live or in doubt), `bound` [`lock_wait_bound`](super::lock_wait_bound).
+///
+/// Under `READ COMMITTED` every part of the statement reads the snapshot taken when it
+/// started, possibly before a concurrent statement committed, so nothing here is decided from
+/// the snapshot alone:
+/// - `holder` locks the unit's row (`FOR NO KEY UPDATE`, as the `UPDATE` of `renew` would),
+///   which checks `held` again on the row as it is once locked: a stale holder whose statement
+///   waited behind a takeover finds the new holder's token and writes nothing. Every other
+///   writer of the unit's journal (a record, a `forget`) holds that row's lock while it writes,
+///   so records of one unit run one after another.
+/// - `journal` locks the live entries the snapshot shows (`FOR UPDATE`, only once `holder` has
+///   answered, so that the locks are always taken unit row first), which drops those that a
+///   concurrent purge deleted meanwhile: a journal that ran out while the statement waited is
+///   not extended past the gap.
+/// - The entry is inserted only when the locked entries are exactly the positions before it.
+///   An entry the snapshot does not show (the same record sent again, racing the first) is
+///   found by the insert's conflict, which is decided on the row as it is: the same bytes are
+///   recorded (and their expiry set again), others are not; an expired row there is replaced.
+/// - The lock is renewed, and the journal's entries get the new entry's expiry, only when the
+///   entry is recorded.
+pub(super) fn record_step(t: &str, s: &str, held: &str, bound: &str) -> String {
+    let kept = "statement_timestamp() + $9::bigint * interval '1 millisecond'";
+    format!(
+        "WITH holder AS (
+            SELECT 1 FROM {t} u
+            WHERE u.task = $1 AND u.key = $2 AND {held} AND {bound}
+            FOR NO KEY UPDATE
+        ), journal AS (
+            SELECT s.position, s.entry FROM {s} s
+            WHERE s.task = $1 AND s.key = $2 AND s.expires_at > statement_timestamp()
+              AND EXISTS (SELECT 1 FROM holder)
+            FOR UPDATE
+        ), appended AS (
+            INSERT INTO {s} AS s (task, key, position, entry, expires_at)
+            SELECT $1, $2, $7::integer, $8, {kept}
+            WHERE EXISTS (SELECT 1 FROM holder)
+              AND (SELECT count(*) = $7::integer AND coalesce(max(j.position) + 1, 0) = $7::integer
+                   FROM journal j)
+            ON CONFLICT (task, key, position) DO UPDATE SET
+                entry = excluded.entry,
+                expires_at = excluded.expires_at
+            WHERE s.expires_at <= statement_timestamp() OR s.entry = excluded.entry
+            RETURNING 1
+        ), recorded AS (
+            SELECT EXISTS (SELECT 1 FROM appended)
+                OR EXISTS (SELECT 1 FROM journal j WHERE j.position = $7::integer AND j.entry = $8)
+                AS recorded
+        ), renewed AS (
+            UPDATE {t} u SET expires_at = statement_timestamp() + $5::bigint * interval '1 millisecond',
+                doubt_memory = NULLIF($6::bigint, 0) * interval '1 microsecond'
+            WHERE u.task = $1 AND u.key = $2 AND {held} AND (SELECT recorded FROM recorded)
+            RETURNING 1
+        ), kept AS (
+            UPDATE {s} s SET expires_at = {kept}
+            WHERE s.task = $1 AND s.key = $2 AND s.position IN (SELECT j.position FROM journal j)
+              AND (SELECT recorded FROM recorded)
+            RETURNING 1
+        )
+        SELECT recorded FROM recorded"
+    )
+}
+
+/// The part of `forget` and `forget_exact` that deletes the unit's journal once its marker is
+/// forgotten (the rows `dropped` or `freed` of the statement): a unit forgotten on purpose
+/// runs every step again. A marker is written after the journal's last record and kept for at
+/// least as long, so the journal of a unit that keeps its marker runs out first on its own;
+/// nothing else deletes it.
+pub(super) fn forgotten_journal(s: &str) -> String {
+    format!(
+        ", journal_dropped AS (
+            DELETE FROM {s} s WHERE s.task = $1 AND s.key = $2
+              AND (EXISTS (SELECT 1 FROM dropped) OR EXISTS (SELECT 1 FROM freed))
+        )"
+    )
+}
+
+/// `$1` task, `$2` key: one row `(state, fence, marker, left_ms, doubt_us, journal)`, the
+/// unit's row if one counts as there (else nulls but `journal`), and the entries of its
+/// journal in order (null when the unit is done: a finished unit's journal is only waiting to
+/// run out).
+pub(super) fn inspect(t: &str, s: &str) -> String {
+    let (doubt_us, present_u) = (doubt_us("u"), present("u"));
+    format!(
+        "SELECT u.state, u.fence, u.marker, {LEFT_MS} AS left_ms, {doubt_us} AS doubt_us,
+                CASE WHEN u.state IS DISTINCT FROM 'done' THEN (
+                    SELECT array_agg(s.entry ORDER BY s.position) FROM {s} s
+                    WHERE s.task = $1 AND s.key = $2 AND s.expires_at > statement_timestamp()
+                ) END AS journal
+         FROM (SELECT) one LEFT JOIN {t} u ON u.task = $1 AND u.key = $2 AND {present_u}"
+    )
+}
+
+/// `$1`, `$2`: the first block and the block after the last of a range of the steps table:
+/// deletes the expired entries stored there. An entry that a record holds is skipped rather
+/// than waited for: that record is replacing it or keeping it longer.
+pub(super) fn purge(s: &str) -> String {
+    format!(
+        "DELETE FROM {s} WHERE ctid IN (
+            SELECT s.ctid FROM {s} s
+            WHERE s.ctid >= format('(%s,0)', $1::bigint)::tid
+              AND s.ctid < format('(%s,0)', $2::bigint)::tid
+              AND s.expires_at <= statement_timestamp()
+            FOR UPDATE SKIP LOCKED
+         )"
+    )
+}
