@@ -33,14 +33,34 @@
 //! | `idempotask_in_doubt_total` | counter | `task`, `policy` (`rerun`, `hold`): units found [in doubt](crate::store::Doubt) |
 //! | `idempotask_held_overdue_total` | counter | `task`: deliveries that met a unit held longer than the task's [`hold_alert_after`](crate::Task::hold_alert_after) |
 //!
+//! | `idempotask_steps_total` | counter | `task`, `outcome` (as the step span's): every [step](crate::TaskContext::step) of a body, once |
+//! | `idempotask_steps_refused_total` | counter | `task`, `kind` (`order_changed`, `too_many`, `overlapping`, `unsupported`): steps refused before their effect, by [`StepErrorKind`] |
+//!
 //! Nothing is recorded until the application installs a recorder (an exporter such as
 //! `metrics-exporter-prometheus`).
+//!
+//! # The step span
+//! Each [step](crate::TaskContext::step) of a body runs inside an `INFO` span named
+//! `idempotask.step` (target `idempotask`), a child of its call's span, with these fields; the
+//! step's effect runs inside it, so that its own spans and events nest there:
+//!
+//! | field | value |
+//! |---|---|
+//! | `task` | the task's stable name |
+//! | `step` | the step's name, with its key part (`mail[ada@example.com]`) |
+//! | `position` | its place in the unit's journal, from 0 (none for a step refused before it has one) |
+//! | `outcome` | `ran` (its effect ran and its record is confirmed), `replayed` (its recorded value, without running its effect), `reconciled` (the step in doubt, found done by its reconcile function), `held` (the step in doubt, held), `refused` (before its effect: `kind` says why), `unrecorded` (its effect ran and its record was not confirmed: the unit stays in doubt), `failed` (its effect or its reconcile function answered an error, the lock was lost, or the store failed) |
+//! | `kind` | for `refused`: `order_changed`, `too_many`, `overlapping` or `unsupported` |
+//!
+//! A call without steps creates no step span and counts nothing more.
 
+use std::fmt;
 use std::time::Duration;
 
 use tracing::Span;
 use tracing::field::Empty;
 
+use crate::step::kind::StepErrorKind;
 use crate::unit::UnitOfWork;
 
 /// The name of the counter of calls, by `task` and `outcome` (one of [`OUTCOMES`]): what a
@@ -244,6 +264,99 @@ impl<'t> Observation<'t> {
             "outcome" => ending.as_str(),
         )
         .increment(1);
+    }
+}
+
+/// How one step ended, as its span's `outcome` field and the `outcome` label of
+/// `idempotask_steps_total` say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StepEnding {
+    Ran,
+    Replayed,
+    Reconciled,
+    Held,
+    Refused(StepErrorKind),
+    Unrecorded,
+    Failed,
+}
+
+impl StepEnding {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Ran => "ran",
+            Self::Replayed => "replayed",
+            Self::Reconciled => "reconciled",
+            Self::Held => "held",
+            Self::Refused(_) => "refused",
+            Self::Unrecorded => "unrecorded",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// The `kind` label of a refused step.
+fn refusal(kind: StepErrorKind) -> &'static str {
+    match kind {
+        StepErrorKind::OrderChanged => "order_changed",
+        StepErrorKind::TooMany => "too_many",
+        StepErrorKind::Overlapping => "overlapping",
+        StepErrorKind::Unsupported => "unsupported",
+        StepErrorKind::Unrecorded => "unrecorded",
+    }
+}
+
+/// The span of one step; its ending is recorded once, into the span and the counters.
+pub(crate) struct StepObservation {
+    span: Span,
+}
+
+impl StepObservation {
+    /// Input: the task's name and the step's. Output: the step's span, with its place and its
+    /// ending still to come.
+    pub(crate) fn start(task: &str, step: &impl fmt::Display) -> Self {
+        let span = tracing::info_span!(
+            target: "idempotask",
+            "idempotask.step",
+            task,
+            step = %step,
+            position = Empty,
+            outcome = Empty,
+            kind = Empty,
+        );
+        Self { span }
+    }
+
+    pub(crate) fn span(&self) -> &Span {
+        &self.span
+    }
+
+    pub(crate) fn position(&self, position: u32) {
+        self.span.record("position", position);
+    }
+
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn ended(&self, task: &str, ending: StepEnding) {
+        self.span.record("outcome", ending.as_str());
+        if let StepEnding::Refused(kind) = ending {
+            self.span.record("kind", refusal(kind));
+        }
+        #[cfg(feature = "metrics")]
+        {
+            metrics::counter!(
+                "idempotask_steps_total",
+                "task" => task.to_owned(),
+                "outcome" => ending.as_str(),
+            )
+            .increment(1);
+            if let StepEnding::Refused(kind) = ending {
+                metrics::counter!(
+                    "idempotask_steps_refused_total",
+                    "task" => task.to_owned(),
+                    "kind" => refusal(kind),
+                )
+                .increment(1);
+            }
+        }
     }
 }
 

@@ -30,20 +30,28 @@ impl Visit for Fields {
     }
 }
 
-/// Keeps the fields of every closed `idempotask.call` span and of every warning.
+/// Keeps the fields of every closed `idempotask.call` span, of every closed `idempotask.step`
+/// span (with its parent's name as `parent`), and of every warning.
 #[derive(Clone, Default)]
 struct Capture {
     spans: Arc<Mutex<Vec<Fields>>>,
+    steps: Arc<Mutex<Vec<Fields>>>,
     warnings: Arc<Mutex<Vec<Fields>>>,
     errors: Arc<Mutex<Vec<Fields>>>,
 }
 
 impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-        if attrs.metadata().name() == "idempotask.call" {
+        let name = attrs.metadata().name();
+        if name == "idempotask.call" || name == "idempotask.step" {
             let mut fields = Fields::default();
             attrs.record(&mut fields);
-            ctx.span(id).unwrap().extensions_mut().insert(fields);
+            let span = ctx.span(id).unwrap();
+            if name == "idempotask.step" {
+                let parent = span.parent().map_or("none", |parent| parent.name());
+                fields.0.insert("parent".to_owned(), parent.to_owned());
+            }
+            span.extensions_mut().insert(fields);
         }
     }
 
@@ -65,8 +73,13 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
     }
 
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
-        if let Some(fields) = ctx.span(&id).unwrap().extensions_mut().remove::<Fields>() {
-            self.spans.lock().unwrap().push(fields);
+        let span = ctx.span(&id).unwrap();
+        let kept = match span.name() {
+            "idempotask.step" => &self.steps,
+            _ => &self.spans,
+        };
+        if let Some(fields) = span.extensions_mut().remove::<Fields>() {
+            kept.lock().unwrap().push(fields);
         }
     }
 }
@@ -81,6 +94,19 @@ impl Capture {
         let spans = self.spans.lock().unwrap();
         assert_eq!(spans.len(), 1, "{spans:?}");
         spans[0].0.clone()
+    }
+
+    /// Each closed step span as `(step, position, outcome, kind)`, `-` for a field not set.
+    fn steps(&self) -> Vec<[String; 4]> {
+        let steps = self.steps.lock().unwrap();
+        steps
+            .iter()
+            .map(|fields| {
+                assert_eq!(field(&fields.0, "parent"), "idempotask.call");
+                ["step", "position", "outcome", "kind"]
+                    .map(|name| fields.0.get(name).cloned().unwrap_or_else(|| "-".into()))
+            })
+            .collect()
     }
 
     fn spans(&self) -> Vec<BTreeMap<String, String>> {
@@ -290,6 +316,121 @@ async fn the_attribute_s_log_key_option_hashes_the_key_in_the_span() {
     assert_eq!(field(&span, "task"), "send_statement");
 }
 
+/// Runs a `checkout` of `order` on `store`: a `charge` step, then the `mail` step, which fails
+/// while `mail_works` is false.
+async fn checkout(store: &MemoryStore, order: &str, mail_works: bool) -> Result<(), Error> {
+    Task::new("checkout")
+        .call(order)
+        .store(store.clone())
+        .run(async {
+            let ctx = idempotask::context().expect("inside a task");
+            ctx.step("charge", async { Ok::<_, Error>(7) }).await?;
+            ctx.step(("mail", "ada"), async {
+                if mail_works {
+                    Ok(())
+                } else {
+                    Err(Error::NotConfigured)
+                }
+            })
+            .await
+        })
+        .await
+}
+
+/// Each way a step can end, in its span: its name, its place, and whether it ran.
+async fn every_step_ending(store: &MemoryStore) {
+    assert!(checkout(store, "order-1", false).await.is_err());
+    checkout(store, "order-1", true).await.unwrap();
+    // Refused before any effect: a step past `max_steps`, two steps at once, and a body that
+    // calls its steps in another order than the journal's.
+    let refused = Task::new("checkout")
+        .max_steps(1)
+        .call("order-2")
+        .store(store.clone())
+        .run(async {
+            let ctx = idempotask::context().expect("inside a task");
+            ctx.step("charge", async { Ok::<_, Error>(7) }).await?;
+            ctx.step("mail", async { Ok::<_, Error>(()) }).await
+        })
+        .await;
+    assert!(matches!(refused, Err(Error::Step { .. })), "{refused:?}");
+    let joined = Task::new("checkout")
+        .call("order-3")
+        .store(store.clone())
+        .run(async {
+            let ctx = idempotask::context().expect("inside a task");
+            let (release, wait) = oneshot::channel::<()>();
+            let (first, second) = tokio::join!(
+                ctx.step("charge", async {
+                    wait.await.unwrap();
+                    Ok::<_, Error>(7)
+                }),
+                async {
+                    let second = ctx.step("mail", async { Ok::<_, Error>(()) }).await;
+                    release.send(()).unwrap();
+                    second
+                }
+            );
+            first.and(second)
+        })
+        .await;
+    assert!(matches!(joined, Err(Error::Step { .. })), "{joined:?}");
+    assert!(checkout(store, "order-4", false).await.is_err());
+    let reordered = Task::new("checkout")
+        .call("order-4")
+        .store(store.clone())
+        .run(async {
+            let ctx = idempotask::context().expect("inside a task");
+            ctx.step(("mail", "ada"), async { Ok::<_, Error>(()) })
+                .await
+        })
+        .await;
+    assert!(
+        matches!(reordered, Err(Error::Step { .. })),
+        "{reordered:?}"
+    );
+}
+
+#[tokio::test]
+async fn each_step_runs_in_a_span_that_says_whether_it_ran_or_was_replayed() {
+    let capture = Capture::default();
+    let _guard = capture.install();
+    every_step_ending(&MemoryStore::new()).await;
+    let row = |step: &str, position: &str, outcome: &str, kind: &str| {
+        [step, position, outcome, kind].map(str::to_owned)
+    };
+    assert_eq!(
+        capture.steps(),
+        [
+            row("charge", "0", "ran", "-"),
+            row("mail[ada]", "1", "failed", "-"),
+            row("charge", "0", "replayed", "-"),
+            row("mail[ada]", "1", "ran", "-"),
+            row("charge", "0", "ran", "-"),
+            row("mail", "-", "refused", "too_many"),
+            row("mail", "-", "refused", "overlapping"),
+            row("charge", "0", "ran", "-"),
+            row("charge", "0", "ran", "-"),
+            row("mail[ada]", "1", "failed", "-"),
+            row("mail[ada]", "-", "refused", "order_changed"),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_call_without_steps_has_no_step_span() {
+    let capture = Capture::default();
+    let _guard = capture.install();
+    Task::new("charge")
+        .call("order-1")
+        .store(MemoryStore::new())
+        .run(async { Ok::<_, Error>(7) })
+        .await
+        .unwrap();
+    assert!(capture.steps().is_empty());
+    assert_eq!(capture.spans().len(), 1);
+}
+
 /// Run with `cargo test -p idempotask --features metrics --test observe` (scripts/test.sh does):
 /// the feature is off in the workspace build so that the other suites run as users build them.
 #[cfg(feature = "metrics")]
@@ -391,6 +532,38 @@ mod metrics_counts {
         assert_eq!(errors.len(), 2, "{errors:?}");
         assert!(field(&errors[0].0, "message").contains("hold_alert_after"));
         assert_eq!(field(&errors[0].0, "key"), "t-1");
+    }
+
+    #[tokio::test]
+    async fn metrics_count_steps_by_outcome_and_refusals_by_kind() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let _guard = metrics::set_default_local_recorder(&recorder);
+        every_step_ending(&MemoryStore::new()).await;
+        let snapshot = snapshot_of(&snapshotter);
+        let steps = |outcome: &str| {
+            counter(
+                &snapshot,
+                "idempotask_steps_total",
+                &[("task", "checkout"), ("outcome", outcome)],
+            )
+        };
+        let refused = |kind: &str| {
+            counter(
+                &snapshot,
+                "idempotask_steps_refused_total",
+                &[("task", "checkout"), ("kind", kind)],
+            )
+        };
+        assert_eq!(
+            ["ran", "replayed", "failed", "refused"].map(steps),
+            [5, 1, 2, 3],
+            "{snapshot:?}"
+        );
+        assert_eq!(
+            ["too_many", "overlapping", "order_changed", "unsupported"].map(refused),
+            [1, 1, 1, 0]
+        );
     }
 
     fn histogram_len(snapshot: &[Metric], name: &str) -> usize {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::cursor::Cursor;
 use super::entry;
@@ -17,6 +18,7 @@ use crate::backoff::STORE_RETRY_BACKOFF;
 use crate::call::reconcile::Reconciled;
 use crate::context::TaskContext;
 use crate::error::{CallerKey, CodecErrorKind, Error, codec, held_in_doubt};
+use crate::observe::{StepEnding, StepObservation};
 use crate::store::{Doubt, StepEntry, Store};
 
 /// How many times a step's record is sent when the store fails.
@@ -24,7 +26,10 @@ const RECORD_ATTEMPTS: u32 = 3;
 
 /// What the cursor says a step does.
 enum Turn<T> {
-    Replay(T),
+    Replay {
+        value: T,
+        position: u32,
+    },
     Run {
         position: u32,
         max_bytes: usize,
@@ -76,39 +81,87 @@ impl TaskContext {
         R: FnOnce() -> RF,
         RF: Future<Output = Result<Reconciled<T>, E>>,
     {
-        let kept_for = self.reserve(&name)?;
+        let observed = StepObservation::start(self.task(), &name);
+        let span = observed.span().clone();
+        self.observed_step(&observed, name, when_in_doubt, reconcile, effect)
+            .instrument(span)
+            .await
+    }
+
+    /// [`run_step`](Self::run_step) inside the step's span, its ending recorded at each way
+    /// out.
+    async fn observed_step<T, E, F, R, RF>(
+        &self,
+        observed: &StepObservation,
+        name: StepName,
+        when_in_doubt: WhenInDoubt,
+        reconcile: Option<R>,
+        effect: F,
+    ) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+        R: FnOnce() -> RF,
+        RF: Future<Output = Result<Reconciled<T>, E>>,
+    {
+        let ended = |ending| observed.ended(self.task(), ending);
+        let failed = |err: Error| {
+            ended(match &err {
+                Error::Step {
+                    kind: StepErrorKind::Unrecorded,
+                    ..
+                } => StepEnding::Unrecorded,
+                Error::Step { kind, .. } => StepEnding::Refused(*kind),
+                _ => StepEnding::Failed,
+            });
+            err
+        };
+        let kept_for = self.reserve(&name).map_err(failed)?;
         let running = Running(&self.lease().steps);
-        self.load_journal(&name).await?;
-        let (position, max_bytes, doubt) = match self.next_turn(&name)? {
-            Turn::Replay(value) => return Ok(value),
+        self.load_journal(&name).await.map_err(failed)?;
+        let (position, max_bytes, doubt) = match self.next_turn(&name).map_err(failed)? {
+            Turn::Replay { value, position } => {
+                observed.position(position);
+                ended(StepEnding::Replayed);
+                return Ok(value);
+            }
             Turn::Run {
                 position,
                 max_bytes,
                 doubt,
             } => (position, max_bytes, doubt),
         };
+        observed.position(position);
         if !self.lease().held() {
             // Ran out by this holder's clock: the store says whether the lock is still its
             // own (nobody took the unit over) before the effect may start.
-            self.fence().await?;
+            self.fence().await.map_err(failed)?;
         }
         let mut found = None;
         if let Some(doubt) = doubt {
             match when_in_doubt {
                 WhenInDoubt::Rerun => {}
-                WhenInDoubt::Hold => return Err(self.held(&name, doubt).into()),
+                WhenInDoubt::Hold => {
+                    ended(StepEnding::Held);
+                    return Err(self.held(&name, doubt).into());
+                }
                 WhenInDoubt::Reconcile => {
-                    if let Some(reconcile) = reconcile
-                        && let Reconciled::Done(value) = reconcile().await?
-                    {
-                        found = Some(value);
+                    if let Some(reconcile) = reconcile {
+                        let reconciled = reconcile()
+                            .await
+                            .inspect_err(|_| ended(StepEnding::Failed))?;
+                        if let Reconciled::Done(value) = reconciled {
+                            found = Some(value);
+                        }
                     }
                 }
             }
         }
+        let reconciled = found.is_some();
         let value = match found {
             Some(value) => value,
-            None => effect.await?,
+            None => effect.await.inspect_err(|_| ended(StepEnding::Failed))?,
         };
         let (bytes, encoded) = entry::encode(&name, &value, max_bytes);
         if let Err(reason) = &encoded {
@@ -120,7 +173,13 @@ impl TaskContext {
             );
         }
         self.record(&name, StepEntry::new(position, &bytes, kept_for))
-            .await?;
+            .await
+            .map_err(failed)?;
+        ended(if reconciled {
+            StepEnding::Reconciled
+        } else {
+            StepEnding::Ran
+        });
         let mut cursor = self.cursor();
         cursor.next = position + 1;
         drop(cursor);
@@ -221,7 +280,7 @@ impl TaskContext {
         if let Some(entry) = recorded.get(position as usize) {
             let value = self.replayed(name, position, entry)?;
             cursor.next += 1;
-            return Ok(Turn::Replay(value));
+            return Ok(Turn::Replay { value, position });
         }
         if position >= max_steps {
             return Err(self.step_error(
