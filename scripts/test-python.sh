@@ -21,11 +21,12 @@ fi
 # `python-extension` profile and its target directory, and pip installs it.
 echo "==> pip install ./python (the extension's build takes about 3 minutes on 2 cores the first time)"
 "$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps ./python
-# The Rust worker of the interop test (python/tests/test_interop.py), built as the Rust tests
-# build the examples.
-cargo build --quiet --locked -p idempotask-examples --example shared_units --features redis
-export IDEMPOTASK_SHARED_UNITS
+# The Rust workers of the interop tests (python/tests/test_interop.py, test_steps_interop.py),
+# built as the Rust tests build the examples.
+cargo build --quiet --locked -p idempotask-examples --example shared_units --example checkout_steps --features redis
+export IDEMPOTASK_SHARED_UNITS IDEMPOTASK_CHECKOUT_STEPS
 IDEMPOTASK_SHARED_UNITS="$(realpath "$target/debug/examples/shared_units")"
+IDEMPOTASK_CHECKOUT_STEPS="$(realpath "$target/debug/examples/checkout_steps")"
 # The servers of python/tests/test_stores.py (Valkey, a Redis Cluster, PostgreSQL), started by
 # test-support's binary as the bench scripts start theirs.
 cargo build --quiet --locked -p idempotask-test-support --bin servers

@@ -13,7 +13,8 @@ Units, keys, fingerprints and completion markers are the Rust core's: a Python w
 worker running tasks of the same name share their units. See docs/python.md.
 """
 
-from ._decorator import TaskContext, UnitRecord, context, idempotent_task, install, installed
+from ._context import StepName, TaskContext, context
+from ._decorator import UnitRecord, idempotent_task, install, installed
 from ._reconcile import Reconciled
 from ._report import Outcome, Report, ResultNotRecorded, UnrecordedResultWarning
 from ._results import Serializer
@@ -24,10 +25,12 @@ from ._native import (
     InDoubt,
     KeyReuse,
     LocalResultCache,
+    LockNotHeld,
     MemoryStore,
     PostgresStore,
     RedisClusterStore,
     RedisStore,
+    StepError,
     StoreError,
 )
 
@@ -38,6 +41,7 @@ __all__ = [
     "InDoubt",
     "KeyReuse",
     "LocalResultCache",
+    "LockNotHeld",
     "MemoryStore",
     "Outcome",
     "PostgresStore",
@@ -47,6 +51,8 @@ __all__ = [
     "Report",
     "ResultNotRecorded",
     "Serializer",
+    "StepError",
+    "StepName",
     "StoreError",
     "TaskContext",
     "UnitRecord",

@@ -8,11 +8,12 @@ import inspect
 import logging
 import threading
 import warnings
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _native
+from ._context import TaskContext, context, resolve as _resolve, running as _context
+from ._context import settle_failed as _settle_failed, settle_failed_async as _settle_failed_async
 from ._keys import KeyTemplate, MissingField, fingerprint_json, fingerprint_paths, key_parameters
 from ._reconcile import Reconciled
 from ._report import RECORDED_KINDS, Report, ResultNotRecorded, UnrecordedResultWarning, outcome_of
@@ -109,19 +110,6 @@ def installed() -> Optional[Store]:
 
 
 @dataclass(frozen=True)
-class TaskContext:
-    """What a running body can know of its unit (``idempotask.context()`` inside it)."""
-
-    task: str
-    key: str
-    fencing_token: Optional[int]
-    attempt: int
-    in_doubt: Optional[float]
-    """For a unit taken over in doubt, how long (seconds) the earlier delivery's lock had been
-    expired: its side effect may have happened. ``None`` for a unit that was free."""
-
-
-@dataclass(frozen=True)
 class UnitRecord:
     """What the core knows of a replayed unit, handed to the ``on_replay`` hook with the
     value: its task, its key and the fencing token of the execution that stored the result.
@@ -138,20 +126,6 @@ class UnitRecord:
     ``fencing=True``; ``None`` otherwise."""
 
 
-# The running body's task name, key and "run" event; `context()` builds the `TaskContext` of
-# them when asked, so that a body that never asks does not pay for it.
-_context: ContextVar[Optional[Tuple[str, str, Tuple[Any, ...]]]] = ContextVar("idempotask_context", default=None)
-
-
-def context() -> Optional[TaskContext]:
-    """The running unit's context, inside an idempotent task's body; ``None`` elsewhere."""
-    running = _context.get()
-    if running is None:
-        return None
-    name, key, (_, fencing_token, attempt, in_doubt) = running
-    return TaskContext(name, key, fencing_token, attempt, in_doubt)
-
-
 def _native_store(store: Any) -> Store:
     if not isinstance(
         store,
@@ -166,20 +140,6 @@ def _native_store(store: Any) -> Store:
     return store
 
 
-def _resolve(future: "asyncio.Future[Any]", ok: bool, value: Any) -> None:
-    """Completes an event's future on its loop (called through ``call_soon_threadsafe``), after
-    handing what the call logged on idempotask's runtime to ``logging``, on the loop's thread.
-    A handler's ``KeyboardInterrupt`` goes on through the loop, the future completed."""
-    try:
-        _native.flush_logs()
-    finally:
-        if not future.done():
-            if ok:
-                future.set_result(value)
-            else:
-                future.set_exception(value)
-
-
 class _Spec:
     """One decorated function: its task, key template, fingerprint and busy policy."""
 
@@ -190,6 +150,7 @@ class _Spec:
                  on_replay: Optional[Callable[[Any, UnitRecord], Any]] = None) -> None:
         qualname = getattr(function, "__qualname__", repr(function))
         self.function = function
+        self.is_async = inspect.iscoroutinefunction(function)
         self.reconcile = _reconcile_of(function, reconcile, qualname)
         self.on_replay = _on_replay_of(function, on_replay, qualname)
         self.result = result_codec(function, result_serializer, qualname)
@@ -290,8 +251,10 @@ class _Spec:
             countdown = self.task.lock_ttl
         return this.retry(exc=busy, countdown=countdown)
 
-    def context(self, key: str, event: Tuple[Any, ...]) -> Tuple[str, str, Tuple[Any, ...]]:
-        return self.name, key, event
+    def context(self, key: str, event: Tuple[Any, ...], pending: "_native.Pending") -> Tuple[str, str, Tuple[Any, ...], Any, bool]:
+        """What ``idempotask.context()`` builds the body's ``TaskContext`` of: its steps go
+        through ``pending``."""
+        return self.name, key, event, pending, self.is_async
 
     def replayed(self, event: Tuple[Any, ...]) -> Any:
         """The value of a call whose body did not run: the stored result, rebuilt as the task's
@@ -429,26 +392,6 @@ def _not_awaited(function: Callable[..., Any], value: Any) -> Optional[TypeError
     )
 
 
-def _settle_failed(pending: "_native.Pending") -> None:
-    """The body or the reconcile function raised: the call releases the lock (or leaves a unit in
-    doubt as it was), and that end is waited for before the exception goes on. Whatever the end
-    says is not the caller's news: the exception is."""
-    pending.fail()
-    try:
-        pending.wait()
-    except Exception:
-        pass
-
-
-async def _settle_failed_async(pending: "_native.Pending", loop: "asyncio.AbstractEventLoop") -> None:
-    """``_settle_failed`` for an ``async def`` task: the call's end awaited on ``loop``."""
-    pending.fail()
-    try:
-        await pending.wait_async(loop, _resolve)
-    except Exception:
-        pass
-
-
 def _on_replay_of(function: Callable[..., Any], on_replay: Any, qualname: str) -> Optional[Callable[..., Any]]:
     """The ``on_replay=`` hook, checked: callable, and a plain function for a plain task (an
     ``async def`` task takes either)."""
@@ -521,7 +464,7 @@ def _run_sync(spec: _Spec, pending: "_native.Pending", key: str, mode: str, this
     except _native.Contended as busy:
         raise spec.busy(mode, this, busy) from None
     if event[0] == "reconcile":
-        token = _context.set(spec.context(key, event))
+        token = _context.set(spec.context(key, event, pending))
         try:
             answer = _checked(spec, spec.reconcile(context()))  # type: ignore[misc]
         except BaseException:
@@ -537,7 +480,7 @@ def _run_sync(spec: _Spec, pending: "_native.Pending", key: str, mode: str, this
         value = spec.replayed(event)
         _notify_sync(spec, value, event, key)
         return spec.end(value, event, key, reported)
-    token = _context.set(spec.context(key, event))
+    token = _context.set(spec.context(key, event, pending))
     try:
         value = function(*args, **kwargs)
         refused = _not_awaited(function, value)
@@ -663,7 +606,7 @@ async def _run_async(spec: _Spec, pending: "_native.Pending", key: str, mode: st
     except _native.Contended as busy:
         raise spec.busy(mode, this, busy) from None
     if event[0] == "reconcile":
-        token = _context.set(spec.context(key, event))
+        token = _context.set(spec.context(key, event, pending))
         try:
             answer = _checked(spec, await spec.reconcile(context()))  # type: ignore[misc]
         except Exception:
@@ -683,7 +626,7 @@ async def _run_async(spec: _Spec, pending: "_native.Pending", key: str, mode: st
         value = spec.replayed(event)
         await _notify_async(spec, value, event, key)
         return spec.end(value, event, key, reported)
-    token = _context.set(spec.context(key, event))
+    token = _context.set(spec.context(key, event, pending))
     try:
         value = await spec.function(*args, **kwargs)
     except Exception:
@@ -716,6 +659,8 @@ def idempotent_task(
     max_wait: Any = None,
     initial_backoff: Any = None,
     max_backoff: Any = None,
+    max_steps: Optional[int] = None,
+    max_step_bytes: Optional[int] = None,
     on_busy: Optional[str] = None,
     store: Optional[Store] = None,
     reconcile: Optional[Callable[[TaskContext], Any]] = None,
@@ -761,6 +706,11 @@ def idempotent_task(
     logger instead of the WARNING of every held unit, so that a held unit nobody resolved
     reaches an alert; ``idempotask list --held --older-than`` shows the same units.
 
+    ``max_steps``, ``max_step_bytes``: how many steps (``idempotask.context().step(...)``) one
+    body may record (100 unless set: one more is a ``StepError`` of kind ``too_many``), and how
+    long one step's journal entry may be in bytes (64 KiB: a longer value is recorded as
+    unstorable, and a rerun gets a ``CodecError`` for that step instead of running it again).
+
     ``on_replay``: a function of the replayed value and its ``UnitRecord`` (task, key, fencing
     token), called on each replay only, before the value is returned (an ``async def`` one is
     awaited, in an ``async def`` task). An ``Exception`` in it is logged (a WARNING of the
@@ -778,6 +728,7 @@ def idempotent_task(
             in_doubt=in_doubt, doubt_memory=doubt_memory, hold_alert_after=hold_alert_after,
             max_attempts=max_attempts, max_wait=max_wait,
             initial_backoff=initial_backoff, max_backoff=max_backoff,
+            max_steps=max_steps, max_step_bytes=max_step_bytes,
         )
         spec = _Spec(
             function, key, name, fingerprint, on_busy, store, options, reconcile, on_unrecorded, result_serializer, on_replay

@@ -479,16 +479,20 @@ class ResultCodec:
         except _Unfit as unfit:
             raise UnfitResult(f"the result does not fit {self.what}: {unfit}") from None
 
-    def decode(self, text: str, task: str) -> Any:
-        """The value a duplicate returns for the stored ``text``."""
+    def decode(self, text: str, task: str, step: Optional[str] = None) -> Any:
+        """The value a duplicate returns for the stored ``text`` (or a rerun, for the recorded
+        value of the step ``step``)."""
         value = json.loads(text)
         if not self.rebuilds:
             return value
         try:
             return self.node.load(value)
         except _Unfit as unfit:
+            where, what, runs = f"task {task!r}", "the stored result", "the body does not run again"
+            if step is not None:
+                where, what, runs = f"task {task!r}, step `{step}`", "the recorded value", "the step does not run again"
             error = _native.CodecError(
-                f"task {task!r}: the stored result does not fit {self.what} (was it stored by a version with another type?): {unfit}; the body does not run again until the unit is forgotten (`idempotask forget`) or its result expires"
+                f"{where}: {what} does not fit {self.what} (was it stored by a version with another type?): {unfit}; {runs} until the unit is forgotten (`idempotask forget`) or its result expires"
             )
             error.kind = "undecodable"
             raise error from unfit.__cause__

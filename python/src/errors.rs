@@ -1,8 +1,8 @@
 //! idempotask's errors as Python exceptions, each a subclass of `IdempotaskError` with the
 //! figures a caller acts on as attributes.
 
-use idempotask::Error;
 use idempotask::store::StoreErrorKind;
+use idempotask::{Error, StepErrorKind};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -44,6 +44,19 @@ create_exception!(
     "A result could not be stored or read back, or the arguments could not be fingerprinted; `kind` says which."
 );
 
+create_exception!(
+    _native,
+    LockNotHeld,
+    IdempotaskError,
+    "This delivery's lock ran out and another delivery took the unit over: the step did not run, and the call does not record a result. The other delivery's result is the unit's."
+);
+create_exception!(
+    _native,
+    StepError,
+    IdempotaskError,
+    "A step could not run or be replayed; `kind` says why: `order_changed`, `too_many`, `overlapping`, `unsupported` (nothing ran) or `unrecorded` (its effect happened, its record was not confirmed)."
+);
+
 /// A `CodecError` raised by the binding itself, with its `kind` (`fingerprint`: arguments that
 /// have no JSON text the core takes), as every `CodecError` has one.
 pub(crate) fn codec_error(kind: &str, message: String) -> PyErr {
@@ -65,6 +78,8 @@ pub(crate) fn to_py_err(err: &Error) -> PyErr {
             Error::KeyReuse { .. } => KeyReuse::new_err(message),
             Error::Store(_) => StoreError::new_err(message),
             Error::Codec { .. } => CodecError::new_err(message),
+            Error::LockNotHeld { .. } => LockNotHeld::new_err(message),
+            Error::Step { .. } => StepError::new_err(message),
             _ => IdempotaskError::new_err(message),
         };
         // An exception instance takes any attribute; a failure here would only lose one.
@@ -98,6 +113,9 @@ fn attributes(value: &Bound<'_, pyo3::exceptions::PyBaseException>, err: &Error)
         Error::Codec { kind, .. } => {
             value.setattr("kind", format!("{kind:?}").to_lowercase())?;
         }
+        Error::Step { kind, .. } => {
+            value.setattr("kind", step_kind(*kind))?;
+        }
         _ => {}
     }
     Ok(())
@@ -113,6 +131,17 @@ fn store_kind(kind: StoreErrorKind) -> &'static str {
     }
 }
 
+fn step_kind(kind: StepErrorKind) -> &'static str {
+    match kind {
+        StepErrorKind::OrderChanged => "order_changed",
+        StepErrorKind::TooMany => "too_many",
+        StepErrorKind::Overlapping => "overlapping",
+        StepErrorKind::Unsupported => "unsupported",
+        StepErrorKind::Unrecorded => "unrecorded",
+        _ => "other",
+    }
+}
+
 /// Adds the exception classes to the module.
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = module.py();
@@ -122,5 +151,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("KeyReuse", py.get_type::<KeyReuse>())?;
     module.add("StoreError", py.get_type::<StoreError>())?;
     module.add("CodecError", py.get_type::<CodecError>())?;
+    module.add("LockNotHeld", py.get_type::<LockNotHeld>())?;
+    module.add("StepError", py.get_type::<StepError>())?;
     Ok(())
 }

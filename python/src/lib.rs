@@ -2,7 +2,8 @@
 //! runner, its stores and its fingerprints, for the decorator in `python/idempotask/`.
 //!
 //! The protocol and the runner are the Rust core's; this crate adapts one call of it to a
-//! Python body (`pending`), builds the stores from URLs once per process (`store`, safe
+//! Python body (`pending`) and the body's steps to the core's `TaskContext::step` (`steps`,
+//! `step_call`), builds the stores from URLs once per process (`store`, safe
 //! under a fork) and maps the core's errors to Python exceptions (`errors`). The Python
 //! layer only computes keys and fingerprints' JSON from the arguments and runs the function.
 
@@ -13,9 +14,12 @@ mod logs;
 mod options;
 mod pending;
 mod runtime;
+mod step_call;
+mod steps;
 mod store;
 mod stored;
 mod task;
+mod wait;
 
 /// The fingerprint the Rust core computes for the JSON text `json` (the SHA-256 of its
 /// canonical form), as stored in markers.
@@ -51,6 +55,7 @@ fn decode_marker(marker: &[u8]) -> PyResult<MarkerParts> {
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<task::NativeTask>()?;
     module.add_class::<pending::Pending>()?;
+    module.add_class::<step_call::StepCall>()?;
     module.add_class::<store::MemoryStore>()?;
     module.add_class::<store::RedisStore>()?;
     module.add_class::<store::RedisClusterStore>()?;

@@ -40,6 +40,8 @@ pub(crate) struct Options {
     pub(crate) max_wait: Option<Duration>,
     pub(crate) initial_backoff: Option<Duration>,
     pub(crate) max_backoff: Option<Duration>,
+    pub(crate) max_steps: Option<u32>,
+    pub(crate) max_step_bytes: Option<usize>,
     /// Whether the task has a reconcile function (`reconcile=`).
     pub(crate) reconcile: bool,
 }
@@ -108,6 +110,12 @@ impl Options {
                 ));
             }
             task = task.hold_alert_after(after);
+        }
+        if let Some(max_steps) = self.max_steps {
+            task = task.max_steps(max_steps);
+        }
+        if let Some(max_bytes) = self.max_step_bytes {
+            task = task.max_step_bytes(max_bytes);
         }
         Ok(task.retry(self.retry(wait)))
     }

@@ -15,6 +15,10 @@
 //! [`Pending::reconciled_unstorable`], [`Pending::not_done`] (then `Run` follows) or
 //! [`Pending::fail`] (it raised: nothing is stored and the unit stays in doubt).
 //!
+//! While the body runs, its steps (`idempotask.context().step(...)`) are asked for with
+//! [`Pending::step`] and run by the body future, through the core's `TaskContext::step`
+//! (`steps`).
+//!
 //! A caller that stops waiting (Ctrl-C, a Celery time limit, a cancelled coroutine) calls
 //! [`Pending::cancel`] (the Python layer does, in a `finally`; dropping the `Pending` does it
 //! too): a call still waiting for the lock stops there, and one whose body was handed over takes
@@ -34,8 +38,11 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::sync::{oneshot, watch};
 
 use crate::errors::to_py_err;
+use crate::step_call::StepCall;
+use crate::steps::{Policy, StepRequest, not_in_body, step_name};
 use crate::store::Lazy;
 use crate::stored::Stored;
+use crate::wait::{Inbox, next_async, next_blocking};
 
 /// What the call tells its Python caller.
 #[derive(Debug)]
@@ -43,6 +50,8 @@ pub(crate) enum Event {
     /// The lock is held: run the body now and answer through `body`.
     Run {
         body: oneshot::Sender<Stored>,
+        /// Where the body's steps are asked for while it runs.
+        steps: UnboundedSender<StepRequest>,
         fencing_token: Option<u64>,
         attempt: u32,
         /// How long the earlier delivery's lock had been expired, for a unit taken over in
@@ -125,9 +134,11 @@ async fn run(
     }
     let body = async {
         let (body, result) = oneshot::channel();
+        let (steps, requests) = tokio::sync::mpsc::unbounded_channel();
         let context = idempotask::context();
         let run = Event::Run {
             body,
+            steps,
             fencing_token: context
                 .as_ref()
                 .and_then(idempotask::TaskContext::fencing_token),
@@ -141,7 +152,9 @@ async fn run(
             return Err(CallError::Raised);
         }
         // A dropped sender is a caller that went away mid-body: released, as a raise is.
-        result.await.map_err(|_| CallError::Raised)
+        crate::steps::serve(result, requests)
+            .await
+            .map_err(|_| CallError::Raised)
     };
     if !reconciles {
         return call.run_reported(body).await;
@@ -180,9 +193,11 @@ pub(crate) struct Pending {
 
 #[derive(Debug)]
 struct Shared {
-    events: tokio::sync::Mutex<UnboundedReceiver<Event>>,
+    events: Inbox<Event>,
     /// Where the body's result goes, once the call said `Run`.
     body: Mutex<Option<oneshot::Sender<Stored>>>,
+    /// Where the body's steps are asked for, from `Run` until the body's result is answered.
+    steps: Mutex<Option<UnboundedSender<StepRequest>>>,
     /// Where the reconcile function's answer goes, once the call said `Reconcile`.
     reconcile: Mutex<Option<oneshot::Sender<Reconciled<Stored>>>>,
     /// A `Run` or `Reconcile` was handed to the caller (and no `Run` is yet to follow): from
@@ -199,8 +214,9 @@ impl Pending {
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
-                events: tokio::sync::Mutex::new(events),
+                events: Arc::new(tokio::sync::Mutex::new(events)),
                 body: Mutex::new(None),
+                steps: Mutex::new(None),
                 reconcile: Mutex::new(None),
                 handed: AtomicBool::new(false),
             }),
@@ -211,6 +227,11 @@ impl Pending {
 
     /// Sends the body's result to the call.
     fn answer(&self, result: Option<Stored>) -> PyResult<()> {
+        self.shared
+            .steps
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         let body = self
             .shared
             .body
@@ -252,28 +273,13 @@ impl Pending {
     /// are handled while it waits, and the core's queued log records handed to `logging` on
     /// each 200 ms tick and before it returns (a handler's `KeyboardInterrupt` is raised here).
     fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        loop {
-            let shared = Arc::clone(&self.shared);
-            let handle = self.handle.clone();
-            let event = py.detach(move || {
-                handle.block_on(async {
-                    let mut events = shared.events.lock().await;
-                    tokio::time::timeout(Duration::from_millis(200), events.recv()).await
-                })
-            });
-            let Ok(event) = event else {
-                py.check_signals()?;
-                // What the runtime logged meanwhile (a renewal's warning), on this tick.
-                crate::logs::flush(py)?;
-                continue;
-            };
-            let event = to_python(py, &self.shared, event);
-            // What the call logged on the runtime, before its caller goes on. A handler's
-            // `KeyboardInterrupt` wins over the event, as Ctrl-C in the caller would: a call
-            // handed to no one is cancelled by the decorator.
-            crate::logs::flush(py)?;
-            return event;
-        }
+        let event = next_blocking(py, &self.handle, &self.shared.events)?;
+        let event = to_python(py, &self.shared, event);
+        // What the call logged on the runtime, before its caller goes on. A handler's
+        // `KeyboardInterrupt` wins over the event, as Ctrl-C in the caller would: a call
+        // handed to no one is cancelled by the decorator.
+        crate::logs::flush(py)?;
+        event
     }
 
     /// Like [`wait`](Self::wait) for asyncio: a future of `loop` that `resolve(future, ok,
@@ -284,33 +290,15 @@ impl Pending {
         event_loop: Py<PyAny>,
         resolve: Py<PyAny>,
     ) -> PyResult<Py<PyAny>> {
-        let future = event_loop.call_method0(py, "create_future")?;
         let shared = Arc::clone(&self.shared);
-        let answer = future.clone_ref(py);
-        self.handle.spawn(async move {
-            let event = shared.events.lock().await.recv().await;
-            // Taking the GIL can wait as long as some Python thread holds it: not on a worker
-            // of the runtime, whose other calls' store I/O and renewals must go on.
-            let resolved = tokio::task::spawn_blocking(move || {
-                Python::attach(|py| {
-                    let (ok, value) = match to_python(py, &shared, event) {
-                        Ok(value) => (true, value),
-                        Err(err) => (false, err.into_value(py).into_any()),
-                    };
-                    // What the call logged on the runtime goes to `logging` on the event
-                    // loop's thread, in `resolve`, before the coroutine goes on.
-                    // A closed loop has no one left to tell.
-                    let _ = event_loop.call_method1(
-                        py,
-                        "call_soon_threadsafe",
-                        (resolve, answer, ok, value),
-                    );
-                });
-            });
-            // Only a panic in the closure fails it; the call ends on its own either way.
-            let _ = resolved.await;
-        });
-        Ok(future)
+        next_async(
+            py,
+            &self.handle,
+            Arc::clone(&self.shared.events),
+            event_loop,
+            resolve,
+            move |py, event| to_python(py, &shared, event),
+        )
     }
 
     /// The body returned a value whose JSON text is `json`: the call stores it. Text that is
@@ -366,6 +354,23 @@ impl Pending {
         self.answer_reconcile(Reconciled::NotDone)
     }
 
+    /// Asks the running body's call to run the step `name` (with the key part `part`) under
+    /// `policy` (`"rerun"`, `"hold"` or `"reconcile"`: the core's `step`, `step_or_hold`,
+    /// `step_or_reconcile`); its events come through the returned `StepCall`. A
+    /// `RuntimeError` outside the body.
+    #[pyo3(signature = (name, part=None, policy="rerun"))]
+    fn step(&self, name: &str, part: Option<String>, policy: &str) -> PyResult<StepCall> {
+        let policy = Policy::named(policy)?;
+        let steps = self
+            .shared
+            .steps
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(not_in_body)?;
+        StepCall::start(self.handle.clone(), &steps, step_name(name, part)?, policy)
+    }
+
     /// The caller stops waiting: a call still waiting for the lock gives up, one whose body was
     /// handed over and not answered releases the lock, a value already handed over is still
     /// recorded. Nothing, once the call is over. The Python layer calls it on every way out.
@@ -378,6 +383,11 @@ impl Pending {
         }
         // A `Run` or `Reconcile` not yet read, or read and not answered: nobody will answer it
         // now.
+        self.shared
+            .steps
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         self.shared
             .body
             .lock()
@@ -398,11 +408,13 @@ fn to_python(py: Python<'_>, shared: &Shared, event: Option<Event>) -> PyResult<
     match event {
         Event::Run {
             body,
+            steps,
             fencing_token,
             attempt,
             in_doubt,
         } => {
             *shared.body.lock().unwrap_or_else(PoisonError::into_inner) = Some(body);
+            *shared.steps.lock().unwrap_or_else(PoisonError::into_inner) = Some(steps);
             shared.handed.store(true, Ordering::SeqCst);
             let in_doubt = in_doubt.map(|expired| expired.as_secs_f64());
             Ok(("run", fencing_token, attempt, in_doubt)

@@ -33,7 +33,8 @@ impl NativeTask {
     #[pyo3(signature = (
         name, *, lock_ttl=None, result_ttl=None, renew=false, fencing=false, log_key=None,
         in_doubt=None, doubt_memory=None, hold_alert_after=None, max_attempts=None, max_wait=None,
-        initial_backoff=None, max_backoff=None, reconcile=false,
+        initial_backoff=None, max_backoff=None, reconcile=false, max_steps=None,
+        max_step_bytes=None,
     ))]
     #[expect(
         clippy::too_many_arguments,
@@ -54,6 +55,8 @@ impl NativeTask {
         initial_backoff: Option<&Bound<'_, PyAny>>,
         max_backoff: Option<&Bound<'_, PyAny>>,
         reconcile: bool,
+        max_steps: Option<u32>,
+        max_step_bytes: Option<usize>,
     ) -> PyResult<Self> {
         idempotask::store::check_task_name(name)
             .map_err(|err| PyValueError::new_err(format!("task name {name:?}: {err}")))?;
@@ -70,6 +73,8 @@ impl NativeTask {
             max_wait: duration(max_wait)?,
             initial_backoff: duration(initial_backoff)?,
             max_backoff: duration(max_backoff)?,
+            max_steps,
+            max_step_bytes,
             reconcile,
         };
         Ok(Self {
