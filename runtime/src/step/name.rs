@@ -7,7 +7,8 @@ use std::fmt;
 ///
 /// A rerun matches each step to the journal by its place and its name, so a name says which
 /// effect a recorded result belongs to: a body that calls its steps in another order gets
-/// [`StepErrorKind::OrderChanged`] instead of another step's result.
+/// [`StepErrorKind::OrderChanged`](crate::StepErrorKind::OrderChanged) instead of another
+/// step's result.
 ///
 /// ```
 /// use idempotask::StepName;
