@@ -24,7 +24,9 @@ A test plans what a job does through the ledger, before sending it:
   message (``task_postrun`` runs in the pool process, before the result goes back to the parent
   that acks), the process announces itself on ``killpoints`` and blocks until it is killed;
 - ``kill-in-body`` (a set of orders): the same between the charge and the return, so before the
-  decorator records the result.
+  decorator records the result;
+- ``kill-between-steps`` (a set of orders): in ``checkout_steps`` (and its undecorated twin
+  ``checkout_plain``), after the charge step and before the shipping step.
 
 Each kill point fires once per order (``SET NX``); its redelivery goes through.
 """
@@ -40,6 +42,7 @@ from typing import Any, Optional
 import redis
 from celery import Celery, signals
 
+import idempotask
 from idempotask import RedisStore, idempotent_task, install
 
 BROKER = os.environ["IDEMPOTASK_TEST_BROKER"]
@@ -137,6 +140,32 @@ def charge_plain(self: Any, order_id: int, amount_cents: int) -> str:
 @idempotent_task(key="order-charge-{order_id}", lock_ttl=1, renew=True, in_doubt="hold", fingerprint=["amount_cents"])
 def charge_hold(self: Any, order_id: int, amount_cents: int) -> str:
     return _charge(order_id, amount_cents)
+
+
+def _ship(order_id: int) -> int:
+    """The second side effect: a shipment, recorded the moment it happens."""
+    return int(ledger().hincrby("shipments", str(order_id), 1))
+
+
+@app.task(bind=True, name="checkout_steps", max_retries=100)
+@idempotent_task(key="order-checkout-{order_id}", lock_ttl=1, renew=True, fingerprint=["amount_cents"])
+def checkout_steps(self: Any, order_id: int, amount_cents: int) -> str:
+    # Two side effects, each a step: a redelivery after a kill between them replays the charge
+    # from the journal and ships once.
+    ctx = idempotask.context()
+    assert ctx is not None
+    charge_id = ctx.step("charge", lambda: _gateway_charge(order_id, amount_cents))
+    _kill_point("kill-between-steps", order_id)
+    ctx.step("ship", lambda: _ship(order_id))
+    return str(charge_id)
+
+
+@app.task(bind=True, name="checkout_plain", max_retries=100)
+def checkout_plain(self: Any, order_id: int, amount_cents: int) -> str:
+    charge_id = _gateway_charge(order_id, amount_cents)
+    _kill_point("kill-between-steps", order_id)
+    _ship(order_id)
+    return charge_id
 
 
 def _order_of(args: Any, kwargs: Any) -> int:

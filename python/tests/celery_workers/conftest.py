@@ -35,7 +35,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.write_sep("-", "Celery workers (Redis broker, acks_late, prefork 4): figures")
     for f in figures_recorded:
         terminalreporter.write_line(
-            f"{f['scenario']:<28} {f['task']:<12} jobs {f['jobs']:>2}  deliveries {f['deliveries']:>3}  "
+            f"{f['scenario']:<28} {f['task']:<14} jobs {f['jobs']:>2}  deliveries {f['deliveries']:>3}  "
             f"side effects {f['side_effects']:>3}  charged twice {f['charged_twice']:>2}  kills {f['kills']}  "
             f"in doubt {f['in_doubt']}  workers {f['workers']}  {f['seconds']} s"
         )

@@ -114,7 +114,10 @@ class Deployment:
         self.client.send_task(task, args=(order_id, amount_cents))
 
     def plan(self, **plans: Any) -> None:
-        """``kill_after_return=[orders]``, ``kill_in_body=[orders]``, ``wait_ended=N``."""
+        """``kill_after_return=[orders]``, ``kill_in_body=[orders]``,
+        ``kill_between_steps=[orders]``, ``wait_ended=N``."""
+        for order in plans.get("kill_between_steps", []):
+            self.ledger.sadd("kill-between-steps", order)
         for order in plans.get("kill_after_return", []):
             self.ledger.sadd("kill-after-return", order)
         for order in plans.get("kill_in_body", []):
@@ -179,6 +182,9 @@ class Deployment:
 
     def charges(self) -> Dict[int, int]:
         return {int(k): int(v) for k, v in self.ledger.hgetall("charges").items()}
+
+    def shipments(self) -> Dict[int, int]:
+        return {int(k): int(v) for k, v in self.ledger.hgetall("shipments").items()}
 
     def deliveries(self, order: int) -> int:
         return int(self.ledger.get(f"deliveries:{order}") or 0)

@@ -29,6 +29,15 @@ def _wait_for(deployment: Deployment, condition: Callable[[], bool], what: str) 
         time.sleep(0.05)
 
 
+def _kill_at_each_point(deployment: Deployment, plan: str, killed: List[int]) -> None:
+    """Kills (SIGKILL) each pool process that reaches its kill point of ``plan``, once per killed
+    order."""
+    for _ in killed:
+        point = deployment.next_killpoint()
+        assert point["plan"] == plan
+        deployment.kill_process(point["pid"])
+
+
 def _assert_once_each(deployment: Deployment, jobs: List[int]) -> None:
     """Every job charged exactly once, and every delivery that returned got that charge's id."""
     charges = deployment.charges()
@@ -49,10 +58,7 @@ def test_a_pool_process_killed_after_the_side_effect_and_before_the_ack(deployme
     deployment.worker("a")
     for order in jobs:
         deployment.send(task, order)
-    for _ in killed:
-        point = deployment.next_killpoint()
-        assert point["plan"] == "kill-after-return"
-        deployment.kill_process(point["pid"])
+    _kill_at_each_point(deployment, "kill-after-return", killed)
 
     deployment.wait_settled(lambda: all(deployment.deliveries(o) >= 2 for o in killed)
                             and all(_successes(deployment, o) for o in jobs))
@@ -182,10 +188,7 @@ def test_a_pool_process_killed_between_the_side_effect_and_the_result(deployment
     deployment.worker("a")
     for order in jobs:
         deployment.send(task, order)
-    for _ in killed:
-        point = deployment.next_killpoint()
-        assert point["plan"] == "kill-in-body"
-        deployment.kill_process(point["pid"])
+    _kill_at_each_point(deployment, "kill-in-body", killed)
 
     def ended(order: int) -> bool:
         return any(o["state"] in ("SUCCESS", "FAILURE") for o in deployment.outcomes(order))
@@ -202,3 +205,28 @@ def test_a_pool_process_killed_between_the_side_effect_and_the_result(deployment
     else:
         assert figures["charged_twice"] == len(killed)
         assert figures["in_doubt"] == 0
+
+
+@pytest.mark.parametrize("task", [pytest.param("checkout_steps", id="steps"), pytest.param("checkout_plain", id="undecorated")])
+def test_a_pool_process_killed_between_two_steps(deployment: Deployment, task: str) -> None:
+    # A kill between the charge step (recorded in the unit's journal) and the shipping step:
+    # the message is requeued, and once the dead process's lock ran out the redelivery takes
+    # the unit over in doubt, replays the charge from the journal and ships. The undecorated
+    # twin charges again.
+    jobs, killed = list(range(1, 7)), [2, 5]
+    deployment.plan(kill_between_steps=killed)
+    deployment.worker("a")
+    for order in jobs:
+        deployment.send(task, order)
+    _kill_at_each_point(deployment, "kill-between-steps", killed)
+
+    deployment.wait_settled(lambda: all(_successes(deployment, o) for o in jobs), killed_in_body=len(killed))
+    figures = deployment.figures("kill between two steps", task, jobs)
+    assert figures["never_charged"] == 0
+    assert deployment.shipments() == {order: 1 for order in jobs}
+    if task == "checkout_steps":
+        assert figures["side_effects"] == len(jobs)
+        assert figures["charged_twice"] == 0
+        _assert_once_each(deployment, jobs)
+    else:
+        assert figures["charged_twice"] == len(killed)
