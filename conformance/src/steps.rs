@@ -133,7 +133,7 @@ pub async fn a_journal_outlives_its_lock_until_the_result(store: SharedStore) {
 }
 
 /// Checks that a holder whose lock ran out and was taken over cannot append to the journal,
-/// with or without fencing.
+/// with or without fencing, nor the holder's own token under another fencing token.
 ///
 /// # Panics
 /// When the store does not.
@@ -158,6 +158,14 @@ pub async fn a_stale_holder_cannot_append(store: SharedStore) {
             .await
             .unwrap();
         assert!(!late, "a stale holder appended ({fencing:?})");
+        if let Some(fence) = successor.fencing_token() {
+            let forged = successor.clone().with_fencing_token(fence + 1);
+            let forged = store.record_step(&unit, &forged, entry(0, b"x"), LONG);
+            assert!(
+                !forged.await.unwrap(),
+                "appended under another fencing token"
+            );
+        }
         assert!(
             store
                 .record_step(&unit, &successor, entry(0, b"own"), LONG)
