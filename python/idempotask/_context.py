@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 from contextvars import ContextVar
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Optional, Tuple, TypeVar, Union
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, ClassVar, Optional, Tuple, TypeVar, Union
 
 from . import _native
 from ._keys import placeholder_text
@@ -43,8 +43,11 @@ class TaskContext:
     in_doubt: Optional[float]
     """For a unit taken over in doubt, how long (seconds) the earlier delivery's lock had been
     expired: its side effect may have happened. ``None`` for a unit that was free."""
-    _call: Any = field(default=None, repr=False, compare=False)
-    _is_async: bool = field(default=False, repr=False, compare=False)
+    # The running body's call and whether its task is `async def`, set by `context()`: not
+    # fields, so that `dataclasses.asdict` (which copies every field) and `replace` see the five
+    # values only.
+    _call: ClassVar[Any] = None
+    _is_async: ClassVar[bool] = False
 
     def step(self, name: StepName, function: Callable[[], T], *, serializer: Any = None) -> T:
         """Runs ``function()`` as the step ``name`` of this body, once: its value is recorded in
@@ -117,7 +120,10 @@ def context() -> Optional[TaskContext]:
     if now is None:
         return None
     name, key, (_, fencing_token, attempt, in_doubt), call, is_async = now
-    return TaskContext(name, key, fencing_token, attempt, in_doubt, call, is_async)
+    ctx = TaskContext(name, key, fencing_token, attempt, in_doubt)
+    object.__setattr__(ctx, "_call", call)
+    object.__setattr__(ctx, "_is_async", is_async)
+    return ctx
 
 
 def resolve(future: "asyncio.Future[Any]", ok: bool, value: Any) -> None:

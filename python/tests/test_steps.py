@@ -6,6 +6,7 @@ codec; what the core refuses, as typed exceptions."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from dataclasses import dataclass
 from typing import Any, List, Tuple
@@ -324,3 +325,14 @@ def test_steps_are_refused_where_none_can_run(name: str) -> None:
     # After the body ended, its context runs no step.
     with pytest.raises(RuntimeError, match="inside its task's body"):
         asyncio.run(kept[0].step_async("late", lambda: 1))
+
+
+def test_the_context_that_runs_steps_is_still_its_five_values(name: str) -> None:
+    # Its call is no field: `asdict` copies every field, and a call cannot be copied.
+    @idempotent_task(key="k-{n}", name=name, store=idempotask.MemoryStore())
+    def body(n: int) -> Any:
+        ctx = idempotask.context()
+        assert ctx is not None
+        return ctx.step("fields", lambda: dataclasses.asdict(ctx))
+
+    assert body(1) == {"task": name, "key": "k-1", "fencing_token": None, "attempt": 1, "in_doubt": None}
