@@ -64,5 +64,6 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(fingerprint, module)?)?;
     module.add_function(wrap_pyfunction!(decode_marker, module)?)?;
     errors::register(module)?;
+    wait::install(module)?;
     logs::install(module)
 }

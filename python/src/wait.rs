@@ -2,11 +2,20 @@
 //! step's ([`StepCall`]) both wait this way, from a thread (the GIL released, signals handled)
 //! or from an event loop (a future completed from the runtime).
 //!
+//! An event for an event loop is handed over by a thread of the runtime's blocking pool, which
+//! takes the GIL to call `loop.call_soon_threadsafe`. That call writes to the loop's wake-up
+//! socket with the GIL released, and takes it back after: by then the loop may have run the
+//! callback and the program ended. A thread that asks for the GIL while the interpreter
+//! finalizes is ended by Python itself with `pthread_exit`, whose unwinding through Rust frames
+//! aborts the process. So the interpreter's exit (`atexit`) waits for the hand-overs inside
+//! Python to leave it, and none enters after.
+//!
 //! [`Pending`]: crate::pending::Pending
 //! [`StepCall`]: crate::step_call::StepCall
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 use tokio::runtime::Handle;
@@ -66,6 +75,10 @@ where
         // Taking the GIL can wait as long as some Python thread holds it: not on a worker of
         // the runtime, whose other calls' store I/O and renewals must go on.
         let resolved = tokio::task::spawn_blocking(move || {
+            // The interpreter is exiting: nobody waits for the answer any more.
+            let Some(_inside) = Inside::enter() else {
+                return;
+            };
             Python::attach(|py| {
                 let (ok, value) = match convert(py, next) {
                     Ok(value) => (true, value),
@@ -85,4 +98,61 @@ where
         let _ = resolved.await;
     });
     Ok(future)
+}
+
+/// How many hand-overs are inside Python now (holding the GIL or about to take it back).
+static INSIDE: AtomicUsize = AtomicUsize::new(0);
+/// Set at the interpreter's exit: no hand-over enters Python after it.
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// How long the exit waits for the hand-overs inside Python: each only calls
+/// `call_soon_threadsafe`.
+const EXIT_WAIT: Duration = Duration::from_secs(5);
+
+/// A hand-over inside Python, counted until it leaves.
+struct Inside;
+
+impl Inside {
+    /// Counts a hand-over in, unless the interpreter is exiting. Counted first and checked
+    /// after (both in one total order with the exit's flag and count), so that the exit either
+    /// sees it counted or it sees the exit's flag.
+    fn enter() -> Option<Self> {
+        INSIDE.fetch_add(1, Ordering::SeqCst);
+        if EXITING.load(Ordering::SeqCst) {
+            INSIDE.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(Self)
+    }
+}
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        INSIDE.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// `atexit`'s hook: no hand-over enters Python from now on, and those inside are waited for
+/// (the GIL released, so that they can finish), for up to 5 s.
+#[pyfunction]
+fn settle_handovers(py: Python<'_>) {
+    EXITING.store(true, Ordering::SeqCst);
+    py.detach(|| {
+        let deadline = Instant::now() + EXIT_WAIT;
+        // Polled, not signalled: a lock that a pool thread could hold at a fork would be
+        // inherited locked by the child. This runs once, at exit, for microseconds.
+        while INSIDE.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+}
+
+/// Adds [`settle_handovers`] to the module and registers it with `atexit`.
+pub(crate) fn install(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_function(wrap_pyfunction!(settle_handovers, module)?)?;
+    module
+        .py()
+        .import("atexit")?
+        .call_method1("register", (module.getattr("settle_handovers")?,))?;
+    Ok(())
 }
