@@ -144,11 +144,17 @@ class _Step:
     """One step as the binding sends it: the core's name and key part, how it is shown, and the
     codec of its value."""
 
-    def __init__(self, ctx: TaskContext, name: StepName, function: Callable[..., Any], serializer: Any) -> None:
+    def __init__(self, ctx: TaskContext, name: StepName, function: Callable[..., Any], serializer: Any,
+                 reconcile: Optional[Callable[..., Any]], policy: str) -> None:
         if ctx._call is None:
             raise RuntimeError("this TaskContext is not a running body's: call idempotask.context() inside the task")
         if not callable(function):
             raise TypeError(f"a step's function is a function of no arguments, not {type(function).__name__}")
+        # Checked now: the reconcile function is called only for the step in doubt, rarely.
+        if policy == "reconcile" and not callable(reconcile):
+            raise TypeError(
+                f"a step's reconcile function is a function of no arguments returning a Reconciled, not {type(reconcile).__name__}"
+            )
         self.task = ctx.task
         self.name, self.part = _name_of(name)
         self.shown = self.name if self.part is None else f"{self.name}[{self.part}]"
@@ -227,7 +233,7 @@ def _step(ctx: TaskContext, name: StepName, function: Callable[[], Any], policy:
         raise TypeError(
             "in an `async def` task, a step is awaited: `await ctx.step_async(...)` (a plain step would block the event loop)"
         )
-    step = _Step(ctx, name, function, serializer)
+    step = _Step(ctx, name, function, serializer, reconcile, policy)
     call = step.start(ctx, policy)
     try:
         event = call.wait()
@@ -263,7 +269,7 @@ def _step(ctx: TaskContext, name: StepName, function: Callable[[], Any], policy:
 
 async def _step_async(ctx: TaskContext, name: StepName, function: Callable[[], Any], policy: str,
                       reconcile: Optional[Callable[[], Any]], serializer: Any) -> Any:
-    step = _Step(ctx, name, function, serializer)
+    step = _Step(ctx, name, function, serializer, reconcile, policy)
     call = step.start(ctx, policy)
     loop = asyncio.get_running_loop()
     try:

@@ -320,6 +320,8 @@ def test_steps_are_refused_where_none_can_run(name: str) -> None:
             await ctx.step_async(["not", "a", "name"], lambda: 1)  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="no stable text"):
             await ctx.step_async(("mail", None), lambda: 1)
+        with pytest.raises(TypeError, match="reconcile function"):
+            await ctx.step_or_reconcile_async("charge", None, lambda: 1)  # type: ignore[arg-type]
 
     asyncio.run(body(1))
     # After the body ended, its context runs no step.

@@ -136,3 +136,26 @@ def test_step_or_reconcile_async_awaits_both_functions(store: Any, name: str, re
     assert asyncio.run(checkout(1)) == "found"
     assert asked == ["mail"]
     assert _effects(redis_client) == ["charge", "mail"]
+
+
+def test_a_tasks_reconcile_function_runs_no_step(store: Any, name: str, redis_client: redis.Redis) -> None:
+    refused: List[BaseException] = []
+
+    def reconcile(ctx: idempotask.TaskContext) -> Reconciled[str]:
+        # The body's steps are the body's: the task's reconcile function runs before it.
+        try:
+            ctx.step("lookup", lambda: "found")
+        except RuntimeError as err:
+            refused.append(err)
+        return Reconciled.NOT_DONE
+
+    @idempotent_task(key="order-{n}", name=name, lock_ttl=1, max_wait=10, reconcile=reconcile)
+    def checkout(n: int, signal_fd: Optional[int] = None) -> str:
+        ctx = idempotask.context()
+        assert ctx is not None
+        return ctx.step("charge", lambda: _stop_here(signal_fd) or "charged")
+
+    _killed_mid_body(lambda fd: checkout(1, fd))
+    assert checkout(1) == "charged"
+    (err,) = refused
+    assert "inside its task's body" in str(err)
