@@ -47,7 +47,10 @@ use server::{
     Counting, client_cost, client_cpu, command_stats, lock_keys, memory_usage, server_cpu,
 };
 use target::Connection;
-use workloads::{BENCH_TASK, RunScope, bench_task, bench_task_fenced, handwritten};
+use workloads::{
+    BENCH_TASK, RunScope, bench_steps, bench_task, bench_task_fenced, handwritten,
+    handwritten_steps,
+};
 
 /// The concurrencies of [`Mode::Scaling`].
 pub const SCALING_CONCURRENCY: [usize; 5] = [1, 8, 64, 256, 1024];
@@ -70,6 +73,12 @@ pub enum Mode {
     HandwrittenFresh,
     /// The same N keys again through the hand-written pattern, all already done.
     HandwrittenDuplicate,
+    /// N distinct keys, each a unit of three steps through the annotated task: `begin`, the
+    /// journal read at the first step, a `record_step` per step, `finish`.
+    Steps,
+    /// N distinct keys, each the three-step unit written by hand: the hand-written pattern's
+    /// lock and result, and a `GET` and a `SET` of a marker per step.
+    HandwrittenSteps,
     /// `fresh` at concurrency 1, next to the `PING` round trip on the same connection.
     Latency,
     /// `fresh` at each of [`SCALING_CONCURRENCY`].
@@ -83,7 +92,7 @@ pub enum Mode {
 
 impl Mode {
     /// Every mode's name, as the command line spells it.
-    pub const NAMES: [&'static str; 11] = [
+    pub const NAMES: [&'static str; 13] = [
         "fresh",
         "duplicate",
         "duplicate-cached",
@@ -91,13 +100,15 @@ impl Mode {
         "contended",
         "handwritten-fresh",
         "handwritten-duplicate",
+        "steps",
+        "handwritten-steps",
         "latency",
         "scaling",
         "quorum",
         "all",
     ];
 
-    const ALL: [Self; 11] = [
+    const ALL: [Self; 13] = [
         Self::Fresh,
         Self::Duplicate,
         Self::DuplicateCached,
@@ -105,6 +116,8 @@ impl Mode {
         Self::Contended,
         Self::HandwrittenFresh,
         Self::HandwrittenDuplicate,
+        Self::Steps,
+        Self::HandwrittenSteps,
         Self::Latency,
         Self::Scaling,
         Self::Quorum,
@@ -191,7 +204,8 @@ pub struct Measurement {
     pub p50_us: u64,
     /// 99th percentile time of one task call, in microseconds.
     pub p99_us: u64,
-    /// How many times a body ran.
+    /// How many times a body ran; for `steps` and `handwritten-steps`, how many step effects
+    /// ran (three per unit).
     pub executions: u64,
     /// `latency` only: the median `PING` round trip on the same connection, in microseconds.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -270,6 +284,7 @@ impl Bench {
                 let mut pairs = [
                     [Mode::HandwrittenFresh, Mode::Fresh],
                     [Mode::HandwrittenDuplicate, Mode::Duplicate],
+                    [Mode::HandwrittenSteps, Mode::Steps],
                 ];
                 // Who goes first alternates, so that a machine getting busier or quieter during a
                 // round favours neither side.
@@ -385,7 +400,9 @@ impl Bench {
         self.run += 1;
         let run = self.run;
         let counting = match mode {
-            Mode::HandwrittenFresh | Mode::HandwrittenDuplicate => Counting::Handwritten,
+            Mode::HandwrittenFresh | Mode::HandwrittenDuplicate | Mode::HandwrittenSteps => {
+                Counting::Handwritten
+            }
             _ => Counting::Idempotask,
         };
         match mode {
@@ -458,6 +475,14 @@ impl Bench {
                 drive(n, c, move |id| fresh(run, id)).await?
             }
             Mode::Fenced => drive(n, c, move |id| fenced(run, id)).await?,
+            Mode::Steps => drive(n, c, move |id| steps(run, id)).await?,
+            Mode::HandwrittenSteps => {
+                let conn = self.conn.clone();
+                drive(n, c, move |id| {
+                    handwritten_steps(conn.clone(), run, id as u64)
+                })
+                .await?
+            }
             Mode::DuplicateCached => {
                 let cache = self
                     .cached
@@ -535,6 +560,10 @@ async fn cached(
 
 async fn fenced(run: u64, id: usize) -> Result<(), BenchError> {
     Ok(bench_task_fenced(run, id as u64).await?)
+}
+
+async fn steps(run: u64, id: usize) -> Result<(), BenchError> {
+    Ok(bench_steps(run, id as u64).await?)
 }
 
 fn micros(duration: Duration) -> u64 {

@@ -10,9 +10,10 @@
 //! connection, and the server figures are summed over the masters.
 //!
 //! Modes: `fresh`, `duplicate`, `contended`, `handwritten-fresh`, `handwritten-duplicate`,
-//! `latency`, `scaling`, `all`; and `quorum`, where `--redis-url` lists 3 or 5 independent
-//! servers for a `RedlockStore`. `--markdown` also writes the tables of `docs/performance.md`;
-//! `scripts/bench.sh` runs the whole set against a Redis of its own.
+//! `steps` and `handwritten-steps` (a unit of three steps), `latency`, `scaling`, `all`; and
+//! `quorum`, where `--redis-url` lists 3 or 5 independent servers for a `RedlockStore`.
+//! `--markdown` also writes the tables of `docs/performance.md`; `scripts/bench.sh` runs the
+//! whole set against a Redis of its own.
 //!
 //! With `--sweep 1,4,16,64,256`, the sweep runs instead (`idempotask_bench::sweep`): idempotask
 //! and the hand-written pattern over N fresh keys at each of those numbers in flight, back to

@@ -77,8 +77,36 @@ pub(crate) async fn bench_task_fenced(run: u64, id: u64) -> Result<(), Error> {
     Ok(())
 }
 
+/// A unit of three steps, as users write one: each effect recorded in the unit's journal
+/// (`read_journal` at the first step, one `record_step` each), then the unit's marker. Each
+/// effect, whose value is the key's `id` (a step's value is what a rerun gets back), is
+/// counted as a body run.
+#[idempotent_task(key = "{run}-{id}")]
+pub(crate) async fn bench_steps(run: u64, id: u64) -> Result<(), Error> {
+    let ctx = idempotask::context().ok_or(Error::NotConfigured)?;
+    ctx.step("reserve", async {
+        executed();
+        Ok::<_, Error>(id)
+    })
+    .await?;
+    ctx.step("charge", async {
+        executed();
+        Ok::<_, Error>(id)
+    })
+    .await?;
+    ctx.step("receipt", async {
+        executed();
+        Ok::<_, Error>(id)
+    })
+    .await?;
+    Ok(())
+}
+
 /// The task name `bench_task` stores under.
 pub(crate) const BENCH_TASK: &str = "bench_task";
+
+/// The names of the three steps, in both the idempotask unit and its hand-written equivalent.
+const STEPS: [&str; 3] = ["reserve", "charge", "receipt"];
 
 /// The compare-and-delete that the pattern's blog posts release their lock with.
 const RELEASE: &str =
@@ -87,7 +115,55 @@ const RELEASE: &str =
 /// The pattern users write by hand, four commands for a fresh key: `SET lock NX EX`, `GET` the
 /// stored result, run and `SET result EX`, `EVAL` the release. A duplicate skips the `SET` of
 /// the result, so it costs three.
-pub(crate) async fn handwritten(mut conn: Connection, run: u64, id: u64) -> Result<(), BenchError> {
+pub(crate) async fn handwritten(conn: Connection, run: u64, id: u64) -> Result<(), BenchError> {
+    locked(conn, run, id, async |_| {
+        executed();
+        Ok(())
+    })
+    .await
+}
+
+/// The three-step unit written by hand, as a careful user would: the lock and the result of
+/// [`handwritten`] around it, and a marker per step, `GET` before its effect and `SET` after
+/// it, so that a rerun skips the steps that finished (and gets the step's value, the key's
+/// `id`, back). Ten commands for a fresh key.
+pub(crate) async fn handwritten_steps(
+    conn: Connection,
+    run: u64,
+    id: u64,
+) -> Result<(), BenchError> {
+    locked(conn, run, id, async |conn| {
+        for step in STEPS {
+            let marker = format!("handwritten:{run}-{id}:step:{step}");
+            let stored: Option<Vec<u8>> = redis::cmd("GET").arg(&marker).query_async(conn).await?;
+            if let Some(bytes) = stored {
+                serde_json::from_slice::<u64>(&bytes)?;
+                continue;
+            }
+            executed();
+            let value = serde_json::to_vec(&id)?;
+            let () = redis::cmd("SET")
+                .arg(&marker)
+                .arg(value)
+                .arg("EX")
+                .arg(86_400)
+                .query_async(conn)
+                .await?;
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// Input: a key and the work. Output: the work run under `SET lock NX EX`
+/// unless the key's stored result says it ran, the result stored after it, and the lock
+/// released with a compare-and-delete.
+async fn locked(
+    mut conn: Connection,
+    run: u64,
+    id: u64,
+    work: impl AsyncFnOnce(&mut Connection) -> Result<(), BenchError>,
+) -> Result<(), BenchError> {
     let lock = format!("handwritten:{run}-{id}:lock");
     let done = format!("handwritten:{run}-{id}:done");
     let token = LockToken::generate();
@@ -106,7 +182,7 @@ pub(crate) async fn handwritten(mut conn: Connection, run: u64, id: u64) -> Resu
     if let Some(bytes) = stored {
         serde_json::from_slice::<()>(&bytes)?;
     } else {
-        executed();
+        work(&mut conn).await?;
         let value = serde_json::to_vec(&())?;
         let () = redis::cmd("SET")
             .arg(&done)

@@ -66,6 +66,12 @@ async fn run_every_mode(redis_url: String, cluster: bool) {
         ("handwritten-fresh", 4.0, 16),
         ("handwritten-duplicate", 3.0, 0),
         ("latency", 2.0, 16),
+        // `begin`, the journal read at the first step, a `record_step` per step, `finish`; three
+        // effects per unit.
+        ("steps", 6.0, 48),
+        // The lock, the result's `GET`, a `GET` and a `SET` per step, the result's `SET`, the
+        // release.
+        ("handwritten-steps", 10.0, 48),
     ] {
         // `all` also runs `fresh` and `handwritten-fresh` at C = 1, after the rounds.
         let m = of(mode)[0];
@@ -106,7 +112,7 @@ async fn run_every_mode(redis_url: String, cluster: bool) {
     for target in report::targets(&measurements) {
         assert!(markdown.contains(target.name), "{markdown}");
     }
-    assert_eq!(report::targets(&measurements).len(), 13, "{markdown}");
+    assert_eq!(report::targets(&measurements).len(), 15, "{markdown}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
