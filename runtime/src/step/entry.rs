@@ -9,6 +9,8 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 
 use super::name::StepName;
+use crate::observe::KeyLogging;
+use crate::unit::digest_of;
 
 #[derive(Serialize)]
 struct Written<'a, T> {
@@ -51,8 +53,11 @@ impl<'a> Read<'a> {
     }
 
     /// The entry's name, as [`StepName`]'s `Display` shows one.
-    pub(super) fn shown(&self) -> String {
+    pub(super) fn shown(&self, logging: KeyLogging) -> String {
         match &self.part {
+            Some(part) if logging == KeyLogging::Hash => {
+                format!("{}[#{}]", self.step, digest_of(part))
+            }
             Some(part) => format!("{}[{part}]", self.step),
             None => self.step.to_string(),
         }
@@ -82,9 +87,20 @@ pub(super) fn encode<T: Serialize + DeserializeOwned>(
     value: &T,
     max_bytes: usize,
 ) -> (Vec<u8>, Result<(), String>) {
+    encode_named(name.name(), name.part(), value, max_bytes)
+}
+
+/// [`encode`], for a step named by text: an operator's tool records a step's value with the
+/// name it was told, not one a body gave as a literal.
+pub(crate) fn encode_named<T: Serialize + DeserializeOwned>(
+    step: &str,
+    part: Option<&str>,
+    value: &T,
+    max_bytes: usize,
+) -> (Vec<u8>, Result<(), String>) {
     let written = Written {
-        step: name.name(),
-        part: name.part(),
+        step,
+        part,
         ok: Some(value),
         unstorable: None,
     };
@@ -102,8 +118,8 @@ pub(super) fn encode<T: Serialize + DeserializeOwned>(
         },
     };
     let unstorable = Written::<()> {
-        step: name.name(),
-        part: name.part(),
+        step,
+        part,
         ok: None,
         unstorable: Some(&reason),
     };

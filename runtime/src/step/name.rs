@@ -2,6 +2,9 @@
 
 use std::fmt;
 
+use crate::observe::KeyLogging;
+use crate::unit::digest_of;
+
 /// The name of a step in its unit's journal: a string literal, or a literal with a key part
 /// for a step that runs once per item (`("mail", recipient)`).
 ///
@@ -53,6 +56,32 @@ impl fmt::Display for StepName {
         match &self.part {
             Some(part) => write!(f, "{}[{part}]", self.name),
             None => f.write_str(self.name),
+        }
+    }
+}
+
+/// A step's name as logs, spans and errors show it: with its key part when the task shows keys
+/// ([`KeyLogging::Plain`]), else with the part's digest in its place (a part is often as
+/// private as a key: a recipient, an account).
+pub(crate) struct Shown<'a> {
+    name: &'a StepName,
+    logging: KeyLogging,
+}
+
+impl StepName {
+    pub(crate) fn shown(&self, logging: KeyLogging) -> Shown<'_> {
+        Shown {
+            name: self,
+            logging,
+        }
+    }
+}
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.name.part, self.logging) {
+            (Some(part), KeyLogging::Hash) => write!(f, "{}[#{}]", self.name.name, digest_of(part)),
+            _ => fmt::Display::fmt(self.name, f),
         }
     }
 }

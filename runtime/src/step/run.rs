@@ -81,7 +81,7 @@ impl TaskContext {
         R: FnOnce() -> RF,
         RF: Future<Output = Result<Reconciled<T>, E>>,
     {
-        let observed = StepObservation::start(self.task(), &name);
+        let observed = StepObservation::start(self.task(), &name.shown(self.logging()));
         let span = observed.span().clone();
         self.observed_step(&observed, name, when_in_doubt, reconcile, effect)
             .instrument(span)
@@ -167,7 +167,7 @@ impl TaskContext {
         if let Err(reason) = &encoded {
             tracing::warn!(
                 task = self.task(),
-                step = %name,
+                step = %name.shown(self.logging()),
                 error = %reason,
                 "a step succeeded but its value cannot be recorded; reruns get an error instead of running it again"
             );
@@ -192,7 +192,7 @@ impl TaskContext {
         tracing::warn!(
             task = self.task(),
             key = self.logging().show(self.unit()),
-            step = %name,
+            step = %name.shown(self.logging()),
             "the step in doubt is held: an earlier holder may have started it; resolve the unit to go on"
         );
         held_in_doubt(self.unit(), doubt).keys_shown_as(self.logging())
@@ -315,13 +315,13 @@ impl TaskContext {
             )
         })?;
         if !read.is(name) {
-            return Err(self.step_error(name, StepErrorKind::OrderChanged, &format!("the journal's step {position} is `{}`: the body calls its steps in another order than the run that recorded them", read.shown())));
+            return Err(self.step_error(name, StepErrorKind::OrderChanged, &format!("the journal's step {position} is `{}`: the body calls its steps in another order than the run that recorded them", read.shown(self.logging()))));
         }
         read.value().map_err(|(unstorable, reason)| {
             if unstorable {
-                codec(unit, CodecErrorKind::Unstorable, format!("step `{name}` succeeded but its value could not be recorded: {reason}"))
+                codec(unit, CodecErrorKind::Unstorable, format!("step `{}` succeeded but its value could not be recorded: {reason}", name.shown(self.logging())))
             } else {
-                codec(unit, CodecErrorKind::Undecodable, format!("the recorded value of step `{name}` does not decode into the step's type: {reason}"))
+                codec(unit, CodecErrorKind::Undecodable, format!("the recorded value of step `{}` does not decode into the step's type: {reason}", name.shown(self.logging())))
             }
         })
     }
@@ -371,7 +371,7 @@ impl TaskContext {
             task: self.task().to_owned(),
             key: CallerKey::plain(self.key()).shown_as(self.logging()),
             kind,
-            reason: format!("step `{name}`: {reason}"),
+            reason: format!("step `{}`: {reason}", name.shown(self.logging())),
         }
     }
 }
