@@ -82,6 +82,7 @@ mod doubt;
 mod faults;
 mod fencing;
 mod operator;
+mod operator_steps;
 mod overruns;
 mod refusals;
 mod runner;

@@ -14,6 +14,7 @@ use idempotask::store::{
 };
 use serde_json::value::to_raw_value;
 
+use super::operator_steps;
 use super::{DAY, LONG, outlive};
 
 /// The lock TTL of a delivery that is left to run out.
@@ -58,6 +59,11 @@ pub async fn check_operator<S: Store + Operator + Clone>(store: S) {
     reads_follow_a_unit_through_its_life(&store).await;
     forget_exact_deletes_only_what_was_shown(&store, &shared).await;
     resolve_exact_settles_only_the_lock_in_doubt_shown(&store, &shared).await;
+    if store.records_steps() {
+        operator_steps::a_held_step_is_resolved_with_its_value(&store).await;
+    } else {
+        a_store_without_steps_refuses_to_record_one(&store).await;
+    }
     a_listing_finds_every_unit_of_its_task(&store, &shared).await;
     cursors_the_store_did_not_make_never_panic(&store).await;
 }
@@ -353,6 +359,24 @@ async fn resolve_exact_settles_only_the_lock_in_doubt_shown(
             .unwrap(),
         Resolved::Changed
     );
+}
+
+/// A store that records no steps refuses to resolve a unit with a step's value, and writes
+/// nothing.
+async fn a_store_without_steps_refuses_to_record_one(store: &(impl Store + Operator)) {
+    let unit = store.scope().unit("operator-doubt", "no-steps").unwrap();
+    let (bytes, _) = leave_in_doubt(store, &[&unit]).await.remove(0);
+    let value = to_raw_value(&1).unwrap();
+    let step = Resolution::record_step(idempotask::operator::step_entry("b", None, &value), DAY);
+    let refused = store.resolve_exact(&unit, &bytes, &step).await;
+    assert!(
+        matches!(&refused, Err(err) if err.kind() == StoreErrorKind::Configuration),
+        "a store without steps must refuse a step: {refused:?}"
+    );
+    assert!(matches!(
+        store.read(&unit).await.unwrap(),
+        Held::InDoubt { .. }
+    ));
 }
 
 /// What a store holds for one unit, in a word, for comparing listings.

@@ -13,7 +13,7 @@ use super::{DAY, LONG, acquire, outlive};
 
 /// Leaves `key` of task `task` in doubt with its first step, `a` = 1, recorded: a holder that
 /// recorded it, then died while its second step may have run.
-async fn died_after_the_first_step(store: &SharedStore, task: &str, key: &str) {
+pub(crate) async fn died_after_the_first_step(store: &SharedStore, task: &str, key: &str) {
     let unit = UnitOfWork::new(task, key).unwrap();
     let token = LockToken::generate().with_doubt_memory(DAY);
     let ttl = Duration::from_millis(300);

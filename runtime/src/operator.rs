@@ -47,6 +47,8 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
+use serde_json::value::RawValue;
+
 use crate::store::{Journal, StoreError, StoreErrorKind, UnitOfWork};
 
 mod held;
@@ -208,12 +210,16 @@ pub trait Operator: Send + Sync + fmt::Debug + 'static {
     /// Settles `unit`, in doubt with the lock `shown` (the bytes of a [`Held::InDoubt`] an
     /// operator confirmed), only while it still holds exactly that lock and the lock is still
     /// run out: [`Resolution::Record`] stores the marker in its place, [`Resolution::Free`]
-    /// frees the unit. A unit that changed meanwhile is left alone ([`Resolved::Changed`]),
+    /// frees the unit, [`Resolution::RecordStep`] appends a step's entry at the end of the
+    /// unit's journal and frees the unit. A unit that changed meanwhile is left alone ([`Resolved::Changed`]),
     /// one that became free is [`Resolved::Gone`].
     ///
     /// # Errors
     /// A [`StoreError`] when the store cannot be reached, and of kind `Configuration` for a
-    /// marker that is not one for `unit` ([`Resolution::marker_to_store`]): nothing is written
+    /// marker that is not one for `unit` ([`Resolution::marker_to_store`]), for an entry that
+    /// is not a journal entry ([`Resolution::step_to_record`]), and for a
+    /// [`Resolution::RecordStep`] on a store that records no steps
+    /// ([`Store::records_steps`](crate::store::Store::records_steps)): nothing is written
     /// then.
     fn resolve_exact(
         &self,
@@ -315,6 +321,11 @@ pub enum Forgot {
 /// assert!(matches!(recorded, Resolution::Record { .. }));
 /// // It did not: the next delivery runs the work as new.
 /// let _freed = Resolution::Free;
+/// // The body was held at its step "charge" (`step_or_hold`), and the charge went through:
+/// // the next delivery replays the steps before it and this one, and goes on after it.
+/// let value = RawValue::from_string(r#""ch_1""#.to_owned())?;
+/// let entry = idempotask::operator::step_entry("charge", None, &value);
+/// let _step = Resolution::record_step(entry, Duration::from_secs(24 * 60 * 60));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -332,12 +343,94 @@ pub enum Resolution {
     /// The effect did not happen: forget the lock that ran out, so that the next delivery runs
     /// the work as new, with no doubt (a fenced unit keeps its fencing counter).
     Free,
+    /// The step the unit is held at (its step in doubt, the first its journal lacks) had its
+    /// effect: append this journal entry (see [`step_entry`]) at the journal's next position,
+    /// the journal then kept for `kept_for`, and free the unit, so that the next delivery
+    /// replays the recorded steps, this one included, and goes on with the next step. Only a
+    /// store that records steps carries it out; others refuse it and write nothing.
+    #[non_exhaustive]
+    RecordStep {
+        /// The journal entry's bytes.
+        entry: Vec<u8>,
+        /// How long the journal is kept when the unit never gets its result: the task's
+        /// result TTL, as a step's own record keeps it.
+        kept_for: Duration,
+    },
+}
+
+/// The journal entry of the step `name` (with the key part `part`, for a step named with one)
+/// whose value is `value`: the bytes a body's own step records, for
+/// [`Resolution::RecordStep`]. A rerun replays it as the step's value, so `value` must be what
+/// the step's type reads back from JSON.
+///
+/// ```
+/// use idempotask::operator::{StepRecord, StoredResult, step_entry};
+/// use serde_json::value::RawValue;
+///
+/// let value = RawValue::from_string(r#"{"id":"ch_1"}"#.to_owned())?;
+/// let entry = step_entry("mail", Some("ada@example.com"), &value);
+/// let record = StepRecord::decode(&entry)?;
+/// assert_eq!(record.label(), "mail[ada@example.com]");
+/// assert!(matches!(&record.result, StoredResult::Json(json) if json.get() == value.get()));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn step_entry(name: &str, part: Option<&str>, value: &RawValue) -> Vec<u8> {
+    // No size limit: the operator chose the value, and a JSON value always reads back as one.
+    crate::step::encode_named(name, part, &value.to_owned(), usize::MAX).0
 }
 
 impl Resolution {
     /// [`Record`](Self::Record) `marker`, kept for `result_ttl`.
     pub fn record(marker: Vec<u8>, result_ttl: Duration) -> Self {
         Self::Record { marker, result_ttl }
+    }
+
+    /// [`RecordStep`](Self::RecordStep) `entry` (see [`step_entry`]), the journal kept for
+    /// `kept_for`.
+    pub fn record_step(entry: Vec<u8>, kept_for: Duration) -> Self {
+        Self::RecordStep { entry, kept_for }
+    }
+
+    /// For a store that records steps, carrying the resolution out: the journal entry to
+    /// append and how long to keep the journal, or `None` for a resolution that records no
+    /// step ([`marker_to_store`](Self::marker_to_store) tells what it does).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotask::operator::{Resolution, step_entry};
+    /// use serde_json::value::RawValue;
+    ///
+    /// let day = Duration::from_secs(24 * 60 * 60);
+    /// let entry = step_entry("charge", None, &RawValue::from_string("7".to_owned())?);
+    /// let step = Resolution::record_step(entry.clone(), day);
+    /// assert_eq!(step.step_to_record()?, Some((&entry[..], day)));
+    /// assert!(Resolution::Free.step_to_record()?.is_none());
+    /// assert!(Resolution::record_step(b"not json".to_vec(), day).step_to_record().is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// A `Configuration` [`StoreError`] of the operation `resolve` when the entry is not a
+    /// journal entry with a value ([`StepRecord::decode`]); every store refuses it before
+    /// writing anything.
+    pub fn step_to_record(&self) -> Result<Option<(&[u8], Duration)>, StoreError> {
+        let Self::RecordStep { entry, kept_for } = self else {
+            return Ok(None);
+        };
+        let refused = |why: String| {
+            StoreError::new(
+                "resolve",
+                StoreErrorKind::Configuration,
+                format!("refusing to record that step: {why}"),
+            )
+        };
+        match StepRecord::decode(entry).map_err(|err| refused(err.to_string()))? {
+            StepRecord {
+                result: StoredResult::Json(_),
+                ..
+            } => Ok(Some((entry, *kept_for))),
+            _ => Err(refused("it records no value".to_owned())),
+        }
     }
 
     /// For a store carrying the resolution out on `unit`: the marker to store in place of the
@@ -362,8 +455,10 @@ impl Resolution {
     ///
     /// # Errors
     /// A `Configuration` [`StoreError`] of the operation `resolve` when the marker is not one
-    /// that a delivery of `unit` reads: it does not decode, or it was written for another key.
-    /// Every store refuses it before writing anything.
+    /// that a delivery of `unit` reads: it does not decode, or it was written for another key;
+    /// and for a [`RecordStep`](Self::RecordStep), which a store that records steps takes from
+    /// [`step_to_record`](Self::step_to_record) before asking this. Every store refuses it
+    /// before writing anything.
     pub fn marker_to_store(
         &self,
         unit: &UnitOfWork,
@@ -371,6 +466,15 @@ impl Resolution {
         let (marker, result_ttl) = match self {
             Self::Record { marker, result_ttl } => (marker, *result_ttl),
             Self::Free => return Ok(None),
+            // Reached only on a store that does not know steps: one that does asks
+            // `step_to_record` first.
+            Self::RecordStep { .. } => {
+                return Err(StoreError::new(
+                    "resolve",
+                    StoreErrorKind::Configuration,
+                    "this store records no steps, so it cannot record a step's result",
+                ));
+            }
         };
         let refused = |why: String| {
             StoreError::new(
@@ -418,6 +522,9 @@ pub enum Resolved {
     Recorded,
     /// The unit was still in doubt with the lock shown; the lock is gone.
     Freed,
+    /// The unit was still in doubt with the lock shown; the step's entry is appended to its
+    /// journal and the lock is gone: the next delivery replays the step and goes on after it.
+    StepRecorded,
     /// The unit was free: the store's memory of the lock ran out, or it was freed (or
     /// released by its holder, come back) meanwhile. Nothing was written; the next delivery
     /// runs the work as new.

@@ -17,6 +17,8 @@ mod run;
 pub use cursor::{DEFAULT_MAX_STEP_BYTES, DEFAULT_MAX_STEPS};
 pub use kind::StepErrorKind;
 pub use name::StepName;
+
+pub(crate) use entry::encode_named;
 use run::{WhenInDoubt, no_reconcile};
 
 impl TaskContext {

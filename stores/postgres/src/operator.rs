@@ -16,7 +16,9 @@ use std::time::Duration;
 use idempotask::operator::{
     Cursor, Forgot, Held, Listed, Operator, Page, Resolution, Resolved, Scope,
 };
-use idempotask::store::{Doubt, Store, StoreError, StoreErrorKind, UnitOfWork, check_task_name};
+use idempotask::store::{
+    Doubt, Journal, Store, StoreError, StoreErrorKind, UnitOfWork, check_task_name,
+};
 use sqlx::SqlStr;
 use sqlx::postgres::PgRow;
 
@@ -193,7 +195,9 @@ impl PostgresStore {
     /// run out and still remembered: [`Resolution::Record`] stores a completion marker in its
     /// place, kept for its result TTL, so that every later delivery gets its result back;
     /// [`Resolution::Free`] frees the unit (a fenced unit's row keeps its fencing counter, as
-    /// a release leaves it), so that the next delivery runs the work as new with no doubt. A
+    /// a release leaves it), so that the next delivery runs the work as new with no doubt;
+    /// [`Resolution::RecordStep`] frees it so and appends a step's entry to its journal in the
+    /// same statement, so that the next delivery replays that step and goes on after it. A
     /// unit that changed meanwhile (taken over, finished or renewed by its holder, resolved by
     /// someone else) is left alone: [`Resolved::Changed`]; one that became free (its memory
     /// ran out, or it was freed or released) is [`Resolved::Gone`].
@@ -231,21 +235,31 @@ impl PostgresStore {
         shown: &str,
         resolution: &Resolution,
     ) -> Result<Resolved, StoreError> {
-        let marker = resolution.marker_to_store(unit)?;
+        let step = resolution.step_to_record()?;
+        let marker = match step {
+            Some(_) => None,
+            None => resolution.marker_to_store(unit)?,
+        };
         let statement = |sql: &SqlStr| {
             sqlx::query(sql.clone())
                 .bind(unit.task())
                 .bind(unit.key().as_bytes())
                 .bind(shown)
         };
-        let (statement, resolved) = match marker {
-            Some((marker, result_ttl)) => (
+        let (statement, resolved) = match (step, marker) {
+            (Some((entry, kept_for)), _) => (
+                statement(&self.statements.resolve_step)
+                    .bind(entry)
+                    .bind(millis(kept_for)),
+                Resolved::StepRecorded,
+            ),
+            (None, Some((marker, result_ttl))) => (
                 statement(&self.statements.resolve_record)
                     .bind(marker)
                     .bind(millis(result_ttl)),
                 Resolved::Recorded,
             ),
-            None => (statement(&self.statements.resolve_free), Resolved::Freed),
+            (None, None) => (statement(&self.statements.resolve_free), Resolved::Freed),
         };
         Ok(
             match self
@@ -424,6 +438,10 @@ impl Operator for PostgresStore {
 
     fn location(&self, _unit: &UnitOfWork) -> String {
         format!("the row of table {}", self.table())
+    }
+
+    async fn journal(&self, unit: &UnitOfWork) -> Result<Journal, StoreError> {
+        Store::read_journal(self, unit).await
     }
 
     async fn read(&self, unit: &UnitOfWork) -> Result<Held, StoreError> {

@@ -124,6 +124,10 @@ pub(super) struct Statements {
     /// The same, with `$4` the marker and `$5` the result TTL in ms: the marker in place of
     /// that lock.
     pub(super) resolve_record: SqlStr,
+    /// `resolve_free`, with `$4` a step's journal entry and `$5` how long the journal is kept
+    /// in ms: the entry appended to the journal as the lock is freed (see
+    /// [`steps::resolved_step`]).
+    pub(super) resolve_step: SqlStr,
     /// `$1`, `$2`: the first block and the block after the last of a range: deletes the rows
     /// stored there that are expired and not in doubt.
     pub(super) purge: SqlStr,
@@ -273,6 +277,12 @@ impl Statements {
             // token of its own. Freed as a release frees it: a fenced row keeps its counter.
             resolve_free: free_or_drop(&shown_in_doubt, "resolved", &present_before, ""),
             resolve_record: sql(resolve_record(&t, &shown_in_doubt, &bound, &present_before)),
+            resolve_step: free_or_drop(
+                &shown_in_doubt,
+                "resolved",
+                &present_before,
+                &steps::resolved_step(&steps_table),
+            ),
             purge: sql(purge(&t)),
             schema_probe: sql(format!(
                 "SELECT last_value, EXISTS (

@@ -385,7 +385,9 @@ impl RedisStore {
     /// [`Resolution::Record`] stores a completion marker in its place, so that every later
     /// delivery gets its result back; [`Resolution::Free`] deletes the lock (a fenced one
     /// leaves its counter, as a release does), so that the next delivery runs the work as new
-    /// with no doubt. A unit that changed meanwhile (taken over, finished or renewed by its
+    /// with no doubt; [`Resolution::RecordStep`] appends a step's entry to the unit's journal
+    /// and deletes the lock, so that the next delivery replays that step and goes on after it.
+    /// A unit that changed meanwhile (taken over, finished or renewed by its
     /// holder, resolved by someone else) is left alone: [`Resolved::Changed`]. The call leaves
     /// the same receipt as [`forget_exact`](Self::forget_exact): one re-sent after a lost reply
     /// answers as the first one did.

@@ -163,6 +163,9 @@ fn forgot_from_reply(reply: &Value) -> Option<Forgot> {
 fn resolved_from_reply(reply: &Value, resolution: &Resolution) -> Option<Resolved> {
     match reply {
         Value::Int(1) if matches!(resolution, Resolution::Free) => Some(Resolved::Freed),
+        Value::Int(1) if matches!(resolution, Resolution::RecordStep { .. }) => {
+            Some(Resolved::StepRecorded)
+        }
         Value::Int(1) => Some(Resolved::Recorded),
         Value::Int(0) => Some(Resolved::Gone),
         Value::Int(-1) => Some(Resolved::Changed),
@@ -339,12 +342,22 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         shown: &[u8],
         resolution: &Resolution,
     ) -> Result<Resolved, StoreError> {
-        let marker = resolution
-            .marker_to_store(unit)?
-            .map(|(marker, result_ttl)| (marker, ttl_millis(result_ttl)));
+        let step = resolution
+            .step_to_record()?
+            .map(|(entry, kept_for)| (entry, ttl_millis(kept_for)));
+        let marker = match step {
+            Some(_) => None,
+            None => resolution
+                .marker_to_store(unit)?
+                .map(|(marker, result_ttl)| (marker, ttl_millis(result_ttl))),
+        };
         let args = |cmd: &mut Cmd| {
             match marker {
                 Some((marker, ttl)) => cmd.arg(marker).arg(ttl),
+                None => cmd.arg("").arg(0),
+            };
+            match step {
+                Some((entry, kept)) => cmd.arg(entry).arg(kept),
                 None => cmd.arg("").arg(0),
             };
         };

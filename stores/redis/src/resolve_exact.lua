@@ -7,13 +7,15 @@
 -- the reply answers as the first run did and writes nothing more.
 -- KEYS[1] the unit's key
 -- KEYS[2] the unit's operator receipt (same hash slot)
--- KEYS[3] the unit's journal of steps, left alone: a freed unit replays the steps it recorded,
--- and a resolved one's journal expires before its marker
+-- KEYS[3] the unit's journal of steps, left alone but for a step's entry (ARGV[6]): a freed
+-- unit replays the steps it recorded, and a resolved one's journal expires before its marker
 -- ARGV[1] the exact lock value that was shown: L<token>~<memory>[.<fence>]
 -- ARGV[2] a nonce of this call
 -- ARGV[3] how long the receipt lasts, in ms
 -- ARGV[4] the marker to store, or '' to free the unit
 -- ARGV[5] the marker's TTL in ms (with a marker)
+-- ARGV[6] a step's journal entry to append before freeing the unit, or '' (with no marker)
+-- ARGV[7] how long the journal is then kept, in ms (with an entry)
 -- Returns 1 resolved (now or by this call's earlier run) | 0 the unit is free (nothing, or a
 -- released fenced lock's counter) | -1 it holds something else now, or the same lock live again
 if redis.call('GET', KEYS[2]) == ARGV[2] then
@@ -32,6 +34,13 @@ local kept, fence = string.match(value, '^L[^~!.]*~(%d+)!?%d*:?%d*%.?(%d*)$')
 local left = redis.call('PTTL', KEYS[1])
 if not kept or left < 0 or left > tonumber(kept) then
   return -1
+end
+if ARGV[6] ~= '' then
+  -- The first write, so that a server at maxmemory refuses the script before it frees
+  -- anything: the unit is freed only with its step recorded. Nobody else appends while the
+  -- unit is in doubt, and its holder's step.lua would find its lock changed.
+  redis.call('RPUSH', KEYS[3], ARGV[6])
+  redis.call('PEXPIRE', KEYS[3], ARGV[7])
 end
 if ARGV[4] ~= '' then
   redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Entry, Expiring, MemoryStore, released, unix_micros};
+use super::{Entry, Expiring, MemoryStore, released, steps, unix_micros};
 use crate::error::{StoreError, StoreErrorKind};
 use crate::marker::Marker;
 use crate::operator::{Cursor, Forgot, Held, Listed, Operator, Page, Resolution, Resolved, Scope};
-use crate::store::{Journal, Store};
+use crate::store::{Journal, StepEntry, Store};
 use crate::unit::{UnitOfWork, check_task_name};
 
 /// Input: a unit's live entry at `now`. Output: what an operator is shown of it.
@@ -131,8 +131,12 @@ impl Operator for MemoryStore {
         shown: &[u8],
         resolution: &Resolution,
     ) -> Result<Resolved, StoreError> {
-        let marker = resolution.marker_to_store(unit)?;
-        Ok(self.with_entry(unit, |slot, now| {
+        let step = resolution.step_to_record()?;
+        let marker = match step {
+            Some(_) => None,
+            None => resolution.marker_to_store(unit)?,
+        };
+        Ok(self.with_unit(unit, |slot, journal, now| {
             let fencing_token = match slot.as_ref() {
                 None
                 | Some(Expiring {
@@ -152,7 +156,15 @@ impl Operator for MemoryStore {
                 }
                 Some(_) => return Resolved::Changed,
             };
-            if let Some((marker, result_ttl)) = marker {
+            if let Some((entry, kept_for)) = step {
+                let position = journal.as_ref().map_or(0, |steps| steps.value.len());
+                let position = u32::try_from(position).unwrap_or(u32::MAX);
+                // At the journal's end, which nobody else extends while the unit is in doubt
+                // under this store's one lock: it always appends.
+                steps::append(journal, StepEntry::new(position, entry, kept_for), now);
+                *slot = kept_counter(fencing_token, now);
+                Resolved::StepRecorded
+            } else if let Some((marker, result_ttl)) = marker {
                 let done = Entry::Done(Arc::from(marker));
                 *slot = Some(Expiring::new(done, result_ttl, now));
                 Resolved::Recorded

@@ -106,6 +106,36 @@ pub(super) fn forgotten_journal(s: &str) -> String {
     )
 }
 
+/// The part of the operator's `resolve_step` that appends a step's entry (`$4`) at the end of
+/// the unit's journal once its lock in doubt is freed (the rows `dropped` or `freed`), and
+/// keeps the whole journal for `$5` ms. The lock in doubt is the unit row's lock that the
+/// statement takes, and every record of a step takes that row's lock first (see
+/// [`record_step`]): one that committed before renewed the lock, so that this statement finds
+/// it live again and frees nothing, and one that comes after finds the lock gone. The end of
+/// the journal read from the snapshot is therefore its end. Rows past it are expired ones,
+/// which the insert replaces.
+pub(super) fn resolved_step(s: &str) -> String {
+    let kept = "statement_timestamp() + $5::bigint * interval '1 millisecond'";
+    format!(
+        ", live AS (
+            SELECT s.position FROM {s} s
+            WHERE s.task = $1 AND s.key = $2 AND s.expires_at > statement_timestamp()
+        ), appended AS (
+            INSERT INTO {s} AS s (task, key, position, entry, expires_at)
+            SELECT $1, $2, (SELECT count(*) FROM live)::integer, $4, {kept}
+            WHERE EXISTS (SELECT 1 FROM dropped) OR EXISTS (SELECT 1 FROM freed)
+            ON CONFLICT (task, key, position) DO UPDATE SET
+                entry = excluded.entry,
+                expires_at = excluded.expires_at
+            WHERE s.expires_at <= statement_timestamp()
+        ), kept AS (
+            UPDATE {s} s SET expires_at = {kept}
+            WHERE s.task = $1 AND s.key = $2 AND s.position IN (SELECT l.position FROM live l)
+              AND (EXISTS (SELECT 1 FROM dropped) OR EXISTS (SELECT 1 FROM freed))
+        )"
+    )
+}
+
 /// `$1` task, `$2` key: one row `(state, fence, marker, left_ms, doubt_us, journal)`, the
 /// unit's row if one counts as there (else nulls but `journal`), and the entries of its
 /// journal in order (null when the unit is done: a finished unit's journal is only waiting to

@@ -1,0 +1,136 @@
+//! The operator's resolution of a held step ([`Resolution::RecordStep`]): a body held at its
+//! step in doubt is told that the step's effect happened, and the next delivery goes on after
+//! it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use idempotask::operator::{Held, Operator, Resolution, Resolved, StepRecord, step_entry};
+use idempotask::store::{LockToken, SharedStore, Store, StoreErrorKind};
+use idempotask::{Error, Task};
+use serde_json::value::RawValue;
+
+use super::step_doubt::died_after_the_first_step;
+use super::{DAY, LONG, acquire, outlive};
+
+/// The lock TTL of the holder that dies after its first step.
+const SHORT: std::time::Duration = std::time::Duration::from_millis(150);
+
+/// Input: a store that records steps, as its own operator. Checks that a unit held at its step
+/// in doubt, resolved with that step's value, has the step in its journal and is free; that a
+/// resolution against another lock, a live lock, or with an entry that is none writes
+/// nothing; and that the next delivery replays the steps, the resolved one included, and runs
+/// the step after them once.
+pub(super) async fn a_held_step_is_resolved_with_its_value(
+    store: &(impl Store + Operator + Clone),
+) {
+    let task = Task::new("operator-held-step").lock_ttl(LONG);
+    let unit = store.scope().unit("operator-held-step", "order-1").unwrap();
+    let shared = SharedStore::new(store.clone());
+    // `a` = 1 recorded, then its holder died while `b` may have run.
+    died_after_the_first_step(&shared, "operator-held-step", "order-1").await;
+
+    let effects = Arc::new(AtomicU32::new(0));
+    let deliver = || {
+        let effects = Arc::clone(&effects);
+        task.call("order-1").store(store.clone()).run(async move {
+            let ctx = idempotask::context().unwrap();
+            let effect = |value: u32| {
+                let effects = Arc::clone(&effects);
+                async move {
+                    effects.fetch_add(1, Ordering::SeqCst);
+                    Ok::<u32, Error>(value)
+                }
+            };
+            let a = ctx.step("a", effect(100)).await?;
+            let b = ctx.step_or_hold("b", effect(200)).await?;
+            let c = ctx.step("c", effect(300)).await?;
+            Ok::<_, Error>((a, b, c))
+        })
+    };
+    let held = deliver().await;
+    assert!(matches!(held, Err(Error::InDoubt { .. })), "{held:?}");
+    let Held::InDoubt { bytes: shown, .. } = store.read(&unit).await.unwrap() else {
+        panic!("a held unit must stay in doubt");
+    };
+
+    let value = RawValue::from_string("7".to_owned()).unwrap();
+    let resolution = Resolution::record_step(step_entry("b", None, &value), DAY);
+    let wrong = [shown.as_slice(), b"x"].concat();
+    let changed = store
+        .resolve_exact(&unit, &wrong, &resolution)
+        .await
+        .unwrap();
+    assert_eq!(
+        changed,
+        Resolved::Changed,
+        "another lock than the one shown"
+    );
+    let not_an_entry = Resolution::record_step(b"not json".to_vec(), DAY);
+    let refused = store.resolve_exact(&unit, &shown, &not_an_entry).await;
+    assert!(
+        matches!(&refused, Err(err) if err.kind() == StoreErrorKind::Configuration),
+        "an entry that is none must be refused: {refused:?}"
+    );
+    assert_eq!(store.read_journal(&unit).await.unwrap().len(), 1);
+    assert!(matches!(
+        store.read(&unit).await.unwrap(),
+        Held::InDoubt { .. }
+    ));
+
+    let resolved = store
+        .resolve_exact(&unit, &shown, &resolution)
+        .await
+        .unwrap();
+    assert_eq!(resolved, Resolved::StepRecorded);
+    assert!(matches!(store.read(&unit).await.unwrap(), Held::Nothing));
+    let journal = store.journal(&unit).await.unwrap();
+    let labels: Vec<String> = journal
+        .entries()
+        .iter()
+        .map(|entry| StepRecord::decode(entry).unwrap().label())
+        .collect();
+    assert_eq!(labels, ["a", "b"], "the resolved step ends the journal");
+    let again = store
+        .resolve_exact(&unit, &shown, &resolution)
+        .await
+        .unwrap();
+    assert_eq!(again, Resolved::Gone, "a freed unit has nothing to resolve");
+
+    assert_eq!(deliver().await.unwrap(), (1, 7, 300));
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "only `c` runs, once");
+    assert_eq!(deliver().await.unwrap(), (1, 7, 300), "the unit's result");
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+
+    a_lock_taken_over_is_not_resolved(store, &shared, &resolution).await;
+}
+
+/// A lock taken over since it was shown is live, not in doubt: resolving it writes nothing.
+async fn a_lock_taken_over_is_not_resolved(
+    store: &(impl Store + Operator),
+    shared: &SharedStore,
+    resolution: &Resolution,
+) {
+    let other = store.scope().unit("operator-held-step", "order-2").unwrap();
+    let token = LockToken::generate().with_doubt_memory(DAY);
+    acquire(shared, &other, &token, SHORT).await;
+    outlive(SHORT).await;
+    let Held::InDoubt { bytes: shown, .. } = store.read(&other).await.unwrap() else {
+        panic!("a lock that ran out must read as in doubt");
+    };
+    acquire(shared, &other, &LockToken::generate(), LONG).await;
+    let changed = store
+        .resolve_exact(&other, &shown, resolution)
+        .await
+        .unwrap();
+    assert_eq!(
+        changed,
+        Resolved::Changed,
+        "a live lock is nobody's to resolve"
+    );
+    assert!(store.read_journal(&other).await.unwrap().is_empty());
+    assert!(matches!(
+        store.read(&other).await.unwrap(),
+        Held::Lock { .. }
+    ));
+}
