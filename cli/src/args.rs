@@ -104,6 +104,8 @@ pub(crate) enum Command {
     ///
     /// First ask the downstream system whether the earlier delivery's side effect happened
     /// (`status` shows its fencing token); then `--result` if it did, `--free` if it did not.
+    /// A unit held at a step (`status` shows its journal) is settled step by step instead:
+    /// `--step NAME --step-result JSON` if that step's effect happened.
     /// Either writes only while the key (or row) still holds the lock that was read and shown,
     /// still run out: a key that changed meanwhile (taken over, finished or renewed by its
     /// holder, resolved by someone else) is left alone. Exit codes: 0 resolved, 1 done (not in
@@ -118,12 +120,30 @@ pub(crate) enum Command {
             long,
             value_name = "JSON",
             value_parser = parse_json,
-            conflicts_with = "free",
-            required_unless_present = "free"
+            conflicts_with_all = ["free", "step_result"],
+            required_unless_present_any = ["free", "step_result"]
         )]
         result: Option<Box<RawValue>>,
+        /// The unit is held at its step in doubt (`step_or_hold`), and that step's effect
+        /// happened: record this value, the step's value as JSON, as the step `--step` at the
+        /// end of the unit's journal, and free the unit, so that the next delivery replays it
+        /// and goes on with the step after it.
+        #[arg(
+            long,
+            value_name = "JSON",
+            value_parser = parse_json,
+            conflicts_with = "free",
+            requires = "step"
+        )]
+        step_result: Option<Box<RawValue>>,
+        /// With `--step-result`: the name of the step held in doubt, as the body gives it.
+        #[arg(long, value_name = "NAME", requires = "step_result")]
+        step: Option<String>,
+        /// With `--step`: the step's key part, for a step named with one (`("mail", to)`).
+        #[arg(long, value_name = "PART", requires = "step")]
+        part: Option<String>,
         /// How long the recorded result is kept: the task's `result_ttl` (e.g. `90s`, `30m`,
-        /// `24h`, `7d`).
+        /// `24h`, `7d`); with `--step-result`, how long the journal is kept.
         #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_ttl)]
         result_ttl: Duration,
         /// The effect did not happen: delete the lock that ran out, so that the next delivery

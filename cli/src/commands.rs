@@ -94,7 +94,7 @@ pub(crate) async fn status(target: &Target, task: &str, key: &str) -> Result<Fou
 }
 
 /// The JSON every command about one unit starts from: where, which task and key, the digest.
-fn unit_json(target: &Target, unit: &UnitOfWork) -> Value {
+pub(crate) fn unit_json(target: &Target, unit: &UnitOfWork) -> Value {
     let (scope, name) = target.scope();
     json!({
         scope: name,
@@ -107,7 +107,7 @@ fn unit_json(target: &Target, unit: &UnitOfWork) -> Value {
 /// Input: a unit that changed between the read an operator was shown and the write that
 /// depended on it; what was not done ("deleted: the value of"), why it may have changed, and
 /// what to add to the advice. Output: the failure (`changed`, exit 1).
-fn changed(unit: &UnitOfWork, nothing: &str, why: &str, then: &str) -> Failure {
+pub(crate) fn changed(unit: &UnitOfWork, nothing: &str, why: &str, then: &str) -> Failure {
     let (task, key) = (unit.task(), unit.key());
     Failure::new(
         Exit::Error,
@@ -319,7 +319,7 @@ fn locked_refusal(
 
 /// Shows `what` and asks `question` on the terminal; without one, refuses (a script must say
 /// `--yes`). `verb` names the command and `undone` what a refusal leaves undone ("deleted").
-fn confirm(what: &str, question: &str, verb: &str, undone: &str) -> Result<(), Failure> {
+pub(crate) fn confirm(what: &str, question: &str, verb: &str, undone: &str) -> Result<(), Failure> {
     let stdin = std::io::stdin();
     if !stdin.is_terminal() {
         return Err(Failure::usage(format!(
@@ -438,18 +438,22 @@ pub(crate) enum Settle {
     Free,
 }
 
-/// `resolve`: records a result for a unit in doubt, or frees it, after a confirmation; only
-/// while it still holds the lock that was read and shown, still run out. A unit not in doubt is
-/// refused with the exit code of its state (done 1, locked 3, unknown 4).
-pub(crate) async fn resolve(
+/// A unit in doubt `resolve` read: the lock's bytes to compare, and what the operator is shown.
+pub(crate) struct InDoubt {
+    pub(crate) unit: UnitOfWork,
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) fencing_token: Option<u64>,
+    pub(crate) shown: String,
+}
+
+/// Input: the unit `resolve` was asked about. Output: it in doubt, or the refusal with the
+/// exit code of its state (done 1, locked 3, unknown 4).
+pub(crate) async fn read_in_doubt(
     target: &Target,
     task: &str,
     key: &str,
-    settle: Settle,
-    yes: bool,
-) -> Result<Found, Failure> {
+) -> Result<InDoubt, Failure> {
     let unit = target.unit(task, key)?;
-    let location = target.location(&unit);
     let seen = target.read(&unit).await?;
     let Held::InDoubt {
         bytes,
@@ -457,15 +461,38 @@ pub(crate) async fn resolve(
         expired_for,
         forgotten_in,
         ..
-    } = &seen
+    } = seen
     else {
-        return Err(not_in_doubt(target, &unit, &location, &seen));
+        return Err(not_in_doubt(target, &unit, &target.location(&unit), &seen));
     };
-    let shown = render::in_doubt(&unit, *fencing_token, *expired_for, *forgotten_in);
+    let shown = render::in_doubt(&unit, fencing_token, expired_for, forgotten_in);
+    Ok(InDoubt {
+        unit,
+        bytes,
+        fencing_token,
+        shown,
+    })
+}
+
+/// `resolve`: records a result for a unit in doubt, or frees it, after a confirmation; only
+/// while it still holds the lock that was read and shown, still run out ([`read_in_doubt`]).
+pub(crate) async fn resolve(
+    target: &Target,
+    task: &str,
+    key: &str,
+    settle: Settle,
+    yes: bool,
+) -> Result<Found, Failure> {
+    let InDoubt {
+        unit,
+        bytes,
+        fencing_token,
+        shown,
+    } = read_in_doubt(target, task, key).await?;
     let (resolution, question, recorded) = match settle {
         Settle::Record { result, result_ttl } => (
             Resolution::record(
-                Marker::encode_resolution(&unit, *fencing_token, &result),
+                Marker::encode_resolution(&unit, fencing_token, &result),
                 result_ttl,
             ),
             format!(
@@ -484,7 +511,7 @@ pub(crate) async fn resolve(
     if !yes {
         confirm(&shown, &question, "resolve", "written")?;
     }
-    let resolved = target.resolve_exact(&unit, bytes, &resolution).await?;
+    let resolved = target.resolve_exact(&unit, &bytes, &resolution).await?;
     let (word, text) = match (resolved, &recorded) {
         (Resolved::Recorded, Some((result, ttl))) => (
             "recorded",

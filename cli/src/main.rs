@@ -22,6 +22,7 @@ mod commands;
 mod dashboard;
 mod exit;
 mod render;
+mod resolve_step;
 mod scan;
 mod steps;
 mod stored;
@@ -138,12 +139,30 @@ async fn run(cli: &Cli, selected: Result<Selected, Failure>) -> Result<Found, Fa
         }
         Command::Resolve {
             unit,
+            result_ttl,
+            step,
+            part,
+            step_result: Some(value),
+            yes,
+            ..
+        } => {
+            // clap requires `--step` with `--step-result`.
+            let step = resolve_step::HeldStep {
+                name: step.clone().unwrap_or_default(),
+                part: part.clone(),
+                value: value.clone(),
+                kept_for: *result_ttl,
+            };
+            resolve_step::resolve_step(&target, &unit.task, &unit.key, step, *yes).await
+        }
+        Command::Resolve {
+            unit,
             result,
             result_ttl,
             yes,
             ..
         } => {
-            // clap lets through exactly one of `--result` and `--free`.
+            // clap lets through exactly one of `--result`, `--free` and `--step-result`.
             let settle = match result {
                 Some(result) => Settle::Record {
                     result: result.clone(),
@@ -164,9 +183,16 @@ async fn run(cli: &Cli, selected: Result<Selected, Failure>) -> Result<Found, Fa
 fn audit_cli(cli: &Cli, target: &Target, found: &Result<Found, Failure>) {
     let (action, unit) = match &cli.command {
         Command::Forget { unit, .. } => ("forget", unit),
-        Command::Resolve { unit, free, .. } => (
+        Command::Resolve {
+            unit,
+            free,
+            step_result,
+            ..
+        } => (
             if *free {
                 "resolve_free"
+            } else if step_result.is_some() {
+                "resolve_step"
             } else {
                 "resolve_record"
             },

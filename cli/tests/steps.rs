@@ -2,7 +2,8 @@
 //! test starts: a unit that has not finished shows each step it recorded (position, name with
 //! its key part, its value cut short or why it could not be stored) and where its next step
 //! stands (running, in doubt, or waiting for the next delivery), in text and in `--json`; a
-//! finished unit shows none, though Redis keeps its journal until it expires.
+//! finished unit shows none, though Redis keeps its journal until it expires. `resolve --step`
+//! records the step a unit in doubt is held at and frees it.
 
 use std::time::Duration;
 
@@ -184,4 +185,69 @@ fn units_without_steps_and_finished_units_show_none() {
     assert!(!out.contains("steps"), "{out}");
     let status = redis.status_json("checkout", "done");
     assert!(status.get("steps").is_none(), "{status}");
+}
+
+#[test]
+fn resolve_records_the_held_step_and_frees_the_unit() {
+    let server = RedisServer::start();
+    let redis = Redis(&server);
+    let short = Duration::from_millis(100);
+    redis.with_store(async |store| {
+        plant(
+            &store,
+            "order-5",
+            short,
+            &[r#"{"step":"charge","ok":"ch_5"}"#],
+        )
+        .await;
+        plant(
+            &store,
+            "order-6",
+            LONG,
+            &[r#"{"step":"charge","ok":"ch_6"}"#],
+        )
+        .await;
+        tokio::time::sleep(short + Duration::from_millis(50)).await;
+    });
+
+    let resolve = |key: &str, extra: &[&str]| {
+        let mut args = vec!["resolve", "--task", "checkout", "--key", key, "--yes"];
+        args.extend_from_slice(extra);
+        redis.idempotask(&args)
+    };
+    let (code, _, err) = resolve("order-5", &["--step-result", "7"]);
+    assert_eq!(code, 2, "the step must be named: {err}");
+    let (code, out, err) = resolve("order-6", &["--step", "ledger", "--step-result", "7"]);
+    assert_eq!(code, 3, "a live lock is not in doubt: {out}{err}");
+
+    let (code, out, err) = resolve(
+        "order-5",
+        &[
+            "--step",
+            "mail",
+            "--part",
+            "ada@example.com",
+            "--step-result",
+            r#"{"id":1}"#,
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains(
+            r#"recorded step mail[ada@example.com] = {"id":1} of checkout "order-5" at position 1"#
+        ),
+        "{out}"
+    );
+    let status = redis.status_json("checkout", "order-5");
+    assert_eq!(status["state"], "unknown", "freed: {status}");
+    assert_eq!(
+        status["steps"][1],
+        value!({"position": 1, "step": "mail", "part": "ada@example.com", "ok": {"id": 1}})
+    );
+    assert_eq!(
+        status["next_step"],
+        value!({"position": 2, "state": "waiting"})
+    );
+    let (code, _, err) = resolve("order-5", &["--step", "mail", "--step-result", "7"]);
+    assert_eq!(code, 4, "nothing is in doubt any more: {err}");
 }
