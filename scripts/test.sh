@@ -17,7 +17,7 @@ export CARGO_PROFILE_DEV_DEBUG=line-tables-only
 step() { echo "==> $* (at ${SECONDS}s)"; }
 
 # The crates that go to crates.io.
-published=(idempotask idempotask-macros idempotask-conformance idempotask-redis idempotask-postgres idempotask-apalis idempotask-consumer idempotask-nats idempotask-lapin idempotask-redis-streams idempotask-sqs idempotask-http idempotask-cli)
+published=(idempotask idempotask-macros idempotask-conformance idempotask-redis idempotask-postgres idempotask-apalis idempotask-consumer idempotask-nats idempotask-lapin idempotask-redis-streams idempotask-sqs idempotask-kafka idempotask-http idempotask-cli)
 
 # `--quick`: the published crates' unit tests and doctests, which run on MemoryStore or on
 # nothing at all; no server, no install, no root. The tests that start servers, the UI tests,

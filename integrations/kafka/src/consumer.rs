@@ -1,0 +1,614 @@
+//! [`KafkaConsumer`]: a consumer that polls records, runs each as a unit, and commits each
+//! partition's offsets past the records that ended.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
+};
+use rdkafka::producer::FutureProducer;
+use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+
+use crate::offsets::{OffsetTracker, Partition};
+use crate::unit::{Body, BodyFuture, run_unit};
+use crate::{BadRecord, ConsumeError, Idempotent, Processed, Record};
+
+/// How long the start may take to read a topic's metadata.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A Kafka consumer made by [`Idempotent::subscribe`] or [`Idempotent::assign`]: it polls
+/// records, runs each through the task as a unit of its own (see the [crate docs](crate)),
+/// and commits each partition's offset past the records that ended.
+///
+/// Call [`next`](Self::next) in a loop: it polls (which also keeps the consumer in its group
+/// while bodies run), starts each record's unit, and answers each record that ended, after
+/// its offset commit was sent. Dropped, it stops its running units (their locks released)
+/// and commits nothing more: their records are delivered again. [`close`](Self::close) ends
+/// it gracefully.
+///
+/// ```no_run
+/// use idempotask::Task;
+/// use idempotask_kafka::{Idempotent, KeyFrom};
+/// use rdkafka::ClientConfig;
+///
+/// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut config = ClientConfig::new();
+/// config.set("bootstrap.servers", "127.0.0.1:9092").set("group.id", "mailers");
+/// let mut consumer = Idempotent::new(Task::new("mail_receipt"), KeyFrom::RecordKey)
+///     .subscribe(&config, &["receipts"], |_record| Ok(async { Ok::<_, std::io::Error>(()) }))
+///     .await?;
+/// loop {
+///     let processed = consumer.next().await?;
+///     println!("{}/{}@{} ended", processed.topic, processed.partition, processed.offset);
+/// }
+/// # }
+/// ```
+pub struct KafkaConsumer<T, E> {
+    consumer: Arc<StreamConsumer<Context>>,
+    producer: FutureProducer,
+    idempotent: Arc<Idempotent>,
+    body: Arc<Body<T, E>>,
+    shared: Arc<Shared>,
+    ended_tx: mpsc::UnboundedSender<Processed<T, E>>,
+    ended_rx: mpsc::UnboundedReceiver<Processed<T, E>>,
+}
+
+/// What the consumer and its rebalance callback share.
+struct Shared {
+    state: Mutex<State>,
+    /// Notified each time a unit ends.
+    ended: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    offsets: OffsetTracker,
+    /// The running units, to stop those of a revoked partition.
+    units: HashMap<(Partition, i64), AbortHandle>,
+    /// Records received beyond `max_in_flight`, waiting in order, their partition paused.
+    waiting: HashMap<Partition, VecDeque<Record>>,
+    paused: HashSet<Partition>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The consumer's rebalance callback: before partitions are taken away, their running units
+/// end or are stopped, and their offsets are committed.
+struct Context {
+    shared: Arc<Shared>,
+    revoke_wait: Duration,
+}
+
+impl ClientContext for Context {}
+
+impl ConsumerContext for Context {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Rebalance::Revoke(revoked) = rebalance else {
+            return;
+        };
+        let partitions: Vec<Partition> = revoked
+            .elements()
+            .iter()
+            .map(|element| (element.topic().to_owned(), element.partition()))
+            .collect();
+        let commits = self.revoke(&partitions);
+        if commits.count() > 0
+            && let Err(err) = consumer.commit(&commits, CommitMode::Sync)
+        {
+            tracing::warn!(error = %err, "the offsets of revoked partitions could not be committed; their records after the last commit are delivered again");
+        }
+    }
+}
+
+impl Context {
+    /// Input: the partitions a rebalance takes away. Output: their units ended (waited for up
+    /// to `revoke_wait`) or stopped, their state forgotten, and the offsets they may commit.
+    fn revoke(&self, partitions: &[Partition]) -> TopicPartitionList {
+        // The units run on the runtime's other threads; on a current-thread runtime they
+        // cannot while this callback holds the thread, so waiting would only delay the stop.
+        let can_wait = tokio::runtime::Handle::try_current().is_ok_and(|handle| {
+            handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+        });
+        let wait = || {
+            let deadline = Instant::now() + self.revoke_wait;
+            let mut state = self.shared.lock();
+            for partition in partitions {
+                state.waiting.remove(partition);
+            }
+            while partitions
+                .iter()
+                .any(|partition| state.offsets.running(partition) > 0)
+            {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                state = self
+                    .shared
+                    .ended
+                    .wait_timeout(state, left)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+            }
+            state
+        };
+        let mut state = if can_wait {
+            tokio::task::block_in_place(wait)
+        } else {
+            let mut state = self.shared.lock();
+            for partition in partitions {
+                state.waiting.remove(partition);
+            }
+            state
+        };
+        let mut commits = TopicPartitionList::new();
+        let state = &mut *state;
+        state.units.retain(|(partition, offset), unit| {
+            let revoked = partitions.contains(partition);
+            if revoked {
+                tracing::warn!(
+                    topic = partition.0,
+                    partition = partition.1,
+                    offset,
+                    "a record of a revoked partition was still running; it is stopped and its lock released"
+                );
+                unit.abort();
+            }
+            !revoked
+        });
+        for partition in partitions {
+            state.paused.remove(partition);
+            if let Some(position) = state.offsets.revoke(partition) {
+                let _ = commits.add_partition_offset(
+                    &partition.0,
+                    partition.1,
+                    Offset::Offset(position),
+                );
+            }
+        }
+        commits
+    }
+}
+
+impl Idempotent {
+    /// Joins the consumer group of `config` (`group.id`) on `topics`, and runs each record
+    /// through `body`: it is called with the record before its unit begins, decodes what it
+    /// needs (a [`BadRecord`] sends the record to the dead-letter topic, nothing ran) and
+    /// returns the body's future, which is only polled once the lock is held (a duplicate never
+    /// polls it). A failed body is called again for its next try. The body's `Ok` type is
+    /// stored as JSON, so it must implement `Serialize` and `DeserializeOwned` (`()` does).
+    ///
+    /// The consumer sets `enable.auto.commit` and `enable.auto.offset.store` to `false` (it
+    /// commits itself), and `auto.offset.reset` to `earliest` unless `config` sets it. The
+    /// dead-letter copies are sent by a producer made from the same `config`.
+    ///
+    /// ```no_run
+    /// use idempotask::Task;
+    /// use idempotask_kafka::{Idempotent, KeyFrom};
+    /// use rdkafka::ClientConfig;
+    ///
+    /// #[derive(serde::Deserialize)]
+    /// struct Order { amount: u64 }
+    ///
+    /// async fn charge(amount: u64) -> Result<String, std::io::Error> {
+    ///     Ok(format!("ch_{amount}"))
+    /// }
+    ///
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut config = ClientConfig::new();
+    /// config.set("bootstrap.servers", "127.0.0.1:9092").set("group.id", "chargers");
+    /// let consumer = Idempotent::new(Task::new("order_charge"), KeyFrom::header("order_id"))
+    ///     .subscribe(&config, &["orders"], |record| {
+    ///         let order: Order = record.json()?;
+    ///         Ok(charge(order.amount))
+    ///     })
+    ///     .await?;
+    /// # let _ = consumer; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConsumeError::UnknownTopic`] when a topic or its dead-letter topic does not exist;
+    /// [`ConsumeError::Kafka`] when the client cannot be made (a bad setting) or the broker
+    /// cannot be reached within 10 s.
+    pub async fn subscribe<T, E, B, Fut>(
+        self,
+        config: &ClientConfig,
+        topics: &[&str],
+        body: B,
+    ) -> Result<KafkaConsumer<T, E>, ConsumeError>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: std::fmt::Display + Send + 'static,
+        B: Fn(&Record) -> Result<Fut, BadRecord> + Send + Sync + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+    {
+        let consumer = self.start(config, topics, body).await?;
+        consumer
+            .consumer
+            .subscribe(topics)
+            .map_err(|err| ConsumeError::kafka("subscribe", err))?;
+        Ok(consumer)
+    }
+
+    /// Consumes the given partitions of `topic` without joining the group's rebalances
+    /// (`assign`), from the offsets the group `group.id` committed (`auto.offset.reset`
+    /// where it has none), committing to that group as [`subscribe`](Self::subscribe) does.
+    /// For a fixed set of consumers that each own their partitions, and for brokers whose
+    /// group membership does not survive a member that dies without leaving.
+    ///
+    /// ```no_run
+    /// use idempotask::Task;
+    /// use idempotask_kafka::{Idempotent, KeyFrom};
+    /// use rdkafka::ClientConfig;
+    ///
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut config = ClientConfig::new();
+    /// config.set("bootstrap.servers", "127.0.0.1:9092").set("group.id", "chargers");
+    /// let consumer = Idempotent::new(Task::new("order_charge"), KeyFrom::RecordKey)
+    ///     .assign(&config, "orders", &[0, 1], |_record| Ok(async { Ok::<_, std::io::Error>(()) }))
+    ///     .await?;
+    /// # let _ = consumer; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`subscribe`](Self::subscribe).
+    pub async fn assign<T, E, B, Fut>(
+        self,
+        config: &ClientConfig,
+        topic: &str,
+        partitions: &[i32],
+        body: B,
+    ) -> Result<KafkaConsumer<T, E>, ConsumeError>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: std::fmt::Display + Send + 'static,
+        B: Fn(&Record) -> Result<Fut, BadRecord> + Send + Sync + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+    {
+        let consumer = self.start(config, &[topic], body).await?;
+        let mut assignment = TopicPartitionList::new();
+        for partition in partitions {
+            assignment
+                .add_partition_offset(topic, *partition, Offset::Stored)
+                .map_err(|err| ConsumeError::kafka("assign", err))?;
+        }
+        consumer
+            .consumer
+            .assign(&assignment)
+            .map_err(|err| ConsumeError::kafka("assign", err))?;
+        Ok(consumer)
+    }
+
+    /// Input: the client's settings, the topics and the body. Output: a consumer and a
+    /// producer, once every topic and dead-letter topic is known to exist.
+    async fn start<T, E, B, Fut>(
+        self,
+        config: &ClientConfig,
+        topics: &[&str],
+        body: B,
+    ) -> Result<KafkaConsumer<T, E>, ConsumeError>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: std::fmt::Display + Send + 'static,
+        B: Fn(&Record) -> Result<Fut, BadRecord> + Send + Sync + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+    {
+        let mut consumer_config = config.clone();
+        consumer_config
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false");
+        if consumer_config.get("auto.offset.reset").is_none() {
+            consumer_config.set("auto.offset.reset", "earliest");
+        }
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            ended: Condvar::new(),
+        });
+        let context = Context {
+            shared: Arc::clone(&shared),
+            revoke_wait: self.revoke_wait,
+        };
+        let consumer: StreamConsumer<Context> = consumer_config
+            .create_with_context(context)
+            .map_err(|err| ConsumeError::kafka("create consumer", err))?;
+        let consumer = Arc::new(consumer);
+        let mut producer_config = ClientConfig::new();
+        for (key, value) in config.config_map() {
+            // The consumer's own settings only draw warnings from a producer.
+            if !is_consumer_only(key) {
+                producer_config.set(key, value);
+            }
+        }
+        let producer: FutureProducer = producer_config
+            .create()
+            .map_err(|err| ConsumeError::kafka("create producer", err))?;
+        let mut needed: Vec<String> = topics.iter().map(|topic| (*topic).to_owned()).collect();
+        needed.extend(topics.iter().map(|topic| self.dead_letter_topic_for(topic)));
+        needed.dedup();
+        let checker = Arc::clone(&consumer);
+        tokio::task::spawn_blocking(move || check_topics(&checker, &needed))
+            .await
+            .map_err(|err| ConsumeError::Kafka {
+                action: "fetch metadata",
+                source: Box::new(err),
+            })??;
+        let body: Arc<Body<T, E>> = Arc::new(move |record: &Record| {
+            body(record).map(|future| Box::pin(future) as BodyFuture<T, E>)
+        });
+        let (ended_tx, ended_rx) = mpsc::unbounded_channel();
+        Ok(KafkaConsumer {
+            consumer,
+            producer,
+            idempotent: Arc::new(self),
+            body,
+            shared,
+            ended_tx,
+            ended_rx,
+        })
+    }
+}
+
+/// Whether `key` is a setting of consumers only.
+fn is_consumer_only(key: &str) -> bool {
+    key.starts_with("group.")
+        || key.starts_with("enable.auto.")
+        || key.starts_with("auto.")
+        || key.starts_with("partition.assignment")
+        || key.starts_with("session.")
+        || key.starts_with("heartbeat.")
+        || key.starts_with("max.poll.")
+        || key.starts_with("fetch.")
+        || key == "isolation.level"
+}
+
+/// Input: topic names. Output: an error naming the first that the broker does not know.
+fn check_topics(consumer: &StreamConsumer<Context>, topics: &[String]) -> Result<(), ConsumeError> {
+    for topic in topics {
+        let metadata = consumer
+            .fetch_metadata(Some(topic), METADATA_TIMEOUT)
+            .map_err(|err| ConsumeError::kafka("fetch metadata", err))?;
+        let known = metadata.topics().iter().any(|found| {
+            found.name() == topic && found.error().is_none() && !found.partitions().is_empty()
+        });
+        if !known {
+            return Err(ConsumeError::UnknownTopic {
+                topic: topic.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+impl<T, E> KafkaConsumer<T, E>
+where
+    T: Serialize + DeserializeOwned + Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    /// Polls and runs records until one ends, and answers it once its partition's offset
+    /// commit (if it moved) was sent: done, or sent to the dead-letter topic (see
+    /// [`Processed`]). Records of one poll run at the same time, up to
+    /// [`max_in_flight`](Idempotent::max_in_flight) per partition; a partition with more is
+    /// paused while polling goes on, and resumed once it has room.
+    ///
+    /// ```no_run
+    /// # use idempotask::Task;
+    /// # use idempotask_kafka::{Handled, Idempotent, KeyFrom};
+    /// # use rdkafka::ClientConfig;
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let mut config = ClientConfig::new();
+    /// # config.set("bootstrap.servers", "127.0.0.1:9092").set("group.id", "g");
+    /// let mut consumer = Idempotent::new(Task::new("order_charge"), KeyFrom::RecordKey)
+    ///     .subscribe(&config, &["orders"], |_record| Ok(async { Ok::<_, std::io::Error>(7_u32) }))
+    ///     .await?;
+    /// loop {
+    ///     if let Handled::DeadLettered(why) = consumer.next().await?.handled {
+    ///         eprintln!("dead-lettered: {why}");
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConsumeError::Kafka`] when polling reports an error (a broker that cannot be
+    /// reached, say). The consumer stays usable: call `next` again.
+    pub async fn next(&mut self) -> Result<Processed<T, E>, ConsumeError> {
+        loop {
+            tokio::select! {
+                biased;
+                Some(processed) = self.ended_rx.recv() => {
+                    self.after_end()?;
+                    return Ok(processed);
+                }
+                received = self.consumer.recv() => {
+                    let message = received.map_err(|err| ConsumeError::kafka("poll", err))?;
+                    let record = Record::from_message(&message);
+                    drop(message);
+                    self.accept(record)?;
+                }
+            }
+        }
+    }
+
+    /// Stops polling, waits for the running records to end (those waiting behind a paused
+    /// partition do not start), commits their offsets and waits for the commit; then the
+    /// consumer leaves its group when dropped.
+    ///
+    /// ```no_run
+    /// # use idempotask::Task;
+    /// # use idempotask_kafka::{Idempotent, KeyFrom};
+    /// # use rdkafka::ClientConfig;
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let mut config = ClientConfig::new();
+    /// # config.set("bootstrap.servers", "127.0.0.1:9092").set("group.id", "g");
+    /// let mut consumer = Idempotent::new(Task::new("order_charge"), KeyFrom::RecordKey)
+    ///     .subscribe(&config, &["orders"], |_record| Ok(async { Ok::<_, std::io::Error>(()) }))
+    ///     .await?;
+    /// let ended = consumer.close().await?;
+    /// println!("{} more records ended while closing", ended.len());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConsumeError::Kafka`] when the last commit failed: the records after the group's
+    /// last commit are then delivered again (and replay their stored results).
+    pub async fn close(mut self) -> Result<Vec<Processed<T, E>>, ConsumeError> {
+        let mut ended = Vec::new();
+        {
+            let mut state = self.shared.lock();
+            state.waiting.clear();
+        }
+        while !self.shared.lock().units.is_empty() {
+            match self.ended_rx.recv().await {
+                Some(processed) => ended.push(processed),
+                None => break,
+            }
+        }
+        while let Ok(processed) = self.ended_rx.try_recv() {
+            ended.push(processed);
+        }
+        let commits = self.take_commits();
+        if commits.count() > 0 {
+            let consumer = Arc::clone(&self.consumer);
+            tokio::task::spawn_blocking(move || consumer.commit(&commits, CommitMode::Sync))
+                .await
+                .map_err(|err| ConsumeError::Kafka {
+                    action: "commit",
+                    source: Box::new(err),
+                })?
+                .map_err(|err| ConsumeError::kafka("commit", err))?;
+        }
+        Ok(ended)
+    }
+
+    /// Input: a polled record. Output: it runs, or waits behind its partition's running
+    /// records with the partition paused.
+    fn accept(&self, record: Record) -> Result<(), ConsumeError> {
+        let partition = (record.topic().to_owned(), record.partition());
+        let mut state = self.shared.lock();
+        state.offsets.received(&partition, record.offset());
+        let waiting = state.waiting.get(&partition).map_or(0, VecDeque::len);
+        let running = state.offsets.running(&partition) - 1 - waiting;
+        if waiting == 0 && running < self.idempotent.max_in_flight {
+            self.spawn(&mut state, partition, record);
+            return Ok(());
+        }
+        state
+            .waiting
+            .entry(partition.clone())
+            .or_default()
+            .push_back(record);
+        if state.paused.insert(partition.clone()) {
+            self.consumer
+                .pause(&one_partition(&partition))
+                .map_err(|err| ConsumeError::kafka("pause", err))?;
+        }
+        Ok(())
+    }
+
+    /// Input: a record to run now. Output: its unit running on the runtime, which counts the
+    /// record ended and sends what became of it when it ends.
+    fn spawn(&self, state: &mut State, partition: Partition, record: Record) {
+        let offset = record.offset();
+        let idempotent = Arc::clone(&self.idempotent);
+        let producer = self.producer.clone();
+        let body = Arc::clone(&self.body);
+        let shared = Arc::clone(&self.shared);
+        let ended = self.ended_tx.clone();
+        let unit_partition = partition.clone();
+        let task = tokio::spawn(async move {
+            let processed = run_unit(&idempotent, &producer, &*body, record).await;
+            {
+                let mut state = shared.lock();
+                state.offsets.finished(&unit_partition, offset);
+                state.units.remove(&(unit_partition, offset));
+            }
+            shared.ended.notify_all();
+            let _ = ended.send(processed);
+        });
+        state.units.insert((partition, offset), task.abort_handle());
+    }
+
+    /// After a record ended: the records waiting for room start, partitions with none left
+    /// resume, and the offsets that moved are committed.
+    fn after_end(&self) -> Result<(), ConsumeError> {
+        let mut resume = TopicPartitionList::new();
+        {
+            let mut state = self.shared.lock();
+            let partitions: Vec<Partition> = state.waiting.keys().cloned().collect();
+            for partition in partitions {
+                loop {
+                    let waiting = state.waiting.get(&partition).map_or(0, VecDeque::len);
+                    let running = state.offsets.running(&partition) - waiting;
+                    if waiting == 0 || running >= self.idempotent.max_in_flight {
+                        break;
+                    }
+                    let Some(record) = state
+                        .waiting
+                        .get_mut(&partition)
+                        .and_then(VecDeque::pop_front)
+                    else {
+                        break;
+                    };
+                    self.spawn(&mut state, partition.clone(), record);
+                }
+                if state
+                    .waiting
+                    .get(&partition)
+                    .is_some_and(VecDeque::is_empty)
+                {
+                    state.waiting.remove(&partition);
+                    if state.paused.remove(&partition) {
+                        let _ = resume.add_partition(&partition.0, partition.1);
+                    }
+                }
+            }
+        }
+        if resume.count() > 0 {
+            self.consumer
+                .resume(&resume)
+                .map_err(|err| ConsumeError::kafka("resume", err))?;
+        }
+        let commits = self.take_commits();
+        if commits.count() > 0 {
+            self.consumer
+                .commit(&commits, CommitMode::Async)
+                .map_err(|err| ConsumeError::kafka("commit", err))?;
+        }
+        Ok(())
+    }
+
+    /// The offsets that moved since their last commit.
+    fn take_commits(&self) -> TopicPartitionList {
+        let mut commits = TopicPartitionList::new();
+        for ((topic, partition), position) in self.shared.lock().offsets.take_commits() {
+            let _ = commits.add_partition_offset(&topic, partition, Offset::Offset(position));
+        }
+        commits
+    }
+}
+
+impl<T, E> Drop for KafkaConsumer<T, E> {
+    fn drop(&mut self) {
+        for unit in self.shared.lock().units.values() {
+            unit.abort();
+        }
+    }
+}
+
+/// A list of one partition, for `pause`.
+fn one_partition(partition: &Partition) -> TopicPartitionList {
+    let mut list = TopicPartitionList::new();
+    let _ = list.add_partition(&partition.0, partition.1);
+    list
+}
