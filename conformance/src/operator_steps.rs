@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use idempotask::operator::{Held, Operator, Resolution, Resolved, StepRecord, step_entry};
+use idempotask::operator::{Held, Marker, Operator, Resolution, Resolved, StepRecord, step_entry};
 use idempotask::store::{LockToken, SharedStore, Store, StoreErrorKind};
-use idempotask::{Error, Task};
+use idempotask::{Error, StepErrorKind, Task};
 use serde_json::value::RawValue;
 
 use super::step_doubt::died_after_the_first_step;
@@ -133,4 +133,75 @@ async fn a_lock_taken_over_is_not_resolved(
         store.read(&other).await.unwrap(),
         Held::Lock { .. }
     ));
+}
+
+/// Input: a store that records steps, as its own operator. Checks that a body whose steps come
+/// in another order than its journal's is refused before its effect and holds its unit: the lock
+/// is not released but lapses into doubt, where the next delivery is refused again without
+/// running anything, until an operator records the unit's result.
+pub(super) async fn a_body_whose_steps_changed_order_is_held(
+    store: &(impl Store + Operator + Clone),
+) {
+    let task = Task::new("operator-reordered").lock_ttl(SHORT);
+    let unit = store.scope().unit("operator-reordered", "order-1").unwrap();
+    let effects = Arc::new(AtomicU32::new(0));
+    let deliver = |first: &'static str, then_fail: bool| {
+        let effects = Arc::clone(&effects);
+        task.call("order-1").store(store.clone()).run(async move {
+            let ctx = idempotask::context().unwrap();
+            let effect = async {
+                effects.fetch_add(1, Ordering::SeqCst);
+                Ok::<u32, Error>(1)
+            };
+            ctx.step(first, effect).await?;
+            if then_fail {
+                return Err(Error::NotConfigured);
+            }
+            Ok(0)
+        })
+    };
+    let order_changed = |answer: &Result<u32, Error>| {
+        matches!(
+            answer,
+            Err(Error::Step {
+                kind: StepErrorKind::OrderChanged,
+                ..
+            })
+        )
+    };
+    let failed = deliver("a", true).await;
+    assert!(matches!(failed, Err(Error::NotConfigured)), "{failed:?}");
+    let changed = deliver("b", false).await;
+    assert!(order_changed(&changed), "{changed:?}");
+    assert!(
+        matches!(store.read(&unit).await.unwrap(), Held::Lock { .. }),
+        "a body whose steps changed order released its unit"
+    );
+    outlive(SHORT).await;
+    assert!(matches!(
+        store.read(&unit).await.unwrap(),
+        Held::InDoubt { .. }
+    ));
+    let again = deliver("b", false).await;
+    assert!(order_changed(&again), "the next delivery: {again:?}");
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "a reordered step ran");
+
+    outlive(SHORT).await;
+    let Held::InDoubt {
+        bytes: shown,
+        fencing_token,
+        ..
+    } = store.read(&unit).await.unwrap()
+    else {
+        panic!("a unit whose steps changed order must stay held in doubt");
+    };
+    let result = RawValue::from_string("9".to_owned()).unwrap();
+    let marker = Marker::encode_resolution(&unit, fencing_token, &result);
+    let resolved = store
+        .resolve_exact(&unit, &shown, &Resolution::record(marker, DAY))
+        .await
+        .unwrap();
+    assert_eq!(resolved, Resolved::Recorded);
+    assert_eq!(deliver("b", false).await.unwrap(), 9, "the resolved result");
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
 }

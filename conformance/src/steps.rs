@@ -313,7 +313,7 @@ pub async fn a_step_after_the_lock_was_taken_over_does_not_run(store: SharedStor
 }
 
 /// Checks the refusals, each before the step's effect runs: a body whose steps come in another
-/// order than the journal's, a step over the task's limit, two steps at once.
+/// order than the journal's (its unit then held, its lock not released), a step over the task's limit, two steps at once.
 ///
 /// # Panics
 /// When the store or the runner does not.
@@ -353,6 +353,14 @@ pub async fn steps_that_cannot_be_recorded_are_refused_before_their_effect(store
         "{changed:?}"
     );
     assert_eq!(effects.load(Ordering::SeqCst), 1, "a reordered step ran");
+    let held = store
+        .inspect(&UnitOfWork::new("refused-steps", "order").unwrap())
+        .await
+        .unwrap();
+    assert!(
+        held.lock_ttl.is_some() && held.marker.is_none(),
+        "a body whose steps changed order released its unit: {held:?}"
+    );
 
     let too_many = task
         .call("many")

@@ -69,9 +69,10 @@ pub(crate) struct Lease {
     pub(crate) steps: Mutex<Cursor>,
     /// How the task shows keys in logs and errors.
     logging: KeyLogging,
-    /// A step's effect happened and its record was not confirmed: the call leaves the unit to
-    /// lapse into doubt rather than release it.
-    pub(crate) unrecorded: AtomicBool,
+    /// The unit must not run again unseen: a step's effect happened and its record was not
+    /// confirmed, or the body's steps came in another order than its journal's. The call leaves
+    /// the lock to lapse into doubt rather than release it.
+    holds: AtomicBool,
 }
 
 /// What a fence needs to ask the store whether the lock is still this holder's: the lock's
@@ -118,7 +119,7 @@ impl Lease {
             fenced_out: AtomicBool::new(false),
             steps: Mutex::default(),
             logging,
-            unrecorded: AtomicBool::new(false),
+            holds: AtomicBool::new(false),
         }
     }
 
@@ -127,9 +128,15 @@ impl Lease {
         self.fence.get()
     }
 
-    /// Whether a step's effect happened without a confirmed record.
-    pub(crate) fn has_unrecorded_step(&self) -> bool {
-        self.unrecorded.load(Ordering::Acquire)
+    /// Whether the call leaves its lock to lapse into doubt (see [`hold`](Self::hold)).
+    pub(crate) fn holds(&self) -> bool {
+        self.holds.load(Ordering::Acquire)
+    }
+
+    /// Keeps the unit from running again unseen: the call does not release its lock, which
+    /// lapses into doubt, where it stays until a result is recorded or an operator resolves it.
+    pub(crate) fn hold(&self) {
+        self.holds.store(true, Ordering::Release);
     }
 
     /// Whether a fence was refused during this execution.

@@ -290,7 +290,9 @@ impl Call<'_> {
             Err(panic) => {
                 on_drop.disarm();
                 observation.ended(Ending::Failed);
-                release(&store, &unit, &token, logging).await;
+                if releases_after_failure(&unit, logging, &lease) {
+                    release(&store, &unit, &token, logging).await;
+                }
                 resume_unwind(panic)
             }
             Ok(Err(err)) => {
@@ -537,21 +539,22 @@ fn refuse_misuse(unit: &UnitOfWork) -> Result<(), Error> {
     Ok(())
 }
 
-/// Whether the lock of a body that failed is released: not when one of its steps' effects
-/// happened without a confirmed record. Released, the unit would run that step again at once;
-/// left to lapse, it is in doubt, as after a crash.
+/// Whether the lock of a body that failed or panicked is released: not when the unit is held
+/// (one of its steps' effects happened without a confirmed record, or its steps changed
+/// order). Released, the unit would run again at once; left to lapse, it is in doubt, as after
+/// a crash, until a result is recorded or an operator resolves it.
 fn releases_after_failure(
     unit: &UnitOfWork,
     logging: crate::observe::KeyLogging,
     lease: &Lease,
 ) -> bool {
-    if !lease.has_unrecorded_step() {
+    if !lease.holds() {
         return true;
     }
     tracing::warn!(
         task = unit.task(),
         key = logging.show(unit),
-        "a step's record was not confirmed; the lock is left to lapse and the unit to be in doubt"
+        "the unit is held: the lock is left to lapse and the unit to be in doubt"
     );
     false
 }

@@ -6,7 +6,10 @@
 pub enum StepErrorKind {
     /// The journal's entry at this step's place belongs to another step: the body calls its
     /// steps in another order than the run that recorded them. Nothing ran; the journal is
-    /// left as it is, and every rerun of this body stops here until the unit is resolved.
+    /// left as it is, and the unit is held: the call does not release its lock, which lapses
+    /// into doubt, so that no delivery runs a body on a journal it does not match until an
+    /// operator resolves the unit (records its result, or forgets it with its journal). A
+    /// rerun of the body meanwhile stops here again.
     OrderChanged,
     /// The body called more steps than its task allows. Nothing ran.
     TooMany,

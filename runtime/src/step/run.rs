@@ -1,7 +1,6 @@
 //! How a step runs: the body's cursor in its unit's journal, the replay, the record, and the
 //! step in doubt.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -210,7 +209,7 @@ impl TaskContext {
     fn reserve(&self, name: &StepName) -> Result<Duration, Error> {
         let mut cursor = self.cursor();
         let Some(armed) = &cursor.armed else {
-            return Err(self.step_error(name, StepErrorKind::Unsupported, "steps cannot be recorded inside a database transaction, which holds the unit until it ends"));
+            return Err(self.step_error(name, StepErrorKind::Unsupported, "this database transaction has no store to record steps outside it (`TransactionScope::step_store`)"));
         };
         let kept_for = armed.kept_for;
         if cursor.running {
@@ -315,7 +314,7 @@ impl TaskContext {
             )
         })?;
         if !read.is(name) {
-            return Err(self.step_error(name, StepErrorKind::OrderChanged, &format!("the journal's step {position} is `{}`: the body calls its steps in another order than the run that recorded them", read.shown(self.logging()))));
+            return Err(self.order_changed(name, position, &read.shown(self.logging())));
         }
         read.value().map_err(|(unstorable, reason)| {
             if unstorable {
@@ -353,7 +352,7 @@ impl TaskContext {
                 Err(err) => {
                     failures += 1;
                     if !err.is_retryable() || failures >= RECORD_ATTEMPTS {
-                        self.lease().unrecorded.store(true, Ordering::Release);
+                        self.lease().hold();
                         return Err(self.step_error(
                             name,
                             StepErrorKind::Unrecorded,
@@ -364,6 +363,21 @@ impl TaskContext {
             }
             tokio::time::sleep(STORE_RETRY_BACKOFF.delay(failures)).await;
         }
+    }
+
+    /// The error of a step whose place in the journal holds another step (`recorded`). The
+    /// unit is held: released, its next delivery would run the same body on the same journal,
+    /// or a changed one on a journal it does not match.
+    fn order_changed(&self, name: &StepName, position: u32, recorded: &str) -> Error {
+        self.lease().hold();
+        tracing::warn!(
+            task = self.task(),
+            key = self.logging().show(self.unit()),
+            step = %name.shown(self.logging()),
+            recorded,
+            "the body's steps changed order: the unit is held in doubt; resolve it to go on"
+        );
+        self.step_error(name, StepErrorKind::OrderChanged, &format!("the journal's step {position} is `{recorded}`: the body calls its steps in another order than the run that recorded them; the unit is held until it is resolved"))
     }
 
     fn step_error(&self, name: &StepName, kind: StepErrorKind, reason: &str) -> Error {
