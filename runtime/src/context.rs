@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, lock_lost};
 use crate::observe::KeyLogging;
-use crate::step::cursor::Cursor;
+use crate::step::cursor::{Cursor, StepLimits};
 use crate::store::{Doubt, SharedStore, Store};
 use crate::unit::{LockToken, UnitOfWork};
 
@@ -76,13 +76,15 @@ pub(crate) struct Lease {
 }
 
 /// What a fence needs to ask the store whether the lock is still this holder's: the lock's
-/// token as granted, and the TTL a successful check renews it to. Kept in the lease, which
-/// every execution allocates already.
+/// token as granted, and the TTL a successful check renews it to; and what the body's steps
+/// record under it, with their limits. Kept in the lease, which every execution allocates
+/// already, and set once: a body that calls no step reads nothing else.
 #[derive(Debug)]
 pub(crate) struct Fence {
     store: SharedStore,
     token: LockToken,
     lock_ttl: Duration,
+    steps: StepLimits,
 }
 
 impl Fence {
@@ -98,11 +100,22 @@ impl Fence {
         self.lock_ttl
     }
 
-    pub(crate) fn new(store: &SharedStore, token: &LockToken, lock_ttl: Duration) -> Self {
+    /// The limits of the steps recorded under this fence.
+    pub(crate) fn steps(&self) -> StepLimits {
+        self.steps
+    }
+
+    pub(crate) fn new(
+        store: &SharedStore,
+        token: &LockToken,
+        lock_ttl: Duration,
+        steps: StepLimits,
+    ) -> Self {
         Self {
             store: store.clone(),
             token: token.clone(),
             lock_ttl,
+            steps,
         }
     }
 }

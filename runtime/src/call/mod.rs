@@ -18,7 +18,6 @@ use crate::marker::{Marker, MarkerView};
 use crate::observe::{Ending, Observation};
 use crate::outcome::{Outcome, Report};
 use crate::panicked::catching_panics;
-use crate::step::cursor::Cursor;
 use crate::store::{SharedStore, Store};
 use crate::task::Task;
 use crate::unit::{LockToken, UnitOfWork};
@@ -347,7 +346,7 @@ impl Call<'_> {
         );
     }
 
-    /// The body's context, once the lock is granted: its fence and its steps armed.
+    /// The body's context, once the lock is granted: its fence armed, with its steps' limits.
     fn context(
         &self,
         store: &SharedStore,
@@ -356,8 +355,12 @@ impl Call<'_> {
         lease: &Arc<Lease>,
         attempts: u32,
     ) -> TaskContext {
-        lease.arm_fence(Fence::new(store, token, self.task.lock_ttl));
-        Cursor::arm(&lease.steps, self.task.step_limits());
+        lease.arm_fence(Fence::new(
+            store,
+            token,
+            self.task.lock_ttl,
+            self.task.step_limits(),
+        ));
         TaskContext::new(
             unit.clone(),
             token.fencing_token(),

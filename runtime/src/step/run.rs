@@ -207,11 +207,10 @@ impl TaskContext {
     /// Takes the cursor for this step, refusing what can never be recorded; the journal's
     /// keep time.
     fn reserve(&self, name: &StepName) -> Result<Duration, Error> {
-        let mut cursor = self.cursor();
-        let Some(armed) = &cursor.armed else {
-            return Err(self.step_error(name, StepErrorKind::Unsupported, "this database transaction has no store to record steps outside it (`TransactionScope::step_store`)"));
+        let Some(fence) = self.lease().fence() else {
+            return Err(self.step_error(name, StepErrorKind::Unsupported, "steps cannot be recorded inside a database transaction, which holds the unit until it ends"));
         };
-        let kept_for = armed.kept_for;
+        let mut cursor = self.cursor();
         if cursor.running {
             return Err(self.step_error(
                 name,
@@ -219,11 +218,7 @@ impl TaskContext {
                 "another step of this body is still running; steps run one at a time",
             ));
         }
-        if !self
-            .lease()
-            .fence()
-            .is_some_and(|fence| fence.store().records_steps())
-        {
+        if !fence.store().records_steps() {
             return Err(self.step_error(
                 name,
                 StepErrorKind::Unsupported,
@@ -231,7 +226,7 @@ impl TaskContext {
             ));
         }
         cursor.running = true;
-        Ok(kept_for)
+        Ok(fence.steps().kept_for)
     }
 
     /// Reads the unit's journal at the body's first step, again when the store fails.
@@ -265,15 +260,15 @@ impl TaskContext {
 
     /// Replays the step from the journal, or says where it goes.
     fn next_turn<T: DeserializeOwned>(&self, name: &StepName) -> Result<Turn<T>, Error> {
-        let mut cursor = self.cursor();
-        let Some(armed) = &cursor.armed else {
+        let Some(fence) = self.lease().fence() else {
             return Err(self.step_error(
                 name,
                 StepErrorKind::Unsupported,
                 "the call has no store lock to record steps under",
             ));
         };
-        let (max_steps, max_bytes) = (armed.max_steps, armed.max_step_bytes);
+        let (max_steps, max_bytes) = (fence.steps().max_steps, fence.steps().max_step_bytes);
+        let mut cursor = self.cursor();
         let position = cursor.next;
         let recorded = cursor.recorded.as_deref().unwrap_or_default();
         if let Some(entry) = recorded.get(position as usize) {
