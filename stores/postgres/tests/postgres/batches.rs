@@ -225,3 +225,72 @@ pub(super) async fn a_statement_timeout_on_one_units_wait_fails_only_that_unit()
     assert!(answers[1].is_err(), "{:?}", answers[1]);
     held.rollback().await.unwrap();
 }
+
+/// The least-privileged user (rights on the store's tables and its fencing sequence, nothing
+/// else) takes and finishes units in batches: the batch statements need no right that one
+/// unit's statements do not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn the_least_privileged_user_runs_batches() {
+    let server = PostgresServer::start();
+    let owner = server.pool(2).await;
+    PostgresStore::builder(owner.clone())
+        .migrate()
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "CREATE ROLE app LOGIN;
+         GRANT SELECT, INSERT, UPDATE, DELETE ON idempotask_units, idempotask_units_steps TO app;
+         GRANT USAGE, SELECT ON SEQUENCE idempotask_units_fence TO app;",
+    )
+    .execute(&owner)
+    .await
+    .unwrap();
+    let url = server
+        .url()
+        .replace("postgres://postgres@", "postgres://app@");
+    let store = PostgresStore::connect(&url).await.unwrap();
+    let units: Vec<_> = (0..5)
+        .map(|at| UnitOfWork::new("pg_acl", format!("batched-{at}")).unwrap())
+        .collect();
+    let tokens: Vec<_> = units.iter().map(|_| LockToken::generate()).collect();
+    let claims: Vec<_> = units
+        .iter()
+        .zip(&tokens)
+        .map(|(unit, token)| Claim::new(unit, token))
+        .collect();
+    let answers = store
+        .begin_batch(&claims, Duration::from_secs(30), Fencing::On)
+        .await;
+    let granted: Vec<_> = answers
+        .into_iter()
+        .zip(&tokens)
+        .map(|(answer, token)| match answer {
+            Ok(Begin::Acquired {
+                fencing_token: Some(fence),
+                ..
+            }) => token.clone().with_fencing_token(fence),
+            other => panic!("expected the lock, got {other:?}"),
+        })
+        .collect();
+    let done: Vec<_> = units
+        .iter()
+        .zip(&granted)
+        .map(|(unit, token)| Completion::new(unit, token, b"m"))
+        .collect();
+    let finished = store.finish_batch(&done, Duration::from_secs(60)).await;
+    assert!(
+        finished
+            .iter()
+            .all(|answer| matches!(answer, Ok(Finish::Completed))),
+        "{finished:?}"
+    );
+    let again = store
+        .begin_batch(&claims, Duration::from_secs(30), Fencing::On)
+        .await;
+    assert!(
+        again
+            .iter()
+            .all(|answer| matches!(answer, Ok(Begin::Done(_)))),
+        "{again:?}"
+    );
+}
