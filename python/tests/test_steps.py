@@ -15,6 +15,7 @@ import pytest
 
 import idempotask
 from idempotask import CodecError, LockNotHeld, Serializer, StepError, idempotent_task
+from conftest import RedisServer
 
 
 class Boom(Exception):
@@ -231,6 +232,40 @@ def test_a_body_that_changed_its_step_order_is_refused(any_store: Any, name: str
     assert raised.value.kind == "order_changed"
     assert "`a`" in str(raised.value)
     assert ran == ["a", "b"]
+
+
+def test_a_step_whose_record_the_store_never_confirms_is_unrecorded(name: str) -> None:
+    # A server of its own, stopped while the step's effect runs: the effect happened, and no
+    # attempt to record it can reach the store.
+    server = RedisServer()
+    ran: List[str] = []
+    try:
+        store = idempotask.RedisStore(server.url, connection_timeout=1, response_timeout=1)
+
+        @idempotent_task(key="order-{n}", name=name, store=store)
+        def checkout(n: int) -> str:
+            ctx = idempotask.context()
+            assert ctx is not None
+
+            def charge() -> str:
+                ran.append("charge")
+                server.stop()
+                return "ch_1"
+
+            ctx.step("charge", charge)
+            ran.append("after the step")
+            return "done"
+
+        with pytest.raises(StepError) as raised:
+            checkout(1)
+    finally:
+        server.stop()
+    assert raised.value.kind == "unrecorded"
+    message = str(raised.value)
+    assert "step `charge`" in message and "not confirmed" in message, message
+    assert name in message and "order-1" in message, message
+    # The body saw the error at the step, and went no further.
+    assert ran == ["charge"]
 
 
 def test_more_steps_than_max_steps_are_refused(any_store: Any, name: str) -> None:
