@@ -60,8 +60,9 @@ pub(crate) struct Lease {
     lost: AtomicBool,
     /// A reconcile function found the work done: its result is recorded instead of a body's.
     reconciled: AtomicBool,
-    /// How [`TaskContext::fence`] asks the store; unset for a lock that a database transaction
-    /// holds until it ends, which no other delivery can take over meanwhile.
+    /// How [`TaskContext::fence`] asks the store; unset inside a database transaction whose
+    /// scope records no steps (its lock lasts until the transaction ends: nobody can take the
+    /// unit over meanwhile).
     fence: OnceLock<Fence>,
     /// A fence was refused: the call answers [`Error::LockNotHeld`], whatever the body returns.
     fenced_out: AtomicBool,
@@ -136,7 +137,8 @@ impl Lease {
         }
     }
 
-    /// How the store is asked about this lease's lock; `None` inside a database transaction.
+    /// How the store is asked about this lease's lock; `None` inside a database transaction
+    /// whose scope records no steps.
     pub(crate) fn fence(&self) -> Option<&Fence> {
         self.fence.get()
     }

@@ -9,11 +9,12 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::{Call, concluded};
-use crate::context::{Lease, TaskContext};
-use crate::error::{Error, contended, held_in_doubt};
+use crate::context::{Fence, Lease, TaskContext};
+use crate::error::{Error, contended, held_in_doubt, lock_lost};
 use crate::observe::{self, Ending, Observation};
 use crate::outcome::{Outcome, Report};
-use crate::store::{Begin, TransactionScope};
+use crate::store::{Begin, StoreError, TransactionScope};
+use crate::unit::LockToken;
 
 /// The validity a transactional execution's context reports: its lock is the transaction's,
 /// held until the transaction ends, whatever the task's lock TTL.
@@ -43,6 +44,14 @@ impl Call<'_> {
     ///   once the commit succeeded.
     /// - `Err`, a panic, or this future dropped: the transaction is rolled back, nothing is
     ///   stored, and the next delivery runs. A crash before the commit has the same effect.
+    /// - Steps ([`TaskContext::step`]) record outside the transaction, on a connection of the
+    ///   store's own (see [`TransactionScope::step_store`]): their effects are outside it too,
+    ///   so a rollback keeps their records, and the next delivery replays them instead of
+    ///   running their effects again. The marker alone commits with the body's writes. A step
+    ///   whose record cannot be written answers [`Error::Step`] with
+    ///   [`StepErrorKind::Unrecorded`](crate::StepErrorKind::Unrecorded); a body that
+    ///   returns it rolls back, and the next delivery runs that step again (a transaction
+    ///   leaves no lock behind to keep the unit in doubt).
     ///
     /// # Errors
     /// The body's own error, or an [`Error`] converted into `E`: [`Error::Store`] when the
@@ -132,12 +141,20 @@ impl Call<'_> {
             }
         };
         observation.fencing_token(fencing_token);
+        let mut token = token.granted(fencing_token);
+        if let Some(doubt) = &in_doubt {
+            token = token.taking_over(**doubt);
+        }
         let lease = Arc::new(Lease::new(
             Instant::now(),
             HELD_UNTIL_THE_TRANSACTION_ENDS,
             self.task.log_key,
         ));
-        let context = TaskContext::new(unit.clone(), fencing_token, attempts, lease)
+        if let Err(err) = self.arm_steps(&mut transaction, &token, &lease).await {
+            transaction.abort().await;
+            return Err(self.failed(err.into()));
+        }
+        let context = TaskContext::new(unit.clone(), fencing_token, attempts, Arc::clone(&lease))
             .with_doubt(in_doubt.clone());
         let running = Instant::now();
         // Boxed, as in `Call::drive`: held inline, the body's future would be stored again
@@ -145,16 +162,18 @@ impl Call<'_> {
         let result = context.scope(Box::pin(body(transaction.handle()))).await;
         observation.body_ran(running.elapsed());
         let value = match result {
+            // A step found the transaction no longer holding the unit: nothing of the body's
+            // may commit, whatever it made of that error.
+            Ok(_) if lease.was_fenced_out() => {
+                transaction.abort().await;
+                return Err(self.failed(lock_lost(&unit, self.task.log_key)));
+            }
             Ok(value) => value,
             Err(err) => {
                 transaction.abort().await;
-                return Err((err, Ending::Failed));
+                return Err(self.body_failed(err, &unit, &lease));
             }
         };
-        let mut token = token.granted(fencing_token);
-        if let Some(doubt) = &in_doubt {
-            token = token.taking_over(**doubt);
-        }
         let marker = self.marker_for(&unit, &token, &value);
         transaction
             .commit(&unit, &token, &marker, self.task.kept_for())
@@ -167,5 +186,25 @@ impl Call<'_> {
             attempts,
             in_doubt: in_doubt.map(|doubt| *doubt),
         })
+    }
+
+    /// Lets the body's steps run when the scope records them: outside the transaction, so
+    /// that a rollback keeps them as it keeps their effects, under `token` as granted (the
+    /// store checks the transaction's hold on the unit instead of a lock's expiry).
+    async fn arm_steps<X: TransactionScope>(
+        &self,
+        transaction: &mut X,
+        token: &LockToken,
+        lease: &Lease,
+    ) -> Result<(), StoreError> {
+        if let Some(steps) = transaction.step_store().await? {
+            lease.arm_fence(Fence::new(
+                &steps,
+                token,
+                self.task.lock_ttl,
+                self.task.step_limits(),
+            ));
+        }
+        Ok(())
     }
 }

@@ -208,7 +208,7 @@ impl TaskContext {
     /// keep time.
     fn reserve(&self, name: &StepName) -> Result<Duration, Error> {
         let Some(fence) = self.lease().fence() else {
-            return Err(self.step_error(name, StepErrorKind::Unsupported, "steps cannot be recorded inside a database transaction, which holds the unit until it ends"));
+            return Err(self.step_error(name, StepErrorKind::Unsupported, "this database transaction has no store to record steps outside it (`TransactionScope::step_store`)"));
         };
         let mut cursor = self.cursor();
         if cursor.running {

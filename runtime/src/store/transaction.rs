@@ -5,7 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::error::StoreError;
-use crate::store::{Begin, Fencing};
+use crate::store::{Begin, Fencing, SharedStore};
 use crate::unit::{LockToken, MAX_KEY_LEN, UnitOfWork};
 
 /// One transaction of a store that keeps units of work in the same database as the body's
@@ -31,6 +31,10 @@ use crate::unit::{LockToken, MAX_KEY_LEN, UnitOfWork};
 ///   [ambiguous](StoreError::is_ambiguous) (the commit may have applied).
 /// - [`abort`](Self::abort) rolls back. Dropping the value must roll back too (a dropped call
 ///   stores nothing), which is what database drivers do with a dropped transaction.
+/// - [`step_store`](Self::step_store), once the lock is taken and before the body runs, gives
+///   the store that records the body's steps *outside* the transaction, so that a step's record
+///   outlives a rollback as its effect does (see its contract). Without one (the default), the
+///   body's steps fail with [`StepErrorKind::Unsupported`](crate::StepErrorKind::Unsupported).
 ///
 /// ```
 /// use std::time::Duration;
@@ -113,4 +117,32 @@ pub trait TransactionScope: Send {
 
     /// Rolls the transaction back: nothing of it is kept.
     fn abort(self) -> impl Future<Output = ()> + Send;
+
+    /// The store that keeps the journal of the body's steps while this transaction holds the
+    /// unit taken by [`begin`](Self::begin); asked once, after `begin` answered
+    /// [`Begin::Acquired`], before the body runs. `None`, the default: the body's steps fail
+    /// closed with [`StepErrorKind::Unsupported`](crate::StepErrorKind::Unsupported) before
+    /// their effects run.
+    ///
+    /// # Contract
+    /// - Its [`record_step`](crate::store::Store::record_step) commits on its own, outside the
+    ///   transaction: a step's effect is outside it too, so its record must survive a rollback
+    ///   (the next delivery replays it instead of running the effect again). It records only
+    ///   while this transaction is open and holds the unit (whatever token it is given), at
+    ///   the journal's next position, and never waits on a lock this transaction holds: the
+    ///   transaction is waiting for the step, so such a wait would never end.
+    /// - Its [`read_journal`](crate::store::Store::read_journal) reads the committed journal,
+    ///   as [`Store::read_journal`](crate::store::Store::read_journal) does.
+    /// - Its [`renew`](crate::store::Store::renew) answers whether this transaction still holds
+    ///   the unit (what [`TaskContext::fence`](crate::TaskContext::fence) asks).
+    /// - The marker stays the transaction's: [`commit`](Self::commit) writes it, and the
+    ///   journal is left to run out, as [`Store::finish`](crate::store::Store::finish) may.
+    ///
+    /// # Errors
+    /// When the store cannot say which transaction holds the unit; the call rolls back.
+    fn step_store(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<SharedStore>, StoreError>> + Send {
+        std::future::ready(Ok(None))
+    }
 }

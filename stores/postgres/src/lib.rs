@@ -30,6 +30,7 @@ mod statements;
 mod steps;
 mod store;
 mod table;
+mod transaction_steps;
 mod transactional;
 
 pub use builder::PostgresStoreBuilder;

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use idempotask::store::{Begin, Fencing, StoreError, TransactionScope};
+use idempotask::store::{Begin, Fencing, SharedStore, StoreError, TransactionScope};
 use idempotask::store::{LockToken, UnitOfWork};
 use sqlx::postgres::{PgConnection, Postgres};
 
@@ -17,6 +17,7 @@ use crate::PostgresStore;
 use crate::errors::store_error;
 use crate::rows::{fence_param, millis};
 use crate::store::BeginStatements;
+use crate::transaction_steps::TransactionSteps;
 
 /// One PostgreSQL transaction in which a call takes its unit's row, runs its body and commits
 /// the marker: what [`Call::run_in_transaction`](idempotask::Call::run_in_transaction) is given.
@@ -60,6 +61,12 @@ use crate::store::BeginStatements;
 ///   replaying; its redelivery replays.
 /// - The marker and the commit get the store's response timeout; waiting for another
 ///   delivery's transaction does not.
+/// - The body's steps ([`TaskContext::step`](idempotask::TaskContext::step)) are recorded
+///   outside the transaction, each by one statement on a connection of the store's own pool,
+///   accepted only while this transaction is still in progress: a rollback keeps them, as it
+///   keeps their effects, and the next delivery replays them. The statement never touches the
+///   unit's row, which this transaction holds, so it never waits on it. One more statement
+///   per call, inside the transaction, reads the transaction's id for them.
 #[derive(Debug)]
 pub struct PostgresTransaction<'s> {
     store: &'s PostgresStore,
@@ -146,6 +153,23 @@ impl TransactionScope for PostgresTransaction<'_> {
             return Err(err);
         }
         store.run("commit", self.transaction.commit()).await
+    }
+
+    /// The journal on the store's own connections, for this transaction's id (one statement
+    /// inside the transaction, which already has an id: it wrote the unit's row).
+    async fn step_store(&mut self) -> Result<Option<SharedStore>, StoreError> {
+        let store = self.store;
+        let xid: i64 = store
+            .run(
+                "begin",
+                sqlx::query_scalar("SELECT pg_current_xact_id()::text::bigint")
+                    .fetch_one(&mut *self.transaction),
+            )
+            .await?;
+        Ok(Some(SharedStore::new(TransactionSteps {
+            store: store.clone(),
+            xid,
+        })))
     }
 
     async fn abort(self) {

@@ -4,7 +4,8 @@
 //! restart mid-run, and units in doubt: the migration of tables of earlier versions by
 //! replicas at once, purge, the operator's reads and resolutions, a takeover inside a
 //! transaction that rolls back, a takeover released, and the least-privileged user; journals
-//! of steps racing takeovers, resends and purges, and the migration that adds their table.
+//! of steps racing takeovers, resends and purges, and the migration that adds their table;
+//! steps inside transactions, recorded outside them.
 //! (The conformance suite runs in `conformance_postgres.rs`; a worker killed with `kill -9`
 //! mid-transaction in the `ledger_transfer` example's run, in `tests/example_queues.rs`.)
 
@@ -261,3 +262,5 @@ mod doubt;
 mod server;
 #[path = "postgres/steps.rs"]
 mod steps;
+#[path = "postgres/transactional_steps.rs"]
+mod transactional_steps;

@@ -51,22 +51,40 @@ pub(super) fn read_journal(s: &str) -> String {
 /// - The lock is renewed, and the journal's entries get the new entry's expiry, only when the
 ///   entry is recorded.
 pub(super) fn record_step(t: &str, s: &str, held: &str, bound: &str) -> String {
-    let kept = "statement_timestamp() + $9::bigint * interval '1 millisecond'";
+    let append = appended_for_holder(s, ["$7", "$8", "$9"]);
     format!(
         "WITH holder AS (
             SELECT 1 FROM {t} u
             WHERE u.task = $1 AND u.key = $2 AND {held} AND {bound}
             FOR NO KEY UPDATE
-        ), journal AS (
+        ), {append}, renewed AS (
+            UPDATE {t} u SET expires_at = statement_timestamp() + $5::bigint * interval '1 millisecond',
+                doubt_memory = NULLIF($6::bigint, 0) * interval '1 microsecond'
+            WHERE u.task = $1 AND u.key = $2 AND {held} AND (SELECT recorded FROM recorded)
+            RETURNING 1
+        )
+        SELECT recorded FROM recorded"
+    )
+}
+
+/// The part of a record after its `holder` (a row when the caller holds the unit): the
+/// `journal`, `appended`, `recorded` and `kept` parts of [`record_step`], with the entry's
+/// position, the entry and how long the journal is kept (ms) in the parameters `at`.
+fn appended_for_holder(s: &str, at: [&str; 3]) -> String {
+    let [position, entry, kept_ms] = at;
+    let kept = format!("statement_timestamp() + {kept_ms}::bigint * interval '1 millisecond'");
+    format!(
+        "journal AS (
             SELECT s.position, s.entry FROM {s} s
             WHERE s.task = $1 AND s.key = $2 AND s.expires_at > statement_timestamp()
               AND EXISTS (SELECT 1 FROM holder)
             FOR UPDATE
         ), appended AS (
             INSERT INTO {s} AS s (task, key, position, entry, expires_at)
-            SELECT $1, $2, $7::integer, $8, {kept}
+            SELECT $1, $2, {position}::integer, {entry}, {kept}
             WHERE EXISTS (SELECT 1 FROM holder)
-              AND (SELECT count(*) = $7::integer AND coalesce(max(j.position) + 1, 0) = $7::integer
+              AND (SELECT count(*) = {position}::integer
+                          AND coalesce(max(j.position) + 1, 0) = {position}::integer
                    FROM journal j)
             ON CONFLICT (task, key, position) DO UPDATE SET
                 entry = excluded.entry,
@@ -75,21 +93,54 @@ pub(super) fn record_step(t: &str, s: &str, held: &str, bound: &str) -> String {
             RETURNING 1
         ), recorded AS (
             SELECT EXISTS (SELECT 1 FROM appended)
-                OR EXISTS (SELECT 1 FROM journal j WHERE j.position = $7::integer AND j.entry = $8)
+                OR EXISTS (SELECT 1 FROM journal j
+                           WHERE j.position = {position}::integer AND j.entry = {entry})
                 AS recorded
-        ), renewed AS (
-            UPDATE {t} u SET expires_at = statement_timestamp() + $5::bigint * interval '1 millisecond',
-                doubt_memory = NULLIF($6::bigint, 0) * interval '1 microsecond'
-            WHERE u.task = $1 AND u.key = $2 AND {held} AND (SELECT recorded FROM recorded)
-            RETURNING 1
         ), kept AS (
             UPDATE {s} s SET expires_at = {kept}
             WHERE s.task = $1 AND s.key = $2 AND s.position IN (SELECT j.position FROM journal j)
               AND (SELECT recorded FROM recorded)
             RETURNING 1
-        )
+        )"
+    )
+}
+
+/// [`record_step`] for a holder whose lock is a caller's open transaction (transactional
+/// completion), sent on a connection of the store's own: `$1` task, `$2` key, `$3` the
+/// transaction's id (`pg_current_xact_id()` as a bigint), `$4` the entry's position, `$5` the
+/// entry, `$6` how long the journal is kept, in ms. One row, `recorded`, as [`record_step`]
+/// answers it.
+///
+/// It never names the units table. The transaction holds the unit's row until it ends (an
+/// `INSERT` other connections do not see, or an `UPDATE` of a row that was there, whose row
+/// lock it keeps), and it is waiting for this statement: a lock of that row from here would
+/// wait on it until the lock timeout, a cycle that passes through the client and that
+/// PostgreSQL therefore cannot see as a deadlock, and `record_step`'s `held`, read from the
+/// committed row, never finds the transaction's token. `holder` asks instead whether the
+/// transaction is still running (`pg_xact_status`): while it runs, it holds the unit, and no
+/// other delivery can (each waits on the row or is told it is busy). The journal is then
+/// written as `record_step` writes it, by position, so that a record of a holder whose
+/// transaction ended while the statement ran cannot replace an entry of the next holder's,
+/// nor extend a journal past a gap. No lock is renewed: the transaction's lasts until it ends.
+pub(super) fn record_in_transaction(s: &str, bound: &str) -> String {
+    let (holds, append) = (holds("$3"), appended_for_holder(s, ["$4", "$5", "$6"]));
+    format!(
+        "WITH holder AS (
+            SELECT 1 WHERE {holds} AND {bound}
+        ), {append}
         SELECT recorded FROM recorded"
     )
+}
+
+/// Whether the transaction `$1` (its id, as for [`record_in_transaction`]) is still
+/// running, and so still holds the unit it took: the fence of a transactional holder.
+pub(super) fn transaction_holds() -> String {
+    format!("SELECT {} AS held", holds("$1"))
+}
+
+/// The transaction whose id is `xid` has neither committed nor rolled back.
+fn holds(xid: &str) -> String {
+    format!("pg_xact_status({xid}::bigint::text::xid8) = 'in progress'")
 }
 
 /// The part of `forget` and `forget_exact` that deletes the unit's journal once its marker is

@@ -49,6 +49,10 @@ fn row_lock_waits_are_bounded_outside_transactions_only() {
         ("resolve_free", &statements.resolve_free),
         ("resolve_record", &statements.resolve_record),
         ("record_step", &statements.record_step),
+        (
+            "record_step_in_transaction",
+            &statements.record_step_in_transaction,
+        ),
     ] {
         assert!(sql.as_str().contains(&bounded), "{name}");
     }
@@ -272,5 +276,20 @@ fn a_step_is_recorded_under_the_lock_renew_checks() {
     let holder = record.find("FOR NO KEY UPDATE").expect(record);
     let journal = record.find("FOR UPDATE\n").expect(record);
     assert!(holder < journal);
+    assert!(record.contains("OR s.entry = excluded.entry"));
+}
+
+/// A caller's transaction holds its unit's row until it ends and waits for its steps'
+/// records, so the record sent beside it must not lock, or even name, the units table.
+#[test]
+fn a_step_inside_a_transaction_never_names_the_units_row() {
+    let statements = Statements::new(
+        &TableName::parse("units").unwrap(),
+        Duration::from_millis(800),
+    );
+    let record = statements.record_step_in_transaction.as_str();
+    assert!(!record.contains("units u"), "{record}");
+    assert!(!record.contains("FOR NO KEY UPDATE"), "{record}");
+    assert!(record.contains("pg_xact_status($3"), "{record}");
     assert!(record.contains("OR s.entry = excluded.entry"));
 }

@@ -1,0 +1,289 @@
+//! Steps inside transactional completion: their records commit on the store's own connections,
+//! outside the caller's transaction, so that a rollback keeps them as it keeps their effects;
+//! the marker alone commits with the body's writes. A transaction that took over an existing
+//! row holds that row's lock while its steps record, and a record that waited on it would never
+//! end; a record that cannot be written fails the step closed; and all of it works for the
+//! least-privileged user the deployment notes give.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+use idempotask::StepErrorKind;
+
+static STEPPED: Task = Task::new("pg_tx_steps");
+static FENCED: Task = Task::new("pg_tx_steps_fenced").fencing(true);
+
+/// How often each step's effect ran.
+#[derive(Default)]
+struct Effects {
+    charges: AtomicUsize,
+    mails: AtomicUsize,
+    bodies: AtomicUsize,
+}
+
+/// A role `name` with the grants the deployment notes give, on the tables `owner` migrated,
+/// and the effects table; its URL.
+async fn least_privileged(server: &PostgresServer, owner: &PgPool, name: &str) -> String {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE {name} LOGIN;
+         GRANT SELECT, INSERT, UPDATE, DELETE ON idempotask_units, idempotask_units_steps TO {name};
+         GRANT USAGE, SELECT ON SEQUENCE idempotask_units_fence TO {name};
+         GRANT SELECT, INSERT ON effects TO {name};"
+    )))
+    .execute(owner)
+    .await
+    .unwrap();
+    server
+        .url()
+        .replace("postgres://postgres@", &format!("postgres://{name}@"))
+}
+
+/// The owner's pool, with the tables migrated and the effects table made.
+async fn migrated(server: &PostgresServer) -> PgPool {
+    let owner = server.pool(4).await;
+    PostgresStore::builder(owner.clone())
+        .migrate()
+        .await
+        .unwrap();
+    effects_table(&owner).await;
+    owner
+}
+
+/// One transactional delivery of `key`: an effect row written inside the transaction, a
+/// charge and a mail as steps, then `ends` as the body's answer.
+async fn deliver(
+    store: &PostgresStore,
+    pool: &PgPool,
+    key: &str,
+    effects: &Effects,
+    ends: Result<(), &'static str>,
+) -> Result<String, BoxError> {
+    let transaction = pool.begin().await?;
+    STEPPED
+        .call(key)
+        .run_in_transaction(store.transaction(transaction), async |db| {
+            effects.bodies.fetch_add(1, Ordering::SeqCst);
+            write_effect(db, key, 1).await?;
+            let ctx = idempotask::context().expect("inside a task");
+            let charge: usize = ctx
+                .step("charge", async {
+                    Ok::<_, BoxError>(effects.charges.fetch_add(1, Ordering::SeqCst) + 1)
+                })
+                .await?;
+            let mail: String = ctx
+                .step("mail", async {
+                    effects.mails.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, BoxError>(format!("receipt for charge {charge}"))
+                })
+                .await?;
+            // The fence of a transactional holder: its transaction still runs.
+            ctx.fence().await?;
+            ends?;
+            Ok(mail)
+        })
+        .await
+}
+
+/// Run as the least-privileged user: the body's transaction rolls back after two steps; the
+/// unit is not done and its effect row is gone, but both steps stay recorded, so the rerun
+/// replays them without running their effects and commits; a duplicate then gets the result
+/// without running the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn a_rollback_keeps_the_steps_and_the_rerun_replays_them() {
+    let server = PostgresServer::start();
+    let owner = migrated(&server).await;
+    let url = least_privileged(&server, &owner, "app").await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&url)
+        .await
+        .unwrap();
+    let store = PostgresStore::builder(pool.clone())
+        .connect()
+        .await
+        .unwrap();
+    let unit = UnitOfWork::new("pg_tx_steps", "order-7").unwrap();
+    let ran = Effects::default();
+
+    let failed = deliver(&store, &pool, "order-7", &ran, Err("the ledger said no")).await;
+    assert_eq!(failed.unwrap_err().to_string(), "the ledger said no");
+    assert_eq!(
+        effects(&owner, "order-7").await,
+        0,
+        "the rollback kept a write"
+    );
+    assert!(!store.inspect(&unit).await.unwrap().is_done());
+    let recorded = store.read_journal(&unit).await.unwrap();
+    assert_eq!(
+        recorded.into_entries().len(),
+        2,
+        "the rollback took the steps"
+    );
+
+    let receipt = deliver(&store, &pool, "order-7", &ran, Ok(())).await;
+    assert_eq!(receipt.unwrap(), "receipt for charge 1");
+    assert_eq!(ran.charges.load(Ordering::SeqCst), 1, "charged twice");
+    assert_eq!(ran.mails.load(Ordering::SeqCst), 1, "mailed twice");
+    assert_eq!(effects(&owner, "order-7").await, 1);
+    assert!(store.inspect(&unit).await.unwrap().is_done());
+
+    let again = deliver(&store, &pool, "order-7", &ran, Ok(())).await;
+    assert_eq!(again.unwrap(), "receipt for charge 1");
+    assert_eq!(ran.bodies.load(Ordering::SeqCst), 2, "a duplicate ran");
+    assert_eq!(effects(&owner, "order-7").await, 1);
+}
+
+/// A fenced unit that was forgotten keeps its row (for its fencing token), so the next
+/// transactional delivery takes that row over with an `UPDATE` and holds its lock until the
+/// transaction ends (the step checks that it does): a step's record that locked the unit's row
+/// from another connection would wait on the very transaction that waits for it, until the
+/// lock timeout (24 s here), three times. It must not touch that row at all: the call
+/// finishes well within 10 s. (A record that locks the row by its key fails this test.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn a_step_does_not_wait_on_the_row_its_own_transaction_holds() {
+    let server = PostgresServer::start();
+    let pool = migrated(&server).await;
+    let store = PostgresStore::builder(pool.clone())
+        .response_timeout(Duration::from_secs(30))
+        .connect()
+        .await
+        .unwrap();
+    let unit = UnitOfWork::new("pg_tx_steps_fenced", "row-held").unwrap();
+    let first: u64 = FENCED
+        .call("row-held")
+        .store(store.clone())
+        .run(async { Ok::<_, Error>(1) })
+        .await
+        .unwrap();
+    assert_eq!(first, 1);
+    assert!(store.forget(&unit).await.unwrap());
+
+    let transaction = pool.begin().await.unwrap();
+    let observer = pool.clone();
+    let call =
+        FENCED
+            .call("row-held")
+            .run_in_transaction(store.transaction(transaction), async |db| {
+                write_effect(db, "row-held", 1).await?;
+                let ctx = idempotask::context().expect("inside a task");
+                let held = ctx
+                    .step("charge", async {
+                        // The transaction holds the unit's row: a lock on it is refused now.
+                        let locked = sqlx::query(
+                            "SELECT 1 FROM idempotask_units
+                         WHERE task = 'pg_tx_steps_fenced' AND key = 'row-held'
+                         FOR NO KEY UPDATE NOWAIT",
+                        )
+                        .fetch_optional(&observer)
+                        .await;
+                        Ok::<_, BoxError>(locked.is_err())
+                    })
+                    .await?;
+                let second: u64 = ctx.step("mail", async { Ok::<_, BoxError>(2) }).await?;
+                Ok::<_, BoxError>((held, second))
+            });
+    let (held, second) = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .expect("a step waited on its own transaction's row")
+        .unwrap();
+    assert!(held, "the transaction did not hold the unit's row");
+    assert_eq!(second, 2);
+    assert_eq!(effects(&pool, "row-held").await, 1);
+    assert!(store.inspect(&unit).await.unwrap().is_done());
+}
+
+/// The store's own connections go away while a step's effect runs (its role may no longer log
+/// in, its sessions are ended): the record cannot be written, so the step answers `Unrecorded`,
+/// the body's transaction rolls back, and nothing is done or recorded. The next delivery, with
+/// the store back, runs the step again: a transaction leaves no lock to keep the unit in doubt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn a_step_whose_record_cannot_be_written_fails_closed() {
+    let server = PostgresServer::start();
+    let owner = migrated(&server).await;
+    let url = least_privileged(&server, &owner, "stepper").await;
+    let stepper = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&url)
+        .await
+        .unwrap();
+    let store = PostgresStore::builder(stepper)
+        .response_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let unit = UnitOfWork::new("pg_tx_steps", "store-gone").unwrap();
+    let charges = AtomicUsize::new(0);
+    let run = |cut: bool| {
+        let (store, owner, charges) = (&store, &owner, &charges);
+        async move {
+            let transaction = owner.begin().await?;
+            STEPPED
+                .call("store-gone")
+                .run_in_transaction(store.transaction(transaction), async |db| {
+                    write_effect(db, "store-gone", 1).await?;
+                    let ctx = idempotask::context().expect("inside a task");
+                    ctx.step("charge", async {
+                        charges.fetch_add(1, Ordering::SeqCst);
+                        if cut {
+                            sqlx::raw_sql(
+                                "ALTER ROLE stepper NOLOGIN;
+                                 SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                                 WHERE usename = 'stepper';",
+                            )
+                            .execute(owner)
+                            .await?;
+                        }
+                        Ok::<_, BoxError>(7_u32)
+                    })
+                    .await
+                })
+                .await
+        }
+    };
+
+    let cut = tokio::time::timeout(Duration::from_secs(60), run(true))
+        .await
+        .expect("the step never gave up");
+    let err = cut.unwrap_err();
+    assert!(
+        matches!(
+            err.downcast_ref::<Error>(),
+            Some(Error::Step {
+                kind: StepErrorKind::Unrecorded,
+                ..
+            })
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        effects(&owner, "store-gone").await,
+        0,
+        "the rollback kept a write"
+    );
+    let owners = PostgresStore::builder(owner.clone())
+        .connect()
+        .await
+        .unwrap();
+    assert!(!owners.inspect(&unit).await.unwrap().is_done());
+    assert!(
+        owners
+            .read_journal(&unit)
+            .await
+            .unwrap()
+            .into_entries()
+            .is_empty()
+    );
+
+    sqlx::raw_sql("ALTER ROLE stepper LOGIN")
+        .execute(&owner)
+        .await
+        .unwrap();
+    assert_eq!(run(false).await.unwrap(), 7);
+    assert_eq!(
+        charges.load(Ordering::SeqCst),
+        2,
+        "the unrecorded step is run again"
+    );
+    assert_eq!(effects(&owner, "store-gone").await, 1);
+    assert!(owners.inspect(&unit).await.unwrap().is_done());
+}
