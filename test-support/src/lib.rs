@@ -18,6 +18,7 @@ pub mod proxy;
 pub mod quorum;
 pub mod rabbitmq;
 pub mod report;
+pub mod tansu;
 pub mod tls;
 pub mod workers;
 
