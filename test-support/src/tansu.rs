@@ -229,7 +229,10 @@ mod tests {
         let port = server.port();
         let dir = server.dir.clone();
         assert_eq!(server.bootstrap_servers(), format!("127.0.0.1:{port}"));
-        assert!(dir.join("tansu.db").is_file(), "the database is in the broker's directory");
+        assert!(
+            dir.join("tansu.db").is_file(),
+            "the database is in the broker's directory"
+        );
         server.kill();
         assert!(!answers(port), "a killed broker answers nothing");
         server.restart();
