@@ -212,14 +212,16 @@ def test_a_value_without_json_runs_once_and_its_rerun_gets_a_codec_error(any_sto
     assert ran == [1]
 
 
-def test_a_body_that_changed_its_step_order_is_refused(any_store: Any, name: str) -> None:
+def test_a_body_that_changed_its_step_order_is_refused_and_held(any_store: Any, name: str) -> None:
     ran: List[str] = []
     order = [("a", "b")]
+    doubts: List[Any] = []
 
-    @idempotent_task(key="k-{n}", name=name, store=any_store)
+    @idempotent_task(key="k-{n}", name=name, store=any_store, lock_ttl=1, max_wait=10)
     def body(n: int) -> str:
         ctx = idempotask.context()
         assert ctx is not None
+        doubts.append(ctx.in_doubt)
         for step in order[0]:
             ctx.step(step, lambda step=step: ran.append(step) or step)
         raise Boom("after the steps")
@@ -232,6 +234,13 @@ def test_a_body_that_changed_its_step_order_is_refused(any_store: Any, name: str
     assert raised.value.kind == "order_changed"
     assert "`a`" in str(raised.value)
     assert ran == ["a", "b"]
+    # Held, not released: the next delivery waits for the lock to lapse, finds the unit in
+    # doubt, and is refused the same way without running a step.
+    with pytest.raises(StepError) as again:
+        body(1)
+    assert again.value.kind == "order_changed"
+    assert ran == ["a", "b"]
+    assert doubts[:2] == [None, None] and doubts[2] is not None, doubts
 
 
 def test_a_step_whose_record_the_store_never_confirms_is_unrecorded(name: str) -> None:
