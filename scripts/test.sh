@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit, integration, doc and UI tests, the Python
 # package's tests, and the docs.
-# Installs redis-server, Redis 8.2, Valkey, PostgreSQL, nats-server and RabbitMQ when
-# missing; the tests start their own servers on free loopback ports and stop them.
+# Installs redis-server, Redis 8.2, Valkey, PostgreSQL, nats-server, RabbitMQ, moto_server and
+# tansu (with cmake and libcurl's headers for librdkafka) when missing; the tests start their own
+# servers on free loopback ports and stop them.
 # `--quick`: the published crates' unit tests and doctests only, with no server and no install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
