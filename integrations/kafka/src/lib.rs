@@ -92,6 +92,17 @@
 //! every delivery of one record is one unit, but two sends of one job are two). A record
 //! without its key goes to the dead-letter topic with [`MissingKey`], never run unprotected.
 
+//!
+//! # Tested on
+//! `tests/kafka.rs` runs on [tansu](https://github.com/tansu-io/tansu) 0.6, a Kafka-protocol
+//! broker, through librdkafka 2.12 (rdkafka's `cmake-build`): every row of the table above as
+//! the broker saw it (the group's committed offsets, the dead-letter topic's headers), a long
+//! body holding back only its partition, a revoke stopping a revoked partition's body, and a
+//! worker process killed with SIGKILL after its side effects and markers and before its
+//! commits. The crash tests assign the partition by hand ([`Idempotent::assign`]) with
+//! offsets committed to the group: tansu does not take partitions back from a group member
+//! that was killed without leaving its group.
+
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod consumer;
@@ -100,6 +111,7 @@ mod handled;
 mod idempotent;
 mod key;
 mod offsets;
+mod rebalance;
 mod record;
 mod unit;
 
