@@ -18,6 +18,7 @@ pub mod proxy;
 pub mod quorum;
 pub mod rabbitmq;
 pub mod report;
+mod restartable;
 pub mod tansu;
 pub mod tls;
 pub mod workers;

@@ -2,90 +2,46 @@
 
 use std::io::Read;
 use std::net::{Ipv4Addr, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::free_port;
+use crate::restartable::Restartable;
 
 /// A `nats-server -js` on a free loopback port with its own store directory, killed and its
 /// directory removed when dropped.
 pub struct NatsServer {
-    child: Option<Child>,
-    port: u16,
-    dir: PathBuf,
+    server: Restartable,
 }
 
 impl NatsServer {
     /// Starts a server with streams on (`-js`). Panics with a clear message when `nats-server` is
     /// missing: the suite never skips NATS tests.
     pub fn start() -> Self {
-        let mut last_error = String::new();
-        // A free port can be taken by someone else between probing and binding: try a few.
-        for _ in 0..5 {
-            let port = free_port();
-            let dir =
-                std::env::temp_dir().join(format!("idempotask-nats-{}-{port}", std::process::id()));
-            std::fs::create_dir_all(&dir).expect("create the server's store directory");
-            match spawn(port, &dir) {
-                Ok(child) => {
-                    return Self {
-                        child: Some(child),
-                        port,
-                        dir,
-                    };
-                }
-                Err(err) => {
-                    let _ = std::fs::remove_dir_all(&dir);
-                    last_error = err;
-                }
-            }
+        Self {
+            server: Restartable::start("nats-server", spawn),
         }
-        panic!("nats-server did not come up: {last_error}");
     }
 
     /// `nats://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        format!("nats://127.0.0.1:{}", self.port())
     }
 
     /// The server's port.
     pub fn port(&self) -> u16 {
-        self.port
+        self.server.port()
     }
 
     /// Kills the server with SIGKILL: no goodbye to its clients, streams as far as it wrote
     /// them.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.server.kill();
     }
 
     /// Kills the server if it runs and starts it again on the same port with the same store
     /// directory, so its streams and consumers come back.
     pub fn restart(&mut self) {
-        self.kill();
-        let mut last_error = String::new();
-        for _ in 0..50 {
-            match spawn(self.port, &self.dir) {
-                Ok(child) => {
-                    self.child = Some(child);
-                    return;
-                }
-                // The old socket may linger for a moment.
-                Err(err) => last_error = err,
-            }
-        }
-        panic!("nats-server did not come back: {last_error}");
-    }
-}
-
-impl Drop for NatsServer {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        self.server.restart();
     }
 }
 
@@ -139,4 +95,22 @@ fn greets(port: u16) -> bool {
         }
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{NatsServer, greets};
+
+    #[test]
+    fn a_restarted_server_greets_on_its_port_and_a_dropped_one_is_gone() {
+        let mut server = NatsServer::start();
+        let port = server.port();
+        assert_eq!(server.url(), format!("nats://127.0.0.1:{port}"));
+        server.kill();
+        assert!(!greets(port), "a killed server greets nobody");
+        server.restart();
+        assert!(greets(port));
+        drop(server);
+        assert!(!greets(port));
+    }
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::free_port;
+use crate::restartable::Restartable;
 
 /// How long a broker may take to answer Kafka requests (tens of milliseconds on an idle
 /// machine, more on one shared by several builds).
@@ -18,10 +18,7 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(30);
 /// A `tansu broker` on a free loopback port with its own sqlite database, killed and its
 /// directory removed when dropped.
 pub struct TansuServer {
-    child: Option<Child>,
-    program: PathBuf,
-    port: u16,
-    dir: PathBuf,
+    server: Restartable,
 }
 
 impl TansuServer {
@@ -29,73 +26,31 @@ impl TansuServer {
     /// Panics with a clear message when `tansu` is missing: the suite never skips Kafka tests.
     pub fn start() -> Self {
         let program = program();
-        let mut last_error = String::new();
-        // A free port can be taken by someone else between probing and binding: try a few.
-        for _ in 0..5 {
-            let port = free_port();
-            let dir = std::env::temp_dir()
-                .join(format!("idempotask-tansu-{}-{port}", std::process::id()));
-            std::fs::create_dir_all(&dir).expect("create the broker's directory");
-            match spawn(&program, port, &dir) {
-                Ok(child) => {
-                    return Self {
-                        child: Some(child),
-                        program,
-                        port,
-                        dir,
-                    };
-                }
-                Err(err) => {
-                    let _ = std::fs::remove_dir_all(&dir);
-                    last_error = err;
-                }
-            }
+        Self {
+            server: Restartable::start("tansu", move |port, dir| spawn(&program, port, dir)),
         }
-        panic!("tansu did not come up: {last_error}");
     }
 
     /// `127.0.0.1:<port>`: a Kafka client's `bootstrap.servers`.
     pub fn bootstrap_servers(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("127.0.0.1:{}", self.port())
     }
 
     /// The broker's port.
     pub fn port(&self) -> u16 {
-        self.port
+        self.server.port()
     }
 
     /// Kills the broker with SIGKILL: no goodbye to its clients, its database as far as sqlite
     /// committed it.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.server.kill();
     }
 
     /// Kills the broker if it runs and starts it again on the same port with the same database,
     /// so its topics, records and committed offsets come back.
     pub fn restart(&mut self) {
-        self.kill();
-        let mut last_error = String::new();
-        for _ in 0..50 {
-            match spawn(&self.program, self.port, &self.dir) {
-                Ok(child) => {
-                    self.child = Some(child);
-                    return;
-                }
-                // The old socket may linger for a moment.
-                Err(err) => last_error = err,
-            }
-        }
-        panic!("tansu did not come back: {last_error}");
-    }
-}
-
-impl Drop for TansuServer {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        self.server.restart();
     }
 }
 
@@ -227,7 +182,7 @@ mod tests {
     fn a_restarted_broker_answers_on_its_port_and_a_dropped_one_leaves_nothing() {
         let mut server = TansuServer::start();
         let port = server.port();
-        let dir = server.dir.clone();
+        let dir = server.server.dir().to_path_buf();
         assert_eq!(server.bootstrap_servers(), format!("127.0.0.1:{port}"));
         assert!(
             dir.join("tansu.db").is_file(),
