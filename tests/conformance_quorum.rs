@@ -1,6 +1,6 @@
 //! The conformance suite on `RedlockStore` over five independent servers, three Redis 7.0
 //! (`finish` and `renew` as scripts) and two Valkey 8.1 (`SET … IFEQ`), each check with servers
-//! of its own.
+//! of its own; steps too (each record confirmed by a majority).
 
 use idempotask_test_support as support;
 
@@ -27,4 +27,11 @@ mod in_doubt {
     use super::*;
 
     idempotask_conformance::doubt_conformance_tests!(five_servers().await);
+}
+
+/// Steps: each record on every server, each entry counted where a majority hold it.
+mod steps {
+    use super::*;
+
+    idempotask_conformance::step_conformance_tests!(five_servers().await);
 }

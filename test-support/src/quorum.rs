@@ -43,8 +43,13 @@ impl Quorum {
     /// A store on every server, with a per-server timeout generous enough for a busy test
     /// machine.
     pub async fn store(&self) -> RedlockStore {
+        self.store_timed(Duration::from_secs(1)).await
+    }
+
+    /// A store on every server that waits `server_timeout` for each.
+    pub async fn store_timed(&self, server_timeout: Duration) -> RedlockStore {
         RedlockStore::builder(self.urls())
-            .server_timeout(Duration::from_secs(1))
+            .server_timeout(server_timeout)
             .connect()
             .await
             .unwrap()

@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
-use redis::Value;
 use redis::aio::ConnectionLike;
+use redis::{Cmd, Value};
 
 use super::keys::journal_key;
 use super::lock::{key_millis, lock_value};
@@ -51,18 +51,28 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
     ) -> Result<bool, StoreError> {
         let key = self.key(unit);
         let journal = self.journal_key(&key);
-        let lock = lock_value(token);
         let reply = self
             .invoke_on("record_step", &STEP, &[&key, &journal], |cmd| {
-                cmd.arg(&lock)
-                    .arg(entry.position)
-                    .arg(entry.bytes)
-                    .arg(key_millis(token, ttl_millis(lock_ttl)))
-                    .arg(ttl_millis(entry.kept_for));
+                step_args(cmd, token, entry, lock_ttl);
             })
             .await?;
         parse_flag("record_step", &key, &reply)
     }
+}
+
+/// The arguments of `step.lua` (and of the quorum's, which adds its own after them): the
+/// lock's value, the entry's position and bytes, the unit key's TTL and the journal's.
+pub(super) fn step_args(
+    cmd: &mut Cmd,
+    token: &LockToken,
+    entry: StepEntry<'_>,
+    lock_ttl: Duration,
+) {
+    cmd.arg(lock_value(token))
+        .arg(entry.position)
+        .arg(entry.bytes)
+        .arg(key_millis(token, ttl_millis(lock_ttl)))
+        .arg(ttl_millis(entry.kept_for));
 }
 
 /// The entries of an `LRANGE` reply.

@@ -23,14 +23,6 @@ fn task() -> Task {
         .retry(RetryPolicy::no_wait())
 }
 
-async fn quorum_store(quorum: &Quorum, server_timeout: Duration) -> RedlockStore {
-    RedlockStore::builder(quorum.urls())
-        .server_timeout(server_timeout)
-        .connect()
-        .await
-        .unwrap()
-}
-
 fn stored_value(marker: &[u8]) -> String {
     match Marker::decode(marker).unwrap().result() {
         StoredResult::Json(json) => serde_json::from_str(json.get()).unwrap(),
@@ -69,7 +61,7 @@ async fn a_minority_marker_next_to_a_majority_lock_is_busy_not_done() {
             .unwrap();
         assert_eq!(granted, Begin::acquired(None));
     }
-    let store = quorum_store(&quorum, Duration::from_secs(1)).await;
+    let store = quorum.store_timed(Duration::from_secs(1)).await;
     let ran = AtomicU32::new(0);
     let duplicate: Result<String, Error> = task()
         .call("order-1")
@@ -94,9 +86,9 @@ async fn a_stale_holder_leaves_no_result_behind_a_successor_on_a_majority() {
     let quorum = Quorum::start(3);
     // Three clients, as three workers would have: B's sees server 0 stall.
     let (store_a, store_b, store_c) = (
-        quorum_store(&quorum, Duration::from_secs(1)).await,
-        quorum_store(&quorum, Duration::from_millis(150)).await,
-        quorum_store(&quorum, Duration::from_secs(1)).await,
+        quorum.store_timed(Duration::from_secs(1)).await,
+        quorum.store_timed(Duration::from_millis(150)).await,
+        quorum.store_timed(Duration::from_secs(1)).await,
     );
     let ran = Arc::new(AtomicU32::new(0));
     let hold = |store: RedlockStore, value: &'static str| {
@@ -187,7 +179,7 @@ async fn a_stale_holder_leaves_no_result_behind_a_successor_on_a_majority() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_marker_has_the_time_left_of_its_shortest_copy() {
     let quorum = Quorum::start(3);
-    let store = quorum_store(&quorum, Duration::from_secs(2)).await;
+    let store = quorum.store_timed(Duration::from_secs(2)).await;
     let value: String = task()
         .result_ttl(Duration::from_secs(3600))
         .call("order-ttl")

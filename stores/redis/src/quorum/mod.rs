@@ -17,6 +17,7 @@ use idempotask::store::{StoreError, StoreErrorKind};
 
 mod gather;
 mod servers;
+mod steps;
 mod store;
 
 use gather::join_all;
@@ -80,6 +81,27 @@ const PATIENCE: u32 = 8;
 /// unique constraint or a conditional update on the business key (insert the charge for
 /// order 42 unless one exists, or `UPDATE … WHERE fencing_token < $1`), which holds whatever the
 /// locks do.
+///
+/// # Steps
+/// The quorum records steps ([`TaskContext::step`](idempotask::TaskContext::step)): each
+/// server keeps a unit's journal as a [`RedisStore`](crate::RedisStore) does, and
+/// - a record goes to every server at once, each checking the lock (its token and fencing
+///   token) and the position as one server does; it is recorded when a majority accepted it,
+///   refused (the step answers `LockNotHeld`) when a majority refused it, and otherwise an
+///   ambiguous error: the runner sends it again, then reports the step
+///   [`Unrecorded`](idempotask::StepErrorKind::Unrecorded) and keeps the lock, as after a lost
+///   reply on one server;
+/// - an entry is in the journal when a majority of all the servers hold it at its position.
+///   What a failed record left on a minority is not replayed, and the next record at that
+///   position replaces it there. A read whose missing servers could make an entry's majority
+///   fails (retryable) rather than guess: a confirmed step is never run again because a server
+///   that holds it is down;
+/// - `forget` deletes the journal on every server with the marker.
+///
+/// What that costs in availability: a server that missed a record refuses the later records
+/// of that journal (it lacks a position), and a step recorded while a server was down is held
+/// by a bare majority. If one of those servers is down too when the journal is read, the read
+/// fails until one of them is back (the runner retries, then the delivery is retried).
 ///
 /// # Behaviour
 /// - Every operation asks all servers at once and waits for each up to

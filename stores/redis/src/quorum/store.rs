@@ -6,7 +6,8 @@ use tokio::time::Instant;
 
 use super::RedlockStore;
 use super::servers::{Answer, busy_until};
-use idempotask::store::{Begin, Doubt, Fencing, Finish, Inspection, Store};
+use super::steps::inspected;
+use idempotask::store::{Begin, Doubt, Fencing, Finish, Inspection, Journal, StepEntry, Store};
 use idempotask::store::{LockToken, UnitOfWork};
 use idempotask::store::{StoreError, StoreErrorKind};
 
@@ -288,8 +289,10 @@ impl Store for RedlockStore {
         Err(inner.no_quorum("renew", errors))
     }
 
-    /// What the servers hold for `unit`: the marker of any server that has one, and a lock
-    /// when a majority of servers hold one (its time left is when fewer than a majority will).
+    /// What the servers hold for `unit`: the marker of any server that has one, a lock when a
+    /// majority of servers hold one (its time left is when fewer than a majority will), and,
+    /// with no marker, the journal's entries that a majority hold (up to a position the
+    /// servers that failed could decide).
     async fn inspect(&self, unit: &UnitOfWork) -> Result<Inspection, StoreError> {
         let inner = &*self.inner;
         let answers = inner
@@ -304,10 +307,12 @@ impl Store for RedlockStore {
         let mut markers = Vec::new();
         let mut locks = Vec::new();
         let mut doubts = Vec::new();
+        let mut journals = Vec::new();
         let mut errors = Vec::new();
         for answer in answers {
             match answer {
                 Ok(inspection) => {
+                    journals.push(inspection.journal);
                     if let Some(marker) = inspection.marker {
                         markers.push((marker, inspection.marker_ttl));
                     }
@@ -338,6 +343,10 @@ impl Store for RedlockStore {
             // As `begin` judges it: one server that remembers is enough.
             seen.in_doubt = merged(&doubts);
         }
+        if seen.marker.is_none() {
+            let lists: Vec<&[Vec<u8>]> = journals.iter().map(Journal::entries).collect();
+            seen.journal = inspected(&lists, inner.servers.len(), inner.quorum());
+        }
         Ok(seen)
     }
 
@@ -367,6 +376,27 @@ impl Store for RedlockStore {
         } else {
             Err(inner.no_quorum("forget", errors))
         }
+    }
+
+    fn records_steps(&self) -> bool {
+        true
+    }
+
+    /// The entries a majority of the servers hold, position by position (see
+    /// [`RedlockStore`]'s section on steps).
+    async fn read_journal(&self, unit: &UnitOfWork) -> Result<Journal, StoreError> {
+        self.inner.read_journal(unit).await
+    }
+
+    /// The entry on every server; recorded when a majority accepted it.
+    async fn record_step(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        entry: StepEntry<'_>,
+        lock_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.inner.record_step(unit, token, entry, lock_ttl).await
     }
 }
 

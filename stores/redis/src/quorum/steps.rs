@@ -1,0 +1,319 @@
+//! Steps on the quorum: each record sent to every server, each entry of the journal counted
+//! where a majority of all the servers hold it at its position.
+//!
+//! The rule, and why it holds:
+//! - A record is confirmed when a majority of servers accepted it (`step.lua` on each checks
+//!   the lock's value, fencing token included, and the position, as on one server). A majority
+//!   refusing it is a refusal; anything in between is an ambiguous error, and the runner
+//!   retries it, then reports the step as unrecorded and keeps the lock.
+//! - An entry is in the journal when a majority hold it at its position. The journal ends at
+//!   the first position where no entry can be on a majority even counting the servers that did
+//!   not answer: what is there is a failed attempt's, held by a minority. A position where the
+//!   servers that did not answer could make an entry's majority fails the read (retryable)
+//!   rather than guess: a confirmed entry is never dropped, a minority's never replayed.
+//! - Only the holder of a majority's lock records, only at the end of the journal it read, so
+//!   at that position no entry is confirmed: another entry a server holds there (and all after
+//!   it) is a failed attempt's, and the record replaces it. Never an entry that a majority
+//!   could hold: that one is confirmed, and the record is refused as on one server.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::{Script, Value};
+
+use super::super::protocol::Protocol;
+use super::super::reply::unexpected;
+use super::super::steps::step_args;
+use super::Inner;
+use super::servers::Answer;
+use idempotask::store::{Journal, LockToken, StepEntry, Store, StoreError, UnitOfWork};
+
+static STEP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("step.lua")));
+
+/// What one server answered to a record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Placed {
+    /// The entry is at its position there.
+    Recorded,
+    /// The server's lock is not the caller's (or not with its fencing token).
+    NotOurs,
+    /// Another entry holds the position there.
+    Taken(Vec<u8>),
+    /// The server's journal is shorter than the position: it missed an earlier record.
+    Behind,
+}
+
+impl Inner {
+    /// The journal of `unit`: the entries a majority of the servers hold, position by
+    /// position, up to the first that no majority can hold.
+    pub(super) async fn read_journal(&self, unit: &UnitOfWork) -> Result<Journal, StoreError> {
+        let (servers, quorum) = (self.servers.len(), self.quorum());
+        // A server still to answer is waited for while it could decide a position.
+        let decided = |answers: &[Option<Answer<Journal>>]| {
+            agreed(&answered(answers.iter().flatten()), servers, quorum).is_ok()
+        };
+        let answers = self
+            .each(
+                "read_journal",
+                self.patience(None),
+                decided,
+                |protocol| async move { protocol.read_journal(unit).await },
+            )
+            .await;
+        let lists = answered(answers.iter());
+        if let Ok(entries) = agreed(&lists, servers, quorum) {
+            return Ok(Journal::from_entries(entries));
+        }
+        // Undecided: a server that failed may hold a majority's entry. Never empty here, since
+        // a decision needs no answer that every server gave.
+        let errors = answers.into_iter().filter_map(Result::err).collect();
+        Err(self.no_quorum("read_journal", errors))
+    }
+
+    /// Records `entry` on every server; see the module's rule.
+    pub(super) async fn record_step(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        entry: StepEntry<'_>,
+        lock_ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let quorum = self.quorum();
+        let decided = |answers: &[Option<Answer<Placed>>]| {
+            let recorded = answers
+                .iter()
+                .filter(|answer| matches!(answer, Some(Ok(Placed::Recorded))))
+                .count();
+            let pending = answers.iter().filter(|answer| answer.is_none()).count();
+            recorded >= quorum || recorded + pending < quorum
+        };
+        let answers = self
+            .each(
+                "record_step",
+                self.patience(Some(lock_ttl)),
+                decided,
+                |protocol| async move { place(&protocol, unit, token, entry, lock_ttl, false).await },
+            )
+            .await;
+        let mut recorded = 0;
+        let mut refused = 0;
+        let mut held_others = Vec::new();
+        let mut errors = Vec::new();
+        for (index, answer) in answers.into_iter().enumerate() {
+            match answer {
+                Ok(Placed::Recorded) => recorded += 1,
+                Ok(Placed::NotOurs | Placed::Behind) => refused += 1,
+                Ok(Placed::Taken(held)) => held_others.push((index, held)),
+                Err(err) => errors.push(err),
+            }
+        }
+        // An entry held where the servers that failed could make its majority may be
+        // confirmed: never replaced.
+        let unknown = errors.len();
+        let (replaceable, kept): (Vec<_>, Vec<_>) = held_others.iter().partition(|(_, held)| {
+            held_others
+                .iter()
+                .filter(|(_, other)| other == held)
+                .count()
+                + unknown
+                < quorum
+        });
+        let replaceable: Vec<usize> = replaceable.iter().map(|(index, _)| *index).collect();
+        if recorded < quorum && recorded + replaceable.len() >= quorum {
+            for answer in self
+                .replace(unit, token, entry, lock_ttl, &replaceable)
+                .await
+            {
+                match answer {
+                    Ok(Placed::Recorded) => recorded += 1,
+                    Ok(_) => refused += 1,
+                    Err(err) => errors.push(err),
+                }
+            }
+        } else if recorded >= quorum && !replaceable.is_empty() {
+            // Confirmed: whatever else those servers hold at the position is a failed
+            // attempt's. Replacing it keeps the servers alike, so that a later read with a
+            // server missing still finds a majority; a failure here changes nothing decided.
+            for err in self
+                .replace(unit, token, entry, lock_ttl, &replaceable)
+                .await
+                .into_iter()
+                .filter_map(Result::err)
+            {
+                tracing::debug!(error = %err, "could not replace a failed attempt's journal entry on a server");
+            }
+        }
+        if recorded >= quorum {
+            return Ok(true);
+        }
+        if refused + kept.len() >= quorum {
+            return Ok(false);
+        }
+        // The entry may be on some servers and may yet be on others: neither recorded nor
+        // refused, which is what a lost reply is on one server.
+        Err(self.no_quorum("record_step", errors).ambiguous_if(true))
+    }
+
+    /// Records `entry` on the servers at `indices`, replacing another entry at its position.
+    async fn replace(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        entry: StepEntry<'_>,
+        lock_ttl: Duration,
+        indices: &[usize],
+    ) -> Vec<Answer<Placed>> {
+        self.some(
+            "record_step",
+            indices,
+            self.patience(Some(lock_ttl)),
+            |_| false,
+            |_, protocol| async move { place(&protocol, unit, token, entry, lock_ttl, true).await },
+        )
+        .await
+    }
+}
+
+/// `step.lua` of the quorum on one server.
+async fn place(
+    protocol: &Protocol<ConnectionManager>,
+    unit: &UnitOfWork,
+    token: &LockToken,
+    entry: StepEntry<'_>,
+    lock_ttl: Duration,
+    replace: bool,
+) -> Result<Placed, StoreError> {
+    let key = protocol.key(unit);
+    let journal = protocol.journal_key(&key);
+    let reply = protocol
+        .invoke_on("record_step", &STEP, &[&key, &journal], |cmd| {
+            step_args(cmd, token, entry, lock_ttl);
+            cmd.arg(if replace { "1" } else { "0" });
+        })
+        .await?;
+    match reply {
+        Value::Int(1) => Ok(Placed::Recorded),
+        Value::Int(0) => Ok(Placed::NotOurs),
+        Value::Int(3) => Ok(Placed::Behind),
+        Value::Array(items) => match items.as_slice() {
+            [Value::Int(2), Value::BulkString(held)] => Ok(Placed::Taken(held.clone())),
+            _ => Err(unexpected("record_step", &key, &Value::Array(items))),
+        },
+        other => Err(unexpected("record_step", &key, &other)),
+    }
+}
+
+/// The entries of the journals that servers answered.
+fn answered<'a>(answers: impl Iterator<Item = &'a Answer<Journal>>) -> Vec<&'a [Vec<u8>]> {
+    answers
+        .filter_map(|answer| answer.as_ref().ok())
+        .map(Journal::entries)
+        .collect()
+}
+
+/// The journal that `lists` (the journals of the servers that answered, of `servers` in all)
+/// agree on: each position's entry held by at least `quorum` of them, up to the first position
+/// where no entry can have a majority even with every server that did not answer. `Err` with
+/// the position that the servers which did not answer could decide, or 0 when fewer than a
+/// majority answered.
+fn agreed(lists: &[&[Vec<u8>]], servers: usize, quorum: usize) -> Result<Vec<Vec<u8>>, usize> {
+    if lists.len() < quorum {
+        return Err(0);
+    }
+    match majority_prefix(lists, servers, quorum) {
+        (journal, None) => Ok(journal),
+        (_, Some(position)) => Err(position),
+    }
+}
+
+/// What an operator is shown of the journals `lists`: the entries [`agreed`] on, and where no
+/// position is decided, those before it.
+pub(super) fn inspected(lists: &[&[Vec<u8>]], servers: usize, quorum: usize) -> Journal {
+    Journal::from_entries(majority_prefix(lists, servers, quorum).0)
+}
+
+/// The entries held by `quorum` of `lists` at each position, and the first position where
+/// the servers that did not answer could make an entry's majority, if the journal is not
+/// decided before it.
+fn majority_prefix(
+    lists: &[&[Vec<u8>]],
+    servers: usize,
+    quorum: usize,
+) -> (Vec<Vec<u8>>, Option<usize>) {
+    let missing = servers.saturating_sub(lists.len());
+    let mut journal = Vec::new();
+    loop {
+        let position = journal.len();
+        let mut counts: Vec<(&Vec<u8>, usize)> = Vec::new();
+        for entry in lists.iter().filter_map(|list| list.get(position)) {
+            match counts.iter_mut().find(|(held, _)| *held == entry) {
+                Some((_, count)) => *count += 1,
+                None => counts.push((entry, 1)),
+            }
+        }
+        if let Some((entry, _)) = counts.iter().find(|(_, count)| *count >= quorum) {
+            journal.push((*entry).clone());
+        } else if counts.iter().all(|(_, count)| count + missing < quorum) {
+            return (journal, None);
+        } else {
+            return (journal, Some(position));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::agreed;
+
+    fn lists(lists: &[&[&str]]) -> Vec<Vec<Vec<u8>>> {
+        lists
+            .iter()
+            .map(|list| list.iter().map(|entry| entry.as_bytes().to_vec()).collect())
+            .collect()
+    }
+
+    fn agreed_on(answered: &[&[&str]], servers: usize) -> Result<Vec<String>, usize> {
+        let owned = lists(answered);
+        let borrowed: Vec<&[Vec<u8>]> = owned.iter().map(Vec::as_slice).collect();
+        agreed(&borrowed, servers, servers / 2 + 1).map(|entries| {
+            entries
+                .into_iter()
+                .map(|entry| String::from_utf8(entry).unwrap())
+                .collect()
+        })
+    }
+
+    #[test]
+    fn an_entry_counts_where_a_majority_of_all_servers_hold_it() {
+        assert_eq!(
+            agreed_on(&[&["a", "b"], &["a", "b"], &["a"]], 3),
+            Ok(vec!["a".into(), "b".into()])
+        );
+        // A failed attempt's entry on one server of three is not the journal's.
+        assert_eq!(
+            agreed_on(&[&["a"], &["a"], &["a", "x"]], 3),
+            Ok(vec!["a".into()])
+        );
+        assert_eq!(agreed_on(&[&["y"], &["z"], &[]], 3), Ok(vec![]));
+        // Nor on two of five, the three others answering without it.
+        assert_eq!(agreed_on(&[&["x"], &["x"], &[], &[], &[]], 5), Ok(vec![]));
+    }
+
+    #[test]
+    fn a_position_that_the_missing_servers_could_decide_is_not_guessed() {
+        // "b" may be on the server that did not answer too: a majority's, confirmed.
+        assert_eq!(agreed_on(&[&["a", "b"], &["a"]], 3), Err(1));
+        assert_eq!(agreed_on(&[&["a", "b"], &["a", "c"]], 3), Err(1));
+        // Two of five hold "x" and two lack it: with the fifth, "x" may be on three.
+        assert_eq!(agreed_on(&[&["x"], &["x"], &[], &[]], 5), Err(0));
+        assert_eq!(agreed_on(&[&["x"], &[], &[], &[]], 5), Ok(vec![]));
+        // Fewer than a majority answered.
+        assert_eq!(agreed_on(&[&["a"]], 3), Err(0));
+        // The missing server cannot change a position a majority decided.
+        assert_eq!(
+            agreed_on(&[&["a", "b"], &["a", "b"]], 3),
+            Ok(vec!["a".into(), "b".into()])
+        );
+    }
+}

@@ -1,0 +1,184 @@
+//! Steps on `RedlockStore` when servers fail: a record is confirmed by a majority, a journal
+//! entry counts where a majority of the servers hold it, and what a failed record left on a
+//! minority is neither replayed nor kept. Three redis-servers the tests start, killed with
+//! `SIGKILL` or partitioned with `SIGSTOP`; each server's journal is read directly.
+
+use idempotask_test_support as support;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use idempotask::store::{Fencing, LockToken, StepEntry, Store, UnitOfWork};
+use idempotask::{Error, RetryPolicy, StepErrorKind, Task};
+use support::quorum::Quorum;
+
+const DAY: Duration = Duration::from_secs(24 * 60 * 60);
+
+fn task(lock_ttl: Duration) -> Task {
+    Task::new("quorum-steps")
+        .lock_ttl(lock_ttl)
+        .retry(RetryPolicy::no_wait())
+}
+
+fn unit(key: &str) -> UnitOfWork {
+    UnitOfWork::new("quorum-steps", key).unwrap()
+}
+
+/// The journal of `unit` as server `index` holds it.
+async fn journal_on(quorum: &Quorum, index: usize, unit: &UnitOfWork) -> Vec<Vec<u8>> {
+    let server = quorum.servers[index].store().await;
+    server.read_journal(unit).await.unwrap().into_entries()
+}
+
+/// Leaves `entry` as the first of `unit`'s journal on server `index` alone, as a holder that
+/// recorded it there, then released, leaves it.
+async fn recorded_on(quorum: &Quorum, index: usize, unit: &UnitOfWork, entry: &[u8]) {
+    let server = quorum.servers[index].store().await;
+    let holder = LockToken::generate();
+    let ttl = Duration::from_secs(30);
+    server
+        .begin(unit, &holder, ttl, Fencing::Off)
+        .await
+        .unwrap();
+    let recorded = server.record_step(unit, &holder, StepEntry::new(0, entry, DAY), ttl);
+    assert!(recorded.await.unwrap());
+    assert!(server.release(unit, &holder).await.unwrap());
+}
+
+/// A server killed between a step's effect and its record: the two others confirm it, and the
+/// rerun (with that server still down) replays the step instead of running it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_with_one_server_down_is_confirmed_and_replayed() {
+    let quorum = Quorum::start(3);
+    let store = quorum.store_timed(Duration::from_millis(500)).await;
+    let task = task(Duration::from_secs(30));
+    let counted = AtomicU32::new(0);
+    let (charges, servers) = (&counted, &quorum);
+    let run = |fail: bool| {
+        task.call("order-1").store(store.clone()).run(async move {
+            let ctx = idempotask::context().unwrap();
+            let charge: u32 = ctx
+                .step("charge", async {
+                    if charges.fetch_add(1, Ordering::SeqCst) == 0 {
+                        servers.signal(2, "KILL");
+                    }
+                    Ok::<_, Error>(42)
+                })
+                .await?;
+            if fail {
+                return Err(Error::NotConfigured);
+            }
+            Ok(charge)
+        })
+    };
+    assert!(matches!(run(true).await, Err(Error::NotConfigured)));
+    for index in [0, 1] {
+        assert_eq!(journal_on(&quorum, index, &unit("order-1")).await.len(), 1);
+    }
+    assert_eq!(run(false).await.unwrap(), 42);
+    assert_eq!(
+        counted.load(Ordering::SeqCst),
+        1,
+        "a confirmed step ran again"
+    );
+}
+
+/// Two servers of three partitioned after a step's effect: the record reaches one server only,
+/// the step is unrecorded, and the call keeps its lock (it lapses: the unit is in doubt).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_on_a_minority_is_unrecorded_and_keeps_the_lock() {
+    let quorum = Quorum::start(3);
+    let store = quorum.store_timed(Duration::from_millis(100)).await;
+    let answer = task(Duration::from_secs(30))
+        .call("order-2")
+        .store(store.clone())
+        .run(async {
+            let ctx = idempotask::context().unwrap();
+            ctx.step("charge", async {
+                quorum.signal(0, "STOP");
+                quorum.signal(1, "STOP");
+                Ok::<_, Error>(7)
+            })
+            .await
+        })
+        .await;
+    assert!(
+        matches!(
+            answer,
+            Err(Error::Step {
+                kind: StepErrorKind::Unrecorded,
+                ..
+            })
+        ),
+        "{answer:?}"
+    );
+    let unit = unit("order-2");
+    let reachable = quorum.servers[2].store().await;
+    let seen = reachable.inspect(&unit).await.unwrap();
+    assert!(seen.lock_ttl.is_some(), "the lock was released: {seen:?}");
+    assert_eq!(journal_on(&quorum, 2, &unit).await.len(), 1);
+    quorum.signal(0, "CONT");
+    quorum.signal(1, "CONT");
+}
+
+/// What a failed record left on one server is not the journal's: the next run runs the step,
+/// and its record replaces that entry on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minority_entry_is_not_replayed_and_is_replaced() {
+    let quorum = Quorum::start(3);
+    let unit = unit("order-3");
+    let stale_entry = br#"{"step":"charge","ok":999}"#;
+    // A holder that recorded its step on server 2 only, then released.
+    recorded_on(&quorum, 2, &unit, stale_entry).await;
+    let store = quorum.store_timed(Duration::from_secs(1)).await;
+    assert!(store.read_journal(&unit).await.unwrap().is_empty());
+    let charges = AtomicU32::new(0);
+    let result: u32 = task(Duration::from_secs(30))
+        .call("order-3")
+        .store(store.clone())
+        .run(async {
+            let ctx = idempotask::context().unwrap();
+            ctx.step("charge", async {
+                Ok::<_, Error>(charges.fetch_add(1, Ordering::SeqCst) + 1)
+            })
+            .await
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (result, charges.load(Ordering::SeqCst)),
+        (1, 1),
+        "a minority's entry was replayed"
+    );
+    let journals = [
+        journal_on(&quorum, 0, &unit).await,
+        journal_on(&quorum, 1, &unit).await,
+        journal_on(&quorum, 2, &unit).await,
+    ];
+    assert_eq!(journals[0].len(), 1);
+    assert!(
+        journals.iter().all(|journal| journal == &journals[0]),
+        "the failed attempt's entry was kept: {journals:?}"
+    );
+}
+
+/// An entry on two servers of three is confirmed; with one of those two partitioned, the read
+/// cannot tell it from a failed attempt's and fails rather than drop it, and reads it again
+/// once that server answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_missing_servers_could_decide_fails_instead_of_guessing() {
+    let quorum = Quorum::start(3);
+    let unit = unit("order-4");
+    let entry_bytes = br#"{"step":"charge","ok":1}"#;
+    for index in [0, 1] {
+        recorded_on(&quorum, index, &unit, entry_bytes).await;
+    }
+    let store = quorum.store_timed(Duration::from_millis(100)).await;
+    quorum.signal(0, "STOP");
+    let read = store.read_journal(&unit).await;
+    quorum.signal(0, "CONT");
+    let err = read.expect_err("a read without the confirmed entry's majority guessed");
+    assert!(err.is_retryable(), "{err}");
+    let journal = store.read_journal(&unit).await.unwrap();
+    assert_eq!(journal.entries(), [entry_bytes.to_vec()]);
+}
