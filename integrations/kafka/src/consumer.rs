@@ -272,9 +272,10 @@ where
     T: Serialize + DeserializeOwned + Send + 'static,
     E: std::fmt::Display + Send + 'static,
 {
-    /// Polls and runs records until one ends, and answers it once its partition's offset
-    /// commit (if it moved) was sent: done, or sent to the dead-letter topic (see
-    /// [`Processed`]). Records of one poll run at the same time, up to
+    /// Polls and runs records until a try of one ends, and answers it: done or sent to the
+    /// dead-letter topic ([`Handled::is_final`](crate::Handled::is_final)), once its
+    /// partition's offset commit (if it moved) was sent; or failed or deferred, to run again
+    /// in this consumer after its delay (see [`Processed`]). Records of one poll run at the same time, up to
     /// [`max_in_flight`](Idempotent::max_in_flight) per partition; a partition with more is
     /// paused while polling goes on, and resumed once it has room.
     ///
@@ -407,7 +408,7 @@ where
         let ended = self.ended_tx.clone();
         let unit_partition = partition.clone();
         let task = tokio::spawn(async move {
-            let processed = run_unit(&idempotent, &producer, &*body, record).await;
+            let processed = run_unit(&idempotent, &producer, &*body, record, &ended).await;
             {
                 let mut state = shared.lock();
                 state.offsets.finished(&unit_partition, offset);

@@ -1,12 +1,15 @@
 //! What became of one record: done, or sent to the dead-letter topic, and why.
 
+use std::time::Duration;
+
 use idempotask::{Error, Report};
 use idempotask_consumer::BodyFailure;
 
 use crate::{BadRecord, MissingKey};
 
-/// One record and what became of it, once its offset may be committed
-/// ([`KafkaConsumer::next`](crate::KafkaConsumer::next) answers one per record).
+/// One record and what became of one of its tries
+/// ([`KafkaConsumer::next`](crate::KafkaConsumer::next) answers one per try that ended): done
+/// or dead-lettered ([`Handled::is_final`]: its offset may then be committed), or to run again.
 ///
 /// ```
 /// use idempotask_kafka::{Handled, Processed};
@@ -15,6 +18,8 @@ use crate::{BadRecord, MissingKey};
 ///     let at = format!("{}/{}@{}", processed.topic, processed.partition, processed.offset);
 ///     match &processed.handled {
 ///         Handled::Done(report) => println!("{at}: {} after {} failures", report.value, processed.failures),
+///         Handled::Failed { error, delay, .. } => println!("{at}: failed ({error}), again in {delay:?}"),
+///         Handled::Deferred { error, delay, .. } => println!("{at}: {error}, again in {delay:?}"),
 ///         Handled::DeadLettered(why) => println!("{at}: dead-lettered ({}): {why}", why.reason()),
 ///     }
 /// }
@@ -29,11 +34,10 @@ pub struct Processed<T, E> {
     pub partition: i32,
     /// Its offset.
     pub offset: i64,
-    /// How many times its body failed (an `Err` or a panic) before it ended, retried in this
-    /// consumer.
+    /// How many times its body failed (an `Err` or a panic) so far, this try included.
     pub failures: u32,
     /// How many times it waited for the store (a store error, no store, a misused task) or for
-    /// a busy key before it ended.
+    /// a busy key so far, this try included.
     pub deferrals: u32,
     /// What became of it.
     pub handled: Handled<T, E>,
@@ -46,9 +50,50 @@ pub enum Handled<T, E> {
     /// was handed back (the body did not run), or the body ran and lost its lock or marker
     /// (the side effect happened).
     Done(Report<T>),
+    /// The body failed (an `Err` or a panic) below
+    /// [`max_failures`](crate::Idempotent::max_failures): its lock was released, nothing was
+    /// stored, and the record runs again in this consumer after `delay`. Its partition's
+    /// commit waits for it.
+    #[non_exhaustive]
+    Failed {
+        /// The body's error, or its panic.
+        error: BodyFailure<E>,
+        /// How many times the body failed for this record, this one included.
+        failures: u32,
+        /// When it runs again: the failure backoff for `failures`.
+        delay: Duration,
+    },
+    /// idempotask could not decide yet: another delivery holds the key, the store failed or
+    /// none is installed, or the task is misused. Nothing ran; the record runs again in this
+    /// consumer after `delay`, and its partition's commit waits for it.
+    #[non_exhaustive]
+    Deferred {
+        /// Why nothing ran.
+        error: Error,
+        /// The holder's remaining lock time for a busy key, otherwise the store backoff.
+        delay: Duration,
+    },
     /// No delivery of the record can succeed: it was copied to the dead-letter topic with the
     /// reason, and the broker acknowledged the copy before the offset moved past it.
     DeadLettered(Rejection<E>),
+}
+
+impl<T, E> Handled<T, E> {
+    /// Whether the record ended with this try (done or dead-lettered), so that its offset may
+    /// be committed; `false` for a try after which it runs again.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotask_kafka::Handled;
+    /// # fn check(handled: Handled<(), std::io::Error>) {
+    /// if !handled.is_final() {
+    ///     println!("runs again");
+    /// }
+    /// # }
+    /// ```
+    pub fn is_final(&self) -> bool {
+        matches!(self, Self::Done(_) | Self::DeadLettered(_))
+    }
 }
 
 /// Why a record went to the dead-letter topic; [`reason`](Self::reason) is the short name

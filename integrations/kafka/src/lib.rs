@@ -56,10 +56,10 @@
 //! | --- | --- | --- |
 //! | the body's `Ok`, stored, or a stored value replayed (the body did not run) | `Done` | its offset committed past the record, once every earlier record of the partition ended |
 //! | the body's `Ok`, but its lock expired first or its marker could not be written (`LockLost`, `MarkerNotWritten`) | `Done` | the same: the side effect happened; running it again would not undo it |
-//! | the body's `Err`, or a panic in it ([`BodyFailure`]): the lock is released, nothing is stored | (not yet) | nothing: the record runs again here after the [`failure_backoff`](Idempotent::failure_backoff) |
+//! | the body's `Err`, or a panic in it ([`BodyFailure`]): the lock is released, nothing is stored | `Failed` | nothing: the record runs again here after the [`failure_backoff`](Idempotent::failure_backoff) |
 //! | the body's [`max_failures`](Idempotent::max_failures)-th failure | `DeadLettered(GaveUp)` | a copy on the dead-letter topic; once the broker acknowledged it, the offset moves past the record |
-//! | the key is busy ([`Error::Contended`](idempotask::Error::Contended)) | (not yet) | nothing: it runs again here after the holder's remaining lock time |
-//! | the store failed or none is installed; the task is misused (logged as an error) | (not yet) | nothing, ever, while the store is down: it runs again here after the [`store_backoff`](Idempotent::store_backoff) |
+//! | the key is busy ([`Error::Contended`](idempotask::Error::Contended)) | `Deferred` | nothing: it runs again here after the holder's remaining lock time |
+//! | the store failed or none is installed; the task is misused (logged as an error) | `Deferred` | nothing, ever, while the store is down: it runs again here after the [`store_backoff`](Idempotent::store_backoff) |
 //! | the record has no key ([`MissingKey`]), or the body's closure refused it ([`BadRecord`]: a payload that does not decode) | `DeadLettered` | the copy, then the commit; nothing ran |
 //! | the key cannot be used (`InvalidKey`, `KeyReuse`, `Codec`, `MarkerKeyMismatch`) | `DeadLettered(Refused)` | the same; no delivery can succeed |
 //! | the unit is in doubt and the task holds such units ([`Error::InDoubt`](idempotask::Error::InDoubt)) | `DeadLettered(InDoubt)` | the same, reason `in-doubt`: resolve the unit (`idempotask resolve`), then produce the copy back |

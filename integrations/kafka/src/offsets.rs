@@ -24,7 +24,8 @@ struct PartitionOffsets {
     running: BTreeSet<i64>,
     /// The highest offset received, finished or not.
     highest: Option<i64>,
-    /// The last position sent as a commit (or read from the group at assignment).
+    /// The last position sent as a commit, or the first offset received (where the group's
+    /// position was).
     committed: Option<i64>,
 }
 
@@ -42,6 +43,11 @@ impl OffsetTracker {
     /// Input: a record handed to its unit. Output: its offset counted as running.
     pub(crate) fn received(&mut self, partition: &Partition, offset: i64) {
         let entry = self.partitions.entry(partition.clone()).or_default();
+        // The consumer reads from the group's position: committing the first record's own
+        // offset would say nothing new.
+        if entry.highest.is_none() {
+            entry.committed.get_or_insert(offset);
+        }
         entry.running.insert(offset);
         entry.highest = Some(entry.highest.map_or(offset, |high| high.max(offset)));
     }
@@ -140,7 +146,8 @@ mod tests {
         tracker.received(&p(1), 21);
         tracker.finished(&p(1), 20);
         tracker.finished(&p(1), 21);
-        assert_eq!(tracker.take_commits(), [(p(0), 10), (p(1), 22)]);
+        // Partition 0 is where the group left it: nothing to commit.
+        assert_eq!(tracker.take_commits(), [(p(1), 22)]);
         assert_eq!(tracker.running(&p(0)), 1);
     }
 

@@ -10,6 +10,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
 
 use crate::{BadRecord, Handled, Idempotent, Processed, Record, Rejection};
 
@@ -44,12 +45,14 @@ impl History for Tries {
 }
 
 /// Input: a record, the consumer's settings and body. Output: what became of it, once it is
-/// done or its dead-letter copy is acknowledged (never before: its offset is committed then).
+/// done or its dead-letter copy is acknowledged (never before: its offset is committed then);
+/// each try after which it runs again is sent to `tries_ended` on the way.
 pub(crate) async fn run_unit<T, E>(
     idempotent: &Idempotent,
     producer: &FutureProducer,
     body: &Body<T, E>,
     record: Record,
+    tries_ended: &mpsc::UnboundedSender<Processed<T, E>>,
 ) -> Processed<T, E>
 where
     T: Serialize + DeserializeOwned,
@@ -70,15 +73,29 @@ where
             match verdict {
                 Verdict::Ack(report) => break Ok(report),
                 Verdict::Retry {
-                    failures, delay, ..
+                    failure,
+                    failures,
+                    delay,
+                    ..
                 } => {
                     tries.failures = failures;
+                    let handled = Handled::Failed {
+                        error: failure,
+                        failures,
+                        delay,
+                    };
+                    let _ = tries_ended.send(processed(&record, &tries, handled));
                     tokio::time::sleep(delay).await;
                 }
                 Verdict::Defer {
-                    delay, deferral, ..
+                    error,
+                    delay,
+                    deferral,
+                    ..
                 } => {
                     tries.deferrals = deferral.unwrap_or(tries.deferrals.saturating_add(1));
+                    let handled = Handled::Deferred { error, delay };
+                    let _ = tries_ended.send(processed(&record, &tries, handled));
                     tokio::time::sleep(delay).await;
                 }
                 Verdict::GiveUp {
@@ -100,6 +117,11 @@ where
             Handled::DeadLettered(rejection)
         }
     };
+    processed(&record, &tries, handled)
+}
+
+/// What became of a try of `record`.
+fn processed<T, E>(record: &Record, tries: &Tries, handled: Handled<T, E>) -> Processed<T, E> {
     Processed {
         topic: record.topic().to_owned(),
         partition: record.partition(),
