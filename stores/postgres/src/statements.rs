@@ -234,16 +234,16 @@ impl Statements {
         );
         let shown_in_doubt = format!("u.state = 'locked' AND u.token = $3 AND {}", in_doubt("u"));
         Self {
-            begin_fresh: sql(begin_fresh(&t, None, &bound)),
-            begin_fresh_fenced: sql(begin_fresh(&t, Some(&seq), &bound)),
+            begin_fresh: sql(begin_fresh(&t, None, &bound, "")),
+            begin_fresh_fenced: sql(begin_fresh(&t, Some(&seq), &bound, "")),
             begin_fresh_batch: sql(batch::begin_fresh(&t, None)),
             begin_fresh_fenced_batch: sql(batch::begin_fresh(&t, Some(&seq))),
-            begin_fresh_in_transaction: sql(begin_fresh(&t, None, "TRUE")),
-            begin_fresh_fenced_in_transaction: sql(begin_fresh(&t, Some(&seq), "TRUE")),
-            begin: sql(begin(&t, &seq, &format!("{bound} AND"))),
-            begin_in_transaction: sql(begin(&t, &seq, "")),
-            take_over: sql(take_over(&t, &seq, &bound)),
-            take_over_in_transaction: sql(take_over(&t, &seq, "TRUE")),
+            begin_fresh_in_transaction: sql(begin_fresh(&t, None, "TRUE", XID)),
+            begin_fresh_fenced_in_transaction: sql(begin_fresh(&t, Some(&seq), "TRUE", XID)),
+            begin: sql(begin(&t, &seq, &format!("{bound} AND"), "")),
+            begin_in_transaction: sql(begin(&t, &seq, "", XID)),
+            take_over: sql(take_over(&t, &seq, &bound, "")),
+            take_over_in_transaction: sql(take_over(&t, &seq, "TRUE", XID)),
             finish: sql(finish(&t, &bound)),
             finish_held_batch: sql(batch::finish_held(&t)),
             finish_held: sql(format!(
@@ -364,6 +364,13 @@ fn reads(t: &str) -> [String; 2] {
     ]
 }
 
+/// The column the statements of `begin` inside a caller's transaction add to their answers:
+/// `xid`, the transaction's id once it has one (always, once the statement wrote the unit's
+/// row), for the records of the body's steps, which check on a connection of their own that
+/// this transaction still runs. Read by the same statement, it costs no round trip; and only
+/// if assigned, so that an answer that wrote nothing does not give the transaction an id.
+const XID: &str = ", pg_current_xact_id_if_assigned()::text::bigint AS xid";
+
 /// Takes a unit that has no row, or answers the row that is there; [`begin`] and
 /// [`take_over`] handle the rest.
 ///
@@ -377,8 +384,8 @@ fn reads(t: &str) -> [String; 2] {
 /// limits, being evaluated before it.
 ///
 /// With fencing (`seq`, the sequence) the fencing token is taken in the insert; without, no
-/// sequence is named at all.
-fn begin_fresh(t: &str, seq: Option<&str>, bound: &str) -> String {
+/// sequence is named at all. `xid` is empty or [`XID`].
+fn begin_fresh(t: &str, seq: Option<&str>, bound: &str, xid: &str) -> String {
     let fence = seq.map_or_else(
         || "NULL::bigint".to_owned(),
         |seq| format!("nextval('{seq}')"),
@@ -394,10 +401,10 @@ fn begin_fresh(t: &str, seq: Option<&str>, bound: &str) -> String {
             RETURNING u.fence
         )
         SELECT 'acquired' AS state, fence, NULL::bytea AS marker, NULL::bigint AS left_ms,
-               NULL::boolean AS mine, NULL::bigint AS doubt_us
+               NULL::boolean AS mine, NULL::bigint AS doubt_us{xid}
         FROM taken
         UNION ALL
-        SELECT u.state, u.fence, u.marker, {LEFT_MS}, u.token = $3, {doubt_us}
+        SELECT u.state, u.fence, u.marker, {LEFT_MS}, u.token = $3, {doubt_us}{xid}
         FROM {t} u
         WHERE u.task = $1 AND u.key = $2 AND NOT EXISTS (SELECT 1 FROM taken)"
     )
@@ -416,8 +423,8 @@ fn begin_fresh(t: &str, seq: Option<&str>, bound: &str) -> String {
 /// DO UPDATE` that skips the row still locks it, which costs a transaction id and a flush.)
 /// The conflict's condition is checked again on the row as it is when locked, so a row that
 /// came into doubt since the read is left alone too. `bound` is empty or [`lock_wait_bound`]
-/// followed by `AND`.
-fn begin(t: &str, seq: &str, bound: &str) -> String {
+/// followed by `AND`; `xid` is empty or [`XID`].
+fn begin(t: &str, seq: &str, bound: &str, xid: &str) -> String {
     let (doubt_us, present_u) = (doubt_us("u"), present("u"));
     let mine = "(u.state = 'locked' AND u.token = excluded.token)";
     let earlier_us = micros("doubt_expired_for");
@@ -452,10 +459,10 @@ fn begin(t: &str, seq: &str, bound: &str) -> String {
         )
         SELECT 'acquired' AS state, fence, NULL::bytea AS marker, NULL::bigint AS left_ms,
                NULL::bigint AS doubt_us, doubt_earlier_fence AS earlier_fence,
-               {earlier_us} AS earlier_us
+               {earlier_us} AS earlier_us{xid}
         FROM taken
         UNION ALL
-        SELECT e.state, e.fence, e.marker, e.left_ms, e.doubt_us, NULL, NULL
+        SELECT e.state, e.fence, e.marker, e.left_ms, e.doubt_us, NULL, NULL{xid}
         FROM existing e
         WHERE (e.live OR (e.doubt_us IS NOT NULL AND NOT e.mine))
           AND NOT EXISTS (SELECT 1 FROM taken)"
@@ -471,8 +478,8 @@ fn begin(t: &str, seq: &str, bound: &str) -> String {
 /// row as it is once locked: of deliveries racing for the unit, the first takes it over and
 /// the others, having waited for it, find a live lock and take nothing. The fencing token is
 /// new when the task uses fencing or the unit already had one. `bound` is [`lock_wait_bound`],
-/// or `TRUE` inside a caller's transaction.
-fn take_over(t: &str, seq: &str, bound: &str) -> String {
+/// or `TRUE` inside a caller's transaction; `xid` is empty or [`XID`].
+fn take_over(t: &str, seq: &str, bound: &str, xid: &str) -> String {
     let in_doubt = in_doubt("o");
     let earlier_us = micros("u.doubt_expired_for");
     format!(
@@ -489,7 +496,7 @@ fn take_over(t: &str, seq: &str, bound: &str) -> String {
             FOR UPDATE
         ) old
         WHERE u.task = $1 AND u.key = $2
-        RETURNING u.fence, u.doubt_earlier_fence AS earlier_fence, {earlier_us} AS earlier_us"
+        RETURNING u.fence, u.doubt_earlier_fence AS earlier_fence, {earlier_us} AS earlier_us{xid}"
     )
 }
 

@@ -266,7 +266,8 @@ impl PostgresStore {
     /// The fresh statement answers the common cases (no row yet, another's live lock, a live
     /// marker) alone; an expired row or the caller's own lock goes to the full statement, and
     /// a unit in doubt to the takeover (unless the token leaves it in doubt: then nothing is
-    /// written, and the answer is what the fresh statement read).
+    /// written, and the answer is what the fresh statement read). With the answer, the
+    /// transaction's id when the statement that answered reads it (the `_in_transaction` forms).
     pub(crate) async fn begin_on(
         statements: BeginStatements<'_>,
         connection: &mut PgConnection,
@@ -274,7 +275,7 @@ impl PostgresStore {
         token: &LockToken,
         lock_ttl: Duration,
         fencing: Fencing,
-    ) -> Result<Begin, sqlx::Error> {
+    ) -> Result<(Begin, Option<i64>), sqlx::Error> {
         let ask = |sql: &SqlStr| {
             sqlx::query(sql.clone())
                 .bind(unit.task())
@@ -292,7 +293,7 @@ impl PostgresStore {
                 continue;
             };
             let doubt = match fresh_answer(&row)? {
-                Found::Answer(answer) => return Ok(answer),
+                Found::Answer(answer) => return Ok((answer, xid(&row))),
                 Found::InDoubt(doubt) => doubt,
                 Found::Expired => {
                     let row = ask(statements.full)
@@ -303,14 +304,14 @@ impl PostgresStore {
                         continue;
                     };
                     match begin_answer(&row)? {
-                        Found::Answer(answer) => return Ok(answer),
+                        Found::Answer(answer) => return Ok((answer, xid(&row))),
                         Found::InDoubt(doubt) => doubt,
                         Found::Expired => continue,
                     }
                 }
             };
             if !token.takes_over_doubt() {
-                return Ok(Begin::InDoubt(doubt));
+                return Ok((Begin::InDoubt(doubt), None));
             }
             let row = ask(statements.take_over)
                 .bind(fenced)
@@ -318,11 +319,17 @@ impl PostgresStore {
                 .await?;
             // None: another delivery took the unit over first, or its holder came back.
             if let Some(row) = row {
-                return taken_over(&row);
+                return Ok((taken_over(&row)?, xid(&row)));
             }
         }
-        Ok(Begin::busy(None))
+        Ok((Begin::busy(None), None))
     }
+}
+
+/// The `xid` column of an answer of `begin` inside a caller's transaction (see the statements'
+/// `XID`); `None` for the other statements, which have no such column.
+fn xid(row: &sqlx::postgres::PgRow) -> Option<i64> {
+    row.try_get::<Option<i64>, _>("xid").ok().flatten()
 }
 
 /// `sql` with `renew`'s parameters bound (`$1` to `$6`: the unit, the lock's token and
@@ -411,7 +418,9 @@ impl Store for PostgresStore {
                 full: &self.statements.begin,
                 take_over: &self.statements.take_over,
             };
-            Self::begin_on(statements, &mut connection, unit, token, lock_ttl, fencing).await
+            Self::begin_on(statements, &mut connection, unit, token, lock_ttl, fencing)
+                .await
+                .map(|(answer, _)| answer)
         })
         .await
     }

@@ -65,12 +65,14 @@ use crate::transaction_steps::TransactionSteps;
 ///   outside the transaction, each by one statement on a connection of the store's own pool,
 ///   accepted only while this transaction is still in progress: a rollback keeps them, as it
 ///   keeps their effects, and the next delivery replays them. The statement never touches the
-///   unit's row, which this transaction holds, so it never waits on it. One more statement
-///   per call, inside the transaction, reads the transaction's id for them.
+///   unit's row, which this transaction holds, so it never waits on it. The statement that
+///   takes the unit reads the transaction's id for them: no round trip of its own.
 #[derive(Debug)]
 pub struct PostgresTransaction<'s> {
     store: &'s PostgresStore,
     transaction: sqlx::Transaction<'static, Postgres>,
+    /// The transaction's id, as the statement that took the unit read it.
+    xid: Option<i64>,
 }
 
 impl PostgresStore {
@@ -83,6 +85,7 @@ impl PostgresStore {
         PostgresTransaction {
             store: self,
             transaction,
+            xid: None,
         }
     }
 }
@@ -111,7 +114,7 @@ impl TransactionScope for PostgresTransaction<'_> {
             full: &statements.begin_in_transaction,
             take_over: &statements.take_over_in_transaction,
         };
-        PostgresStore::begin_on(
+        let (answer, xid) = PostgresStore::begin_on(
             statements,
             &mut self.transaction,
             unit,
@@ -120,7 +123,9 @@ impl TransactionScope for PostgresTransaction<'_> {
             fencing,
         )
         .await
-        .map_err(|err| store_error("begin", self.store.table(), err))
+        .map_err(|err| store_error("begin", self.store.table(), err))?;
+        self.xid = xid;
+        Ok(answer)
     }
 
     fn handle(&mut self) -> &mut PgConnection {
@@ -155,17 +160,22 @@ impl TransactionScope for PostgresTransaction<'_> {
         store.run("commit", self.transaction.commit()).await
     }
 
-    /// The journal on the store's own connections, for this transaction's id (one statement
-    /// inside the transaction, which already has an id: it wrote the unit's row).
+    /// The journal on the store's own connections, for this transaction's id, which the
+    /// statement that took the unit read (asked for here only if it did not).
     async fn step_store(&mut self) -> Result<Option<SharedStore>, StoreError> {
         let store = self.store;
-        let xid: i64 = store
-            .run(
-                "begin",
-                sqlx::query_scalar("SELECT pg_current_xact_id()::text::bigint")
-                    .fetch_one(&mut *self.transaction),
-            )
-            .await?;
+        let xid = match self.xid {
+            Some(xid) => xid,
+            None => {
+                store
+                    .run(
+                        "begin",
+                        sqlx::query_scalar("SELECT pg_current_xact_id()::text::bigint")
+                            .fetch_one(&mut *self.transaction),
+                    )
+                    .await?
+            }
+        };
         Ok(Some(SharedStore::new(TransactionSteps {
             store: store.clone(),
             xid,
