@@ -182,3 +182,32 @@ async fn a_read_that_missing_servers_could_decide_fails_instead_of_guessing() {
     let journal = store.read_journal(&unit).await.unwrap();
     assert_eq!(journal.entries(), [entry_bytes.to_vec()]);
 }
+
+/// A server that missed a record (its journal shorter than the next record's position) is
+/// given the majority's journal when the next record is confirmed, so that the journal is
+/// read with another server down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_missed_a_record_catches_up_with_the_next() {
+    let quorum = Quorum::start(3);
+    let store = quorum.store_timed(Duration::from_millis(100)).await;
+    let unit = unit("order-5");
+    let (holder, ttl) = (LockToken::generate(), Duration::from_secs(30));
+    store
+        .begin(&unit, &holder, ttl, Fencing::Off)
+        .await
+        .unwrap();
+    let (first, second) = (br#"{"step":"a","ok":1}"#, br#"{"step":"b","ok":2}"#);
+    for index in [0, 1] {
+        let server = quorum.servers[index].store().await;
+        let missed = server.record_step(&unit, &holder, StepEntry::new(0, first, DAY), ttl);
+        assert!(missed.await.unwrap(), "server {index}");
+    }
+    let next = store.record_step(&unit, &holder, StepEntry::new(1, second, DAY), ttl);
+    assert!(next.await.unwrap());
+    let expected = vec![first.to_vec(), second.to_vec()];
+    assert_eq!(journal_on(&quorum, 2, &unit).await, expected);
+    quorum.signal(0, "STOP");
+    let read = store.read_journal(&unit).await;
+    quorum.signal(0, "CONT");
+    assert_eq!(read.unwrap().into_entries(), expected);
+}

@@ -98,10 +98,12 @@ const PATIENCE: u32 = 8;
 ///   that holds it is down;
 /// - `forget` deletes the journal on every server with the marker.
 ///
-/// What that costs in availability: a server that missed a record refuses the later records
-/// of that journal (it lacks a position), and a step recorded while a server was down is held
-/// by a bare majority. If one of those servers is down too when the journal is read, the read
-/// fails until one of them is back (the runner retries, then the delivery is retried).
+/// A server that missed a record (down, or too slow) is behind on that journal and refuses the
+/// next record; once the others confirm that record, the quorum reads the majority's journal
+/// and gives it to that server, so that it carries the journal again. Until then, a step
+/// recorded while a server was down is held by a bare majority: if one of those servers is
+/// down too when the journal is read, the read fails until one of them is back (the runner
+/// retries, then the delivery is retried).
 ///
 /// # Behaviour
 /// - Every operation asks all servers at once and waits for each up to

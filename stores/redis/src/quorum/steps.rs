@@ -15,6 +15,9 @@
 //!   at that position no entry is confirmed: another entry a server holds there (and all after
 //!   it) is a failed attempt's, and the record replaces it. Never an entry that a majority
 //!   could hold: that one is confirmed, and the record is refused as on one server.
+//! - A server whose journal is shorter than a record's position missed earlier records. Once
+//!   the record is confirmed, the majority's journal (every entry of it confirmed) replaces
+//!   that server's, so that the journal does not live on a bare majority from then on.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -22,14 +25,16 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
 
+use super::super::lock::lock_value;
 use super::super::protocol::Protocol;
 use super::super::reply::unexpected;
 use super::super::steps::step_args;
 use super::Inner;
 use super::servers::Answer;
-use idempotask::store::{Journal, LockToken, StepEntry, Store, StoreError, UnitOfWork};
+use idempotask::store::{Journal, LockToken, StepEntry, Store, StoreError, UnitOfWork, ttl_millis};
 
 static STEP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("step.lua")));
+static CATCH_UP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("catch_up.lua")));
 
 /// What one server answered to a record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,11 +104,16 @@ impl Inner {
         let mut recorded = 0;
         let mut refused = 0;
         let mut held_others = Vec::new();
+        let mut behind = Vec::new();
         let mut errors = Vec::new();
         for (index, answer) in answers.into_iter().enumerate() {
             match answer {
                 Ok(Placed::Recorded) => recorded += 1,
-                Ok(Placed::NotOurs | Placed::Behind) => refused += 1,
+                Ok(Placed::NotOurs) => refused += 1,
+                Ok(Placed::Behind) => {
+                    refused += 1;
+                    behind.push(index);
+                }
                 Ok(Placed::Taken(held)) => held_others.push((index, held)),
                 Err(err) => errors.push(err),
             }
@@ -145,6 +155,9 @@ impl Inner {
             }
         }
         if recorded >= quorum {
+            if !behind.is_empty() {
+                self.catch_up(unit, token, entry, &behind).await;
+            }
             return Ok(true);
         }
         if refused + kept.len() >= quorum {
@@ -153,6 +166,63 @@ impl Inner {
         // The entry may be on some servers and may yet be on others: neither recorded nor
         // refused, which is what a lost reply is on one server.
         Err(self.no_quorum("record_step", errors).ambiguous_if(true))
+    }
+
+    /// Gives the servers at `indices`, which missed earlier records of `unit`'s journal, the
+    /// journal a majority hold, once it ends with `entry`, just confirmed at its position.
+    /// Every entry of that journal is confirmed, so nothing a server loses by it was.
+    /// Without it such a server refuses every later record of the journal, and the journal
+    /// lives on a bare majority: one more server down and it cannot be read. A failure here
+    /// changes nothing decided.
+    async fn catch_up(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        entry: StepEntry<'_>,
+        indices: &[usize],
+    ) {
+        let journal = match self.read_journal(unit).await {
+            Ok(journal) => journal,
+            Err(err) => {
+                tracing::debug!(error = %err, "could not read the journal for a server that missed records");
+                return;
+            }
+        };
+        let entries = journal.entries();
+        let Ok(at) = usize::try_from(entry.position) else {
+            return;
+        };
+        // Another holder's journal by now, or a read that missed this record: leave it.
+        if entries.len() != at + 1 || entries[at] != entry.bytes {
+            return;
+        }
+        let lock = lock_value(token);
+        let answers = self
+            .some(
+                "record_step",
+                indices,
+                self.patience(None),
+                |_| false,
+                |_, protocol| {
+                    let lock = &lock;
+                    async move {
+                        let key = protocol.key(unit);
+                        let list = protocol.journal_key(&key);
+                        protocol
+                            .invoke_on("record_step", &CATCH_UP, &[&key, &list], |cmd| {
+                                cmd.arg(lock).arg(ttl_millis(entry.kept_for));
+                                for held in entries {
+                                    cmd.arg(held);
+                                }
+                            })
+                            .await
+                    }
+                },
+            )
+            .await;
+        for err in answers.into_iter().filter_map(Result::err) {
+            tracing::debug!(error = %err, "could not give a server that missed records the journal");
+        }
     }
 
     /// Records `entry` on the servers at `indices`, replacing another entry at its position.
