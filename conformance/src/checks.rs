@@ -114,6 +114,7 @@ macro_rules! __checks {
                 transactions::concurrent_transactions_run_the_body_once,
                 transactions::a_plain_holder_makes_a_transaction_contended,
                 transactions::commit_faults_are_reported_as_they_happened,
+                transactions::steps_outlive_a_rolled_back_transaction,
             ]
             doubt [
                 doubt::a_lock_that_ran_out_is_taken_over_in_doubt,

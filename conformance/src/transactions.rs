@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use idempotask::store::{Begin, Fencing, LockToken, SharedStore, Store, StoreError};
 use idempotask::store::{StoreErrorKind, TransactionScope, UnitOfWork};
-use idempotask::{Error, RetryPolicy, Task};
+use idempotask::{Error, RetryPolicy, StepErrorKind, Task};
 use tokio::task::JoinSet;
 
 use super::{LONG, acquire, outlive};
@@ -81,6 +81,55 @@ pub async fn a_failed_transaction_stores_nothing<S: OpensTransactions>(store: S)
         .await
         .unwrap();
     assert_eq!(next, 7);
+}
+
+/// Checks that a transaction's steps are recorded outside it: a body that fails after a step
+/// rolls back, and the next delivery replays the step instead of running its effect again,
+/// then commits. A store whose transactions record no steps
+/// ([`TransactionScope::step_store`]) must refuse the step before its effect instead.
+///
+/// # Panics
+/// When the store does neither.
+#[doc = example!(transactions steps_outlive_a_rolled_back_transaction)]
+pub async fn steps_outlive_a_rolled_back_transaction<S: OpensTransactions>(store: S) {
+    let task = task("tx_steps");
+    let charges = AtomicUsize::new(0);
+    for fails in [true, false] {
+        let paid: Result<usize, Error> = task
+            .call("transfer-8")
+            .run_in_transaction(store.open().await, async |_| {
+                let ctx = idempotask::context().expect("inside a task");
+                let charge = ctx
+                    .step("charge", async {
+                        Ok::<_, Error>(charges.fetch_add(1, Ordering::SeqCst) + 1)
+                    })
+                    .await?;
+                if fails {
+                    return Err(Error::NotConfigured);
+                }
+                Ok(charge)
+            })
+            .await;
+        match paid {
+            Err(Error::Step {
+                kind: StepErrorKind::Unsupported,
+                ..
+            }) => {
+                assert_eq!(
+                    charges.load(Ordering::SeqCst),
+                    0,
+                    "refused after its effect"
+                );
+                return;
+            }
+            Err(Error::NotConfigured) if fails => {}
+            Ok(charge) if !fails => assert_eq!(charge, 1, "the step ran again"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(charges.load(Ordering::SeqCst), 1);
+    let seen = store.plain().inspect(&unit_of(&task, "transfer-8")).await;
+    assert!(seen.unwrap().is_done());
 }
 
 /// Checks that a call dropped while its body runs stores nothing, and the next delivery runs.
