@@ -16,10 +16,14 @@ pub enum StepErrorKind {
     /// A step was called while another step of the same body was running (two steps joined):
     /// a rerun could not tell their results apart. Nothing ran.
     Overlapping,
-    /// The store does not record steps, or the call cannot (inside a database transaction,
-    /// which holds the unit itself). Nothing ran.
+    /// The store does not record steps, or the call's database transaction gives no store
+    /// to record them outside it
+    /// ([`TransactionScope::step_store`](crate::store::TransactionScope::step_store)).
+    /// Nothing ran.
     Unsupported,
     /// The step's effect happened but the store did not confirm its record (it failed or did
-    /// not answer). The call keeps the unit in doubt instead of releasing it.
+    /// not answer). The call keeps the unit in doubt instead of releasing it; inside a
+    /// database transaction, which leaves no lock behind, it rolls back, and the next
+    /// delivery runs the step again.
     Unrecorded,
 }
