@@ -1,32 +1,35 @@
 //! The integrations' conformance harness: one table of outcome classes, each driven through
-//! NATS JetStream, RabbitMQ, Redis Streams, Amazon SQS, apalis and HTTP on real servers
-//! (`nats-server`, a RabbitMQ node, `moto_server` for SQS, an axum server called over TCP, and
+//! NATS JetStream, RabbitMQ, Redis Streams, Amazon SQS, Kafka, apalis and HTTP on real servers
+//! (`nats-server`, a RabbitMQ node, `moto_server` for SQS, tansu for Kafka, an axum server
+//! called over TCP, and
 //! a Redis for the store behind every one of them, which holds the Redis Streams case's stream
 //! too), each checked against the action its crate's docs promise, and after each case that no
 //! side effect ran twice and no message was left unsettled.
 //!
-//! | case | what the test does | NATS | RabbitMQ | Redis Streams | SQS | apalis | HTTP |
-//! | --- | --- | --- | --- | --- | --- | --- | --- |
-//! | `Ok` | the body succeeds | ran | ran | ran | ran | ran | ran |
-//! | `Duplicate` | a second copy after it | ran, replayed | ran, replayed | ran, replayed | ran, replayed | ran, replayed | ran, replayed |
-//! | `Err` | the body fails once, then succeeds | retry, ran | retry, ran | retry (pending), ran | retry (its visibility timeout), ran | retry, ran | retry (its `503`), ran |
-//! | `Panic` | the body panics once, then succeeds | retry, ran | retry, ran | retry (pending), ran | retry, ran | retry, ran | retry (`500`), ran |
-//! | `PoisonPanic` | the body panics on every delivery (`max_failures` 3) | retry, retry, dead letter | retry, retry, dead letter | retry, retry, dead letter | retry, retry, dead letter (the redrive policy) | retry ×3 (apalis's own policy ends it) | retry ×3 |
-//! | `Dropped` | the call is dropped inside the body (the consumer's task is gone; the HTTP client goes away) | no answer, ran | no answer (channel closed), ran | no answer (the consumer dropped), ran (claimed by the next) | no answer (the batch dropped), ran (after its visibility timeout) | no answer, ran | no answer, replayed (the handler ran detached) |
-//! | `StoreDownBeforeBegin` | the store refuses every operation, then is back | retry, ran | retry, ran | retry (pending, never acked), ran | retry (never deleted), ran | retry, ran | retry (`503`), ran |
-//! | `AmbiguousFinish` | `finish` applies and its reply is lost; then a copy | ran, replayed | ran, replayed | ran, replayed | ran, replayed | ran, replayed | ran, replayed |
-//! | `Contended` | another holder has the key's lock, then finishes | retry, replayed | retry, replayed | retry (pending), replayed | retry, replayed | retry, replayed | retry (`409`), replayed |
-//! | `MissingKey` | a message without a key | dead letter | dead letter | dead letter | dead letter | dead letter | dead letter (`400`) |
-//! | `InvalidKey` | a key over the store's (or the header's) limit | dead letter | dead letter | dead letter | dead letter | dead letter | dead letter (`400`) |
-//! | `KeyReuse` | the key again with another payload, differing in its last byte | ran, dead letter | ran, dead letter | ran, dead letter | ran, dead letter | ran, replayed (apalis has no fingerprint: the key names the job) | ran, dead letter (`422`) |
-//! | `Misuse` | the consumer calls the task from the task's own body (HTTP: a layer with no store) | retry, ran | retry, ran | retry, ran | retry, ran | retry, ran | retry (`500`), ran |
-//! | `Unstorable` | the result has no JSON form (`NaN`; HTTP: a response over the stored cap); then a copy | ran, dead letter | ran, dead letter | ran, dead letter | ran, dead letter | ran, dead letter | ran, dead letter (`410`) |
+//! | case | what the test does | NATS | RabbitMQ | Redis Streams | SQS | Kafka | apalis | HTTP |
+//! | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+//! | `Ok` | the body succeeds | ran | ran | ran | ran | ran | ran | ran |
+//! | `Duplicate` | a second copy after it | ran, replayed | ran, replayed | ran, replayed | ran, replayed | ran, replayed | ran, replayed | ran, replayed |
+//! | `Err` | the body fails once, then succeeds | retry, ran | retry, ran | retry (pending), ran | retry (its visibility timeout), ran | retry (in the consumer, no commit), ran | retry, ran | retry (its `503`), ran |
+//! | `Panic` | the body panics once, then succeeds | retry, ran | retry, ran | retry (pending), ran | retry, ran | retry, ran | retry, ran | retry (`500`), ran |
+//! | `PoisonPanic` | the body panics on every delivery (`max_failures` 3) | retry, retry, dead letter | retry, retry, dead letter | retry, retry, dead letter | retry, retry, dead letter (the redrive policy) | retry, retry, dead letter (the dead-letter topic) | retry ×3 (apalis's own policy ends it) | retry ×3 |
+//! | `Dropped` | the call is dropped inside the body (the consumer's task is gone; the HTTP client goes away) | no answer, ran | no answer (channel closed), ran | no answer (the consumer dropped), ran (claimed by the next) | no answer (the batch dropped), ran (after its visibility timeout) | no answer (the consumer dropped), ran (from the committed offset) | no answer, ran | no answer, replayed (the handler ran detached) |
+//! | `StoreDownBeforeBegin` | the store refuses every operation, then is back | retry, ran | retry, ran | retry (pending, never acked), ran | retry (never deleted), ran | retry (no commit), ran | retry, ran | retry (`503`), ran |
+//! | `AmbiguousFinish` | `finish` applies and its reply is lost; then a copy | ran, replayed | ran, replayed | ran, replayed | ran, replayed | ran, replayed | ran, replayed | ran, replayed |
+//! | `Contended` | another holder has the key's lock, then finishes | retry, replayed | retry, replayed | retry (pending), replayed | retry, replayed | retry, replayed | retry, replayed | retry (`409`), replayed |
+//! | `MissingKey` | a message without a key | dead letter | dead letter | dead letter | dead letter | dead letter | dead letter | dead letter (`400`) |
+//! | `InvalidKey` | a key over the store's (or the header's) limit | dead letter | dead letter | dead letter | dead letter | dead letter | dead letter | dead letter (`400`) |
+//! | `KeyReuse` | the key again with another payload, differing in its last byte | ran, dead letter | ran, dead letter | ran, dead letter | ran, dead letter | ran, dead letter | ran, replayed (apalis has no fingerprint: the key names the job) | ran, dead letter (`422`) |
+//! | `Misuse` | the consumer calls the task from the task's own body (HTTP: a layer with no store) | retry, ran | retry, ran | retry, ran | retry, ran | retry (the body calls the task inside its own call), ran | retry, ran | retry (`500`), ran |
+//! | `Unstorable` | the result has no JSON form (`NaN`; HTTP: a response over the stored cap); then a copy | ran, dead letter | ran, dead letter | ran, dead letter | ran, dead letter | ran, dead letter | ran, dead letter | ran, dead letter (`410`) |
 //!
 //! "retry" is the integration's way of delivering again later (NATS `-NAK` with a delay,
 //! RabbitMQ the retry queue, Redis Streams the entry left pending in its consumer, SQS the
-//! message's visibility timeout set to the delay, apalis a retryable error, HTTP a `5xx` or
+//! message's visibility timeout set to the delay, Kafka the record run again in its consumer
+//! with its offset not committed, apalis a retryable error, HTTP a `5xx` or
 //! `409` with nothing stored); "dead letter" its way of never again (`+TERM` and its advisory,
 //! `basic.reject` to the dead-letter queue, an entry added to the dead-letter stream and acked,
+//! a Kafka record copied to the dead-letter topic and committed past,
 //! an SQS message left undeleted until the queue's redrive policy moves it to the dead-letter
 //! queue, apalis `AbortError`, an HTTP `4xx`). "ran" and "replayed" are acks told apart by the
 //! side-effect count, not by what the integration says of itself.
@@ -41,7 +44,10 @@
 //! unread (a planted bug, an ack when the body starts, is caught by this table); an SQS delete
 //! takes the message out of the queue, a retry or a rejection leaves it there, and after each
 //! case the queue is empty and its dead-letter queue holds each rejected message (the same
-//! planted bug, a delete when the body starts, is caught); an HTTP replay carries
+//! planted bug, a delete when the body starts, is caught); a Kafka record's offset is committed
+//! past it once it is done or its dead-letter copy is acknowledged, never past a try that runs
+//! again, and after each case the group's offset is past the case's last record (a planted
+//! bug, a commit when the body starts, is caught); an HTTP replay carries
 //! `Idempotent-Replayed: true`, and after an acked case one more retry must be replayed.
 
 use std::collections::HashMap;
@@ -60,6 +66,8 @@ use tokio::time::Instant;
 mod apalis_driver;
 #[path = "integration_conformance/http_driver.rs"]
 mod http_driver;
+#[path = "integration_conformance/kafka_driver.rs"]
+mod kafka_driver;
 #[path = "integration_conformance/nats_driver.rs"]
 mod nats_driver;
 #[path = "integration_conformance/rabbitmq_driver.rs"]
@@ -74,6 +82,7 @@ mod moto_queues;
 
 use apalis_driver::{APALIS_TASK, Apalis, apalis_handler};
 use http_driver::Http;
+use kafka_driver::Kafka;
 use nats_driver::Nats;
 use rabbitmq_driver::Rabbit;
 use redis_streams_driver::Streams;
@@ -161,6 +170,7 @@ enum Integration {
     RabbitMq,
     RedisStreams,
     Sqs,
+    Kafka,
     Apalis,
     Http,
 }
@@ -172,6 +182,7 @@ impl Integration {
             Self::RabbitMq => "rabbitmq",
             Self::RedisStreams => "redis-streams",
             Self::Sqs => "sqs",
+            Self::Kafka => "kafka",
             Self::Apalis => "apalis",
             Self::Http => "http",
         }
@@ -307,7 +318,7 @@ fn expected(integration: Integration, case: Case) -> (Vec<Seen>, u32) {
         (Case::Err | Case::Panic | Case::StoreDownBeforeBegin | Case::Misuse, _) => {
             (vec![S::Retry, S::Ran], 1)
         }
-        (Case::PoisonPanic, I::Nats | I::RabbitMq | I::RedisStreams | I::Sqs) => {
+        (Case::PoisonPanic, I::Nats | I::RabbitMq | I::RedisStreams | I::Sqs | I::Kafka) => {
             (vec![S::Retry, S::Retry, S::DeadLetter], 0)
         }
         (Case::PoisonPanic, I::Apalis | I::Http) => (vec![S::Retry, S::Retry, S::Retry], 0),
@@ -660,6 +671,25 @@ async fn sqs_delete_before_the_work_is_caught() {
     let caught = catch_panic(Box::pin(conform(Sqs::start(true).await)))
         .await
         .expect_err("the harness let a delete before the work pass");
+    let report = caught.message();
+    for case in ["Err:", "Panic:", "Dropped:", "PoisonPanic:"] {
+        assert!(report.contains(case), "{case} not caught:\n{report}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka() {
+    Box::pin(conform(Kafka::start(false).await)).await;
+}
+
+/// The planted bug: a body that commits its record's offset when it starts, before the work is
+/// done and its result stored. The table catches it: a record to run again is committed past,
+/// and the record of a consumer dropped mid-body never comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_commit_before_the_work_is_caught() {
+    let caught = catch_panic(Box::pin(conform(Kafka::start(true).await)))
+        .await
+        .expect_err("the harness let a commit before the work pass");
     let report = caught.message();
     for case in ["Err:", "Panic:", "Dropped:", "PoisonPanic:"] {
         assert!(report.contains(case), "{case} not caught:\n{report}");
