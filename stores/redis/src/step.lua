@@ -14,6 +14,10 @@ local position = tonumber(ARGV[2])
 local length = redis.call('LLEN', KEYS[2])
 if position < length then
   if redis.call('LINDEX', KEYS[2], position) == ARGV[3] then
+    -- An earlier send recorded it and its reply was lost: the caller counts its lock from
+    -- this send, so the lock is renewed as by a first one.
+    redis.call('PEXPIRE', KEYS[2], ARGV[5])
+    redis.call('PEXPIRE', KEYS[1], ARGV[4])
     return 1
   end
   return 0

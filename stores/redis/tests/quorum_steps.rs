@@ -211,3 +211,40 @@ async fn a_server_that_missed_a_record_catches_up_with_the_next() {
     quorum.signal(0, "CONT");
     assert_eq!(read.unwrap().into_entries(), expected);
 }
+
+/// A record sent again (its first reply lost) renews the lock as the first send did: the
+/// runner counts its lock from the second send, so a lock left at the first send's TTL would
+/// lapse before the runner thinks, and a later holder's takeover meet a step still running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_sent_again_renews_the_lock() {
+    let quorum = Quorum::start(3);
+    let single = quorum.servers[0].store().await;
+    renewed_by_a_second_send(&single, &unit("order-6-one-server")).await;
+    let store = quorum.store_timed(Duration::from_secs(1)).await;
+    renewed_by_a_second_send(&store, &unit("order-6-quorum")).await;
+}
+
+/// Records one entry twice, the second time with a longer lock TTL, and checks the lock has it.
+async fn renewed_by_a_second_send(store: &impl Store, unit: &UnitOfWork) {
+    let (short, long) = (Duration::from_secs(30), Duration::from_secs(600));
+    let entry = br#"{"step":"charge","ok":1}"#;
+    let holder = LockToken::generate();
+    store
+        .begin(unit, &holder, short, Fencing::Off)
+        .await
+        .unwrap();
+    for ttl in [short, long] {
+        let recorded = store.record_step(unit, &holder, StepEntry::new(0, entry, DAY), ttl);
+        assert!(recorded.await.unwrap());
+    }
+    let left = store
+        .inspect(unit)
+        .await
+        .unwrap()
+        .lock_ttl
+        .expect("the lock is held");
+    assert!(
+        left > short,
+        "the lock was left at the first send's TTL: {left:?}"
+    );
+}

@@ -20,6 +20,10 @@ end
 if position < length then
   local held = redis.call('LINDEX', KEYS[2], position)
   if held == ARGV[3] then
+    -- An earlier send recorded it and its reply was lost: the caller counts its lock from
+    -- this send, so the lock is renewed as by a first one.
+    redis.call('PEXPIRE', KEYS[2], ARGV[5])
+    redis.call('PEXPIRE', KEYS[1], ARGV[4])
     return 1
   end
   if ARGV[6] ~= '1' then
