@@ -11,12 +11,15 @@ use idempotask::store::{
 };
 use idempotask::{CodecErrorKind, Error, MemoryStore, StepErrorKind, Task};
 
-/// `MemoryStore` whose `record_step` can apply and lose its reply once, or fail every time.
+/// `MemoryStore` whose `record_step` can apply and lose its reply once, fail every time, or
+/// refuse every record while the lock is still the caller's (as `RedlockStore` does when the
+/// servers that answered cannot tell a failed attempt's entry from a confirmed one).
 #[derive(Debug, Clone, Default)]
 struct Lossy {
     inner: MemoryStore,
     lose_next_reply: Arc<AtomicBool>,
     down: Arc<AtomicBool>,
+    refuse: Arc<AtomicBool>,
     records: Arc<AtomicU32>,
 }
 
@@ -76,6 +79,9 @@ impl Store for Lossy {
                 StoreErrorKind::Unreachable,
                 "down",
             ));
+        }
+        if self.refuse.load(Ordering::SeqCst) {
+            return Ok(false);
         }
         let recorded = self.inner.record_step(unit, token, entry, lock_ttl).await?;
         if self.lose_next_reply.swap(false, Ordering::SeqCst) {
@@ -173,6 +179,29 @@ async fn a_store_down_at_a_record_leaves_the_unit_to_lapse_into_doubt() {
     assert!(
         matches!(held_step, Err(Error::InDoubt { .. })),
         "{held_step:?}"
+    );
+}
+
+/// A record refused after its step's effect ran: the runner cannot tell a lock lost from a
+/// refusal the store could not decide, so it must not release the lock. Released, a lock that
+/// was still its own frees the unit, and the next delivery runs the effect again at once.
+#[tokio::test]
+async fn a_refused_record_leaves_the_lock_to_lapse() {
+    let store = Lossy::default();
+    store.refuse.store(true, Ordering::SeqCst);
+    let effects = Arc::new(AtomicU32::new(0));
+    let task = Task::new("refused-record");
+    let failed = two_steps(&task, &store, &effects).await;
+    assert!(
+        matches!(failed, Err(Error::LockNotHeld { .. })),
+        "{failed:?}"
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+    let unit = UnitOfWork::new("refused-record", "order-1").unwrap();
+    let held = store.inspect(&unit).await.unwrap();
+    assert!(
+        held.is_locked(),
+        "the lock was released: a delivery would run the effect again at once: {held:?}"
     );
 }
 

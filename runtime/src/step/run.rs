@@ -343,7 +343,14 @@ impl TaskContext {
                     self.lease().renewed(sent, fence.lock_ttl());
                     return Ok(());
                 }
-                Ok(_) => return Err(self.fence_refused()),
+                // The effect happened unrecorded. A refusal need not mean the lock is gone
+                // (a quorum that cannot tell a failed attempt's entry from a confirmed one
+                // refuses too): released, a lock still ours would let the next delivery run
+                // the effect again at once; left to lapse, the unit is in doubt.
+                Ok(_) => {
+                    self.lease().hold();
+                    return Err(self.fence_refused());
+                }
                 Err(err) => {
                     failures += 1;
                     if !err.is_retryable() || failures >= RECORD_ATTEMPTS {
