@@ -57,7 +57,7 @@ for crate in "${published[@]}"; do
 done
 # Each server example builds with only the feature its header names, not just with the
 # workspace's union of features.
-for feature in redis postgres apalis nats rabbitmq redis-streams sqs http; do
+for feature in redis postgres apalis nats rabbitmq redis-streams sqs kafka http; do
   step "examples with --features $feature"
   cargo check -p idempotask-examples --examples --features "$feature" --locked
 done

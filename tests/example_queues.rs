@@ -1,5 +1,6 @@
 //! The crash demonstrations of the examples. Three copies of `rabbitmq_worker`, `nats_worker`,
-//! `redis_streams_worker`, `sqs_worker` or `apalis_worker` on one queue, the one that charges order 5 first
+//! `redis_streams_worker`, `sqs_worker` or `apalis_worker` on one queue (copies of
+//! `kafka_worker` one after another), the one that charges order 5 first
 //! killed with SIGKILL between the charge and its ack, and the ledger in Redis read afterwards:
 //! with idempotask the redelivery gets the stored receipt and every order is charged once; the
 //! bare consumer
@@ -7,14 +8,17 @@
 //! a transaction, the ledger in PostgreSQL read afterwards: every transfer written once. The
 //! harness is `support::example_runs`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use idempotask_test_support as support;
 use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, types::FieldTable};
 use support::RedisServer;
-use support::example_runs::{CRASH_TRANSFER, ORDERS, example, ledger, run_workers};
+use support::example_runs::{
+    Answer, CRASH_ORDER, CRASH_TRANSFER, Copies, Delivery, ORDERS, QueueRun, example, ledger,
+    run_workers,
+};
 
 // The SQS crate's test queues on moto_server: a client, a queue with its dead-letter queue.
 #[path = "../integrations/sqs/tests/moto_queues/mod.rs"]
@@ -467,4 +471,141 @@ async fn ledger_transfer_writes_each_transfer_once_despite_a_kill_9_mid_transact
         "{run:#?}"
     );
     assert!(run.deliveries.len() > transfers * 6, "{run:#?}");
+}
+
+/// The same on Kafka (tansu), through `idempotask-kafka`, one worker at a time: the workers
+/// take the topic's one partition by manual assignment with offsets committed to the group, so
+/// the first is killed after order 5's charge and before its commit (order 4 held), and the
+/// next resumes at the group's committed offset. With idempotask it replays order 5 and charges
+/// order 4 once the killed worker's lock has expired; the group's committed offset says every
+/// record ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_worker_charges_each_order_once_despite_a_kill_9() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let tansu = support::tansu::TansuServer::start();
+    let redis = RedisServer::start();
+    let mut conn = redis.connection().await;
+    let mut config = rdkafka::ClientConfig::new();
+    config.set("bootstrap.servers", tansu.bootstrap_servers());
+    let producer: FutureProducer = config.create().unwrap();
+    let publish = |queue: &'static str| {
+        let producer = producer.clone();
+        async move {
+            for id in 1..=ORDERS {
+                let key = format!("{queue}-order-{id}");
+                let headers = OwnedHeaders::new().insert(Header {
+                    key: "order_id",
+                    value: Some(&key),
+                });
+                let payload = order(id);
+                let record = FutureRecord::<(), _>::to(queue)
+                    .partition(0)
+                    .payload(&payload)
+                    .headers(headers);
+                producer.send(record, TIMEOUT).await.unwrap();
+            }
+        }
+    };
+    let worker = |without: bool| {
+        let (redis, brokers) = (redis.url(), tansu.bootstrap_servers());
+        move || {
+            let mut command = example("kafka_worker");
+            command
+                .env("REDIS_URL", &redis)
+                .env("KAFKA_BROKERS", &brokers);
+            if without {
+                command.env("WITHOUT_IDEMPOTASK", "1");
+            }
+            command
+        }
+    };
+
+    let with = run_in_turn(worker(false), "orders", publish("orders")).await;
+    with.assert_charged_once(&ledger(&mut conn, "orders").await);
+    // The group's word that every record ended, not the workers' lines.
+    let group: BaseConsumer = config.clone().set("group.id", "chargers").create().unwrap();
+    let committed = {
+        let mut partitions = rdkafka::TopicPartitionList::new();
+        partitions.add_partition("orders", 0);
+        let list = group.committed_offsets(partitions, TIMEOUT).unwrap();
+        // Dropped before the consumer, which would wait for it for ever.
+        list.find_partition("orders", 0).unwrap().offset()
+    };
+    drop(group);
+    assert_eq!(
+        committed,
+        rdkafka::Offset::Offset(i64::try_from(ORDERS).unwrap()),
+        "{with:#?}"
+    );
+
+    let queue = "orders-without";
+    let without = run_in_turn(worker(true), queue, publish(queue)).await;
+    without.assert_charged_twice(&ledger(&mut conn, queue).await);
+}
+
+/// Runs a copy of a queue example with `CRASH_BEFORE_ACK` set to [`CRASH_ORDER`]; once it is
+/// waiting, awaits `publish`; kills it with SIGKILL when it says it is crashing, and starts
+/// the next copy, which must answer every order left; then stops it with SIGINT.
+async fn run_in_turn(
+    mut worker: impl FnMut() -> std::process::Command,
+    queue: &str,
+    publish: impl Future<Output = ()>,
+) -> QueueRun {
+    let run = tokio::time::timeout(TIMEOUT, async {
+        let mut copies = Copies::new();
+        let mut command = worker();
+        command
+            .env("QUEUE", queue)
+            .env("CRASH_BEFORE_ACK", CRASH_ORDER.to_string());
+        copies.start(command);
+        let mut run = QueueRun {
+            deliveries: Vec::new(),
+            killed: 0,
+        };
+        let mut answered = BTreeSet::new();
+        let mut published = Some(publish);
+        while (answered.len() as u64) < ORDERS {
+            let Some((index, line)) = copies.next().await else {
+                panic!("every worker exited: {run:#?}");
+            };
+            let Some(line) = line else {
+                assert!(
+                    copies.killed().contains_key(&index),
+                    "worker {index} exited"
+                );
+                continue;
+            };
+            if line.starts_with("waiting for orders on ") {
+                if let Some(publish) = published.take() {
+                    publish.await;
+                }
+                continue;
+            }
+            let delivery =
+                Delivery::parse(index, &line).unwrap_or_else(|| panic!("worker {index}: {line}"));
+            if let Answer::Crashing(_) = delivery.answer {
+                copies.kill(index).await;
+                run.killed = copies.killed().len();
+                let mut next = worker();
+                next.env("QUEUE", queue);
+                copies.start(next);
+            } else if delivery.receipt().is_some() {
+                answered.insert(delivery.order);
+            }
+            run.deliveries.push(delivery);
+        }
+        copies.all_started();
+        copies.interrupt();
+        copies.wait().await;
+        while let Some((index, line)) = copies.next().await {
+            if let Some(delivery) = line.and_then(|line| Delivery::parse(index, &line)) {
+                run.deliveries.push(delivery);
+            }
+        }
+        run
+    })
+    .await;
+    run.unwrap_or_else(|_| panic!("the workers did not answer every order within {TIMEOUT:?}"))
 }

@@ -59,6 +59,7 @@ pub fn example(name: &str) -> std::process::Command {
         "DATABASE_URL",
         "NATS_URL",
         "AMQP_URL",
+        "KAFKA_BROKERS",
     ] {
         command.env_remove(variable);
     }
@@ -126,7 +127,8 @@ pub struct Delivery {
 }
 
 impl Delivery {
-    fn parse(worker: usize, line: &str) -> Option<Self> {
+    /// The delivery a worker's stdout `line` tells of, or `None` for another line.
+    pub fn parse(worker: usize, line: &str) -> Option<Self> {
         let (order, rest) = line.strip_prefix("order ")?.split_once(": ")?;
         let answer = if let Some(failed) = rest.strip_prefix("failed: ") {
             Answer::Failed(failed.to_owned())
