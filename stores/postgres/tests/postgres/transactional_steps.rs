@@ -287,3 +287,55 @@ pub(super) async fn a_step_whose_record_cannot_be_written_fails_closed() {
     assert_eq!(effects(&owner, "store-gone").await, 1);
     assert!(owners.inspect(&unit).await.unwrap().is_done());
 }
+
+/// The records of a transaction's steps are accepted only while it runs: once it rolled back,
+/// its step store (a late step of a body whose connection the server killed) appends nothing
+/// and its fence is refused, while the next holder's transaction records after the entries the
+/// first one did write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn a_transaction_that_ended_records_no_step() {
+    use idempotask::store::{StepEntry, TransactionScope};
+
+    let server = PostgresServer::start();
+    let pool = migrated(&server).await;
+    let store = PostgresStore::builder(pool.clone())
+        .connect()
+        .await
+        .unwrap();
+    let unit = UnitOfWork::new("pg_tx_steps", "ended").unwrap();
+    let ttl = Duration::from_secs(30);
+    let (first, second) = (br#"{"step":"a","ok":1}"#, br#"{"step":"b","ok":2}"#);
+    let holder = LockToken::generate();
+    let mut transaction = store.transaction(pool.begin().await.unwrap());
+    let taken = transaction.begin(&unit, &holder, ttl, Fencing::Off).await;
+    assert!(matches!(taken, Ok(Begin::Acquired { .. })), "{taken:?}");
+    let steps = transaction
+        .step_store()
+        .await
+        .unwrap()
+        .expect("a step store");
+    let recorded = steps.record_step(&unit, &holder, StepEntry::new(0, first, ttl), ttl);
+    assert!(recorded.await.unwrap());
+    transaction.abort().await;
+
+    let late = steps.record_step(&unit, &holder, StepEntry::new(1, second, ttl), ttl);
+    assert!(!late.await.unwrap(), "a rolled-back transaction appended");
+    assert!(!steps.renew(&unit, &holder, ttl).await.unwrap());
+    assert_eq!(
+        store.read_journal(&unit).await.unwrap().entries(),
+        [first.to_vec()]
+    );
+
+    let next = LockToken::generate();
+    let mut transaction = store.transaction(pool.begin().await.unwrap());
+    let taken = transaction.begin(&unit, &next, ttl, Fencing::Off).await;
+    assert!(matches!(taken, Ok(Begin::Acquired { .. })), "{taken:?}");
+    let steps = transaction
+        .step_store()
+        .await
+        .unwrap()
+        .expect("a step store");
+    let recorded = steps.record_step(&unit, &next, StepEntry::new(1, second, ttl), ttl);
+    assert!(recorded.await.unwrap());
+    transaction.abort().await;
+}
