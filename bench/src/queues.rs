@@ -1,4 +1,4 @@
-//! The queue consumers' bench: NATS JetStream, RabbitMQ, Redis Streams and SQS, each message a
+//! The queue consumers' bench: NATS JetStream, RabbitMQ, Redis Streams, SQS and Kafka, each message a
 //! fresh unit, consumed by three consumers side by side on the same broker and the same Redis:
 //!
 //! - **bare**: the body, then the ack (no idempotency at all; on Redis Streams, `XREADGROUP`
@@ -32,6 +32,7 @@
 mod batch;
 mod config;
 mod handwritten;
+mod kafka;
 mod nats;
 mod rabbitmq;
 mod redis_streams;
@@ -47,6 +48,7 @@ pub use config::{Broker, Consumer, QueueConfig, QueueError, QueueMeasurement};
 pub use report::markdown;
 
 use batch::{Batch, Bodies, Consumed, Shared};
+use kafka::KafkaBench;
 use nats::NatsBench;
 use rabbitmq::RabbitBench;
 use redis_streams::StreamsBench;
@@ -133,6 +135,7 @@ struct Brokers {
     rabbit: Option<RabbitBench>,
     streams: Option<StreamsBench>,
     sqs: Option<SqsBench>,
+    kafka: Option<KafkaBench>,
 }
 
 impl Brokers {
@@ -145,9 +148,14 @@ impl Brokers {
             Some(url) => Some(RabbitBench::new(url).await?),
             None => None,
         };
+        let kafka = match &config.kafka_url {
+            Some(url) => Some(KafkaBench::new(url, &shared.store)?),
+            None => None,
+        };
         Ok(Self {
             nats,
             rabbit,
+            kafka,
             streams: config
                 .redis_streams
                 .then(|| StreamsBench::new(&config.redis_url, &shared.store)),
@@ -180,6 +188,10 @@ impl Brokers {
             },
             Broker::Sqs => match &self.sqs {
                 Some(sqs) => Some(sqs.measure(batch, shared).await?),
+                None => None,
+            },
+            Broker::Kafka => match &self.kafka {
+                Some(kafka) => Some(kafka.measure(batch, shared).await?),
                 None => None,
             },
         })

@@ -1,5 +1,5 @@
 //! The queue bench, run once with a tiny N against a `nats-server -js`, a RabbitMQ broker, a
-//! `moto_server` (SQS) and a Redis of the test's own (the Redis Streams' broker too): every
+//! `moto_server` (SQS), a tansu broker (Kafka) and a Redis of the test's own (the Redis Streams' broker too): every
 //! consumer acks every message, and runs each body exactly once.
 //! No timing is asserted; `scripts/bench-queues.sh` measures.
 
@@ -9,6 +9,7 @@ use support::RedisServer;
 use support::moto::MotoServer;
 use support::nats::NatsServer;
 use support::rabbitmq::RabbitServer;
+use support::tansu::TansuServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_consumer_runs_every_message_exactly_once_on_every_broker() {
@@ -16,11 +17,13 @@ async fn every_consumer_runs_every_message_exactly_once_on_every_broker() {
     let nats = NatsServer::start();
     let rabbit = RabbitServer::shared();
     let moto = MotoServer::start();
+    let tansu = TansuServer::start();
     let config = QueueConfig {
         nats_url: Some(nats.url()),
         amqp_url: Some(rabbit.url()),
         redis_streams: true,
         sqs_url: Some(moto.endpoint()),
+        kafka_url: Some(tansu.bootstrap_servers()),
         sqs_messages: 24,
         redis_url: redis.url(),
         messages: 24,
@@ -32,8 +35,8 @@ async fn every_consumer_runs_every_message_exactly_once_on_every_broker() {
     let mut lines = 0;
     let measurements = queues::run(&config, |_| lines += 1).await.unwrap();
     assert_eq!(lines, measurements.len());
-    // 2 rounds × 2 in-flight limits × 3 consumers × 4 brokers.
-    assert_eq!(measurements.len(), 48, "{measurements:?}");
+    // 2 rounds × 2 in-flight limits × 3 consumers × 5 brokers.
+    assert_eq!(measurements.len(), 60, "{measurements:?}");
     for broker in Broker::ALL {
         for consumer in Consumer::ALL {
             let limits = if broker == Broker::Sqs {
@@ -87,6 +90,7 @@ async fn every_consumer_runs_every_message_exactly_once_on_every_broker() {
     assert_eq!(table.matches("| RabbitMQ |").count(), 12, "{table}");
     assert_eq!(table.matches("| Redis Streams |").count(), 12, "{table}");
     assert_eq!(table.matches("| SQS (moto) |").count(), 12, "{table}");
+    assert_eq!(table.matches("| Kafka (tansu) |").count(), 12, "{table}");
     // Its CPU rows: no broker process of its own ("–"), and a sum all the same.
     let streams_cpu: Vec<Vec<&str>> = table
         .lines()

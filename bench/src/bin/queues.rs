@@ -1,10 +1,10 @@
 //! The queue consumers' bench: bare, hand-written and idempotask consumers on NATS JetStream,
-//! RabbitMQ, Redis Streams and SQS, one JSON line per measurement (see `idempotask_bench::queues`).
+//! RabbitMQ, Redis Streams, SQS and Kafka, one JSON line per measurement (see `idempotask_bench::queues`).
 //!
 //! ```text
 //! cargo run --release -p idempotask-bench --bin queue-bench -- --redis-url redis://127.0.0.1:6379 \
 //!     [--nats-url nats://127.0.0.1:4222] [--amqp-url amqp://guest:guest@127.0.0.1:5672/%2f] \
-//!     [--redis-streams] [--sqs-url http://127.0.0.1:5000] [--messages 5000] [--sqs-messages 200] \
+//!     [--redis-streams] [--sqs-url http://127.0.0.1:5000] [--kafka-url 127.0.0.1:9092] [--messages 5000] [--sqs-messages 200] \
 //!     [--in-flight 1,64] [--rounds 5] [--consumers bare,hand-written,idempotask] \
 //!     [--markdown queues.md]
 //! ```
@@ -13,7 +13,7 @@
 
 use idempotask_bench::queues::{self, Consumer, QueueConfig};
 
-const USAGE: &str = "usage: queue-bench --redis-url URL [--nats-url URL] [--amqp-url URL] [--redis-streams] [--sqs-url URL] [--messages N] [--sqs-messages N] [--in-flight 1,64] [--rounds R] [--consumers bare,hand-written,idempotask] [--markdown PATH]";
+const USAGE: &str = "usage: queue-bench --redis-url URL [--nats-url URL] [--amqp-url URL] [--redis-streams] [--sqs-url URL] [--kafka-url HOST:PORT] [--messages N] [--sqs-messages N] [--in-flight 1,64] [--rounds R] [--consumers bare,hand-written,idempotask] [--markdown PATH]";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -22,6 +22,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         amqp_url: None,
         redis_streams: false,
         sqs_url: None,
+        kafka_url: None,
         sqs_messages: 200,
         redis_url: "redis://127.0.0.1:6379".to_owned(),
         messages: 5000,
@@ -42,6 +43,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             "--amqp-url" => config.amqp_url = Some(value()?),
             "--redis-streams" => config.redis_streams = true,
             "--sqs-url" => config.sqs_url = Some(value()?),
+            "--kafka-url" => config.kafka_url = Some(value()?),
             "--messages" => config.messages = value()?.parse()?,
             "--sqs-messages" => config.sqs_messages = value()?.parse()?,
             "--in-flight" => {
@@ -71,9 +73,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         && config.amqp_url.is_none()
         && !config.redis_streams
         && config.sqs_url.is_none()
+        && config.kafka_url.is_none()
     {
         return Err(format!(
-            "name a broker: --nats-url, --amqp-url, --redis-streams, --sqs-url or several\n{USAGE}"
+            "name a broker: --nats-url, --amqp-url, --redis-streams, --sqs-url, --kafka-url or several\n{USAGE}"
         )
         .into());
     }

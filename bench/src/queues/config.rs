@@ -18,6 +18,9 @@ pub struct QueueConfig {
     /// The endpoint of an SQS API (`http://…`, a `moto_server` in the bench script); `None`
     /// leaves SQS out.
     pub sqs_url: Option<String>,
+    /// The `bootstrap.servers` of a Kafka-protocol broker (tansu in the bench script); `None`
+    /// leaves Kafka out.
+    pub kafka_url: Option<String>,
     /// Messages per (in flight, consumer) per round on SQS, whose local server is far slower
     /// than the other brokers: a run of its own size.
     pub sqs_messages: usize,
@@ -80,11 +83,19 @@ pub enum Broker {
     RedisStreams,
     /// Amazon SQS's API, through aws-sdk-sqs and `idempotask-sqs`, on a local `moto_server`.
     Sqs,
+    /// Kafka's protocol, through rdkafka and `idempotask-kafka`, on a local tansu broker.
+    Kafka,
 }
 
 impl Broker {
     /// Every broker, in the order a round measures them.
-    pub const ALL: [Self; 4] = [Self::Nats, Self::Rabbitmq, Self::RedisStreams, Self::Sqs];
+    pub const ALL: [Self; 5] = [
+        Self::Nats,
+        Self::Rabbitmq,
+        Self::RedisStreams,
+        Self::Sqs,
+        Self::Kafka,
+    ];
 
     /// Its part of a queue's name (and so of its messages' keys).
     pub(super) fn tag(self) -> &'static str {
@@ -93,6 +104,7 @@ impl Broker {
             Self::Rabbitmq => "amqp",
             Self::RedisStreams => "rs",
             Self::Sqs => "sqs",
+            Self::Kafka => "kafka",
         }
     }
 
@@ -105,6 +117,7 @@ impl Broker {
             Self::Rabbitmq => Some("beam.smp"),
             Self::RedisStreams => None,
             Self::Sqs => Some("moto_server"),
+            Self::Kafka => Some("tansu"),
         }
     }
 
@@ -115,6 +128,7 @@ impl Broker {
             Self::Rabbitmq => "RabbitMQ",
             Self::RedisStreams => "Redis Streams",
             Self::Sqs => "SQS (moto)",
+            Self::Kafka => "Kafka (tansu)",
         }
     }
 }

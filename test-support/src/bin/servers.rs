@@ -7,7 +7,7 @@
 //! the bench's library, and would otherwise build the test servers' crate too.
 //!
 //! ```text
-//! servers redis|valkey|redis8|cluster|nats|rabbitmq|moto|postgres [SETTING=VALUE …] …
+//! servers redis|valkey|redis8|cluster|nats|rabbitmq|moto|tansu|postgres [SETTING=VALUE …] …
 //! ```
 //!
 //! `redis`, `valkey` and `redis8` are one server of that program; `cluster` is 3 masters and 3
@@ -18,8 +18,9 @@
 //! - `<server>_url`, `<server>_port`, `<server>_pid` for `redis`, `valkey` and `redis8`;
 //! - `cluster_urls`, the nodes' URLs separated by commas (the bench's `--redis-url`);
 //! - `postgres_url`, and `postgres_log`, the file its log goes to;
-//! - `nats_url` (a `nats-server -js`), `amqp_url` (a RabbitMQ broker, as `guest`) and
-//!   `sqs_url` (a `moto_server`'s endpoint, for an SQS client).
+//! - `nats_url` (a `nats-server -js`), `amqp_url` (a RabbitMQ broker, as `guest`),
+//!   `sqs_url` (a `moto_server`'s endpoint, for an SQS client) and `kafka_url` (a tansu
+//!   broker's `bootstrap.servers`).
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -29,6 +30,7 @@ use idempotask_test_support::moto::MotoServer;
 use idempotask_test_support::nats::NatsServer;
 use idempotask_test_support::postgres::PostgresServer;
 use idempotask_test_support::rabbitmq::RabbitServer;
+use idempotask_test_support::tansu::TansuServer;
 use idempotask_test_support::{Flavor, RedisServer};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -40,6 +42,7 @@ enum Server {
     Nats(NatsServer),
     Rabbit(RabbitServer),
     Moto(MotoServer),
+    Tansu(TansuServer),
 }
 
 impl Server {
@@ -59,6 +62,7 @@ impl Server {
             Self::Nats(server) => vec![format!("nats_url={}", server.url())],
             Self::Rabbit(server) => vec![format!("amqp_url={}", server.url())],
             Self::Moto(server) => vec![format!("sqs_url={}", server.endpoint())],
+            Self::Tansu(server) => vec![format!("kafka_url={}", server.bootstrap_servers())],
         }
     }
 }
@@ -67,7 +71,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.is_empty() {
         eprintln!(
-            "usage: servers redis|valkey|redis8|cluster|nats|rabbitmq|moto|postgres [SETTING=VALUE …] …"
+            "usage: servers redis|valkey|redis8|cluster|nats|rabbitmq|moto|tansu|postgres [SETTING=VALUE …] …"
         );
         return ExitCode::from(2);
     }
@@ -84,6 +88,7 @@ fn main() -> ExitCode {
             "nats" => Server::Nats(NatsServer::start()),
             "rabbitmq" => Server::Rabbit(RabbitServer::start()),
             "moto" => Server::Moto(MotoServer::start()),
+            "tansu" => Server::Tansu(TansuServer::start()),
             "postgres" => {
                 let mut settings = Vec::new();
                 while let Some(setting) = args.next_if(|arg| arg.contains('=')) {
