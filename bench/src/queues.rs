@@ -1,31 +1,37 @@
-//! The queue consumers' bench: NATS JetStream, RabbitMQ, Redis Streams, SQS and Kafka, each message a
-//! fresh unit, consumed by three consumers side by side on the same broker and the same Redis:
+//! The queue consumers' bench: NATS JetStream, RabbitMQ, Redis Streams, SQS and Kafka, each
+//! message a fresh unit, consumed by three consumers side by side on the same broker and the
+//! same Redis:
 //!
 //! - **bare**: the body, then the ack (no idempotency at all; on Redis Streams, `XREADGROUP`
 //!   of up to "in flight" entries, their bodies, one `XACK` of them; on SQS, a
-//!   `ReceiveMessage` of up to that many, their bodies, one `DeleteMessageBatch`);
+//!   `ReceiveMessage` of up to that many, their bodies, one `DeleteMessageBatch`; on Kafka,
+//!   up to that many records of the partition at once, each offset committed asynchronously
+//!   in order once its body ran, as `idempotask-kafka` commits);
 //! - **hand-written**: the seed's pattern inside the consumer, with redis-rs: `GET` the marker,
 //!   `SET lock token NX PX`, the body, `SET` the marker, a compare-and-delete of the lock, then
 //!   the ack (four round trips for a fresh message; on Redis Streams and SQS the read's
 //!   messages at once, then one `XACK` or `DeleteMessageBatch`);
 //! - **idempotask**: the integration (`idempotask_nats::Idempotent::handle`,
 //!   `idempotask_lapin::Idempotent::process`, `idempotask_redis_streams::StreamConsumer::
-//!   next_batch`, `idempotask_sqs::SqsConsumer::next_batch`) on a `RedisStore` (two round
-//!   trips; on Redis Streams and SQS through a `BatchingStore`, as those crates advise: a
-//!   read's `begin`s are one pipeline, its `finish`es another).
+//!   next_batch`, `idempotask_sqs::SqsConsumer::next_batch`, `idempotask_kafka::KafkaConsumer::
+//!   next`) on a `RedisStore` (two round trips; on Redis Streams and SQS through a
+//!   `BatchingStore`, as those crates advise: a read's `begin`s are one pipeline, its
+//!   `finish`es another).
 //!
 //! Each round publishes [`QueueConfig::messages`] messages ([`QueueConfig::sqs_messages`] on
 //! SQS) (untimed) to a queue of their own for every (broker, in flight, consumer), then times
 //! their consumption; the consumers' order is rotated round by round so that none always runs
 //! first. "In flight" is the consumer's limit of unacked messages (JetStream's
 //! `max_ack_pending`, RabbitMQ's `basic_qos` prefetch, the `COUNT` of a Redis Streams read,
-//! SQS's `MaxNumberOfMessages`, at most 10) and the number of messages handled at once. The
+//! SQS's `MaxNumberOfMessages`, at most 10, `idempotask-kafka`'s `max_in_flight` per
+//! partition) and the number of messages handled at once. Each Kafka batch is a topic of one
+//! partition, taken by manual assignment with offsets committed to a group of its own. The
 //! streams live on the store's Redis, as they do for a user of that Redis: their broker's CPU
 //! time is in the Redis column. Every round also measures the Redis `PING` round trip,
 //! which the 1-in-flight comparison is made against, and the CPU time each consumption cost
 //! this process (the client), Redis (`INFO cpu`) and the broker's processes on this machine
-//! (`nats-server`, RabbitMQ's `beam.smp`, `moto_server`, from `/proc`): on a machine whose
-//! cores the client and the servers share, messages per second follow their sum.
+//! (`nats-server`, RabbitMQ's `beam.smp`, `moto_server`, `tansu`, from `/proc`): on a machine
+//! whose cores the client and the servers share, messages per second follow their sum.
 //!
 //! `src/bin/queues.rs` is its command line; `tests/queues_smoke.rs` runs it with a tiny N.
 
