@@ -45,6 +45,7 @@ CRATES = [
     "integrations/lapin",
     "integrations/redis-streams",
     "integrations/sqs",
+    "integrations/kafka",
     "cli",
     "conformance",
     "protocol-model",
