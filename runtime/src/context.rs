@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::error::{Error, lock_lost};
+use crate::error::{CallerKey, Error, lock_lost};
 use crate::observe::KeyLogging;
 use crate::step::cursor::{Cursor, StepLimits};
+use crate::step::kind::StepErrorKind;
 use crate::store::{Doubt, SharedStore, Store};
 use crate::unit::{LockToken, UnitOfWork};
 
@@ -70,10 +71,11 @@ pub(crate) struct Lease {
     pub(crate) steps: Mutex<Cursor>,
     /// How the task shows keys in logs and errors.
     logging: KeyLogging,
-    /// The unit must not run again unseen: a step's effect happened and its record was not
-    /// confirmed, or the body's steps came in another order than its journal's. The call leaves
-    /// the lock to lapse into doubt rather than release it.
-    holds: AtomicBool,
+    /// The unit must not run again unseen, and why: a step's effect happened and its record was
+    /// not confirmed, or the body's steps came in another order than its journal's. The call
+    /// leaves the lock to lapse into doubt rather than release it, runs no further step and
+    /// records no value of the body's.
+    holds: OnceLock<StepErrorKind>,
 }
 
 /// What a fence needs to ask the store whether the lock is still this holder's: the lock's
@@ -133,7 +135,7 @@ impl Lease {
             fenced_out: AtomicBool::new(false),
             steps: Mutex::default(),
             logging,
-            holds: AtomicBool::new(false),
+            holds: OnceLock::new(),
         }
     }
 
@@ -145,13 +147,33 @@ impl Lease {
 
     /// Whether the call leaves its lock to lapse into doubt (see [`hold`](Self::hold)).
     pub(crate) fn holds(&self) -> bool {
-        self.holds.load(Ordering::Acquire)
+        self.holds.get().is_some()
+    }
+
+    /// The refusal of the first step that held the unit (see [`hold`](Self::hold)).
+    pub(crate) fn held_by(&self) -> Option<StepErrorKind> {
+        self.holds.get().copied()
     }
 
     /// Keeps the unit from running again unseen: the call does not release its lock, which
     /// lapses into doubt, where it stays until a result is recorded or an operator resolves it.
-    pub(crate) fn hold(&self) {
-        self.holds.store(true, Ordering::Release);
+    pub(crate) fn hold(&self, kind: StepErrorKind) {
+        let _ = self.holds.set(kind);
+    }
+
+    /// The call's error for a body that returned `Ok` after a refusal: [`Error::LockNotHeld`]
+    /// after a fence's, or the step error of the refusal that held the unit, its value not the
+    /// unit's result.
+    pub(crate) fn refusal(&self, unit: &UnitOfWork, logging: KeyLogging) -> Error {
+        match self.held_by() {
+            Some(kind) if !self.was_fenced_out() => Error::Step {
+                task: unit.task().to_owned(),
+                key: CallerKey::plain(unit.key()).shown_as(logging),
+                kind,
+                reason: "the body returned Ok after a step was refused: its value is not recorded, and the unit stays held until it is resolved".to_owned(),
+            },
+            _ => lock_lost(unit, logging),
+        }
     }
 
     /// Whether a fence was refused during this execution.

@@ -273,3 +273,55 @@ async fn journal_entries_no_run_wrote_are_typed_errors_not_panics() {
         );
     }
 }
+
+/// A body that swallows a step's refusal and goes on: the refusal held the unit, so no later
+/// step may take the refused step's place in the journal, and the body's `Ok` is not the
+/// unit's result.
+#[tokio::test]
+async fn a_body_that_goes_on_after_a_held_step_runs_no_step_and_records_nothing() {
+    let store = Lossy::default();
+    store.down.store(true, Ordering::SeqCst);
+    let effects = Arc::new(AtomicU32::new(0));
+    let counted = Arc::clone(&effects);
+    let task = Task::new("swallowed").lock_ttl(Duration::from_secs(30));
+    let answered = task
+        .call("order-1")
+        .store(store.clone())
+        .run(async move {
+            let ctx = idempotask::context().unwrap();
+            let unrecorded = ctx
+                .step("first", async {
+                    Ok::<u32, Error>(counted.fetch_add(1, Ordering::SeqCst))
+                })
+                .await;
+            let later = ctx
+                .step("second", async {
+                    Ok::<u32, Error>(counted.fetch_add(10, Ordering::SeqCst))
+                })
+                .await;
+            Ok((
+                unrecorded.map_err(|err| err.to_string()),
+                later.map_err(|err| err.to_string()),
+            ))
+        })
+        .await;
+    assert!(
+        matches!(
+            answered,
+            Err(Error::Step {
+                kind: StepErrorKind::Unrecorded,
+                ..
+            })
+        ),
+        "the body's Ok after a held step was taken as the result: {answered:?}"
+    );
+    assert_eq!(
+        effects.load(Ordering::SeqCst),
+        1,
+        "a step ran after the refusal that held the unit"
+    );
+    let unit = UnitOfWork::new("swallowed", "order-1").unwrap();
+    let held = store.inspect(&unit).await.unwrap();
+    assert!(held.marker.is_none(), "a value was recorded: {held:?}");
+    assert!(held.is_locked(), "the lock was released: {held:?}");
+}

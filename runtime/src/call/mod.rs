@@ -302,9 +302,9 @@ impl Call<'_> {
                 return Err(self.body_failed(err, &unit, &lease));
             }
             // Refused at a fence or a step, the value is not this unit's result.
-            Ok(Ok(_)) if lease.was_fenced_out() => {
+            Ok(Ok(_)) if lease.was_fenced_out() || lease.holds() => {
                 on_drop.disarm();
-                return Err(self.failed(lock_lost(&unit, logging)));
+                return Err(self.failed(lease.refusal(&unit, logging)));
             }
             Ok(Ok(value)) => value,
         };

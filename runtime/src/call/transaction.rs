@@ -10,7 +10,7 @@ use tracing::Instrument;
 
 use super::{Call, concluded};
 use crate::context::{Fence, Lease, TaskContext};
-use crate::error::{Error, contended, held_in_doubt, lock_lost};
+use crate::error::{Error, contended, held_in_doubt};
 use crate::observe::{self, Ending, Observation};
 use crate::outcome::{Outcome, Report};
 use crate::store::{Begin, StoreError, TransactionScope};
@@ -162,11 +162,11 @@ impl Call<'_> {
         let result = context.scope(Box::pin(body(transaction.handle()))).await;
         observation.body_ran(running.elapsed());
         let value = match result {
-            // A step found the transaction no longer holding the unit: nothing of the body's
-            // may commit, whatever it made of that error.
-            Ok(_) if lease.was_fenced_out() => {
+            // A step found the transaction no longer holding the unit, or held it after a
+            // refusal the body went on past: nothing of the body's may commit.
+            Ok(_) if lease.was_fenced_out() || lease.holds() => {
                 transaction.abort().await;
-                return Err(self.failed(lock_lost(&unit, self.task.log_key)));
+                return Err(self.failed(lease.refusal(&unit, self.task.log_key)));
             }
             Ok(value) => value,
             Err(err) => {

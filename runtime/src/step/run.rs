@@ -210,6 +210,15 @@ impl TaskContext {
         let Some(fence) = self.lease().fence() else {
             return Err(self.step_error(name, StepErrorKind::Unsupported, "this database transaction has no store to record steps outside it (`TransactionScope::step_store`)"));
         };
+        // A body that went on after a refusal that held the unit must not move the journal on:
+        // the next step would take the place of the one whose effect is in doubt.
+        if let Some(kind) = self.lease().held_by() {
+            return Err(self.step_error(
+                name,
+                kind,
+                "an earlier step of this execution was refused and holds the unit; no step runs until it is resolved",
+            ));
+        }
         let mut cursor = self.cursor();
         if cursor.running {
             return Err(self.step_error(
@@ -348,13 +357,13 @@ impl TaskContext {
                 // refuses too): released, a lock still ours would let the next delivery run
                 // the effect again at once; left to lapse, the unit is in doubt.
                 Ok(_) => {
-                    self.lease().hold();
+                    self.lease().hold(StepErrorKind::Unrecorded);
                     return Err(self.fence_refused());
                 }
                 Err(err) => {
                     failures += 1;
                     if !err.is_retryable() || failures >= RECORD_ATTEMPTS {
-                        self.lease().hold();
+                        self.lease().hold(StepErrorKind::Unrecorded);
                         return Err(self.step_error(
                             name,
                             StepErrorKind::Unrecorded,
@@ -371,7 +380,7 @@ impl TaskContext {
     /// unit is held: released, its next delivery would run the same body on the same journal,
     /// or a changed one on a journal it does not match.
     fn order_changed(&self, name: &StepName, position: u32, recorded: &str) -> Error {
-        self.lease().hold();
+        self.lease().hold(StepErrorKind::OrderChanged);
         tracing::warn!(
             task = self.task(),
             key = self.logging().show(self.unit()),
