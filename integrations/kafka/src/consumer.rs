@@ -481,7 +481,9 @@ where
 
 impl<T, E> Drop for KafkaConsumer<T, E> {
     fn drop(&mut self) {
-        for unit in self.shared.lock().units.values() {
+        // Forgotten as well as stopped: the client's close, which follows, revokes the
+        // assignment, and its revoke waits for the units it knows.
+        for (_, unit) in self.shared.lock().units.drain() {
             unit.abort();
         }
     }

@@ -78,9 +78,12 @@ impl Context {
             for partition in partitions {
                 state.waiting.remove(partition);
             }
-            while partitions
-                .iter()
-                .any(|partition| state.offsets.running(partition) > 0)
+            // Units, not the tracker's running offsets: records that wait behind a paused
+            // partition and units already stopped (a dropped consumer's) never end.
+            while state
+                .units
+                .keys()
+                .any(|(partition, _)| partitions.contains(partition))
             {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {

@@ -629,6 +629,38 @@ async fn a_revoke_stops_the_revoked_partitions_bodies_before_it_completes() {
     assert_eq!(s.committed(&[0]), [Some(1)]);
 }
 
+/// A consumer dropped while a record runs stops the body and returns at once: the stopped
+/// unit does not hold the close's revoke for the whole `revoke_wait` (which blocks the
+/// runtime's thread), and nothing is committed past the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_dropped_while_a_record_runs_returns_without_waiting_for_it() {
+    let s = setup(1).await;
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
+    let mut consumer: KafkaConsumer<String, Declined> = s
+        .idempotent()
+        .revoke_wait(WAIT)
+        .subscribe(&client_config(&s.broker), &["orders"], move |_record| {
+            started_tx.send(()).unwrap();
+            Ok(std::future::pending::<Result<String, Declined>>())
+        })
+        .await
+        .unwrap();
+    s.produce(0, Some("held"), "{}").await;
+    tokio::select! {
+        _ = started.recv() => {}
+        early = consumer.next() => panic!("a record ended while held: {early:?}"),
+        () = tokio::time::sleep(WAIT) => panic!("the held record never started"),
+    }
+    let dropping = std::time::Instant::now();
+    drop(consumer);
+    assert!(
+        dropping.elapsed() < WAIT / 2,
+        "the drop took {:?}",
+        dropping.elapsed()
+    );
+    assert_eq!(s.committed(&[0]), [None]);
+}
+
 /// What the killed worker needs: where the broker and Redis are.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct KillConfig {
