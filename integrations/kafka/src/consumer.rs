@@ -407,17 +407,14 @@ where
         let shared = Arc::clone(&self.shared);
         let ended = self.ended_tx.clone();
         let unit_partition = partition.clone();
+        let id = state.next_unit_id();
         let task = tokio::spawn(async move {
             let processed = run_unit(&idempotent, &producer, &*body, record, &ended).await;
-            {
-                let mut state = shared.lock();
-                state.offsets.finished(&unit_partition, offset);
-                state.units.remove(&(unit_partition, offset));
-            }
+            shared.lock().unit_ended(&unit_partition, offset, id);
             shared.ended.notify_all();
             let _ = ended.send(processed);
         });
-        state.units.insert((partition, offset), task.abort_handle());
+        state.unit_started(partition, offset, id, task.abort_handle());
     }
 
     /// After a record ended: the records waiting for room start, partitions with none left
@@ -483,9 +480,7 @@ impl<T, E> Drop for KafkaConsumer<T, E> {
     fn drop(&mut self) {
         // Forgotten as well as stopped: the client's close, which follows, revokes the
         // assignment, and its revoke waits for the units it knows.
-        for (_, unit) in self.shared.lock().units.drain() {
-            unit.abort();
-        }
+        self.shared.lock().stop_all();
     }
 }
 

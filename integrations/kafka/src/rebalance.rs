@@ -23,10 +23,59 @@ pub(crate) struct Shared {
 pub(crate) struct State {
     pub(crate) offsets: OffsetTracker,
     /// The running units, to stop those of a revoked partition.
-    pub(crate) units: HashMap<(Partition, i64), AbortHandle>,
+    pub(crate) units: HashMap<(Partition, i64), RunningUnit>,
+    /// The number of the next unit to start.
+    next_unit: u64,
     /// Records received beyond `max_in_flight`, waiting in order, their partition paused.
     pub(crate) waiting: HashMap<Partition, VecDeque<Record>>,
     pub(crate) paused: HashSet<Partition>,
+}
+
+/// A unit started by this consumer: its number, told apart from a later unit of the same
+/// record (a partition revoked, then assigned again), and the handle that stops it.
+pub(crate) struct RunningUnit {
+    id: u64,
+    handle: AbortHandle,
+}
+
+impl State {
+    /// The number of the next unit, to hand to [`unit_started`](Self::unit_started) and to the
+    /// unit itself for [`unit_ended`](Self::unit_ended).
+    pub(crate) fn next_unit_id(&mut self) -> u64 {
+        self.next_unit += 1;
+        self.next_unit
+    }
+
+    /// Input: a unit spawned for the record at `offset` of `partition`. Output: it counts as
+    /// running, to be waited for or stopped.
+    pub(crate) fn unit_started(
+        &mut self,
+        partition: Partition,
+        offset: i64,
+        id: u64,
+        handle: AbortHandle,
+    ) {
+        self.units
+            .insert((partition, offset), RunningUnit { id, handle });
+    }
+
+    /// Input: unit `id` ended. Output: its record no longer holds its partition back, unless
+    /// the unit was stopped or its partition revoked meanwhile: a stale unit that ends after
+    /// its partition came back must not finish the record the new assignment runs again.
+    pub(crate) fn unit_ended(&mut self, partition: &Partition, offset: i64, id: u64) {
+        let key = (partition.clone(), offset);
+        if self.units.get(&key).is_some_and(|unit| unit.id == id) {
+            self.units.remove(&key);
+            self.offsets.finished(partition, offset);
+        }
+    }
+
+    /// Every unit stopped and forgotten.
+    pub(crate) fn stop_all(&mut self) {
+        for (_, unit) in self.units.drain() {
+            unit.handle.abort();
+        }
+    }
 }
 
 impl Shared {
@@ -118,7 +167,7 @@ impl Context {
                     offset,
                     "a record of a revoked partition was still running; it is stopped and its lock released"
                 );
-                unit.abort();
+                unit.handle.abort();
             }
             !revoked
         });
@@ -133,5 +182,52 @@ impl Context {
             }
         }
         commits
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p0() -> Partition {
+        ("orders".to_owned(), 0)
+    }
+
+    /// A unit that was being polled when its partition was revoked cannot be stopped, and it
+    /// ends later. By then the partition may be this consumer's again, its record delivered
+    /// again and running as a new unit: the stale unit's end must not finish that record (the
+    /// new assignment would commit past it) nor forget the new unit (no revoke could stop it).
+    #[test]
+    fn a_stale_unit_that_ends_after_its_partition_came_back_finishes_nothing() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let _entered = runtime.enter();
+        let context = Context {
+            shared: Arc::new(Shared {
+                state: Mutex::default(),
+                ended: Condvar::new(),
+            }),
+            revoke_wait: Duration::ZERO,
+        };
+        let pending = || tokio::spawn(std::future::pending::<()>()).abort_handle();
+        let revoked_unit = {
+            let mut first = context.shared.lock();
+            first.offsets.received(&p0(), 0);
+            let id = first.next_unit_id();
+            first.unit_started(p0(), 0, id, pending());
+            id
+        };
+        assert_eq!(context.revoke(&[p0()]).count(), 0, "nothing ended");
+        let mut state = context.shared.lock();
+        state.offsets.received(&p0(), 0);
+        let again = state.next_unit_id();
+        state.unit_started(p0(), 0, again, pending());
+        state.unit_ended(&p0(), 0, revoked_unit);
+        assert_eq!(state.offsets.running(&p0()), 1, "the record runs again");
+        assert!(state.offsets.take_commits().is_empty());
+        assert_eq!(state.units.len(), 1, "the new unit can still be stopped");
+        state.unit_ended(&p0(), 0, again);
+        assert_eq!(state.offsets.take_commits(), [(p0(), 1)]);
     }
 }
