@@ -27,8 +27,9 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 ///
 /// Call [`next`](Self::next) in a loop: it polls (which also keeps the consumer in its group
 /// while bodies run), starts each record's unit, and answers each record that ended, after
-/// its offset commit was sent. Dropped, it stops its running units (their locks released)
-/// and commits nothing more: their records are delivered again. [`close`](Self::close) ends
+/// its offset commit was sent. Dropped, it stops its running units (their locks released);
+/// a subscribed one then leaves its group, committing as a revoke does, only past the
+/// records that ended. The stopped records are delivered again. [`close`](Self::close) ends
 /// it gracefully.
 ///
 /// ```no_run

@@ -84,7 +84,10 @@
 //! wait in order), and resumed once they have room. When a rebalance takes partitions away,
 //! the revoke waits up to [`revoke_wait`](Idempotent::revoke_wait) for their running records
 //! to end, stops those that did not (their locks released), commits their offsets and then
-//! completes: no body keeps running for a partition this consumer no longer owns.
+//! completes: no body keeps running for a partition this consumer no longer owns, as long as
+//! the bodies yield. A body is stopped at an `.await`; one that blocks its thread runs until
+//! it yields or ends, and its end then counts for nothing here (the record runs again on the
+//! member that owns the partition).
 //!
 //! # The key
 //! [`KeyFrom::Header`] (a header the producer wrote: the key to use when a producer may
@@ -100,8 +103,9 @@
 //! body holding back only its partition, a revoke stopping a revoked partition's body, and a
 //! worker process killed with SIGKILL after its side effects and markers and before its
 //! commits. The crash tests assign the partition by hand ([`Idempotent::assign`]) with
-//! offsets committed to the group: tansu does not take partitions back from a group member
-//! that was killed without leaving its group.
+//! offsets committed to the group, so that the next consumer starts at once instead of after
+//! the killed member's `session.timeout.ms` (tansu, like Kafka, takes the partitions of a
+//! member that stopped heartbeating back only then).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -420,8 +420,7 @@ async fn a_store_that_is_down_holds_the_record_and_its_offset_until_it_is_back()
 /// were committed leaves the group's offsets behind them (here set back by hand, which is
 /// what the broker holds after such a stop); the next consumer gets the records again and
 /// replays each stored value. The consumers assign the partition by hand, with offsets
-/// committed to the group: tansu 0.6 does not take partitions back from a group member that
-/// died without leaving the group.
+/// committed to the group, so the next one starts at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn offsets_survive_a_restart_and_records_after_a_lost_commit_replay() {
     let s = setup(1).await;
@@ -724,8 +723,8 @@ fn charge_in_redis(
 /// and before their offsets could be committed (record 2 runs for ever and holds the commit
 /// at 2): the next consumer gets records 2 to 5 again, runs 2 once its lock has expired, and
 /// replays 3 to 5. Every order is charged once, as Redis counted. The consumers assign the
-/// partition by hand with offsets committed to the group: tansu 0.6 does not take
-/// partitions back from a group member killed without leaving the group.
+/// partition by hand with offsets committed to the group, so the next one starts at once
+/// instead of after the killed member's session timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_killed_between_its_effects_and_its_commits_charges_nothing_twice() {
     let s = setup(1).await;
