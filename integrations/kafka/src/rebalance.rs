@@ -103,24 +103,35 @@ impl ConsumerContext for Context {
             .iter()
             .map(|element| (element.topic().to_owned(), element.partition()))
             .collect();
-        let commits = self.revoke(&partitions);
-        if commits.count() > 0
-            && let Err(err) = consumer.commit(&commits, CommitMode::Sync)
-        {
-            tracing::warn!(error = %err, "the offsets of revoked partitions could not be committed; their records after the last commit are delivered again");
+        // The units run on the runtime's other threads; on a current-thread runtime they
+        // cannot while this callback holds the thread, so waiting would only delay the stop.
+        let can_wait = tokio::runtime::Handle::try_current().is_ok_and(|handle| {
+            handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+        });
+        let revoke_and_commit = || {
+            let commits = self.revoke(&partitions, can_wait);
+            if commits.count() > 0
+                && let Err(err) = consumer.commit(&commits, CommitMode::Sync)
+            {
+                tracing::warn!(error = %err, "the offsets of revoked partitions could not be committed; their records after the last commit are delivered again");
+            }
+        };
+        // The callback runs inside a poll on a runtime thread; the wait and the synchronous
+        // commit (a broker round trip, longer when the broker is slow) block, so the
+        // runtime moves its other tasks away first.
+        if can_wait {
+            tokio::task::block_in_place(revoke_and_commit);
+        } else {
+            revoke_and_commit();
         }
     }
 }
 
 impl Context {
     /// Input: the partitions a rebalance takes away. Output: their units ended (waited for up
-    /// to `revoke_wait`) or stopped, their state forgotten, and the offsets they may commit.
-    fn revoke(&self, partitions: &[Partition]) -> TopicPartitionList {
-        // The units run on the runtime's other threads; on a current-thread runtime they
-        // cannot while this callback holds the thread, so waiting would only delay the stop.
-        let can_wait = tokio::runtime::Handle::try_current().is_ok_and(|handle| {
-            handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
-        });
+    /// to `revoke_wait` when `can_wait`, blocking the thread) or stopped, their state
+    /// forgotten, and the offsets they may commit.
+    fn revoke(&self, partitions: &[Partition], can_wait: bool) -> TopicPartitionList {
         let wait = || {
             let deadline = Instant::now() + self.revoke_wait;
             let mut state = self.shared.lock();
@@ -148,7 +159,7 @@ impl Context {
             state
         };
         let mut state = if can_wait {
-            tokio::task::block_in_place(wait)
+            wait()
         } else {
             let mut state = self.shared.lock();
             for partition in partitions {
@@ -218,7 +229,7 @@ mod tests {
             first.unit_started(p0(), 0, id, pending());
             id
         };
-        assert_eq!(context.revoke(&[p0()]).count(), 0, "nothing ended");
+        assert_eq!(context.revoke(&[p0()], false).count(), 0, "nothing ended");
         let mut state = context.shared.lock();
         state.offsets.received(&p0(), 0);
         let again = state.next_unit_id();
