@@ -277,8 +277,9 @@ where
     /// dead-letter topic ([`Handled::is_final`](crate::Handled::is_final)), once its
     /// partition's offset commit (if it moved) was sent; or failed or deferred, to run again
     /// in this consumer after its delay (see [`Processed`]). Records of one poll run at the same time, up to
-    /// [`max_in_flight`](Idempotent::max_in_flight) per partition; a partition with more is
-    /// paused while polling goes on, and resumed once it has room.
+    /// [`max_in_flight`](Idempotent::max_in_flight) per partition; a partition's further
+    /// records wait in order, and a partition with [`max_waiting`](Idempotent::max_waiting)
+    /// waiting is paused while polling goes on.
     ///
     /// ```no_run
     /// # use idempotask::Task;
@@ -374,7 +375,7 @@ where
     }
 
     /// Input: a polled record. Output: it runs, or waits behind its partition's running
-    /// records with the partition paused.
+    /// records, the partition paused once `max_waiting` wait.
     fn accept(&self, record: Record) -> Result<(), ConsumeError> {
         let partition = (record.topic().to_owned(), record.partition());
         let mut state = self.shared.lock();
@@ -385,12 +386,9 @@ where
             self.spawn(&mut state, partition, record);
             return Ok(());
         }
-        state
-            .waiting
-            .entry(partition.clone())
-            .or_default()
-            .push_back(record);
-        if state.paused.insert(partition.clone()) {
+        let queue = state.waiting.entry(partition.clone()).or_default();
+        queue.push_back(record);
+        if queue.len() >= self.idempotent.max_waiting && state.paused.insert(partition.clone()) {
             self.consumer
                 .pause(&one_partition(&partition))
                 .map_err(|err| ConsumeError::kafka("pause", err))?;
@@ -418,8 +416,8 @@ where
         state.unit_started(partition, offset, id, task.abort_handle());
     }
 
-    /// After a record ended: the records waiting for room start, partitions with none left
-    /// resume, and the offsets that moved are committed.
+    /// After a record ended: the records waiting for room start, paused partitions with at
+    /// most half of `max_waiting` left resume, and the offsets that moved are committed.
     fn after_end(&self) -> Result<(), ConsumeError> {
         let mut resume = TopicPartitionList::new();
         {
@@ -441,15 +439,12 @@ where
                     };
                     self.spawn(&mut state, partition.clone(), record);
                 }
-                if state
-                    .waiting
-                    .get(&partition)
-                    .is_some_and(VecDeque::is_empty)
-                {
+                let waiting = state.waiting.get(&partition).map_or(0, VecDeque::len);
+                if waiting == 0 {
                     state.waiting.remove(&partition);
-                    if state.paused.remove(&partition) {
-                        let _ = resume.add_partition(&partition.0, partition.1);
-                    }
+                }
+                if waiting <= self.idempotent.max_waiting / 2 && state.paused.remove(&partition) {
+                    let _ = resume.add_partition(&partition.0, partition.1);
                 }
             }
         }

@@ -10,8 +10,11 @@ use idempotask_consumer::ConsumerSettings;
 use crate::KeyFrom;
 
 /// How many records of one partition run at the same time, by default; more wait in the
-/// consumer, their partition paused.
+/// consumer, in order.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 16;
+/// How many received records of one partition may wait for room in the consumer, by default,
+/// before the partition is paused.
+pub const DEFAULT_MAX_WAITING: usize = 1024;
 /// How long a revoke waits for the running records of the partitions it takes away, by default.
 pub const DEFAULT_REVOKE_WAIT: Duration = Duration::from_secs(30);
 /// How long a dead-letter copy may take to be acknowledged before it is sent again, by default.
@@ -45,6 +48,7 @@ pub struct Idempotent {
     pub(crate) key: KeyFrom,
     pub(crate) dead_letter_topic: Option<String>,
     pub(crate) max_in_flight: usize,
+    pub(crate) max_waiting: usize,
     pub(crate) revoke_wait: Duration,
     pub(crate) dead_letter_timeout: Duration,
     /// The settings' store backoff, which the dead-letter copies wait by too.
@@ -54,7 +58,7 @@ pub struct Idempotent {
 impl Idempotent {
     /// Records run through `task`, keyed by `key`, with the defaults: the installed store,
     /// [`DEFAULT_FAILURE_BACKOFF`], [`DEFAULT_STORE_BACKOFF`], [`DEFAULT_MAX_FAILURES`],
-    /// [`DEFAULT_MAX_IN_FLIGHT`], [`DEFAULT_REVOKE_WAIT`], [`DEFAULT_DEAD_LETTER_TIMEOUT`] and
+    /// [`DEFAULT_MAX_IN_FLIGHT`], [`DEFAULT_MAX_WAITING`], [`DEFAULT_REVOKE_WAIT`], [`DEFAULT_DEAD_LETTER_TIMEOUT`] and
     /// the dead-letter topic `<topic>.dead` of each record's topic.
     pub fn new(task: Task, key: KeyFrom) -> Self {
         Self {
@@ -62,6 +66,7 @@ impl Idempotent {
             key,
             dead_letter_topic: None,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_waiting: DEFAULT_MAX_WAITING,
             revoke_wait: DEFAULT_REVOKE_WAIT,
             dead_letter_timeout: DEFAULT_DEAD_LETTER_TIMEOUT,
             store_backoff: DEFAULT_STORE_BACKOFF,
@@ -174,9 +179,10 @@ impl Idempotent {
     }
 
     /// How many records of one partition run at the same time (default
-    /// [`DEFAULT_MAX_IN_FLIGHT`]; at least 1). When a partition has that many running, the
-    /// consumer pauses it and keeps polling the others; it resumes once its records have
-    /// ended. 1 runs each partition's records one after the other, in order.
+    /// [`DEFAULT_MAX_IN_FLIGHT`]; at least 1). The partition's further records wait in the
+    /// consumer, in order, and start as running ones end (see
+    /// [`max_waiting`](Self::max_waiting)). 1 runs each partition's records one after the
+    /// other, in order.
     ///
     /// ```
     /// # use idempotask::Task;
@@ -187,6 +193,28 @@ impl Idempotent {
     #[must_use]
     pub fn max_in_flight(mut self, records: usize) -> Self {
         self.max_in_flight = records.max(1);
+        self
+    }
+
+    /// How many received records of one partition may wait for room (default
+    /// [`DEFAULT_MAX_WAITING`]; at least 1). A partition with that many waiting is paused while
+    /// the consumer keeps polling the others, and resumed once half of them have started.
+    ///
+    /// Why a queue and not a pause at `max_in_flight`: librdkafka drops a paused partition's
+    /// fetched records and fetches them again on resume, a broker round trip (and its fetch
+    /// wait) for each pause; paused at every record beyond `max_in_flight`, a partition moved
+    /// at a few records a second. The waiting records are held in memory, at most this many
+    /// per partition.
+    ///
+    /// ```
+    /// # use idempotask::Task;
+    /// # use idempotask_kafka::{Idempotent, KeyFrom};
+    /// let bounded = Idempotent::new(Task::new("order_charge"), KeyFrom::RecordKey).max_waiting(256);
+    /// # let _ = bounded;
+    /// ```
+    #[must_use]
+    pub fn max_waiting(mut self, records: usize) -> Self {
+        self.max_waiting = records.max(1);
         self
     }
 

@@ -80,8 +80,8 @@
 //! Records run on the runtime as tasks of their own while [`KafkaConsumer::next`] keeps
 //! polling, so a body longer than `max.poll.interval.ms` does not get the consumer evicted from
 //! its group, as long as `next` is called. A partition with
-//! [`max_in_flight`](Idempotent::max_in_flight) records running is paused (its further records
-//! wait in order), and resumed once they have room. When a rebalance takes partitions away,
+//! [`max_in_flight`](Idempotent::max_in_flight) records running keeps its further records
+//! waiting in order, and is paused once [`max_waiting`](Idempotent::max_waiting) wait. When a rebalance takes partitions away,
 //! the revoke waits up to [`revoke_wait`](Idempotent::revoke_wait) for their running records
 //! to end, stops those that did not (their locks released), commits their offsets and then
 //! completes: no body keeps running for a partition this consumer no longer owns, as long as
@@ -125,7 +125,8 @@ pub use handled::{Handled, Processed, Rejection};
 pub use idempotask_consumer::BodyFailure;
 pub use idempotent::{
     DEFAULT_DEAD_LETTER_TIMEOUT, DEFAULT_FAILURE_BACKOFF, DEFAULT_MAX_FAILURES,
-    DEFAULT_MAX_IN_FLIGHT, DEFAULT_REVOKE_WAIT, DEFAULT_STORE_BACKOFF, Idempotent,
+    DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_WAITING, DEFAULT_REVOKE_WAIT, DEFAULT_STORE_BACKOFF,
+    Idempotent,
 };
 pub use key::{KeyFrom, MissingKey};
 pub use record::{BadRecord, Record};
