@@ -20,6 +20,8 @@ use crate::{BadRecord, ConsumeError, Idempotent, Processed, Record};
 
 /// How long the start may take to read a topic's metadata.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+/// librdkafka's `max.poll.interval.ms` when the configuration does not set it.
+const DEFAULT_MAX_POLL_INTERVAL: Duration = Duration::from_secs(300);
 
 /// A Kafka consumer made by [`Idempotent::subscribe`] or [`Idempotent::assign`]: it polls
 /// records, runs each through the task as a unit of its own (see the [crate docs](crate)),
@@ -57,6 +59,11 @@ pub struct KafkaConsumer<T, E> {
     shared: Arc<Shared>,
     ended_tx: mpsc::UnboundedSender<Processed<T, E>>,
     ended_rx: mpsc::UnboundedReceiver<Processed<T, E>>,
+    /// How long polling may stop while a partition's queue is full before that partition is
+    /// paused instead: half of `max.poll.interval.ms`, so that the member is not evicted.
+    stall_limit: Duration,
+    /// Since when polling has stopped for a full queue.
+    stalled_since: Option<tokio::time::Instant>,
 }
 
 impl Idempotent {
@@ -225,6 +232,10 @@ impl Idempotent {
             body(record).map(|future| Box::pin(future) as BodyFuture<T, E>)
         });
         let (ended_tx, ended_rx) = mpsc::unbounded_channel();
+        let max_poll_interval = config
+            .get("max.poll.interval.ms")
+            .and_then(|ms| ms.parse().ok())
+            .map_or(DEFAULT_MAX_POLL_INTERVAL, Duration::from_millis);
         Ok(KafkaConsumer {
             consumer,
             producer,
@@ -233,6 +244,8 @@ impl Idempotent {
             shared,
             ended_tx,
             ended_rx,
+            stall_limit: max_poll_interval / 2,
+            stalled_since: None,
         })
     }
 }
@@ -278,8 +291,9 @@ where
     /// partition's offset commit (if it moved) was sent; or failed or deferred, to run again
     /// in this consumer after its delay (see [`Processed`]). Records of one poll run at the same time, up to
     /// [`max_in_flight`](Idempotent::max_in_flight) per partition; a partition's further
-    /// records wait in order, and a partition with [`max_waiting`](Idempotent::max_waiting)
-    /// waiting is paused while polling goes on.
+    /// records wait in order. While a partition has [`max_waiting`](Idempotent::max_waiting)
+    /// waiting, polling stops; after half of `max.poll.interval.ms` that partition is paused
+    /// and polling goes on for the others.
     ///
     /// ```no_run
     /// # use idempotask::Task;
@@ -307,17 +321,34 @@ where
     /// reached, say). The consumer stays usable: call `next` again.
     pub async fn next(&mut self) -> Result<Processed<T, E>, ConsumeError> {
         loop {
+            // A full queue stops polling, as a consumer that takes what it can run does:
+            // librdkafka keeps what it fetched. Pausing at once would drop that and fetch it
+            // again on resume; the pause comes only when the stall nears eviction.
+            let full = self.has_full_queue();
+            let stalled_until = if full {
+                *self
+                    .stalled_since
+                    .get_or_insert_with(tokio::time::Instant::now)
+                    + self.stall_limit
+            } else {
+                self.stalled_since = None;
+                tokio::time::Instant::now()
+            };
             tokio::select! {
                 biased;
                 Some(processed) = self.ended_rx.recv() => {
                     self.after_end()?;
                     return Ok(processed);
                 }
-                received = self.consumer.recv() => {
+                received = self.consumer.recv(), if !full => {
                     let message = received.map_err(|err| ConsumeError::kafka("poll", err))?;
                     let record = Record::from_message(&message);
                     drop(message);
-                    self.accept(record)?;
+                    self.accept(record);
+                }
+                () = tokio::time::sleep_until(stalled_until), if full => {
+                    self.stalled_since = None;
+                    self.pause_full()?;
                 }
             }
         }
@@ -375,8 +406,8 @@ where
     }
 
     /// Input: a polled record. Output: it runs, or waits behind its partition's running
-    /// records, the partition paused once `max_waiting` wait.
-    fn accept(&self, record: Record) -> Result<(), ConsumeError> {
+    /// records (polling stops while `max_waiting` wait).
+    fn accept(&self, record: Record) {
         let partition = (record.topic().to_owned(), record.partition());
         let mut state = self.shared.lock();
         state.offsets.received(&partition, record.offset());
@@ -384,13 +415,43 @@ where
         let running = state.offsets.running(&partition) - 1 - waiting;
         if waiting == 0 && running < self.idempotent.max_in_flight {
             self.spawn(&mut state, partition, record);
-            return Ok(());
+            return;
         }
-        let queue = state.waiting.entry(partition.clone()).or_default();
-        queue.push_back(record);
-        if queue.len() >= self.idempotent.max_waiting && state.paused.insert(partition.clone()) {
+        state
+            .waiting
+            .entry(partition)
+            .or_default()
+            .push_back(record);
+    }
+
+    /// Whether a partition that is not paused has `max_waiting` records waiting.
+    fn has_full_queue(&self) -> bool {
+        let state = self.shared.lock();
+        state.waiting.iter().any(|(partition, queue)| {
+            queue.len() >= self.idempotent.max_waiting && !state.paused.contains(partition)
+        })
+    }
+
+    /// Pauses the partitions whose queues are full, so that polling goes on for the others.
+    fn pause_full(&self) -> Result<(), ConsumeError> {
+        let mut pause = TopicPartitionList::new();
+        {
+            let mut state = self.shared.lock();
+            let full: Vec<Partition> = state
+                .waiting
+                .iter()
+                .filter(|(_, queue)| queue.len() >= self.idempotent.max_waiting)
+                .map(|(partition, _)| partition.clone())
+                .collect();
+            for partition in full {
+                if state.paused.insert(partition.clone()) {
+                    let _ = pause.add_partition(&partition.0, partition.1);
+                }
+            }
+        }
+        if pause.count() > 0 {
             self.consumer
-                .pause(&one_partition(&partition))
+                .pause(&pause)
                 .map_err(|err| ConsumeError::kafka("pause", err))?;
         }
         Ok(())
@@ -478,11 +539,4 @@ impl<T, E> Drop for KafkaConsumer<T, E> {
         // assignment, and its revoke waits for the units it knows.
         self.shared.lock().stop_all();
     }
-}
-
-/// A list of one partition, for `pause`.
-fn one_partition(partition: &Partition) -> TopicPartitionList {
-    let mut list = TopicPartitionList::new();
-    let _ = list.add_partition(&partition.0, partition.1);
-    list
 }

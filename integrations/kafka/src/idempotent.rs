@@ -197,14 +197,16 @@ impl Idempotent {
     }
 
     /// How many received records of one partition may wait for room (default
-    /// [`DEFAULT_MAX_WAITING`]; at least 1). A partition with that many waiting is paused while
-    /// the consumer keeps polling the others, and resumed once half of them have started.
+    /// [`DEFAULT_MAX_WAITING`]; at least 1). While a partition has that many waiting, the
+    /// consumer stops polling, as a consumer that takes only what it can run does (librdkafka
+    /// keeps what it fetched meanwhile). If the stall lasts half of `max.poll.interval.ms`,
+    /// that partition is paused and polling goes on for the others, so that the member is not
+    /// evicted; it resumes once half of its records have started.
     ///
-    /// Why a queue and not a pause at `max_in_flight`: librdkafka drops a paused partition's
-    /// fetched records and fetches them again on resume, a broker round trip (and its fetch
-    /// wait) for each pause; paused at every record beyond `max_in_flight`, a partition moved
-    /// at a few records a second. The waiting records are held in memory, at most this many
-    /// per partition.
+    /// Why not pause at once: librdkafka drops a paused partition's fetched records and
+    /// fetches them again on resume, a broker round trip (and its fetch wait) for each pause;
+    /// paused at every record beyond `max_in_flight`, a partition moved at a few records a
+    /// second. The waiting records are held in memory, at most this many per partition.
     ///
     /// ```
     /// # use idempotask::Task;

@@ -81,7 +81,8 @@
 //! polling, so a body longer than `max.poll.interval.ms` does not get the consumer evicted from
 //! its group, as long as `next` is called. A partition with
 //! [`max_in_flight`](Idempotent::max_in_flight) records running keeps its further records
-//! waiting in order, and is paused once [`max_waiting`](Idempotent::max_waiting) wait. When a rebalance takes partitions away,
+//! waiting in order; polling stops while [`max_waiting`](Idempotent::max_waiting) wait, and
+//! the partition is paused if that lasts half of `max.poll.interval.ms`. When a rebalance takes partitions away,
 //! the revoke waits up to [`revoke_wait`](Idempotent::revoke_wait) for their running records
 //! to end, stops those that did not (their locks released), commits their offsets and then
 //! completes: no body keeps running for a partition this consumer no longer owns, as long as

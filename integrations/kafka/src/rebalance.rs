@@ -26,8 +26,8 @@ pub(crate) struct State {
     pub(crate) units: HashMap<(Partition, i64), RunningUnit>,
     /// The number of the next unit to start.
     next_unit: u64,
-    /// Records received beyond `max_in_flight`, waiting in order (their partition paused once
-    /// `max_waiting` wait).
+    /// Records received beyond `max_in_flight`, waiting in order (their partition paused after
+    /// a stall with `max_waiting` waiting).
     pub(crate) waiting: HashMap<Partition, VecDeque<Record>>,
     pub(crate) paused: HashSet<Partition>,
 }

@@ -106,6 +106,36 @@ impl Setup {
             .max_failures(3)
     }
 
+    /// A body that counts its side effect, and holds the records `hold` picks until
+    /// `release` says so, each telling `started` when it begins to hold.
+    fn holding(
+        &self,
+        hold: impl Fn(&Record) -> bool + Send + Sync + 'static,
+    ) -> (
+        impl Fn(&Record) -> Result<Charge, BadRecord> + Send + Sync + 'static,
+        tokio::sync::watch::Sender<bool>,
+        tokio::sync::mpsc::UnboundedReceiver<()>,
+    ) {
+        let (release, released) = tokio::sync::watch::channel(false);
+        let (started_tx, started) = tokio::sync::mpsc::unbounded_channel();
+        let effects = Arc::clone(&self.effects);
+        let body = move |record: &Record| {
+            let holds_this = hold(record);
+            let mut released = released.clone();
+            let effects = Arc::clone(&effects);
+            let started_tx = started_tx.clone();
+            Ok(Box::pin(async move {
+                if holds_this {
+                    started_tx.send(()).unwrap();
+                    released.wait_for(|go| *go).await.unwrap();
+                }
+                let n = effects.fetch_add(1, Ordering::SeqCst) + 1;
+                Ok(format!("ch_{n}"))
+            }) as Charge)
+        };
+        (body, release, started)
+    }
+
     /// A body that reads the order, fails or panics as it says, and counts its side effect.
     fn charge(&self) -> impl Fn(&Record) -> Result<Charge, BadRecord> + Send + Sync + 'static {
         let effects = Arc::clone(&self.effects);
@@ -477,23 +507,7 @@ async fn offsets_survive_a_restart_and_records_after_a_lost_commit_replay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_body_holds_back_only_its_own_partition() {
     let s = setup(2).await;
-    let (release, released) = tokio::sync::watch::channel(false);
-    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
-    let effects = Arc::clone(&s.effects);
-    let body = move |record: &Record| {
-        let hold = record.header("hold").is_some();
-        let mut released = released.clone();
-        let effects = Arc::clone(&effects);
-        let started_tx = started_tx.clone();
-        Ok(Box::pin(async move {
-            if hold {
-                started_tx.send(()).unwrap();
-                released.wait_for(|go| *go).await.unwrap();
-            }
-            let n = effects.fetch_add(1, Ordering::SeqCst) + 1;
-            Ok(format!("ch_{n}"))
-        }) as Charge)
-    };
+    let (body, release, mut started) = s.holding(|record| record.header("hold").is_some());
     let mut consumer = s
         .idempotent()
         .max_in_flight(1)
@@ -559,29 +573,12 @@ async fn a_long_body_holds_back_only_its_own_partition() {
     assert_eq!(s.committed(&[0, 1]), [Some(2), Some(1)]);
 }
 
-/// A partition whose waiting records reach `max_waiting` is paused, and resumed as they start:
-/// librdkafka drops a paused partition's fetched records and fetches them again, so each one
-/// must still run once, in its partition's order, and the commit must reach the last.
+/// A partition whose waiting records reach `max_waiting` stops the polling until they have
+/// room: each record still runs once, in its partition's order, and the commit reaches the last.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_partition_resumes_with_every_record_once_and_in_order() {
+async fn a_full_queue_stops_polling_and_every_record_runs_once_in_order() {
     let s = setup(1).await;
-    let (release, released) = tokio::sync::watch::channel(false);
-    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
-    let effects = Arc::clone(&s.effects);
-    let body = move |record: &Record| {
-        let first = record.offset() == 0;
-        let mut released = released.clone();
-        let effects = Arc::clone(&effects);
-        let started_tx = started_tx.clone();
-        Ok(Box::pin(async move {
-            if first {
-                started_tx.send(()).unwrap();
-                released.wait_for(|go| *go).await.unwrap();
-            }
-            let n = effects.fetch_add(1, Ordering::SeqCst) + 1;
-            Ok(format!("ch_{n}"))
-        }) as Charge)
-    };
+    let (body, release, mut started) = s.holding(|record| record.offset() == 0);
     let mut consumer = s
         .idempotent()
         .max_in_flight(1)
@@ -610,6 +607,55 @@ async fn a_paused_partition_resumes_with_every_record_once_and_in_order() {
     assert_eq!(s.effects.load(Ordering::SeqCst), 8);
     consumer.close().await.unwrap();
     assert_eq!(s.committed(&[0]), [Some(8)]);
+}
+
+/// A queue that stays full for half of `max.poll.interval.ms` pauses its partition and the
+/// polling goes on: the other partition's record runs while the first partition's body holds.
+/// librdkafka drops a paused partition's fetched records and fetches them again on resume, so
+/// each record must still run once, in order, and both commits must reach the last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_full_for_too_long_pauses_its_partition_and_polling_goes_on() {
+    let s = setup(2).await;
+    let (body, release, mut started) =
+        s.holding(|record| record.partition() == 0 && record.offset() == 0);
+    let mut config = client_config(&s.broker);
+    // The least librdkafka takes (its session timeout here): the stall before the pause is
+    // half of it.
+    config.set("max.poll.interval.ms", "6000");
+    let mut consumer = s
+        .idempotent()
+        .max_in_flight(1)
+        .max_waiting(2)
+        .subscribe(&config, &["orders"], body)
+        .await
+        .unwrap();
+    s.produce(0, Some("p0-0"), "{}").await;
+    tokio::select! {
+        _ = started.recv() => {}
+        early = consumer.next() => panic!("a record ended before the held one started: {early:?}"),
+        () = tokio::time::sleep(WAIT) => panic!("the held record never started"),
+    }
+    for n in 1..4 {
+        s.produce(0, Some(&format!("p0-{n}")), "{}").await;
+    }
+    s.produce(1, Some("p1-0"), "{}").await;
+    let other = ended(&mut consumer, 1).await;
+    assert_eq!(
+        (other[0].partition, other[0].offset),
+        (1, 0),
+        "the other partition waited for the held one"
+    );
+    release.send(true).unwrap();
+    let rest = ended(&mut consumer, 4).await;
+    let places: Vec<(i32, i64)> = rest.iter().map(|p| (p.partition, p.offset)).collect();
+    assert_eq!(
+        places,
+        [(0, 0), (0, 1), (0, 2), (0, 3)],
+        "a record was lost, run twice or out of order"
+    );
+    assert_eq!(s.effects.load(Ordering::SeqCst), 5);
+    consumer.close().await.unwrap();
+    assert_eq!(s.committed(&[0, 1]), [Some(4), Some(1)]);
 }
 
 /// Sets its flag when dropped: a body's future that was stopped.
