@@ -10,10 +10,10 @@ set -euo pipefail
 
 # `cargo install` puts tansu in $CARGO_HOME/bin, which the shell running this script (root's in
 # CI) need not have on PATH: the tests look there too, in this order.
-cargo_bin="${CARGO_HOME:-$HOME/.cargo}/bin"
+cargo_bin="${CARGO_HOME:-${HOME:-}/.cargo}/bin"
 tansu_bin() {
   local candidate
-  for candidate in "$(command -v tansu 2>/dev/null || true)" "$cargo_bin/tansu" "$HOME/.cargo/bin/tansu"; do
+  for candidate in "$(command -v tansu 2>/dev/null || true)" "$cargo_bin/tansu" "${HOME:-}/.cargo/bin/tansu"; do
     if [ -n "$candidate" ] && [ -x "$candidate" ]; then echo "$candidate"; return 0; fi
   done
   return 1
