@@ -15,7 +15,6 @@ import pytest
 
 import idempotask
 from idempotask import CodecError, LockNotHeld, Serializer, StepError, idempotent_task
-from conftest import RedisServer
 
 
 class Boom(Exception):
@@ -243,10 +242,11 @@ def test_a_body_that_changed_its_step_order_is_refused_and_held(any_store: Any, 
     assert doubts[:2] == [None, None] and doubts[2] is not None, doubts
 
 
-def test_a_step_whose_record_the_store_never_confirms_is_unrecorded(name: str) -> None:
+def test_a_step_whose_record_the_store_never_confirms_is_unrecorded(name: str, redis_server: Any) -> None:
     # A server of its own, stopped while the step's effect runs: the effect happened, and no
-    # attempt to record it can reach the store.
-    server = RedisServer()
+    # attempt to record it can reach the store. Of the session server's class: another conftest
+    # of the suite shadows the module name `conftest`.
+    server = type(redis_server)()
     ran: List[str] = []
     try:
         store = idempotask.RedisStore(server.url, connection_timeout=1, response_timeout=1)
