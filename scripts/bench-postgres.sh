@@ -28,7 +28,7 @@ trap cleanup EXIT
 bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
 
 cargo build --release --locked -p idempotask-bench -p idempotask-test-support
-bench=target/release/bench
+bench=${CARGO_TARGET_DIR:-target}/release/bench
 # fsync and full-page writes on, as users run PostgreSQL (the tests turn them off), and the
 # server's default max_connections (100).
 start_servers postgres shared_preload_libraries=pg_stat_statements fsync=on full_page_writes=on \

@@ -25,7 +25,7 @@ cleanup() {
 trap cleanup EXIT
 
 cargo build --release --locked -p idempotask-bench -p idempotask-test-support
-bench=target/release/bench
+bench=${CARGO_TARGET_DIR:-target}/release/bench
 start_servers redis valkey redis8
 for server in redis redis8 valkey; do
   url_var=${server}_url
