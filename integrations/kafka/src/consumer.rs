@@ -1,7 +1,7 @@
 //! [`KafkaConsumer`]: a consumer that polls records, runs each as a unit, and commits each
 //! partition's offsets past the records that ended.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
 use crate::offsets::Partition;
-use crate::rebalance::{Context, Shared, State};
+use crate::rebalance::{Context, Shared, State, partitions};
 use crate::unit::{Body, BodyFuture, run_unit};
 use crate::{BadRecord, ConsumeError, Idempotent, Processed, Record};
 
@@ -59,6 +59,10 @@ pub struct KafkaConsumer<T, E> {
     shared: Arc<Shared>,
     ended_tx: mpsc::UnboundedSender<Processed<T, E>>,
     ended_rx: mpsc::UnboundedReceiver<Processed<T, E>>,
+    /// Errors that no call was waiting for (a refused commit, a failed resume): `next`
+    /// returns them.
+    errors_tx: mpsc::UnboundedSender<ConsumeError>,
+    errors_rx: mpsc::UnboundedReceiver<ConsumeError>,
     /// How long polling may stop while a partition's queue is full before that partition is
     /// paused instead: half of `max.poll.interval.ms`, so that the member is not evicted.
     stall_limit: Duration,
@@ -200,9 +204,11 @@ impl Idempotent {
             state: Mutex::new(State::default()),
             ended: Condvar::new(),
         });
+        let (errors_tx, errors_rx) = mpsc::unbounded_channel();
         let context = Context {
             shared: Arc::clone(&shared),
             revoke_wait: self.revoke_wait,
+            errors: errors_tx.clone(),
         };
         let consumer: StreamConsumer<Context> = consumer_config
             .create_with_context(context)
@@ -244,6 +250,8 @@ impl Idempotent {
             shared,
             ended_tx,
             ended_rx,
+            errors_tx,
+            errors_rx,
             stall_limit: max_poll_interval / 2,
             stalled_since: None,
         })
@@ -318,7 +326,10 @@ where
     ///
     /// # Errors
     /// [`ConsumeError::Kafka`] when polling reports an error (a broker that cannot be
-    /// reached, say). The consumer stays usable: call `next` again.
+    /// reached, say), or when the broker refused an offset commit (`commit`: that offset is
+    /// sent again with the next commit) or a paused partition could not be resumed (`resume`:
+    /// tried again when the next record ends). The record whose end led to the commit is
+    /// answered first. The consumer stays usable: call `next` again.
     pub async fn next(&mut self) -> Result<Processed<T, E>, ConsumeError> {
         loop {
             // A full queue stops polling, as a consumer that takes what it can run does:
@@ -336,8 +347,9 @@ where
             };
             tokio::select! {
                 biased;
+                Some(err) = self.errors_rx.recv() => return Err(err),
                 Some(processed) = self.ended_rx.recv() => {
-                    self.after_end()?;
+                    self.after_end();
                     return Ok(processed);
                 }
                 received = self.consumer.recv(), if !full => {
@@ -354,9 +366,12 @@ where
         }
     }
 
-    /// Stops polling, waits for the running records to end (those waiting behind a paused
-    /// partition do not start), commits their offsets and waits for the commit; then the
-    /// consumer leaves its group when dropped.
+    /// Stops polling, waits up to [`revoke_wait`](Idempotent::revoke_wait) for the running
+    /// records to end (those waiting behind a paused partition do not start), stops those
+    /// still running then (their locks released, as a revoke does: a record that waits for a
+    /// store that is down never ends), commits the offsets of the records that ended and waits
+    /// for the commit; then the consumer leaves its group when dropped. No offset is committed
+    /// past a stopped record: it is delivered again.
     ///
     /// ```no_run
     /// # use idempotask::Task;
@@ -382,10 +397,20 @@ where
             let mut state = self.shared.lock();
             state.waiting.clear();
         }
+        let deadline = tokio::time::Instant::now() + self.idempotent.revoke_wait;
         while !self.shared.lock().units.is_empty() {
-            match self.ended_rx.recv().await {
-                Some(processed) => ended.push(processed),
-                None => break,
+            match tokio::time::timeout_at(deadline, self.ended_rx.recv()).await {
+                Ok(Some(processed)) => ended.push(processed),
+                Ok(None) => break,
+                Err(_) => {
+                    let mut state = self.shared.lock();
+                    tracing::warn!(
+                        running = state.units.len(),
+                        "records still running when the close's wait ended are stopped (their locks released) and delivered again"
+                    );
+                    state.stop_all();
+                    break;
+                }
             }
         }
         while let Ok(processed) = self.ended_rx.try_recv() {
@@ -449,10 +474,15 @@ where
                 }
             }
         }
-        if pause.count() > 0 {
-            self.consumer
-                .pause(&pause)
-                .map_err(|err| ConsumeError::kafka("pause", err))?;
+        if pause.count() > 0
+            && let Err(err) = self.consumer.pause(&pause)
+        {
+            // Not paused: counted so, the next stall tries again.
+            let mut state = self.shared.lock();
+            for (partition, _) in partitions(&pause) {
+                state.paused.remove(&partition);
+            }
+            return Err(ConsumeError::kafka("pause", err));
         }
         Ok(())
     }
@@ -478,12 +508,16 @@ where
     }
 
     /// After a record ended: the records waiting for room start, paused partitions with at
-    /// most half of `max_waiting` left resume, and the offsets that moved are committed.
-    fn after_end(&self) -> Result<(), ConsumeError> {
+    /// most half of `max_waiting` left resume, and the offsets that moved are committed. A
+    /// resume or commit that fails goes to the errors `next` returns, and is tried again.
+    fn after_end(&self) {
         let mut resume = TopicPartitionList::new();
         {
             let mut state = self.shared.lock();
-            let partitions: Vec<Partition> = state.waiting.keys().cloned().collect();
+            // The paused ones too: a resume that failed is tried again even when no record
+            // of the partition waits any more.
+            let partitions: BTreeSet<Partition> =
+                state.waiting.keys().chain(&state.paused).cloned().collect();
             for partition in partitions {
                 loop {
                     let waiting = state.waiting.get(&partition).map_or(0, VecDeque::len);
@@ -509,18 +543,24 @@ where
                 }
             }
         }
-        if resume.count() > 0 {
-            self.consumer
-                .resume(&resume)
-                .map_err(|err| ConsumeError::kafka("resume", err))?;
+        if resume.count() > 0
+            && let Err(err) = self.consumer.resume(&resume)
+        {
+            // Still paused: counted so, the next record that ends tries again.
+            let mut state = self.shared.lock();
+            state
+                .paused
+                .extend(partitions(&resume).map(|(partition, _)| partition));
+            drop(state);
+            let _ = self.errors_tx.send(ConsumeError::kafka("resume", err));
         }
         let commits = self.take_commits();
-        if commits.count() > 0 {
-            self.consumer
-                .commit(&commits, CommitMode::Async)
-                .map_err(|err| ConsumeError::kafka("commit", err))?;
+        if commits.count() > 0
+            && let Err(err) = self.consumer.commit(&commits, CommitMode::Async)
+        {
+            self.shared.lock().commit_failed(&commits);
+            let _ = self.errors_tx.send(ConsumeError::kafka("commit", err));
         }
-        Ok(())
     }
 
     /// The offsets that moved since their last commit.

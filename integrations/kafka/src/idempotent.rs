@@ -15,7 +15,8 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 16;
 /// How many received records of one partition may wait for room in the consumer, by default,
 /// before the partition is paused.
 pub const DEFAULT_MAX_WAITING: usize = 1024;
-/// How long a revoke waits for the running records of the partitions it takes away, by default.
+/// How long a revoke waits for the running records of the partitions it takes away, and a
+/// close for all running records, by default.
 pub const DEFAULT_REVOKE_WAIT: Duration = Duration::from_secs(30);
 /// How long a dead-letter copy may take to be acknowledged before it is sent again, by default.
 pub const DEFAULT_DEAD_LETTER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -225,7 +226,9 @@ impl Idempotent {
     /// released), their offsets committed up to the first of them, and the revoke completes:
     /// no body keeps running for a partition this consumer no longer owns. On a
     /// current-thread runtime the wait is skipped (the bodies cannot run while the rebalance
-    /// holds the thread).
+    /// holds the thread). [`KafkaConsumer::close`](crate::KafkaConsumer::close) waits as
+    /// long for all running records, then stops them the same way: a close does not wait for
+    /// a store that is down.
     ///
     /// ```
     /// # use std::time::Duration;

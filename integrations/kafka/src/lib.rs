@@ -60,21 +60,29 @@
 //! | the body's [`max_failures`](Idempotent::max_failures)-th failure | `DeadLettered(GaveUp)` | a copy on the dead-letter topic; once the broker acknowledged it, the offset moves past the record |
 //! | the key is busy ([`Error::Contended`](idempotask::Error::Contended)) | `Deferred` | nothing: it runs again here after the holder's remaining lock time |
 //! | the store failed or none is installed; the task is misused (logged as an error) | `Deferred` | nothing, ever, while the store is down: it runs again here after the [`store_backoff`](Idempotent::store_backoff) |
-//! | the record has no key ([`MissingKey`]), or the body's closure refused it ([`BadRecord`]: a payload that does not decode) | `DeadLettered` | the copy, then the commit; nothing ran |
+//! | the record has no key ([`MissingKey`]), a header whose name is not UTF-8, or the body's closure refused it ([`BadRecord`]: a payload that does not decode) | `DeadLettered` | the copy, then the commit; nothing ran |
 //! | the key cannot be used (`InvalidKey`, `KeyReuse`, `Codec`, `MarkerKeyMismatch`) | `DeadLettered(Refused)` | the same; no delivery can succeed |
 //! | the unit is in doubt and the task holds such units ([`Error::InDoubt`](idempotask::Error::InDoubt)) | `DeadLettered(InDoubt)` | the same, reason `in-doubt`: resolve the unit (`idempotask resolve`), then produce the copy back |
 //!
 //! A dead-letter copy has the record's key, payload and headers, followed by
 //! [`SOURCE_HEADER`] (`topic/partition@offset`), [`REASON_HEADER`] ([`Rejection::reason`]) and
 //! [`ERROR_HEADER`] (the error's text). The copy is sent before the offset moves: a consumer
-//! that dies in between sends it again on the next delivery.
+//! that dies in between sends it again on the next delivery. rdkafka cannot read a header
+//! whose name is not UTF-8 (it panics; the consumer catches that, and the panic hook still
+//! prints it): such a record is a [`BadRecord`], and its copy carries its other headers only.
 //!
 //! # Offsets
 //! Each partition commits the offset of its first record that has not ended (or one past its
 //! last when all have), so no offset is ever committed past a record that did not end or
 //! whose dead-letter copy was not acknowledged; a record still running holds back its own
 //! partition only. Commits are asynchronous after each record, synchronous at
-//! [`KafkaConsumer::close`] and when a rebalance takes partitions away.
+//! [`KafkaConsumer::close`] and when a rebalance takes partitions away. A commit the broker
+//! refuses, or a paused partition that cannot be resumed, is an error that the next call of
+//! [`KafkaConsumer::next`] returns (after the record whose end caused it); the commit is sent
+//! again with the next one, the resume tried again when the next record ends.
+//! [`KafkaConsumer::close`] waits at most [`revoke_wait`](Idempotent::revoke_wait) for the
+//! running records: a record that waits for a store that is down is stopped, and no offset is
+//! committed past it.
 //!
 //! # Long bodies and rebalances
 //! Records run on the runtime as tasks of their own while [`KafkaConsumer::next`] keeps

@@ -90,6 +90,17 @@ impl OffsetTracker {
         commits.into_iter().collect()
     }
 
+    /// Input: a commit of `position` for `partition` that the broker refused. Output: the
+    /// position counts as not sent, so that the next commit sends it again, unless a later
+    /// position was sent meanwhile.
+    pub(crate) fn commit_failed(&mut self, partition: &Partition, position: i64) {
+        if let Some(entry) = self.partitions.get_mut(partition)
+            && entry.committed == Some(position)
+        {
+            entry.committed = Some(position - 1);
+        }
+    }
+
     /// Input: a partition taken from this consumer. Output: its records forgotten; returns the
     /// position it may still commit if that moved past its last commit.
     pub(crate) fn revoke(&mut self, partition: &Partition) -> Option<i64> {

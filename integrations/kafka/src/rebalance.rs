@@ -6,11 +6,13 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaResult;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
-use crate::Record;
 use crate::offsets::{OffsetTracker, Partition};
+use crate::{ConsumeError, Record};
 
 /// What the consumer and its rebalance callback share.
 pub(crate) struct Shared {
@@ -71,6 +73,15 @@ impl State {
         }
     }
 
+    /// Input: a commit the broker refused. Output: its offsets count as not sent.
+    pub(crate) fn commit_failed(&mut self, commits: &TopicPartitionList) {
+        for (partition, offset) in partitions(commits) {
+            if let Offset::Offset(position) = offset {
+                self.offsets.commit_failed(&partition, position);
+            }
+        }
+    }
+
     /// Every unit stopped and forgotten.
     pub(crate) fn stop_all(&mut self) {
         for (_, unit) in self.units.drain() {
@@ -79,17 +90,30 @@ impl State {
     }
 }
 
+/// The partitions of `list`, each with the offset it carries.
+pub(crate) fn partitions(list: &TopicPartitionList) -> impl Iterator<Item = (Partition, Offset)> {
+    list.elements().into_iter().map(|element| {
+        (
+            (element.topic().to_owned(), element.partition()),
+            element.offset(),
+        )
+    })
+}
+
 impl Shared {
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-/// The consumer's rebalance callback: before partitions are taken away, their running units
-/// end or are stopped, and their offsets are committed.
+/// The consumer's callbacks. Rebalance: before partitions are taken away, their running units
+/// end or are stopped, and their offsets are committed. Commit: a commit that failed is
+/// reported to the consumer's caller, and its offsets are sent again with the next commit.
 pub(crate) struct Context {
     pub(crate) shared: Arc<Shared>,
     pub(crate) revoke_wait: Duration,
+    /// Where errors go that no call is waiting for: [`KafkaConsumer::next`](crate::KafkaConsumer::next) returns them.
+    pub(crate) errors: mpsc::UnboundedSender<ConsumeError>,
 }
 
 impl ClientContext for Context {}
@@ -125,6 +149,14 @@ impl ConsumerContext for Context {
         } else {
             revoke_and_commit();
         }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        let Err(err) = result else {
+            return;
+        };
+        self.shared.lock().commit_failed(offsets);
+        let _ = self.errors.send(ConsumeError::kafka("commit", err));
     }
 }
 
@@ -221,6 +253,7 @@ mod tests {
                 ended: Condvar::new(),
             }),
             revoke_wait: Duration::ZERO,
+            errors: mpsc::unbounded_channel().0,
         };
         let pending = || tokio::spawn(std::future::pending::<()>()).abort_handle();
         let revoked_unit = {
@@ -241,5 +274,55 @@ mod tests {
         assert_eq!(state.units.len(), 1, "the new unit can still be stopped");
         state.unit_ended(&p0(), 0, again);
         assert_eq!(state.offsets.take_commits(), [(p0(), 1)]);
+    }
+
+    /// An asynchronous commit's answer arrives in a later poll, through the callback: a
+    /// refused one reaches the caller as an error, and its offset is sent again with the
+    /// next commit instead of being counted as done.
+    #[test]
+    fn a_refused_commit_is_reported_and_sent_again() {
+        let (errors, mut reported) = mpsc::unbounded_channel();
+        let context = Context {
+            shared: Arc::new(Shared {
+                state: Mutex::default(),
+                ended: Condvar::new(),
+            }),
+            revoke_wait: Duration::ZERO,
+            errors,
+        };
+        let mut sent = TopicPartitionList::new();
+        {
+            let mut state = context.shared.lock();
+            state.offsets.received(&p0(), 0);
+            state.offsets.finished(&p0(), 0);
+            for ((topic, partition), position) in state.offsets.take_commits() {
+                sent.add_partition_offset(&topic, partition, Offset::Offset(position))
+                    .unwrap();
+            }
+        }
+        context.commit_callback(Ok(()), &sent);
+        assert!(reported.try_recv().is_err(), "a commit that succeeded");
+        let refused = rdkafka::error::KafkaError::ConsumerCommit(
+            rdkafka::types::RDKafkaErrorCode::RebalanceInProgress,
+        );
+        context.commit_callback(Err(refused), &sent);
+        let err = reported
+            .try_recv()
+            .expect("the refused commit was reported");
+        assert!(
+            matches!(
+                &err,
+                ConsumeError::Kafka {
+                    action: "commit",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(
+            context.shared.lock().offsets.take_commits(),
+            [(p0(), 1)],
+            "the refused offset is sent again"
+        );
     }
 }

@@ -1,8 +1,13 @@
 //! [`Record`]: one Kafka record, owned, as a body sees it; [`BadRecord`]: a record a body cannot
 //! use.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
 use rdkafka::Message;
 use rdkafka::message::{BorrowedMessage, Headers};
+
+/// A header's name and value, copied out of the client.
+type OwnedHeader = (String, Option<Vec<u8>>);
 
 /// One record of a topic, copied out of the client: its place (topic, partition, offset), its
 /// key, payload and headers.
@@ -27,7 +32,9 @@ pub struct Record {
     offset: i64,
     key: Option<Vec<u8>>,
     payload: Option<Vec<u8>>,
-    headers: Vec<(String, Option<Vec<u8>>)>,
+    headers: Vec<OwnedHeader>,
+    /// The positions of the headers whose names are not UTF-8, which rdkafka cannot read.
+    unreadable_headers: Vec<usize>,
 }
 
 impl Record {
@@ -41,6 +48,7 @@ impl Record {
             key: None,
             payload: None,
             headers: Vec::new(),
+            unreadable_headers: Vec::new(),
         }
     }
 
@@ -66,15 +74,7 @@ impl Record {
     }
 
     pub(crate) fn from_message(message: &BorrowedMessage<'_>) -> Self {
-        let headers = message
-            .headers()
-            .map(|headers| {
-                headers
-                    .iter()
-                    .map(|header| (header.key.to_owned(), header.value.map(<[u8]>::to_vec)))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let (headers, unreadable_headers) = message.headers().map(read_headers).unwrap_or_default();
         Self {
             topic: message.topic().to_owned(),
             partition: message.partition(),
@@ -82,7 +82,27 @@ impl Record {
             key: message.key().map(<[u8]>::to_vec),
             payload: message.payload().map(<[u8]>::to_vec),
             headers,
+            unreadable_headers,
         }
+    }
+
+    /// Why the record cannot be used as it came, before any body sees it: a header whose name
+    /// is not UTF-8.
+    pub(crate) fn unreadable(&self) -> Option<BadRecord> {
+        let positions: Vec<String> = self
+            .unreadable_headers
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        (!positions.is_empty()).then(|| {
+            BadRecord::new(
+                self,
+                format!(
+                    "the name of its header at position {} is not UTF-8",
+                    positions.join(", ")
+                ),
+            )
+        })
     }
 
     /// The topic the record was read from.
@@ -158,6 +178,32 @@ impl Record {
             )
         })
     }
+}
+
+/// Input: a polled record's headers. Output: those whose names are UTF-8, in order, and the
+/// positions of the others.
+///
+/// Every way rdkafka offers to read a header (`get`, `try_get`, `get_as`, `iter`) decodes its
+/// name with `str::from_utf8(..).unwrap()`, and reading the bytes around it needs `unsafe`,
+/// which this workspace forbids. A name that is not UTF-8 is a panic inside rdkafka, caught
+/// here header by header; the panic hook still reports it (to stderr by default), and under
+/// `panic = "abort"` it ends the process.
+fn read_headers<H: Headers>(headers: &H) -> (Vec<OwnedHeader>, Vec<usize>) {
+    let mut readable = Vec::with_capacity(headers.count());
+    let mut unreadable = Vec::new();
+    for position in 0..headers.count() {
+        let header = catch_unwind(AssertUnwindSafe(|| {
+            headers
+                .try_get(position)
+                .map(|header| (header.key.to_owned(), header.value.map(<[u8]>::to_vec)))
+        }));
+        match header {
+            Ok(Some(header)) => readable.push(header),
+            Ok(None) => {}
+            Err(_) => unreadable.push(position),
+        }
+    }
+    (readable, unreadable)
 }
 
 /// A record the body's closure refused before running anything (a payload that does not

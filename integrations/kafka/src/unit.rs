@@ -59,8 +59,12 @@ where
     E: std::fmt::Display,
 {
     let mut tries = Tries::default();
-    let outcome = match idempotent.key.key(&record) {
-        Err(missing) => Err(Rejection::MissingKey(missing)),
+    let key = match record.unreadable() {
+        Some(bad) => Err(Rejection::BadRecord(bad)),
+        None => idempotent.key.key(&record).map_err(Rejection::MissingKey),
+    };
+    let outcome = match key {
+        Err(rejection) => Err(rejection),
         Ok(key) => loop {
             let future = match body(&record) {
                 Ok(future) => future,

@@ -26,6 +26,11 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use redis::AsyncCommands;
 
+#[path = "kafka/edges.rs"]
+mod edges;
+#[path = "kafka/raw.rs"]
+mod raw;
+
 const LOCK_TTL: Duration = Duration::from_secs(2);
 const BACKOFF: Backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(100));
 /// How long a test waits for what must happen; a failure, not a pause.
