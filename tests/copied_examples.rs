@@ -20,6 +20,7 @@ mod copied {
         ("idempotask-http", "integrations/http"),
         ("idempotask-redis-streams", "integrations/redis-streams"),
         ("idempotask-sqs", "integrations/sqs"),
+        ("idempotask-kafka", "integrations/kafka"),
     ];
 
     /// The `[dependencies]` block an example's header lists, with the crates of this workspace
@@ -430,6 +431,11 @@ mod copied {
     #[test]
     fn sqs_worker_compiles_alone() {
         compiles_alone("sqs_worker");
+    }
+
+    #[test]
+    fn kafka_worker_compiles_alone() {
+        compiles_alone("kafka_worker");
     }
 
     #[test]
