@@ -13,7 +13,7 @@ use crate::context::{Fence, Lease, TaskContext};
 use crate::error::{Error, contended, held_in_doubt};
 use crate::observe::{self, Ending, Observation};
 use crate::outcome::{Outcome, Report};
-use crate::store::{Begin, StoreError, TransactionScope};
+use crate::store::{Begin, Store, StoreError, TransactionScope};
 use crate::unit::LockToken;
 
 /// The validity a transactional execution's context reports: its lock is the transaction's,
@@ -50,8 +50,13 @@ impl Call<'_> {
     ///   running their effects again. The marker alone commits with the body's writes. A step
     ///   whose record cannot be written answers [`Error::Step`] with
     ///   [`StepErrorKind::Unrecorded`](crate::StepErrorKind::Unrecorded); a body that
-    ///   returns it rolls back, and the next delivery runs that step again (a transaction
-    ///   leaves no lock behind to keep the unit in doubt).
+    ///   returns it rolls back. A transaction leaves no lock behind to lapse into doubt, so a
+    ///   step store that keeps a trace of its own answers the next delivery's journal in
+    ///   doubt (`idempotask-postgres` keeps an attempt): that step then gets its policy, as
+    ///   after a plain holder's crash, and so does a step whose worker died mid-effect.
+    ///   Without one, the next delivery runs that step again. A body that returns an error
+    ///   cleanly leaves no doubt: once the transaction rolled back, the step store is told
+    ///   (its `release`).
     ///
     /// # Errors
     /// The body's own error, or an [`Error`] converted into `E`: [`Error::Store`] when the
@@ -171,6 +176,7 @@ impl Call<'_> {
             Ok(value) => value,
             Err(err) => {
                 transaction.abort().await;
+                Self::close_steps(&unit, &lease).await;
                 return Err(self.body_failed(err, &unit, &lease));
             }
         };
@@ -186,6 +192,33 @@ impl Call<'_> {
             attempts,
             in_doubt: in_doubt.map(|doubt| *doubt),
         })
+    }
+
+    /// Tells the step store that this execution ended cleanly, its transaction rolled back:
+    /// no step's effect is half done, so a later execution need not find one in doubt (see
+    /// [`TransactionScope::step_store`]). Not when a step held the unit, nor when the doubt
+    /// the journal came with is not settled: the next execution must find it. A close that
+    /// fails leaves the step in doubt, the safe side: it is logged.
+    async fn close_steps(unit: &crate::unit::UnitOfWork, lease: &Lease) {
+        let Some(fence) = lease.fence() else {
+            return;
+        };
+        let settled = !lease.holds()
+            && !lease
+                .steps
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .leaves_doubt();
+        if !settled {
+            return;
+        }
+        if let Err(err) = fence.store().release(unit, fence.token()).await {
+            tracing::warn!(
+                task = unit.task(),
+                error = %err,
+                "a transactional execution ended cleanly but its step store was not told: its next delivery finds its next step in doubt"
+            );
+        }
     }
 
     /// Lets the body's steps run when the scope records them: outside the transaction, so

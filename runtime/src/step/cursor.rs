@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use crate::store::Doubt;
+
 /// How many steps a body may record, unless its task says otherwise
 /// ([`Task::max_steps`](crate::Task::max_steps)).
 pub const DEFAULT_MAX_STEPS: u32 = 100;
@@ -17,8 +19,23 @@ pub const DEFAULT_MAX_STEP_BYTES: usize = 64 * 1024;
 pub(crate) struct Cursor {
     /// The journal as the store answered it at the body's first step; `None` until then.
     pub(super) recorded: Option<Vec<Vec<u8>>>,
+    /// The doubt the store answered with the journal: an earlier execution died with it as
+    /// it is, so the step after its last entry is in doubt.
+    pub(super) doubt: Option<Doubt>,
     pub(super) next: u32,
     pub(super) running: bool,
+}
+
+impl Cursor {
+    /// Whether the journal came with a doubt that no step has settled: the body did not get
+    /// past the step in doubt (it held, or its rerun or reconcile failed, or it never got
+    /// there). Such an execution's end must leave the doubt for the next one.
+    pub(crate) fn leaves_doubt(&self) -> bool {
+        let Some(recorded) = &self.recorded else {
+            return false;
+        };
+        self.doubt.is_some() && self.next as usize <= recorded.len()
+    }
 }
 
 /// The settings a call's steps run with, set once with the call's fence

@@ -23,7 +23,8 @@ pub enum StepErrorKind {
     Unsupported,
     /// The step's effect happened but the store did not confirm its record (it failed or did
     /// not answer). The call keeps the unit in doubt instead of releasing it; inside a
-    /// database transaction, which leaves no lock behind, it rolls back, and the next
-    /// delivery runs the step again.
+    /// database transaction it rolls back, and the next delivery finds the step in doubt when
+    /// the transaction's step store keeps an attempt (`idempotask-postgres` does), or runs it
+    /// again when it keeps none.
     Unrecorded,
 }

@@ -263,7 +263,9 @@ impl TaskContext {
             }
             tokio::time::sleep(STORE_RETRY_BACKOFF.delay(failures)).await;
         };
-        self.cursor().recorded = Some(journal.into_entries());
+        let mut cursor = self.cursor();
+        cursor.doubt = journal.doubt();
+        cursor.recorded = Some(journal.into_entries());
         Ok(())
     }
 
@@ -295,6 +297,7 @@ impl TaskContext {
         // The first step the journal lacks is the one a holder that died may have started.
         let doubt = self
             .in_doubt()
+            .or(cursor.doubt)
             .filter(|_| position as usize == recorded.len());
         Ok(Turn::Run {
             position,

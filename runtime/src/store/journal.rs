@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::doubt::Doubt;
+
 /// The encoded entries of a unit's finished steps, in the order its body ran them.
 ///
 /// A store hands the journal back with every grant ([`Begin::Acquired`](super::Begin)), so
@@ -18,32 +20,66 @@ use std::time::Duration;
 /// assert!(Journal::default().is_empty());
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Journal(Vec<Vec<u8>>);
+pub struct Journal {
+    entries: Vec<Vec<u8>>,
+    doubt: Option<Doubt>,
+}
 
 impl Journal {
     /// A journal of these entries, first step first.
     pub fn from_entries(entries: Vec<Vec<u8>>) -> Self {
-        Self(entries)
+        Self {
+            entries,
+            doubt: None,
+        }
+    }
+
+    /// This journal, read by a holder that learned with it that an earlier execution died
+    /// while it held the unit, with this journal as it left it: the step after its last entry
+    /// is in doubt, and gets its step's policy
+    /// ([`TaskContext::step_or_hold`](crate::TaskContext::step_or_hold), …). What a store
+    /// whose lock leaves no trace of a dead holder (a database transaction's) answers from
+    /// the [step store of a transaction](super::TransactionScope::step_store); a store whose
+    /// lock lapses into doubt answers that doubt with the grant instead
+    /// ([`Begin::Acquired`](super::Begin)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotask::store::{Doubt, Journal};
+    /// let doubt = Doubt::new(None, Duration::from_secs(3));
+    /// let journal = Journal::from_entries(vec![b"first".to_vec()]).in_doubt(doubt);
+    /// assert_eq!(journal.doubt(), Some(doubt));
+    /// assert_eq!(Journal::default().doubt(), None);
+    /// ```
+    #[must_use]
+    pub fn in_doubt(mut self, doubt: Doubt) -> Self {
+        self.doubt = Some(doubt);
+        self
+    }
+
+    /// The doubt the store found with this journal (see [`in_doubt`](Self::in_doubt)).
+    pub fn doubt(&self) -> Option<Doubt> {
+        self.doubt
     }
 
     /// The entries, first step first.
     pub fn entries(&self) -> &[Vec<u8>] {
-        &self.0
+        &self.entries
     }
 
     /// How many steps are recorded.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.entries.len()
     }
 
     /// Whether no step is recorded (a unit without steps, or none finished yet).
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.entries.is_empty()
     }
 
     /// The entries, to keep.
     pub fn into_entries(self) -> Vec<Vec<u8>> {
-        self.0
+        self.entries
     }
 }
 

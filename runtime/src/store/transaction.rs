@@ -137,6 +137,15 @@ pub trait TransactionScope: Send {
     ///   the unit (what [`TaskContext::fence`](crate::TaskContext::fence) asks).
     /// - The marker stays the transaction's: [`commit`](Self::commit) writes it, and the
     ///   journal is left to run out, as [`Store::finish`](crate::store::Store::finish) may.
+    /// - The transaction's lock leaves no trace when its worker dies: a store that keeps a
+    ///   trace of its own (an attempt, written at the body's first `read_journal`) answers
+    ///   the next holder's `read_journal` [in doubt](crate::store::Journal::in_doubt) when the
+    ///   earlier execution died in its steps, so that the step after the journal's last entry
+    ///   gets its policy. Its [`release`](crate::store::Store::release) is then called once
+    ///   the transaction was rolled back after the body ended cleanly with no step in doubt
+    ///   (an `Err`, no step holding the unit): the trace goes, since no effect is half done.
+    ///   A store that keeps none answers `release` with `Ok(false)` or an error, which the
+    ///   runner logs and otherwise ignores.
     ///
     /// # Errors
     /// When the store cannot say which transaction holds the unit; the call rolls back.

@@ -137,12 +137,9 @@ pub(super) struct Statements {
     pub(super) read_journal: SqlStr,
     /// Appends a step to the journal for the lock's holder (see [`steps::record_step`]).
     pub(super) record_step: SqlStr,
-    /// Appends a step to the journal for a holder whose lock is a caller's open transaction
-    /// (see [`steps::record_in_transaction`]).
-    pub(super) record_step_in_transaction: SqlStr,
-    /// `$3` a transaction's id: one row, `held`, whether it still runs (see
-    /// [`steps::transaction_holds`]).
-    pub(super) transaction_holds: SqlStr,
+    /// The statements of the steps of a holder whose lock is a caller's open transaction
+    /// (see [`steps::InTransaction`]).
+    pub(super) in_transaction: steps::InTransaction,
     /// `purge` on the steps table: its expired entries in a range of blocks.
     pub(super) purge_steps: SqlStr,
     /// How many blocks the steps table has now.
@@ -302,8 +299,7 @@ impl Statements {
             blocks: sql(blocks(&t)),
             read_journal: sql(steps::read_journal(&steps_table)),
             record_step: sql(steps::record_step(&t, &steps_table, &held, &bound)),
-            record_step_in_transaction: sql(steps::record_in_transaction(&steps_table, &bound)),
-            transaction_holds: sql(steps::transaction_holds()),
+            in_transaction: steps::InTransaction::new(&steps_table, &name.runs(), &bound),
             purge_steps: sql(steps::purge(&steps_table)),
             steps_blocks: sql(blocks(&steps_table)),
         }

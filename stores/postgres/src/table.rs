@@ -6,8 +6,8 @@ use idempotask::store::{StoreError, StoreErrorKind};
 /// The table's name when none is given.
 pub(super) const DEFAULT_TABLE: &str = "idempotask_units";
 
-/// The longest name part: the sequence adds `_fence` to it and the journal table `_steps`, and
-/// PostgreSQL identifiers end at 63 bytes.
+/// The longest name part: the sequence adds `_fence` to it, the journal table `_steps` and the
+/// attempts table `_runs`, and PostgreSQL identifiers end at 63 bytes.
 const MAX_NAME_PART: usize = 56;
 
 /// A validated `table` or `schema.table` name, and the names derived from it.
@@ -71,6 +71,11 @@ impl TableName {
         self.qualified("_steps")
     }
 
+    /// The table of the attempts of transactional executions with steps, quoted.
+    pub(super) fn runs(&self) -> String {
+        self.qualified("_runs")
+    }
+
     /// The table's name as given, for messages.
     pub(super) fn display(&self) -> String {
         match &self.schema {
@@ -100,10 +105,13 @@ impl TableName {
     ///
     /// The journals of steps are a table of their own, created here for tables of earlier
     /// versions too (a new table locks nothing that exists): a unit without steps has no row
-    /// there, and the units table and its statements stay as they were.
+    /// there, and the units table and its statements stay as they were. So are the attempts
+    /// of transactional executions with steps (`<table>_runs`): only such an execution writes
+    /// there.
     pub(super) fn migration(&self) -> String {
         let table = self.table();
         let steps = self.steps();
+        let runs = runs_table(&self.runs());
         let table_literal = table.replace('\'', "''");
         let sequence = self.sequence();
         let sequence_literal = sequence.replace('\'', "''");
@@ -171,6 +179,7 @@ CREATE TABLE IF NOT EXISTS {steps} (
     expires_at timestamptz NOT NULL,
     PRIMARY KEY (task, key, position)
 );
+{runs}
 CREATE SEQUENCE IF NOT EXISTS {sequence};
 -- Fencing tokens start at the clock in microseconds, like those of the Redis stores, so a
 -- database that remembers the highest token it saw keeps accepting writers after a move from
@@ -183,4 +192,31 @@ SELECT setval('{sequence_literal}', greatest(
 "
         )
     }
+}
+
+/// The table of the attempts of transactional executions with steps, `runs` (see the
+/// statements' `open_attempt`).
+fn runs_table(runs: &str) -> String {
+    format!(
+        "-- The attempts of transactional executions with steps: one row per unit whose last such
+-- execution has not ended cleanly (it runs, or it died), written outside the caller's transaction at the body's first step, so that the next
+-- execution learns that one died in its steps (its transaction no longer in progress and
+-- not committed) and puts the step after the journal's last entry in doubt.
+CREATE TABLE IF NOT EXISTS {runs} (
+    task        text        NOT NULL,
+    key         bytea       NOT NULL,
+    -- The attempt's transaction (`pg_current_xact_id()` as a bigint) and fencing token.
+    xid         bigint      NOT NULL,
+    fence       bigint,
+    started_at  timestamptz NOT NULL,
+    -- The doubt memory: past it, the row counts as absent.
+    expires_at  timestamptz NOT NULL,
+    -- The earliest execution that died unsettled (its fencing token and start), carried by
+    -- every execution after it until one settles the step in doubt (NULL: none died).
+    doubt_fence bigint,
+    doubt_since timestamptz,
+    PRIMARY KEY (task, key)
+);
+"
+    )
 }

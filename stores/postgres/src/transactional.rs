@@ -7,6 +7,7 @@
 //! the writes and the marker visible at once; a rollback, an `Err`, a panic, a dropped future or
 //! a dead worker leaves neither.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use idempotask::store::{Begin, Fencing, SharedStore, StoreError, TransactionScope};
@@ -15,9 +16,9 @@ use sqlx::postgres::{PgConnection, Postgres};
 
 use crate::PostgresStore;
 use crate::errors::store_error;
-use crate::rows::{fence_param, millis};
+use crate::rows::{fence_param, memory_micros, millis};
 use crate::store::BeginStatements;
-use crate::transaction_steps::TransactionSteps;
+use crate::transaction_steps::{Attempt, TransactionSteps, close_attempt};
 
 /// One PostgreSQL transaction in which a call takes its unit's row, runs its body and commits
 /// the marker: what [`Call::run_in_transaction`](idempotask::Call::run_in_transaction) is given.
@@ -73,6 +74,8 @@ pub struct PostgresTransaction<'s> {
     transaction: sqlx::Transaction<'static, Postgres>,
     /// The transaction's id, as the statement that took the unit read it.
     xid: Option<i64>,
+    /// The attempt its steps open, if the body runs any (see `TransactionSteps`).
+    attempt: Attempt,
 }
 
 impl PostgresStore {
@@ -86,6 +89,7 @@ impl PostgresStore {
             store: self,
             transaction,
             xid: None,
+            attempt: Attempt::default(),
         }
     }
 }
@@ -125,6 +129,10 @@ impl TransactionScope for PostgresTransaction<'_> {
         .await
         .map_err(|err| store_error("begin", self.store.table(), err))?;
         self.xid = xid;
+        if let Begin::Acquired { fencing_token, .. } = &answer {
+            self.attempt.fence = fencing_token.and_then(|fence| i64::try_from(fence).ok());
+            self.attempt.memory_us = memory_micros(token);
+        }
         Ok(answer)
     }
 
@@ -141,8 +149,11 @@ impl TransactionScope for PostgresTransaction<'_> {
     ) -> Result<(), StoreError> {
         let store = self.store;
         let completed = store
-            .run(
-                "complete",
+            .run("complete", async {
+                // The attempt goes with the commit: committed, the execution ended cleanly.
+                if let (true, Some(xid)) = (self.attempt.opened.load(Ordering::Acquire), self.xid) {
+                    close_attempt(store, &mut self.transaction, unit, xid).await?;
+                }
                 complete(
                     store,
                     &mut self.transaction,
@@ -150,8 +161,9 @@ impl TransactionScope for PostgresTransaction<'_> {
                     token,
                     marker,
                     result_ttl,
-                ),
-            )
+                )
+                .await
+            })
             .await;
         if let Err(err) = completed {
             let _ = self.transaction.rollback().await;
@@ -176,9 +188,12 @@ impl TransactionScope for PostgresTransaction<'_> {
                     .await?
             }
         };
+        // The id read here is the one the commit closes the attempt with.
+        self.xid = Some(xid);
         Ok(Some(SharedStore::new(TransactionSteps {
             store: store.clone(),
             xid,
+            attempt: self.attempt.clone(),
         })))
     }
 

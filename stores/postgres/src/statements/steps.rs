@@ -11,6 +11,10 @@
 //! unit without steps costs what it did. `forget`, the operator's `forget_exact` and
 //! `inspect` do (see [`forgotten_journal`] and [`inspect`]).
 
+use std::sync::Arc;
+
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
 use super::fragments::{LEFT_MS, doubt_us, present};
 
 /// `$1` task, `$2` key: the unit's journal, rows `(position, entry)` in order.
@@ -105,6 +109,95 @@ fn appended_for_holder(s: &str, at: [&str; 3]) -> String {
     )
 }
 
+/// The statements of the steps of a holder whose lock is a caller's open transaction
+/// (transactional completion), built once per store.
+#[derive(Debug, Clone)]
+pub(crate) struct InTransaction {
+    /// Appends a step to the journal (see [`record_in_transaction`]).
+    pub(crate) record: SqlStr,
+    /// `$1` a transaction's id: one row, `held`, whether it still runs (see
+    /// [`transaction_holds`]).
+    pub(crate) holds: SqlStr,
+    /// Opens the execution's attempt (see [`open_attempt`]).
+    pub(crate) open_attempt: SqlStr,
+    /// `$1` task, `$2` key, `$3` the transaction's id: deletes the attempt of that transaction,
+    /// an execution that ended cleanly (sent inside the transaction at its commit, on the
+    /// store's own connection after its rollback).
+    pub(crate) close_attempt: SqlStr,
+}
+
+impl InTransaction {
+    /// The statements on the steps table `s` and the attempts table `r`.
+    pub(super) fn new(s: &str, r: &str, bound: &str) -> Self {
+        let sql = |text: String| AssertSqlSafe(Arc::<str>::from(text)).into_sql_str();
+        Self {
+            record: sql(record_in_transaction(s, bound)),
+            holds: sql(transaction_holds()),
+            open_attempt: sql(open_attempt(r, bound)),
+            close_attempt: sql(format!(
+                "DELETE FROM {r} WHERE task = $1 AND key = $2 AND xid = $3"
+            )),
+        }
+    }
+}
+
+/// Opens the attempt of a transactional execution at its body's first step, on a connection
+/// of the store's own (outside the transaction, so that it outlives the transaction's worker):
+/// `$1` task, `$2` key, `$3` the transaction's id, `$4` its fencing token (null: none), `$5`
+/// the doubt memory in µs. One row `(opened, fence, doubt_us)`: whether the attempt is
+/// the transaction's now (only while the transaction runs and so holds the unit), and, when
+/// an earlier execution died unsettled, the fencing token of the first that did and how long
+/// ago it started (else nulls).
+///
+/// The row of the unit's earlier attempt is there only if that execution did not end cleanly:
+/// a clean end deletes it (inside the transaction that commits, or after a rollback). It died
+/// when its transaction is neither in progress nor committed (`pg_xact_status`; an id too old
+/// to tell counts as not committed: the safe side), unless its doubt memory ran out. The new
+/// attempt then carries the doubt on (the earliest death's, when that one carried one
+/// already), and its expiry, so that a doubt is remembered for the doubt memory from the
+/// start of the first execution that died, however often it is delivered again; until an
+/// execution settles the step in doubt and ends cleanly. A committed
+/// earlier attempt left no doubt: its commit recorded the unit's result.
+///
+/// Two executions of one unit never send it at once: each holds the unit's row in its
+/// transaction while its body runs, and the next waits on that row until it ends. The same
+/// statement sent again by the same transaction (its reply lost) finds its own row and
+/// answers the doubt that row carries.
+fn open_attempt(r: &str, bound: &str) -> String {
+    let holds = holds("$3");
+    let died = "a.expires_at > statement_timestamp() AND (a.doubt_since IS NOT NULL
+                OR pg_xact_status(a.xid::text::xid8) IS DISTINCT FROM 'committed')";
+    format!(
+        "WITH earlier AS (
+            SELECT a.doubt_fence, a.doubt_since FROM {r} a
+            WHERE a.task = $1 AND a.key = $2 AND a.xid = $3 AND {holds}
+        ), opened AS (
+            INSERT INTO {r} AS a (task, key, xid, fence, started_at, expires_at)
+            SELECT $1, $2, $3, $4::bigint, statement_timestamp(),
+                   statement_timestamp() + $5::bigint * interval '1 microsecond'
+            WHERE {holds} AND {bound}
+            ON CONFLICT (task, key) DO UPDATE SET
+                xid = excluded.xid,
+                fence = excluded.fence,
+                started_at = excluded.started_at,
+                expires_at = CASE WHEN {died} THEN least(a.expires_at, excluded.expires_at)
+                    ELSE excluded.expires_at END,
+                doubt_fence = CASE WHEN {died} THEN
+                    CASE WHEN a.doubt_since IS NULL THEN a.fence ELSE a.doubt_fence END END,
+                doubt_since = CASE WHEN {died} THEN coalesce(a.doubt_since, a.started_at) END
+            WHERE a.xid <> excluded.xid
+            RETURNING a.doubt_fence, a.doubt_since
+        ), answer AS (
+            SELECT o.doubt_fence, o.doubt_since FROM opened o
+            UNION ALL SELECT e.doubt_fence, e.doubt_since FROM earlier e
+        )
+        SELECT EXISTS (SELECT 1 FROM answer) AS opened,
+               (SELECT n.doubt_fence FROM answer n) AS fence,
+               (SELECT (extract(epoch FROM statement_timestamp() - n.doubt_since)
+                        * 1000000)::bigint FROM answer n) AS doubt_us"
+    )
+}
+
 /// [`record_step`] for a holder whose lock is a caller's open transaction (transactional
 /// completion), sent on a connection of the store's own: `$1` task, `$2` key, `$3` the
 /// transaction's id (`pg_current_xact_id()` as a bigint), `$4` the entry's position, `$5` the
@@ -122,7 +215,7 @@ fn appended_for_holder(s: &str, at: [&str; 3]) -> String {
 /// written as `record_step` writes it, by position, so that a record of a holder whose
 /// transaction ended while the statement ran cannot replace an entry of the next holder's,
 /// nor extend a journal past a gap. No lock is renewed: the transaction's lasts until it ends.
-pub(super) fn record_in_transaction(s: &str, bound: &str) -> String {
+fn record_in_transaction(s: &str, bound: &str) -> String {
     let (holds, append) = (holds("$3"), appended_for_holder(s, ["$4", "$5", "$6"]));
     format!(
         "WITH holder AS (
@@ -134,7 +227,7 @@ pub(super) fn record_in_transaction(s: &str, bound: &str) -> String {
 
 /// Whether the transaction `$1` (its id, as for [`record_in_transaction`]) is still
 /// running, and so still holds the unit it took: the fence of a transactional holder.
-pub(super) fn transaction_holds() -> String {
+fn transaction_holds() -> String {
     format!("SELECT {} AS held", holds("$1"))
 }
 
@@ -143,9 +236,9 @@ fn holds(xid: &str) -> String {
     format!("pg_xact_status({xid}::bigint::text::xid8) = 'in progress'")
 }
 
-/// The part of `forget` and `forget_exact` that deletes the unit's journal once its marker is
-/// forgotten (the rows `dropped` or `freed` of the statement): a unit forgotten on purpose
-/// runs every step again. A marker is written after the journal's last record and kept for at
+/// The part of `forget`, `forget_exact` and `resolve_free_discarding` that deletes the unit's
+/// journal once its marker is forgotten or its lock in doubt freed (the rows `dropped` or
+/// `freed` of the statement): a unit forgotten or discarded on purpose runs every step again. A marker is written after the journal's last record and kept for at
 /// least as long, so the journal of a unit that keeps its marker runs out first on its own;
 /// nothing else deletes it.
 pub(super) fn forgotten_journal(s: &str) -> String {

@@ -51,8 +51,9 @@ fn row_lock_waits_are_bounded_outside_transactions_only() {
         ("record_step", &statements.record_step),
         (
             "record_step_in_transaction",
-            &statements.record_step_in_transaction,
+            &statements.in_transaction.record,
         ),
+        ("open_attempt", &statements.in_transaction.open_attempt),
     ] {
         assert!(sql.as_str().contains(&bounded), "{name}");
     }
@@ -287,9 +288,22 @@ fn a_step_inside_a_transaction_never_names_the_units_row() {
         &TableName::parse("units").unwrap(),
         Duration::from_millis(800),
     );
-    let record = statements.record_step_in_transaction.as_str();
+    let record = statements.in_transaction.record.as_str();
     assert!(!record.contains("units u"), "{record}");
     assert!(!record.contains("FOR NO KEY UPDATE"), "{record}");
     assert!(record.contains("pg_xact_status($3"), "{record}");
     assert!(record.contains("OR s.entry = excluded.entry"));
+    let units = TableName::parse("units").unwrap();
+    assert_eq!(units.runs(), r#""units_runs""#);
+    assert!(
+        units
+            .migration()
+            .contains(r#"CREATE TABLE IF NOT EXISTS "units_runs" ("#)
+    );
+    let in_transaction = &statements.in_transaction;
+    for attempt in [&in_transaction.open_attempt, &in_transaction.close_attempt] {
+        let attempt = attempt.as_str();
+        assert!(!attempt.contains(r#""units" "#), "{attempt}");
+        assert!(attempt.contains(r#""units_runs""#), "{attempt}");
+    }
 }

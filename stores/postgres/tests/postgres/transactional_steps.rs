@@ -3,12 +3,15 @@
 //! the marker alone commits with the body's writes. A transaction that took over an existing
 //! row holds that row's lock while its steps record, and a record that waited on it would never
 //! end; a record that cannot be written fails the step closed; and all of it works for the
-//! least-privileged user the deployment notes give.
+//! least-privileged user the deployment notes give. An execution that dies in its steps (its
+//! connection cut, its worker gone) leaves its attempt behind: the next one finds the step it
+//! may have started in doubt and applies that step's policy, once, however many deliveries
+//! race; one that ends cleanly leaves no doubt.
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
-use idempotask::StepErrorKind;
+use idempotask::{Reconciled, StepErrorKind};
 
 static STEPPED: Task = Task::new("pg_tx_steps");
 static FENCED: Task = Task::new("pg_tx_steps_fenced").fencing(true);
@@ -26,7 +29,8 @@ struct Effects {
 async fn least_privileged(server: &PostgresServer, owner: &PgPool, name: &str) -> String {
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "CREATE ROLE {name} LOGIN;
-         GRANT SELECT, INSERT, UPDATE, DELETE ON idempotask_units, idempotask_units_steps TO {name};
+         GRANT SELECT, INSERT, UPDATE, DELETE
+             ON idempotask_units, idempotask_units_steps, idempotask_units_runs TO {name};
          GRANT USAGE, SELECT ON SEQUENCE idempotask_units_fence TO {name};
          GRANT SELECT, INSERT ON effects TO {name};"
     )))
@@ -91,17 +95,7 @@ async fn deliver(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn a_rollback_keeps_the_steps_and_the_rerun_replays_them() {
     let server = PostgresServer::start();
-    let owner = migrated(&server).await;
-    let url = least_privileged(&server, &owner, "app").await;
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
-        .connect(&url)
-        .await
-        .unwrap();
-    let store = PostgresStore::builder(pool.clone())
-        .connect()
-        .await
-        .unwrap();
+    let (owner, pool, store) = least_privileged_store(&server, "app").await;
     let unit = UnitOfWork::new("pg_tx_steps", "order-7").unwrap();
     let ran = Effects::default();
 
@@ -195,7 +189,8 @@ pub(super) async fn a_step_does_not_wait_on_the_row_its_own_transaction_holds() 
 /// The store's own connections go away while a step's effect runs (its role may no longer log
 /// in, its sessions are ended): the record cannot be written, so the step answers `Unrecorded`,
 /// the body's transaction rolls back, and nothing is done or recorded. The next delivery, with
-/// the store back, runs the step again: a transaction leaves no lock to keep the unit in doubt.
+/// the store back, runs the step again: it is a plain `step`, in doubt, rerun (under
+/// `step_or_hold` it would hold: see `a_step_cut_off_in_its_effect_is_held`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn a_step_whose_record_cannot_be_written_fails_closed() {
     let server = PostgresServer::start();
@@ -338,4 +333,298 @@ pub(super) async fn a_transaction_that_ended_records_no_step() {
     let recorded = steps.record_step(&unit, &next, StepEntry::new(1, second, ttl), ttl);
     assert!(recorded.await.unwrap());
     transaction.abort().await;
+}
+
+static MAILED: Task = Task::new("pg_tx_doubt");
+
+/// What the second step (`mail`) does when it is in doubt.
+#[derive(Clone, Copy)]
+enum Policy {
+    Rerun,
+    Hold,
+    Reconcile,
+}
+
+/// Where a delivery dies: its transaction's backend ended from outside (`pg_terminate_backend`
+/// by the owner), or its future dropped as a killed worker's is.
+#[derive(Clone, Copy, PartialEq)]
+enum Death {
+    None,
+    BeforeTheFirstStep,
+    InTheMailsEffect,
+    DroppedInTheMailsEffect,
+    AfterTheLastStep,
+}
+
+/// How often the steps' effects and the reconcile function ran.
+#[derive(Default)]
+struct Mailer {
+    charges: AtomicUsize,
+    mails: AtomicUsize,
+    reconciled: AtomicUsize,
+    /// Told when a dropped delivery is inside the mail's effect.
+    dying: tokio::sync::Notify,
+}
+
+/// One transactional delivery of `key`, run by the least-privileged `pool`: an effect row
+/// written in the transaction, a charge, `ends`, then a mail under `policy` (its reconcile
+/// function answers from the charge, the mail's input). `owner` ends the transaction's
+/// backend where `death` says.
+#[expect(clippy::too_many_arguments, reason = "one knob per scenario")]
+async fn mail(
+    store: &PostgresStore,
+    pool: &PgPool,
+    owner: &PgPool,
+    key: &str,
+    ran: &Mailer,
+    policy: Policy,
+    death: Death,
+    ends: Result<(), &'static str>,
+) -> Result<String, BoxError> {
+    let kill = async |pid: i32| -> Result<(), BoxError> {
+        // Waits until the backend is gone: its transaction is over when the effect returns.
+        sqlx::query("SELECT pg_terminate_backend($1, 30000)")
+            .bind(pid)
+            .execute(owner)
+            .await?;
+        Ok(())
+    };
+    let transaction = pool.begin().await?;
+    MAILED
+        .call(key)
+        .run_in_transaction(store.transaction(transaction), async |db| {
+            let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                .fetch_one(&mut *db)
+                .await?;
+            write_effect(db, key, 1).await?;
+            if death == Death::BeforeTheFirstStep {
+                kill(pid).await?;
+            }
+            let ctx = idempotask::context().expect("inside a task");
+            let charge: usize = ctx
+                .step("charge", async {
+                    Ok::<_, BoxError>(ran.charges.fetch_add(1, Ordering::SeqCst) + 1)
+                })
+                .await?;
+            ends?;
+            let effect = async {
+                ran.mails.fetch_add(1, Ordering::SeqCst);
+                match death {
+                    Death::InTheMailsEffect => kill(pid).await?,
+                    Death::DroppedInTheMailsEffect => {
+                        ran.dying.notify_one();
+                        std::future::pending::<()>().await;
+                    }
+                    _ => {}
+                }
+                Ok::<_, BoxError>(format!("receipt for charge {charge}"))
+            };
+            let receipt: String = match policy {
+                Policy::Rerun => ctx.step("mail", effect).await?,
+                Policy::Hold => ctx.step_or_hold("mail", effect).await?,
+                Policy::Reconcile => {
+                    let reconcile = || async {
+                        ran.reconciled.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, BoxError>(Reconciled::Done(format!("found for charge {charge}")))
+                    };
+                    ctx.step_or_reconcile("mail", reconcile, effect).await?
+                }
+            };
+            if death == Death::AfterTheLastStep {
+                kill(pid).await?;
+            }
+            write_effect(db, key, 2).await?;
+            Ok(receipt)
+        })
+        .await
+}
+
+/// The owner's pool, the least-privileged user's pool and its store.
+async fn least_privileged_store(
+    server: &PostgresServer,
+    name: &str,
+) -> (PgPool, PgPool, PostgresStore) {
+    let owner = migrated(server).await;
+    let url = least_privileged(server, &owner, name).await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(6)
+        .connect(&url)
+        .await
+        .unwrap();
+    let store = PostgresStore::builder(pool.clone())
+        .connect()
+        .await
+        .unwrap();
+    (owner, pool, store)
+}
+
+/// Whether `result` is the refusal of a unit held in doubt.
+fn is_held(result: &Result<String, BoxError>) -> bool {
+    matches!(
+        result.as_ref().map_err(|err| err.downcast_ref::<Error>()),
+        Err(Some(Error::InDoubt { .. }))
+    )
+}
+
+/// A delivery whose transaction's backend is ended while the mail's effect runs leaves the
+/// mail in doubt: under `step_or_hold` the next delivery, and every one after it, is refused
+/// with `Error::InDoubt` without mailing again, and nothing of theirs commits. So is one whose
+/// worker died there (its call future dropped, its transaction rolled back as its connection
+/// goes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn a_step_cut_off_in_its_effect_is_held() {
+    let server = PostgresServer::start();
+    let (owner, pool, store) = least_privileged_store(&server, "holder").await;
+    let ran = Mailer::default();
+    let deliver = |key, death| {
+        mail(
+            &store,
+            &pool,
+            &owner,
+            key,
+            &ran,
+            Policy::Hold,
+            death,
+            Ok(()),
+        )
+    };
+
+    let cut = deliver("cut", Death::InTheMailsEffect).await;
+    assert!(cut.is_err(), "{cut:?}");
+    assert_eq!(ran.mails.load(Ordering::SeqCst), 1);
+    for _ in 0..2 {
+        let held = deliver("cut", Death::None).await;
+        assert!(is_held(&held), "{held:?}");
+    }
+    assert_eq!(
+        ran.mails.load(Ordering::SeqCst),
+        1,
+        "the mail in doubt ran again"
+    );
+    assert_eq!(
+        ran.charges.load(Ordering::SeqCst),
+        1,
+        "the charge ran again"
+    );
+    assert_eq!(effects(&owner, "cut").await, 0, "a held delivery committed");
+
+    let dropped = deliver("dropped", Death::DroppedInTheMailsEffect);
+    tokio::select! {
+        ended = dropped => panic!("the delivery ended: {ended:?}"),
+        () = ran.dying.notified() => {}
+    }
+    let held = deliver("dropped", Death::None).await;
+    assert!(is_held(&held), "{held:?}");
+    assert_eq!(
+        ran.mails.load(Ordering::SeqCst),
+        2,
+        "the dropped mail ran again"
+    );
+    let unit = UnitOfWork::new("pg_tx_doubt", "dropped").unwrap();
+    assert!(!store.inspect(&unit).await.unwrap().is_done());
+}
+
+/// Under `step_or_reconcile`, the next delivery after a cut asks the reconcile function, with
+/// the mail's input (the charge), instead of mailing again; its answer is recorded as the
+/// mail's and the unit commits. Under `step`, the mail runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn a_step_cut_off_in_its_effect_is_reconciled_or_rerun() {
+    let server = PostgresServer::start();
+    let (owner, pool, store) = least_privileged_store(&server, "reconciler").await;
+    let ran = Mailer::default();
+    let deliver =
+        |key, policy, death| mail(&store, &pool, &owner, key, &ran, policy, death, Ok(()));
+
+    let cut = deliver("reconciled", Policy::Reconcile, Death::InTheMailsEffect).await;
+    assert!(cut.is_err(), "{cut:?}");
+    let found = deliver("reconciled", Policy::Reconcile, Death::None).await;
+    assert_eq!(found.unwrap(), "found for charge 1");
+    assert_eq!(ran.reconciled.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        ran.mails.load(Ordering::SeqCst),
+        1,
+        "the mail in doubt ran again"
+    );
+    let unit = UnitOfWork::new("pg_tx_doubt", "reconciled").unwrap();
+    assert!(store.inspect(&unit).await.unwrap().is_done());
+    assert_eq!(effects(&owner, "reconciled").await, 2);
+    let replayed = deliver("reconciled", Policy::Reconcile, Death::None).await;
+    assert_eq!(replayed.unwrap(), "found for charge 1");
+    assert_eq!(ran.reconciled.load(Ordering::SeqCst), 1);
+
+    let cut = deliver("rerun", Policy::Rerun, Death::InTheMailsEffect).await;
+    assert!(cut.is_err(), "{cut:?}");
+    let rerun = deliver("rerun", Policy::Rerun, Death::None).await;
+    assert_eq!(rerun.unwrap(), "receipt for charge 2");
+    assert_eq!(
+        ran.mails.load(Ordering::SeqCst),
+        3,
+        "the rerun did not mail"
+    );
+    assert_eq!(ran.reconciled.load(Ordering::SeqCst), 1);
+}
+
+/// Two deliveries at once after a cut: the unit's row, which each takes in its transaction,
+/// lets one decide; it reconciles and commits, and the other waits for it and replays its
+/// result. The reconcile function runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn deliveries_racing_after_a_cut_decide_once() {
+    let server = PostgresServer::start();
+    let (owner, pool, store) = least_privileged_store(&server, "racer").await;
+    let ran = Mailer::default();
+    let deliver = |death| {
+        mail(
+            &store,
+            &pool,
+            &owner,
+            "raced",
+            &ran,
+            Policy::Reconcile,
+            death,
+            Ok(()),
+        )
+    };
+
+    let cut = deliver(Death::InTheMailsEffect).await;
+    assert!(cut.is_err(), "{cut:?}");
+    let (first, second) = tokio::join!(deliver(Death::None), deliver(Death::None));
+    assert_eq!(first.unwrap(), "found for charge 1");
+    assert_eq!(second.unwrap(), "found for charge 1");
+    assert_eq!(ran.reconciled.load(Ordering::SeqCst), 1, "both decided");
+    assert_eq!(ran.mails.load(Ordering::SeqCst), 1);
+    assert_eq!(effects(&owner, "raced").await, 2);
+}
+
+/// What is not in doubt: a body that returns an error after its first step (its attempt is
+/// closed, so the next delivery under `step_or_hold` mails), a cut before the first step (no
+/// attempt was opened) and a cut after the last step (the journal holds every step; the next
+/// delivery replays them and commits, mailing nothing again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn clean_errors_and_cuts_outside_the_steps_hold_nothing() {
+    let server = PostgresServer::start();
+    let (owner, pool, store) = least_privileged_store(&server, "clean").await;
+    let ran = Mailer::default();
+    let deliver =
+        |key, death, ends| mail(&store, &pool, &owner, key, &ran, Policy::Hold, death, ends);
+
+    let failed = deliver("failed", Death::None, Err("the ledger said no")).await;
+    assert_eq!(failed.unwrap_err().to_string(), "the ledger said no");
+    let done = deliver("failed", Death::None, Ok(())).await;
+    assert_eq!(done.unwrap(), "receipt for charge 1");
+    assert_eq!(ran.mails.load(Ordering::SeqCst), 1, "mailed twice");
+
+    let before = deliver("before", Death::BeforeTheFirstStep, Ok(())).await;
+    assert!(before.is_err(), "{before:?}");
+    let done = deliver("before", Death::None, Ok(())).await;
+    assert_eq!(done.unwrap(), "receipt for charge 2");
+
+    let after = deliver("after", Death::AfterTheLastStep, Ok(())).await;
+    assert!(after.is_err(), "{after:?}");
+    let done = deliver("after", Death::None, Ok(())).await;
+    assert_eq!(done.unwrap(), "receipt for charge 3");
+    assert_eq!(ran.mails.load(Ordering::SeqCst), 3, "a mail ran twice");
+    assert_eq!(ran.charges.load(Ordering::SeqCst), 3, "a charge ran twice");
+    for key in ["failed", "before", "after"] {
+        assert_eq!(effects(&owner, key).await, 2, "{key}");
+    }
 }
