@@ -1,6 +1,10 @@
 //! The PostgreSQL modes: `PostgresStore` and transactional completion against the hand-written
 //! pattern they replace (`INSERT … ON CONFLICT DO NOTHING`, then a `SELECT` for a duplicate or
-//! an `UPDATE` with the result), on one pool.
+//! an `UPDATE` with the result), on one pool. `pg-fresh`, `pg-duplicate` and `pg-transactional`
+//! use the store as users deploy it (`PostgresStore::builder(pool).connect()`: its group
+//! commit on, which `run_in_transaction`'s statements, in the caller's transaction, do not go
+//! through); `pg-fresh-ungrouped` turns the group commit off, each call's statements sent
+//! alone.
 //!
 //! Statements per task come from `pg_stat_statements` when the server preloads it
 //! (`shared_preload_libraries = pg_stat_statements`); they are left out otherwise.
@@ -9,7 +13,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use idempotask::Task;
-use idempotask::store::{BatchingStore, SharedStore};
+use idempotask::store::SharedStore;
 use idempotask_postgres::PostgresStore;
 use serde::Serialize;
 use sqlx::PgPool;
@@ -28,7 +32,7 @@ pub const MODES: [&str; 8] = [
     "pg-handwritten-fresh",
     "pg-fresh",
     "pg-handwritten-fresh",
-    "pg-fresh-batched",
+    "pg-fresh-ungrouped",
     "pg-handwritten-duplicate",
     "pg-duplicate",
     "pg-handwritten-transactional",
@@ -111,7 +115,13 @@ pub async fn run(
         .await?;
     let builder = PostgresStore::builder(pool.clone());
     builder.migrate().await?;
+    // The store as users deploy it (its group commit on), and one that sends each call's
+    // statements alone, for comparison.
     let store = builder.connect().await?;
+    let ungrouped = PostgresStore::builder(pool.clone())
+        .group_commit(false)
+        .connect()
+        .await?;
     prepare(&pool).await?;
     let statements = Statements::new(&pool).await;
     let mut measurements = Vec::new();
@@ -119,11 +129,16 @@ pub async fn run(
         for (position, mode) in MODES.into_iter().enumerate() {
             // Keys of their own for each measurement, a mode measured twice in a round too.
             let run = format!("{}-{round}-{position}", std::process::id());
+            let store = if mode == "pg-fresh-ungrouped" {
+                &ungrouped
+            } else {
+                &store
+            };
             if mode.ends_with("duplicate") {
                 // The same keys, done before the clock starts.
-                measure(mode, &pool, &store, &run, config, None).await?;
+                measure(mode, &pool, store, &run, config, None).await?;
             }
-            let m = measure(mode, &pool, &store, &run, config, Some(&statements)).await?;
+            let m = measure(mode, &pool, store, &run, config, Some(&statements)).await?;
             let m = PgMeasurement { round, ..m };
             emit(&m);
             measurements.push(m);
@@ -240,15 +255,6 @@ async fn wal_since(pool: &PgPool, before: &str) -> Result<f64, BenchError> {
     Ok(bytes)
 }
 
-/// The store `mode` calls: `store`, behind a `BatchingStore` for the batched mode.
-fn store_of(mode: &str, store: &PostgresStore) -> SharedStore {
-    if mode == "pg-fresh-batched" {
-        SharedStore::new(BatchingStore::new(store.clone()))
-    } else {
-        SharedStore::new(store.clone())
-    }
-}
-
 async fn measure(
     mode: &'static str,
     pool: &PgPool,
@@ -264,11 +270,11 @@ async fn measure(
     }
     let wal_before = wal_position(pool).await?;
     let clocks = CpuClocks::now("postgres");
-    let shared = store_of(mode, store);
+    let shared = SharedStore::new(store.clone());
     let measuring = pool.clone();
     let (pool, store) = (pool.clone(), store.clone());
     let mut timings = match mode {
-        "pg-fresh" | "pg-fresh-batched" | "pg-duplicate" => {
+        "pg-fresh" | "pg-fresh-ungrouped" | "pg-duplicate" => {
             drive(n, config.concurrency, move |id| {
                 let (shared, prefix) = (shared.clone(), Arc::clone(&prefix));
                 async move {

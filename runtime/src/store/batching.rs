@@ -34,8 +34,8 @@ const MAX_BATCH: usize = 256;
 /// lease is counted from the moment the call was made, so waiting only shortens the lease the
 /// caller counts, never lengthens it; a grant that comes back with less than the runner's
 /// floor left is released and the body does not run. Use it over a store that batches
-/// natively (`RedisStore`: one pipeline; `PostgresStore`: one statement and one commit) with
-/// many calls in flight; over a store that answers a batch one unit at a time (the trait's
+/// natively (`RedisStore`: one pipeline; `PostgresStore`: one statement and one commit, and
+/// which groups its own calls this way by default) with many calls in flight; over a store that answers a batch one unit at a time (the trait's
 /// default: `MemoryStore`, `RedisClusterStore`, `RedlockStore`) it would only put every call
 /// behind the others.
 ///
@@ -261,6 +261,31 @@ impl<S: Store> BatchingStore<S> {
     pub fn inner(&self) -> &S {
         &self.shared.store
     }
+
+    /// Waits until the batch in flight that carries a `begin` of `unit`, if any, has come
+    /// back; at once when none does. Its [`release`](Store::release) waits so before it goes
+    /// to the wrapped store, so that it cannot reach the store before the lock it releases; a
+    /// store that batches its own calls through a `BatchingStore` and releases them itself
+    /// waits the same way.
+    ///
+    /// ```
+    /// use idempotask::store::{BatchingStore, UnitOfWork};
+    /// use idempotask::MemoryStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let store = BatchingStore::new(MemoryStore::new());
+    /// // No begin of this unit is in flight: answers at once.
+    /// store.begun(&UnitOfWork::new("charge", "order-1").unwrap()).await;
+    /// # }
+    /// ```
+    pub async fn begun(&self, unit: &UnitOfWork) {
+        // Only the batch that carries this unit: a release of a unit in no batch goes at once.
+        if let Some(number) = self.shared.begins.carrying(unit) {
+            let mut back = self.shared.begins_back.subscribe();
+            // The sender lives as long as `self`: `wait_for` cannot fail while it is borrowed.
+            let _ = back.wait_for(|back| *back >= number).await;
+        }
+    }
 }
 
 impl<S: Store> Flusher<S> {
@@ -415,14 +440,7 @@ impl<S: Store> Store for BatchingStore<S> {
     }
 
     async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
-        // A begin of this unit's may be in the batch in flight: the release waits for that
-        // batch to come back, so that it cannot reach the store before the lock it releases.
-        // Only that batch: a release of a unit in no batch goes at once.
-        if let Some(number) = self.shared.begins.carrying(unit) {
-            let mut back = self.shared.begins_back.subscribe();
-            // The sender lives as long as `self`: `wait_for` cannot fail while it is borrowed.
-            let _ = back.wait_for(|back| *back >= number).await;
-        }
+        self.begun(unit).await;
         self.shared.store.release(unit, token).await
     }
 

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use idempotask::store::{Begin, Claim, Completion, Fencing, Finish, Store, UnitOfWork};
+use idempotask::store::{Begin, Claim, Completion, Fencing, Finish, UnitOfWork};
 use idempotask::store::{StoreError, StoreErrorKind};
 use sqlx::Row;
 use sqlx::postgres::{PgArguments, PgRow};
@@ -285,7 +285,7 @@ impl PostgresStore {
         }
         ask_alone(answers, &plan.alone, |at| {
             let claim = &claims[at];
-            self.begin(claim.unit, claim.token, lock_ttl, fencing)
+            self.begin_alone(claim.unit, claim.token, lock_ttl, fencing)
         })
         .await
     }
@@ -343,7 +343,7 @@ impl PostgresStore {
         }
         ask_alone(answers, &plan.alone, |at| {
             let done = &completions[at];
-            self.finish(done.unit, done.token, done.marker, result_ttl)
+            self.finish_alone(done.unit, done.token, done.marker, result_ttl)
         })
         .await
     }

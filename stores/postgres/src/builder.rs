@@ -9,7 +9,7 @@ use super::PostgresStore;
 use super::errors::store_error;
 use super::statements::Statements;
 use super::table::{DEFAULT_TABLE, TableName};
-use idempotask::store::Store;
+use idempotask::store::{BatchingStore, Store};
 use idempotask::store::{MAX_KEY_LEN, UnitOfWork};
 use idempotask::store::{StoreError, StoreErrorKind};
 
@@ -22,6 +22,7 @@ pub struct PostgresStoreBuilder {
     pub(super) response_timeout: Duration,
     pub(super) max_key_len: usize,
     pub(super) max_connections: Option<u32>,
+    pub(super) group_commit: bool,
 }
 
 /// How long a statement of the store's may wait on a row lock in the server: four fifths of
@@ -44,6 +45,7 @@ impl PostgresStore {
             response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
             max_key_len: MAX_KEY_LEN,
             max_connections: None,
+            group_commit: true,
         }
     }
 }
@@ -93,6 +95,46 @@ impl PostgresStoreBuilder {
     /// ```
     pub fn max_connections(mut self, max: u32) -> Self {
         self.max_connections = Some(max.max(1));
+        self
+    }
+
+    /// Whether the `begin`s and `finish`es of calls in flight at the same time are sent
+    /// together (default: on): group commit, as
+    /// [`BatchingStore`] does it, inside the store.
+    ///
+    /// Each statement of the store's commits on its own and waits for the WAL to be flushed
+    /// to disk, and the store's pool has few connections: one call at a time per connection,
+    /// that bounds how many commits one flush serves. Grouped, a call that finds no `begin`
+    /// (or `finish`) of the store's in flight is sent at once, alone, as it would be without
+    /// grouping, so an idle store adds no wait; the calls made while one is in flight wait for
+    /// it to come back and then go together, as one
+    /// [`begin_batch`](idempotask::store::Store::begin_batch) (one statement and one commit,
+    /// for as many units as can be taken in one; see its docs) or one
+    /// [`finish_batch`](idempotask::store::Store::finish_batch). Each call gets the answer it
+    /// would have had alone; one unit's failure, or its wait on a row lock, fails no other.
+    /// What it costs is a batch's: a call may wait for the batch in flight, and a batch's
+    /// answers come back together (see [`BatchingStore`]).
+    ///
+    /// `release`, `renew`, `inspect`, the steps and the operator's reads are never grouped
+    /// (a `release` waits for a grouped `begin` of its unit that is in flight, so that it
+    /// cannot overtake it); nor is
+    /// [`run_in_transaction`](idempotask::Call::run_in_transaction), whose statements run in
+    /// the caller's transaction and commit with it. `begin_batch` and `finish_batch` go
+    /// straight to the server, so a store behind a [`BatchingStore`] of its own (as the queue
+    /// consumers put it) sends that one's batches as they are.
+    ///
+    /// Turn it off to send each call's statements as they come, one commit each:
+    ///
+    /// ```no_run
+    /// # async fn f(pool: sqlx::PgPool) -> Result<(), idempotask::store::StoreError> {
+    /// let store = idempotask_postgres::PostgresStore::builder(pool)
+    ///     .group_commit(false)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn group_commit(mut self, on: bool) -> Self {
+        self.group_commit = on;
         self
     }
 
@@ -166,6 +208,7 @@ impl PostgresStoreBuilder {
             diagnosis: super::checkout::Diagnosis::default(),
             response_timeout: self.response_timeout,
             max_key_len: self.max_key_len,
+            group: None,
         };
         // Any unit will do: the statement fails on a missing table.
         let probe = UnitOfWork::new("idempotask", "connect-probe").map_err(|err| {
@@ -184,7 +227,8 @@ impl PostgresStoreBuilder {
             .await
             .map_err(|err| StoreError::new("connect", err.kind(), err.to_string()))?;
         warn_if_pools_overflow(&store.connections, application, max).await;
-        Ok(store)
+        let group = self.group_commit.then(|| BatchingStore::new(store.clone()));
+        Ok(PostgresStore { group, ..store })
     }
 }
 

@@ -26,6 +26,7 @@ mod checkout;
 mod errors;
 pub mod operator;
 mod rows;
+mod single;
 mod statements;
 mod steps;
 mod store;

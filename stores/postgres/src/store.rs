@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use idempotask::store::lock_lost_marker;
+use idempotask::store::BatchingStore;
 use idempotask::store::{Begin, Claim, Completion, Fencing, Finish, Inspection, Store};
 use idempotask::store::{Journal, StepEntry};
 use idempotask::store::{LockToken, UnitOfWork};
@@ -67,6 +67,14 @@ const PURGE_BLOCKS: i64 = 4096;
 /// sqlx pings each connection before handing it out unless told otherwise
 /// (`PgPoolOptions::test_before_acquire(false)`): one more round trip per statement, on the
 /// store's pool too.
+///
+/// # Group commit
+/// Every statement commits on its own and waits for the WAL to be flushed, so by default the
+/// store sends the `begin`s (and the `finish`es) of calls in flight at the same time together,
+/// as one [`begin_batch`](Store::begin_batch) (or [`finish_batch`](Store::finish_batch)): a
+/// call that finds none in flight goes at once, alone; the ones made meanwhile go together when
+/// it comes back, each with its own answer, as [`BatchingStore`] does it. Turn it off with
+/// [`group_commit(false)`](crate::PostgresStoreBuilder::group_commit).
 ///
 /// # Behaviour
 /// - Each statement gets the [response timeout](crate::PostgresStoreBuilder::response_timeout),
@@ -133,6 +141,9 @@ pub struct PostgresStore {
     pub(crate) statements: Statements,
     pub(crate) response_timeout: Duration,
     pub(crate) max_key_len: usize,
+    /// The group commit of `begin` and `finish`: the same store without one, behind a
+    /// [`BatchingStore`]; `None` when the builder turned it off (and in that inner store).
+    pub(crate) group: Option<BatchingStore<PostgresStore>>,
 }
 
 impl PostgresStore {
@@ -400,6 +411,9 @@ impl Store for PostgresStore {
         self.finish_together(completions, result_ttl).await
     }
 
+    /// Through the store's [group commit](crate::PostgresStoreBuilder::group_commit) (the
+    /// default): a call that finds no begin in flight goes at once, alone; the calls made
+    /// while one is in flight go together as one [`begin_batch`](Self::begin_batch).
     async fn begin(
         &self,
         unit: &UnitOfWork,
@@ -407,24 +421,14 @@ impl Store for PostgresStore {
         lock_ttl: Duration,
         fencing: Fencing,
     ) -> Result<Begin, StoreError> {
-        let mut connection = self.acquire("begin").await?;
-        self.run("begin", async {
-            let fresh = match fencing {
-                Fencing::On => &self.statements.begin_fresh_fenced,
-                _ => &self.statements.begin_fresh,
-            };
-            let statements = BeginStatements {
-                fresh,
-                full: &self.statements.begin,
-                take_over: &self.statements.take_over,
-            };
-            Self::begin_on(statements, &mut connection, unit, token, lock_ttl, fencing)
-                .await
-                .map(|(answer, _)| answer)
-        })
-        .await
+        match &self.group {
+            Some(group) => group.begin(unit, token, lock_ttl, fencing).await,
+            None => self.begin_alone(unit, token, lock_ttl, fencing).await,
+        }
     }
 
+    /// Through the store's [group commit](crate::PostgresStoreBuilder::group_commit), as
+    /// [`begin`](Self::begin).
     async fn finish(
         &self,
         unit: &UnitOfWork,
@@ -432,67 +436,18 @@ impl Store for PostgresStore {
         marker: &[u8],
         result_ttl: Duration,
     ) -> Result<Finish, StoreError> {
-        let Ok(fence) = fence_param(token) else {
-            return Ok(Finish::lost_nothing_written());
-        };
-        let bind = |sql: &SqlStr| {
-            sqlx::query(sql.clone())
-                .bind(unit.task())
-                .bind(unit.key().as_bytes())
-                .bind(token.as_str())
-                .bind(fence)
-                .bind(marker)
-                .bind(millis(result_ttl))
-        };
-        // The common case is a plain UPDATE of the caller's own live lock; the statement that
-        // tells a lost lock from a repeated finish runs only when that found nothing.
-        let mut connection = self.acquire("finish").await?;
-        let held = self
-            .run(
-                "finish",
-                bind(&self.statements.finish_held).execute(&mut *connection),
-            )
-            .await?;
-        if held.rows_affected() == 1 {
-            return Ok(Finish::Completed);
+        match &self.group {
+            Some(group) => group.finish(unit, token, marker, result_ttl).await,
+            None => self.finish_alone(unit, token, marker, result_ttl).await,
         }
-        let lost_marker = lock_lost_marker(marker).unwrap_or_else(|| marker.to_vec());
-        let row = self
-            .run(
-                "finish",
-                bind(&self.statements.finish)
-                    .bind(lost_marker)
-                    .fetch_one(&mut *connection),
-            )
-            .await?;
-        let flag = |name: &str| {
-            row.try_get::<bool, _>(name)
-                .map_err(|err| store_error("finish", &self.table, err))
-        };
-        let (written, held) = (flag("written")?, flag("held")?);
-        let (repeated, repeated_late) = (flag("repeated")?, flag("repeated_late")?);
-        Ok(match (written, held) {
-            (true, true) => Finish::Completed,
-            (true, false) => Finish::lost_marker_written(),
-            (false, _) if repeated => Finish::Completed,
-            (false, _) if repeated_late => Finish::lost_marker_written(),
-            (false, _) => Finish::lost_nothing_written(),
-        })
     }
 
+    /// After the grouped `begin` of the same unit that may be in flight, if any.
     async fn release(&self, unit: &UnitOfWork, token: &LockToken) -> Result<bool, StoreError> {
-        let mut connection = self.acquire("release").await?;
-        let released: i64 = self
-            .run(
-                "release",
-                sqlx::query_scalar(self.statements.release.clone())
-                    .bind(unit.task())
-                    .bind(unit.key().as_bytes())
-                    .bind(token.as_str())
-                    .fetch_one(&mut *connection),
-            )
-            .await?;
-        Ok(released > 0)
+        if let Some(group) = &self.group {
+            group.begun(unit).await;
+        }
+        self.release_alone(unit, token).await
     }
 
     async fn renew(

@@ -141,6 +141,26 @@ static PLAIN_RACE: Task = Task::new("pg_plain_race").retry(
         .max_wait(Duration::from_secs(60)),
 );
 
+/// One plain delivery of `key` through `store` whose body writes one effect and counts its
+/// run; on a busy key it keeps asking.
+async fn deliver_plain(
+    store: PostgresStore,
+    pool: PgPool,
+    key: String,
+    runs: Arc<AtomicUsize>,
+) -> Result<i64, BoxError> {
+    PLAIN_RACE
+        .call(key.as_str())
+        .store(store)
+        // sqlx's acquire future is large; boxed, the call's future stays small.
+        .run(Box::pin(async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let mut db = pool.acquire().await?;
+            write_effect(&mut db, &key, 1).await
+        }))
+        .await
+}
+
 const PROCESSES: usize = 2;
 const KEYS: usize = 25;
 const DELIVERIES_PER_KEY: usize = 64;
@@ -207,24 +227,12 @@ async fn postgres_worker() {
     for key in 0..KEYS {
         let plain_key = format!("plain-{key}");
         let done = deliver_concurrently(DELIVERIES_PER_KEY, |_| {
-            let (store, pool, runs, key) = (
+            deliver_plain(
                 store.clone(),
                 pool.clone(),
-                Arc::clone(&plain_runs),
                 plain_key.clone(),
-            );
-            async move {
-                PLAIN_RACE
-                    .call(key.as_str())
-                    .store(store)
-                    // sqlx's acquire future is large; boxed, the call's future stays small.
-                    .run(Box::pin(async {
-                        runs.fetch_add(1, Ordering::SeqCst);
-                        let mut db = pool.acquire().await?;
-                        write_effect(&mut db, &key, 1).await
-                    }))
-                    .await
-            }
+                Arc::clone(&plain_runs),
+            )
         })
         .await;
         for result in done {
@@ -258,6 +266,8 @@ mod batches;
 mod deliveries;
 #[path = "postgres/doubt.rs"]
 mod doubt;
+#[path = "postgres/group_commit.rs"]
+mod group_commit;
 #[path = "postgres/server.rs"]
 mod server;
 #[path = "postgres/steps.rs"]

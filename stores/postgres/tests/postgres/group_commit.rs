@@ -1,0 +1,235 @@
+//! The default group commit of `PostgresStore`: the `begin`s and `finish`es of calls in flight
+//! together go as batches, and nothing a call is promised changes for it.
+
+use futures_util::future::join_all;
+
+use super::*;
+
+/// How many times the server ran a batch statement (`unnest` of the units' arrays), from
+/// `pg_stat_statements`.
+async fn batch_statements(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements WHERE query LIKE '%unnest(%'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Waits until a statement of the server waits on a row lock held by another transaction.
+async fn until_a_statement_waits_on_a_lock(pool: &PgPool) {
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+/// `deliveries` calls of each of `keys`, all in flight at once through `store`, each body
+/// writing its key's effect; answers how many bodies ran.
+async fn deliver_keys(
+    store: &PostgresStore,
+    pool: &PgPool,
+    prefix: &str,
+    keys: usize,
+    deliveries: usize,
+) -> usize {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let done = deliver_concurrently(keys * deliveries, |at| {
+        let key = format!("{prefix}-{}", at % keys);
+        deliver_plain(store.clone(), pool.clone(), key, Arc::clone(&runs))
+    })
+    .await;
+    for result in done {
+        let _: i64 = result.unwrap();
+    }
+    runs.load(Ordering::SeqCst)
+}
+
+/// By default, calls in flight together are sent as batch statements, and each key still
+/// runs once; with `group_commit(false)` no batch statement is ever sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn calls_in_flight_together_are_batched_by_default_and_each_key_runs_once() {
+    let server = PostgresServer::start_with(&["shared_preload_libraries=pg_stat_statements"]);
+    let (store, pool) = setup(&server).await;
+    sqlx::raw_sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    assert_eq!(deliver_keys(&store, &pool, "grouped", 64, 1).await, 64);
+    assert!(
+        batch_statements(&pool).await > 0,
+        "64 calls in flight at once sent no batch statement"
+    );
+
+    let ungrouped = PostgresStore::builder(pool.clone())
+        .group_commit(false)
+        .connect()
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_stat_statements_reset()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(deliver_keys(&ungrouped, &pool, "alone", 64, 1).await, 64);
+    assert_eq!(batch_statements(&pool).await, 0);
+    assert_each_key_written_once(&pool, 128).await;
+}
+
+/// Many calls of one key and of distinct keys, all in flight at once through the default
+/// store: each key's body runs exactly once, whatever batch its calls went in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn many_calls_of_one_key_and_of_many_keys_run_each_key_once() {
+    let server = PostgresServer::start();
+    let (store, pool) = setup(&server).await;
+    assert_eq!(deliver_keys(&store, &pool, "one", 1, 64).await, 1);
+    assert_eq!(deliver_keys(&store, &pool, "many", 32, 4).await, 32);
+    assert_each_key_written_once(&pool, 33).await;
+}
+
+/// A unit whose row a transaction holds, asked with others in flight: its own answer is the
+/// bounded wait's timeout (nothing taken), and every other call is granted within a bound of
+/// the same order, not failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn a_held_row_fails_no_other_call_grouped_with_it() {
+    let server = PostgresServer::start();
+    let (store, pool) = setup(&server).await;
+    let timeout = Duration::from_secs(2);
+    let bounded = PostgresStore::builder(pool.clone())
+        .response_timeout(timeout)
+        .connect()
+        .await
+        .unwrap();
+    let held = HeldDelivery::start(&store, "grouped-held").await;
+    let units: Vec<UnitOfWork> = std::iter::once("grouped-held".to_owned())
+        .chain((0..16).map(|n| format!("grouped-free-{n}")))
+        .map(|key| UnitOfWork::new("pg_write", key).unwrap())
+        .collect();
+    let tokens: Vec<LockToken> = units.iter().map(|_| LockToken::generate()).collect();
+
+    let answers = join_all(units.iter().zip(&tokens).map(|(unit, token)| {
+        let bounded = &bounded;
+        async move {
+            let started = tokio::time::Instant::now();
+            let answer = bounded
+                .begin(unit, token, Duration::from_secs(30), Fencing::On)
+                .await;
+            (answer, started.elapsed())
+        }
+    }))
+    .await;
+
+    match &answers[0].0 {
+        Err(err) => {
+            assert_eq!(err.kind(), StoreErrorKind::Timeout, "{err}");
+            assert!(!err.is_ambiguous(), "{err}");
+        }
+        other => panic!("the held unit: expected its own timeout, got {other:?}"),
+    }
+    for (at, (answer, took)) in answers.iter().enumerate().skip(1) {
+        assert!(
+            matches!(answer, Ok(Begin::Acquired { .. })),
+            "unit {at}: {answer:?}"
+        );
+        assert!(*took < timeout * 2, "unit {at} waited {took:?}");
+    }
+    assert_eq!(held.resume(Ok(1)).await.unwrap(), 1);
+    assert_eq!(effects(&pool, "grouped-held").await, 1);
+}
+
+/// A call dropped while its batch is in flight: the batch still answers the others, and the
+/// runner's release of the dropped call's unit waits for that batch, so that it cannot reach
+/// the server before the lock it releases: the unit is free afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn a_call_dropped_mid_batch_is_released_after_its_batch() {
+    let server = PostgresServer::start();
+    let (store, pool) = setup(&server).await;
+    let bounded = PostgresStore::builder(pool.clone())
+        .response_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .unwrap();
+    let held = HeldDelivery::start(&store, "dropped-held").await;
+    let unit = |key: &str| UnitOfWork::new("pg_write", key).unwrap();
+    let (held_unit, dropped_unit, kept_unit) = (
+        unit("dropped-held"),
+        unit("dropped-mid"),
+        unit("dropped-kept"),
+    );
+    let tokens: [LockToken; 4] = std::array::from_fn(|_| LockToken::generate());
+    let ttl = Duration::from_secs(30);
+
+    // The first begin is in flight, alone, waiting on the held row.
+    let first = {
+        let (bounded, held_unit, token) = (bounded.clone(), held_unit.clone(), tokens[0].clone());
+        tokio::spawn(async move { bounded.begin(&held_unit, &token, ttl, Fencing::Off).await })
+    };
+    until_a_statement_waits_on_a_lock(&pool).await;
+
+    // These wait for it, then go together: the held unit again keeps their batch in flight.
+    let mut dropped = Box::pin(bounded.begin(&dropped_unit, &tokens[1], ttl, Fencing::Off));
+    tokio::select! {
+        biased;
+        answer = &mut dropped => panic!("answered before the batch ahead of it: {answer:?}"),
+        () = std::future::ready(()) => {}
+    }
+    let kept = {
+        let (bounded, unit, token) = (bounded.clone(), kept_unit.clone(), tokens[2].clone());
+        tokio::spawn(async move { bounded.begin(&unit, &token, ttl, Fencing::Off).await })
+    };
+    let again = {
+        let (bounded, unit, token) = (bounded.clone(), held_unit.clone(), tokens[3].clone());
+        tokio::spawn(async move { bounded.begin(&unit, &token, ttl, Fencing::Off).await })
+    };
+    let first = first.await.unwrap();
+    assert!(
+        first.as_ref().is_err_and(|err| !err.is_ambiguous()),
+        "{first:?}"
+    );
+    until_a_statement_waits_on_a_lock(&pool).await;
+    drop(dropped);
+
+    // The release goes after the dropped call's batch, whatever that batch did with it.
+    bounded.release(&dropped_unit, &tokens[1]).await.unwrap();
+    let kept = kept.await.unwrap();
+    assert!(matches!(kept, Ok(Begin::Acquired { .. })), "{kept:?}");
+    let again = again.await.unwrap();
+    assert!(
+        again.as_ref().is_err_and(|err| !err.is_ambiguous()),
+        "{again:?}"
+    );
+    let left = bounded.inspect(&dropped_unit).await.unwrap();
+    assert!(
+        !left.is_locked(),
+        "the dropped call's lock outlived its release: {left:?}"
+    );
+    assert_eq!(held.resume(Ok(1)).await.unwrap(), 1);
+}
+
+/// Transactional deliveries, many in flight beside plain calls that the store groups: each
+/// key runs once, in its transaction or through the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn transactional_deliveries_beside_grouped_calls_run_each_key_once() {
+    let server = PostgresServer::start();
+    let (store, pool) = setup(&server).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let transactional = deliver_concurrently(32, |at| {
+        deliver_write(store.clone(), format!("tx-{}", at % 16), Arc::clone(&runs))
+    });
+    let (transactional, plain) =
+        tokio::join!(transactional, deliver_keys(&store, &pool, "beside", 16, 4));
+    for result in transactional {
+        assert_eq!(result.unwrap(), 1);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 16);
+    assert_eq!(plain, 16);
+    assert_each_key_written_once(&pool, 32).await;
+}
