@@ -2,6 +2,7 @@
 //! it and documents it in full.
 
 mod args;
+mod context;
 mod expand;
 mod fingerprint;
 mod generators;
@@ -102,10 +103,13 @@ fn rewrite(
             fingerprint,
         })
     });
-    steps::check_body(body, &mut errors);
+    // The steps are routed in the whole block, which holds the body in either shape.
+    let mut routed = function.clone();
+    let krate = args.as_ref().and_then(|args| args.krate.as_ref());
+    steps::check_body(&mut routed.block, krate, &mut errors);
     match (errors.into_result(), checked) {
-        (Ok(()), Some(checked)) => match &shape {
-            Some(shape) => expand::function(&function, shape, &checked),
+        (Ok(()), Some(checked)) => match shape::of(&routed) {
+            Some(shape) => expand::function(&routed, &shape, &checked),
             None => unreachable!("a function of no known shape was reported"),
         },
         (Err(err), _) => {

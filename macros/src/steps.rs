@@ -2,29 +2,40 @@
 //! matches by their place and their name, so each name must be known here and tell its step
 //! apart from the body's others.
 //!
-//! A step is any two-argument method call named `step`, whatever its receiver is called: the
-//! context can be bound to any name, cloned into closures, or fetched on the spot. A body calls
-//! another type's `step` as `Type::step(&value, ..)` to keep it out of these checks. The body
-//! of a nested call run in place (`TASK.call(key).run(async { .. })`) has a journal of its own,
-//! so its steps are checked as a body apart.
+//! A step is a call of `step`, `step_or_hold` or `step_or_reconcile` on the task's context,
+//! as [`Contexts`] follows it through the body's bindings; another type's `step` is left alone.
+//! The body of a nested call run in place (`TASK.call(key).run(async { .. })`) has a journal
+//! of its own, so its steps are checked as a body apart.
+//!
+//! Each step is then routed through the runtime's `__private` twin of its method, whose one
+//! bound on the value names the codec, spanned at the effect so that rustc reports a value that
+//! cannot be stored once, there.
 
-use proc_macro2::Span;
+use proc_macro2::{Delimiter, Group, Span, TokenStream};
+use quote::{ToTokens, quote_spanned};
 use syn::punctuated::Punctuated;
-use syn::visit::{self, Visit};
-use syn::{Block, Expr, LitStr};
+use syn::spanned::Spanned;
+use syn::visit_mut::{self, VisitMut};
+use syn::{Block, Expr, LitStr, Path};
 
 use crate::args::Errors;
+use crate::context::{Contexts, names, unwrapped as unparenthesized};
+use crate::key::respan;
 
-/// Input: the task's body. Output: an error for each step whose name is not a literal (or a
-/// literal with a key part), each literal name given to two steps, and each step without a key
-/// part that can run more than once (in a loop or a closure).
-pub(crate) fn check_body(body: &Block, errors: &mut Errors) {
+/// Input: the task's body and the `crate = path` option. Output: an error for each step whose
+/// name is not a literal (or a literal with a key part), each literal name given to two steps,
+/// and each step without a key part that can run more than once (in a loop or a closure); the
+/// body with its steps routed through `__private`.
+pub(crate) fn check_body(body: &mut Block, krate: Option<&Path>, errors: &mut Errors) {
     let mut checker = StepChecker {
         errors,
+        runtime: krate.map_or_else(|| quote::quote!(::idempotask), ToTokens::to_token_stream),
+        contexts: Contexts::new(krate),
         repeated: Vec::new(),
         names: Vec::new(),
+        routed: 0,
     };
-    checker.visit_block(body);
+    checker.visit_block_mut(body);
 }
 
 /// What makes the code around a step run more than once per body, with the name it binds for
@@ -58,16 +69,7 @@ impl Repeat {
 /// The one name `pat` binds, if it binds exactly one: `recipient`, `&recipient`,
 /// `Some(job)`, `order: &Order`.
 fn single_binding(pat: &syn::Pat) -> Option<String> {
-    struct Names(Vec<String>);
-    impl Visit<'_> for Names {
-        fn visit_pat_ident(&mut self, pat: &syn::PatIdent) {
-            self.0.push(pat.ident.to_string());
-            visit::visit_pat_ident(self, pat);
-        }
-    }
-    let mut names = Names(Vec::new());
-    names.visit_pat(pat);
-    match <[String; 1]>::try_from(names.0) {
+    match <[String; 1]>::try_from(names(pat)) {
         Ok([name]) => Some(name),
         Err(_) => None,
     }
@@ -115,17 +117,6 @@ fn name_of(expr: &Expr) -> Name<'_> {
     }
 }
 
-/// `("charge")` and the invisible groups of macro arguments are what they hold.
-fn unparenthesized(mut expr: &Expr) -> &Expr {
-    loop {
-        match expr {
-            Expr::Paren(paren) => expr = &paren.expr,
-            Expr::Group(group) => expr = &group.expr,
-            _ => return expr,
-        }
-    }
-}
-
 /// Where a span starts, for a note that points at another place than the error: known inside
 /// the compiler only, not in the crate's unit tests.
 fn line_of(span: Span) -> Option<usize> {
@@ -143,10 +134,15 @@ fn is_nested_call(expr: &Expr) -> bool {
 
 struct StepChecker<'a> {
     errors: &'a mut Errors,
+    /// The runtime's path, `::idempotask` unless `crate = ..` names another.
+    runtime: TokenStream,
+    contexts: Contexts<'a>,
     /// The loops and closures around the expression being walked, innermost last.
     repeated: Vec<Repeat>,
     /// The literal names of the body's steps that run once, with where each is first given.
     names: Vec<(String, Span)>,
+    /// How many steps were routed, to know whether a macro's arguments changed.
+    routed: usize,
 }
 
 impl StepChecker<'_> {
@@ -207,10 +203,10 @@ impl StepChecker<'_> {
     }
 }
 
-/// Whether `call` is one of `TaskContext`'s step methods, by its name and its number of
+/// Whether `call` is one of `TaskContext`'s step methods by its name and its number of
 /// arguments: `step` and `step_or_hold` (name, effect), `step_or_reconcile` (name, reconcile,
-/// effect).
-fn is_step_call(call: &syn::ExprMethodCall) -> bool {
+/// effect). Whether its receiver is the context is [`Contexts`]'s to say.
+fn is_step_method(call: &syn::ExprMethodCall) -> bool {
     match call.args.len() {
         2 => call.method == "step" || call.method == "step_or_hold",
         3 => call.method == "step_or_reconcile",
@@ -218,258 +214,191 @@ fn is_step_call(call: &syn::ExprMethodCall) -> bool {
     }
 }
 
-impl<'ast> Visit<'ast> for StepChecker<'_> {
-    fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
-        if is_step_call(call) {
-            self.check_name(&call.args[0]);
-        } else if (call.method == "run" || call.method == "run_reported")
-            && is_nested_call(&call.receiver)
-        {
-            // A nested unit's body runs once per its own key, and records its own journal.
-            self.visit_expr(&call.receiver);
-            let outer = (
-                std::mem::take(&mut self.repeated),
-                std::mem::take(&mut self.names),
-            );
-            for arg in &call.args {
-                self.visit_expr(arg);
-            }
-            (self.repeated, self.names) = outer;
-            return;
+impl StepChecker<'_> {
+    fn is_step(&self, call: &syn::ExprMethodCall) -> bool {
+        is_step_method(call) && self.contexts.is_context(&call.receiver)
+    }
+
+    /// Input: `ctx.step(name, effect)`, with its `.await` when it has one. Output:
+    /// `::idempotask::__private::step(&ctx, name, effect)`, every token of it and of its
+    /// `.await` spanned at the effect, so that the bounds the call and its future carry are
+    /// one error there.
+    fn route(&mut self, call: &syn::ExprMethodCall, awaited: bool) -> Expr {
+        self.routed += 1;
+        let effect = call
+            .args
+            .last()
+            .map_or_else(|| call.method.span(), Spanned::span);
+        let runtime = respan(self.runtime.clone(), effect);
+        let function = syn::Ident::new(&call.method.to_string(), effect);
+        let mut receiver = Group::new(Delimiter::None, call.receiver.to_token_stream());
+        receiver.set_span(effect);
+        let args = call.args.iter();
+        let mut routed = quote_spanned! {effect=>
+            #runtime::__private::#function(&#receiver, #(#args),*)
+        };
+        if awaited {
+            routed = quote_spanned! {effect=> #routed.await };
         }
-        visit::visit_expr_method_call(self, call);
+        Expr::Verbatim(routed)
     }
 
-    fn visit_expr_for_loop(&mut self, expr: &'ast syn::ExprForLoop) {
+    /// Input: a step, awaited or not. Output: its name checked, its arguments walked and the
+    /// step routed in place.
+    fn step(&mut self, expr: &mut Expr, awaited: bool) {
+        let call = match expr {
+            Expr::MethodCall(call) => call,
+            Expr::Await(awaited) => match &mut *awaited.base {
+                Expr::MethodCall(call) => call,
+                _ => unreachable!("an awaited step was checked to be a method call"),
+            },
+            _ => unreachable!("a step was checked to be a method call"),
+        };
+        self.check_name(&call.args[0]);
+        visit_mut::visit_expr_method_call_mut(self, call);
+        let routed = self.route(call, awaited);
+        *expr = routed;
+    }
+
+    /// Walks a nested unit's `.run(..)`: it runs once per its own key, and records its own
+    /// journal.
+    fn nested_run(&mut self, call: &mut syn::ExprMethodCall) {
+        self.visit_expr_mut(&mut call.receiver);
+        let outer = (
+            std::mem::take(&mut self.repeated),
+            std::mem::take(&mut self.names),
+        );
+        for arg in &mut call.args {
+            self.visit_expr_mut(arg);
+        }
+        (self.repeated, self.names) = outer;
+    }
+}
+
+impl VisitMut for StepChecker<'_> {
+    fn visit_expr_mut(&mut self, expr: &mut Expr) {
+        match expr {
+            Expr::MethodCall(call) if self.is_step(call) => self.step(expr, false),
+            Expr::Await(awaited) if matches!(&*awaited.base, Expr::MethodCall(call) if self.is_step(call)) =>
+            {
+                self.step(expr, true);
+            }
+            Expr::MethodCall(call)
+                if (call.method == "run" || call.method == "run_reported")
+                    && is_nested_call(&call.receiver) =>
+            {
+                self.nested_run(call);
+            }
+            _ => visit_mut::visit_expr_mut(self, expr),
+        }
+    }
+
+    fn visit_block_mut(&mut self, block: &mut Block) {
+        self.contexts.enter();
+        visit_mut::visit_block_mut(self, block);
+        self.contexts.leave();
+    }
+
+    fn visit_local_mut(&mut self, local: &mut syn::Local) {
+        // The names a `let` binds exist after its initializer, not in it.
+        if let Some(init) = &mut local.init {
+            self.visit_expr_mut(&mut init.expr);
+            if let Some((_, diverge)) = &mut init.diverge {
+                self.visit_expr_mut(diverge);
+            }
+        }
+        let init = local.init.as_ref().map(|init| &*init.expr);
+        self.contexts.bind(&local.pat, init);
+    }
+
+    fn visit_expr_let_mut(&mut self, bound: &mut syn::ExprLet) {
+        self.visit_expr_mut(&mut bound.expr);
+        self.contexts.bind(&bound.pat, Some(&bound.expr));
+    }
+
+    fn visit_expr_if_mut(&mut self, expr: &mut syn::ExprIf) {
+        // `if let` binds its names for the `then` branch alone.
+        self.contexts.enter();
+        self.visit_expr_mut(&mut expr.cond);
+        self.visit_block_mut(&mut expr.then_branch);
+        self.contexts.leave();
+        if let Some((_, otherwise)) = &mut expr.else_branch {
+            self.visit_expr_mut(otherwise);
+        }
+    }
+
+    fn visit_arm_mut(&mut self, arm: &mut syn::Arm) {
+        self.contexts.enter();
+        self.contexts.bind(&arm.pat, None);
+        if let Some((_, guard)) = &mut arm.guard {
+            self.visit_expr_mut(guard);
+        }
+        self.visit_expr_mut(&mut arm.body);
+        self.contexts.leave();
+    }
+
+    fn visit_expr_for_loop_mut(&mut self, expr: &mut syn::ExprForLoop) {
         // The iterator is made once; the body runs once per item.
-        self.visit_expr(&expr.expr);
+        self.visit_expr_mut(&mut expr.expr);
         let repeat = Repeat::For(single_binding(&expr.pat));
-        self.repeated(repeat, |this| this.visit_block(&expr.body));
+        self.contexts.enter();
+        self.contexts.bind(&expr.pat, None);
+        self.repeated(repeat, |this| this.visit_block_mut(&mut expr.body));
+        self.contexts.leave();
     }
 
-    fn visit_expr_while(&mut self, expr: &'ast syn::ExprWhile) {
+    fn visit_expr_while_mut(&mut self, expr: &mut syn::ExprWhile) {
         let bound = match unparenthesized(&expr.cond) {
             Expr::Let(bound) => single_binding(&bound.pat),
             _ => None,
         };
+        self.contexts.enter();
         self.repeated(Repeat::While(bound), |this| {
-            this.visit_expr(&expr.cond);
-            this.visit_block(&expr.body);
+            this.visit_expr_mut(&mut expr.cond);
+            this.visit_block_mut(&mut expr.body);
         });
+        self.contexts.leave();
     }
 
-    fn visit_expr_loop(&mut self, expr: &'ast syn::ExprLoop) {
-        self.repeated(Repeat::Loop, |this| this.visit_block(&expr.body));
+    fn visit_expr_loop_mut(&mut self, expr: &mut syn::ExprLoop) {
+        self.repeated(Repeat::Loop, |this| this.visit_block_mut(&mut expr.body));
     }
 
-    fn visit_expr_closure(&mut self, closure: &'ast syn::ExprClosure) {
+    fn visit_expr_closure_mut(&mut self, closure: &mut syn::ExprClosure) {
         let bound = match closure.inputs.len() {
             1 => single_binding(&closure.inputs[0]),
             _ => None,
         };
+        self.contexts.enter();
+        for input in &closure.inputs {
+            self.contexts.bind(input, None);
+        }
         self.repeated(Repeat::Closure(bound), |this| {
-            this.visit_expr(&closure.body);
+            this.visit_expr_mut(&mut closure.body);
         });
+        self.contexts.leave();
     }
 
-    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+    fn visit_macro_mut(&mut self, mac: &mut syn::Macro) {
         // `vec![..]`, `tokio::join!(..)`, `assert!(..)`: arguments that are expressions are
         // the body's code; other macros' tokens mean what their macro makes of them.
-        if let Ok(arguments) =
+        if let Ok(mut arguments) =
             mac.parse_body_with(Punctuated::<Expr, syn::Token![,]>::parse_terminated)
         {
-            for argument in &arguments {
-                self.visit_expr(argument);
+            let before = self.routed;
+            for argument in &mut arguments {
+                self.visit_expr_mut(argument);
+            }
+            if self.routed != before {
+                mac.tokens = arguments.into_token_stream();
             }
         }
     }
 
-    fn visit_item(&mut self, _: &'ast syn::Item) {
+    fn visit_item_mut(&mut self, _: &mut syn::Item) {
         // Items nested in the body are separate functions, with their own steps.
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The messages' first lines for `body`, in the order they are reported.
-    fn errors(body: &Block) -> Vec<String> {
-        let mut errors = Errors::default();
-        check_body(body, &mut errors);
-        errors.into_result().map_or_else(
-            |err| {
-                err.into_iter()
-                    .map(|err| err.to_string().lines().next().unwrap_or("").to_owned())
-                    .collect()
-            },
-            |()| Vec::new(),
-        )
-    }
-
-    #[test]
-    fn accepts_literals_and_key_parts() {
-        let body: Block = syn::parse_quote!({
-            let ctx = idempotask::context().unwrap();
-            let charge = ctx.step("charge", charge()).await?;
-            ctx.step(("retry"), again()).await?;
-            for recipient in &recipients {
-                ctx.step(("mail", recipient), mail(recipient)).await?;
-            }
-            let sent = recipients
-                .iter()
-                .map(|r| async move { ctx.step(("sms", r.id), sms(r)).await });
-            if charge > 0 {
-                ctx.step("refund", refund()).await?;
-            } else {
-                ctx.step("receipt", receipt()).await?;
-            }
-            // Not steps: another arity, or another type's `step` called as a path.
-            for n in 0..3 {
-                counter.step(n);
-                Sim::step(&mut sim, n, input);
-            }
-        });
-        assert_eq!(errors(&body), Vec::<String>::new());
-    }
-
-    #[test]
-    fn refuses_names_that_are_not_literals() {
-        let body: Block = syn::parse_quote!({
-            ctx.step(name, a()).await?;
-            ctx.step(format!("charge-{id}"), b()).await?;
-            ctx.step(NAMES::CHARGE, c()).await?;
-            ctx.step((name, id), d()).await?;
-            ctx.step(("a", id, more), e()).await?;
-            idempotask::context()
-                .unwrap()
-                .step(String::from("x"), f())
-                .await?;
-        });
-        let found = errors(&body);
-        assert_eq!(found.len(), 6, "{found:?}");
-        assert!(
-            found
-                .iter()
-                .all(|message| message.starts_with("a step's name must be a string literal"))
-        );
-    }
-
-    #[test]
-    fn refuses_a_literal_name_given_twice() {
-        let body: Block = syn::parse_quote!({
-            ctx.step("charge", a()).await?;
-            if paid {
-                ctx.step("mail", b()).await?;
-            } else {
-                ctx.step("charge", c()).await?;
-            }
-            ctx.step(("charge", 2), d()).await?;
-            ctx.step("mail", e()).await?;
-        });
-        assert_eq!(
-            errors(&body),
-            [
-                "two steps of this body are named `charge`",
-                "two steps of this body are named `mail`"
-            ]
-        );
-    }
-
-    #[test]
-    fn refuses_a_step_without_a_key_part_that_can_run_more_than_once() {
-        let body: Block = syn::parse_quote!({
-            for item in ctx.step("list", list()).await? {
-                ctx.step("mail", mail(item)).await?;
-            }
-            while let Some(next) = ctx.step("next", next()).await? {}
-            loop {
-                ctx.step("poll", poll()).await?;
-                break;
-            }
-            let mails = items
-                .iter()
-                .map(|item| async move { ctx.step("sms", sms(item)).await });
-            let later = async || ctx.step("later", later()).await;
-            tokio::join!(ctx.step("joined", a()), async {
-                vec![ctx.step("fine", b())]
-            });
-        });
-        let found = errors(&body);
-        let repeated: Vec<_> = found
-            .iter()
-            .filter(|message| message.starts_with("a step that can run more than once"))
-            .collect();
-        assert_eq!(repeated.len(), 5, "{found:?}");
-        assert_eq!(
-            found.len(),
-            5,
-            "`list`, `joined` and `fine` run once: {found:?}"
-        );
-    }
-
-    #[test]
-    fn the_help_names_the_key_part_a_loop_or_closure_binds() {
-        let body: Block = syn::parse_quote!({
-            for recipient in &recipients {
-                ctx.step("mail", mail(recipient)).await?;
-            }
-            while let Some(job) = queue.pop() {
-                ctx.step("job", run(job)).await?;
-            }
-            let sms = |phone: &str| ctx.step("sms", sms(phone));
-            for (place, recipient) in recipients.iter().enumerate() {
-                ctx.step("fax", fax(place, recipient)).await?;
-            }
-        });
-        let mut errors = Errors::default();
-        check_body(&body, &mut errors);
-        let helps: Vec<String> = errors
-            .into_result()
-            .unwrap_err()
-            .into_iter()
-            .filter_map(|err| {
-                let message = err.to_string();
-                let help = message.lines().find(|line| line.starts_with("= help:"))?;
-                Some(help.rsplit('`').nth(1)?.to_owned())
-            })
-            .collect();
-        assert_eq!(
-            helps,
-            [
-                "(\"mail\", recipient)",
-                "(\"job\", job)",
-                "(\"sms\", phone)",
-                "(\"fax\", item)"
-            ]
-        );
-    }
-
-    #[test]
-    fn a_nested_units_body_has_steps_of_its_own() {
-        let body: Block = syn::parse_quote!({
-            ctx.step("charge", a()).await?;
-            for order in orders {
-                RECEIPT
-                    .call(format!("receipt-{order}"))
-                    .store(store.clone())
-                    .run(async { idempotask::context().unwrap().step("charge", b()).await })
-                    .await?;
-            }
-            ctx.step("mail", c()).await?;
-            ctx.step("mail", d()).await?;
-        });
-        assert_eq!(errors(&body), ["two steps of this body are named `mail`"]);
-    }
-
-    #[test]
-    fn a_nested_function_is_not_the_body() {
-        let body: Block = syn::parse_quote!({
-            ctx.step("charge", a()).await?;
-            fn helper(ctx: &TaskContext) {
-                ctx.step("charge", b());
-            }
-        });
-        assert_eq!(errors(&body), Vec::<String>::new());
-    }
-}
+mod tests;

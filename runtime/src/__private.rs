@@ -71,6 +71,99 @@ where
     })
 }
 
+/// A step's value that can be recorded in the unit's journal and handed back to a rerun.
+#[diagnostic::on_unimplemented(
+    message = "a step's value must be storable with the unit's codec: `{Self}` does not implement `Serialize` and `DeserializeOwned`",
+    label = "this step's `Ok` value is recorded as JSON in the unit's journal and handed back to reruns",
+    note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`, or make the step return a type that has them"
+)]
+pub trait StorableStep: Serialize + DeserializeOwned {}
+
+#[diagnostic::do_not_recommend]
+impl<T: Serialize + DeserializeOwned> StorableStep for T {}
+
+/// The receiver of a step as the body holds it: the context, or a reference to it. The
+/// attribute passes `&receiver`, which a reference would make a needless borrow of `&&..`.
+pub trait StepContext {
+    /// The context itself.
+    fn context(&self) -> &crate::TaskContext;
+}
+
+impl StepContext for crate::TaskContext {
+    fn context(&self) -> &crate::TaskContext {
+        self
+    }
+}
+
+impl<C: StepContext + ?Sized> StepContext for &C {
+    fn context(&self) -> &crate::TaskContext {
+        (**self).context()
+    }
+}
+
+// The attribute routes the body's steps through the three functions below. Their one bound on
+// the value is `StorableStep`, and the attribute spans the whole call and its `.await` at the
+// effect, so a value that cannot be stored is one error there instead of serde's bounds at
+// three places.
+
+/// [`TaskContext::step`](crate::TaskContext::step), with the value's bound that names the
+/// codec.
+///
+/// # Errors
+/// As [`TaskContext::step`](crate::TaskContext::step).
+pub fn step<C, T, E, F>(
+    context: &C,
+    name: impl Into<crate::StepName>,
+    effect: F,
+) -> impl Future<Output = Result<T, E>>
+where
+    C: StepContext + ?Sized,
+    T: StorableStep,
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+{
+    context.context().step(name, effect)
+}
+
+/// [`TaskContext::step_or_hold`](crate::TaskContext::step_or_hold), as [`step`].
+///
+/// # Errors
+/// As [`TaskContext::step_or_hold`](crate::TaskContext::step_or_hold).
+pub fn step_or_hold<C, T, E, F>(
+    context: &C,
+    name: impl Into<crate::StepName>,
+    effect: F,
+) -> impl Future<Output = Result<T, E>>
+where
+    C: StepContext + ?Sized,
+    T: StorableStep,
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+{
+    context.context().step_or_hold(name, effect)
+}
+
+/// [`TaskContext::step_or_reconcile`](crate::TaskContext::step_or_reconcile), as [`step`].
+///
+/// # Errors
+/// As [`TaskContext::step_or_reconcile`](crate::TaskContext::step_or_reconcile).
+pub fn step_or_reconcile<C, T, E, F, R, RF>(
+    context: &C,
+    name: impl Into<crate::StepName>,
+    reconcile: R,
+    effect: F,
+) -> impl Future<Output = Result<T, E>>
+where
+    C: StepContext + ?Sized,
+    T: StorableStep,
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+    R: FnOnce() -> RF,
+    RF: Future<Output = Result<crate::Reconciled<T>, E>>,
+{
+    context.context().step_or_reconcile(name, reconcile, effect)
+}
+
 /// A function that `reconcile = path` can name, for a task whose result is `T` and error `E`.
 #[diagnostic::on_unimplemented(
     message = "`reconcile` must name an async function that takes the task's context and answers what it found: `async fn(idempotask::TaskContext) -> Result<idempotask::Reconciled<{T}>, {E}>`",

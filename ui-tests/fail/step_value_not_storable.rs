@@ -1,5 +1,6 @@
-// A step's value that cannot be recorded: the runtime's bounds (`Serialize + DeserializeOwned`)
-// refuse it, and the error names the type and the missing derive.
+// A step's value that cannot be recorded: one error at the step's effect that names the type,
+// the codec and the missing derive. Pins the defect where serde's two bounds were each reported
+// at the method, the call and its `.await`, six errors in all.
 use idempotask::{Error, idempotent_task};
 
 struct Charge {
