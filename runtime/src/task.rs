@@ -317,6 +317,7 @@ impl Task {
             kept_for: self.kept_for(),
             max_steps: self.max_steps,
             max_step_bytes: self.max_step_bytes,
+            holds_doubt: matches!(self.in_doubt, InDoubt::Hold),
         }
     }
 

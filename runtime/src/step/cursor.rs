@@ -45,4 +45,9 @@ pub(crate) struct StepLimits {
     pub(crate) kept_for: Duration,
     pub(crate) max_steps: u32,
     pub(crate) max_step_bytes: usize,
+    /// The task holds units in doubt ([`InDoubt::Hold`](crate::InDoubt::Hold)): a step that
+    /// the journal says is in doubt (a transactional execution's, see
+    /// [`Journal::in_doubt`](crate::store::Journal::in_doubt)) is held whatever its own
+    /// policy, as `begin` holds such a unit before its body runs on the other paths.
+    pub(crate) holds_doubt: bool,
 }

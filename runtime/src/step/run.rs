@@ -34,6 +34,8 @@ enum Turn<T> {
         max_bytes: usize,
         /// The unit's doubt, when this is the step it is about: the first its journal lacks.
         doubt: Option<Doubt>,
+        /// The doubt came with the journal and the task holds units in doubt.
+        held: bool,
     },
 }
 
@@ -119,7 +121,7 @@ impl TaskContext {
         let kept_for = self.reserve(&name).map_err(failed)?;
         let running = Running(&self.lease().steps);
         self.load_journal(&name).await.map_err(failed)?;
-        let (position, max_bytes, doubt) = match self.next_turn(&name).map_err(failed)? {
+        let (position, max_bytes, doubt, held) = match self.next_turn(&name).map_err(failed)? {
             Turn::Replay { value, position } => {
                 observed.position(position);
                 ended(StepEnding::Replayed);
@@ -129,7 +131,13 @@ impl TaskContext {
                 position,
                 max_bytes,
                 doubt,
-            } => (position, max_bytes, doubt),
+                held,
+            } => (position, max_bytes, doubt, held),
+        };
+        let when_in_doubt = if held {
+            WhenInDoubt::Hold
+        } else {
+            when_in_doubt
         };
         observed.position(position);
         if !self.lease().held() {
@@ -278,7 +286,8 @@ impl TaskContext {
                 "the call has no store lock to record steps under",
             ));
         };
-        let (max_steps, max_bytes) = (fence.steps().max_steps, fence.steps().max_step_bytes);
+        let limits = fence.steps();
+        let (max_steps, max_bytes) = (limits.max_steps, limits.max_step_bytes);
         let mut cursor = self.cursor();
         let position = cursor.next;
         let recorded = cursor.recorded.as_deref().unwrap_or_default();
@@ -299,10 +308,12 @@ impl TaskContext {
             .in_doubt()
             .or(cursor.doubt)
             .filter(|_| position as usize == recorded.len());
+        let held = doubt.is_some() && self.in_doubt().is_none() && limits.holds_doubt;
         Ok(Turn::Run {
             position,
             max_bytes,
             doubt,
+            held,
         })
     }
 

@@ -336,6 +336,7 @@ pub(super) async fn a_transaction_that_ended_records_no_step() {
 }
 
 static MAILED: Task = Task::new("pg_tx_doubt");
+static MAILED_HOLDING: Task = Task::new("pg_tx_doubt_held").in_doubt(InDoubt::Hold);
 
 /// What the second step (`mail`) does when it is in doubt.
 #[derive(Clone, Copy)]
@@ -343,6 +344,8 @@ enum Policy {
     Rerun,
     Hold,
     Reconcile,
+    /// A plain `step` of a task that holds units in doubt (`InDoubt::Hold`).
+    TaskHolds,
 }
 
 /// Where a delivery dies: its transaction's backend ended from outside (`pg_terminate_backend`
@@ -389,9 +392,12 @@ async fn mail(
             .await?;
         Ok(())
     };
+    let task = match policy {
+        Policy::TaskHolds => &MAILED_HOLDING,
+        _ => &MAILED,
+    };
     let transaction = pool.begin().await?;
-    MAILED
-        .call(key)
+    task.call(key)
         .run_in_transaction(store.transaction(transaction), async |db| {
             let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
                 .fetch_one(&mut *db)
@@ -420,7 +426,7 @@ async fn mail(
                 Ok::<_, BoxError>(format!("receipt for charge {charge}"))
             };
             let receipt: String = match policy {
-                Policy::Rerun => ctx.step("mail", effect).await?,
+                Policy::Rerun | Policy::TaskHolds => ctx.step("mail", effect).await?,
                 Policy::Hold => ctx.step_or_hold("mail", effect).await?,
                 Policy::Reconcile => {
                     let reconcile = || async {
@@ -470,7 +476,8 @@ fn is_held(result: &Result<String, BoxError>) -> bool {
 /// mail in doubt: under `step_or_hold` the next delivery, and every one after it, is refused
 /// with `Error::InDoubt` without mailing again, and nothing of theirs commits. So is one whose
 /// worker died there (its call future dropped, its transaction rolled back as its connection
-/// goes).
+/// goes), and, under a plain `step`, one of a task that holds units in doubt
+/// (`InDoubt::Hold`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn a_step_cut_off_in_its_effect_is_held() {
     let server = PostgresServer::start();
@@ -522,6 +529,29 @@ pub(super) async fn a_step_cut_off_in_its_effect_is_held() {
     );
     let unit = UnitOfWork::new("pg_tx_doubt", "dropped").unwrap();
     assert!(!store.inspect(&unit).await.unwrap().is_done());
+
+    // A task that holds units in doubt holds its plain `step` in doubt too.
+    let holding = |death| {
+        mail(
+            &store,
+            &pool,
+            &owner,
+            "task",
+            &ran,
+            Policy::TaskHolds,
+            death,
+            Ok(()),
+        )
+    };
+    let cut = holding(Death::InTheMailsEffect).await;
+    assert!(cut.is_err(), "{cut:?}");
+    let held = holding(Death::None).await;
+    assert!(is_held(&held), "{held:?}");
+    assert_eq!(
+        ran.mails.load(Ordering::SeqCst),
+        3,
+        "the task's mail ran again"
+    );
 }
 
 /// Under `step_or_reconcile`, the next delivery after a cut asks the reconcile function, with
