@@ -278,7 +278,9 @@ mod tests {
 
     /// An asynchronous commit's answer arrives in a later poll, through the callback: a
     /// refused one reaches the caller as an error, and its offset is sent again with the
-    /// next commit instead of being counted as done.
+    /// next commit instead of being counted as done. Tested here, not on the broker: with
+    /// the broker killed, librdkafka holds an asynchronous commit for the coordinator's return
+    /// (no answer within 40 s on tansu) instead of failing it.
     #[test]
     fn a_refused_commit_is_reported_and_sent_again() {
         let (errors, mut reported) = mpsc::unbounded_channel();
