@@ -147,9 +147,17 @@ pub(crate) enum Command {
         #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_ttl)]
         result_ttl: Duration,
         /// The effect did not happen: delete the lock that ran out, so that the next delivery
-        /// runs the work as new, with no doubt.
+        /// runs the work as new, with no doubt. A unit with steps keeps its journal: the next
+        /// delivery replays the recorded steps and runs the one in doubt again.
         #[arg(long)]
         free: bool,
+        /// With `--free`: delete the unit's journal of steps too, so that the next delivery
+        /// runs the whole body as new, the recorded steps' effects again included. The way out
+        /// for a unit held because its body changed its step order (`order_changed`), which a
+        /// plain `--free` leaves held at the next delivery.
+        // `requires = "free"` alone lets `--result` through: a flag's default counts as given.
+        #[arg(long, requires = "free", conflicts_with_all = ["result", "step_result"])]
+        discard_steps: bool,
         /// Do not ask for confirmation.
         #[arg(long, short = 'y')]
         yes: bool,

@@ -159,6 +159,7 @@ async fn run(cli: &Cli, selected: Result<Selected, Failure>) -> Result<Found, Fa
             unit,
             result,
             result_ttl,
+            discard_steps,
             yes,
             ..
         } => {
@@ -168,7 +169,9 @@ async fn run(cli: &Cli, selected: Result<Selected, Failure>) -> Result<Found, Fa
                     result: result.clone(),
                     result_ttl: *result_ttl,
                 },
-                None => Settle::Free,
+                None => Settle::Free {
+                    discard_steps: *discard_steps,
+                },
             };
             commands::resolve(&target, &unit.task, &unit.key, settle, *yes).await
         }
@@ -186,10 +189,13 @@ fn audit_cli(cli: &Cli, target: &Target, found: &Result<Found, Failure>) {
         Command::Resolve {
             unit,
             free,
+            discard_steps,
             step_result,
             ..
         } => (
-            if *free {
+            if *discard_steps {
+                "resolve_free_discarding_steps"
+            } else if *free {
                 "resolve_free"
             } else if step_result.is_some() {
                 "resolve_step"

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use idempotask::operator::{
-    Cursor, Forgot, Held, Operator, Page, Resolution, Resolved, Scope, SharedOperator,
+    Cursor, Forgot, Held, Listed, Operator, Page, Resolution, Resolved, Scope, SharedOperator,
 };
 use idempotask::store::{Journal, StoreError, StoreErrorKind, UnitOfWork, check_task_name};
 use idempotask_postgres::PostgresStore;
@@ -181,6 +181,16 @@ impl Target {
     /// no journal of steps (the core's provided answer, of kind `Configuration`).
     pub(crate) async fn journal(&self, unit: &UnitOfWork) -> Result<Option<Journal>, Failure> {
         match self.operator.journal(unit).await {
+            Ok(journal) => Ok(Some(journal)),
+            Err(err) if err.kind() == StoreErrorKind::Configuration => Ok(None),
+            Err(err) => Err(self.failure(&err)),
+        }
+    }
+
+    /// The journal of a unit a listing found, known by its digest alone on Redis; `None`
+    /// where the store keeps no journal or cannot find it from what the listing knows.
+    pub(crate) async fn listed_journal(&self, listed: &Listed) -> Result<Option<Journal>, Failure> {
+        match self.operator.listed_journal(listed).await {
             Ok(journal) => Ok(Some(journal)),
             Err(err) if err.kind() == StoreErrorKind::Configuration => Ok(None),
             Err(err) => Err(self.failure(&err)),

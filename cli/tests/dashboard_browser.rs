@@ -1,6 +1,7 @@
 //! The dashboard in a real browser: headless Chromium (Debian's `chromium`) logs in with the
 //! token, sees the held unit, resolves it through the page's button and confirmation, and the
-//! store changes; the key holding `<script>` shows as text and runs nothing; the task's calls,
+//! store changes; the key holding `<script>` shows as text and runs nothing; a unit held at a
+//! step shows its steps, the hostile step name as text and no value; the task's calls,
 //! read from a worker's metrics page, are on the page. Fails, never
 //! skips, without Chromium. With `IDEMPOTASK_DASHBOARD_SCREENSHOT=PATH`, it saves the page as
 //! it stands before the click to `PATH` (docs/img/dashboard.png).
@@ -13,9 +14,12 @@ mod common;
 use common::cdp::Browser;
 use common::metrics::{serve, worker};
 use common::web::Dashboard;
-use common::{Backend, Redis};
+use common::{Backend, Redis, hold_at_step_on};
 
 const SCRIPT_KEY: &str = "<script>document.title='pwned'</script>";
+
+/// A step whose name is markup and whose value is script.
+const HOSTILE_STEP: &str = r#"{"step":"<img src=x onerror=\"document.title='step'\">","ok":"<script>document.title='value'</script>"}"#;
 
 #[test]
 fn a_held_unit_is_resolved_from_the_page() {
@@ -24,6 +28,11 @@ fn a_held_unit_is_resolved_from_the_page() {
     redis.complete("charge", &["order-1", SCRIPT_KEY]);
     redis.lock("charge", "order-run");
     redis.leave_in_doubt(&["order-held"], Fencing::On);
+    // Held at its third step, after two that finished, one named and valued as hostile input.
+    redis.with_store(async |store| {
+        let steps = [r#"{"step":"reserve","ok":{"sku":"A-1"}}"#, HOSTILE_STEP];
+        hold_at_step_on(&store, "checkout", "order-steps", &steps).await;
+    });
     let worker = serve(worker(
         &[
             ("charge", "executed", 41),
@@ -36,7 +45,14 @@ fn a_held_unit_is_resolved_from_the_page() {
     let dashboard = Dashboard::start(
         "--redis-url",
         &server.url(),
-        &["--task", "charge", "--metrics", &metrics],
+        &[
+            "--task",
+            "charge",
+            "--task",
+            "checkout",
+            "--metrics",
+            &metrics,
+        ],
     );
     let mut browser = Browser::start();
 
@@ -57,6 +73,8 @@ fn a_held_unit_is_resolved_from_the_page() {
         browser.eval("document.querySelector('.count.held').textContent"),
         "1 in doubt"
     );
+    the_unit_held_at_a_step_shows_its_steps_as_text(&mut browser, shown.as_str().unwrap());
+
     // The calls, from the worker's metrics page.
     assert_eq!(
         browser.eval("document.querySelector('.count.fresh').textContent"),
@@ -85,4 +103,41 @@ fn a_held_unit_is_resolved_from_the_page() {
     assert_eq!(status["result"]["charge"], "ch_from_the_page");
     // The page refreshed after the action: nothing is held any more.
     browser.wait_for("document.querySelector('.count.held').textContent === '0 in doubt'");
+}
+
+/// The unit held at a step: its two finished steps and the one in doubt, marked apart; the
+/// hostile name is text, and no value is on the page (`shown`, its text).
+fn the_unit_held_at_a_step_shows_its_steps_as_text(browser: &mut Browser, shown: &str) {
+    let steps = "document.querySelectorAll('section[data-task=checkout] tr.at-step tr.step')";
+    assert_eq!(browser.eval(&format!("{steps}.length")), 3);
+    let states: Vec<String> = (0..3)
+        .map(|row| {
+            let cells = format!("{steps}[{row}].cells");
+            let texts = browser.eval(&format!(
+                "[0, 2].map((cell) => {cells}[cell].textContent).join(' ')"
+            ));
+            texts.as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(states[0], "0 finished");
+    assert_eq!(states[1], "1 finished");
+    assert!(states[2].starts_with("2 in doubt"), "{states:?}");
+    let name = browser.eval(&format!(
+        "{steps}[1].querySelector('.step-name').textContent"
+    ));
+    assert_eq!(name, r#"<img src=x onerror="document.title='step'">"#);
+    assert_eq!(
+        browser.eval("document.querySelector('table.steps img') === null"),
+        true
+    );
+    assert_eq!(
+        browser.eval(&format!("{steps}[0].querySelector('.size').textContent")),
+        "13 B"
+    );
+    assert!(!shown.contains("document.title='value'"), "{shown}");
+    assert_eq!(
+        browser.eval("document.querySelectorAll('button.act.resolve_step').length"),
+        1
+    );
+    assert_eq!(browser.eval("document.title"), "idempotask dashboard");
 }

@@ -251,3 +251,45 @@ fn resolve_records_the_held_step_and_frees_the_unit() {
     let (code, _, err) = resolve("order-5", &["--step", "mail", "--step-result", "7"]);
     assert_eq!(code, 4, "nothing is in doubt any more: {err}");
 }
+
+#[test]
+fn free_keeps_the_journal_and_discard_steps_deletes_it() {
+    let server = RedisServer::start();
+    let redis = Redis(&server);
+    let short = Duration::from_millis(100);
+    redis.with_store(async |store| {
+        for key in ["order-7", "order-8"] {
+            plant(&store, key, short, &[r#"{"step":"charge","ok":"ch"}"#]).await;
+        }
+        tokio::time::sleep(short + Duration::from_millis(50)).await;
+    });
+    let free = |key: &str, extra: &[&str]| {
+        let mut args = vec!["resolve", "--task", "checkout", "--key", key, "--yes"];
+        args.extend_from_slice(extra);
+        redis.idempotask(&args)
+    };
+    let (code, _, err) = free("order-7", &["--discard-steps", "--result", "1"]);
+    assert_eq!(code, 2, "--discard-steps goes with --free alone: {err}");
+    let (code, _, err) = free("order-7", &["--discard-steps"]);
+    assert_eq!(code, 2, "{err}");
+
+    // A plain free keeps the journal, and says what that means for a changed order.
+    let (code, out, err) = free("order-7", &["--free"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("keeping its journal"), "{out}");
+    assert!(out.contains("--discard-steps"), "{out}");
+    assert_eq!(
+        redis.status_json("checkout", "order-7")["steps"][0]["ok"],
+        "ch"
+    );
+
+    let (code, out, err) = free("order-8", &["--free", "--discard-steps"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("deleted its journal of steps"), "{out}");
+    let status = redis.status_json("checkout", "order-8");
+    assert_eq!(
+        (&status["state"], &status["steps"]),
+        (&value!("unknown"), &value!([])),
+        "{status}"
+    );
+}

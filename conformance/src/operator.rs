@@ -62,6 +62,7 @@ pub async fn check_operator<S: Store + Operator + Clone>(store: S) {
     if store.records_steps() {
         operator_steps::a_held_step_is_resolved_with_its_value(&store).await;
         operator_steps::a_body_whose_steps_changed_order_is_held(&store).await;
+        operator_steps::a_changed_order_hold_is_freed_with_its_steps(&store).await;
     } else {
         a_store_without_steps_refuses_to_record_one(&store).await;
     }

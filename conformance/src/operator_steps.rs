@@ -1,12 +1,15 @@
 //! The operator's resolution of a held step ([`Resolution::RecordStep`]): a body held at its
 //! step in doubt is told that the step's effect happened, and the next delivery goes on after
-//! it.
+//! it; and of a unit held because its body changed its step order, freed with its journal
+//! ([`Resolution::FreeDiscardingSteps`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use idempotask::operator::{Held, Marker, Operator, Resolution, Resolved, StepRecord, step_entry};
-use idempotask::store::{LockToken, SharedStore, Store, StoreErrorKind};
+use idempotask::operator::{
+    Held, Listed, Marker, Operator, Resolution, Resolved, StepRecord, step_entry,
+};
+use idempotask::store::{LockToken, SharedStore, Store, StoreErrorKind, UnitOfWork};
 use idempotask::{Error, StepErrorKind, Task};
 use serde_json::value::RawValue;
 
@@ -145,21 +148,7 @@ pub(super) async fn a_body_whose_steps_changed_order_is_held(
     let task = Task::new("operator-reordered").lock_ttl(SHORT);
     let unit = store.scope().unit("operator-reordered", "order-1").unwrap();
     let effects = Arc::new(AtomicU32::new(0));
-    let deliver = |first: &'static str, then_fail: bool| {
-        let effects = Arc::clone(&effects);
-        task.call("order-1").store(store.clone()).run(async move {
-            let ctx = idempotask::context().unwrap();
-            let effect = async {
-                effects.fetch_add(1, Ordering::SeqCst);
-                Ok::<u32, Error>(1)
-            };
-            ctx.step(first, effect).await?;
-            if then_fail {
-                return Err(Error::NotConfigured);
-            }
-            Ok(0)
-        })
-    };
+    let deliver = |first, then_fail| one_step(&task, store, &effects, first, then_fail);
     let order_changed = |answer: &Result<u32, Error>| {
         matches!(
             answer,
@@ -204,4 +193,141 @@ pub(super) async fn a_body_whose_steps_changed_order_is_held(
     assert_eq!(resolved, Resolved::Recorded);
     assert_eq!(deliver("b", false).await.unwrap(), 9, "the resolved result");
     assert_eq!(effects.load(Ordering::SeqCst), 1);
+}
+
+/// Input: a store that records steps, as its own operator. Checks that a unit held because its
+/// body changed its step order stays held after a plain [`Resolution::Free`] (the journal
+/// stays, and the next delivery is refused at the same step), and that
+/// [`Resolution::FreeDiscardingSteps`] frees it with its journal gone, so that the next
+/// delivery runs the whole body as new, the first order's effect again included.
+pub(super) async fn a_changed_order_hold_is_freed_with_its_steps(
+    store: &(impl Store + Operator + Clone),
+) {
+    let task = Task::new("operator-discarded").lock_ttl(SHORT);
+    let unit = store.scope().unit("operator-discarded", "order-1").unwrap();
+    let effects = Arc::new(AtomicU32::new(0));
+    let deliver = |first, then_fail| one_step(&task, store, &effects, first, then_fail);
+    let held = || async {
+        outlive(SHORT).await;
+        let Held::InDoubt { bytes, .. } = store.read(&unit).await.unwrap() else {
+            panic!("a unit whose steps changed order must be held in doubt");
+        };
+        bytes
+    };
+    assert!(matches!(
+        deliver("a", true).await,
+        Err(Error::NotConfigured)
+    ));
+    let changed = deliver("b", false).await;
+    assert!(
+        matches!(
+            &changed,
+            Err(Error::Step {
+                kind: StepErrorKind::OrderChanged,
+                ..
+            })
+        ),
+        "{changed:?}"
+    );
+
+    let shown = held().await;
+    let listed = listed_unit(store, &unit).await;
+    let journal = store.listed_journal(&listed).await.unwrap();
+    assert_eq!(
+        journal.len(),
+        1,
+        "the journal of the unit as a listing knows it"
+    );
+    let freed = store.resolve_exact(&unit, &shown, &Resolution::Free).await;
+    assert_eq!(freed.unwrap(), Resolved::Freed);
+    assert_eq!(
+        store.journal(&unit).await.unwrap().len(),
+        1,
+        "a plain free keeps the journal"
+    );
+    let again = deliver("b", false).await;
+    assert!(
+        matches!(
+            &again,
+            Err(Error::Step {
+                kind: StepErrorKind::OrderChanged,
+                ..
+            })
+        ),
+        "a plain free leaves the unit held at the next delivery: {again:?}"
+    );
+
+    let shown = held().await;
+    let wrong = [shown.as_slice(), b"x"].concat();
+    let discard = Resolution::FreeDiscardingSteps;
+    let changed = store.resolve_exact(&unit, &wrong, &discard).await.unwrap();
+    assert_eq!(
+        changed,
+        Resolved::Changed,
+        "another lock than the one shown"
+    );
+    assert_eq!(
+        store.journal(&unit).await.unwrap().len(),
+        1,
+        "nothing discarded"
+    );
+    let freed = store.resolve_exact(&unit, &shown, &discard).await.unwrap();
+    assert_eq!(freed, Resolved::Freed);
+    assert!(matches!(store.read(&unit).await.unwrap(), Held::Nothing));
+    assert!(
+        store.journal(&unit).await.unwrap().is_empty(),
+        "the journal is gone"
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        deliver("b", false).await.unwrap(),
+        1,
+        "the body runs as new"
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 2, "`b` runs, once");
+}
+
+/// The unit as a listing of its task finds it: by its digest alone, on a store that keeps no key
+/// beside a lock.
+async fn listed_unit(store: &impl Operator, unit: &UnitOfWork) -> Listed {
+    let mut from = None;
+    loop {
+        let page = store.list(unit.task(), from.as_ref(), 100).await.unwrap();
+        if let Some(listed) = page
+            .units
+            .into_iter()
+            .find(|listed| listed.digest == unit.digest())
+        {
+            return listed;
+        }
+        from = Some(page.next.expect("a listing must find the unit in doubt"));
+    }
+}
+
+/// Input: a task, a store, an effect counter, the name of the body's one step, and whether the
+/// body fails after it. Output: what a delivery of `order-1` answers; the step counts its effect
+/// and answers 1, as does the body.
+async fn one_step(
+    task: &Task,
+    store: &(impl Store + Operator + Clone),
+    effects: &Arc<AtomicU32>,
+    first: &'static str,
+    then_fail: bool,
+) -> Result<u32, Error> {
+    let effects = Arc::clone(effects);
+    task.call("order-1")
+        .store(store.clone())
+        .run(async move {
+            let ctx = idempotask::context().unwrap();
+            let effect = async {
+                effects.fetch_add(1, Ordering::SeqCst);
+                Ok::<u32, Error>(1)
+            };
+            let value = ctx.step(first, effect).await?;
+            if then_fail {
+                return Err(Error::NotConfigured);
+            }
+            Ok(value)
+        })
+        .await
 }

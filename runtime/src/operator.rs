@@ -180,6 +180,40 @@ pub trait Operator: Send + Sync + fmt::Debug + 'static {
         )))
     }
 
+    /// The journal of a unit a listing found ([`Listed`]), as [`journal`](Self::journal)
+    /// answers it, for a tool that shows each unit of a page with its steps. Provided: the
+    /// journal of [`Listed::unit`], and an error of kind `Configuration` for a unit known by
+    /// its digest alone; a store that finds the journal from the digest (a Redis lock keeps
+    /// only that) overrides it.
+    ///
+    /// ```
+    /// use idempotask::operator::{Listed, Held, Operator};
+    /// use idempotask::MemoryStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = MemoryStore::new();
+    /// let unit = store.scope().unit("checkout", "order-7")?;
+    /// let listed = Listed::new("checkout", unit.digest(), Held::Nothing).with_key("order-7");
+    /// assert!(store.listed_journal(&listed).await?.is_empty());
+    /// # Ok(()) }
+    /// ```
+    fn listed_journal(
+        &self,
+        listed: &Listed,
+    ) -> impl Future<Output = Result<Journal, StoreError>> + Send {
+        let unit = listed.unit();
+        async move {
+            match unit {
+                Some(unit) => self.journal(&unit).await,
+                None => Err(StoreError::new(
+                    "journal",
+                    StoreErrorKind::Configuration,
+                    "this store cannot find the journal of a unit known by its digest alone",
+                )),
+            }
+        }
+    }
+
     /// One page of `task`'s units that hold something: the first with `from` `None`, then each
     /// from the [`next`](Page::next) cursor of the one before, until a page has none. `limit`
     /// bounds the work of one page: about how many keys or rows it looks at (the rows of one
@@ -210,8 +244,9 @@ pub trait Operator: Send + Sync + fmt::Debug + 'static {
     /// Settles `unit`, in doubt with the lock `shown` (the bytes of a [`Held::InDoubt`] an
     /// operator confirmed), only while it still holds exactly that lock and the lock is still
     /// run out: [`Resolution::Record`] stores the marker in its place, [`Resolution::Free`]
-    /// frees the unit, [`Resolution::RecordStep`] appends a step's entry at the end of the
-    /// unit's journal and frees the unit. A unit that changed meanwhile is left alone ([`Resolved::Changed`]),
+    /// frees the unit (its journal of steps stays), [`Resolution::FreeDiscardingSteps`] frees
+    /// it and deletes its journal, [`Resolution::RecordStep`] appends a step's entry at the end
+    /// of the unit's journal and frees the unit. A unit that changed meanwhile is left alone ([`Resolved::Changed`]),
     /// one that became free is [`Resolved::Gone`].
     ///
     /// # Errors
@@ -341,8 +376,18 @@ pub enum Resolution {
         result_ttl: Duration,
     },
     /// The effect did not happen: forget the lock that ran out, so that the next delivery runs
-    /// the work as new, with no doubt (a fenced unit keeps its fencing counter).
+    /// the work as new, with no doubt (a fenced unit keeps its fencing counter). The unit's
+    /// journal of steps stays: the next delivery replays the recorded steps and runs the one in
+    /// doubt again.
     Free,
+    /// [`Free`](Self::Free) the unit and delete its journal of steps in the same atomic step,
+    /// so that the next delivery runs the whole body as new: the way out for a unit held
+    /// because its body changed its step order (`StepErrorKind::OrderChanged`), whose journal
+    /// no longer matches the body and which a plain `Free` leaves held at the next delivery.
+    /// The recorded steps' effects run again; settle them downstream first, or record the
+    /// unit's result instead ([`Record`](Self::Record)). On a store that keeps no journal it
+    /// is `Free`.
+    FreeDiscardingSteps,
     /// The step the unit is held at (its step in doubt, the first its journal lacks) had its
     /// effect: append this journal entry (see [`step_entry`]) at the journal's next position,
     /// the journal then kept for `kept_for`, and free the unit, so that the next delivery
@@ -433,6 +478,19 @@ impl Resolution {
         }
     }
 
+    /// Whether the resolution deletes the unit's journal of steps as it frees the unit
+    /// ([`FreeDiscardingSteps`](Self::FreeDiscardingSteps)).
+    ///
+    /// ```
+    /// use idempotask::operator::Resolution;
+    ///
+    /// assert!(Resolution::FreeDiscardingSteps.discards_steps());
+    /// assert!(!Resolution::Free.discards_steps());
+    /// ```
+    pub fn discards_steps(&self) -> bool {
+        matches!(self, Self::FreeDiscardingSteps)
+    }
+
     /// For a store carrying the resolution out on `unit`: the marker to store in place of the
     /// lock and how long to keep it, or `None` to free the unit.
     ///
@@ -465,7 +523,7 @@ impl Resolution {
     ) -> Result<Option<(&[u8], Duration)>, StoreError> {
         let (marker, result_ttl) = match self {
             Self::Record { marker, result_ttl } => (marker, *result_ttl),
-            Self::Free => return Ok(None),
+            Self::Free | Self::FreeDiscardingSteps => return Ok(None),
             // Reached only on a store that does not know steps: one that does asks
             // `step_to_record` first.
             Self::RecordStep { .. } => {

@@ -21,8 +21,9 @@ pub(crate) enum Settle {
         result: Box<RawValue>,
         result_ttl: Duration,
     },
-    /// The effect did not happen: free the unit.
-    Free,
+    /// The effect did not happen: free the unit; with `discard_steps`, delete its journal of
+    /// steps too, so that the next delivery runs the whole body as new.
+    Free { discard_steps: bool },
 }
 
 /// A unit in doubt `resolve` read: the lock's bytes to compare, and what the operator is shown.
@@ -76,6 +77,7 @@ pub(crate) async fn resolve(
         fencing_token,
         shown,
     } = read_in_doubt(target, task, key).await?;
+    let mut recorded_steps = 0;
     let (resolution, question, recorded) = match settle {
         Settle::Record { result, result_ttl } => (
             Resolution::record(
@@ -89,11 +91,12 @@ pub(crate) async fn resolve(
             ),
             Some((result, result_ttl)),
         ),
-        Settle::Free => (
-            Resolution::Free,
-            "Free it, so that the next delivery runs the work as new?".to_owned(),
-            None,
-        ),
+        Settle::Free { discard_steps } => {
+            if let Some(journal) = target.journal(&unit).await? {
+                recorded_steps = journal.len();
+            }
+            free(discard_steps, recorded_steps)
+        }
     };
     if !yes {
         confirm(&shown, &question, "resolve", "written")?;
@@ -106,6 +109,18 @@ pub(crate) async fn resolve(
                 "recorded {} as the result of {task} {key:?}; every delivery gets it back (kept for {})",
                 result.get(),
                 human(*ttl)
+            ),
+        ),
+        (Resolved::Freed, None) if resolution.discards_steps() => (
+            "freed_discarding_steps",
+            format!(
+                "freed {task} {key:?} and deleted its journal of steps; the next delivery runs the whole body as new"
+            ),
+        ),
+        (Resolved::Freed, None) if recorded_steps > 0 => (
+            "freed",
+            format!(
+                "freed {task} {key:?}, keeping its journal: the next delivery replays its {recorded_steps} recorded step(s) and runs the next one again (a unit held because its body changed its step order is held again: free it with --discard-steps)"
             ),
         ),
         (Resolved::Freed, None) => (
@@ -148,6 +163,33 @@ pub(crate) async fn resolve(
         text,
         exit: Exit::Ok,
     })
+}
+
+/// Input: whether `--discard-steps` was given, and how many steps the unit's journal holds.
+/// Output: the resolution that frees it, the question to confirm, and no result to record.
+fn free(
+    discard_steps: bool,
+    recorded: usize,
+) -> (Resolution, String, Option<(Box<RawValue>, Duration)>) {
+    let (resolution, question) = match (discard_steps, recorded) {
+        (true, _) => (
+            Resolution::FreeDiscardingSteps,
+            format!(
+                "Free it and delete its journal of {recorded} step(s), so that the next delivery runs the whole body as new (the recorded steps' effects run again)?"
+            ),
+        ),
+        (false, 0) => (
+            Resolution::Free,
+            "Free it, so that the next delivery runs the work as new?".to_owned(),
+        ),
+        (false, _) => (
+            Resolution::Free,
+            format!(
+                "Free it, keeping its journal of {recorded} step(s), so that the next delivery replays them and runs the next step again? (A unit held because its body changed its step order stays held after this: free it with --discard-steps instead.)"
+            ),
+        ),
+    };
+    (resolution, question, None)
 }
 
 /// Input: a unit `resolve` was asked about and what it holds, which is no lock in doubt.

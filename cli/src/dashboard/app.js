@@ -30,6 +30,8 @@
     resolve: "Mark this unit done with the result below: every later delivery gets it back instead of running the work. Only if its side effect happened.",
     free: "Free this unit: the next delivery runs the work again, as new. Only if its side effect did not happen.",
     forget: "Forget this unit's result: the next delivery runs the work again.",
+    resolve_step: "Record the step in doubt as done with the value below, at the end of the unit's journal, and free the unit: the next delivery replays it and goes on after it. Only if that step's effect happened.",
+    discard: "Free this unit and delete its journal of steps: the next delivery runs the whole body as new, and the recorded steps' effects run again. For a unit whose body changed its step order.",
   };
 
   units.addEventListener("click", (event) => {
@@ -49,8 +51,11 @@
     field("confirm-digest").value = button.dataset.digest;
     field("confirm-key").value = button.dataset.key;
     field("confirm-what").textContent = button.dataset.task + " (digest " + button.dataset.digest + "): " + questions[action];
-    field("confirm-result-label").hidden = action !== "resolve";
-    field("confirm-ttl-label").hidden = action !== "resolve";
+    const records = action === "resolve" || action === "resolve_step";
+    field("confirm-result-label").hidden = !records;
+    field("confirm-ttl-label").hidden = !records;
+    field("confirm-step-label").hidden = action !== "resolve_step";
+    field("confirm-part-label").hidden = action !== "resolve_step";
     dialog.showModal();
   });
 

@@ -6,7 +6,7 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use super::calls::Counters;
-use super::view::{Row, TaskView};
+use super::view::{Row, StepRow, TaskView};
 use crate::time::human;
 
 /// Input: text. Output: the text with the five characters that mean something in HTML (in
@@ -54,6 +54,8 @@ pub(crate) fn page(scope: &str, views: &[TaskView], unread: &[String], csrf: &st
 <input type="hidden" name="digest" id="confirm-digest">
 <p id="confirm-what"></p>
 <label>Caller key <input name="key" id="confirm-key" required autocomplete="off"></label>
+<label id="confirm-step-label">Step name, as the body gives it <input name="step" id="confirm-step" autocomplete="off"></label>
+<label id="confirm-part-label">Its key part, for a step named with one <input name="part" id="confirm-part" autocomplete="off"></label>
 <label id="confirm-result-label">Its result, as JSON <textarea name="result" id="confirm-result" rows="3"></textarea></label>
 <label id="confirm-ttl-label">Kept for <input name="result_ttl" id="confirm-ttl" value="24h"></label>
 <p><button type="submit" id="confirm-yes">Confirm</button> <button type="button" id="confirm-no">Cancel</button></p>
@@ -106,24 +108,7 @@ fn task(html: &mut String, view: &TaskView) {
         html,
         "<h3>In doubt (held): resolve each once you know whether its side effect happened</h3>"
     );
-    if view.held_units.is_empty() {
-        html.push_str("<p class=\"none\">None.</p>");
-    } else {
-        html.push_str("<table class=\"held\"><tr><th>Key</th><th>Fencing token</th><th>Lock ran out</th><th>Remembered for</th><th></th></tr>");
-        for row in &view.held_units {
-            let _ = write!(
-                html,
-                "<tr>{}<td>{}</td><td>{} ago</td><td>{}</td><td>{}{}</td></tr>",
-                key_cell(row),
-                token(row),
-                ms(row.expired_for_ms),
-                ms(row.forgotten_in_ms),
-                button(&view.task, row, "resolve", "Mark done…"),
-                button(&view.task, row, "free", "Free (rerun)…"),
-            );
-        }
-        html.push_str("</table>");
-    }
+    held(html, view);
     html.push_str("<h3>Locked, closest to their lock TTL first</h3>");
     if view.locked_units.is_empty() {
         html.push_str("<p class=\"none\">None.</p>");
@@ -179,6 +164,84 @@ fn task(html: &mut String, view: &TaskView) {
         );
     }
     html.push_str("</section>");
+}
+
+/// The units in doubt: each with its steps, and the buttons that settle it.
+fn held(html: &mut String, view: &TaskView) {
+    if view.held_units.is_empty() {
+        html.push_str("<p class=\"none\">None.</p>");
+    } else {
+        if view.held_at_step > 0 {
+            let _ = write!(
+                html,
+                "<p class=\"count held-at-step\">{} held at a step, with steps recorded: settle the step in doubt alone</p>",
+                view.held_at_step
+            );
+        }
+        html.push_str("<table class=\"held\"><tr><th>Key</th><th>Fencing token</th><th>Lock ran out</th><th>Remembered for</th><th>Steps</th><th></th></tr>");
+        for row in &view.held_units {
+            let (class, step_buttons) = match row.at_step() {
+                Some(_) => (
+                    " class=\"at-step\"",
+                    format!(
+                        "{}{}",
+                        button(&view.task, row, "resolve_step", "Record the step…"),
+                        button(&view.task, row, "discard", "Free, discard steps…"),
+                    ),
+                ),
+                None => ("", String::new()),
+            };
+            let _ = write!(
+                html,
+                "<tr{class}>{}<td>{}</td><td>{} ago</td><td>{}</td><td>{}</td><td>{}{}{step_buttons}</td></tr>",
+                key_cell(row),
+                token(row),
+                ms(row.expired_for_ms),
+                ms(row.forgotten_in_ms),
+                steps(row.steps.as_deref()),
+                button(&view.task, row, "resolve", "Mark done…"),
+                button(&view.task, row, "free", "Free (rerun)…"),
+            );
+        }
+        html.push_str("</table>");
+    }
+}
+
+/// A held unit's steps: each of its journal, then the step in doubt; never a value, only its
+/// size.
+fn steps(steps: Option<&[StepRow]>) -> String {
+    let Some(steps) = steps else {
+        return "<span class=\"none\">no journal</span>".to_owned();
+    };
+    if steps.len() <= 1 {
+        return "<span class=\"none\">none recorded</span>".to_owned();
+    }
+    let mut html = String::from("<table class=\"steps\">");
+    for step in steps {
+        let (state, what) = match step.state {
+            "finished" => ("finished", "finished"),
+            "unstorable" => ("unstorable", "finished, value not stored"),
+            "in_doubt" => (
+                "in-doubt",
+                "in doubt (or refused: the body changed its step order)",
+            ),
+            _ => ("unreadable", "not a journal entry"),
+        };
+        let name = step.step.as_deref().map_or_else(
+            || "<span class=\"none\">the next step</span>".to_owned(),
+            |name| format!("<span class=\"step-name\">{}</span>", escape(name)),
+        );
+        let size = step
+            .value_bytes
+            .map_or_else(String::new, |bytes| format!("{bytes} B"));
+        let _ = write!(
+            html,
+            "<tr class=\"step {state}\"><td>{}</td><td>{name}</td><td>{what}</td><td class=\"size\">{size}</td></tr>",
+            step.position
+        );
+    }
+    html.push_str("</table>");
+    html
 }
 
 /// What the workers counted of a task's calls, in one line.

@@ -22,6 +22,7 @@ use super::view::{self, TaskView};
 use crate::audit;
 use crate::commands::{self, Settle};
 use crate::exit::{Exit, Failure};
+use crate::resolve_step::{HeldStep, resolve_step};
 use crate::target::Target;
 use crate::time::parse_ttl;
 
@@ -252,6 +253,11 @@ struct ActionForm {
     result: String,
     #[serde(default)]
     result_ttl: String,
+    /// `resolve_step`: the step in doubt's name, and its key part (empty: none).
+    #[serde(default)]
+    step: String,
+    #[serde(default)]
+    part: String,
 }
 
 /// Resolves, frees or forgets one unit, as `resolve` and `forget` do (and only while it still
@@ -328,6 +334,8 @@ async fn act(
     let name = match form.action.as_str() {
         "resolve" => "resolve_record",
         "free" => "resolve_free",
+        "discard" => "resolve_free_discarding_steps",
+        "resolve_step" => "resolve_step",
         "forget" => "forget",
         _ => "unknown",
     };
@@ -348,27 +356,53 @@ async fn act(
     let (task, key) = (form.task.as_str(), form.key.as_str());
     let found = match form.action.as_str() {
         "resolve" => {
-            let result = RawValue::from_string(form.result.trim().to_owned()).map_err(|err| {
-                fail(Failure::usage(format!(
-                    "the result is not JSON ({err}); nothing was changed"
-                )))
-            })?;
-            let ttl = if form.result_ttl.trim().is_empty() {
-                "24h"
-            } else {
-                form.result_ttl.trim()
-            };
-            let result_ttl = parse_ttl(ttl).map_err(|err| fail(Failure::usage(err)))?;
+            let (result, result_ttl) = result_and_ttl(form).map_err(fail)?;
             let settle = Settle::Record { result, result_ttl };
             commands::resolve(target, task, key, settle, true).await
         }
-        "free" => commands::resolve(target, task, key, Settle::Free, true).await,
+        "resolve_step" => {
+            let (value, kept_for) = result_and_ttl(form).map_err(fail)?;
+            let name = form.step.trim();
+            if name.is_empty() {
+                return Err(fail(Failure::usage(
+                    "name the step in doubt, as the body gives it; nothing was changed",
+                )));
+            }
+            let part = Some(form.part.as_str()).filter(|part| !part.is_empty());
+            let step = HeldStep {
+                name: name.to_owned(),
+                part: part.map(str::to_owned),
+                value,
+                kept_for,
+            };
+            resolve_step(target, task, key, step, true).await
+        }
+        "free" | "discard" => {
+            let discard_steps = form.action == "discard";
+            let settle = Settle::Free { discard_steps };
+            commands::resolve(target, task, key, settle, true).await
+        }
         "forget" => commands::forget(target, task, key, true, false).await,
         other => Err(Failure::usage(format!(
-            "unknown action `{other}`: resolve, free or forget"
+            "unknown action `{other}`: resolve, resolve_step, free, discard or forget"
         ))),
     };
     found.map(|found| (name, found)).map_err(fail)
+}
+
+/// Input: a form that records a value. Output: its value as JSON and how long it is kept (24 h
+/// when not given), or why they are refused.
+fn result_and_ttl(form: &ActionForm) -> Result<(Box<RawValue>, std::time::Duration), Failure> {
+    let result = RawValue::from_string(form.result.trim().to_owned()).map_err(|err| {
+        Failure::usage(format!(
+            "the result is not JSON ({err}); nothing was changed"
+        ))
+    })?;
+    let ttl = match form.result_ttl.trim() {
+        "" => "24h",
+        ttl => ttl,
+    };
+    Ok((result, parse_ttl(ttl).map_err(Failure::usage)?))
 }
 
 fn answer(status: StatusCode, kind: &str, message: &str) -> Response {

@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use idempotask::operator::Cursor;
+use idempotask::operator::{Cursor, Listed, StepRecord, StoredResult};
+use idempotask::store::Journal;
 use serde::Serialize;
 
 use super::calls::Counters;
@@ -48,6 +49,70 @@ pub(crate) struct Row {
     /// Done: how long the result is kept still.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) marker_ttl_ms: Option<u64>,
+    /// In doubt: its journal's steps, then the step in doubt; `None` where the store keeps no
+    /// journal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) steps: Option<Vec<StepRow>>,
+}
+
+/// One step of a held unit's journal as the page shows it: never the value itself, which is
+/// the body's data (and hostile input), only its size.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct StepRow {
+    pub(crate) position: usize,
+    /// The step's label (`mail[<part>]`), the part left out where keys are shown hashed;
+    /// `None` for the step in doubt, whose name the store never sees.
+    pub(crate) step: Option<String>,
+    /// `finished`, `unstorable` (it ran; its value could not be stored), `unreadable` (not a
+    /// journal entry), or `in_doubt`: the first step the journal lacks, whose effect may have
+    /// happened (or, for a body whose step order changed, the step that was refused).
+    pub(crate) state: &'static str,
+    /// The size of the stored value (or of the whole entry, when it does not decode), in bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) value_bytes: Option<usize>,
+}
+
+impl StepRow {
+    /// Input: a held unit's journal. Output: each entry as a row, then the step in doubt.
+    fn of(journal: &Journal, hash_keys: bool) -> Vec<Self> {
+        let mut rows: Vec<Self> = journal
+            .entries()
+            .iter()
+            .enumerate()
+            .map(|(position, entry)| match StepRecord::decode(entry) {
+                Ok(record) => {
+                    let (state, value_bytes) = match &record.result {
+                        StoredResult::Json(json) => ("finished", Some(json.get().len())),
+                        _ => ("unstorable", None),
+                    };
+                    let step = match (&record.part, hash_keys) {
+                        // A key part is the caller's data, as the key is.
+                        (Some(_), true) => format!("{}[…]", record.name),
+                        _ => record.label(),
+                    };
+                    Self {
+                        position,
+                        step: Some(step),
+                        state,
+                        value_bytes,
+                    }
+                }
+                Err(_) => Self {
+                    position,
+                    step: None,
+                    state: "unreadable",
+                    value_bytes: Some(entry.len()),
+                },
+            })
+            .collect();
+        rows.push(Self {
+            position: journal.len(),
+            step: None,
+            state: "in_doubt",
+            value_bytes: None,
+        });
+        rows
+    }
 }
 
 impl Row {
@@ -63,7 +128,14 @@ impl Row {
             // A result can name the key (or hold more of the same personal data).
             result: entry.result.filter(|_| !hash_keys),
             marker_ttl_ms: entry.marker_ttl_ms,
+            steps: None,
         }
+    }
+
+    /// Whether the unit is held at a step: in doubt with steps recorded before it.
+    pub(crate) fn at_step(&self) -> Option<usize> {
+        let steps = self.steps.as_ref()?;
+        (steps.len() > 1).then(|| steps.len() - 1)
     }
 
     /// The share of its lock's TTL a locked unit has used, in percent, where the store tells
@@ -91,6 +163,8 @@ pub(crate) struct TaskView {
     pub(crate) locked_units: Vec<Row>,
     /// The units in doubt whose lock ran out longest ago, first.
     pub(crate) held_units: Vec<Row>,
+    /// How many of the units in doubt shown are held at a step, with steps recorded.
+    pub(crate) held_at_step: usize,
     /// One page of done units.
     pub(crate) done_units: Vec<Row>,
     /// Where the next page of done units starts.
@@ -116,6 +190,8 @@ pub(crate) async fn task_view(
     let mut states: HashMap<String, u8> = HashMap::new();
     let mut locked: Vec<Row> = Vec::new();
     let mut held: Vec<Row> = Vec::new();
+    // What the listing knows of each unit in doubt, to find its journal by.
+    let mut held_listed: HashMap<String, Listed> = HashMap::new();
     let mut from: Option<Cursor> = None;
     let mut calls = 0;
     loop {
@@ -143,6 +219,7 @@ pub(crate) async fn task_view(
                 row.age_ms = age;
                 locked.push(row);
             } else if entry.in_doubt {
+                held_listed.insert(digest.clone(), listed.clone());
                 held.push(Row::of(entry, hash_keys));
             }
         }
@@ -155,6 +232,15 @@ pub(crate) async fn task_view(
             None => break,
         }
     }
+    // One store call per unit shown in doubt: the held units are few, and each is an
+    // operator's work to do.
+    for row in &mut held {
+        if let Some(listed) = held_listed.get(&row.digest) {
+            let journal = target.listed_journal(listed).await?;
+            calls += 1;
+            row.steps = journal.map(|journal| StepRow::of(&journal, hash_keys));
+        }
+    }
     let count = |wanted: u8| states.values().filter(|state| **state == wanted).count();
     let (done_units, done_next) = done_page(target, task, hash_keys, done_from).await?;
     Ok(TaskView {
@@ -165,6 +251,7 @@ pub(crate) async fn task_view(
         flagged: count(b'f'),
         ttl_used_max_percent: locked.iter().filter_map(Row::ttl_used_percent).max(),
         locked_units: locked,
+        held_at_step: held.iter().filter(|row| row.at_step().is_some()).count(),
         held_units: held,
         done_units,
         done_next,

@@ -11,7 +11,7 @@ pub(crate) mod web;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use idempotask::store::{Begin, Fencing, LockToken, Store, UnitOfWork};
+use idempotask::store::{Begin, Fencing, LockToken, StepEntry, Store, UnitOfWork};
 use idempotask::{Outcome, Report, Task};
 use idempotask_postgres::PostgresStore;
 use idempotask_redis::RedisStore;
@@ -175,6 +175,31 @@ pub(crate) async fn leave_in_doubt_on(
     }
     tokio::time::sleep(short + Duration::from_millis(50)).await;
     abandoned
+}
+
+/// Leaves `task`/`key` in doubt on `store` after its holder recorded `entries` (journal
+/// entries, as `ctx.step` writes them) as its steps: a body held at the step after them.
+pub(crate) async fn hold_at_step_on(store: &impl Store, task: &str, key: &str, entries: &[&str]) {
+    let short = Duration::from_millis(100);
+    let unit = UnitOfWork::new(task, key).unwrap();
+    let token = LockToken::generate().with_doubt_memory(DOUBT_MEMORY);
+    let Begin::Acquired { .. } = store
+        .begin(&unit, &token, short, Fencing::Off)
+        .await
+        .unwrap()
+    else {
+        panic!("{key} is not free");
+    };
+    for (position, entry) in (0..).zip(entries) {
+        let entry = StepEntry::new(position, entry.as_bytes(), LONG);
+        assert!(
+            store
+                .record_step(&unit, &token, entry, short)
+                .await
+                .unwrap()
+        );
+    }
+    tokio::time::sleep(short + Duration::from_millis(50)).await;
 }
 
 /// Calls `charge`/`key` on `store` as the next delivery does (reruns a unit in doubt); the

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use super::held::Held;
+use super::held::{Held, Listed};
 use super::page::{Cursor, Page, Scope, Stats};
 use super::{Forgot, Operator, Resolution, Resolved};
 use crate::error::StoreError;
@@ -37,6 +37,7 @@ trait ErasedOperator: Send + Sync + fmt::Debug {
     fn task_exists<'a>(&'a self, task: &'a str) -> Boxed<'a, bool>;
     fn stats<'a>(&'a self, task: &'a str) -> Boxed<'a, Stats>;
     fn journal<'a>(&'a self, unit: &'a UnitOfWork) -> Boxed<'a, Journal>;
+    fn listed_journal<'a>(&'a self, listed: &'a Listed) -> Boxed<'a, Journal>;
 }
 
 impl<O: Operator> ErasedOperator for O {
@@ -76,6 +77,9 @@ impl<O: Operator> ErasedOperator for O {
     }
     fn journal<'a>(&'a self, unit: &'a UnitOfWork) -> Boxed<'a, Journal> {
         Box::pin(Operator::journal(self, unit))
+    }
+    fn listed_journal<'a>(&'a self, listed: &'a Listed) -> Boxed<'a, Journal> {
+        Box::pin(Operator::listed_journal(self, listed))
     }
 }
 
@@ -164,5 +168,9 @@ impl Operator for SharedOperator {
 
     async fn journal(&self, unit: &UnitOfWork) -> Result<Journal, StoreError> {
         self.0.journal(unit).await
+    }
+
+    async fn listed_journal(&self, listed: &Listed) -> Result<Journal, StoreError> {
+        self.0.listed_journal(listed).await
     }
 }

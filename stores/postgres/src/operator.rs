@@ -195,7 +195,8 @@ impl PostgresStore {
     /// run out and still remembered: [`Resolution::Record`] stores a completion marker in its
     /// place, kept for its result TTL, so that every later delivery gets its result back;
     /// [`Resolution::Free`] frees the unit (a fenced unit's row keeps its fencing counter, as
-    /// a release leaves it), so that the next delivery runs the work as new with no doubt;
+    /// a release leaves it), so that the next delivery runs the work as new with no doubt, and
+    /// [`Resolution::FreeDiscardingSteps`] deletes the unit's journal with it;
     /// [`Resolution::RecordStep`] frees it so and appends a step's entry to its journal in the
     /// same statement, so that the next delivery replays that step and goes on after it. A
     /// unit that changed meanwhile (taken over, finished or renewed by its holder, resolved by
@@ -258,6 +259,10 @@ impl PostgresStore {
                     .bind(marker)
                     .bind(millis(result_ttl)),
                 Resolved::Recorded,
+            ),
+            (None, None) if resolution.discards_steps() => (
+                statement(&self.statements.resolve_free_discarding),
+                Resolved::Freed,
             ),
             (None, None) => (statement(&self.statements.resolve_free), Resolved::Freed),
         };

@@ -121,6 +121,8 @@ pub(super) struct Statements {
     /// the unit while its row is still that lock, run out and remembered; one row
     /// `(resolved, present)`, as `forget_exact` answers.
     pub(super) resolve_free: SqlStr,
+    /// `resolve_free` that also deletes the unit's journal, as `forget_exact` does.
+    pub(super) resolve_free_discarding: SqlStr,
     /// The same, with `$4` the marker and `$5` the result TTL in ms: the marker in place of
     /// that lock.
     pub(super) resolve_record: SqlStr,
@@ -181,10 +183,6 @@ pub(super) fn lock_wait_bound(lock_timeout: Duration) -> String {
 
 impl Statements {
     /// The statements on table `name`, their row-lock waits bounded by `lock_timeout`.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "one field per statement: a list, read one field at a time"
-    )]
     pub(super) fn new(name: &TableName, lock_timeout: Duration) -> Self {
         let t = name.table();
         let seq = name.sequence();
@@ -230,6 +228,8 @@ impl Statements {
                        AND {present_u}) AS present"
         );
         let shown_in_doubt = format!("u.state = 'locked' AND u.token = $3 AND {}", in_doubt("u"));
+        let resolve_free =
+            |also: &str| free_or_drop(&shown_in_doubt, "resolved", &present_before, also);
         Self {
             begin_fresh: sql(begin_fresh(&t, None, &bound, "")),
             begin_fresh_fenced: sql(begin_fresh(&t, Some(&seq), &bound, "")),
@@ -282,14 +282,10 @@ impl Statements {
             // The lock shown is the row's token while the row is a lock in doubt: a holder that
             // came back and renewed it has a live lock, and a delivery that took it over has a
             // token of its own. Freed as a release frees it: a fenced row keeps its counter.
-            resolve_free: free_or_drop(&shown_in_doubt, "resolved", &present_before, ""),
+            resolve_free: resolve_free(""),
+            resolve_free_discarding: resolve_free(&forgotten_journal),
             resolve_record: sql(resolve_record(&t, &shown_in_doubt, &bound, &present_before)),
-            resolve_step: free_or_drop(
-                &shown_in_doubt,
-                "resolved",
-                &present_before,
-                &steps::resolved_step(&steps_table),
-            ),
+            resolve_step: resolve_free(&steps::resolved_step(&steps_table)),
             purge: sql(purge(&t)),
             schema_probe: sql(format!(
                 "SELECT last_value, EXISTS (

@@ -53,7 +53,13 @@ pub(super) const PREFIX: &str = "idempotask:v2:";
 ///
 /// Names are built on every call, so they go into a string of the exact size.
 pub(super) fn unit_key(namespace: &str, unit: &UnitOfWork) -> String {
-    let parts = [PREFIX, namespace, ":", unit.task(), ":", unit.digest()];
+    digest_key(namespace, unit.task(), unit.digest())
+}
+
+/// The key of `task`'s unit whose caller key has `digest`, under `namespace`: what
+/// [`unit_key`] names, for a unit a listing knows by its digest alone.
+pub(super) fn digest_key(namespace: &str, task: &str, digest: &str) -> String {
+    let parts = [PREFIX, namespace, ":", task, ":", digest];
     let mut name = String::with_capacity(parts.iter().map(|part| part.len()).sum());
     for part in parts {
         name.push_str(part);

@@ -162,11 +162,11 @@ fn forgot_from_reply(reply: &Value) -> Option<Forgot> {
 /// what it did, or `None` for a reply it never gives.
 fn resolved_from_reply(reply: &Value, resolution: &Resolution) -> Option<Resolved> {
     match reply {
-        Value::Int(1) if matches!(resolution, Resolution::Free) => Some(Resolved::Freed),
-        Value::Int(1) if matches!(resolution, Resolution::RecordStep { .. }) => {
-            Some(Resolved::StepRecorded)
-        }
-        Value::Int(1) => Some(Resolved::Recorded),
+        Value::Int(1) => Some(match resolution {
+            Resolution::Record { .. } => Resolved::Recorded,
+            Resolution::RecordStep { .. } => Resolved::StepRecorded,
+            _ => Resolved::Freed,
+        }),
         Value::Int(0) => Some(Resolved::Gone),
         Value::Int(-1) => Some(Resolved::Changed),
         _ => None,
@@ -360,6 +360,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
                 Some((entry, kept)) => cmd.arg(entry).arg(kept),
                 None => cmd.arg("").arg(0),
             };
+            cmd.arg(u8::from(resolution.discards_steps()));
         };
         let read = |reply: &Value| resolved_from_reply(reply, resolution);
         self.exact("resolve", &RESOLVE_EXACT, unit, shown, args, read)

@@ -7,8 +7,9 @@
 -- the reply answers as the first run did and writes nothing more.
 -- KEYS[1] the unit's key
 -- KEYS[2] the unit's operator receipt (same hash slot)
--- KEYS[3] the unit's journal of steps, left alone but for a step's entry (ARGV[6]): a freed
--- unit replays the steps it recorded, and a resolved one's journal expires before its marker
+-- KEYS[3] the unit's journal of steps, left alone but for a step's entry (ARGV[6]) and a free
+-- that discards it (ARGV[8]): a freed unit replays the steps it recorded, and a resolved one's
+-- journal expires before its marker
 -- ARGV[1] the exact lock value that was shown: L<token>~<memory>[.<fence>]
 -- ARGV[2] a nonce of this call
 -- ARGV[3] how long the receipt lasts, in ms
@@ -16,6 +17,7 @@
 -- ARGV[5] the marker's TTL in ms (with a marker)
 -- ARGV[6] a step's journal entry to append before freeing the unit, or '' (with no marker)
 -- ARGV[7] how long the journal is then kept, in ms (with an entry)
+-- ARGV[8] '1' to delete the journal as the unit is freed (with no marker and no entry), else '0'
 -- Returns 1 resolved (now or by this call's earlier run) | 0 the unit is free (nothing, or a
 -- released fenced lock's counter) | -1 it holds something else now, or the same lock live again
 if redis.call('GET', KEYS[2]) == ARGV[2] then
@@ -52,6 +54,10 @@ else
   local now = redis.call('TIME')
   local ahead = tonumber(fence) - (tonumber(now[1]) * 1000000 + tonumber(now[2]))
   redis.call('SET', KEYS[1], 'T' .. fence, 'PX', math.max(math.floor(ahead / 1000), 0) + 1000)
+end
+if ARGV[8] == '1' then
+  -- After the unit is freed, which a server at maxmemory may refuse: a delete never is.
+  redis.call('DEL', KEYS[3])
 end
 -- After the first write, as in forget.lua: a server at maxmemory checks only a script's first
 -- write.

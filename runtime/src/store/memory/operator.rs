@@ -169,6 +169,9 @@ impl Operator for MemoryStore {
                 *slot = Some(Expiring::new(done, result_ttl, now));
                 Resolved::Recorded
             } else {
+                if resolution.discards_steps() {
+                    *journal = None;
+                }
                 *slot = kept_counter(fencing_token, now);
                 Resolved::Freed
             }

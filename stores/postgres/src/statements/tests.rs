@@ -47,6 +47,10 @@ fn row_lock_waits_are_bounded_outside_transactions_only() {
         ("forget", &statements.forget),
         ("forget_exact", &statements.forget_exact),
         ("resolve_free", &statements.resolve_free),
+        (
+            "resolve_free_discarding",
+            &statements.resolve_free_discarding,
+        ),
         ("resolve_record", &statements.resolve_record),
         ("record_step", &statements.record_step),
         (
@@ -157,6 +161,10 @@ fn a_takeover_keeps_the_doubt_it_found_and_the_fresh_path_never_reads_it() {
         ),
         ("resolve_record", &statements.resolve_record),
         ("resolve_free", &statements.resolve_free),
+        (
+            "resolve_free_discarding",
+            &statements.resolve_free_discarding,
+        ),
     ] {
         assert!(sql.as_str().contains("doubt_expired_for = NULL"), "{name}");
     }
@@ -207,6 +215,10 @@ fn a_unit_in_doubt_is_a_remembered_lock_of_a_holder() {
         ("begin", &statements.begin),
         ("take_over", &statements.take_over),
         ("resolve_free", &statements.resolve_free),
+        (
+            "resolve_free_discarding",
+            &statements.resolve_free_discarding,
+        ),
         ("resolve_record", &statements.resolve_record),
     ] {
         assert!(
@@ -243,6 +255,10 @@ fn the_steps_table_is_created_by_the_migration_and_named_only_where_steps_need_i
         ("release", &statements.release),
         ("renew", &statements.renew),
         ("resolve_free", &statements.resolve_free),
+        (
+            "resolve_free_discarding",
+            &statements.resolve_free_discarding,
+        ),
         ("resolve_record", &statements.resolve_record),
     ] {
         assert!(!sql.as_str().contains(&steps), "{name}");

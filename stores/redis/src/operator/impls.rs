@@ -146,6 +146,13 @@ macro_rules! delegate_operator {
             async fn journal(&self, unit: &UnitOfWork) -> Result<Journal, StoreError> {
                 Store::read_journal(self, unit).await
             }
+
+            // A lock keeps only its key's digest, and the journal is named after the unit's key.
+            async fn listed_journal(&self, listed: &Listed) -> Result<Journal, StoreError> {
+                let namespace = &self.protocol.namespace;
+                let key = crate::keys::digest_key(namespace, &listed.task, &listed.digest);
+                self.protocol.journal("journal", &key).await
+            }
         }
     };
 }
