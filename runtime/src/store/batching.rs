@@ -1,7 +1,6 @@
 //! [`BatchingStore`]: a store whose concurrent `begin`s and `finish`es go to the store it wraps
 //! as batches, one round trip for as many calls as arrived together.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -97,8 +96,10 @@ struct LaneState<R> {
     flushing: bool,
     /// How many batches were taken from this lane.
     taken: u64,
-    /// For begins: the units of the batch in flight, by the number of that batch.
-    in_flight: HashMap<UnitOfWork, u64>,
+    /// For begins: the units of the batches in flight, each with its batch's number. A list,
+    /// not a map: every call adds to it and only a `release` looks a unit up, so hashing each
+    /// unit on its way in would cost every message what only a release needs.
+    in_flight: Vec<(UnitOfWork, u64)>,
 }
 
 impl<R> Lane<R> {
@@ -108,7 +109,7 @@ impl<R> Lane<R> {
                 waiting: Vec::new(),
                 flushing: false,
                 taken: 0,
-                in_flight: HashMap::new(),
+                in_flight: Vec::new(),
             }),
         }
     }
@@ -138,7 +139,7 @@ impl<R> Lane<R> {
         let number = state.taken;
         for request in &taken {
             if let Some(unit) = unit_of(request) {
-                state.in_flight.insert(unit.clone(), number);
+                state.in_flight.push((unit.clone(), number));
             }
         }
         (taken, number)
@@ -146,12 +147,15 @@ impl<R> Lane<R> {
 
     /// The batch `number` came back: its units are no longer in flight.
     fn back(&self, number: u64) {
-        self.lock().in_flight.retain(|_, batch| *batch != number);
+        self.lock().in_flight.retain(|(_, batch)| *batch != number);
     }
 
     /// The number of the batch in flight that carries `unit`, if any.
     fn carrying(&self, unit: &UnitOfWork) -> Option<u64> {
-        self.lock().in_flight.get(unit).copied()
+        self.lock()
+            .in_flight
+            .iter()
+            .find_map(|(carried, batch)| (carried == unit).then_some(*batch))
     }
 
     /// After a flusher ended before its work was done: nothing is in flight any more, and

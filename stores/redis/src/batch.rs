@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, ServerErrorKind, Value};
 
 use super::lock::{key_millis, lock_value, memory_millis};
 use super::protocol::{BEGIN, FINISH, Protocol, timed_out};
@@ -26,6 +26,19 @@ use idempotask::store::{
     Begin, Claim, Completion, Fencing, Finish, StoreError, UnitOfWork, begin_each, finish_each,
     ttl_millis,
 };
+
+/// Room in a unit's command for what its key, token and marker leave out: the command's name,
+/// a script's hash (40 bytes), the options and the numbers.
+const COMMAND_EXTRA: usize = 96;
+
+/// `name` with room for `args` more arguments of `size` bytes in all. `redis::cmd` starts both
+/// buffers empty and grows them argument by argument, a few reallocations per command, and a
+/// batch builds one command per unit.
+fn command(name: &str, args: usize, size: usize) -> Cmd {
+    let mut cmd = Cmd::with_capacity(args + 1, name.len() + size);
+    cmd.arg(name);
+    cmd
+}
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
     /// [`Store::begin_batch`](idempotask::store::Store::begin_batch): one pipeline where the
@@ -68,12 +81,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
     ) -> Vec<Result<Begin, StoreError>> {
         let lock_ms = ttl_millis(lock_ttl);
         let keys = self.keys(claims.iter().map(|claim| claim.unit));
-        let mut pipe = redis::pipe();
+        let mut pipe = Pipeline::with_capacity(claims.len());
         pipe.ignore_errors();
         for (claim, key) in claims.iter().zip(&keys) {
+            let size = key.len() + claim.token.as_str().len() + COMMAND_EXTRA;
+            let mut cmd;
             if fencing == Fencing::On {
-                pipe.cmd("EVALSHA")
-                    .arg(BEGIN.get_hash())
+                cmd = command("EVALSHA", 8, size);
+                cmd.arg(BEGIN.get_hash())
                     .arg(1)
                     .arg(key)
                     .arg(claim.token.as_str())
@@ -86,14 +101,15 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
                         "0"
                     });
             } else {
-                pipe.cmd("SET")
-                    .arg(key)
+                cmd = command("SET", 6, size);
+                cmd.arg(key)
                     .arg(lock_value(claim.token))
                     .arg("NX")
                     .arg("GET")
                     .arg("PX")
                     .arg(key_millis(claim.token, lock_ms));
             }
+            pipe.add_command(cmd);
         }
         let replies = match self.send(&pipe, claims.len()).await {
             Ok(replies) => replies,
@@ -142,27 +158,30 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Protocol<C> {
         let ttl = ttl_millis(result_ttl);
         let keys = self.keys(completions.iter().map(|completion| completion.unit));
         let native = self.native_cas.try_now();
-        let mut pipe = redis::pipe();
+        let mut pipe = Pipeline::with_capacity(completions.len());
         pipe.ignore_errors();
         for (completion, key) in completions.iter().zip(&keys) {
             let lock = lock_value(completion.token);
+            let size = key.len() + lock.len() + completion.marker.len() + COMMAND_EXTRA;
+            let mut cmd;
             if native {
-                pipe.cmd("SET")
-                    .arg(key)
+                cmd = command("SET", 6, size);
+                cmd.arg(key)
                     .arg(completion.marker)
                     .arg("IFEQ")
                     .arg(lock)
                     .arg("PX")
                     .arg(ttl);
             } else {
-                pipe.cmd("EVALSHA")
-                    .arg(FINISH.get_hash())
+                cmd = command("EVALSHA", 6, size);
+                cmd.arg(FINISH.get_hash())
                     .arg(1)
                     .arg(key)
                     .arg(lock)
                     .arg(completion.marker)
                     .arg(ttl);
             }
+            pipe.add_command(cmd);
         }
         let replies = match self.send(&pipe, completions.len()).await {
             Ok(replies) => replies,
