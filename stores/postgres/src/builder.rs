@@ -221,7 +221,8 @@ impl PostgresStoreBuilder {
                     "connect",
                     sqlx::query(store.statements.schema_probe.clone()).execute(&store.connections),
                 )
-                .await
+                .await?;
+            attempts_writable(&store).await
         };
         checked
             .await
@@ -230,6 +231,28 @@ impl PostgresStoreBuilder {
         let group = self.group_commit.then(|| BatchingStore::new(store.clone()));
         Ok(PostgresStore { group, ..store })
     }
+}
+
+/// Checks the attempts table (`<table>_runs`), which only a transactional call's first step
+/// writes: that it exists with its columns, and that the store's user may read and write it,
+/// so that a deployment that lacks it fails here rather than at that step.
+async fn attempts_writable(store: &PostgresStore) -> Result<(), StoreError> {
+    let probe = store.statements.attempts.probe.clone();
+    let row = store
+        .run("connect", sqlx::query(probe).fetch_one(&store.connections))
+        .await?;
+    let writable: Option<bool> = crate::rows::get(&row, "writable", "connect", store.table())?;
+    if writable == Some(true) {
+        return Ok(());
+    }
+    Err(StoreError::new(
+        "connect",
+        StoreErrorKind::Configuration,
+        format!(
+            "the store's user may not read and write the attempts table `{}_runs` (written by transactional calls with steps): grant it SELECT, INSERT, UPDATE, DELETE there, as the deployment notes say",
+            store.table()
+        ),
+    ))
 }
 
 /// Logs a warning when the application's pool (`application` connections) and the store's

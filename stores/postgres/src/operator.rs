@@ -26,6 +26,8 @@ use crate::PostgresStore;
 use crate::errors::{store_error, unexpected};
 use crate::rows::{Exact, doubt, get, left_duration, millis};
 
+mod attempts;
+
 /// One row of the store's table that counts: a unit of work that is locked, in doubt or done.
 /// Rows whose expiry has passed count as absent and are never answered, except a lock that
 /// ran out and is still remembered ([`UnitState::InDoubt`]).
@@ -142,6 +144,10 @@ impl PostgresStore {
                     .fetch_optional(&mut *connection),
             )
             .await?;
+        let row = match row {
+            Some(row) => Some(row),
+            None => attempts::held_row(self, unit).await?,
+        };
         row.map(|row| self.stored_unit(&row, "read")).transpose()
     }
 
@@ -266,6 +272,16 @@ impl PostgresStore {
             ),
             (None, None) => (statement(&self.statements.resolve_free), Resolved::Freed),
         };
+        self.resolve_with(statement, resolved).await
+    }
+
+    /// Input: a resolution's compare-and-set statement, its parameters bound, and what it did
+    /// when it wrote. Output: that, or what it found instead.
+    async fn resolve_with(
+        &self,
+        statement: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+        resolved: Resolved,
+    ) -> Result<Resolved, StoreError> {
         Ok(
             match self
                 .compare_and_set("resolve", "resolved", statement)
@@ -342,9 +358,16 @@ impl PostgresStore {
                     .fetch_all(&mut *connection),
             )
             .await?;
-        rows.iter()
+        let units: Vec<StoredUnit> = rows
+            .iter()
             .map(|row| self.stored_unit(row, "list"))
-            .collect()
+            .collect::<Result<_, _>>()?;
+        let attempts = attempts::held_rows(self, task, after, limit)
+            .await?
+            .iter()
+            .map(|row| self.stored_unit(row, "list"))
+            .collect::<Result<_, _>>()?;
+        Ok(merged(units, attempts, limit))
     }
 
     /// Input: a row of `read` or `list`. Output: the unit it describes.
@@ -409,6 +432,27 @@ impl From<UnitState> for Held {
             UnitState::Done { marker, ttl } => Held::marker(marker, Some(ttl)),
         }
     }
+}
+
+/// Input: a page of the units table and one of the attempts table, each in key order and each
+/// complete up to its last key. Output: both in key order, the unit's row first where a key is
+/// in both, at most `limit`: every key up to the last is in one of them, so the page is complete
+/// up to its last key too.
+fn merged(units: Vec<StoredUnit>, attempts: Vec<StoredUnit>, limit: i64) -> Vec<StoredUnit> {
+    if attempts.is_empty() {
+        return units;
+    }
+    let mut all: Vec<StoredUnit> = units;
+    let known: std::collections::BTreeSet<Vec<u8>> =
+        all.iter().map(|unit| unit.key.clone()).collect();
+    all.extend(
+        attempts
+            .into_iter()
+            .filter(|unit| !known.contains(&unit.key)),
+    );
+    all.sort_by(|a, b| a.key.cmp(&b.key));
+    all.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+    all
 }
 
 /// A cursor: the last key of the page before, in hexadecimal (a key may hold any bytes).
@@ -503,7 +547,13 @@ impl Operator for PostgresStore {
     ) -> Result<Resolved, StoreError> {
         // The token `read` showed; bytes that are no text are no token, so not the lock there.
         match std::str::from_utf8(shown) {
-            Ok(token) => PostgresStore::resolve_exact(self, unit, token, resolution).await,
+            Ok(token) => match attempts::attempt_xid(token) {
+                Some(xid) => {
+                    let (statement, resolved) = attempts::resolution(self, unit, xid, resolution)?;
+                    self.resolve_with(statement, resolved).await
+                }
+                None => PostgresStore::resolve_exact(self, unit, token, resolution).await,
+            },
             Err(_) => Ok(Resolved::Changed),
         }
     }

@@ -31,7 +31,9 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use crate::table::TableName;
 
+mod attempts;
 mod batch;
+pub(crate) use attempts::TOKEN_PREFIX;
 mod fragments;
 mod steps;
 
@@ -142,6 +144,8 @@ pub(super) struct Statements {
     /// The statements of the steps of a holder whose lock is a caller's open transaction
     /// (see [`steps::InTransaction`]).
     pub(super) in_transaction: steps::InTransaction,
+    /// The statements on the attempts table (see [`attempts::Attempts`]).
+    pub(super) attempts: attempts::Attempts,
     /// `purge` on the steps table: its expired entries in a range of blocks.
     pub(super) purge_steps: SqlStr,
     /// How many blocks the steps table has now.
@@ -296,6 +300,7 @@ impl Statements {
             read_journal: sql(steps::read_journal(&steps_table)),
             record_step: sql(steps::record_step(&t, &steps_table, &held, &bound)),
             in_transaction: steps::InTransaction::new(&steps_table, &name.runs(), &bound),
+            attempts: attempts::Attempts::new(&name.runs(), &steps_table, &bound, blocks(&name.runs())),
             purge_steps: sql(steps::purge(&steps_table)),
             steps_blocks: sql(blocks(&steps_table)),
         }

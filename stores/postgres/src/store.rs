@@ -191,8 +191,9 @@ impl PostgresStore {
         &self.table
     }
 
-    /// Deletes the rows whose lock or marker has expired, and the expired entries of journals
-    /// of steps (in the steps table); answers how many rows in all.
+    /// Deletes the rows whose lock or marker has expired, the expired entries of journals
+    /// of steps (in the steps table) and the attempts of transactional executions whose doubt
+    /// memory ran out (in the attempts table); answers how many rows in all.
     ///
     /// Expired rows already count as absent, so this only keeps the tables small: schedule it
     /// (every few minutes, say). It reads the table once, a range of blocks per statement, so
@@ -208,7 +209,9 @@ impl PostgresStore {
         let steps = self
             .purge_table(&self.statements.steps_blocks, &self.statements.purge_steps)
             .await?;
-        Ok(units + steps)
+        let attempts = &self.statements.attempts;
+        let attempts = self.purge_table(&attempts.blocks, &attempts.purge).await?;
+        Ok(units + steps + attempts)
     }
 
     /// Runs `purge` on each range of [`PURGE_BLOCKS`] blocks of the table that `blocks`

@@ -255,18 +255,18 @@ fn the_steps_table_is_created_by_the_migration_and_named_only_where_steps_need_i
         ("release", &statements.release),
         ("renew", &statements.renew),
         ("resolve_free", &statements.resolve_free),
-        (
-            "resolve_free_discarding",
-            &statements.resolve_free_discarding,
-        ),
         ("resolve_record", &statements.resolve_record),
     ] {
         assert!(!sql.as_str().contains(&steps), "{name}");
     }
-    // A forgotten marker takes the journal with it.
+    // A forgotten marker takes the journal with it, and so does a free that discards it.
     for (name, sql) in [
         ("forget", &statements.forget),
         ("forget_exact", &statements.forget_exact),
+        (
+            "resolve_free_discarding",
+            &statements.resolve_free_discarding,
+        ),
     ] {
         assert!(
             sql.as_str().contains(&format!("DELETE FROM {steps} s")),
@@ -316,8 +316,18 @@ fn a_step_inside_a_transaction_never_names_the_units_row() {
             .migration()
             .contains(r#"CREATE TABLE IF NOT EXISTS "units_runs" ("#)
     );
-    let in_transaction = &statements.in_transaction;
-    for attempt in [&in_transaction.open_attempt, &in_transaction.close_attempt] {
+    let (in_transaction, attempts) = (&statements.in_transaction, &statements.attempts);
+    for attempt in [
+        &in_transaction.open_attempt,
+        &in_transaction.close_attempt,
+        &attempts.purge,
+        &attempts.probe,
+        &attempts.read,
+        &attempts.list,
+        &attempts.free,
+        &attempts.free_discarding,
+        &attempts.step,
+    ] {
         let attempt = attempt.as_str();
         assert!(!attempt.contains(r#""units" "#), "{attempt}");
         assert!(attempt.contains(r#""units_runs""#), "{attempt}");

@@ -239,7 +239,8 @@ pub(super) async fn the_least_privileged_user_runs_batches() {
         .unwrap();
     sqlx::raw_sql(
         "CREATE ROLE app LOGIN;
-         GRANT SELECT, INSERT, UPDATE, DELETE ON idempotask_units, idempotask_units_steps TO app;
+         GRANT SELECT, INSERT, UPDATE, DELETE
+             ON idempotask_units, idempotask_units_steps, idempotask_units_runs TO app;
          GRANT USAGE, SELECT ON SEQUENCE idempotask_units_fence TO app;",
     )
     .execute(&owner)

@@ -445,6 +445,18 @@ async fn mail(
         .await
 }
 
+/// [`mail`] under `step_or_hold`, the body ending well.
+async fn mail_or_hold(
+    store: &PostgresStore,
+    pool: &PgPool,
+    owner: &PgPool,
+    key: &str,
+    ran: &Mailer,
+    death: Death,
+) -> Result<String, BoxError> {
+    mail(store, pool, owner, key, ran, Policy::Hold, death, Ok(())).await
+}
+
 /// The owner's pool, the least-privileged user's pool and its store.
 async fn least_privileged_store(
     server: &PostgresServer,
@@ -483,18 +495,7 @@ pub(super) async fn a_step_cut_off_in_its_effect_is_held() {
     let server = PostgresServer::start();
     let (owner, pool, store) = least_privileged_store(&server, "holder").await;
     let ran = Mailer::default();
-    let deliver = |key, death| {
-        mail(
-            &store,
-            &pool,
-            &owner,
-            key,
-            &ran,
-            Policy::Hold,
-            death,
-            Ok(()),
-        )
-    };
+    let deliver = |key, death| mail_or_hold(&store, &pool, &owner, key, &ran, death);
 
     let cut = deliver("cut", Death::InTheMailsEffect).await;
     assert!(cut.is_err(), "{cut:?}");
@@ -655,6 +656,164 @@ pub(super) async fn clean_errors_and_cuts_outside_the_steps_hold_nothing() {
     assert_eq!(ran.mails.load(Ordering::SeqCst), 3, "a mail ran twice");
     assert_eq!(ran.charges.load(Ordering::SeqCst), 3, "a charge ran twice");
     for key in ["failed", "before", "after"] {
+        assert_eq!(effects(&owner, key).await, 2, "{key}");
+    }
+}
+
+/// The attempts table is kept small and checked at once: `purge_expired`, run by the
+/// least-privileged user, deletes the attempts whose doubt memory ran out (they count as
+/// absent already) and keeps the others, and a store without the table is refused at
+/// `connect`, not at a transactional call's first step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn run_out_attempts_are_purged_and_a_missing_table_refused() {
+    let server = PostgresServer::start();
+    let (owner, _pool, store) = least_privileged_store(&server, "purger").await;
+    sqlx::raw_sql(
+        "INSERT INTO idempotask_units_runs
+             (task, key, xid, fence, started_at, expires_at, doubt_fence, doubt_since)
+         VALUES ('pg_tx_steps', 'ran-out', 1, NULL, now() - interval '2 minutes',
+                 now() - interval '1 minute', NULL, now() - interval '2 minutes'),
+                ('pg_tx_steps', 'remembered', 2, NULL, now(),
+                 now() + interval '1 hour', NULL, now())",
+    )
+    .execute(&owner)
+    .await
+    .unwrap();
+    assert!(store.purge_expired().await.unwrap() >= 1);
+    let kept: Vec<Vec<u8>> =
+        sqlx::query_scalar("SELECT key FROM idempotask_units_runs ORDER BY key")
+            .fetch_all(&owner)
+            .await
+            .unwrap();
+    assert_eq!(kept, [b"remembered".to_vec()]);
+
+    sqlx::raw_sql("DROP TABLE idempotask_units_runs")
+        .execute(&owner)
+        .await
+        .unwrap();
+    super::doubt::refused_until_migrated(&owner).await;
+}
+
+/// The units of `keys` (in key order), each listed in doubt (two to a page) and read in
+/// doubt, held for some time already; each with the token its resolution compares.
+async fn listed_in_doubt(store: &PostgresStore, keys: &[&str; 3]) -> Vec<(UnitOfWork, Vec<u8>)> {
+    use idempotask::operator::{Held, Operator};
+    let page = Operator::list(store, "pg_tx_doubt", None, 2).await.unwrap();
+    let listed: Vec<_> = page
+        .units
+        .iter()
+        .filter_map(|unit| unit.key.clone())
+        .collect();
+    assert_eq!(listed, ["discarded", "freed"]);
+    let rest = Operator::list(store, "pg_tx_doubt", page.next.as_ref(), 2)
+        .await
+        .unwrap();
+    assert_eq!(rest.units.len(), 1, "{rest:?}");
+    let mut tokens = Vec::new();
+    for key in *keys {
+        let unit = UnitOfWork::new("pg_tx_doubt", key).unwrap();
+        let Held::InDoubt {
+            bytes, expired_for, ..
+        } = Operator::read(store, &unit).await.unwrap()
+        else {
+            panic!("{key} is not shown in doubt");
+        };
+        assert!(expired_for > Duration::ZERO, "{key}: {expired_for:?}");
+        tokens.push((unit, bytes));
+    }
+
+    tokens
+}
+
+/// A unit held at a step inside a transaction shows to the operator's reads and listings as a
+/// unit in doubt, for as long as it is held (so `list --in-doubt --older-than` and the
+/// dashboard find it), and the operator ends the hold through the resolutions that serve a lock
+/// in doubt: the held step's result recorded (the next delivery replays it and mails nothing),
+/// the unit freed (it mails again, the charge replayed) or freed with its journal (it charges
+/// and mails again). A unit's own result is refused: only a step's fits there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn operators_list_and_resolve_a_step_held_in_a_transaction() {
+    use idempotask::operator::{Held, Operator, step_entry};
+    use serde_json::value::RawValue;
+
+    let server = PostgresServer::start();
+    let (owner, pool, store) = least_privileged_store(&server, "operator").await;
+    let ran = Mailer::default();
+    let deliver = |key, death| mail_or_hold(&store, &pool, &owner, key, &ran, death);
+    let keys = ["discarded", "freed", "recorded"];
+    for key in keys {
+        assert!(deliver(key, Death::InTheMailsEffect).await.is_err());
+        assert!(is_held(&deliver(key, Death::None).await));
+    }
+    assert_eq!(ran.mails.load(Ordering::SeqCst), 3);
+    let tokens = listed_in_doubt(&store, &keys).await;
+    let value = RawValue::from_string(r#""receipt by hand""#.to_owned()).unwrap();
+    let kept = Duration::from_secs(3600);
+    let [
+        (discarded, discarded_token),
+        (freed, freed_token),
+        (recorded, recorded_token),
+    ] = <[_; 3]>::try_from(tokens).unwrap();
+    let marker = Marker::encode_resolution(&recorded, None, &value);
+    let refused = Operator::resolve_exact(
+        &store,
+        &recorded,
+        &recorded_token,
+        &Resolution::record(marker, kept),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(refused.kind(), StoreErrorKind::Configuration, "{refused}");
+    for (unit, token, resolution, resolved) in [
+        (
+            &recorded,
+            &recorded_token,
+            Resolution::record_step(step_entry("mail", None, &value), kept),
+            Resolved::StepRecorded,
+        ),
+        (&freed, &freed_token, Resolution::Free, Resolved::Freed),
+        (
+            &discarded,
+            &discarded_token,
+            Resolution::FreeDiscardingSteps,
+            Resolved::Freed,
+        ),
+    ] {
+        let answer = Operator::resolve_exact(&store, unit, token, &resolution).await;
+        assert_eq!(answer.unwrap(), resolved, "{unit:?}");
+        assert!(matches!(
+            Operator::read(&store, unit).await.unwrap(),
+            Held::Nothing
+        ));
+        let again = Operator::resolve_exact(&store, unit, token, &resolution).await;
+        assert_eq!(again.unwrap(), Resolved::Gone, "{unit:?}");
+    }
+
+    let replayed = deliver("recorded", Death::None).await.unwrap();
+    assert_eq!(replayed, "receipt by hand");
+    assert_eq!(ran.mails.load(Ordering::SeqCst), 3, "the recorded mail ran");
+    assert_eq!(ran.charges.load(Ordering::SeqCst), 3);
+    assert_eq!(
+        deliver("freed", Death::None).await.unwrap(),
+        "receipt for charge 2"
+    );
+    assert_eq!(ran.mails.load(Ordering::SeqCst), 4);
+    assert_eq!(
+        ran.charges.load(Ordering::SeqCst),
+        3,
+        "the freed charge ran"
+    );
+    assert_eq!(
+        deliver("discarded", Death::None).await.unwrap(),
+        "receipt for charge 4"
+    );
+    assert_eq!(ran.mails.load(Ordering::SeqCst), 5);
+    assert_eq!(
+        ran.charges.load(Ordering::SeqCst),
+        4,
+        "the journal was kept"
+    );
+    for key in keys {
         assert_eq!(effects(&owner, key).await, 2, "{key}");
     }
 }
