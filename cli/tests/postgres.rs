@@ -349,3 +349,41 @@ fn resolve_on_postgres_refuses_a_unit_not_in_doubt() {
 fn resolve_on_postgres_leaves_alone_a_unit_that_changed_while_it_asked() {
     common::resolve_leaves_alone_a_unit_that_changed_while_it_asked(&Postgres::start());
 }
+
+/// A unit held at a step inside a transaction has no row in the units table, only its attempt
+/// in doubt (a transaction that neither runs nor committed, in doubt for two hours): `list
+/// --held --older-than` finds it by that age, `status` shows it in doubt, and `resolve --free`
+/// ends its hold.
+#[test]
+fn a_step_held_in_a_transaction_is_listed_by_age_and_freed() {
+    let pg = Postgres::start();
+    pg.rt.block_on(async {
+        let pool = pg.server.pool(1).await;
+        let mut rolled_back = pool.begin().await.unwrap();
+        let xid: i64 = sqlx::query_scalar("SELECT pg_current_xact_id()::text::bigint")
+            .fetch_one(&mut *rolled_back)
+            .await
+            .unwrap();
+        rolled_back.rollback().await.unwrap();
+        sqlx::query(
+            "INSERT INTO idempotask_units_runs
+                 (task, key, xid, fence, started_at, expires_at, doubt_fence, doubt_since)
+             VALUES ('mail', 'order-9'::bytea, $1, NULL, now() - interval '2 hours',
+                     now() + interval '1 day', NULL, now() - interval '2 hours')",
+        )
+        .bind(xid)
+        .execute(&pool)
+        .await
+        .unwrap();
+    });
+    let held = |older_than| common::held_older_than(&pg, "mail", older_than);
+    assert_eq!(held("1h"), 1);
+    assert_eq!(held("3h"), 0);
+    assert_eq!(pg.status_json("mail", "order-9")["state"], "in_doubt");
+
+    let (code, out, err) = pg.idempotask(&[
+        "resolve", "--task", "mail", "--key", "order-9", "--yes", "--free",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(pg.status_json("mail", "order-9")["state"], "unknown");
+}

@@ -497,19 +497,7 @@ pub(crate) fn status_list_and_forget_show_a_unit_in_doubt<B: Backend>(backend: &
     // Held units nobody resolved: `--held` is `--in-doubt`, and `--older-than` keeps the units
     // whose lock ran out at least that long ago (both ran out well under a day ago, and more
     // than a millisecond ago).
-    let held = |older_than: &str| {
-        let (code, out, err) = backend.idempotask(&[
-            "list",
-            "--task",
-            "charge",
-            "--held",
-            "--older-than",
-            older_than,
-            "--json",
-        ]);
-        assert_eq!(code, 0, "{out}{err}");
-        json(&out)["entries"].as_array().unwrap().len()
-    };
+    let held = |older_than| held_older_than(backend, "charge", older_than);
     assert_eq!(held("1ms"), 2);
     assert_eq!(held("1d"), 0);
     let (code, _, err) = backend.idempotask(&["list", "--task", "charge", "--older-than", "1h"]);
@@ -526,6 +514,21 @@ pub(crate) fn status_list_and_forget_show_a_unit_in_doubt<B: Backend>(backend: &
         "in_doubt"
     );
     backend.idempotask(&["list", "--task", "charge"]).1
+}
+
+/// How many of `task`'s units `list --held --older-than older_than` shows.
+pub(crate) fn held_older_than(backend: &impl Backend, task: &str, older_than: &str) -> usize {
+    let (code, out, err) = backend.idempotask(&[
+        "list",
+        "--task",
+        task,
+        "--held",
+        "--older-than",
+        older_than,
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    json(&out)["entries"].as_array().unwrap().len()
 }
 
 /// `resolve --result` of a fenced unit in doubt: the marker carries the earlier delivery's
