@@ -318,6 +318,7 @@ impl Task {
             max_steps: self.max_steps,
             max_step_bytes: self.max_step_bytes,
             holds_doubt: matches!(self.in_doubt, InDoubt::Hold),
+            hold_alert_after: self.hold_alert_after,
         }
     }
 

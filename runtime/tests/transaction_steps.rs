@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use idempotask::store::{
-    Begin, Fencing, Finish, Inspection, Journal, LockToken, SharedStore, StepEntry, Store,
+    Begin, Doubt, Fencing, Finish, Inspection, Journal, LockToken, SharedStore, StepEntry, Store,
     StoreError, StoreErrorKind, TransactionScope, UnitOfWork,
 };
-use idempotask::{Error, StepErrorKind, Task};
+use idempotask::{Error, InDoubt, StepErrorKind, Task};
 
 static PAY: Task = Task::new("tx_pay");
 
@@ -21,6 +21,8 @@ static PAY: Task = Task::new("tx_pay");
 struct Journaled {
     entries: Arc<Mutex<Vec<Vec<u8>>>>,
     holds: Arc<AtomicBool>,
+    /// What the journal reports of an execution that died inside its transaction.
+    doubt: Arc<Mutex<Option<Doubt>>>,
 }
 
 fn not_here(operation: &'static str) -> StoreError {
@@ -63,7 +65,13 @@ impl Store for Journaled {
     }
     async fn read_journal(&self, _: &UnitOfWork) -> Result<Journal, StoreError> {
         let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        Ok(Journal::from_entries(entries.clone()))
+        let journal = Journal::from_entries(entries.clone());
+        Ok(
+            match *self.doubt.lock().unwrap_or_else(PoisonError::into_inner) {
+                Some(doubt) => journal.in_doubt(doubt),
+                None => journal,
+            },
+        )
     }
     async fn record_step(
         &self,
@@ -214,4 +222,68 @@ async fn a_refused_record_rolls_the_call_back_whatever_the_body_returns() {
     assert!(matches!(err, Error::LockNotHeld { .. }), "{err}");
     assert_eq!(*ended.lock().unwrap(), ["rollback"]);
     assert!(journal.entries.lock().unwrap().is_empty());
+}
+
+/// Every `ERROR` event's message, for the test below.
+#[derive(Clone, Default)]
+struct Errors(Arc<Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Errors {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        if *event.metadata().level() == tracing::Level::ERROR {
+            let mut message = Message(String::new());
+            event.record(&mut message);
+            self.0.lock().unwrap().push(message.0);
+        }
+    }
+}
+
+/// A step the journal says is in doubt (an execution that died inside its transaction, which
+/// no `begin` saw) is held under `InDoubt::Hold`, and counts as an overdue hold past the
+/// task's `hold_alert_after`, as a unit `begin` holds does; a younger doubt does not.
+#[tokio::test(flavor = "current_thread")]
+async fn a_journal_doubt_held_past_hold_alert_after_is_an_overdue_hold() {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    static HELD: Task = Task::new("tx_held")
+        .in_doubt(InDoubt::Hold)
+        .hold_alert_after(Duration::from_secs(3600));
+    let errors = Errors::default();
+    let _logs =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(errors.clone()));
+    let journal = Journaled::default();
+    journal.holds.store(true, Ordering::SeqCst);
+    let charges = AtomicU32::new(0);
+    let deliver = |expired_for: Duration| {
+        *journal.doubt.lock().unwrap() = Some(Doubt::new(None, expired_for));
+        let (transaction, _) = scope(Some(&journal));
+        let charges = &charges;
+        HELD.call("order-8")
+            .run_in_transaction(transaction, async move |()| {
+                let ctx = idempotask::context().expect("inside a task");
+                ctx.step("charge", async {
+                    Ok::<_, Error>(charges.fetch_add(1, Ordering::SeqCst))
+                })
+                .await
+            })
+    };
+
+    let young = deliver(Duration::from_secs(60)).await.unwrap_err();
+    assert!(matches!(young, Error::InDoubt { .. }), "{young}");
+    assert!(errors.0.lock().unwrap().is_empty());
+
+    let old = deliver(Duration::from_secs(2 * 3600)).await.unwrap_err();
+    assert!(matches!(old, Error::InDoubt { .. }), "{old}");
+    let logged = errors.0.lock().unwrap().clone();
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    assert!(logged[0].contains("hold_alert_after"), "{logged:?}");
+    assert_eq!(charges.load(Ordering::SeqCst), 0, "a held step never runs");
 }

@@ -50,4 +50,7 @@ pub(crate) struct StepLimits {
     /// [`Journal::in_doubt`](crate::store::Journal::in_doubt)) is held whatever its own
     /// policy, as `begin` holds such a unit before its body runs on the other paths.
     pub(crate) holds_doubt: bool,
+    /// The task's [`hold_alert_after`](crate::Task::hold_alert_after): a step held on the
+    /// journal's doubt counts as overdue past it, as a unit `begin` holds does.
+    pub(crate) hold_alert_after: Option<Duration>,
 }

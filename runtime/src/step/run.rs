@@ -147,6 +147,11 @@ impl TaskContext {
         }
         let mut found = None;
         if let Some(doubt) = doubt {
+            if self.in_doubt().is_none() {
+                // The journal's doubt (a transactional execution that died), which no `begin`
+                // saw: it is logged and counted here, once per delivery that meets it.
+                self.observe_journal_doubt(when_in_doubt, &doubt);
+            }
             match when_in_doubt {
                 WhenInDoubt::Rerun => {}
                 WhenInDoubt::Hold => {
@@ -192,6 +197,22 @@ impl TaskContext {
         drop(cursor);
         drop(running);
         Ok(value)
+    }
+
+    /// Logs and counts a doubt only the journal reported, as `begin`'s are: an overdue hold
+    /// (older than the task's `hold_alert_after`) is an `ERROR` and its own count.
+    fn observe_journal_doubt(&self, when_in_doubt: WhenInDoubt, doubt: &Doubt) {
+        // The task's policies are rerun and hold; a step reconciled runs (its reconcile or
+        // its effect), so it counts as rerun.
+        let policy = match when_in_doubt {
+            WhenInDoubt::Hold => crate::InDoubt::Hold,
+            WhenInDoubt::Rerun | WhenInDoubt::Reconcile => crate::InDoubt::Rerun,
+        };
+        let hold_alert_after = self
+            .lease()
+            .fence()
+            .and_then(|fence| fence.steps().hold_alert_after);
+        crate::observe::in_doubt(self.unit(), self.logging(), policy, hold_alert_after, doubt);
     }
 
     /// The error of a step in doubt that holds its unit.
