@@ -149,10 +149,10 @@ async fn the_postgres_modes_run_with_the_statements_the_protocol_says() {
     let measurements = postgres::run(&config, |_| {}).await.unwrap();
     let modes: Vec<&str> = measurements.iter().map(|m| m.mode).collect();
     assert_eq!(modes, postgres::MODES);
-    // Statements per call as pg_stat_statements counts them, BEGIN and COMMIT included; the
-    // store groups the calls in flight together by default, and a batch is one statement for
-    // all its units, so at most 2 per fresh task and 1 per duplicate (the batches' sizes
-    // depend on the timing); without its group commit, 2 each.
+    // Statements per call as pg_stat_statements counts them, BEGIN and COMMIT included: 2 per
+    // fresh task and 1 per duplicate by default; the grouping store sends a batch as one
+    // statement for all its units, so at most 2 per fresh task (the batches' sizes depend on
+    // the timing).
     for (m, (statements, rows)) in measurements.iter().zip([
         (2.0, 0),
         (2.0, 0),
@@ -163,7 +163,7 @@ async fn the_postgres_modes_run_with_the_statements_the_protocol_says() {
         (5.0, 16),
         (5.0, 16),
     ]) {
-        if m.mode == "pg-fresh" || m.mode == "pg-duplicate" {
+        if m.mode == "pg-fresh-grouped" {
             let batched = m.statements_per_task.unwrap_or(f64::MAX);
             assert!(batched > 0.0 && batched <= statements, "{m:?}");
         } else {

@@ -45,7 +45,7 @@ impl PostgresStore {
             response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
             max_key_len: MAX_KEY_LEN,
             max_connections: None,
-            group_commit: true,
+            group_commit: false,
         }
     }
 }
@@ -99,7 +99,7 @@ impl PostgresStoreBuilder {
     }
 
     /// Whether the `begin`s and `finish`es of calls in flight at the same time are sent
-    /// together (default: on): group commit, as
+    /// together (default: off): group commit, as
     /// [`BatchingStore`] does it, inside the store.
     ///
     /// Each statement of the store's commits on its own and waits for the WAL to be flushed
@@ -123,12 +123,17 @@ impl PostgresStoreBuilder {
     /// straight to the server, so a store behind a [`BatchingStore`] of its own (as the queue
     /// consumers put it) sends that one's batches as they are.
     ///
-    /// Turn it off to send each call's statements as they come, one commit each:
+    /// Off by default: in the bench run `postgres-2026-12-07` (docs/performance-postgres.md)
+    /// the grouped store ran fresh tasks and duplicates slower than the ungrouped one, the
+    /// slower the more rows the table held, where an earlier run of the same batch statements
+    /// had run them faster; until that is understood, each call's statements go as they come,
+    /// one commit each. Turn it on where many calls are in flight and your own measurement
+    /// says it pays:
     ///
     /// ```no_run
     /// # async fn f(pool: sqlx::PgPool) -> Result<(), idempotask::store::StoreError> {
     /// let store = idempotask_postgres::PostgresStore::builder(pool)
-    ///     .group_commit(false)
+    ///     .group_commit(true)
     ///     .connect()
     ///     .await?;
     /// # Ok(()) }

@@ -1,4 +1,4 @@
-//! The default group commit of `PostgresStore`: the `begin`s and `finish`es of calls in flight
+//! The group commit of `PostgresStore` (`group_commit(true)`; off by default): the `begin`s and `finish`es of calls in flight
 //! together go as batches, and nothing a call is promised changes for it.
 
 use futures_util::future::join_all;
@@ -7,6 +7,15 @@ use super::*;
 
 /// How many times the server ran a batch statement (`unnest` of the units' arrays), from
 /// `pg_stat_statements`.
+/// The store with its group commit on (off by default), on the pool of [`setup`].
+async fn grouped(pool: &PgPool) -> PostgresStore {
+    PostgresStore::builder(pool.clone())
+        .group_commit(true)
+        .connect()
+        .await
+        .unwrap()
+}
+
 async fn batch_statements(pool: &PgPool) -> i64 {
     sqlx::query_scalar(
         "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements WHERE query LIKE '%unnest(%'",
@@ -53,12 +62,13 @@ async fn deliver_keys(
     runs.load(Ordering::SeqCst)
 }
 
-/// By default, calls in flight together are sent as batch statements, and each key still
-/// runs once; with `group_commit(false)` no batch statement is ever sent.
+/// With `group_commit(true)`, calls in flight together are sent as batch statements, and each
+/// key still runs once; by default (`group_commit(false)`) no batch statement is ever sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-pub(super) async fn calls_in_flight_together_are_batched_by_default_and_each_key_runs_once() {
+pub(super) async fn calls_in_flight_together_are_batched_when_grouped_and_each_key_runs_once() {
     let server = PostgresServer::start_with(&["shared_preload_libraries=pg_stat_statements"]);
-    let (store, pool) = setup(&server).await;
+    let (plain, pool) = setup(&server).await;
+    let store = grouped(&pool).await;
     sqlx::raw_sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         .execute(&pool)
         .await
@@ -70,11 +80,7 @@ pub(super) async fn calls_in_flight_together_are_batched_by_default_and_each_key
         "64 calls in flight at once sent no batch statement"
     );
 
-    let ungrouped = PostgresStore::builder(pool.clone())
-        .group_commit(false)
-        .connect()
-        .await
-        .unwrap();
+    let ungrouped = plain;
     sqlx::query("SELECT pg_stat_statements_reset()")
         .execute(&pool)
         .await
@@ -84,12 +90,13 @@ pub(super) async fn calls_in_flight_together_are_batched_by_default_and_each_key
     assert_each_key_written_once(&pool, 128).await;
 }
 
-/// Many calls of one key and of distinct keys, all in flight at once through the default
+/// Many calls of one key and of distinct keys, all in flight at once through a grouping
 /// store: each key's body runs exactly once, whatever batch its calls went in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn many_calls_of_one_key_and_of_many_keys_run_each_key_once() {
     let server = PostgresServer::start();
-    let (store, pool) = setup(&server).await;
+    let (_, pool) = setup(&server).await;
+    let store = grouped(&pool).await;
     assert_eq!(deliver_keys(&store, &pool, "one", 1, 64).await, 1);
     assert_eq!(deliver_keys(&store, &pool, "many", 32, 4).await, 32);
     assert_each_key_written_once(&pool, 33).await;
@@ -104,6 +111,7 @@ pub(super) async fn a_held_row_fails_no_other_call_grouped_with_it() {
     let (store, pool) = setup(&server).await;
     let timeout = Duration::from_secs(2);
     let bounded = PostgresStore::builder(pool.clone())
+        .group_commit(true)
         .response_timeout(timeout)
         .connect()
         .await
@@ -153,6 +161,7 @@ pub(super) async fn a_call_dropped_mid_batch_is_released_after_its_batch() {
     let server = PostgresServer::start();
     let (store, pool) = setup(&server).await;
     let bounded = PostgresStore::builder(pool.clone())
+        .group_commit(true)
         .response_timeout(Duration::from_secs(1))
         .connect()
         .await
@@ -219,7 +228,8 @@ pub(super) async fn a_call_dropped_mid_batch_is_released_after_its_batch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 pub(super) async fn transactional_deliveries_beside_grouped_calls_run_each_key_once() {
     let server = PostgresServer::start();
-    let (store, pool) = setup(&server).await;
+    let (_, pool) = setup(&server).await;
+    let store = grouped(&pool).await;
     let runs = Arc::new(AtomicUsize::new(0));
     let transactional = deliver_concurrently(32, |at| {
         deliver_write(store.clone(), format!("tx-{}", at % 16), Arc::clone(&runs))
