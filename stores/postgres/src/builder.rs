@@ -123,12 +123,11 @@ impl PostgresStoreBuilder {
     /// straight to the server, so a store behind a [`BatchingStore`] of its own (as the queue
     /// consumers put it) sends that one's batches as they are.
     ///
-    /// Off by default: in the bench run `postgres-2026-12-07` (docs/performance-postgres.md)
-    /// the grouped store ran fresh tasks and duplicates slower than the ungrouped one, the
-    /// slower the more rows the table held, where an earlier run of the same batch statements
-    /// had run them faster; until that is understood, each call's statements go as they come,
-    /// one commit each. Turn it on where many calls are in flight and your own measurement
-    /// says it pays:
+    /// Off by default: of two bench runs on one machine (docs/performance-postgres.md), one
+    /// ran fresh tasks grouped well ahead of single statements and one, with the store
+    /// grouping every call, well behind, round after round; until that is understood, each
+    /// call's statements go as they come, one commit each. Turn it on where many calls are in
+    /// flight and your own measurement says it pays:
     ///
     /// ```no_run
     /// # async fn f(pool: sqlx::PgPool) -> Result<(), idempotask::store::StoreError> {
