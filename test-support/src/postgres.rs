@@ -71,6 +71,36 @@ fn command(program: &Path, root: bool) -> Command {
     }
 }
 
+/// Runs `initdb` into `data`, up to three times: on a machine loaded by the rest of the suite
+/// it has failed once in many runs while probing the server's resources, a failure of the
+/// machine's moment rather than of the test. Each failed attempt's output is printed, and the
+/// last one's fails the test.
+fn init_cluster(bin: &Path, root: bool, data: &Path) {
+    const ATTEMPTS: u32 = 3;
+    for attempt in 1..=ATTEMPTS {
+        let output = command(&bin.join("initdb"), root)
+            .arg("-D")
+            .arg(data)
+            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"])
+            .output()
+            .expect("run initdb");
+        if output.status.success() {
+            return;
+        }
+        let report = format!(
+            "initdb failed (attempt {attempt} of {ATTEMPTS}, {}):\nstderr: {}\nstdout: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr),
+            String::from_utf8_lossy(&output.stdout)
+        );
+        assert!(attempt < ATTEMPTS, "{report}");
+        eprintln!("{report}");
+        // initdb refuses a directory it left half-written.
+        let _ = std::fs::remove_dir_all(data);
+        std::thread::sleep(Duration::from_millis(200 * u64::from(attempt)));
+    }
+}
+
 impl PostgresServer {
     /// Initialises a cluster in a temporary directory and starts it; panics with a clear message
     /// when PostgreSQL is missing (the suite never skips).
@@ -100,18 +130,7 @@ impl PostgresServer {
                 dir.display()
             );
         }
-        let data = dir.join("data");
-        let output = command(&bin.join("initdb"), root)
-            .arg("-D")
-            .arg(&data)
-            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"])
-            .output()
-            .expect("run initdb");
-        assert!(
-            output.status.success(),
-            "initdb failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        init_cluster(&bin, root, &dir.join("data"));
         let settings: Vec<String> = settings.iter().map(|s| (*s).to_owned()).collect();
         let mut server = Self {
             child: spawn(&bin, root, &dir, port, &settings),
