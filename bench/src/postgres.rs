@@ -2,8 +2,9 @@
 //! pattern they replace (`INSERT … ON CONFLICT DO NOTHING`, then a `SELECT` for a duplicate or
 //! an `UPDATE` with the result), on one pool. `pg-fresh`, `pg-duplicate` and `pg-transactional`
 //! use the store as users deploy it (`PostgresStore::builder(pool).connect()`: its group
-//! commit off, each call's statements sent alone); `pg-fresh-grouped` turns the group commit
-//! on (which `run_in_transaction`'s statements, in the caller's transaction, never go through).
+//! commit on, the calls in flight together sent as batch statements; `run_in_transaction`'s
+//! statements, in the caller's transaction, never go through it); `pg-fresh-ungrouped` turns
+//! the group commit off, each call's statements sent alone.
 //!
 //! Statements per task come from `pg_stat_statements` when the server preloads it
 //! (`shared_preload_libraries = pg_stat_statements`); they are left out otherwise.
@@ -31,7 +32,7 @@ pub const MODES: [&str; 8] = [
     "pg-handwritten-fresh",
     "pg-fresh",
     "pg-handwritten-fresh",
-    "pg-fresh-grouped",
+    "pg-fresh-ungrouped",
     "pg-handwritten-duplicate",
     "pg-duplicate",
     "pg-handwritten-transactional",
@@ -114,11 +115,11 @@ pub async fn run(
         .await?;
     let builder = PostgresStore::builder(pool.clone());
     builder.migrate().await?;
-    // The store as users deploy it (its group commit off), and one that groups the calls in
-    // flight, for comparison.
+    // The store as users deploy it (its group commit on), and one that sends each call alone,
+    // for comparison.
     let store = builder.connect().await?;
-    let grouped = PostgresStore::builder(pool.clone())
-        .group_commit(true)
+    let ungrouped = PostgresStore::builder(pool.clone())
+        .group_commit(false)
         .connect()
         .await?;
     prepare(&pool).await?;
@@ -128,8 +129,8 @@ pub async fn run(
         for (position, mode) in MODES.into_iter().enumerate() {
             // Keys of their own for each measurement, a mode measured twice in a round too.
             let run = format!("{}-{round}-{position}", std::process::id());
-            let store = if mode == "pg-fresh-grouped" {
-                &grouped
+            let store = if mode == "pg-fresh-ungrouped" {
+                &ungrouped
             } else {
                 &store
             };
@@ -273,7 +274,7 @@ async fn measure(
     let measuring = pool.clone();
     let (pool, store) = (pool.clone(), store.clone());
     let mut timings = match mode {
-        "pg-fresh" | "pg-fresh-grouped" | "pg-duplicate" => {
+        "pg-fresh" | "pg-fresh-ungrouped" | "pg-duplicate" => {
             drive(n, config.concurrency, move |id| {
                 let (shared, prefix) = (shared.clone(), Arc::clone(&prefix));
                 async move {

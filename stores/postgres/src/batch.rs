@@ -146,6 +146,14 @@ where
 
 /// `statement` with its first three arrays bound: the tasks, keys and tokens of the `carried`
 /// units, `unit_of` giving each one's unit and token.
+///
+/// Sent as the unnamed statement (`persistent(false)`), so the server plans it for each batch
+/// with the arrays it carries and the table as it is. A named statement gets a generic plan
+/// after five executions, and keeps it: one made while the table was small joins the arrays to
+/// a sequential scan of the whole table, which costs more with every row the table gains (a
+/// batch `begin` went from 0.4 ms to 16 ms in three bench rounds of 10,000 units; see
+/// `generic_plans` in the tests). Planning each batch costs one parse and plan per batch, and
+/// the round trip of the statement's description, where a batch carries tens of units.
 fn with_units<'q>(
     statement: &sqlx::SqlStr,
     carried: &[usize],
@@ -153,6 +161,7 @@ fn with_units<'q>(
 ) -> Query<'q, sqlx::Postgres, PgArguments> {
     let units: Vec<_> = carried.iter().map(|at| unit_of(*at)).collect();
     sqlx::query(statement.clone())
+        .persistent(false)
         .bind(
             units
                 .iter()

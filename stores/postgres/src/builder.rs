@@ -45,7 +45,7 @@ impl PostgresStore {
             response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
             max_key_len: MAX_KEY_LEN,
             max_connections: None,
-            group_commit: false,
+            group_commit: true,
         }
     }
 }
@@ -99,8 +99,7 @@ impl PostgresStoreBuilder {
     }
 
     /// Whether the `begin`s and `finish`es of calls in flight at the same time are sent
-    /// together (default: off): group commit, as
-    /// [`BatchingStore`] does it, inside the store.
+    /// together (default: on): group commit, as [`BatchingStore`] does it, inside the store.
     ///
     /// Each statement of the store's commits on its own and waits for the WAL to be flushed
     /// to disk, and the store's pool has few connections: one call at a time per connection,
@@ -123,16 +122,17 @@ impl PostgresStoreBuilder {
     /// straight to the server, so a store behind a [`BatchingStore`] of its own (as the queue
     /// consumers put it) sends that one's batches as they are.
     ///
-    /// Off by default: of two bench runs on one machine (docs/performance-postgres.md), one
-    /// ran fresh tasks grouped well ahead of single statements and one, with the store
-    /// grouping every call, well behind, round after round; until that is understood, each
-    /// call's statements go as they come, one commit each. Turn it on where many calls are in
-    /// flight and your own measurement says it pays:
+    /// A batch statement is planned by the server for each batch, for the table as it is then
+    /// (it goes as the unnamed statement, never as a prepared one kept on the connection): a
+    /// plan kept from the time the table was empty read the whole table for every batch once
+    /// it had grown, and a store that grouped by default fell behind round after round in the
+    /// bench (docs/performance-postgres.md) until this was found. Turn grouping off to send
+    /// each call's statements alone, one commit each, for instance to compare:
     ///
     /// ```no_run
     /// # async fn f(pool: sqlx::PgPool) -> Result<(), idempotask::store::StoreError> {
     /// let store = idempotask_postgres::PostgresStore::builder(pool)
-    ///     .group_commit(true)
+    ///     .group_commit(false)
     ///     .connect()
     ///     .await?;
     /// # Ok(()) }

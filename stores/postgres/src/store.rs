@@ -69,13 +69,12 @@ const PURGE_BLOCKS: i64 = 4096;
 /// store's pool too.
 ///
 /// # Group commit
-/// Every statement commits on its own and waits for the WAL to be flushed. With
-/// [`group_commit(true)`](crate::PostgresStoreBuilder::group_commit) the store sends the
-/// `begin`s (and the `finish`es) of calls in flight at the same time together, as one
-/// [`begin_batch`](Store::begin_batch) (or [`finish_batch`](Store::finish_batch)): a call that
-/// finds none in flight goes at once, alone; the ones made meanwhile go together when it comes
-/// back, each with its own answer, as [`BatchingStore`] does it. It is off by default: the
-/// builder's method says why.
+/// Every statement commits on its own and waits for the WAL to be flushed. So by default the
+/// store sends the `begin`s (and the `finish`es) of calls in flight at the same time together,
+/// as one [`begin_batch`](Store::begin_batch) (or [`finish_batch`](Store::finish_batch)): a
+/// call that finds none in flight goes at once, alone; the ones made meanwhile go together when
+/// it comes back, each with its own answer, as [`BatchingStore`] does it.
+/// [`group_commit(false)`](crate::PostgresStoreBuilder::group_commit) sends each call alone.
 ///
 /// # Behaviour
 /// - Each statement gets the [response timeout](crate::PostgresStoreBuilder::response_timeout),
