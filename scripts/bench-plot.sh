@@ -159,7 +159,7 @@ queue_text() {
 } >"$work/performance-queues.md"
 
 fill() { # page fragment -> the page with its plots section replaced, or added at its end
-  if grep -q '^<!-- BEGIN throughput plots' "$1"; then
+  if [ -f "$1" ] && grep -q '^<!-- BEGIN throughput plots' "$1"; then
     awk -v fragment="$2" '
       /^<!-- BEGIN throughput plots/ { while ((getline line < fragment) > 0) print line; skip = 1; next }
       /^<!-- END throughput plots/ { skip = 0; next }
