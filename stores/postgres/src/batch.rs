@@ -151,9 +151,10 @@ where
 /// with the arrays it carries and the table as it is. A named statement gets a generic plan
 /// after five executions, and keeps it: one made while the table was small joins the arrays to
 /// a sequential scan of the whole table, which costs more with every row the table gains (a
-/// batch `begin` went from 0.4 ms to 16 ms in three bench rounds of 10,000 units; see
-/// `generic_plans` in the tests). Planning each batch costs one parse and plan per batch, and
-/// the round trip of the statement's description, where a batch carries tens of units.
+/// batch `begin` went from 0.4 ms to 16 ms in three bench rounds of 10,000 units; the test
+/// `batches_first_run_on_an_empty_table_read_only_their_rows_once_it_is_large` checks it).
+/// Planning costs one parse and plan per batch, and the round trip of the statement's
+/// description, where a batch carries tens of units.
 fn with_units<'q>(
     statement: &sqlx::SqlStr,
     carried: &[usize],
