@@ -214,7 +214,9 @@ fn spawn(
         if let Ok(Some(status)) = child.try_wait() {
             return Err(format!("{program} exited with {status}"));
         }
-        if ping(port) {
+        // Another test's server may have taken the port between probing and binding: then
+        // ours fails to bind and exits, and the one answering is not ours.
+        if ping(port) && serving_pid(port).is_none_or(|pid| pid == child.id()) {
             return Ok(child);
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -235,6 +237,27 @@ fn ping(port: u16) -> bool {
     stream.write_all(b"PING\r\n").is_ok()
         && stream.read_exact(&mut reply).is_ok()
         && (&reply == b"+PONG\r\n" || reply.starts_with(b"-NOAUTH"))
+}
+
+/// The process id of the server answering on `port`, from `INFO server`; `None` when it cannot
+/// tell (a server with a password).
+fn serving_pid(port: u16) -> Option<u32> {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .ok()?;
+    stream.write_all(b"INFO server\r\n").ok()?;
+    let mut reader = BufReader::new(stream);
+    let mut header = String::new();
+    reader.read_line(&mut header).ok()?;
+    let len: usize = header.strip_prefix('$')?.trim().parse().ok()?;
+    let mut body = vec![0; len];
+    reader.read_exact(&mut body).ok()?;
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find_map(|line| line.strip_prefix("process_id:"))
+        .and_then(|pid| pid.trim().parse().ok())
 }
 
 /// Redis keys matching `pattern`, via SCAN.
