@@ -8,7 +8,7 @@ use idempotask_test_support as support;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idempotask::store::{Fencing, LockToken, StepEntry, Store, UnitOfWork};
+use idempotask::store::{Begin, Fencing, LockToken, StepEntry, Store, UnitOfWork};
 use idempotask::{Error, RetryPolicy, StepErrorKind, Task};
 use support::quorum::Quorum;
 
@@ -210,6 +210,46 @@ async fn a_server_that_missed_a_record_catches_up_with_the_next() {
     let read = store.read_journal(&unit).await;
     quorum.signal(0, "CONT");
     assert_eq!(read.unwrap().into_entries(), expected);
+}
+
+/// A holder granted on a bare majority, one server of which missed the last holder's record:
+/// that server's lock is the holder's, so it is given the confirmed journal and the record
+/// goes on there. Refusing the record would leave the step's effect done and unrecorded, and
+/// the next delivery would run it again (as eight deliveries of one unit did, under load).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_on_a_bare_majority_with_a_server_behind_is_confirmed() {
+    let quorum = Quorum::start(3);
+    let unit = unit("order-7");
+    let (first, second) = (br#"{"step":"a","ok":1}"#, br#"{"step":"b","ok":2}"#);
+    // The last holder's record reached servers 1 and 2 (confirmed) and missed server 0.
+    for index in [1, 2] {
+        recorded_on(&quorum, index, &unit, first).await;
+    }
+    // A contender's lock is on server 2: the next holder is granted servers 0 and 1 only.
+    let contender = quorum.servers[2].store().await;
+    let ttl = Duration::from_secs(30);
+    let other = LockToken::generate();
+    contender
+        .begin(&unit, &other, ttl, Fencing::Off)
+        .await
+        .unwrap();
+    let store = quorum.store_timed(Duration::from_secs(1)).await;
+    let holder = LockToken::generate();
+    let begun = store
+        .begin(&unit, &holder, ttl, Fencing::Off)
+        .await
+        .unwrap();
+    assert!(matches!(begun, Begin::Acquired { .. }), "{begun:?}");
+    assert_eq!(store.read_journal(&unit).await.unwrap().entries(), [first]);
+    let next = store.record_step(&unit, &holder, StepEntry::new(1, second, DAY), ttl);
+    assert!(next.await.unwrap(), "the holder's record was refused");
+    let expected = vec![first.to_vec(), second.to_vec()];
+    assert_eq!(journal_on(&quorum, 0, &unit).await, expected);
+    assert_eq!(journal_on(&quorum, 1, &unit).await, expected);
+    assert_eq!(
+        store.read_journal(&unit).await.unwrap().into_entries(),
+        expected
+    );
 }
 
 /// A record sent again (its first reply lost) renews the lock as the first send did: the

@@ -98,12 +98,15 @@ const PATIENCE: u32 = 8;
 ///   that holds it is down;
 /// - `forget` deletes the journal on every server with the marker.
 ///
-/// A server that missed a record (down, or too slow) is behind on that journal and refuses the
-/// next record; once the others confirm that record, the quorum reads the majority's journal
-/// and gives it to that server, so that it carries the journal again. Until then, a step
-/// recorded while a server was down is held by a bare majority: if one of those servers is
-/// down too when the journal is read, the read fails until one of them is back (the runner
-/// retries, then the delivery is retried).
+/// A server that missed a record (down, or too slow: a record is confirmed without waiting for
+/// the last servers) is behind on that journal and cannot take the next record as it is. Where
+/// the lock there is the caller's, the quorum reads the majority's journal and gives it to that
+/// server: before the record when the record needs that server for its majority (a holder
+/// granted on a bare majority), after it otherwise, so that the server carries the journal
+/// again. Such a server never counts as refusing the record: the lock there is ours. Until it
+/// has the journal, a step recorded while a server was down is held by a bare majority: if one
+/// of those servers is down too when the journal is read, the read fails until one of them is
+/// back (the runner retries, then the delivery is retried).
 ///
 /// # Behaviour
 /// - Every operation asks all servers at once and waits for each up to

@@ -15,9 +15,12 @@
 //!   at that position no entry is confirmed: another entry a server holds there (and all after
 //!   it) is a failed attempt's, and the record replaces it. Never an entry that a majority
 //!   could hold: that one is confirmed, and the record is refused as on one server.
-//! - A server whose journal is shorter than a record's position missed earlier records. Once
-//!   the record is confirmed, the majority's journal (every entry of it confirmed) replaces
-//!   that server's, so that the journal does not live on a bare majority from then on.
+//! - A server whose journal is shorter than a record's position missed earlier records; the
+//!   lock there is the caller's (it is checked first), so it is not a refusal. When the record
+//!   needs that server for its majority, the majority's journal (every entry of it confirmed,
+//!   and ending right before the record, since the holder records only at the end) replaces
+//!   that server's, then the record goes there. Otherwise it gets the journal once the record
+//!   is confirmed, so that the journal does not live on a bare majority from then on.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -31,6 +34,7 @@ use super::super::reply::unexpected;
 use super::super::steps::step_args;
 use super::Inner;
 use super::servers::Answer;
+
 use idempotask::store::{Journal, LockToken, StepEntry, Store, StoreError, UnitOfWork, ttl_millis};
 
 static STEP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("step.lua")));
@@ -110,10 +114,8 @@ impl Inner {
             match answer {
                 Ok(Placed::Recorded) => recorded += 1,
                 Ok(Placed::NotOurs) => refused += 1,
-                Ok(Placed::Behind) => {
-                    refused += 1;
-                    behind.push(index);
-                }
+                // Our lock there: not a refusal.
+                Ok(Placed::Behind) => behind.push(index),
                 Ok(Placed::Taken(held)) => held_others.push((index, held)),
                 Err(err) => errors.push(err),
             }
@@ -130,23 +132,18 @@ impl Inner {
                 < quorum
         });
         let replaceable: Vec<usize> = replaceable.iter().map(|(index, _)| *index).collect();
-        if recorded < quorum && recorded + replaceable.len() >= quorum {
-            for answer in self
-                .replace(unit, token, entry, lock_ttl, &replaceable)
-                .await
-            {
-                match answer {
-                    Ok(Placed::Recorded) => recorded += 1,
-                    Ok(_) => refused += 1,
-                    Err(err) => errors.push(err),
-                }
-            }
+        let within_reach = recorded + replaceable.len() + behind.len() >= quorum;
+        if recorded < quorum && within_reach && !replaceable.is_empty() {
+            let answers = self
+                .place_on(unit, token, entry, lock_ttl, &replaceable, true)
+                .await;
+            tally(answers, &mut recorded, &mut refused, &mut errors);
         } else if recorded >= quorum && !replaceable.is_empty() {
             // Confirmed: whatever else those servers hold at the position is a failed
             // attempt's. Replacing it keeps the servers alike, so that a later read with a
             // server missing still finds a majority; a failure here changes nothing decided.
             for err in self
-                .replace(unit, token, entry, lock_ttl, &replaceable)
+                .place_on(unit, token, entry, lock_ttl, &replaceable, true)
                 .await
                 .into_iter()
                 .filter_map(Result::err)
@@ -154,10 +151,18 @@ impl Inner {
                 tracing::debug!(error = %err, "could not replace a failed attempt's journal entry on a server");
             }
         }
+        if recorded < quorum && recorded + behind.len() >= quorum {
+            // The servers that missed earlier records hold our lock: once they carry the
+            // journal before the entry, they take the record as the others did. Refusing it
+            // would leave the step's effect done and unrecorded while the lock is ours.
+            let answers = self
+                .place_behind(unit, token, entry, lock_ttl, &behind)
+                .await;
+            tally(answers, &mut recorded, &mut refused, &mut errors);
+        } else if recorded >= quorum && !behind.is_empty() {
+            self.catch_up_after(unit, token, entry, &behind).await;
+        }
         if recorded >= quorum {
-            if !behind.is_empty() {
-                self.catch_up(unit, token, entry, &behind).await;
-            }
             return Ok(true);
         }
         if refused + kept.len() >= quorum {
@@ -170,32 +175,89 @@ impl Inner {
 
     /// Gives the servers at `indices`, which missed earlier records of `unit`'s journal, the
     /// journal a majority hold, once it ends with `entry`, just confirmed at its position.
-    /// Every entry of that journal is confirmed, so nothing a server loses by it was.
     /// Without it such a server refuses every later record of the journal, and the journal
     /// lives on a bare majority: one more server down and it cannot be read. A failure here
     /// changes nothing decided.
-    async fn catch_up(
+    async fn catch_up_after(
         &self,
         unit: &UnitOfWork,
         token: &LockToken,
         entry: StepEntry<'_>,
         indices: &[usize],
     ) {
-        let journal = match self.read_journal(unit).await {
-            Ok(journal) => journal,
+        let journal = match self
+            .confirmed_journal(unit, entry.position.saturating_add(1))
+            .await
+        {
+            // Another holder's journal by now, or a read that missed this record: leave it.
+            Ok(Some(journal)) if journal.last().is_some_and(|last| last == entry.bytes) => journal,
+            Ok(_) => return,
             Err(err) => {
                 tracing::debug!(error = %err, "could not read the journal for a server that missed records");
                 return;
             }
         };
-        let entries = journal.entries();
-        let Ok(at) = usize::try_from(entry.position) else {
-            return;
-        };
-        // Another holder's journal by now, or a read that missed this record: leave it.
-        if entries.len() != at + 1 || entries[at] != entry.bytes {
-            return;
+        for err in (self.catch_up(unit, token, entry, &journal, indices).await.1)
+            .into_iter()
+            .filter_map(Result::err)
+        {
+            tracing::debug!(error = %err, "could not give a server that missed records the journal");
         }
+    }
+
+    /// Records `entry` on the servers at `indices`, which hold `token`'s lock and missed
+    /// earlier records of `unit`'s journal: each is given the journal a majority hold before
+    /// the entry's position, then the record. The answers of the servers that were given it,
+    /// and what the others answer: `Behind` each when the journal does not end right before
+    /// the entry (a record past its end), an error when it could not be read.
+    async fn place_behind(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        entry: StepEntry<'_>,
+        lock_ttl: Duration,
+        indices: &[usize],
+    ) -> Vec<Answer<Placed>> {
+        let journal = match self.confirmed_journal(unit, entry.position).await {
+            Ok(Some(journal)) => journal,
+            // A record past the end of the journal: refused, as on one server.
+            Ok(None) => return indices.iter().map(|_| Ok(Placed::Behind)).collect(),
+            Err(err) => return vec![Err(err)],
+        };
+        let (given, others) = self.catch_up(unit, token, entry, &journal, indices).await;
+        let mut answers = self
+            .place_on(unit, token, entry, lock_ttl, &given, false)
+            .await;
+        answers.extend(others);
+        answers
+    }
+
+    /// The journal of `unit` that a majority hold, every entry of it confirmed, when it has
+    /// `len` entries; `None` when it has another number.
+    async fn confirmed_journal(
+        &self,
+        unit: &UnitOfWork,
+        len: u32,
+    ) -> Result<Option<Vec<Vec<u8>>>, StoreError> {
+        let entries = self.read_journal(unit).await?.into_entries();
+        Ok(u32::try_from(entries.len())
+            .is_ok_and(|held| held == len)
+            .then_some(entries))
+    }
+
+    /// Writes `journal`, whose entries a majority hold, on the servers at `indices` where the
+    /// lock is `token`'s, in place of what they hold. Every entry is confirmed, so nothing a
+    /// server loses by it was. The indices of the servers that took it, and what the others
+    /// answer to the record: refused where the lock is not `token`'s, an error where the
+    /// server could not be reached.
+    async fn catch_up(
+        &self,
+        unit: &UnitOfWork,
+        token: &LockToken,
+        entry: StepEntry<'_>,
+        journal: &[Vec<u8>],
+        indices: &[usize],
+    ) -> (Vec<usize>, Vec<Answer<Placed>>) {
         let lock = lock_value(token);
         let answers = self
             .some(
@@ -211,7 +273,7 @@ impl Inner {
                         protocol
                             .invoke_on("record_step", &CATCH_UP, &[&key, &list], |cmd| {
                                 cmd.arg(lock).arg(ttl_millis(entry.kept_for));
-                                for held in entries {
+                                for held in journal {
                                     cmd.arg(held);
                                 }
                             })
@@ -220,28 +282,55 @@ impl Inner {
                 },
             )
             .await;
-        for err in answers.into_iter().filter_map(Result::err) {
-            tracing::debug!(error = %err, "could not give a server that missed records the journal");
+        let (mut given, mut others) = (Vec::new(), Vec::new());
+        for (answer, &index) in answers.into_iter().zip(indices) {
+            match answer {
+                Ok(Value::Int(1)) => given.push(index),
+                Ok(_) => others.push(Ok(Placed::NotOurs)),
+                Err(err) => others.push(Err(err)),
+            }
         }
+        (given, others)
     }
 
-    /// Records `entry` on the servers at `indices`, replacing another entry at its position.
-    async fn replace(
+    /// Records `entry` on the servers at `indices`, replacing another entry at its position
+    /// if `replace`.
+    async fn place_on(
         &self,
         unit: &UnitOfWork,
         token: &LockToken,
         entry: StepEntry<'_>,
         lock_ttl: Duration,
         indices: &[usize],
+        replace: bool,
     ) -> Vec<Answer<Placed>> {
         self.some(
             "record_step",
             indices,
             self.patience(Some(lock_ttl)),
             |_| false,
-            |_, protocol| async move { place(&protocol, unit, token, entry, lock_ttl, true).await },
+            |_, protocol| async move {
+                place(&protocol, unit, token, entry, lock_ttl, replace).await
+            },
         )
         .await
+    }
+}
+
+/// Adds the answers of a second round of a record to its counts: any answer but `Recorded` is
+/// a refusal there.
+fn tally(
+    answers: Vec<Answer<Placed>>,
+    recorded: &mut usize,
+    refused: &mut usize,
+    errors: &mut Vec<StoreError>,
+) {
+    for answer in answers {
+        match answer {
+            Ok(Placed::Recorded) => *recorded += 1,
+            Ok(_) => *refused += 1,
+            Err(err) => errors.push(err),
+        }
     }
 }
 
