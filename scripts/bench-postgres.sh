@@ -7,6 +7,9 @@
 # (into the target directory: see below).
 #
 #   ./scripts/bench-postgres.sh [TASKS] [ROUNDS]      # defaults: 10000 tasks, 3 rounds
+#
+# BENCH_PG_MODES=pg-handwritten-transactional,pg-transactional runs only the modes it names (to
+# profile a pair closely); the page then lacks the others' rows, so record full runs only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tasks=${1:-10000}

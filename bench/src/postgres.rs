@@ -127,6 +127,9 @@ pub async fn run(
     let mut measurements = Vec::new();
     for round in 1..=config.rounds.max(1) {
         for (position, mode) in MODES.into_iter().enumerate() {
+            if !selected(mode) {
+                continue;
+            }
             // Keys of their own for each measurement, a mode measured twice in a round too.
             let run = format!("{}-{round}-{position}", std::process::id());
             let store = if mode == "pg-fresh-ungrouped" {
@@ -145,6 +148,14 @@ pub async fn run(
         }
     }
     Ok(measurements)
+}
+
+/// Whether `mode` is among those `BENCH_PG_MODES` names (a comma-separated list, to look at a
+/// few modes closely); every mode when it is unset.
+fn selected(mode: &str) -> bool {
+    std::env::var("BENCH_PG_MODES").map_or(true, |modes| {
+        modes.split(',').any(|name| name.trim() == mode)
+    })
 }
 
 /// The hand-written pattern's table and the transactional modes' side effects.
