@@ -94,8 +94,12 @@ impl Inner {
                 .iter()
                 .filter(|answer| matches!(answer, Some(Ok(Placed::Recorded))))
                 .count();
-            let pending = answers.iter().filter(|answer| answer.is_none()).count();
-            recorded >= quorum || recorded + pending < quorum
+            // A server behind the journal holds our lock and may yet take the record.
+            let possible = answers
+                .iter()
+                .filter(|answer| matches!(answer, None | Some(Ok(Placed::Behind))))
+                .count();
+            recorded >= quorum || recorded + possible < quorum
         };
         let answers = self
             .each(
