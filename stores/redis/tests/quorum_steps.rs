@@ -45,6 +45,19 @@ async fn recorded_on(quorum: &Quorum, index: usize, unit: &UnitOfWork, entry: &[
     assert!(server.release(unit, &holder).await.unwrap());
 }
 
+/// A quorum store on `quorum` and a token that holds `unit`'s lock on it.
+async fn acquired(
+    quorum: &Quorum,
+    unit: &UnitOfWork,
+    ttl: Duration,
+) -> (idempotask_redis::RedlockStore, LockToken) {
+    let store = quorum.store_timed(Duration::from_secs(1)).await;
+    let holder = LockToken::generate();
+    let begun = store.begin(unit, &holder, ttl, Fencing::Off).await.unwrap();
+    assert!(matches!(begun, Begin::Acquired { .. }), "{begun:?}");
+    (store, holder)
+}
+
 /// A server killed between a step's effect and its record: the two others confirm it, and the
 /// rerun (with that server still down) replays the step instead of running it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -233,13 +246,7 @@ async fn a_record_on_a_bare_majority_with_a_server_behind_is_confirmed() {
         .begin(&unit, &other, ttl, Fencing::Off)
         .await
         .unwrap();
-    let store = quorum.store_timed(Duration::from_secs(1)).await;
-    let holder = LockToken::generate();
-    let begun = store
-        .begin(&unit, &holder, ttl, Fencing::Off)
-        .await
-        .unwrap();
-    assert!(matches!(begun, Begin::Acquired { .. }), "{begun:?}");
+    let (store, holder) = acquired(&quorum, &unit, ttl).await;
     assert_eq!(store.read_journal(&unit).await.unwrap().entries(), [first]);
     let next = store.record_step(&unit, &holder, StepEntry::new(1, second, DAY), ttl);
     assert!(next.await.unwrap(), "the holder's record was refused");
@@ -250,6 +257,50 @@ async fn a_record_on_a_bare_majority_with_a_server_behind_is_confirmed() {
         store.read_journal(&unit).await.unwrap().into_entries(),
         expected
     );
+}
+
+/// Servers that refuse a record (another lock there) may hold another entry at its position:
+/// with them, that entry can be a majority's, so the entries the holder's servers hold there
+/// are not replaced, even when a server behind the journal would complete the holder's
+/// majority. Here `y` is on four servers of five, two of which refuse: replacing it on the
+/// other two would drop a confirmed entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_never_replaces_an_entry_that_refusing_servers_may_hold() {
+    let quorum = Quorum::start(5);
+    let unit = unit("order-8");
+    let ttl = Duration::from_secs(30);
+    let (first, held) = (br#"{"step":"a","ok":1}"#, br#"{"step":"b","ok":"y"}"#);
+    for index in 1..5 {
+        let server = quorum.servers[index].store().await;
+        let earlier = LockToken::generate();
+        server
+            .begin(&unit, &earlier, ttl, Fencing::Off)
+            .await
+            .unwrap();
+        for (position, bytes) in [(0, &first[..]), (1, &held[..])] {
+            let recorded =
+                server.record_step(&unit, &earlier, StepEntry::new(position, bytes, DAY), ttl);
+            assert!(recorded.await.unwrap(), "server {index}");
+        }
+        if index < 3 {
+            assert!(server.release(&unit, &earlier).await.unwrap());
+        }
+    }
+    let (store, holder) = acquired(&quorum, &unit, ttl).await;
+    let other = br#"{"step":"b","ok":"x"}"#;
+    let record = store.record_step(&unit, &holder, StepEntry::new(1, other, DAY), ttl);
+    let answer = record.await;
+    assert!(
+        !matches!(answer, Ok(true)),
+        "a record over an entry four servers hold was confirmed"
+    );
+    for index in 1..5 {
+        assert_eq!(
+            journal_on(&quorum, index, &unit).await,
+            vec![first.to_vec(), held.to_vec()],
+            "server {index}"
+        );
+    }
 }
 
 /// A record sent again (its first reply lost) renews the lock as the first send did: the

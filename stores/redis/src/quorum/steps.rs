@@ -21,9 +21,15 @@
 //!   and ending right before the record, since the holder records only at the end) replaces
 //!   that server's, then the record goes there. Otherwise it gets the journal once the record
 //!   is confirmed, so that the journal does not live on a bare majority from then on.
+//! - Every round that can confirm a record ends within the record's patience (at most half
+//!   the lock's TTL) from its first send: acceptances further apart would not be one lock's
+//!   majority. Out of time, the record is ambiguous.
+//! - Servers that refuse a record (another lock there) may hold another entry at its
+//!   position; an entry is replaced only where the holder's servers alone, recorded and
+//!   replaceable, make a majority, never to let a server behind the journal complete one.
 
 use std::sync::LazyLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
@@ -35,7 +41,9 @@ use super::super::steps::step_args;
 use super::Inner;
 use super::servers::Answer;
 
-use idempotask::store::{Journal, LockToken, StepEntry, Store, StoreError, UnitOfWork, ttl_millis};
+use idempotask::store::{
+    Journal, LockToken, StepEntry, Store, StoreError, StoreErrorKind, UnitOfWork, ttl_millis,
+};
 
 static STEP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("step.lua")));
 static CATCH_UP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("catch_up.lua")));
@@ -57,18 +65,24 @@ impl Inner {
     /// The journal of `unit`: the entries a majority of the servers hold, position by
     /// position, up to the first that no majority can hold.
     pub(super) async fn read_journal(&self, unit: &UnitOfWork) -> Result<Journal, StoreError> {
+        self.read_journal_within(unit, self.patience(None)).await
+    }
+
+    /// [`read_journal`](Self::read_journal), waiting for the servers at most `limit`.
+    async fn read_journal_within(
+        &self,
+        unit: &UnitOfWork,
+        limit: Duration,
+    ) -> Result<Journal, StoreError> {
         let (servers, quorum) = (self.servers.len(), self.quorum());
         // A server still to answer is waited for while it could decide a position.
         let decided = |answers: &[Option<Answer<Journal>>]| {
             agreed(&answered(answers.iter().flatten()), servers, quorum).is_ok()
         };
         let answers = self
-            .each(
-                "read_journal",
-                self.patience(None),
-                decided,
-                |protocol| async move { protocol.read_journal(unit).await },
-            )
+            .each("read_journal", limit, decided, |protocol| async move {
+                protocol.read_journal(unit).await
+            })
             .await;
         let lists = answered(answers.iter());
         if let Ok(entries) = agreed(&lists, servers, quorum) {
@@ -89,6 +103,10 @@ impl Inner {
         lock_ttl: Duration,
     ) -> Result<bool, StoreError> {
         let quorum = self.quorum();
+        // Every round that can confirm the record ends by then: acceptances further apart than
+        // the lock's TTL would not be one majority of one lock.
+        let patience = self.patience(Some(lock_ttl));
+        let deadline = Instant::now() + patience;
         let decided = |answers: &[Option<Answer<Placed>>]| {
             let recorded = answers
                 .iter()
@@ -102,12 +120,9 @@ impl Inner {
             recorded >= quorum || recorded + possible < quorum
         };
         let answers = self
-            .each(
-                "record_step",
-                self.patience(Some(lock_ttl)),
-                decided,
-                |protocol| async move { place(&protocol, unit, token, entry, lock_ttl, false).await },
-            )
+            .each("record_step", patience, decided, |protocol| async move {
+                place(&protocol, unit, token, entry, lock_ttl, false).await
+            })
             .await;
         let mut recorded = 0;
         let mut refused = 0;
@@ -136,10 +151,17 @@ impl Inner {
                 < quorum
         });
         let replaceable: Vec<usize> = replaceable.iter().map(|(index, _)| *index).collect();
-        let within_reach = recorded + replaceable.len() + behind.len() >= quorum;
-        if recorded < quorum && within_reach && !replaceable.is_empty() {
+        if recorded < quorum && recorded + replaceable.len() >= quorum {
             let answers = self
-                .place_on(unit, token, entry, lock_ttl, &replaceable, true)
+                .place_on(
+                    unit,
+                    token,
+                    entry,
+                    lock_ttl,
+                    &replaceable,
+                    true,
+                    left(deadline),
+                )
                 .await;
             tally(answers, &mut recorded, &mut refused, &mut errors);
         } else if recorded >= quorum && !replaceable.is_empty() {
@@ -147,7 +169,7 @@ impl Inner {
             // attempt's. Replacing it keeps the servers alike, so that a later read with a
             // server missing still finds a majority; a failure here changes nothing decided.
             for err in self
-                .place_on(unit, token, entry, lock_ttl, &replaceable, true)
+                .place_on(unit, token, entry, lock_ttl, &replaceable, true, patience)
                 .await
                 .into_iter()
                 .filter_map(Result::err)
@@ -159,10 +181,15 @@ impl Inner {
             // The servers that missed earlier records hold our lock: once they carry the
             // journal before the entry, they take the record as the others did. Refusing it
             // would leave the step's effect done and unrecorded while the lock is ours.
-            let answers = self
-                .place_behind(unit, token, entry, lock_ttl, &behind)
-                .await;
-            tally(answers, &mut recorded, &mut refused, &mut errors);
+            match self
+                .place_behind(unit, token, entry, lock_ttl, &behind, deadline)
+                .await
+            {
+                Behind::Answered(answers) => {
+                    tally(answers, &mut recorded, &mut refused, &mut errors);
+                }
+                Behind::Confirmed => return Ok(true),
+            }
         } else if recorded >= quorum && !behind.is_empty() {
             self.catch_up_after(unit, token, entry, &behind).await;
         }
@@ -189,31 +216,27 @@ impl Inner {
         entry: StepEntry<'_>,
         indices: &[usize],
     ) {
-        let journal = match self
-            .confirmed_journal(unit, entry.position.saturating_add(1))
-            .await
-        {
+        let limit = self.patience(None);
+        let journal = match self.read_journal_within(unit, limit).await {
             // Another holder's journal by now, or a read that missed this record: leave it.
-            Ok(Some(journal)) if journal.last().is_some_and(|last| last == entry.bytes) => journal,
+            Ok(journal) if ends_with(journal.entries(), entry) => journal.into_entries(),
             Ok(_) => return,
             Err(err) => {
                 tracing::debug!(error = %err, "could not read the journal for a server that missed records");
                 return;
             }
         };
-        for err in (self.catch_up(unit, token, entry, &journal, indices).await.1)
-            .into_iter()
-            .filter_map(Result::err)
-        {
+        let (_, others) = self
+            .catch_up(unit, token, entry, &journal, indices, limit)
+            .await;
+        for err in others.into_iter().filter_map(Result::err) {
             tracing::debug!(error = %err, "could not give a server that missed records the journal");
         }
     }
 
     /// Records `entry` on the servers at `indices`, which hold `token`'s lock and missed
-    /// earlier records of `unit`'s journal: each is given the journal a majority hold before
-    /// the entry's position, then the record. The answers of the servers that were given it,
-    /// and what the others answer: `Behind` each when the journal does not end right before
-    /// the entry (a record past its end), an error when it could not be read.
+    /// earlier records of `unit`'s journal, by `deadline`: each is given the journal a
+    /// majority hold before the entry's position, then the record.
     async fn place_behind(
         &self,
         unit: &UnitOfWork,
@@ -221,39 +244,56 @@ impl Inner {
         entry: StepEntry<'_>,
         lock_ttl: Duration,
         indices: &[usize],
-    ) -> Vec<Answer<Placed>> {
-        let journal = match self.confirmed_journal(unit, entry.position).await {
-            Ok(Some(journal)) => journal,
-            // A record past the end of the journal: refused, as on one server.
-            Ok(None) => return indices.iter().map(|_| Ok(Placed::Behind)).collect(),
-            Err(err) => return vec![Err(err)],
+        deadline: Instant,
+    ) -> Behind {
+        let out_of_time = || {
+            Behind::Answered(vec![Err(StoreError::new(
+                "record_step",
+                StoreErrorKind::Timeout,
+                "the lock's time for the record ran out before the servers that missed earlier \
+                 records were given the journal",
+            )
+            .ambiguous_if(true))])
         };
-        let (given, others) = self.catch_up(unit, token, entry, &journal, indices).await;
-        let mut answers = self
-            .place_on(unit, token, entry, lock_ttl, &given, false)
+        if left(deadline).is_zero() {
+            return out_of_time();
+        }
+        let journal = match self.read_journal_within(unit, left(deadline)).await {
+            Ok(journal) => journal.into_entries(),
+            Err(err) => return Behind::Answered(vec![Err(err)]),
+        };
+        let at = usize::try_from(entry.position).unwrap_or(usize::MAX);
+        if journal.len() != at {
+            // A send of this record that came late may have confirmed it meanwhile.
+            if ends_with(&journal, entry) {
+                return Behind::Confirmed;
+            }
+            // Otherwise the record is past the journal's end: refused, as on one server.
+            return Behind::Answered(indices.iter().map(|_| Ok(Placed::Behind)).collect());
+        }
+        if left(deadline).is_zero() {
+            return out_of_time();
+        }
+        let (given, mut others) = self
+            .catch_up(unit, token, entry, &journal, indices, left(deadline))
             .await;
-        answers.extend(others);
-        answers
-    }
-
-    /// The journal of `unit` that a majority hold, every entry of it confirmed, when it has
-    /// `len` entries; `None` when it has another number.
-    async fn confirmed_journal(
-        &self,
-        unit: &UnitOfWork,
-        len: u32,
-    ) -> Result<Option<Vec<Vec<u8>>>, StoreError> {
-        let entries = self.read_journal(unit).await?.into_entries();
-        Ok(u32::try_from(entries.len())
-            .is_ok_and(|held| held == len)
-            .then_some(entries))
+        if !given.is_empty() {
+            if left(deadline).is_zero() {
+                return out_of_time();
+            }
+            others.extend(
+                self.place_on(unit, token, entry, lock_ttl, &given, false, left(deadline))
+                    .await,
+            );
+        }
+        Behind::Answered(others)
     }
 
     /// Writes `journal`, whose entries a majority hold, on the servers at `indices` where the
-    /// lock is `token`'s, in place of what they hold. Every entry is confirmed, so nothing a
-    /// server loses by it was. The indices of the servers that took it, and what the others
-    /// answer to the record: refused where the lock is not `token`'s, an error where the
-    /// server could not be reached.
+    /// lock is `token`'s, in place of what they hold, waiting at most `limit`. Every entry is
+    /// confirmed, so nothing a server loses by it was. The indices of the servers that took it,
+    /// and what the others answer to the record: refused where the lock is not `token`'s, an
+    /// error where the server could not be reached or answered something else.
     async fn catch_up(
         &self,
         unit: &UnitOfWork,
@@ -261,27 +301,33 @@ impl Inner {
         entry: StepEntry<'_>,
         journal: &[Vec<u8>],
         indices: &[usize],
+        limit: Duration,
     ) -> (Vec<usize>, Vec<Answer<Placed>>) {
         let lock = lock_value(token);
         let answers = self
             .some(
                 "record_step",
                 indices,
-                self.patience(None),
+                limit,
                 |_| false,
                 |_, protocol| {
                     let lock = &lock;
                     async move {
                         let key = protocol.key(unit);
                         let list = protocol.journal_key(&key);
-                        protocol
+                        let reply = protocol
                             .invoke_on("record_step", &CATCH_UP, &[&key, &list], |cmd| {
                                 cmd.arg(lock).arg(ttl_millis(entry.kept_for));
                                 for held in journal {
                                     cmd.arg(held);
                                 }
                             })
-                            .await
+                            .await?;
+                        match reply {
+                            Value::Int(1) => Ok(true),
+                            Value::Int(0) => Ok(false),
+                            other => Err(unexpected("record_step", &key, &other)),
+                        }
                     }
                 },
             )
@@ -289,8 +335,8 @@ impl Inner {
         let (mut given, mut others) = (Vec::new(), Vec::new());
         for (answer, &index) in answers.into_iter().zip(indices) {
             match answer {
-                Ok(Value::Int(1)) => given.push(index),
-                Ok(_) => others.push(Ok(Placed::NotOurs)),
+                Ok(true) => given.push(index),
+                Ok(false) => others.push(Ok(Placed::NotOurs)),
                 Err(err) => others.push(Err(err)),
             }
         }
@@ -298,7 +344,8 @@ impl Inner {
     }
 
     /// Records `entry` on the servers at `indices`, replacing another entry at its position
-    /// if `replace`.
+    /// if `replace`, waiting at most `limit`.
+    #[allow(clippy::too_many_arguments, reason = "one record's parts, all needed")]
     async fn place_on(
         &self,
         unit: &UnitOfWork,
@@ -307,11 +354,12 @@ impl Inner {
         lock_ttl: Duration,
         indices: &[usize],
         replace: bool,
+        limit: Duration,
     ) -> Vec<Answer<Placed>> {
         self.some(
             "record_step",
             indices,
-            self.patience(Some(lock_ttl)),
+            limit,
             |_| false,
             |_, protocol| async move {
                 place(&protocol, unit, token, entry, lock_ttl, replace).await
@@ -319,6 +367,26 @@ impl Inner {
         )
         .await
     }
+}
+
+/// What the servers behind the journal did with a record that needed them.
+enum Behind {
+    /// Their answers (or why they were not asked).
+    Answered(Vec<Answer<Placed>>),
+    /// The journal a majority hold already ends with the record: a send of it that came late
+    /// confirmed it.
+    Confirmed,
+}
+
+/// The time left until `deadline`.
+fn left(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
+}
+
+/// Whether `journal` ends with `entry`, at its position.
+fn ends_with(journal: &[Vec<u8>], entry: StepEntry<'_>) -> bool {
+    usize::try_from(entry.position).is_ok_and(|at| journal.len() == at + 1)
+        && journal.last().is_some_and(|last| last == entry.bytes)
 }
 
 /// Adds the answers of a second round of a record to its counts: any answer but `Recorded` is
