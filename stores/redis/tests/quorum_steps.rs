@@ -259,47 +259,52 @@ async fn a_record_on_a_bare_majority_with_a_server_behind_is_confirmed() {
     );
 }
 
-/// Servers that refuse a record (another lock there) may hold another entry at its position:
-/// with them, that entry can be a majority's, so the entries the holder's servers hold there
-/// are not replaced, even when a server behind the journal would complete the holder's
-/// majority. Here `y` is on four servers of five, two of which refuse: replacing it on the
-/// other two would drop a confirmed entry.
+/// Servers that refuse a record (another lock there) may hold another entry at its position,
+/// and with them that entry can be a majority's: they answer what they hold, and the entries
+/// the holder's servers hold there are not replaced. Here `y` is on four servers of five, two
+/// of which refuse; the fifth either missed the journal (behind) or holds all of it before
+/// the position (it records). Replacing `y` on the other two would drop a confirmed entry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_record_never_replaces_an_entry_that_refusing_servers_may_hold() {
+async fn a_record_never_replaces_an_entry_that_refusing_servers_hold() {
     let quorum = Quorum::start(5);
-    let unit = unit("order-8");
     let ttl = Duration::from_secs(30);
     let (first, held) = (br#"{"step":"a","ok":1}"#, br#"{"step":"b","ok":"y"}"#);
-    for index in 1..5 {
-        let server = quorum.servers[index].store().await;
-        let earlier = LockToken::generate();
-        server
-            .begin(&unit, &earlier, ttl, Fencing::Off)
-            .await
-            .unwrap();
-        for (position, bytes) in [(0, &first[..]), (1, &held[..])] {
-            let recorded =
-                server.record_step(&unit, &earlier, StepEntry::new(position, bytes, DAY), ttl);
-            assert!(recorded.await.unwrap(), "server {index}");
+    for (key, fifth_has_first) in [("order-8-behind", false), ("order-8-level", true)] {
+        let unit = unit(key);
+        if fifth_has_first {
+            recorded_on(&quorum, 0, &unit, first).await;
         }
-        if index < 3 {
-            assert!(server.release(&unit, &earlier).await.unwrap());
+        for index in 1..5 {
+            let server = quorum.servers[index].store().await;
+            let earlier = LockToken::generate();
+            server
+                .begin(&unit, &earlier, ttl, Fencing::Off)
+                .await
+                .unwrap();
+            for (position, bytes) in [(0, &first[..]), (1, &held[..])] {
+                let entry = StepEntry::new(position, bytes, DAY);
+                let recorded = server.record_step(&unit, &earlier, entry, ttl);
+                assert!(recorded.await.unwrap(), "{key}: server {index}");
+            }
+            if index < 3 {
+                assert!(server.release(&unit, &earlier).await.unwrap());
+            }
         }
-    }
-    let (store, holder) = acquired(&quorum, &unit, ttl).await;
-    let other = br#"{"step":"b","ok":"x"}"#;
-    let record = store.record_step(&unit, &holder, StepEntry::new(1, other, DAY), ttl);
-    let answer = record.await;
-    assert!(
-        !matches!(answer, Ok(true)),
-        "a record over an entry four servers hold was confirmed"
-    );
-    for index in 1..5 {
-        assert_eq!(
-            journal_on(&quorum, index, &unit).await,
-            vec![first.to_vec(), held.to_vec()],
-            "server {index}"
+        let (store, holder) = acquired(&quorum, &unit, ttl).await;
+        let other = br#"{"step":"b","ok":"x"}"#;
+        let record = store.record_step(&unit, &holder, StepEntry::new(1, other, DAY), ttl);
+        let answer = record.await;
+        assert!(
+            !matches!(answer, Ok(true)),
+            "{key}: a record over an entry four servers hold was confirmed"
         );
+        for index in 1..5 {
+            assert_eq!(
+                journal_on(&quorum, index, &unit).await,
+                vec![first.to_vec(), held.to_vec()],
+                "{key}: server {index}"
+            );
+        }
     }
 }
 

@@ -6,13 +6,15 @@
 -- ARGV[4] the unit key's TTL in ms (the lock's, with its doubt memory),
 -- ARGV[5] how long the journal is kept, in ms,
 -- ARGV[6] '1' to replace another entry at the position (and every entry after it), '0' not to
--- Returns 1 recorded (now, or by an earlier send of the same entry) | 0 not our lock |
--- {2, entry} another entry holds the position (and ARGV[6] is '0') | 3 the journal here is
--- shorter than the position (this server missed an earlier record)
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
+-- Returns 1 recorded (now, or by an earlier send of the same entry) | {0, entry or nil} not
+-- our lock, with what this server holds at the position (so that the caller never replaces
+-- an entry that a majority may hold counting this server) | {2, entry} another entry holds
+-- the position (and ARGV[6] is '0') | 3 the journal here is shorter than the position (this
+-- server missed an earlier record)
 local position = tonumber(ARGV[2])
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return {0, redis.call('LINDEX', KEYS[2], position)}
+end
 local length = redis.call('LLEN', KEYS[2])
 if position > length then
   return 3

@@ -21,12 +21,15 @@
 //!   and ending right before the record, since the holder records only at the end) replaces
 //!   that server's, then the record goes there. Otherwise it gets the journal once the record
 //!   is confirmed, so that the journal does not live on a bare majority from then on.
-//! - Every round that can confirm a record ends within the record's patience (at most half
-//!   the lock's TTL) from its first send: acceptances further apart would not be one lock's
-//!   majority. Out of time, the record is ambiguous.
-//! - Servers that refuse a record (another lock there) may hold another entry at its
-//!   position; an entry is replaced only where the holder's servers alone, recorded and
-//!   replaceable, make a majority, never to let a server behind the journal complete one.
+//! - Every round that can confirm a record ends within the record's patience from its first
+//!   send: half the lock's TTL, or one server timeout when that is longer (keep the TTL above
+//!   two server timeouts). Acceptances further apart would not be one lock's majority; out of
+//!   time, the record is ambiguous.
+//! - A server that refuses a record (another lock there) answers what it holds at the
+//!   position, and counts towards that entry's majority: an entry is replaced only where it
+//!   cannot be a majority's counting every server that holds it or did not answer. A
+//!   replacement happens only where the holder's servers alone, recorded and replaceable,
+//!   make a majority; a server behind the journal never completes one.
 
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
@@ -53,8 +56,9 @@ static CATCH_UP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("c
 enum Placed {
     /// The entry is at its position there.
     Recorded,
-    /// The server's lock is not the caller's (or not with its fencing token).
-    NotOurs,
+    /// The server's lock is not the caller's (or not with its fencing token); what the server
+    /// holds at the position, if anything.
+    NotOurs(Option<Vec<u8>>),
     /// Another entry holds the position there.
     Taken(Vec<u8>),
     /// The server's journal is shorter than the position: it missed an earlier record.
@@ -127,31 +131,39 @@ impl Inner {
         let mut recorded = 0;
         let mut refused = 0;
         let mut held_others = Vec::new();
+        // What the servers that refused hold at the position: not replaceable there, but part
+        // of the count that decides whether an entry may be a majority's.
+        let mut held_by_refusers = Vec::new();
         let mut behind = Vec::new();
         let mut errors = Vec::new();
         for (index, answer) in answers.into_iter().enumerate() {
             match answer {
                 Ok(Placed::Recorded) => recorded += 1,
-                Ok(Placed::NotOurs) => refused += 1,
+                Ok(Placed::NotOurs(held)) => {
+                    refused += 1;
+                    held_by_refusers.extend(held);
+                }
                 // Our lock there: not a refusal.
                 Ok(Placed::Behind) => behind.push(index),
                 Ok(Placed::Taken(held)) => held_others.push((index, held)),
                 Err(err) => errors.push(err),
             }
         }
-        // An entry held where the servers that failed could make its majority may be
-        // confirmed: never replaced.
+        // An entry held where the servers that failed could make its majority, with those
+        // that hold it (refusing or not), may be confirmed: never replaced.
         let unknown = errors.len();
         let (replaceable, kept): (Vec<_>, Vec<_>) = held_others.iter().partition(|(_, held)| {
-            held_others
+            let holding = held_others
                 .iter()
-                .filter(|(_, other)| other == held)
-                .count()
-                + unknown
-                < quorum
+                .map(|(_, other)| other)
+                .chain(&held_by_refusers)
+                .filter(|other| *other == held)
+                .count();
+            holding + unknown < quorum
         });
         let replaceable: Vec<usize> = replaceable.iter().map(|(index, _)| *index).collect();
-        if recorded < quorum && recorded + replaceable.len() >= quorum {
+        if recorded < quorum && recorded + replaceable.len() >= quorum && !left(deadline).is_zero()
+        {
             let answers = self
                 .place_on(
                     unit,
@@ -265,7 +277,7 @@ impl Inner {
         let at = usize::try_from(entry.position).unwrap_or(usize::MAX);
         if journal.len() != at {
             // A send of this record that came late may have confirmed it meanwhile.
-            if ends_with(&journal, entry) {
+            if journal.get(at).is_some_and(|held| *held == entry.bytes) {
                 return Behind::Confirmed;
             }
             // Otherwise the record is past the journal's end: refused, as on one server.
@@ -279,7 +291,10 @@ impl Inner {
             .await;
         if !given.is_empty() {
             if left(deadline).is_zero() {
-                return out_of_time();
+                if let Behind::Answered(late) = out_of_time() {
+                    others.extend(late);
+                }
+                return Behind::Answered(others);
             }
             others.extend(
                 self.place_on(unit, token, entry, lock_ttl, &given, false, left(deadline))
@@ -336,7 +351,7 @@ impl Inner {
         for (answer, &index) in answers.into_iter().zip(indices) {
             match answer {
                 Ok(true) => given.push(index),
-                Ok(false) => others.push(Ok(Placed::NotOurs)),
+                Ok(false) => others.push(Ok(Placed::NotOurs(None))),
                 Err(err) => others.push(Err(err)),
             }
         }
@@ -425,10 +440,12 @@ async fn place(
         .await?;
     match reply {
         Value::Int(1) => Ok(Placed::Recorded),
-        Value::Int(0) => Ok(Placed::NotOurs),
+        Value::Int(0) => Ok(Placed::NotOurs(None)),
         Value::Int(3) => Ok(Placed::Behind),
         Value::Array(items) => match items.as_slice() {
             [Value::Int(2), Value::BulkString(held)] => Ok(Placed::Taken(held.clone())),
+            [Value::Int(0), Value::BulkString(held)] => Ok(Placed::NotOurs(Some(held.clone()))),
+            [Value::Int(0), Value::Nil] | [Value::Int(0)] => Ok(Placed::NotOurs(None)),
             _ => Err(unexpected("record_step", &key, &Value::Array(items))),
         },
         other => Err(unexpected("record_step", &key, &other)),
