@@ -108,6 +108,12 @@ const PATIENCE: u32 = 8;
 /// of those servers is down too when the journal is read, the read fails until one of them is
 /// back (the runner retries, then the delivery is retried).
 ///
+/// Every round that can confirm a record ends within half the lock's TTL of the record's first
+/// send (or one server timeout, when that is longer): acceptances further apart would not be
+/// the majority of one lock. Past it the record is ambiguous and the runner sends it again.
+/// Keep a task's `lock_ttl` above two server timeouts, so that the patience stays under the
+/// TTL; a shorter TTL lets a slow record outlast its lock.
+///
 /// # Behaviour
 /// - Every operation asks all servers at once and waits for each up to
 ///   [`server_timeout`](RedlockStoreBuilder::server_timeout). A server that has not answered

@@ -51,6 +51,15 @@ use idempotask::store::{
 static STEP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("step.lua")));
 static CATCH_UP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("catch_up.lua")));
 
+/// One record of a step: what every round of it sends.
+#[derive(Clone, Copy)]
+struct Record<'a> {
+    unit: &'a UnitOfWork,
+    token: &'a LockToken,
+    entry: StepEntry<'a>,
+    lock_ttl: Duration,
+}
+
 /// What one server answered to a record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Placed {
@@ -106,6 +115,12 @@ impl Inner {
         entry: StepEntry<'_>,
         lock_ttl: Duration,
     ) -> Result<bool, StoreError> {
+        let record = Record {
+            unit,
+            token,
+            entry,
+            lock_ttl,
+        };
         let quorum = self.quorum();
         // Every round that can confirm the record ends by then: acceptances further apart than
         // the lock's TTL would not be one majority of one lock.
@@ -125,7 +140,7 @@ impl Inner {
         };
         let answers = self
             .each("record_step", patience, decided, |protocol| async move {
-                place(&protocol, unit, token, entry, lock_ttl, false).await
+                place(&protocol, record, false).await
             })
             .await;
         let mut recorded = 0;
@@ -165,15 +180,7 @@ impl Inner {
         if recorded < quorum && recorded + replaceable.len() >= quorum && !left(deadline).is_zero()
         {
             let answers = self
-                .place_on(
-                    unit,
-                    token,
-                    entry,
-                    lock_ttl,
-                    &replaceable,
-                    true,
-                    left(deadline),
-                )
+                .place_on(record, &replaceable, true, left(deadline))
                 .await;
             tally(answers, &mut recorded, &mut refused, &mut errors);
         } else if recorded >= quorum && !replaceable.is_empty() {
@@ -181,7 +188,7 @@ impl Inner {
             // attempt's. Replacing it keeps the servers alike, so that a later read with a
             // server missing still finds a majority; a failure here changes nothing decided.
             for err in self
-                .place_on(unit, token, entry, lock_ttl, &replaceable, true, patience)
+                .place_on(record, &replaceable, true, patience)
                 .await
                 .into_iter()
                 .filter_map(Result::err)
@@ -193,17 +200,12 @@ impl Inner {
             // The servers that missed earlier records hold our lock: once they carry the
             // journal before the entry, they take the record as the others did. Refusing it
             // would leave the step's effect done and unrecorded while the lock is ours.
-            match self
-                .place_behind(unit, token, entry, lock_ttl, &behind, deadline)
-                .await
-            {
-                Behind::Answered(answers) => {
-                    tally(answers, &mut recorded, &mut refused, &mut errors);
-                }
-                Behind::Confirmed => return Ok(true),
+            match self.place_behind(record, &behind, deadline).await {
+                Ok(answers) => tally(answers, &mut recorded, &mut refused, &mut errors),
+                Err(Confirmed) => return Ok(true),
             }
         } else if recorded >= quorum && !behind.is_empty() {
-            self.catch_up_after(unit, token, entry, &behind).await;
+            self.catch_up_after(record, &behind).await;
         }
         if recorded >= quorum {
             return Ok(true);
@@ -221,87 +223,66 @@ impl Inner {
     /// Without it such a server refuses every later record of the journal, and the journal
     /// lives on a bare majority: one more server down and it cannot be read. A failure here
     /// changes nothing decided.
-    async fn catch_up_after(
-        &self,
-        unit: &UnitOfWork,
-        token: &LockToken,
-        entry: StepEntry<'_>,
-        indices: &[usize],
-    ) {
+    async fn catch_up_after(&self, record: Record<'_>, indices: &[usize]) {
         let limit = self.patience(None);
-        let journal = match self.read_journal_within(unit, limit).await {
+        let journal = match self.read_journal_within(record.unit, limit).await {
             // Another holder's journal by now, or a read that missed this record: leave it.
-            Ok(journal) if ends_with(journal.entries(), entry) => journal.into_entries(),
+            Ok(journal) if ends_with(journal.entries(), record.entry) => journal.into_entries(),
             Ok(_) => return,
             Err(err) => {
                 tracing::debug!(error = %err, "could not read the journal for a server that missed records");
                 return;
             }
         };
-        let (_, others) = self
-            .catch_up(unit, token, entry, &journal, indices, limit)
-            .await;
+        let (_, others) = self.catch_up(record, &journal, indices, limit).await;
         for err in others.into_iter().filter_map(Result::err) {
             tracing::debug!(error = %err, "could not give a server that missed records the journal");
         }
     }
 
-    /// Records `entry` on the servers at `indices`, which hold `token`'s lock and missed
-    /// earlier records of `unit`'s journal, by `deadline`: each is given the journal a
-    /// majority hold before the entry's position, then the record.
+    /// Sends `record` to the servers at `indices`, which hold its lock and missed earlier
+    /// records of its unit's journal, by `deadline`: each is given the journal a majority hold
+    /// before the entry's position, then the record. Their answers (or why they were not
+    /// asked), or `Confirmed` when the majority's journal already holds the record.
     async fn place_behind(
         &self,
-        unit: &UnitOfWork,
-        token: &LockToken,
-        entry: StepEntry<'_>,
-        lock_ttl: Duration,
+        record: Record<'_>,
         indices: &[usize],
         deadline: Instant,
-    ) -> Behind {
-        let out_of_time = || {
-            Behind::Answered(vec![Err(StoreError::new(
-                "record_step",
-                StoreErrorKind::Timeout,
-                "the lock's time for the record ran out before the servers that missed earlier \
-                 records were given the journal",
-            )
-            .ambiguous_if(true))])
-        };
+    ) -> Result<Vec<Answer<Placed>>, Confirmed> {
         if left(deadline).is_zero() {
-            return out_of_time();
+            return Ok(vec![Err(out_of_time())]);
         }
-        let journal = match self.read_journal_within(unit, left(deadline)).await {
+        let journal = match self.read_journal_within(record.unit, left(deadline)).await {
             Ok(journal) => journal.into_entries(),
-            Err(err) => return Behind::Answered(vec![Err(err)]),
+            Err(err) => return Ok(vec![Err(err)]),
         };
-        let at = usize::try_from(entry.position).unwrap_or(usize::MAX);
+        let at = usize::try_from(record.entry.position).unwrap_or(usize::MAX);
         if journal.len() != at {
             // A send of this record that came late may have confirmed it meanwhile.
-            if journal.get(at).is_some_and(|held| *held == entry.bytes) {
-                return Behind::Confirmed;
+            if journal
+                .get(at)
+                .is_some_and(|held| *held == record.entry.bytes)
+            {
+                return Err(Confirmed);
             }
             // Otherwise the record is past the journal's end: refused, as on one server.
-            return Behind::Answered(indices.iter().map(|_| Ok(Placed::Behind)).collect());
+            return Ok(indices.iter().map(|_| Ok(Placed::Behind)).collect());
         }
         if left(deadline).is_zero() {
-            return out_of_time();
+            return Ok(vec![Err(out_of_time())]);
         }
         let (given, mut others) = self
-            .catch_up(unit, token, entry, &journal, indices, left(deadline))
+            .catch_up(record, &journal, indices, left(deadline))
             .await;
         if !given.is_empty() {
             if left(deadline).is_zero() {
-                if let Behind::Answered(late) = out_of_time() {
-                    others.extend(late);
-                }
-                return Behind::Answered(others);
+                others.push(Err(out_of_time()));
+            } else {
+                others.extend(self.place_on(record, &given, false, left(deadline)).await);
             }
-            others.extend(
-                self.place_on(unit, token, entry, lock_ttl, &given, false, left(deadline))
-                    .await,
-            );
         }
-        Behind::Answered(others)
+        Ok(others)
     }
 
     /// Writes `journal`, whose entries a majority hold, on the servers at `indices` where the
@@ -311,14 +292,12 @@ impl Inner {
     /// error where the server could not be reached or answered something else.
     async fn catch_up(
         &self,
-        unit: &UnitOfWork,
-        token: &LockToken,
-        entry: StepEntry<'_>,
+        record: Record<'_>,
         journal: &[Vec<u8>],
         indices: &[usize],
         limit: Duration,
     ) -> (Vec<usize>, Vec<Answer<Placed>>) {
-        let lock = lock_value(token);
+        let lock = lock_value(record.token);
         let answers = self
             .some(
                 "record_step",
@@ -328,11 +307,11 @@ impl Inner {
                 |_, protocol| {
                     let lock = &lock;
                     async move {
-                        let key = protocol.key(unit);
+                        let key = protocol.key(record.unit);
                         let list = protocol.journal_key(&key);
                         let reply = protocol
                             .invoke_on("record_step", &CATCH_UP, &[&key, &list], |cmd| {
-                                cmd.arg(lock).arg(ttl_millis(entry.kept_for));
+                                cmd.arg(lock).arg(ttl_millis(record.entry.kept_for));
                                 for held in journal {
                                     cmd.arg(held);
                                 }
@@ -358,15 +337,11 @@ impl Inner {
         (given, others)
     }
 
-    /// Records `entry` on the servers at `indices`, replacing another entry at its position
+    /// Sends `record` to the servers at `indices`, replacing another entry at its position
     /// if `replace`, waiting at most `limit`.
-    #[allow(clippy::too_many_arguments, reason = "one record's parts, all needed")]
     async fn place_on(
         &self,
-        unit: &UnitOfWork,
-        token: &LockToken,
-        entry: StepEntry<'_>,
-        lock_ttl: Duration,
+        record: Record<'_>,
         indices: &[usize],
         replace: bool,
         limit: Duration,
@@ -376,21 +351,26 @@ impl Inner {
             indices,
             limit,
             |_| false,
-            |_, protocol| async move {
-                place(&protocol, unit, token, entry, lock_ttl, replace).await
-            },
+            |_, protocol| async move { place(&protocol, record, replace).await },
         )
         .await
     }
 }
 
-/// What the servers behind the journal did with a record that needed them.
-enum Behind {
-    /// Their answers (or why they were not asked).
-    Answered(Vec<Answer<Placed>>),
-    /// The journal a majority hold already ends with the record: a send of it that came late
-    /// confirmed it.
-    Confirmed,
+/// The journal a majority hold already ends with the record: a send of it that came late
+/// confirmed it.
+struct Confirmed;
+
+/// Why a record that needed the servers behind the journal is ambiguous: the lock's time for it
+/// ran out first.
+fn out_of_time() -> StoreError {
+    StoreError::new(
+        "record_step",
+        StoreErrorKind::Timeout,
+        "the lock's time for the record ran out before the servers that missed earlier records \
+         were given the journal",
+    )
+    .ambiguous_if(true)
 }
 
 /// The time left until `deadline`.
@@ -424,17 +404,14 @@ fn tally(
 /// `step.lua` of the quorum on one server.
 async fn place(
     protocol: &Protocol<ConnectionManager>,
-    unit: &UnitOfWork,
-    token: &LockToken,
-    entry: StepEntry<'_>,
-    lock_ttl: Duration,
+    record: Record<'_>,
     replace: bool,
 ) -> Result<Placed, StoreError> {
-    let key = protocol.key(unit);
+    let key = protocol.key(record.unit);
     let journal = protocol.journal_key(&key);
     let reply = protocol
         .invoke_on("record_step", &STEP, &[&key, &journal], |cmd| {
-            step_args(cmd, token, entry, lock_ttl);
+            step_args(cmd, record.token, record.entry, record.lock_ttl);
             cmd.arg(if replace { "1" } else { "0" });
         })
         .await?;
