@@ -186,7 +186,7 @@ pub fn free_port() -> u16 {
 }
 
 /// Starts `program` (`redis-server`, `valkey-server`) on `port` and waits until it answers
-/// `PING`.
+/// `INFO` with its own process id, its data set loaded.
 fn spawn(
     program: &str,
     port: u16,
@@ -216,48 +216,63 @@ fn spawn(
         }
         // Another test's server may have taken the port between probing and binding: then
         // ours fails to bind and exits, and the one answering is not ours.
-        if ping(port) && serving_pid(port).is_none_or(|pid| pid == child.id()) {
+        if serving_pid(port, password(extra)) == Some(child.id()) {
             return Ok(child);
         }
         std::thread::sleep(Duration::from_millis(10));
     }
     let _ = child.kill();
     let _ = child.wait();
-    Err(format!("{program} did not answer PING within 10 s"))
+    Err(format!("{program} did not answer INFO within 10 s"))
 }
 
-fn ping(port: u16) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-    // `+PONG`, or `-NOAUTH` from a server with a password: either way it is serving.
-    let mut reply = [0_u8; 7];
-    stream.write_all(b"PING\r\n").is_ok()
-        && stream.read_exact(&mut reply).is_ok()
-        && (&reply == b"+PONG\r\n" || reply.starts_with(b"-NOAUTH"))
+/// The password that `extra` gives the server with `--requirepass`, if any.
+fn password(extra: &[String]) -> Option<&str> {
+    extra
+        .iter()
+        .position(|arg| arg == "--requirepass")
+        .and_then(|at| extra.get(at + 1))
+        .map(String::as_str)
 }
 
-/// The process id of the server answering on `port`, from `INFO server`; `None` when it cannot
-/// tell (a server with a password).
-fn serving_pid(port: u16) -> Option<u32> {
+/// The process id of the server answering on `port`, from `INFO` (after `AUTH` with
+/// `password`, sent inline: no spaces in it); `None` while nothing answers it or while it is
+/// still loading its data set (it serves `INFO` then, but answers other commands `-LOADING`).
+fn serving_pid(port: u16, password: Option<&str>) -> Option<u32> {
     use std::io::{BufRead, BufReader, Read, Write};
     let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).ok()?;
     stream
         .set_read_timeout(Some(Duration::from_millis(500)))
         .ok()?;
-    stream.write_all(b"INFO server\r\n").ok()?;
+    let mut request = Vec::new();
+    if let Some(password) = password {
+        request.extend_from_slice(format!("AUTH {password}\r\n").as_bytes());
+    }
+    request.extend_from_slice(b"INFO server persistence\r\n");
+    stream.write_all(&request).ok()?;
     let mut reader = BufReader::new(stream);
     let mut header = String::new();
+    if password.is_some() {
+        reader.read_line(&mut header).ok()?;
+        if header != "+OK\r\n" {
+            return None;
+        }
+        header.clear();
+    }
     reader.read_line(&mut header).ok()?;
     let len: usize = header.strip_prefix('$')?.trim().parse().ok()?;
     let mut body = vec![0; len];
     reader.read_exact(&mut body).ok()?;
-    String::from_utf8_lossy(&body)
-        .lines()
-        .find_map(|line| line.strip_prefix("process_id:"))
-        .and_then(|pid| pid.trim().parse().ok())
+    let info = String::from_utf8_lossy(&body);
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|line| line.strip_prefix(name))
+            .map(str::trim)
+    };
+    if field("loading:")? != "0" {
+        return None;
+    }
+    field("process_id:")?.parse().ok()
 }
 
 /// Redis keys matching `pattern`, via SCAN.
