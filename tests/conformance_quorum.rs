@@ -9,6 +9,11 @@ use support::quorum::Quorum;
 
 /// Five servers of their own, mixed.
 async fn five_servers() -> (Quorum, idempotask_redis::RedlockStore) {
+    five_servers_with("").await
+}
+
+/// Five servers of their own, mixed, each URL ending with `query` (`/?protocol=resp3`).
+async fn five_servers_with(query: &str) -> (Quorum, idempotask_redis::RedlockStore) {
     let quorum = Quorum::start_mixed(&[
         Flavor::Redis,
         Flavor::Valkey,
@@ -16,7 +21,12 @@ async fn five_servers() -> (Quorum, idempotask_redis::RedlockStore) {
         Flavor::Valkey,
         Flavor::Redis,
     ]);
-    let store = quorum.store().await;
+    let urls = quorum.urls().into_iter().map(|url| url + query);
+    let store = idempotask_redis::RedlockStore::builder(urls)
+        .server_timeout(std::time::Duration::from_secs(1))
+        .connect()
+        .await
+        .unwrap();
     assert_eq!((store.servers(), store.quorum()), (5, 3));
     (quorum, store)
 }
@@ -34,4 +44,12 @@ mod steps {
     use super::*;
 
     idempotask_conformance::step_conformance_tests!(five_servers().await);
+}
+
+/// Steps with every server's connection speaking RESP3 (`?protocol=resp3`): the record's
+/// replies (`{0, entry or nil}` among them) arrive as RESP3 types.
+mod resp3_steps {
+    use super::*;
+
+    idempotask_conformance::step_conformance_tests!(five_servers_with("/?protocol=resp3").await);
 }

@@ -36,3 +36,31 @@ mod steps {
         (server, store)
     });
 }
+
+/// The same checks on a connection that speaks RESP3 (`?protocol=resp3`): commands' replies
+/// arrive as RESP3 types, and scripts' `nil`s as RESP3 nulls, which the store reads as it reads
+/// RESP2's.
+mod resp3 {
+    use super::*;
+
+    async fn resp3_store(server: &RedisServer) -> idempotask_redis::RedisStore {
+        let url = format!("{}/?protocol=resp3", server.url());
+        idempotask_redis::RedisStore::connect(&url).await.unwrap()
+    }
+
+    idempotask_conformance::conformance_tests!({
+        let server = RedisServer::start_flavor(Flavor::Redis8, &[]);
+        let store = resp3_store(&server).await;
+        (server, store)
+    });
+
+    mod steps {
+        use super::*;
+
+        idempotask_conformance::step_conformance_tests!({
+            let server = RedisServer::start_flavor(Flavor::Redis8, &[]);
+            let store = resp3_store(&server).await;
+            (server, store)
+        });
+    }
+}

@@ -225,34 +225,78 @@ async fn a_server_that_missed_a_record_catches_up_with_the_next() {
     assert_eq!(read.unwrap().into_entries(), expected);
 }
 
+/// Three servers where the last holder's record of `first` reached servers 1 and 2 (confirmed)
+/// and missed server 0, and a contender's lock is on server 2: a store and the token of the
+/// next holder, granted servers 0 and 1 only for `ttl`, which has read the journal.
+async fn bare_majority_with_a_server_behind(
+    unit: &UnitOfWork,
+    first: &[u8],
+    ttl: Duration,
+) -> (Quorum, idempotask_redis::RedlockStore, LockToken) {
+    let quorum = Quorum::start(3);
+    for index in [1, 2] {
+        recorded_on(&quorum, index, unit, first).await;
+    }
+    let contender = quorum.servers[2].store().await;
+    let other = LockToken::generate();
+    contender
+        .begin(unit, &other, Duration::from_secs(60), Fencing::Off)
+        .await
+        .unwrap();
+    let (store, holder) = acquired(&quorum, unit, ttl).await;
+    assert_eq!(store.read_journal(unit).await.unwrap().entries(), [first]);
+    (quorum, store, holder)
+}
+
 /// A holder granted on a bare majority, one server of which missed the last holder's record:
 /// that server's lock is the holder's, so it is given the confirmed journal and the record
 /// goes on there. Refusing the record would leave the step's effect done and unrecorded, and
 /// the next delivery would run it again (as eight deliveries of one unit did, under load).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_on_a_bare_majority_with_a_server_behind_is_confirmed() {
-    let quorum = Quorum::start(3);
     let unit = unit("order-7");
     let (first, second) = (br#"{"step":"a","ok":1}"#, br#"{"step":"b","ok":2}"#);
-    // The last holder's record reached servers 1 and 2 (confirmed) and missed server 0.
-    for index in [1, 2] {
-        recorded_on(&quorum, index, &unit, first).await;
-    }
-    // A contender's lock is on server 2: the next holder is granted servers 0 and 1 only.
-    let contender = quorum.servers[2].store().await;
     let ttl = Duration::from_secs(30);
-    let other = LockToken::generate();
-    contender
-        .begin(&unit, &other, ttl, Fencing::Off)
-        .await
-        .unwrap();
-    let (store, holder) = acquired(&quorum, &unit, ttl).await;
-    assert_eq!(store.read_journal(&unit).await.unwrap().entries(), [first]);
+    let (quorum, store, holder) = bare_majority_with_a_server_behind(&unit, first, ttl).await;
     let next = store.record_step(&unit, &holder, StepEntry::new(1, second, DAY), ttl);
     assert!(next.await.unwrap(), "the holder's record was refused");
     let expected = vec![first.to_vec(), second.to_vec()];
     assert_eq!(journal_on(&quorum, 0, &unit).await, expected);
     assert_eq!(journal_on(&quorum, 1, &unit).await, expected);
+    assert_eq!(
+        store.read_journal(&unit).await.unwrap().into_entries(),
+        expected
+    );
+}
+
+/// The same bare majority with the journal's other holder stalled (`SIGSTOP`): the record is
+/// on one server, and its time runs out while the round waits for the stalled one, whose
+/// answer could still decide it. It is ambiguous, never refused (the lock is ours on a
+/// majority) nor confirmed; sent again once the server runs, the server behind is given the
+/// journal and the record is confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_needing_a_server_behind_while_another_is_stalled_is_ambiguous() {
+    let unit = unit("order-9");
+    let (first, second) = (br#"{"step":"a","ok":1}"#, br#"{"step":"b","ok":2}"#);
+    // A TTL of a few server timeouts (1 s each), so that the record's patience is 3 s.
+    let ttl = Duration::from_secs(6);
+    let (quorum, store, holder) = bare_majority_with_a_server_behind(&unit, first, ttl).await;
+    let entry = StepEntry::new(1, second, DAY);
+    quorum.signal(2, "STOP");
+    let stalled = store.record_step(&unit, &holder, entry, ttl).await;
+    quorum.signal(2, "CONT");
+    match stalled {
+        Err(err) => assert!(err.is_ambiguous(), "{err}"),
+        Ok(recorded) => panic!("a record held by one server of three answered {recorded}"),
+    }
+    assert!(
+        store.record_step(&unit, &holder, entry, ttl).await.unwrap(),
+        "the record sent again was refused"
+    );
+    let expected = vec![first.to_vec(), second.to_vec()];
+    assert_eq!(journal_on(&quorum, 0, &unit).await, expected);
+    assert_eq!(journal_on(&quorum, 1, &unit).await, expected);
+    assert_eq!(journal_on(&quorum, 2, &unit).await, [first]);
     assert_eq!(
         store.read_journal(&unit).await.unwrap().into_entries(),
         expected
