@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use idempotask::store::{Begin, Fencing, LockToken, StepEntry, Store, UnitOfWork};
 use idempotask::{Error, RetryPolicy, StepErrorKind, Task};
+use support::proxy::Proxy;
 use support::quorum::Quorum;
 
 const DAY: Duration = Duration::from_secs(24 * 60 * 60);
@@ -248,6 +249,23 @@ async fn bare_majority_with_a_server_behind(
     (quorum, store, holder)
 }
 
+/// A record that came back `stalled` held by one server of three: ambiguous, nothing else.
+fn assert_ambiguous(stalled: Result<bool, idempotask::store::StoreError>) {
+    match stalled {
+        Err(err) => assert!(err.is_ambiguous(), "{err}"),
+        Ok(recorded) => panic!("a record held by one server of three answered {recorded}"),
+    }
+}
+
+/// The journal `entries` on servers 0 and 1, and on server 2 (which refused the last record)
+/// the first entry only.
+async fn recorded_on_0_and_1_only(quorum: &Quorum, unit: &UnitOfWork, entries: &[&[u8]]) {
+    let expected: Vec<Vec<u8>> = entries.iter().map(|entry| entry.to_vec()).collect();
+    assert_eq!(journal_on(quorum, 0, unit).await, expected);
+    assert_eq!(journal_on(quorum, 1, unit).await, expected);
+    assert_eq!(journal_on(quorum, 2, unit).await, expected[..1]);
+}
+
 /// A holder granted on a bare majority, one server of which missed the last holder's record:
 /// that server's lock is the holder's, so it is given the confirmed journal and the record
 /// goes on there. Refusing the record would leave the step's effect done and unrecorded, and
@@ -285,22 +303,66 @@ async fn a_record_needing_a_server_behind_while_another_is_stalled_is_ambiguous(
     quorum.signal(2, "STOP");
     let stalled = store.record_step(&unit, &holder, entry, ttl).await;
     quorum.signal(2, "CONT");
-    match stalled {
-        Err(err) => assert!(err.is_ambiguous(), "{err}"),
-        Ok(recorded) => panic!("a record held by one server of three answered {recorded}"),
-    }
+    assert_ambiguous(stalled);
     assert!(
         store.record_step(&unit, &holder, entry, ttl).await.unwrap(),
         "the record sent again was refused"
     );
-    let expected = vec![first.to_vec(), second.to_vec()];
-    assert_eq!(journal_on(&quorum, 0, &unit).await, expected);
-    assert_eq!(journal_on(&quorum, 1, &unit).await, expected);
-    assert_eq!(journal_on(&quorum, 2, &unit).await, [first]);
+    recorded_on_0_and_1_only(&quorum, &unit, &[first, second]).await;
     assert_eq!(
-        store.read_journal(&unit).await.unwrap().into_entries(),
-        expected
+        store.read_journal(&unit).await.unwrap().entries(),
+        [first, second]
     );
+}
+
+/// A server behind the journal that stalls at the catch-up itself (a proxy holds its
+/// `catch_up.lua`): the record waits for it no longer than its patience (half the TTL), and is
+/// ambiguous, neither refused nor confirmed. The catch-up that lands afterwards writes only the
+/// confirmed journal, and the record sent again is confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_whose_catch_up_stalls_is_ambiguous_within_its_patience() {
+    let quorum = Quorum::start(3);
+    let proxy = Proxy::start(quorum.servers[0].addr()).await;
+    let unit = unit("order-10");
+    let (first, second) = (br#"{"step":"a","ok":1}"#, br#"{"step":"b","ok":2}"#);
+    for index in [1, 2] {
+        recorded_on(&quorum, index, &unit, first).await;
+    }
+    let contender = quorum.servers[2].store().await;
+    let other = LockToken::generate();
+    contender
+        .begin(&unit, &other, Duration::from_secs(60), Fencing::Off)
+        .await
+        .unwrap();
+    let urls = [
+        proxy.url(),
+        quorum.servers[1].url(),
+        quorum.servers[2].url(),
+    ];
+    let store = idempotask_redis::RedlockStore::builder(urls)
+        .server_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .unwrap();
+    let (ttl, holder) = (Duration::from_secs(6), LockToken::generate());
+    let begun = store
+        .begin(&unit, &holder, ttl, Fencing::Off)
+        .await
+        .unwrap();
+    assert!(matches!(begun, Begin::Acquired { .. }), "{begun:?}");
+    assert_eq!(store.read_journal(&unit).await.unwrap().entries(), [first]);
+    let catch_up = redis::Script::new(include_str!("../src/quorum/catch_up.lua"));
+    proxy.hold_requests_containing(catch_up.get_hash().as_bytes());
+    let entry = StepEntry::new(1, second, DAY);
+    let stalled = store.record_step(&unit, &holder, entry, ttl).await;
+    assert_eq!(proxy.held(), 1, "the record never reached the catch-up");
+    assert_ambiguous(stalled);
+    proxy.release();
+    assert!(
+        store.record_step(&unit, &holder, entry, ttl).await.unwrap(),
+        "the record sent again was refused"
+    );
+    recorded_on_0_and_1_only(&quorum, &unit, &[first, second]).await;
 }
 
 /// Servers that refuse a record (another lock there) may hold another entry at its position,
