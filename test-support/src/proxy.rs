@@ -25,27 +25,35 @@ pub struct Proxy {
     accept: JoinHandle<()>,
 }
 
-/// The requests to hold: those containing `pattern`, until `released` turns true.
+/// The requests to hold: those containing `pattern`, until the next release. `releases`
+/// counts them, so that a hold set again right after a release never keeps the requests the
+/// release let go.
 struct Hold {
     pattern: Mutex<Option<Vec<u8>>>,
-    released: watch::Sender<bool>,
+    releases: watch::Sender<u64>,
     held: AtomicU64,
 }
 
 impl Hold {
-    /// Whether `request` is to wait, counting it if so.
-    fn holds(&self, request: &[u8]) -> bool {
+    /// The releases so far when `request` is to wait for the next one, counting it; `None` when
+    /// it goes on.
+    fn holds(&self, request: &[u8]) -> Option<u64> {
         let pattern = self.pattern.lock().unwrap();
-        let holds = pattern.as_deref().is_some_and(|pattern| {
-            !*self.released.borrow()
-                && request
-                    .windows(pattern.len())
-                    .any(|window| window == pattern)
-        });
-        if holds {
-            self.held.fetch_add(1, Ordering::SeqCst);
+        let pattern = pattern.as_deref()?;
+        if !request
+            .windows(pattern.len())
+            .any(|window| window == pattern)
+        {
+            return None;
         }
-        holds
+        self.held.fetch_add(1, Ordering::SeqCst);
+        Some(*self.releases.borrow())
+    }
+
+    /// Lets every held request go, and holds no more.
+    fn release(&self) {
+        *self.pattern.lock().unwrap() = None;
+        self.releases.send_modify(|releases| *releases += 1);
     }
 }
 
@@ -58,7 +66,7 @@ impl Proxy {
         let swallowed = Arc::new(AtomicU64::new(0));
         let hold = Arc::new(Hold {
             pattern: Mutex::new(None),
-            released: watch::channel(false).0,
+            releases: watch::channel(0).0,
             held: AtomicU64::new(0),
         });
         let accept = {
@@ -105,19 +113,22 @@ impl Proxy {
 
     /// From now on, holds every request whose bytes, as one read from the client delivered
     /// them, contain `pattern` (and what follows it on that connection) until
-    /// [`release`](Self::release).
+    /// [`release`](Self::release) or the proxy's drop.
     pub fn hold_requests_containing(&self, pattern: &[u8]) {
+        assert!(
+            !pattern.is_empty(),
+            "an empty pattern would hold everything"
+        );
         *self.hold.pattern.lock().unwrap() = Some(pattern.to_vec());
-        self.hold.released.send_replace(false);
     }
 
     /// Forwards the held requests, and holds no more.
     pub fn release(&self) {
-        *self.hold.pattern.lock().unwrap() = None;
-        self.hold.released.send_replace(true);
+        self.hold.release();
     }
 
-    /// How many requests were held so far.
+    /// How many reads from clients were held so far: one per request that a client sent
+    /// alone.
     pub fn held(&self) -> u64 {
         self.hold.held.load(Ordering::SeqCst)
     }
@@ -125,6 +136,7 @@ impl Proxy {
 
 impl Drop for Proxy {
     fn drop(&mut self) {
+        self.hold.release();
         self.accept.abort();
     }
 }
@@ -142,9 +154,9 @@ async fn pump(
             if n == 0 {
                 break;
             }
-            if hold.holds(&buffer[..n]) {
-                let mut released = hold.released.subscribe();
-                if released.wait_for(|released| *released).await.is_err() {
+            if let Some(before) = hold.holds(&buffer[..n]) {
+                let mut releases = hold.releases.subscribe();
+                if releases.wait_for(|now| *now > before).await.is_err() {
                     break;
                 }
             }

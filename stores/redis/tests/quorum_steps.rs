@@ -227,13 +227,8 @@ async fn a_server_that_missed_a_record_catches_up_with_the_next() {
 }
 
 /// Three servers where the last holder's record of `first` reached servers 1 and 2 (confirmed)
-/// and missed server 0, and a contender's lock is on server 2: a store and the token of the
-/// next holder, granted servers 0 and 1 only for `ttl`, which has read the journal.
-async fn bare_majority_with_a_server_behind(
-    unit: &UnitOfWork,
-    first: &[u8],
-    ttl: Duration,
-) -> (Quorum, idempotask_redis::RedlockStore, LockToken) {
+/// and missed server 0, and a contender's lock is on server 2.
+async fn a_server_behind(unit: &UnitOfWork, first: &[u8]) -> Quorum {
     let quorum = Quorum::start(3);
     for index in [1, 2] {
         recorded_on(&quorum, index, unit, first).await;
@@ -244,9 +239,34 @@ async fn bare_majority_with_a_server_behind(
         .begin(unit, &other, Duration::from_secs(60), Fencing::Off)
         .await
         .unwrap();
-    let (store, holder) = acquired(&quorum, unit, ttl).await;
-    assert_eq!(store.read_journal(unit).await.unwrap().entries(), [first]);
+    quorum
+}
+
+/// `a_server_behind`, and a store and the token of the next holder, granted servers 0 and 1
+/// only for `ttl`, which has read the journal.
+async fn bare_majority_with_a_server_behind(
+    unit: &UnitOfWork,
+    first: &[u8],
+    ttl: Duration,
+) -> (Quorum, idempotask_redis::RedlockStore, LockToken) {
+    let quorum = a_server_behind(unit, first).await;
+    let store = quorum.store_timed(Duration::from_secs(1)).await;
+    let holder = holding(&store, unit, first, ttl).await;
     (quorum, store, holder)
+}
+
+/// A token that holds `unit`'s lock on `store` for `ttl`, which read the journal `[first]`.
+async fn holding(
+    store: &idempotask_redis::RedlockStore,
+    unit: &UnitOfWork,
+    first: &[u8],
+    ttl: Duration,
+) -> LockToken {
+    let holder = LockToken::generate();
+    let begun = store.begin(unit, &holder, ttl, Fencing::Off).await.unwrap();
+    assert!(matches!(begun, Begin::Acquired { .. }), "{begun:?}");
+    assert_eq!(store.read_journal(unit).await.unwrap().entries(), [first]);
+    holder
 }
 
 /// A record that came back `stalled` held by one server of three: ambiguous, nothing else.
@@ -317,21 +337,20 @@ async fn a_record_needing_a_server_behind_while_another_is_stalled_is_ambiguous(
 
 /// A server behind the journal that stalls at the catch-up itself (a proxy holds its
 /// `catch_up.lua`): the record waits for it no longer than its patience (half the TTL), and is
-/// ambiguous, neither refused nor confirmed. The catch-up that lands afterwards writes only the
-/// confirmed journal, and the record sent again is confirmed.
+/// ambiguous, neither refused nor confirmed. The catch-up that lands after that writes the
+/// confirmed journal only, and the record sent again is confirmed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_whose_catch_up_stalls_is_ambiguous_within_its_patience() {
-    let quorum = Quorum::start(3);
-    let proxy = Proxy::start(quorum.servers[0].addr()).await;
     let unit = unit("order-10");
     let (first, second) = (br#"{"step":"a","ok":1}"#, br#"{"step":"b","ok":2}"#);
-    for index in [1, 2] {
-        recorded_on(&quorum, index, &unit, first).await;
-    }
-    let contender = quorum.servers[2].store().await;
-    let other = LockToken::generate();
-    contender
-        .begin(&unit, &other, Duration::from_secs(60), Fencing::Off)
+    let quorum = a_server_behind(&unit, first).await;
+    let proxy = Proxy::start(quorum.servers[0].addr()).await;
+    let catch_up = redis::Script::new(include_str!("../src/quorum/catch_up.lua"));
+    // Loaded, so that the held request runs when it lands instead of failing with NOSCRIPT.
+    let mut server_0 = quorum.servers[0].connection().await;
+    let _: String = catch_up
+        .prepare_invoke()
+        .load_async(&mut server_0)
         .await
         .unwrap();
     let urls = [
@@ -344,20 +363,29 @@ async fn a_record_whose_catch_up_stalls_is_ambiguous_within_its_patience() {
         .connect()
         .await
         .unwrap();
-    let (ttl, holder) = (Duration::from_secs(6), LockToken::generate());
-    let begun = store
-        .begin(&unit, &holder, ttl, Fencing::Off)
-        .await
-        .unwrap();
-    assert!(matches!(begun, Begin::Acquired { .. }), "{begun:?}");
-    assert_eq!(store.read_journal(&unit).await.unwrap().entries(), [first]);
-    let catch_up = redis::Script::new(include_str!("../src/quorum/catch_up.lua"));
+    // Patience 5 s: time for the first round and the journal's read before the catch-up on a
+    // loaded machine, and the lock still held when the record is sent again.
+    let ttl = Duration::from_secs(10);
+    let holder = holding(&store, &unit, first, ttl).await;
     proxy.hold_requests_containing(catch_up.get_hash().as_bytes());
     let entry = StepEntry::new(1, second, DAY);
+    let started = std::time::Instant::now();
     let stalled = store.record_step(&unit, &holder, entry, ttl).await;
+    let took = started.elapsed();
     assert_eq!(proxy.held(), 1, "the record never reached the catch-up");
     assert_ambiguous(stalled);
+    assert!(
+        took < ttl,
+        "the record waited {took:?}, past its lock's TTL"
+    );
     proxy.release();
+    // The late catch-up lands: server 0 gets the confirmed journal, nothing of the record.
+    let landing = std::time::Instant::now();
+    while journal_on(&quorum, 0, &unit).await.is_empty() {
+        assert!(landing.elapsed() < ttl, "the held catch-up never landed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(journal_on(&quorum, 0, &unit).await, [first]);
     assert!(
         store.record_step(&unit, &holder, entry, ttl).await.unwrap(),
         "the record sent again was refused"
