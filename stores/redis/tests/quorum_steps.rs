@@ -478,3 +478,56 @@ async fn renewed_by_a_second_send(store: &impl Store, unit: &UnitOfWork) {
         "the lock was left at the first send's TTL: {left:?}"
     );
 }
+
+/// Counts the `WARN` events that name a lock TTL under two server timeouts.
+#[derive(Clone, Default)]
+struct ShortTtlWarnings(std::sync::Arc<AtomicU32>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ShortTtlWarnings {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let fields = event.metadata().fields();
+        if *event.metadata().level() == tracing::Level::WARN
+            && fields.field("lock_ttl_ms").is_some()
+            && fields.field("server_timeout_ms").is_some()
+        {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// The docs ask for a lock TTL above two server timeouts: a store given a shorter one says so,
+/// once, and says nothing for a TTL that fits.
+#[tokio::test(flavor = "current_thread")]
+async fn a_lock_ttl_under_two_server_timeouts_is_logged_once() {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    let warnings = ShortTtlWarnings::default();
+    let _logged =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
+    let quorum = Quorum::start(3);
+    let store = quorum.store_timed(Duration::from_millis(500)).await;
+    let begin = |key: &'static str, ttl: Duration| {
+        let store = store.clone();
+        async move {
+            let begun = store
+                .begin(&unit(key), &LockToken::generate(), ttl, Fencing::Off)
+                .await
+                .unwrap();
+            assert!(matches!(begun, Begin::Acquired { .. }), "{begun:?}");
+        }
+    };
+    begin("fits", Duration::from_secs(1)).await;
+    assert_eq!(
+        warnings.0.load(Ordering::SeqCst),
+        0,
+        "a TTL of two server timeouts fits"
+    );
+    begin("short-1", Duration::from_millis(999)).await;
+    assert_eq!(warnings.0.load(Ordering::SeqCst), 1);
+    begin("short-2", Duration::from_millis(600)).await;
+    assert_eq!(
+        warnings.0.load(Ordering::SeqCst),
+        1,
+        "logged once per store"
+    );
+}

@@ -1,6 +1,7 @@
 //! [`RedlockStore`]: the store protocol on several independent Redis servers at once, each
 //! decision taken by a majority of them (the Redlock algorithm).
 
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
@@ -112,7 +113,8 @@ const PATIENCE: u32 = 8;
 /// send (or one server timeout, when that is longer): acceptances further apart would not be
 /// the majority of one lock. Past it the record is ambiguous and the runner sends it again.
 /// Keep a task's `lock_ttl` above two server timeouts, so that the patience stays under the
-/// TTL; a shorter TTL lets a slow record outlast its lock.
+/// TTL; a shorter TTL lets a slow record outlast its lock. The first `begin` with a shorter TTL
+/// logs it at `WARN` (once per store).
 ///
 /// # Behaviour
 /// - Every operation asks all servers at once and waits for each up to
@@ -185,6 +187,8 @@ pub(super) struct Inner {
     pub(super) server_timeout: Duration,
     pub(super) clock_drift: f64,
     pub(super) min_validity: Duration,
+    /// Whether a lock TTL under two server timeouts was logged: once per store, not per task.
+    pub(super) short_ttl_logged: AtomicBool,
 }
 
 /// One of the quorum's servers: its address for messages, and its connection once made.
@@ -358,6 +362,7 @@ impl RedlockStoreBuilder {
             server_timeout: self.server_timeout,
             clock_drift: self.clock_drift,
             min_validity: self.min_validity,
+            short_ttl_logged: AtomicBool::new(false),
         };
         let connected = join_all(inner.servers.iter().map(|server| async move {
             tokio::time::timeout(deadline, server.connected("connect"))

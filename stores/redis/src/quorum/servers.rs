@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::sync::PoisonError;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use redis::Value;
@@ -145,6 +146,20 @@ impl Inner {
         match lock_ttl {
             Some(ttl) => patience.min((ttl / 2).max(self.server_timeout)),
             None => patience,
+        }
+    }
+
+    /// Logs, once per store, a lock TTL too short for the patience of a step record: under two
+    /// server timeouts, a record's rounds may outlast half the TTL.
+    pub(super) fn note_lock_ttl(&self, lock_ttl: Duration) {
+        if lock_ttl < self.server_timeout.saturating_mul(2)
+            && !self.short_ttl_logged.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                lock_ttl_ms = lock_ttl.as_millis(),
+                server_timeout_ms = self.server_timeout.as_millis(),
+                "a lock TTL under two server timeouts: a step record may take longer than half the lock's TTL, so its acceptances may not be the majority of one lock; raise the task's lock_ttl or lower the quorum's server_timeout"
+            );
         }
     }
 
