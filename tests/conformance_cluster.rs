@@ -38,6 +38,60 @@ mod steps {
     });
 }
 
+/// The same checks on connections that speak RESP3 (`?protocol=resp3` on every seed URL):
+/// replies arrive as RESP3 types, scripts' `nil`s as RESP3 nulls.
+mod resp3 {
+    use super::*;
+
+    async fn resp3_store(cluster: &RedisCluster) -> idempotask_redis::RedisClusterStore {
+        let urls = cluster
+            .urls()
+            .into_iter()
+            .map(|url| format!("{url}/?protocol=resp3"));
+        idempotask_redis::RedisClusterStore::builder(urls.collect::<Vec<_>>())
+            .namespace(format!("t{:016x}", rand::random::<u64>()))
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    idempotask_conformance::conformance_tests!({
+        let cluster = RedisCluster::shared();
+        let store = resp3_store(&cluster).await;
+        (cluster, store)
+    });
+
+    mod steps {
+        use super::*;
+
+        idempotask_conformance::step_conformance_tests!({
+            let cluster = RedisCluster::shared();
+            let store = resp3_store(&cluster).await;
+            (cluster, store)
+        });
+    }
+
+    /// The checks above would pass on RESP2 too: the masters must see RESP3 clients once such
+    /// a store has worked on every one of them (only this module's stores ask for RESP3).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_store_speaks_resp3_to_every_master() {
+        let cluster = RedisCluster::shared();
+        let store = resp3_store(&cluster).await;
+        for unit in random_units(60) {
+            let token = LockToken::generate();
+            let begun = store.begin(&unit, &token, Duration::from_secs(60), Fencing::Off);
+            assert!(matches!(begun.await.unwrap(), Begin::Acquired { .. }));
+        }
+        for master in cluster.masters() {
+            let url = format!("redis://127.0.0.1:{}", master.port);
+            assert!(
+                support::has_resp3_client(&url).await,
+                "no RESP3 client on master {url}"
+            );
+        }
+    }
+}
+
 /// Units of random tasks and keys, odd characters included.
 fn random_units(count: usize) -> Vec<UnitOfWork> {
     (0..count)

@@ -28,6 +28,16 @@ async fn five_servers_with(query: &str) -> (Quorum, idempotask_redis::RedlockSto
         .await
         .unwrap();
     assert_eq!((store.servers(), store.quorum()), (5, 3));
+    if query.contains("protocol=resp3") {
+        // The checks would pass on RESP2 too: every server must list the store's connection
+        // as RESP3.
+        for url in quorum.urls() {
+            assert!(
+                support::has_resp3_client(&url).await,
+                "{url} has no RESP3 client"
+            );
+        }
+    }
     (quorum, store)
 }
 

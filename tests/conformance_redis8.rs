@@ -43,9 +43,16 @@ mod steps {
 mod resp3 {
     use super::*;
 
+    /// A store on `server` whose connection speaks RESP3: the server must list it so, or the
+    /// checks would run on RESP2 without saying.
     async fn resp3_store(server: &RedisServer) -> idempotask_redis::RedisStore {
         let url = format!("{}/?protocol=resp3", server.url());
-        idempotask_redis::RedisStore::connect(&url).await.unwrap()
+        let store = idempotask_redis::RedisStore::connect(&url).await.unwrap();
+        assert!(
+            support::has_resp3_client(&server.url()).await,
+            "the store's connection is not RESP3"
+        );
+        store
     }
 
     idempotask_conformance::conformance_tests!({

@@ -275,6 +275,24 @@ fn serving_pid(port: u16, password: Option<&str>) -> Option<u32> {
     field("process_id:")?.parse().ok()
 }
 
+/// Whether the server at `url` has a client that speaks RESP3, from `CLIENT LIST`: tests that
+/// run on `?protocol=resp3` connections check that the protocol reached the server.
+pub async fn has_resp3_client(url: &str) -> bool {
+    let mut connection = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    clients
+        .lines()
+        .any(|line| line.split(' ').any(|field| field == "resp=3"))
+}
+
 /// Redis keys matching `pattern`, via SCAN.
 pub async fn scan_keys(conn: &mut redis::aio::MultiplexedConnection, pattern: &str) -> Vec<String> {
     let mut keys = Vec::new();
