@@ -62,7 +62,10 @@ mkdir -p docs
   echo "\`INSERT … ON CONFLICT DO NOTHING\`, then an \`UPDATE\` with the result (fresh) or a \`SELECT\`"
   echo "of it (duplicate); transactional, the same inside one transaction with the side effect (an"
   echo "\`INSERT\` into another table). statements/task counts what the server ran"
-  echo "(\`pg_stat_statements\`), \`BEGIN\` and \`COMMIT\` included."
+  echo "(\`pg_stat_statements\`), \`BEGIN\` and \`COMMIT\` included. \`pg-transactional-table-floor\` is"
+  echo "the hand-written transactional pattern written against the store's own table (its two-column"
+  echo "key with a \`bytea\`, its columns and \`CHECK\`), looking at no expiry, doubt or fencing: what"
+  echo "that table allows at best, the floor of \`pg-transactional\`."
   echo
   cat "$work/pg.md"
   echo

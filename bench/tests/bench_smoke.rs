@@ -162,6 +162,8 @@ async fn the_postgres_modes_run_with_the_statements_the_protocol_says() {
         (1.0, 0),
         (5.0, 16),
         (5.0, 16),
+        (5.0, 16),
+        (5.0, 16),
     ]) {
         if m.mode == "pg-fresh" || m.mode == "pg-duplicate" {
             // Grouped by default: a batch statement carries several calls' units.
@@ -175,6 +177,16 @@ async fn the_postgres_modes_run_with_the_statements_the_protocol_says() {
     }
     let markdown = postgres::markdown(&measurements);
     assert!(markdown.contains("| pg-transactional |"), "{markdown}");
+    // The floor works on the store's own table: each of its tasks left a completed unit there.
+    let pool = sqlx::PgPool::connect(&server.url()).await.unwrap();
+    let floor_units: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM idempotask_units
+         WHERE state = 'done' AND position('table-floor' in convert_from(key, 'UTF8')) > 0",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(floor_units, 16);
 }
 
 /// Two runs at once in one process, as cargo runs this file's tests: each keeps its own store
