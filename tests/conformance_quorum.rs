@@ -29,14 +29,16 @@ async fn five_servers_with(query: &str) -> (Quorum, idempotask_redis::RedlockSto
         .unwrap();
     assert_eq!((store.servers(), store.quorum()), (5, 3));
     if query.contains("protocol=resp3") {
-        // The checks would pass on RESP2 too: every server must list the store's connection
-        // as RESP3.
+        // The checks would pass on RESP2 too: the servers must list the store's connections as
+        // RESP3. A majority, since the store may connect while a server is slow to answer.
+        let mut speaking = 0;
         for url in quorum.urls() {
-            assert!(
-                support::has_resp3_client(&url).await,
-                "{url} has no RESP3 client"
-            );
+            speaking += usize::from(support::has_resp3_client(&url).await);
         }
+        assert!(
+            speaking >= store.quorum(),
+            "{speaking} servers have a RESP3 client"
+        );
     }
     (quorum, store)
 }

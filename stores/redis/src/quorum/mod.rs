@@ -112,9 +112,10 @@ const PATIENCE: u32 = 8;
 /// Every round that can confirm a record ends within half the lock's TTL of the record's first
 /// send (or one server timeout, when that is longer): acceptances further apart would not be
 /// the majority of one lock. Past it the record is ambiguous and the runner sends it again.
-/// Keep a task's `lock_ttl` above two server timeouts, so that the patience stays under the
-/// TTL; a shorter TTL lets a slow record outlast its lock. The first `begin` with a shorter TTL
-/// logs it at `WARN` (once per store).
+/// Keep the `lock_ttl` of a task with steps at two server timeouts or more, so that the
+/// patience stays within half the TTL; a shorter TTL lets a slow record's acceptances lie
+/// further apart. The first `begin` with a shorter TTL logs it at `WARN`, naming its task (once
+/// per store).
 ///
 /// # Behaviour
 /// - Every operation asks all servers at once and waits for each up to

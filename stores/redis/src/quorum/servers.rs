@@ -150,15 +150,17 @@ impl Inner {
     }
 
     /// Logs, once per store, a lock TTL too short for the patience of a step record: under two
-    /// server timeouts, a record's rounds may outlast half the TTL.
-    pub(super) fn note_lock_ttl(&self, lock_ttl: Duration) {
+    /// server timeouts, a record's rounds may outlast half the TTL. `task` is the first task
+    /// seen with one.
+    pub(super) fn note_lock_ttl(&self, task: &str, lock_ttl: Duration) {
         if lock_ttl < self.server_timeout.saturating_mul(2)
             && !self.short_ttl_logged.swap(true, Ordering::Relaxed)
         {
             tracing::warn!(
+                task,
                 lock_ttl_ms = lock_ttl.as_millis(),
                 server_timeout_ms = self.server_timeout.as_millis(),
-                "a lock TTL under two server timeouts: a step record may take longer than half the lock's TTL, so its acceptances may not be the majority of one lock; raise the task's lock_ttl or lower the quorum's server_timeout"
+                "a lock TTL under two server timeouts (logged once per store): a step record of this task may take longer than half the lock's TTL, so its acceptances may not be the majority of one lock; tasks without steps are not affected; raise the task's lock_ttl or lower the quorum's server_timeout"
             );
         }
     }

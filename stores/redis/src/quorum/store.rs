@@ -24,7 +24,7 @@ impl Store for RedlockStore {
         fencing: Fencing,
     ) -> Result<Begin, StoreError> {
         let inner = &*self.inner;
-        inner.note_lock_ttl(lock_ttl);
+        inner.note_lock_ttl(unit.task(), lock_ttl);
         let started = Instant::now();
         let quorum = inner.quorum();
         // A server still to answer may yet grant: the round waits for it as long as its grant
