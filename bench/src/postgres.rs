@@ -441,11 +441,11 @@ pub fn markdown(measurements: &[PgMeasurement]) -> String {
         );
     }
     out.push_str(
-        "\n| idempotask ÷ hand-written, tasks/s | median over rounds | rounds |\n|---|---:|---|\n",
+        "\n| mode ÷ the hand-written run before it, tasks/s | median over rounds | rounds |\n|---|---:|---|\n",
     );
     for pair in MODES.chunks(2) {
         let [baseline, ours] = [pair[0], pair[1]];
-        let mut ratios: Vec<f64> = measurements
+        let ratios: Vec<f64> = measurements
             .iter()
             .enumerate()
             .filter(|(_, m)| m.mode == ours)
@@ -458,13 +458,45 @@ pub fn markdown(measurements: &[PgMeasurement]) -> String {
                 Some(m.tasks_per_sec / base.tasks_per_sec.max(1e-9))
             })
             .collect();
-        ratios.sort_by(f64::total_cmp);
-        let median = ratios.get(ratios.len() / 2).copied().unwrap_or(0.0);
-        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
-        let _ = writeln!(out, "| {ours} | {median:.2} | {} |", each.join(" / "));
+        let _ = writeln!(out, "| {ours} | {} |", median_and_rounds(ratios));
     }
+    let _ = writeln!(
+        out,
+        "\n| pg-transactional ÷ {FLOOR}, tasks/s | median over rounds | rounds |\n|---|---:|---|"
+    );
+    let _ = writeln!(
+        out,
+        "| pg-transactional | {} |",
+        ratio_in_rounds(measurements, "pg-transactional", FLOOR)
+    );
     out.push_str(&profile_markdown(measurements));
     out
+}
+
+/// The floor of `pg-transactional`: the hand-written transactional pattern on the store's table.
+const FLOOR: &str = "pg-transactional-table-floor";
+
+/// `mode`'s tasks/s over `other`'s in each round where both ran, as [`median_and_rounds`].
+fn ratio_in_rounds(measurements: &[PgMeasurement], mode: &str, other: &str) -> String {
+    let ratios: Vec<f64> = measurements
+        .iter()
+        .filter(|m| m.mode == mode)
+        .filter_map(|m| {
+            let base = measurements
+                .iter()
+                .find(|b| b.mode == other && b.round == m.round)?;
+            Some(m.tasks_per_sec / base.tasks_per_sec.max(1e-9))
+        })
+        .collect();
+    median_and_rounds(ratios)
+}
+
+/// The median of `ratios` and each of them, lowest first: a ratio table's last two cells.
+fn median_and_rounds(mut ratios: Vec<f64>) -> String {
+    ratios.sort_by(f64::total_cmp);
+    let median = ratios.get(ratios.len() / 2).copied().unwrap_or(0.0);
+    let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+    format!("{median:.2} | {}", each.join(" / "))
 }
 
 /// Input: every measurement of one run. Output: the profile of the last round, each mode's

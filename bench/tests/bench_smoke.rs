@@ -177,11 +177,15 @@ async fn the_postgres_modes_run_with_the_statements_the_protocol_says() {
     }
     let markdown = postgres::markdown(&measurements);
     assert!(markdown.contains("| pg-transactional |"), "{markdown}");
+    assert!(
+        markdown.contains("| pg-transactional ÷ pg-transactional-table-floor, tasks/s |"),
+        "{markdown}"
+    );
     // The floor works on the store's own table: each of its tasks left a completed unit there.
     let pool = sqlx::PgPool::connect(&server.url()).await.unwrap();
     let floor_units: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM idempotask_units
-         WHERE state = 'done' AND position('table-floor' in convert_from(key, 'UTF8')) > 0",
+         WHERE state = 'done' AND position('table-floor'::bytea in key) > 0",
     )
     .fetch_one(&pool)
     .await

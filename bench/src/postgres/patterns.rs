@@ -89,11 +89,12 @@ impl FloorSql {
     pub(super) fn on(table: &str) -> Self {
         Self {
             claim: format!(
-                "INSERT INTO {table} (task, key, state, expires_at)
-                 VALUES ($1, $2, 'locked', now() + interval '30 seconds') ON CONFLICT DO NOTHING"
+                "INSERT INTO {table} (task, key, state, token, expires_at, doubt_memory)
+                 VALUES ($1, $2, 'locked', $3, now() + interval '30 seconds', interval '1 day')
+                 ON CONFLICT DO NOTHING"
             ),
             complete: format!(
-                "UPDATE {table} SET state = 'done', marker = $3,
+                "UPDATE {table} SET state = 'done', token = NULL, marker = $3,
                      expires_at = now() + interval '1 day' WHERE task = $1 AND key = $2"
             ),
         }
@@ -101,27 +102,30 @@ impl FloorSql {
 }
 
 /// The hand-written transactional pattern on the store's own table: a lock row inserted
-/// unless the unit has one, the side effect, the row turned into a completion marker of the
-/// store's shape, one commit; the unit is `task`'s. No expiry, doubt or fencing is looked at:
-/// this is what the table costs, not a store.
+/// unless the unit has one (with a token and a doubt memory, as the store writes a default
+/// task's), the side effect, the row turned into a completion marker of the store's shape, one
+/// commit; the unit is `task`'s. No expiry, doubt or fencing is looked at: this is what the
+/// table costs, not a store.
 pub(super) async fn table_floor(
     pool: &PgPool,
     sql: &FloorSql,
     task: &str,
     key: &str,
 ) -> Result<(), BenchError> {
+    let token = format!("{:032x}", rand::random::<u128>());
     let mut transaction = pool.begin().await?;
     // The table's name is the store's, which checked it.
     let claimed = sqlx::query(sqlx::AssertSqlSafe(sql.claim.as_str()))
         .bind(task)
         .bind(key.as_bytes())
+        .bind(&token)
         .execute(&mut *transaction)
         .await?;
     if claimed.rows_affected() != 1 {
         return Err(BenchError(format!("{key} was claimed before")));
     }
     effect(&mut transaction, key).await?;
-    let marker = format!("D{}|{key}|7", key.len());
+    let marker = format!("D{},d{}|{key}|7", key.len(), &token[..6]);
     sqlx::query(sqlx::AssertSqlSafe(sql.complete.as_str()))
         .bind(task)
         .bind(key.as_bytes())
